@@ -1,0 +1,46 @@
+# Armada: the two commands a new user needs are `make run` and `make test`.
+SHELL      := /bin/bash
+BUILD      ?= build
+JOBS       ?= 2
+CACHE      ?= $(or $(ARMADA_CACHE),$(HOME)/.cache/armada)
+LLAMA_DIR  ?= $(CACHE)/llama.cpp-v0.4.0$(if $(filter 1,$(ARMADA_PORTABLE)),-portable,)
+MODEL_DIR  ?= $(CACHE)/models
+HOST       ?= 127.0.0.1
+PORT       ?= 8080
+CMAKE_ARGS ?=
+
+.PHONY: setup build run test test-asan test-tsan lint bench models clean
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD)/build.ninja $(BUILD)/Makefile:
+	cmake -S . -B $(BUILD) -DLLAMA_DIR=$(LLAMA_DIR) $(CMAKE_ARGS)
+
+build: setup
+	@cmake -S . -B $(BUILD) -DLLAMA_DIR=$(LLAMA_DIR) $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+models: build
+	@bash scripts/models.sh $(BUILD)/armada $(MODEL_DIR)
+
+run: build models
+	@bash scripts/run.sh $(BUILD)/armada "$(MODEL)" $(MODEL_DIR) $(HOST) $(PORT)
+
+test: build models
+	cd $(BUILD) && ARMADA_MODEL_DIR=$(MODEL_DIR) ctest --output-on-failure -j 1 --timeout 900
+
+test-asan:
+	$(MAKE) test BUILD=build-asan CMAKE_ARGS="-DARMADA_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug"
+
+test-tsan:
+	$(MAKE) test BUILD=build-tsan CMAKE_ARGS="-DARMADA_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug"
+
+lint: build
+	@bash scripts/lint.sh $(BUILD)
+
+bench: build models
+	@bash bench/engine.sh $(BUILD)/armada $(MODEL_DIR) $(LLAMA_DIR)
+
+clean:
+	rm -rf build build-asan build-tsan

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Installs everything Armada needs on Debian 12 and builds the pinned llama.cpp into a cache
+# outside the work tree. Safe to run again: each step checks whether its work is already done.
+#
+#   ARMADA_CACHE     cache root (default ~/.cache/armada)
+#   ARMADA_PORTABLE  1 = generic CPU build of llama.cpp (default: native)
+#   ARMADA_JOBS      parallel build jobs (default 2)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${ARMADA_CACHE:-$HOME/.cache/armada}"
+jobs="${ARMADA_JOBS:-2}"
+llama_version="v0.4.0"
+npm_pkg="node-llama-cpp@3.21.1"
+llama_dir="$cache/llama.cpp-$llama_version"
+[ "${ARMADA_PORTABLE:-0}" = "1" ] && llama_dir="$llama_dir-portable"
+
+log() { printf '[setup] %s\n' "$*"; }
+
+debs=(
+  cmake g++ make git pkg-config ca-certificates
+  libboost-dev nlohmann-json3-dev libsqlite3-dev libspdlog-dev libcli11-dev libyaml-cpp-dev
+  libhwloc-dev libzstd-dev libgtest-dev libgmock-dev libbenchmark-dev
+  clang clang-format clang-tidy libclang-rt-14-dev
+  gnuplot-nox
+)
+
+install_debs() {
+  local missing=()
+  for p in "${debs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "debian packages present"
+    return
+  fi
+  log "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+fetch_llama() {
+  if [ -f "$llama_dir/src/CMakeLists.txt" ]; then
+    log "llama.cpp source present in $llama_dir/src"
+    return
+  fi
+  log "fetching llama.cpp $llama_version from npm package $npm_pkg"
+  local tmp
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && npm pack --silent "$npm_pkg" >/dev/null)
+  tar -xzf "$tmp"/node-llama-cpp-*.tgz -C "$tmp" package/llama/gitRelease.bundle package/llama/llama.cpp.info.json
+  local tag
+  tag="$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$tmp/package/llama/llama.cpp.info.json")"
+  if [ "$tag" != "$llama_version" ]; then
+    echo "setup: $npm_pkg ships llama.cpp $tag, expected $llama_version" >&2
+    exit 1
+  fi
+  mkdir -p "$llama_dir"
+  rm -rf "$llama_dir/src"
+  git clone -q "$tmp/package/llama/gitRelease.bundle" "$llama_dir/src"
+  rm -rf "$tmp"
+}
+
+build_llama() {
+  if [ -f "$llama_dir/.installed" ]; then
+    log "llama.cpp build cached in $llama_dir"
+    return
+  fi
+  local native=ON
+  [ "${ARMADA_PORTABLE:-0}" = "1" ] && native=OFF
+  log "building llama.cpp (native=$native, -j$jobs); this takes about 12 minutes on 2 cores"
+  cmake -S "$llama_dir/src" -B "$llama_dir/build" -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE="$native" -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DCMAKE_INSTALL_RPATH="$llama_dir/lib" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON >/dev/null
+  cmake --build "$llama_dir/build" -j "$jobs" --target llama llama-common llama-batched-bench llama-server
+  mkdir -p "$llama_dir/lib" "$llama_dir/bin" "$llama_dir/include"
+  find "$llama_dir/build" -name '*.so*' \( -type f -o -type l \) -exec cp -a {} "$llama_dir/lib/" \;
+  find "$llama_dir/build" -name '*.a' -type f -exec cp -a {} "$llama_dir/lib/" \;
+  cp -a "$llama_dir/build/bin/llama-batched-bench" "$llama_dir/build/bin/llama-server" "$llama_dir/bin/"
+  cp -a "$llama_dir/src/include/"*.h "$llama_dir/src/ggml/include/"*.h "$llama_dir/include/"
+  touch "$llama_dir/.installed"
+  log "llama.cpp installed into $llama_dir"
+}
+
+install_npm_peers() {
+  local dir="$here/tests/node"
+  if [ -d "$dir/node_modules/openai" ] && [ -d "$dir/node_modules/@modelcontextprotocol/server-everything" ]; then
+    log "npm test peers present"
+    return
+  fi
+  log "installing npm test peers in tests/node"
+  (cd "$dir" && npm install --no-audit --no-fund --silent)
+}
+
+install_debs
+fetch_llama
+build_llama
+[ -f "$here/tests/node/package.json" ] && install_npm_peers
+echo "$llama_dir"

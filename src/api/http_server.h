@@ -1,0 +1,90 @@
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace armada::api {
+
+//! A parsed HTTP request, in native types. Header names are lower-case.
+struct HttpRequest {
+    std::string method;
+    std::string path;
+    std::string query;
+    std::map<std::string, std::string> headers;
+    std::string body;
+
+    std::string header(const std::string & lower_name) const {
+        auto it = headers.find(lower_name);
+        return it == headers.end() ? std::string() : it->second;
+    }
+};
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+//! The reply side of one request. Every method is thread-safe: work is posted to the
+//! connection's strand, so the engine thread can call `write` without blocking.
+class Responder {
+  public:
+    virtual ~Responder() = default;
+    //! Sends a whole response. Only the first send/start_stream of a request takes effect.
+    virtual void send(int status, const std::string & content_type, std::string body, Headers extra = {}) = 0;
+    //! Starts a chunked text/event-stream response.
+    virtual void start_stream(int status, Headers extra = {}) = 0;
+    //! Queues one chunk of a stream.
+    virtual void write(std::string chunk) = 0;
+    //! Ends the stream; the connection is then reused for the next request.
+    virtual void end() = 0;
+    //! True once the client has gone away.
+    virtual bool closed() const = 0;
+    //! `fn` runs once, on an I/O thread, if the client goes away before the response ends.
+    virtual void on_close(std::function<void()> fn) = 0;
+};
+
+using Handler = std::function<void(HttpRequest &&, std::shared_ptr<Responder>)>;
+
+//! Limits and settings of the HTTP front end.
+struct HttpConfig {
+    std::string host = "127.0.0.1";
+    uint16_t port = 8080;  // 0 picks a free port
+    int threads = 2;
+    size_t max_body = 2 * 1024 * 1024;
+    int idle_timeout_s = 600;
+};
+
+//! Asynchronous HTTP/1.1 server on Boost.Beast: a few I/O threads, no thread per connection.
+class HttpServer {
+  public:
+    HttpServer(HttpConfig cfg, Handler handler);
+    ~HttpServer();
+    //! Binds and listens. Returns an error message, empty on success.
+    std::string listen();
+    //! Starts the I/O threads.
+    void run();
+    void stop();
+    uint16_t port() const { return port_; }
+    size_t connections() const { return connections_.load(); }
+    //! Executor of the I/O threads, for work that must not run on the engine thread.
+    boost::asio::any_io_executor executor() { return ioc_.get_executor(); }
+
+  private:
+    void accept();
+
+    HttpConfig cfg_;
+    Handler handler_;
+    boost::asio::io_context ioc_;
+    boost::asio::ip::tcp::acceptor acceptor_;
+    std::vector<std::thread> threads_;
+    uint16_t port_ = 0;
+    std::atomic<size_t> connections_{0};
+};
+
+}  // namespace armada::api

@@ -1,0 +1,64 @@
+#pragma once
+
+#include "api/json_util.h"
+
+#include <chat.h>
+#include <common.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace armada::api {
+
+//! Sampling fields common to chat and text completions, validated.
+struct SamplingSpec {
+    float temperature = 0.8f;
+    float top_p = 0.95f;
+    int32_t top_k = 40;
+    float min_p = 0.05f;
+    float repeat_penalty = 1.0f;
+    int32_t repeat_last_n = 64;
+    float frequency_penalty = 0.0f;
+    float presence_penalty = 0.0f;
+    std::optional<uint32_t> seed;
+    std::vector<llama_logit_bias> logit_bias;
+    int32_t max_tokens = -1;
+    std::vector<std::string> stop;
+    int32_t n = 1;
+    bool stream = false;
+    bool include_usage = false;
+    std::string grammar;      // GBNF from "grammar" (llama.cpp extension)
+    std::string json_schema;  // from response_format json_schema, serialised
+    bool json_object = false; // response_format json_object
+};
+
+//! A chat request mapped to llama.cpp's chat types.
+struct ChatSpec {
+    std::vector<common_chat_msg> messages;
+    std::vector<common_chat_tool> tools;
+    common_chat_tool_choice tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+    std::string named_tool;  // tool_choice {"type":"function","function":{"name":...}}
+    bool parallel_tool_calls = true;
+    SamplingSpec sampling;
+};
+
+//! Caps on what one request may ask for.
+struct RequestLimits {
+    int32_t max_n = 8;
+    int32_t max_stop = 16;
+    int32_t max_stop_len = 256;
+    int32_t max_tools = 128;
+};
+
+//! Validates and maps the sampling fields; `n_vocab` bounds logit_bias token ids.
+//! Throws ApiError(400) naming the offending field.
+SamplingSpec parse_sampling(const json & body, int32_t n_vocab, const RequestLimits & lim);
+
+//! Validates and maps a /v1/chat/completions body. Throws ApiError(400).
+ChatSpec parse_chat(const json & body, int32_t n_vocab, const RequestLimits & lim);
+
+//! Validates one tool's JSON schema enough that grammar generation will not fail on it.
+void check_tool_schema(const json & params, const std::string & tool_name);
+
+}  // namespace armada::api

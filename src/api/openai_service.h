@@ -1,0 +1,48 @@
+#pragma once
+
+#include "api/http_server.h"
+#include "api/json_util.h"
+#include "api/openai_map.h"
+#include "engine/engine.h"
+#include "obs/metrics.h"
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include <chat.h>
+
+#include <memory>
+#include <string>
+
+namespace armada::api {
+
+//! OpenAI-compatible chat and text completions over one engine. Runs on I/O threads: it parses,
+//! templates and tokenises, then hands native requests to the engine, and renders the events
+//! that come back. No JSON goes past this class.
+class OpenAIService {
+  public:
+    OpenAIService(std::shared_ptr<engine::Model> model, engine::Engine & engine, obs::Registry & metrics,
+                  boost::asio::any_io_executor io, RequestLimits limits = {});
+    ~OpenAIService();
+
+    void chat(const json & body, std::shared_ptr<Responder> out);
+    void completion(const json & body, std::shared_ptr<Responder> out);
+    json models() const;
+    const std::string & model_id() const { return model_->id(); }
+
+  private:
+    struct Job;
+    engine::SamplerPtr make_sampler(const SamplingSpec & s, const common_chat_params * chat, uint32_t seed) const;
+    void submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs);
+
+    std::shared_ptr<engine::Model> model_;
+    engine::Engine & engine_;
+    obs::Registry & metrics_;
+    boost::asio::any_io_executor io_;
+    RequestLimits limits_;
+    common_chat_templates_ptr templates_;
+};
+
+//! Random id with a prefix, e.g. "chatcmpl-3fK...".
+std::string random_id(const std::string & prefix, size_t n = 24);
+
+}  // namespace armada::api

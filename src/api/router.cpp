@@ -1,0 +1,108 @@
+#include "api/router.h"
+
+#include "api/errors.h"
+
+#include <spdlog/spdlog.h>
+
+namespace armada::api {
+
+Router::Router(ApiKeys keys, obs::Registry & metrics) : keys_(std::move(keys)), metrics_(metrics) {}
+
+void Router::set_service(OpenAIService * svc, const engine::Engine * eng) {
+    engine_.store(eng);
+    svc_.store(svc);
+}
+
+void Router::count(const std::string & route, int code) {
+    metrics_.counter("armada_requests_total", "HTTP requests by route and status",
+                     {{"route", route}, {"code", std::to_string(code)}})
+        .inc();
+}
+
+std::string Router::render_metrics() {
+    if (const auto * e = engine_.load()) {
+        metrics_.gauge("armada_sequences_active", "Sequences being decoded").set(e->stats().active.load());
+        metrics_.gauge("armada_sequences_queued", "Requests waiting for a sequence").set(e->stats().queued.load());
+        metrics_.gauge("armada_kv_bytes_used", "KV cache bytes holding tokens")
+            .set(double(e->stats().kv_cells_used.load()) * double(e->kv_bytes_per_cell()));
+    }
+    return metrics_.render();
+}
+
+namespace {
+bool is_json_type(const std::string & ct) {
+    return ct.empty() || ct.rfind("application/json", 0) == 0 || ct.find("+json") != std::string::npos;
+}
+}  // namespace
+
+void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name) {
+    const std::string & p = req.path;
+    const bool get = req.method == "GET", post = req.method == "POST";
+    if (p == "/health") {
+        route_name = p;
+        if (!get) throw ApiError(405, "use GET for /health");
+        const bool ready = svc_.load() != nullptr;
+        out->send(ready ? 200 : 503, "application/json", ready ? R"({"status":"ok"})" : R"({"status":"loading"})",
+                  ready ? Headers{} : Headers{{"Retry-After", "1"}});
+        count(route_name, ready ? 200 : 503);
+        return;
+    }
+    if (keys_.enabled() && keys_.check(req.header("authorization"), req.header("x-api-key")).empty()) {
+        route_name = "auth";
+        throw ApiError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'", {}, "invalid_api_key");
+    }
+    OpenAIService * svc = svc_.load();
+    if (p == "/metrics") {
+        route_name = p;
+        if (!get) throw ApiError(405, "use GET for /metrics");
+        out->send(200, "text/plain; version=0.0.4", render_metrics());
+        count(route_name, 200);
+        return;
+    }
+    const bool known = p == "/v1/models" || p == "/v1/chat/completions" || p == "/v1/completions";
+    if (!known) {
+        route_name = "other";
+        throw ApiError(404, "no route for " + req.method + " " + p, {}, "not_found");
+    }
+    route_name = p;
+    if (!svc) {
+        ApiError e(503, "the model is still loading", {}, "loading");
+        e.retry_after_s = 1;
+        throw e;
+    }
+    if (p == "/v1/models") {
+        if (!get) throw ApiError(405, "use GET for /v1/models");
+        out->send(200, "application/json", dump(svc->models()));
+        count(route_name, 200);
+        return;
+    }
+    if (!post) throw ApiError(405, "use POST for " + p);
+    if (!is_json_type(req.header("content-type"))) {
+        throw ApiError(415, "content type must be application/json");
+    }
+    const json body = parse_request_body(req.body);
+    if (p == "/v1/chat/completions") {
+        svc->chat(body, out);
+    } else {
+        svc->completion(body, out);
+    }
+}
+
+void Router::dispatch(HttpRequest && req, std::shared_ptr<Responder> out) {
+    std::string route_name = "other";
+    try {
+        route(req, out, route_name);
+    } catch (const ApiError & e) {
+        Headers h;
+        if (e.retry_after_s > 0) h.emplace_back("Retry-After", std::to_string(e.retry_after_s));
+        if (e.status == 401) h.emplace_back("WWW-Authenticate", "Bearer");
+        out->send(e.status, "application/json", error_body(e.status, e.what(), e.param, e.code), h);
+        count(route_name, e.status);
+    } catch (const std::exception & e) {
+        spdlog::error("{} {}: {}", req.method, req.path, e.what());
+        out->send(500, "application/json", error_body(500, "internal error"));
+        count(route_name, 500);
+    }
+}
+
+}  // namespace armada::api

@@ -1,0 +1,34 @@
+#pragma once
+
+#include "api/auth.h"
+#include "api/http_server.h"
+#include "api/openai_service.h"
+#include "obs/metrics.h"
+
+#include <atomic>
+#include <memory>
+
+namespace armada::api {
+
+//! Maps routes to handlers, checks API keys, counts requests, and is the one place where
+//! exceptions from handlers become HTTP errors (ApiError → its 4xx, anything else → 500).
+class Router {
+  public:
+    Router(ApiKeys keys, obs::Registry & metrics);
+
+    //! Set once the model and engine are ready; until then every route but /health is 503.
+    void set_service(OpenAIService * svc, const engine::Engine * eng);
+    void dispatch(HttpRequest && req, std::shared_ptr<Responder> out);
+
+  private:
+    void route(HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name);
+    void count(const std::string & route, int code);
+    std::string render_metrics();
+
+    ApiKeys keys_;
+    obs::Registry & metrics_;
+    std::atomic<OpenAIService *> svc_{nullptr};
+    std::atomic<const engine::Engine *> engine_{nullptr};
+};
+
+}  // namespace armada::api

@@ -1,0 +1,157 @@
+#include "cli/bench_engine.h"
+
+#include "engine/engine.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+namespace armada::cli {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+struct RunResult {
+    int streams = 0;
+    double tg_tokens_per_s = 0;
+    double pp_tokens_per_s = 0;
+};
+
+void quiet_log(ggml_log_level level, const char * text, void *) {
+    if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+// Runs `streams` sequences of n_prompt + n_gen tokens at once on a fresh engine. Decode speed
+// counts the tokens generated after every sequence has its first token, over that time, which is
+// what llama-batched-bench reports as S_TG.
+RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchEngineOptions & opt, int streams) {
+    engine::EngineConfig cfg;
+    cfg.n_seq_max = streams;
+    cfg.n_ctx = opt.n_ctx > 0 ? opt.n_ctx : streams * (opt.n_prompt + opt.n_gen + 16);
+    cfg.n_threads = opt.threads;
+    cfg.chunk = std::max(opt.n_prompt, 32);
+    cfg.n_batch = 2048;
+    engine::Engine eng(model, cfg, nullptr);
+    if (auto e = eng.start(); !e.empty()) {
+        fprintf(stderr, "engine: %s\n", e.c_str());
+        return {};
+    }
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = 0, started = 0;
+    int64_t gen_total = 0;
+    Clock::time_point t_all_started, t_end;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < streams; ++i) {
+        auto r = std::make_unique<engine::GenRequest>();
+        for (int k = 0; k < opt.n_prompt; ++k) r->prompt.push_back(llama_token(1000 + (i * 131 + k * 7) % 20000));
+        common_params_sampling sp;
+        sp.temp = 0;
+        sp.no_perf = true;
+        // Never stop early: end-of-generation tokens are masked out, like batched-bench.
+        for (llama_token t = 0; t < model->n_vocab(); ++t) {
+            if (model->is_eog(t)) sp.logit_bias.push_back({t, -INFINITY});
+        }
+        r->sampler.reset(common_sampler_init(model->get(), sp));
+        r->max_tokens = opt.n_gen;
+        int seen = 0;
+        r->sink = [&, seen](engine::GenEvent && ev) mutable {
+            std::lock_guard lk(mu);
+            if (ev.kind == engine::GenEvent::Kind::Text) {
+                if (seen++ == 0 && ++started == streams) t_all_started = Clock::now();
+                return;
+            }
+            if (seen == 0 && ++started == streams) t_all_started = Clock::now();
+            gen_total += ev.n_generated - 1;
+            if (++done == streams) {
+                t_end = Clock::now();
+                cv.notify_all();
+            }
+        };
+        eng.submit(std::move(r));
+    }
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done == streams; });
+    RunResult res;
+    res.streams = streams;
+    const double tg = std::chrono::duration<double>(t_end - t_all_started).count();
+    const double pp = std::chrono::duration<double>(t_all_started - t0).count();
+    res.tg_tokens_per_s = tg > 0 ? double(gen_total) / tg : 0;
+    res.pp_tokens_per_s = pp > 0 ? double(streams * opt.n_prompt) / pp : 0;
+    return res;
+}
+
+// Runs llama-batched-bench with matching settings and returns S_TG per stream count.
+std::vector<double> run_batched_bench(const BenchEngineOptions & opt, int n_ctx) {
+    std::ostringstream cmd;
+    std::string npl;
+    for (int s : opt.streams) npl += (npl.empty() ? "" : ",") + std::to_string(s);
+    cmd << opt.batched_bench << " -m " << opt.model << " -c " << n_ctx << " -b 2048 -ub 512 -npp " << opt.n_prompt
+        << " -ntg " << opt.n_gen << " -npl " << npl << " --output-format jsonl";
+    if (opt.threads > 0) cmd << " -t " << opt.threads;
+    cmd << " 2>/dev/null";
+    printf("peer: %s\n", cmd.str().c_str());
+    std::vector<double> out(opt.streams.size(), 0);
+    FILE * p = popen(cmd.str().c_str(), "r");
+    if (!p) return out;
+    char line[4096];
+    while (fgets(line, sizeof(line), p)) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.contains("pl")) continue;
+        const int pl = j["pl"].get<int>();
+        for (size_t i = 0; i < opt.streams.size(); ++i) {
+            if (opt.streams[i] == pl) out[i] = j.value("speed_tg", 0.0);
+        }
+    }
+    pclose(p);
+    return out;
+}
+}  // namespace
+
+int bench_engine(const BenchEngineOptions & opt) {
+    llama_log_set(quiet_log, nullptr);
+    std::string err;
+    auto model = engine::Model::load(opt.model, nullptr, err);
+    if (!model) {
+        fprintf(stderr, "error: %s\n", err.c_str());
+        return 1;
+    }
+    const int max_streams = *std::max_element(opt.streams.begin(), opt.streams.end());
+    const int n_ctx = opt.n_ctx > 0 ? opt.n_ctx : max_streams * (opt.n_prompt + opt.n_gen + 16);
+    std::vector<RunResult> ours;
+    for (int s : opt.streams) {
+        ours.push_back(run_streams(model, opt, s));
+        printf("armada  streams=%-4d decode %.1f tok/s  prompt %.1f tok/s\n", s, ours.back().tg_tokens_per_s,
+               ours.back().pp_tokens_per_s);
+        fflush(stdout);
+    }
+    std::vector<double> peer;
+    if (!opt.batched_bench.empty()) {
+        peer = run_batched_bench(opt, n_ctx);
+        for (size_t i = 0; i < opt.streams.size(); ++i) {
+            printf("batched streams=%-4d decode %.1f tok/s  ratio %.3f\n", opt.streams[i], peer[i],
+                   peer[i] > 0 ? ours[i].tg_tokens_per_s / peer[i] : 0.0);
+        }
+    }
+    if (!opt.output.empty()) {
+        std::ofstream f(opt.output);
+        f << "| streams | armada decode tok/s | llama-batched-bench S_TG tok/s | ratio |\n|---|---|---|---|\n";
+        for (size_t i = 0; i < opt.streams.size(); ++i) {
+            const double pr = peer.empty() ? 0 : peer[i];
+            char row[256];
+            snprintf(row, sizeof(row), "| %d | %.1f | %.1f | %.3f |\n", opt.streams[i], ours[i].tg_tokens_per_s, pr,
+                     pr > 0 ? ours[i].tg_tokens_per_s / pr : 0.0);
+            f << row;
+        }
+    }
+    return 0;
+}
+
+}  // namespace armada::cli

@@ -1,0 +1,23 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace armada::cli {
+
+//! Options of `armada bench engine`.
+struct BenchEngineOptions {
+    std::string model;
+    std::vector<int> streams = {1, 16, 64};
+    int n_prompt = 32;
+    int n_gen = 128;
+    int n_ctx = 0;  // 0: enough for the largest stream count
+    int threads = 0;
+    std::string batched_bench;  // path of llama-batched-bench to compare against, optional
+    std::string output;         // Markdown report file, optional
+};
+
+//! Measures aggregate decode tokens/s at each stream count; returns the exit code.
+int bench_engine(const BenchEngineOptions & opt);
+
+}  // namespace armada::cli

@@ -1,0 +1,109 @@
+// armada: the node binary. Subcommands: serve, mkmodel, bench engine.
+#include "cli/bench_engine.h"
+#include "cli/mkmodel.h"
+#include "cli/serve.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+using namespace armada;
+
+namespace {
+
+void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
+    cmd->add_option("-m,--model", o.model, "GGUF model file")->envname("ARMADA_MODEL");
+    cmd->add_option("-c,--ctx-size", o.engine.n_ctx, "total KV context in tokens, split across sequences")
+        ->envname("ARMADA_CTX_SIZE")->capture_default_str();
+    cmd->add_option("-np,--parallel", o.engine.n_seq_max, "sequences decoded together (1..256)")
+        ->envname("ARMADA_PARALLEL")->capture_default_str();
+    cmd->add_option("-t,--threads", o.engine.n_threads, "compute threads (0 = all cores)")
+        ->envname("ARMADA_THREADS")->capture_default_str();
+    cmd->add_option("-b,--batch-size", o.engine.n_batch, "logical batch size")
+        ->envname("ARMADA_BATCH_SIZE")->capture_default_str();
+    cmd->add_option("-ub,--ubatch-size", o.engine.n_ubatch, "physical batch size")
+        ->envname("ARMADA_UBATCH_SIZE")->capture_default_str();
+    cmd->add_option("--prompt-chunk", o.engine.chunk, "prompt tokens one sequence may add to one decode step")
+        ->envname("ARMADA_PROMPT_CHUNK")->capture_default_str();
+    cmd->add_option("--queue", o.engine.queue_max, "requests that may wait for a free sequence before 429")
+        ->envname("ARMADA_QUEUE")->capture_default_str();
+    cmd->add_flag("--kv-unified", o.engine.kv_unified, "one KV buffer shared by all sequences")
+        ->envname("ARMADA_KV_UNIFIED");
+    cmd->add_option("--host", o.http.host, "address to bind")->envname("ARMADA_HOST")->capture_default_str();
+    cmd->add_option("--port", o.http.port, "port to bind (0 = any free port)")
+        ->envname("ARMADA_PORT")->capture_default_str();
+    cmd->add_option("--http-threads", o.http.threads, "HTTP I/O threads")
+        ->envname("ARMADA_HTTP_THREADS")->capture_default_str();
+    cmd->add_option("--max-body", o.http.max_body, "largest request body in bytes (413 beyond)")
+        ->envname("ARMADA_MAX_BODY")->capture_default_str();
+    cmd->add_option("--api-key", o.api_key, "require this key (Authorization: Bearer KEY) on every route but /health")
+        ->envname("ARMADA_API_KEY");
+    cmd->add_option("--api-key-file", o.api_key_file, "file with one accepted API key per line")
+        ->envname("ARMADA_API_KEY_FILE");
+    cmd->add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
+        ->envname("ARMADA_LOG_LEVEL")->capture_default_str();
+}
+
+std::vector<int> parse_list(const std::string & s) {
+    std::vector<int> out;
+    size_t i = 0;
+    while (i < s.size()) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        out.push_back(std::stoi(s.substr(i, j - i)));
+        i = j + 1;
+    }
+    return out;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    CLI::App app{"armada: serves LLM agents from CPU nodes (OpenAI-compatible API on llama.cpp)"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", std::string("armada ") + ARMADA_VERSION);
+
+    cli::ServeOptions serve;
+    auto * s = app.add_subcommand("serve", "run the node: load a model and serve the HTTP API");
+    add_serve_flags(s, serve);
+
+    cli::MkModelOptions mk;
+    auto * m = app.add_subcommand("mkmodel", "write a random-weight qwen2 GGUF of a real shape, for tests and benchmarks");
+    m->add_option("--shape", mk.shape, "tiny, small, 0.5b or 7b")->capture_default_str();
+    m->add_option("--type", mk.type, "f16, q8_0, q4_0 or q4_k")->capture_default_str();
+    m->add_option("-o,--output", mk.output, "output file")->required();
+    m->add_option("--seed", mk.seed, "weight seed")->capture_default_str();
+    m->add_option("--vocab", mk.vocab, "GGUF to take the tokenizer from (default: llama.cpp's Qwen2 vocab)");
+    m->add_option("--template", mk.template_, "Jinja chat template file (default: Qwen2.5-7B-Instruct)");
+
+    auto * b = app.add_subcommand("bench", "benchmarks");
+    b->require_subcommand(1);
+    cli::BenchEngineOptions be;
+    std::string streams = "1,16,64";
+    auto * bee = b->add_subcommand("engine", "aggregate decode tokens/s at several concurrent streams");
+    bee->add_option("-m,--model", be.model, "GGUF model file")->required();
+    bee->add_option("--streams", streams, "comma-separated stream counts")->capture_default_str();
+    bee->add_option("-p,--n-prompt", be.n_prompt, "prompt tokens per stream")->capture_default_str();
+    bee->add_option("-n,--n-gen", be.n_gen, "generated tokens per stream")->capture_default_str();
+    bee->add_option("-t,--threads", be.threads, "compute threads (0 = all cores)")->capture_default_str();
+    bee->add_option("--batched-bench", be.batched_bench, "llama-batched-bench binary to compare against");
+    bee->add_option("--output", be.output, "write a Markdown table here");
+
+    CLI11_PARSE(app, argc, argv);
+
+    if (s->parsed()) return cli::serve(serve);
+    if (m->parsed()) {
+        const std::string err = cli::write_model(mk);
+        if (!err.empty()) {
+            fprintf(stderr, "error: %s\n", err.c_str());
+            return 1;
+        }
+        printf("wrote %s (%s, %s)\n", mk.output.c_str(), mk.shape.c_str(), mk.type.c_str());
+        return 0;
+    }
+    if (bee->parsed()) {
+        be.streams = parse_list(streams);
+        return cli::bench_engine(be);
+    }
+    return 0;
+}

@@ -1,0 +1,100 @@
+#include "cli/serve.h"
+
+#include "api/openai_service.h"
+#include "api/router.h"
+#include "engine/model.h"
+#include "obs/metrics.h"
+
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdio>
+#include <pthread.h>
+
+namespace armada::cli {
+
+namespace {
+void llama_log_quiet(ggml_log_level level, const char * text, void *) {
+    if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+}  // namespace
+
+int serve(const ServeOptions & opt) {
+    // Block the stop signals before any thread starts, so every thread inherits the mask and
+    // only this thread receives them, through sigwait below.
+    sigset_t stop_set;
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
+    spdlog::set_level(spdlog::level::from_str(opt.log_level));
+    if (opt.log_level != "debug") llama_log_set(llama_log_quiet, nullptr);
+    if (opt.model.empty()) {
+        fprintf(stderr, "error: no model given; use -m FILE or ARMADA_MODEL\n");
+        return 2;
+    }
+    api::ApiKeys keys;
+    keys.add(opt.api_key);
+    if (!opt.api_key_file.empty()) {
+        if (auto err = keys.load_file(opt.api_key_file); !err.empty()) {
+            fprintf(stderr, "error: %s\n", err.c_str());
+            return 2;
+        }
+    }
+    if (opt.http.host != "127.0.0.1" && opt.http.host != "localhost" && opt.http.host != "::1" && !keys.enabled()) {
+        spdlog::warn("listening on {} without an API key; anyone who can reach it can use it", opt.http.host);
+    }
+
+    obs::Registry metrics;
+    api::Router router(std::move(keys), metrics);
+    api::HttpServer http(opt.http, [&router](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
+        router.dispatch(std::move(r), std::move(out));
+    });
+    if (auto err = http.listen(); !err.empty()) {
+        fprintf(stderr, "error: %s\n", err.c_str());
+        return 1;
+    }
+    http.run();
+    printf("armada: listening on http://%s:%u (loading model)\n", opt.http.host.c_str(), unsigned(http.port()));
+    fflush(stdout);
+
+    std::string err;
+    int last_pct = -1;
+    auto model = engine::Model::load(
+        opt.model,
+        [&](float p) {
+            const int pct = int(p * 100);
+            if (pct / 10 != last_pct / 10) {
+                fprintf(stderr, "\rloading %s: %3d%%", opt.model.c_str(), pct);
+                if (pct >= 100) fputc('\n', stderr);
+                last_pct = pct;
+            }
+        },
+        err);
+    if (!model) {
+        fprintf(stderr, "\nerror: %s\n", err.c_str());
+        http.stop();
+        return 1;
+    }
+    engine::Engine eng(model, opt.engine, &metrics);
+    if (auto e = eng.start(); !e.empty()) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        http.stop();
+        return 1;
+    }
+    api::OpenAIService svc(model, eng, metrics, http.executor());
+    router.set_service(&svc, &eng);
+    printf("armada: ready, model %s, %d sequences x %d tokens\n", model->id().c_str(), opt.engine.n_seq_max,
+           eng.n_ctx_seq());
+    fflush(stdout);
+
+    int s = 0;
+    sigwait(&stop_set, &s);
+    spdlog::info("signal {}: draining and stopping", s);
+    router.set_service(nullptr, nullptr);
+    eng.stop();
+    http.stop();
+    return 0;
+}
+
+}  // namespace armada::cli

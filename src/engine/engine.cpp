@@ -1,0 +1,372 @@
+#include "engine/engine.h"
+
+#include "engine/batch_planner.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <thread>
+
+namespace armada::engine {
+
+const char * finish_reason_name(FinishReason r) {
+    switch (r) {
+        case FinishReason::Stop: return "stop";
+        case FinishReason::Length: return "length";
+        case FinishReason::Cancelled: return "cancelled";
+        case FinishReason::Error: return "error";
+    }
+    return "error";
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void batch_add(llama_batch & b, llama_token t, llama_pos pos, llama_seq_id seq, bool logits) {
+    const int i = b.n_tokens++;
+    b.token[i] = t;
+    b.pos[i] = pos;
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = seq;
+    b.logits[i] = logits;
+}
+
+size_t common_prefix(const Tokens & a, const Tokens & b) {
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    return n;
+}
+}  // namespace
+
+Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * metrics)
+    : model_(std::move(model)), cfg_(cfg), metrics_(metrics) {
+    if (metrics_) {
+        h_batch_ = &metrics_->histogram("armada_batch_tokens", "Tokens per llama_decode call",
+                                        {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048});
+        h_ttft_ = &metrics_->histogram("armada_time_to_first_token_seconds",
+                                       "Time from request arrival to its first generated token",
+                                       obs::latency_buckets());
+        h_itl_ = &metrics_->histogram("armada_inter_token_seconds", "Time between consecutive generated tokens",
+                                      obs::latency_buckets());
+        c_prompt_ = &metrics_->counter("armada_prompt_tokens_total", "Prompt tokens evaluated (cache hits excluded)");
+        c_gen_ = &metrics_->counter("armada_generated_tokens_total", "Tokens generated");
+    }
+}
+
+Engine::~Engine() {
+    stop();
+    if (batch_.token) llama_batch_free(batch_);
+    if (ctx_) llama_free(ctx_);
+}
+
+std::string Engine::start() {
+    if (cfg_.n_seq_max < 1 || cfg_.n_seq_max > 256) return "parallel sequences (-np) must be 1..256";
+    if (cfg_.n_ctx < 16 * cfg_.n_seq_max) return "context (-c) is too small for the number of sequences";
+    if (cfg_.chunk < 1) return "prompt chunk must be at least 1";
+    auto cp = llama_context_default_params();
+    const int32_t threads = cfg_.n_threads > 0 ? cfg_.n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+    n_batch_ = std::max(cfg_.n_batch, cfg_.n_seq_max + cfg_.chunk);
+    cp.n_ctx = uint32_t(cfg_.n_ctx);
+    cp.n_batch = uint32_t(n_batch_);
+    cp.n_ubatch = uint32_t(std::min(cfg_.n_ubatch, n_batch_));
+    cp.n_seq_max = uint32_t(cfg_.n_seq_max);
+    cp.n_threads = threads;
+    cp.n_threads_batch = threads;
+    cp.kv_unified = cfg_.kv_unified;
+    cp.no_perf = true;
+    ctx_ = llama_init_from_model(model_->get(), cp);
+    if (!ctx_) return "llama.cpp could not create a context (n_ctx=" + std::to_string(cfg_.n_ctx) + ")";
+    n_ctx_seq_ = int32_t(llama_n_ctx_seq(ctx_));
+    batch_ = llama_batch_init(n_batch_, 0, 1);
+
+    const llama_model * m = model_->get();
+    const uint64_t head_dim = uint64_t(llama_model_n_embd(m) / std::max(1, llama_model_n_head(m)));
+    kv_bytes_per_cell_ = uint64_t(llama_model_n_layer(m)) * 2 * uint64_t(llama_model_n_head_kv(m)) * head_dim * 2;
+
+    if (cfg_.warmup) {
+        // The first decode maps weights and builds graphs; do it before taking traffic.
+        llama_token t = llama_vocab_bos(model_->vocab());
+        if (t == LLAMA_TOKEN_NULL) t = 0;
+        batch_.n_tokens = 0;
+        batch_add(batch_, t, 0, 0, true);
+        if (llama_decode(ctx_, batch_) != 0) return "warm-up decode failed";
+        llama_memory_clear(llama_get_memory(ctx_), true);
+        llama_synchronize(ctx_);
+    }
+    slots_.resize(size_t(cfg_.n_seq_max));
+    for (int i = 0; i < cfg_.n_seq_max; ++i) slots_[size_t(i)].id = i;
+    if (metrics_) {
+        metrics_->gauge("armada_kv_bytes_total", "KV cache capacity in bytes")
+            .set(double(kv_bytes_per_cell_) * double(llama_n_ctx(ctx_)));
+    }
+    thread_ = std::thread([this] { loop(); });
+    return {};
+}
+
+void Engine::stop() {
+    {
+        std::lock_guard lk(mu_);
+        if (stopping_) return;
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+}
+
+SubmitStatus Engine::submit(std::unique_ptr<GenRequest> req) {
+    {
+        std::lock_guard lk(mu_);
+        if (stopping_) return SubmitStatus::Stopped;
+        // Free sequences take requests at once; only the excess counts against the queue bound.
+        const int32_t free_seqs = cfg_.n_seq_max - stats_.active.load();
+        if (stats_.queued.load() >= cfg_.queue_max + std::max(free_seqs, 0)) return SubmitStatus::QueueFull;
+        stats_.queued++;
+        incoming_.push_back(std::move(req));
+    }
+    cv_.notify_one();
+    return SubmitStatus::Accepted;
+}
+
+void Engine::wake() { cv_.notify_one(); }
+
+bool Engine::has_active() const {
+    return std::any_of(slots_.begin(), slots_.end(), [](const Slot & s) { return s.state != SlotState::Idle; });
+}
+
+void Engine::loop() {
+    std::deque<std::unique_ptr<GenRequest>> waiting;
+    for (;;) {
+        {
+            std::unique_lock lk(mu_);
+            cv_.wait(lk, [&] { return stopping_ || !incoming_.empty() || has_active() || !waiting.empty(); });
+            if (stopping_) break;
+            while (!incoming_.empty()) {
+                waiting.push_back(std::move(incoming_.front()));
+                incoming_.pop_front();
+            }
+        }
+        reap_cancelled(waiting);
+        admit(waiting);
+        if (!step() && waiting.empty()) continue;
+    }
+    // Shutting down: every request still known ends, so no consumer waits forever.
+    for (auto & s : slots_) {
+        if (s.state != SlotState::Idle) finish(s, FinishReason::Cancelled);
+    }
+    std::lock_guard lk(mu_);
+    for (auto * q : {&waiting, &incoming_}) {
+        for (auto & r : *q) {
+            GenEvent ev;
+            ev.kind = GenEvent::Kind::Done;
+            ev.finish = FinishReason::Cancelled;
+            r->sink(std::move(ev));
+            stats_.queued--;
+        }
+        q->clear();
+    }
+}
+
+void Engine::reap_cancelled(std::deque<std::unique_ptr<GenRequest>> & waiting) {
+    for (auto & s : slots_) {
+        if (s.state != SlotState::Idle && s.req->cancelled->load()) finish(s, FinishReason::Cancelled);
+    }
+    for (auto it = waiting.begin(); it != waiting.end();) {
+        if ((*it)->cancelled->load()) {
+            GenEvent ev;
+            ev.kind = GenEvent::Kind::Done;
+            ev.finish = FinishReason::Cancelled;
+            (*it)->sink(std::move(ev));
+            stats_.queued--;
+            it = waiting.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+int Engine::pick_slot(const Tokens & prompt) const {
+    // Prefer the idle sequence whose KV already holds the longest prefix of this prompt, so a
+    // follow-up turn reuses its cells; among equals, the least recently used.
+    int best = -1;
+    size_t best_lcp = 0;
+    uint64_t best_used = 0;
+    for (const auto & s : slots_) {
+        if (s.state != SlotState::Idle) continue;
+        const size_t lcp = common_prefix(s.cache, prompt);
+        if (best < 0 || lcp > best_lcp || (lcp == best_lcp && s.last_used < best_used)) {
+            best = s.id;
+            best_lcp = lcp;
+            best_used = s.last_used;
+        }
+    }
+    return best;
+}
+
+void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
+    while (!waiting.empty()) {
+        const int id = pick_slot(waiting.front()->prompt);
+        if (id < 0) return;
+        auto req = std::move(waiting.front());
+        waiting.pop_front();
+        stats_.queued--;
+        start_slot(slots_[size_t(id)], std::move(req));
+    }
+}
+
+void Engine::start_slot(Slot & s, std::unique_ptr<GenRequest> req) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    size_t keep = common_prefix(s.cache, req->prompt);
+    if (keep >= req->prompt.size()) keep = req->prompt.size() - 1;  // the last token must be decoded for logits
+    if (!llama_memory_seq_rm(mem, s.id, llama_pos(keep), -1)) {
+        llama_memory_seq_rm(mem, s.id, -1, -1);
+        keep = 0;
+    }
+    s.cache.resize(keep);
+    s.n_past = keep;
+    s.n_cached = int32_t(keep);
+    s.n_decoded = 0;
+    s.i_batch = -1;
+    s.ttft_s = 0;
+    s.text = std::make_unique<TextStream>(req->stop);
+    // Prompt tokens feed the penalties' history, as llama-server does.
+    for (llama_token t : req->prompt) common_sampler_accept(req->sampler.get(), t, false);
+    s.req = std::move(req);
+    s.state = SlotState::Prompt;
+    s.last_used = ++tick_;
+    stats_.active++;
+}
+
+bool Engine::step() {
+    batch_.n_tokens = 0;
+    int32_t n_gen = 0;
+    for (auto & s : slots_) {
+        s.i_batch = -1;
+        if (s.state != SlotState::Generating) continue;
+        s.i_batch = batch_.n_tokens;
+        batch_add(batch_, s.next, llama_pos(s.cache.size()), s.id, true);
+        s.cache.push_back(s.next);
+        ++n_gen;
+    }
+    std::vector<PendingPrompt> prompts;
+    for (auto & s : slots_) {
+        if (s.state == SlotState::Prompt) {
+            prompts.push_back({s.id, int32_t(s.req->prompt.size() - s.n_past)});
+        }
+    }
+    // Admission order: lower last_used was admitted first.
+    std::sort(prompts.begin(), prompts.end(),
+              [&](const PendingPrompt & a, const PendingPrompt & b) {
+                  return slots_[size_t(a.slot)].last_used < slots_[size_t(b.slot)].last_used;
+              });
+    int64_t n_prompt_tokens = 0;
+    for (const auto & c : plan_prompt_chunks(n_batch_, cfg_.chunk, n_gen, prompts)) {
+        Slot & s = slots_[size_t(c.slot)];
+        for (int32_t k = 0; k < c.n_tokens; ++k) {
+            const bool last = s.n_past + 1 == s.req->prompt.size();
+            if (last) s.i_batch = batch_.n_tokens;
+            batch_add(batch_, s.req->prompt[s.n_past], llama_pos(s.n_past), s.id, last);
+            s.cache.push_back(s.req->prompt[s.n_past]);
+            ++s.n_past;
+        }
+        n_prompt_tokens += c.n_tokens;
+    }
+    if (batch_.n_tokens == 0) return false;
+
+    const int rc = llama_decode(ctx_, batch_);
+    if (h_batch_) h_batch_->observe(batch_.n_tokens);
+    if (c_prompt_) c_prompt_->inc(uint64_t(n_prompt_tokens));
+    if (rc != 0) {
+        spdlog::error("llama_decode failed with {} for a batch of {} tokens", rc, batch_.n_tokens);
+        llama_memory_t mem = llama_get_memory(ctx_);
+        for (auto & s : slots_) {
+            if (s.state == SlotState::Idle) continue;
+            llama_memory_seq_rm(mem, s.id, -1, -1);
+            s.cache.clear();
+            finish(s, FinishReason::Error, "the model failed to evaluate the batch (llama_decode " +
+                                                  std::to_string(rc) + ")");
+        }
+        return true;
+    }
+    for (auto & s : slots_) {
+        if (s.i_batch < 0) continue;
+        if (s.state == SlotState::Prompt) s.state = SlotState::Generating;
+        sample(s);
+    }
+    update_kv_stats();
+    return true;
+}
+
+void Engine::sample(Slot & s) {
+    GenRequest & r = *s.req;
+    const llama_token id = common_sampler_sample(r.sampler.get(), ctx_, s.i_batch);
+    common_sampler_accept(r.sampler.get(), id, true);
+    ++s.n_decoded;
+    if (c_gen_) c_gen_->inc();
+    const auto now = Clock::now();
+    if (s.n_decoded == 1) {
+        s.ttft_s = seconds_since(r.submitted);
+        if (h_ttft_) h_ttft_->observe(s.ttft_s);
+    } else if (h_itl_) {
+        h_itl_->observe(std::chrono::duration<double>(now - s.t_last_token).count());
+    }
+    s.t_last_token = now;
+
+    if (model_->is_eog(id)) {
+        finish(s, FinishReason::Stop);
+        return;
+    }
+    const bool special = r.render_special ||
+                         std::find(r.special_ok.begin(), r.special_ok.end(), id) != r.special_ok.end();
+    std::string out = s.text->push(model_->piece(id, special));
+    if (!out.empty()) {
+        GenEvent ev;
+        ev.text = std::move(out);
+        r.sink(std::move(ev));
+    }
+    if (s.text->stopped()) {
+        finish(s, FinishReason::Stop);
+    } else if (r.max_tokens >= 0 && s.n_decoded >= r.max_tokens) {
+        finish(s, FinishReason::Length);
+    } else if (int32_t(s.cache.size()) + 1 >= n_ctx_seq_) {
+        finish(s, FinishReason::Length);
+    } else {
+        s.next = id;
+    }
+}
+
+void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
+    GenRequest & req = *s.req;
+    if (r != FinishReason::Error && r != FinishReason::Cancelled) {
+        std::string tail = s.text->finish();
+        if (!tail.empty()) {
+            GenEvent ev;
+            ev.text = std::move(tail);
+            req.sink(std::move(ev));
+        }
+    }
+    GenEvent done;
+    done.kind = GenEvent::Kind::Done;
+    done.finish = r;
+    done.error = error;
+    done.n_prompt = int32_t(req.prompt.size());
+    done.n_cached = s.n_cached;
+    done.n_generated = s.n_decoded;
+    done.ttft_s = s.ttft_s;
+    req.sink(std::move(done));
+    s.req.reset();
+    s.text.reset();
+    s.state = SlotState::Idle;
+    s.i_batch = -1;
+    s.last_used = ++tick_;
+    stats_.active--;
+}
+
+void Engine::update_kv_stats() {
+    int64_t cells = 0;
+    for (const auto & s : slots_) cells += int64_t(s.cache.size());
+    stats_.kv_cells_used.store(cells);
+}
+
+}  // namespace armada::engine

@@ -1,0 +1,74 @@
+#include "engine/model.h"
+
+#include <filesystem>
+#include <mutex>
+
+namespace armada::engine {
+
+namespace {
+std::once_flag g_backend_once;
+
+bool progress_trampoline(float p, void * user) {
+    (*static_cast<const std::function<void(float)> *>(user))(p);
+    return true;
+}
+}  // namespace
+
+std::shared_ptr<Model> Model::load(const std::string & path, const std::function<void(float)> & progress,
+                                   std::string & error) {
+    std::call_once(g_backend_once, [] { llama_backend_init(); });
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) {
+        error = "model file not found: " + path;
+        return nullptr;
+    }
+    auto mp = llama_model_default_params();
+    if (progress) {
+        mp.progress_callback = progress_trampoline;
+        mp.progress_callback_user_data = const_cast<std::function<void(float)> *>(&progress);
+    }
+    std::shared_ptr<Model> m(new Model());
+    m->model_ = llama_model_load_from_file(path.c_str(), mp);
+    if (!m->model_) {
+        error = "llama.cpp could not load " + path + " (not a valid GGUF model?)";
+        return nullptr;
+    }
+    m->vocab_ = llama_model_get_vocab(m->model_);
+    m->n_vocab_ = llama_vocab_n_tokens(m->vocab_);
+    m->path_ = path;
+    m->id_ = std::filesystem::path(path).stem().string();
+    return m;
+}
+
+Model::~Model() {
+    if (model_) llama_model_free(model_);
+}
+
+int32_t Model::n_ctx_train() const { return llama_model_n_ctx_train(model_); }
+
+uint64_t Model::size_bytes() const { return llama_model_size(model_); }
+
+Tokens Model::tokenize(const std::string & text, bool add_bos, bool special) const {
+    Tokens out(text.size() + 2);
+    int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), add_bos,
+                               special);
+    if (n < 0) {
+        out.resize(size_t(-n));
+        n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), add_bos,
+                           special);
+    }
+    out.resize(size_t(std::max(n, 0)));
+    return out;
+}
+
+std::string Model::piece(llama_token t, bool special) const {
+    char buf[128];
+    int32_t n = llama_token_to_piece(vocab_, t, buf, sizeof(buf), 0, special);
+    if (n >= 0) return std::string(buf, size_t(n));
+    std::string big(size_t(-n), '\0');
+    n = llama_token_to_piece(vocab_, t, big.data(), int32_t(big.size()), 0, special);
+    big.resize(size_t(std::max(n, 0)));
+    return big;
+}
+
+}  // namespace armada::engine

@@ -1,0 +1,53 @@
+#pragma once
+
+#include "engine/model.h"
+
+#include <sampling.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace armada::engine {
+
+enum class FinishReason { Stop, Length, Cancelled, Error };
+
+const char * finish_reason_name(FinishReason r);
+
+struct SamplerDeleter {
+    void operator()(common_sampler * s) const { common_sampler_free(s); }
+};
+using SamplerPtr = std::unique_ptr<common_sampler, SamplerDeleter>;
+
+//! What the engine reports about a sequence. Text is always whole UTF-8 characters.
+struct GenEvent {
+    enum class Kind { Text, Done } kind = Kind::Text;
+    std::string text;  // Text: the new piece (after stop-string hold-back)
+    FinishReason finish = FinishReason::Stop;
+    std::string error;  // Done with FinishReason::Error
+    int32_t n_prompt = 0, n_cached = 0, n_generated = 0;
+    double ttft_s = 0;  // time from submit to first generated token
+};
+
+//! Called on the engine thread for every event of one request. It must not block: post the
+//! event to the consumer's own executor and return.
+using GenSink = std::function<void(GenEvent &&)>;
+
+//! One generation request, built and validated on an API thread, then handed to the engine.
+struct GenRequest {
+    Tokens prompt;
+    SamplerPtr sampler;            // owns grammar, penalties, logit bias, seed
+    int32_t max_tokens = -1;       // -1: until the sequence's context is full
+    std::vector<std::string> stop; // stop strings, matched on generated text
+    bool render_special = false;   // include control tokens in the text (tool-call markers)
+    std::vector<llama_token> special_ok;  // tokens always rendered (preserved tokens)
+    GenSink sink;
+    std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+    std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
+};
+
+}  // namespace armada::engine
