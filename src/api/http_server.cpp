@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include <deque>
+#include <optional>
 
 namespace armada::api {
 
@@ -97,7 +98,8 @@ class Session : public std::enable_shared_from_this<Session> {
         watch_peer();
     }
 
-    net::strand<net::any_io_executor> executor() { return stream_.get_executor(); }
+    // The socket was accepted on a strand, so this executor serialises all work on the session.
+    beast::tcp_stream::executor_type executor() { return stream_.get_executor(); }
 
   private:
     void read() {

@@ -15,13 +15,13 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
     cmd->add_option("-m,--model", o.model, "GGUF model file")->envname("ARMADA_MODEL");
     cmd->add_option("-c,--ctx-size", o.engine.n_ctx, "total KV context in tokens, split across sequences")
         ->envname("ARMADA_CTX_SIZE")->capture_default_str();
-    cmd->add_option("-np,--parallel", o.engine.n_seq_max, "sequences decoded together (1..256)")
+    cmd->add_option("--parallel", o.engine.n_seq_max, "sequences decoded together, 1..256 (also -np)")
         ->envname("ARMADA_PARALLEL")->capture_default_str();
     cmd->add_option("-t,--threads", o.engine.n_threads, "compute threads (0 = all cores)")
         ->envname("ARMADA_THREADS")->capture_default_str();
     cmd->add_option("-b,--batch-size", o.engine.n_batch, "logical batch size")
         ->envname("ARMADA_BATCH_SIZE")->capture_default_str();
-    cmd->add_option("-ub,--ubatch-size", o.engine.n_ubatch, "physical batch size")
+    cmd->add_option("--ubatch-size", o.engine.n_ubatch, "physical batch size (also -ub)")
         ->envname("ARMADA_UBATCH_SIZE")->capture_default_str();
     cmd->add_option("--prompt-chunk", o.engine.chunk, "prompt tokens one sequence may add to one decode step")
         ->envname("ARMADA_PROMPT_CHUNK")->capture_default_str();
@@ -42,6 +42,22 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
         ->envname("ARMADA_API_KEY_FILE");
     cmd->add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
         ->envname("ARMADA_LOG_LEVEL")->capture_default_str();
+}
+
+// llama-server spells some flags with one dash and two letters; CLI11 takes one-letter short
+// flags only, so those are rewritten to their long names before parsing.
+std::vector<std::string> normalise_args(int argc, char ** argv) {
+    static const std::pair<const char *, const char *> aliases[] = {
+        {"-np", "--parallel"}, {"-ub", "--ubatch-size"}};
+    std::vector<std::string> out;
+    for (int i = 0; i < argc; ++i) {
+        std::string a = argv[i];
+        for (const auto & [from, to] : aliases) {
+            if (a == from) a = to;
+        }
+        out.push_back(a);
+    }
+    return out;
 }
 
 std::vector<int> parse_list(const std::string & s) {
@@ -89,7 +105,13 @@ int main(int argc, char ** argv) {
     bee->add_option("--batched-bench", be.batched_bench, "llama-batched-bench binary to compare against");
     bee->add_option("--output", be.output, "write a Markdown table here");
 
-    CLI11_PARSE(app, argc, argv);
+    std::vector<std::string> args = normalise_args(argc, argv);
+    std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
+    try {
+        app.parse(std::move(rev));
+    } catch (const CLI::ParseError & e) {
+        return app.exit(e);
+    }
 
     if (s->parsed()) return cli::serve(serve);
     if (m->parsed()) {

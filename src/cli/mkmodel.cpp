@@ -3,7 +3,9 @@
 #include <ggml.h>
 #include <gguf.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <memory>

@@ -1,0 +1,234 @@
+// Engine tests on the real tiny model (label: model).
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+
+using namespace armada::engine;
+
+namespace {
+
+std::shared_ptr<Model> tiny_model() {
+    static std::shared_ptr<Model> m = [] {
+        const char * dir = std::getenv("ARMADA_MODEL_DIR");
+        const std::string path = std::string(dir ? dir : "") + "/armada-tiny-q8_0.gguf";
+        std::string err;
+        auto mm = Model::load(path, nullptr, err);
+        if (!mm) ADD_FAILURE() << err;
+        return mm;
+    }();
+    return m;
+}
+
+//! Collects one request's events; wait() blocks until Done.
+struct Collector {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::string text;
+    std::vector<std::string> pieces;
+    bool done = false;
+    GenEvent final;
+
+    GenSink sink() {
+        return [this](GenEvent && ev) {
+            std::lock_guard lk(mu);
+            if (ev.kind == GenEvent::Kind::Text) {
+                text += ev.text;
+                pieces.push_back(ev.text);
+                return;
+            }
+            final = ev;
+            done = true;
+            cv.notify_all();
+        };
+    }
+    void wait() {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return done; });
+    }
+};
+
+std::unique_ptr<GenRequest> greedy(const Model & m, Tokens prompt, int max_tokens, Collector & c) {
+    auto r = std::make_unique<GenRequest>();
+    r->prompt = std::move(prompt);
+    common_params_sampling sp;
+    sp.temp = 0;
+    sp.no_perf = true;
+    for (llama_token t = 0; t < m.n_vocab(); ++t) {
+        if (m.is_eog(t)) sp.logit_bias.push_back({t, -INFINITY});
+    }
+    r->sampler.reset(common_sampler_init(m.get(), sp));
+    r->max_tokens = max_tokens;
+    r->render_special = true;
+    r->sink = c.sink();
+    return r;
+}
+
+Tokens prompt_for(int i, int len) {
+    Tokens p;
+    for (int k = 0; k < len; ++k) p.push_back(llama_token(500 + (i * 97 + k * 13) % 30000));
+    return p;
+}
+
+}  // namespace
+
+TEST(EngineModel, GreedyAloneEqualsBatchedWith63Others) {
+    auto m = tiny_model();
+    ASSERT_TRUE(m);
+    EngineConfig cfg;
+    cfg.n_seq_max = 64;
+    cfg.n_ctx = 64 * 256;
+    cfg.chunk = 64;
+    cfg.n_threads = 2;
+
+    std::string alone;
+    {
+        Engine e(m, cfg, nullptr);
+        ASSERT_EQ(e.start(), "");
+        Collector c;
+        ASSERT_EQ(e.submit(greedy(*m, prompt_for(0, 40), 48, c)), SubmitStatus::Accepted);
+        c.wait();
+        EXPECT_EQ(c.final.n_generated, 48);
+        alone = c.text;
+    }
+    Engine e(m, cfg, nullptr);
+    ASSERT_EQ(e.start(), "");
+    std::vector<std::unique_ptr<Collector>> cs;
+    for (int i = 0; i < 64; ++i) {
+        cs.push_back(std::make_unique<Collector>());
+        // The subject goes in the middle, with prompts of different lengths around it.
+        const int subject = 31;
+        auto req = i == subject ? greedy(*m, prompt_for(0, 40), 48, *cs.back())
+                                : greedy(*m, prompt_for(i + 1, 10 + i * 3), 30 + i % 20, *cs.back());
+        ASSERT_EQ(e.submit(std::move(req)), SubmitStatus::Accepted);
+    }
+    for (auto & c : cs) c->wait();
+    EXPECT_EQ(cs[31]->text, alone);
+    EXPECT_FALSE(alone.empty());
+}
+
+TEST(EngineModel, CancellingOneLeavesOthersUntouched) {
+    auto m = tiny_model();
+    ASSERT_TRUE(m);
+    EngineConfig cfg;
+    cfg.n_seq_max = 4;
+    cfg.n_ctx = 4 * 256;
+    cfg.n_threads = 2;
+    Engine ref(m, cfg, nullptr);
+    ASSERT_EQ(ref.start(), "");
+    std::vector<std::string> expect;
+    for (int i = 0; i < 3; ++i) {
+        Collector c;
+        ref.submit(greedy(*m, prompt_for(i, 20), 40, c));
+        c.wait();
+        expect.push_back(c.text);
+    }
+    ref.stop();
+
+    Engine e(m, cfg, nullptr);
+    ASSERT_EQ(e.start(), "");
+    Collector a, b, victim, d;
+    auto rv = greedy(*m, prompt_for(9, 20), 200, victim);
+    auto flag = rv->cancelled;
+    e.submit(greedy(*m, prompt_for(0, 20), 40, a));
+    e.submit(std::move(rv));
+    e.submit(greedy(*m, prompt_for(1, 20), 40, b));
+    e.submit(greedy(*m, prompt_for(2, 20), 40, d));
+    // Cancel as soon as the victim has produced something.
+    for (int spin = 0; spin < 2000; ++spin) {
+        {
+            std::lock_guard lk(victim.mu);
+            if (!victim.pieces.empty() || victim.done) break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    flag->store(true);
+    e.wake();
+    victim.wait();
+    a.wait();
+    b.wait();
+    d.wait();
+    EXPECT_EQ(victim.final.finish, FinishReason::Cancelled);
+    EXPECT_LT(victim.final.n_generated, 200);
+    EXPECT_EQ(a.text, expect[0]);
+    EXPECT_EQ(b.text, expect[1]);
+    EXPECT_EQ(d.text, expect[2]);
+}
+
+TEST(EngineModel, FollowUpTurnReusesKv) {
+    auto m = tiny_model();
+    ASSERT_TRUE(m);
+    EngineConfig cfg;
+    cfg.n_seq_max = 2;
+    cfg.n_ctx = 2 * 512;
+    cfg.n_threads = 2;
+    Engine e(m, cfg, nullptr);
+    ASSERT_EQ(e.start(), "");
+    Collector first;
+    Tokens p = prompt_for(3, 100);
+    e.submit(greedy(*m, p, 10, first));
+    first.wait();
+    EXPECT_EQ(first.final.n_cached, 0);
+    // The next turn repeats the conversation so far plus new tokens.
+    Tokens p2 = p;
+    for (int k = 0; k < 20; ++k) p2.push_back(llama_token(700 + k));
+    Collector second;
+    e.submit(greedy(*m, p2, 10, second));
+    second.wait();
+    EXPECT_EQ(second.final.n_cached, 100);
+    EXPECT_EQ(second.final.n_prompt, 120);
+}
+
+TEST(EngineModel, QueueBeyondCapacityRefuses) {
+    auto m = tiny_model();
+    ASSERT_TRUE(m);
+    EngineConfig cfg;
+    cfg.n_seq_max = 1;
+    cfg.n_ctx = 512;
+    cfg.queue_max = 2;
+    cfg.n_threads = 2;
+    Engine e(m, cfg, nullptr);
+    ASSERT_EQ(e.start(), "");
+    std::vector<std::unique_ptr<Collector>> cs;
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < 10; ++i) {
+        cs.push_back(std::make_unique<Collector>());
+        auto st = e.submit(greedy(*m, prompt_for(i, 10), 200, *cs.back()));
+        if (st == SubmitStatus::Accepted) ++accepted;
+        if (st == SubmitStatus::QueueFull) {
+            ++refused;
+            cs.back()->done = true;
+        }
+    }
+    EXPECT_GE(refused, 1);
+    EXPECT_LE(accepted, 3);
+    for (auto & c : cs) c->wait();
+}
+
+TEST(EngineModel, StopStringEndsGeneration) {
+    auto m = tiny_model();
+    ASSERT_TRUE(m);
+    EngineConfig cfg;
+    cfg.n_seq_max = 1;
+    cfg.n_ctx = 512;
+    cfg.n_threads = 2;
+    Engine e(m, cfg, nullptr);
+    ASSERT_EQ(e.start(), "");
+    Collector ref;
+    e.submit(greedy(*m, prompt_for(5, 10), 30, ref));
+    ref.wait();
+    ASSERT_GE(ref.text.size(), 4u);
+    // Stop at a string taken from the middle of the reference output.
+    const std::string stop = ref.text.substr(ref.text.size() / 2, 2);
+    Collector c;
+    auto r = greedy(*m, prompt_for(5, 10), 30, c);
+    r->stop = {stop};
+    e.submit(std::move(r));
+    c.wait();
+    EXPECT_EQ(c.final.finish, FinishReason::Stop);
+    EXPECT_EQ(c.text, ref.text.substr(0, ref.text.find(stop)));
+}

@@ -1,0 +1,57 @@
+// Starts the real `armada serve` on port 0 and waits until /health says ready.
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+
+export const modelDir = process.env.ARMADA_MODEL_DIR;
+export const tinyModel = path.join(modelDir ?? '', 'armada-tiny-q8_0.gguf');
+
+export async function startServer(args = [], { model = tinyModel, env = {} } = {}) {
+  const bin = process.env.ARMADA_BIN;
+  if (!bin) throw new Error('ARMADA_BIN is not set');
+  const proc = spawn(bin, ['serve', '-m', model, '--port', '0', '-c', '4096', '-np', '4', '-t', '2', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ...env },
+  });
+  let stderr = '';
+  proc.stderr.on('data', (d) => { stderr += d; });
+  const base = await new Promise((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error('armada did not print its address\n' + stderr)), 30000);
+    proc.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/listening on (http:\/\/[^\s]+)/);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    proc.on('exit', (code) => reject(new Error(`armada exited with ${code}\n${stderr}`)));
+  });
+  const deadline = Date.now() + 60000;
+  for (;;) {
+    const r = await fetch(base + '/health').catch(() => null);
+    if (r && r.status === 200) break;
+    if (Date.now() > deadline) throw new Error('armada never became ready\n' + stderr);
+    await new Promise((res) => setTimeout(res, 100));
+  }
+  return {
+    base,
+    proc,
+    stderr: () => stderr,
+    async stop() {
+      if (proc.exitCode !== null) return proc.exitCode;
+      const done = new Promise((res) => proc.on('exit', (code) => res(code)));
+      proc.kill('SIGTERM');
+      return done;
+    },
+  };
+}
+
+export async function rawPost(base, route, body, headers = {}) {
+  const r = await fetch(base + route, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', ...headers },
+    body: typeof body === 'string' || body instanceof Uint8Array ? body : JSON.stringify(body),
+  });
+  const text = await r.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: r.status, headers: r.headers, text, json };
+}

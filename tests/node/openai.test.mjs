@@ -1,0 +1,369 @@
+// Black-box tests of the OpenAI-compatible API with the official `openai` npm client.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { startServer, rawPost } from './harness.mjs';
+
+let srv;
+let client;
+let model;
+
+const weatherTool = {
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'Current weather for a city',
+    parameters: {
+      type: 'object',
+      properties: {
+        city: { type: 'string', enum: ['Paris', 'Tokyo', 'Lima'] },
+        unit: { type: 'string', enum: ['c', 'f'] },
+      },
+      required: ['city', 'unit'],
+      additionalProperties: false,
+    },
+  },
+};
+const timeTool = {
+  type: 'function',
+  function: {
+    name: 'get_time',
+    description: 'Current time in a zone',
+    parameters: {
+      type: 'object',
+      properties: { zone: { type: 'string', enum: ['UTC', 'CET'] } },
+      required: ['zone'],
+      additionalProperties: false,
+    },
+  },
+};
+
+// Checks a value against the JSON Schema subset the tests use; returns a list of problems.
+function schemaErrors(schema, v, where = '$') {
+  const errs = [];
+  if (schema.enum && !schema.enum.includes(v)) errs.push(`${where}: ${JSON.stringify(v)} not in enum`);
+  if (schema.type === 'object') {
+    if (typeof v !== 'object' || v === null || Array.isArray(v)) return [`${where}: not an object`];
+    for (const r of schema.required ?? []) if (!(r in v)) errs.push(`${where}.${r}: missing`);
+    for (const [k, val] of Object.entries(v)) {
+      const ps = schema.properties?.[k];
+      if (!ps) {
+        if (schema.additionalProperties === false) errs.push(`${where}.${k}: not allowed`);
+        continue;
+      }
+      errs.push(...schemaErrors(ps, val, `${where}.${k}`));
+    }
+  } else if (schema.type === 'string' && typeof v !== 'string') errs.push(`${where}: not a string`);
+  else if (schema.type === 'boolean' && typeof v !== 'boolean') errs.push(`${where}: not a boolean`);
+  else if (schema.type === 'integer' && !Number.isInteger(v)) errs.push(`${where}: not an integer`);
+  return errs;
+}
+
+function assertValidCall(call, tools) {
+  assert.equal(call.type, 'function');
+  assert.match(call.id, /\S+/);
+  const tool = tools.find((t) => t.function.name === call.function.name);
+  assert.ok(tool, `unknown tool ${call.function.name}`);
+  const args = JSON.parse(call.function.arguments);
+  assert.deepEqual(schemaErrors(tool.function.parameters, args), []);
+}
+
+before(async () => {
+  srv = await startServer();
+  client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'unused', maxRetries: 0 });
+  const list = await client.models.list();
+  model = list.data[0].id;
+});
+
+after(async () => {
+  const code = await srv.stop();
+  assert.equal(code, 0, 'armada should exit cleanly on SIGTERM');
+});
+
+test('GET /v1/models lists the loaded model', async () => {
+  const list = await client.models.list();
+  assert.equal(list.data.length, 1);
+  assert.equal(list.data[0].object, 'model');
+  assert.match(list.data[0].id, /tiny/);
+});
+
+test('non-streaming chat completion', async () => {
+  const r = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Say hello' }], max_tokens: 8, temperature: 0,
+  });
+  assert.match(r.id, /^chatcmpl-/);
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason));
+  assert.ok(r.usage.prompt_tokens > 5);
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 8);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+});
+
+test('same seed gives the same text; n gives several choices', async () => {
+  const req = { model, messages: [{ role: 'user', content: 'Tell me' }], max_tokens: 12, seed: 11, temperature: 1 };
+  const a = await client.chat.completions.create(req);
+  const b = await client.chat.completions.create(req);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  const n = await client.chat.completions.create({ ...req, n: 3 });
+  assert.equal(n.choices.length, 3);
+  assert.deepEqual(n.choices.map((c) => c.index), [0, 1, 2]);
+});
+
+test('streaming chat completion has OpenAI chunk shape and usage', async () => {
+  const stream = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Count' }], max_tokens: 10, stream: true,
+    stream_options: { include_usage: true },
+  });
+  const chunks = [];
+  for await (const c of stream) chunks.push(c);
+  assert.ok(chunks.length >= 3);
+  const ids = new Set(chunks.map((c) => c.id));
+  const created = new Set(chunks.map((c) => c.created));
+  assert.equal(ids.size, 1);
+  assert.equal(created.size, 1);
+  assert.equal(chunks[0].object, 'chat.completion.chunk');
+  assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+  const usage = chunks.at(-1);
+  assert.deepEqual(usage.choices, []);
+  assert.ok(usage.usage.completion_tokens >= 1);
+  const fin = chunks.at(-2);
+  assert.ok(['stop', 'length'].includes(fin.choices[0].finish_reason));
+});
+
+test('tool_choice required always yields schema-valid tool calls', async () => {
+  const tools = [weatherTool, timeTool];
+  for (let seed = 1; seed <= 6; seed++) {
+    const r = await client.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'What is the weather?' }], tools, tool_choice: 'required',
+      max_tokens: 256, seed, temperature: 1,
+    });
+    const ch = r.choices[0];
+    assert.equal(ch.finish_reason, 'tool_calls', `seed ${seed}: ${JSON.stringify(ch)}`);
+    assert.ok(ch.message.tool_calls.length >= 1);
+    for (const call of ch.message.tool_calls) assertValidCall(call, tools);
+  }
+});
+
+test('named tool_choice calls that tool', async () => {
+  const tools = [weatherTool, timeTool];
+  const r = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'time?' }], tools,
+    tool_choice: { type: 'function', function: { name: 'get_time' } }, max_tokens: 256, seed: 3,
+  });
+  const calls = r.choices[0].message.tool_calls;
+  assert.ok(calls.length >= 1);
+  for (const c of calls) {
+    assert.equal(c.function.name, 'get_time');
+    assertValidCall(c, tools);
+  }
+});
+
+test('tool_choice auto never errors', async () => {
+  const tools = [weatherTool];
+  for (let seed = 1; seed <= 3; seed++) {
+    const r = await client.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'Hi' }], tools, tool_choice: 'auto', max_tokens: 48, seed,
+    });
+    const ch = r.choices[0];
+    assert.ok(['stop', 'length', 'tool_calls'].includes(ch.finish_reason));
+    if (ch.finish_reason === 'tool_calls') for (const c of ch.message.tool_calls) assertValidCall(c, tools);
+  }
+});
+
+test('streamed tool call deltas carry index, id, type and name', async () => {
+  const tools = [weatherTool];
+  const stream = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'weather' }], tools, tool_choice: 'required', max_tokens: 256,
+    stream: true, seed: 5,
+  });
+  const calls = [];
+  let finish = null;
+  let first = true;
+  for await (const c of stream) {
+    const ch = c.choices[0];
+    if (!ch) continue;
+    if (first) { assert.equal(ch.delta.role, 'assistant'); first = false; }
+    for (const d of ch.delta.tool_calls ?? []) {
+      assert.equal(typeof d.index, 'number');
+      if (!calls[d.index]) {
+        assert.ok(d.id, 'first delta of a call has its id');
+        assert.equal(d.type, 'function');
+        assert.ok(d.function.name);
+        calls[d.index] = { id: d.id, type: d.type, function: { name: d.function.name, arguments: '' } };
+      }
+      calls[d.index].function.arguments += d.function?.arguments ?? '';
+    }
+    if (ch.finish_reason) finish = ch.finish_reason;
+  }
+  assert.equal(finish, 'tool_calls');
+  assert.ok(calls.length >= 1);
+  for (const c of calls) assertValidCall(c, tools);
+});
+
+test('a tool result continues the conversation', async () => {
+  const r = await client.chat.completions.create({
+    model,
+    messages: [
+      { role: 'user', content: 'weather in Paris?' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris","unit":"c"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: '21 C and sunny' },
+    ],
+    tools: [weatherTool], max_tokens: 8,
+  });
+  assert.equal(r.choices[0].message.role, 'assistant');
+});
+
+test('response_format json_schema yields matching JSON', async () => {
+  const schema = {
+    type: 'object',
+    properties: { ok: { type: 'boolean' }, color: { type: 'string', enum: ['red', 'blue'] } },
+    required: ['ok', 'color'],
+    additionalProperties: false,
+  };
+  for (let seed = 1; seed <= 3; seed++) {
+    const r = await client.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'json please' }], max_tokens: 128, seed,
+      response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
+    });
+    const v = JSON.parse(r.choices[0].message.content);
+    assert.deepEqual(schemaErrors(schema, v), []);
+  }
+});
+
+test('text completions with a string and with token ids', async () => {
+  const a = await client.completions.create({ model, prompt: 'Once upon', max_tokens: 5, temperature: 0 });
+  assert.equal(a.object, 'text_completion');
+  assert.equal(typeof a.choices[0].text, 'string');
+  const b = await client.completions.create({ model, prompt: [100, 200, 300], max_tokens: 5 });
+  assert.ok(b.usage.prompt_tokens === 3);
+  const s = await client.completions.create({ model, prompt: 'x', max_tokens: 4, stream: true });
+  let n = 0;
+  for await (const c of s) { if (c.choices[0]) n++; }
+  assert.ok(n >= 1);
+});
+
+test('bad requests get OpenAI-shaped 4xx errors and the server keeps serving', async () => {
+  const cases = [
+    [{ model, messages: [] }, 400],
+    [{ model, messages: [{ role: 'wizard', content: 'x' }] }, 400],
+    [{ model, messages: [{ role: 'user', content: 'x' }], logit_bias: { 99999999: 5 } }, 400],
+    [{ model, messages: [{ role: 'user', content: 'x' }], logit_bias: { abc: 5 } }, 400],
+    [{ model, messages: [{ role: 'user', content: 'x' }], max_tokens: -1 }, 400],
+    [{ model, messages: [{ role: 'user', content: 'x' }], n: 100000 }, 400],
+    [{ model, messages: [{ role: 'user', content: 'x' }], tools: [weatherTool, weatherTool] }, 400],
+    [{ model, messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema' } }, 400],
+    [{ model, messages: [{ role: 'user', content: 'x' }], grammar: 'root ::= root "a" | "b"' }, 400],
+    [{ model, messages: [{ role: 'user', content: 'x' }], grammar: 'root ::= ((' }, 400],
+    [{ model, prompt: [-1] }, 400, '/v1/completions'],
+    [{ model, prompt: [10 ** 9] }, 400, '/v1/completions'],
+  ];
+  for (const [body, status, route = '/v1/chat/completions'] of cases) {
+    const r = await rawPost(srv.base, route, body);
+    assert.equal(r.status, status, `${JSON.stringify(body).slice(0, 120)} -> ${r.text}`);
+    assert.equal(typeof r.json.error.message, 'string');
+    assert.equal(r.json.error.type, 'invalid_request_error');
+  }
+  // The client raises its typed error.
+  await assert.rejects(client.chat.completions.create({ model, messages: [] }), (e) => e.status === 400);
+
+  assert.equal((await rawPost(srv.base, '/v1/chat/completions', '{"messages": [')).status, 400);
+  assert.equal((await rawPost(srv.base, '/v1/chat/completions', '{"a":' + '['.repeat(100000))).status, 400);
+  assert.equal((await rawPost(srv.base, '/v1/chat/completions', 'x'.repeat(3 * 1024 * 1024))).status, 413);
+  assert.equal((await rawPost(srv.base, '/v1/chat/completions', '{}', { 'Content-Type': 'text/plain' })).status, 415);
+  assert.equal((await fetch(srv.base + '/v1/nothing')).status, 404);
+
+  const long = 'word '.repeat(3000);
+  const tooLong = await rawPost(srv.base, '/v1/chat/completions', { messages: [{ role: 'user', content: long }] });
+  assert.equal(tooLong.status, 400);
+  assert.equal(tooLong.json.error.code, 'context_length_exceeded');
+  assert.match(tooLong.json.error.message, /\d+ tokens/);
+
+  assert.equal((await fetch(srv.base + '/health')).status, 200);
+  const ok = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], max_tokens: 2 });
+  assert.equal(ok.choices.length, 1);
+});
+
+test('max_tokens cut inside a multi-byte character still gives valid JSON', async () => {
+  for (let n = 1; n <= 6; n++) {
+    const r = await rawPost(srv.base, '/v1/completions', { prompt: '你好，世界', max_tokens: n, seed: n, temperature: 1.5 });
+    assert.equal(r.status, 200, r.text);
+    assert.ok(r.json, 'body must be valid JSON');
+  }
+});
+
+test('client going away cancels its request', async () => {
+  const ctl = new AbortController();
+  const p = fetch(srv.base + '/v1/completions', {
+    method: 'POST', signal: ctl.signal, headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: 'a', max_tokens: 100000, stream: true }),
+  });
+  const res = await p;
+  const reader = res.body.getReader();
+  await reader.read();
+  ctl.abort();
+  // The engine slot frees: a normal request completes promptly afterwards.
+  const t0 = Date.now();
+  for (let i = 0; i < 4; i++) {
+    await client.completions.create({ model, prompt: 'b', max_tokens: 4 });
+  }
+  assert.ok(Date.now() - t0 < 30000);
+  const m = await (await fetch(srv.base + '/metrics')).text();
+  const active = Number(m.match(/^armada_sequences_active (\S+)/m)[1]);
+  assert.equal(active, 0);
+});
+
+test('/metrics exposes the armada_ families', async () => {
+  const r = await fetch(srv.base + '/metrics');
+  assert.equal(r.status, 200);
+  const t = await r.text();
+  for (const name of [
+    'armada_requests_total{route="/v1/chat/completions",code="200"}',
+    'armada_prompt_tokens_total', 'armada_generated_tokens_total',
+    'armada_time_to_first_token_seconds_bucket', 'armada_inter_token_seconds_bucket',
+    'armada_batch_tokens_bucket', 'armada_sequences_active', 'armada_sequences_queued',
+    'armada_kv_bytes_used', 'armada_kv_bytes_total',
+  ]) assert.ok(t.includes(name), `missing ${name}`);
+  for (const line of t.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const name = line.split(/[{ ]/)[0];
+    assert.ok(name.startsWith('armada_') && !name.includes(':'), line);
+  }
+});
+
+test('API key is required on every route but /health', async () => {
+  const s = await startServer(['--api-key', 'sk-test-1']);
+  try {
+    assert.equal((await fetch(s.base + '/health')).status, 200);
+    assert.equal((await fetch(s.base + '/v1/models')).status, 401);
+    assert.equal((await fetch(s.base + '/metrics')).status, 401);
+    const bad = await rawPost(s.base, '/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }] },
+      { Authorization: 'Bearer nope' });
+    assert.equal(bad.status, 401);
+    assert.equal(bad.json.error.type, 'authentication_error');
+    const c = new OpenAI({ baseURL: s.base + '/v1', apiKey: 'sk-test-1', maxRetries: 0 });
+    const r = await c.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], max_tokens: 2 });
+    assert.equal(r.choices.length, 1);
+  } finally {
+    await s.stop();
+  }
+});
+
+test('a full queue answers 429 with Retry-After', async () => {
+  const s = await startServer(['-np', '1', '--queue', '1']);
+  try {
+    const long = () => rawPost(s.base, '/v1/completions', { prompt: 'a', max_tokens: 400 });
+    const inflight = [long(), long()];
+    await new Promise((r) => setTimeout(r, 200));
+    const refused = await long();
+    assert.equal(refused.status, 429, refused.text);
+    assert.ok(refused.headers.get('retry-after'));
+    assert.equal(refused.json.error.type, 'rate_limit_error');
+    const done = await Promise.all(inflight);
+    for (const d of done) assert.equal(d.status, 200);
+  } finally {
+    await s.stop();
+  }
+});
