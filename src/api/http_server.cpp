@@ -103,6 +103,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   private:
     void read() {
+        ++req_gen_;
         parser_.emplace();
         parser_->body_limit(cfg_.max_body);
         parser_->header_limit(64 * 1024);
@@ -117,6 +118,7 @@ class Session : public std::enable_shared_from_this<Session> {
         if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout) return fail();
         if (ec == http::error::body_limit) {
             keep_alive_ = false;
+            unread_body_ = true;
             return send(413, "application/json",
                         R"({"error":{"message":"request body exceeds the limit of )" + std::to_string(cfg_.max_body) +
                             R"( bytes","type":"invalid_request_error","param":null,"code":"request_too_large"}})",
@@ -152,9 +154,26 @@ class Session : public std::enable_shared_from_this<Session> {
     std::shared_ptr<Responder> make_reply();
 
     void after_response(beast::error_code ec) {
+        if (!ec && unread_body_) return linger_close();
         if (ec || !keep_alive_) return fail();
-        cancel_watch();
+        out_.clear();
+        finished_ = false;
+        close_fns_.clear();
         read();
+    }
+
+    // The client may still be sending a body we refused; closing now would reset the connection
+    // before it reads our answer. Stop sending, swallow what arrives for a while, then close.
+    void linger_close() {
+        beast::error_code ec;
+        stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+        stream_.expires_after(std::chrono::seconds(5));
+        drain_buf_.resize(64 * 1024);
+        stream_.async_read_some(net::buffer(drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+            self->drained_ += n;
+            if (ec || self->drained_ > (64u << 20)) return self->fail();
+            self->linger_close();
+        });
     }
 
     void pump() {
@@ -179,24 +198,21 @@ class Session : public std::enable_shared_from_this<Session> {
         }
     }
 
-    // Notices a peer that hangs up while its request is being worked on.
+    // Notices a peer that hangs up while its request is being worked on. A wait left over from
+    // an earlier request on this connection is ignored: its readable bytes belong to the next
+    // request, which the pending read consumes.
     void watch_peer() {
-        if (watching_ || closed_) return;
-        watching_ = true;
-        stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-            self->watching_ = false;
-            if (ec == net::error::operation_aborted) return;
+        if (watch_gen_ == req_gen_ || closed_) return;
+        watch_gen_ = req_gen_;
+        stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), gen = req_gen_](beast::error_code ec) {
+            if (ec == net::error::operation_aborted || gen != self->req_gen_ || self->finished_request(gen)) return;
             beast::error_code ec2;
             const size_t avail = self->stream_.socket().available(ec2);
             if (ec || ec2 || avail == 0) self->fail();
         });
     }
 
-    void cancel_watch() {
-        finished_ = false;
-        out_.clear();
-        close_fns_.clear();
-    }
+    bool finished_request(uint64_t gen) const { return gen != req_gen_ || (replied_ && !streaming_) || finished_; }
 
     void fail() {
         if (closed_.exchange(true)) return;
@@ -214,7 +230,10 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::flat_buffer buf_;
     std::optional<http::request_parser<http::string_body>> parser_;
     bool keep_alive_ = true, replied_ = false, streaming_ = false, ended_ = false, finished_ = false;
-    bool writing_ = false, watching_ = false;
+    bool writing_ = false, unread_body_ = false;
+    uint64_t req_gen_ = 0, watch_gen_ = 0;
+    std::vector<char> drain_buf_;
+    size_t drained_ = 0;
     std::atomic<bool> closed_{false};
     std::deque<std::string> out_;
     std::vector<std::function<void()>> close_fns_;

@@ -1,6 +1,7 @@
 #include "api/openai_service.h"
 
 #include "api/errors.h"
+#include "api/tool_grammar.h"
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
@@ -286,7 +287,7 @@ OpenAIService::OpenAIService(std::shared_ptr<engine::Model> model, engine::Engin
 OpenAIService::~OpenAIService() = default;
 
 engine::SamplerPtr OpenAIService::make_sampler(const SamplingSpec & s, const common_chat_params * chat,
-                                               uint32_t seed) const {
+                                               bool require_call, bool parallel, uint32_t seed) const {
     common_params_sampling p;
     p.seed = seed;
     p.temp = s.temperature;
@@ -300,7 +301,8 @@ engine::SamplerPtr OpenAIService::make_sampler(const SamplingSpec & s, const com
     p.logit_bias = s.logit_bias;
     p.no_perf = true;
     if (chat && !chat->grammar.empty()) {
-        p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_TOOL_CALLS, chat->grammar);
+        p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_TOOL_CALLS,
+                                   constrain_tool_grammar(chat->grammar, require_call, parallel));
         p.grammar_lazy = chat->grammar_lazy;
         p.generation_prompt = chat->generation_prompt;
         for (const auto & t : chat->preserved_tokens) {
@@ -411,6 +413,9 @@ void OpenAIService::chat(const json & body, std::shared_ptr<Responder> out) {
         throw ApiError(400, std::string("the chat template rejected these messages: ") + e.what(), "messages");
     }
     const engine::Tokens prompt = model_->tokenize(cp.prompt, true, true);
+    spdlog::debug("chat: format {} grammar {} bytes lazy {} triggers {} parser {} bytes", common_chat_format_name(cp.format),
+                  cp.grammar.size(), cp.grammar_lazy, cp.grammar_triggers.size(), cp.parser.size());
+    spdlog::trace("chat grammar:\n{}\ngeneration prompt: [{}]", cp.grammar, cp.generation_prompt);
     const bool tools_on = !spec.tools.empty() && in.tool_choice != COMMON_CHAT_TOOL_CHOICE_NONE;
 
     auto job = std::make_shared<Job>(io_);
@@ -429,7 +434,9 @@ void OpenAIService::chat(const json & body, std::shared_ptr<Responder> out) {
     for (int32_t i = 0; i < spec.sampling.n; ++i) {
         auto r = base_request(prompt, spec.sampling, engine_.n_ctx_seq());
         for (const auto & s : cp.additional_stops) r->stop.push_back(s);
-        r->sampler = make_sampler(spec.sampling, tools_on ? &cp : nullptr, pick_seed(spec.sampling, i));
+        r->sampler = make_sampler(spec.sampling, tools_on ? &cp : nullptr,
+                                  in.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED, spec.parallel_tool_calls,
+                                  pick_seed(spec.sampling, i));
         for (const auto & t : cp.preserved_tokens) {
             auto ids = model_->tokenize(t, false, true);
             if (ids.size() == 1) r->special_ok.push_back(ids[0]);
@@ -473,7 +480,7 @@ void OpenAIService::completion(const json & body, std::shared_ptr<Responder> out
     std::vector<std::unique_ptr<engine::GenRequest>> reqs;
     for (int32_t i = 0; i < s.n; ++i) {
         auto r = base_request(prompt, s, engine_.n_ctx_seq());
-        r->sampler = make_sampler(s, nullptr, pick_seed(s, i));
+        r->sampler = make_sampler(s, nullptr, false, true, pick_seed(s, i));
         reqs.push_back(std::move(r));
     }
     submit(job, std::move(reqs));

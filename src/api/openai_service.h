@@ -31,7 +31,9 @@ class OpenAIService {
 
   private:
     struct Job;
-    engine::SamplerPtr make_sampler(const SamplingSpec & s, const common_chat_params * chat, uint32_t seed) const;
+    //! Builds the sampler chain; see constrain_tool_grammar for `require_call` and `parallel`.
+    engine::SamplerPtr make_sampler(const SamplingSpec & s, const common_chat_params * chat, bool require_call,
+                                    bool parallel, uint32_t seed) const;
     void submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs);
 
     std::shared_ptr<engine::Model> model_;

@@ -77,6 +77,8 @@ std::vector<int> parse_list(const std::string & s) {
 int main(int argc, char ** argv) {
     CLI::App app{"armada: serves LLM agents from CPU nodes (OpenAI-compatible API on llama.cpp)"};
     app.require_subcommand(1);
+    // As with llama-server, a flag given twice takes its last value.
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     app.set_version_flag("--version", std::string("armada ") + ARMADA_VERSION);
 
     cli::ServeOptions serve;

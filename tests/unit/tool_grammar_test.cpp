@@ -1,0 +1,29 @@
+#include "api/tool_grammar.h"
+
+#include <gtest/gtest.h>
+
+using armada::api::constrain_tool_grammar;
+
+namespace {
+const std::string kQwen = "root ::= \"<|im_start|>assistant\\n\" space until-169? tool-calls\n"
+                          "tool-calls ::= (tool-call space)+\n"
+                          "until-169 ::= | [<] until-169\n";
+}
+
+TEST(ToolGrammar, RequiredDropsFreeTextBeforeCall) {
+    const std::string r = constrain_tool_grammar(kQwen, true, true);
+    EXPECT_NE(r.find("root ::= \"<|im_start|>assistant\\n\" space tool-calls\n"), std::string::npos) << r;
+    EXPECT_NE(r.find("until-169 ::= | [<] until-169"), std::string::npos);  // other rules untouched
+    EXPECT_NE(r.find("tool-calls ::= (tool-call space)+"), std::string::npos);
+}
+
+TEST(ToolGrammar, NotParallelAllowsOneCall) {
+    const std::string r = constrain_tool_grammar(kQwen, false, false);
+    EXPECT_NE(r.find("tool-calls ::= tool-call space\n"), std::string::npos) << r;
+    EXPECT_NE(r.find("until-169? tool-calls"), std::string::npos);  // auto keeps the free text
+}
+
+TEST(ToolGrammar, LeavesOtherGrammarsAlone) {
+    const std::string g = "root ::= tool-calls\ntool-calls ::= \"x\"\n";
+    EXPECT_EQ(constrain_tool_grammar(g, true, false), g);
+}
