@@ -342,6 +342,23 @@ engine::SamplerPtr OpenAIService::make_sampler(const SamplingSpec & s, const com
 }
 
 namespace {
+// Plain sampling (no grammar, no repetition penalties) takes the fused fast path.
+bool plain_sampling(const SamplingSpec & s) {
+    return s.grammar.empty() && s.json_schema.empty() && !s.json_object && s.repeat_penalty == 1.0f &&
+           s.frequency_penalty == 0.0f && s.presence_penalty == 0.0f;
+}
+
+std::unique_ptr<engine::FastSampler> fast_sampler(const SamplingSpec & s, uint32_t seed) {
+    engine::FastSamplerParams p;
+    p.temperature = s.temperature;
+    p.top_k = s.top_k;
+    p.top_p = s.top_p;
+    p.min_p = s.min_p;
+    p.seed = seed;
+    p.logit_bias = s.logit_bias;
+    return std::make_unique<engine::FastSampler>(std::move(p));
+}
+
 uint32_t pick_seed(const SamplingSpec & s, int32_t i) {
     if (s.seed) return *s.seed + uint32_t(i);
     thread_local std::mt19937 rng(std::random_device{}());
@@ -434,9 +451,14 @@ void OpenAIService::chat(const json & body, std::shared_ptr<Responder> out) {
     for (int32_t i = 0; i < spec.sampling.n; ++i) {
         auto r = base_request(prompt, spec.sampling, engine_.n_ctx_seq());
         for (const auto & s : cp.additional_stops) r->stop.push_back(s);
-        r->sampler = make_sampler(spec.sampling, tools_on ? &cp : nullptr,
-                                  in.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED, spec.parallel_tool_calls,
-                                  pick_seed(spec.sampling, i));
+        const uint32_t seed = pick_seed(spec.sampling, i);
+        if (!tools_on && plain_sampling(spec.sampling)) {
+            r->fast = fast_sampler(spec.sampling, seed);
+        } else {
+            r->sampler = make_sampler(spec.sampling, tools_on ? &cp : nullptr,
+                                      in.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED, spec.parallel_tool_calls,
+                                      seed);
+        }
         for (const auto & t : cp.preserved_tokens) {
             auto ids = model_->tokenize(t, false, true);
             if (ids.size() == 1) r->special_ok.push_back(ids[0]);
@@ -480,7 +502,12 @@ void OpenAIService::completion(const json & body, std::shared_ptr<Responder> out
     std::vector<std::unique_ptr<engine::GenRequest>> reqs;
     for (int32_t i = 0; i < s.n; ++i) {
         auto r = base_request(prompt, s, engine_.n_ctx_seq());
-        r->sampler = make_sampler(s, nullptr, false, true, pick_seed(s, i));
+        const uint32_t seed = pick_seed(s, i);
+        if (plain_sampling(s)) {
+            r->fast = fast_sampler(s, seed);
+        } else {
+            r->sampler = make_sampler(s, nullptr, false, true, seed);
+        }
         reqs.push_back(std::move(r));
     }
     submit(job, std::move(reqs));

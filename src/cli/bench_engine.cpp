@@ -53,14 +53,14 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
     for (int i = 0; i < streams; ++i) {
         auto r = std::make_unique<engine::GenRequest>();
         for (int k = 0; k < opt.n_prompt; ++k) r->prompt.push_back(llama_token(1000 + (i * 131 + k * 7) % 20000));
-        common_params_sampling sp;
-        sp.temp = 0;
-        sp.no_perf = true;
-        // Never stop early: end-of-generation tokens are masked out, like batched-bench.
+        // Greedy, as the server samples a plain request; end-of-generation tokens are masked
+        // so no stream stops early, like batched-bench.
+        engine::FastSamplerParams sp;
+        sp.temperature = 0;
         for (llama_token t = 0; t < model->n_vocab(); ++t) {
             if (model->is_eog(t)) sp.logit_bias.push_back({t, -INFINITY});
         }
-        r->sampler.reset(common_sampler_init(model->get(), sp));
+        r->fast = std::make_unique<engine::FastSampler>(sp);
         r->max_tokens = opt.n_gen;
         int seen = 0;
         r->sink = [&, seen](engine::GenEvent && ev) mutable {
@@ -126,20 +126,37 @@ int bench_engine(const BenchEngineOptions & opt) {
     }
     const int max_streams = *std::max_element(opt.streams.begin(), opt.streams.end());
     const int n_ctx = opt.n_ctx > 0 ? opt.n_ctx : max_streams * (opt.n_prompt + opt.n_gen + 16);
-    std::vector<RunResult> ours;
-    for (int s : opt.streams) {
-        ours.push_back(run_streams(model, opt, s));
-        printf("armada  streams=%-4d decode %.1f tok/s  prompt %.1f tok/s\n", s, ours.back().tg_tokens_per_s,
-               ours.back().pp_tokens_per_s);
-        fflush(stdout);
-    }
-    std::vector<double> peer;
-    if (!opt.batched_bench.empty()) {
-        peer = run_batched_bench(opt, n_ctx);
+    // Rounds alternate the two sides so that machine noise hits both; medians are reported.
+    std::vector<std::vector<double>> ours_r(opt.streams.size()), peer_r(opt.streams.size());
+    for (int round = 0; round < std::max(1, opt.rounds); ++round) {
         for (size_t i = 0; i < opt.streams.size(); ++i) {
-            printf("batched streams=%-4d decode %.1f tok/s  ratio %.3f\n", opt.streams[i], peer[i],
-                   peer[i] > 0 ? ours[i].tg_tokens_per_s / peer[i] : 0.0);
+            const RunResult r = run_streams(model, opt, opt.streams[i]);
+            ours_r[i].push_back(r.tg_tokens_per_s);
+            printf("round %d armada  streams=%-4d decode %.1f tok/s  prompt %.1f tok/s\n", round, opt.streams[i],
+                   r.tg_tokens_per_s, r.pp_tokens_per_s);
+            fflush(stdout);
         }
+        if (opt.batched_bench.empty()) continue;
+        const auto peer = run_batched_bench(opt, n_ctx);
+        for (size_t i = 0; i < opt.streams.size(); ++i) {
+            peer_r[i].push_back(peer[i]);
+            printf("round %d batched streams=%-4d decode %.1f tok/s\n", round, opt.streams[i], peer[i]);
+        }
+    }
+    auto median = [](std::vector<double> v) {
+        if (v.empty()) return 0.0;
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    std::vector<RunResult> ours(opt.streams.size());
+    std::vector<double> peer;
+    for (size_t i = 0; i < opt.streams.size(); ++i) {
+        ours[i].streams = opt.streams[i];
+        ours[i].tg_tokens_per_s = median(ours_r[i]);
+        if (!opt.batched_bench.empty()) peer.push_back(median(peer_r[i]));
+        const double pr = peer.empty() ? 0 : peer[i];
+        printf("median streams=%-4d armada %.1f tok/s  batched-bench %.1f tok/s  ratio %.3f\n", opt.streams[i],
+               ours[i].tg_tokens_per_s, pr, pr > 0 ? ours[i].tg_tokens_per_s / pr : 0.0);
     }
     if (!opt.output.empty()) {
         std::ofstream f(opt.output);

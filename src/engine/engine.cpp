@@ -231,7 +231,9 @@ void Engine::start_slot(Slot & s, std::unique_ptr<GenRequest> req) {
     s.ttft_s = 0;
     s.text = std::make_unique<TextStream>(req->stop);
     // Prompt tokens feed the penalties' history, as llama-server does.
-    for (llama_token t : req->prompt) common_sampler_accept(req->sampler.get(), t, false);
+    if (!req->fast) {
+        for (llama_token t : req->prompt) common_sampler_accept(req->sampler.get(), t, false);
+    }
     s.req = std::move(req);
     s.state = SlotState::Prompt;
     s.last_used = ++tick_;
@@ -300,8 +302,13 @@ bool Engine::step() {
 
 void Engine::sample(Slot & s) {
     GenRequest & r = *s.req;
-    const llama_token id = common_sampler_sample(r.sampler.get(), ctx_, s.i_batch);
-    common_sampler_accept(r.sampler.get(), id, true);
+    llama_token id;
+    if (r.fast) {
+        id = r.fast->sample(llama_get_logits_ith(ctx_, s.i_batch), model_->n_vocab());
+    } else {
+        id = common_sampler_sample(r.sampler.get(), ctx_, s.i_batch);
+        common_sampler_accept(r.sampler.get(), id, true);
+    }
     ++s.n_decoded;
     if (c_gen_) c_gen_->inc();
     const auto now = Clock::now();

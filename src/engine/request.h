@@ -1,5 +1,6 @@
 #pragma once
 
+#include "engine/fast_sampler.h"
 #include "engine/model.h"
 
 #include <sampling.h>
@@ -40,7 +41,8 @@ using GenSink = std::function<void(GenEvent &&)>;
 //! One generation request, built and validated on an API thread, then handed to the engine.
 struct GenRequest {
     Tokens prompt;
-    SamplerPtr sampler;            // owns grammar, penalties, logit bias, seed
+    SamplerPtr sampler;            // llama.cpp chain: grammar, penalties, logit bias, seed
+    std::unique_ptr<FastSampler> fast;  // when set, used instead of `sampler` (no grammar, no penalties)
     int32_t max_tokens = -1;       // -1: until the sequence's context is full
     std::vector<std::string> stop; // stop strings, matched on generated text
     bool render_special = false;   // include control tokens in the text (tool-call markers)
