@@ -24,7 +24,8 @@ std::string ApiKeys::load_file(const std::string & path) {
     if (!f) return "cannot read API key file " + path;
     std::string line;
     while (std::getline(f, line)) {
-        while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+        while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t'))
+            line.pop_back();
         if (line.empty() || line[0] == '#') continue;
         add(line);
     }

@@ -1,11 +1,11 @@
 #include "api/http_server.h"
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <spdlog/spdlog.h>
 
 #include <deque>
 #include <optional>
@@ -20,7 +20,8 @@ using tcp = net::ip::tcp;
 namespace {
 
 std::string lower(std::string s) {
-    for (auto & c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    for (auto & c : s)
+        c = char(std::tolower(static_cast<unsigned char>(c)));
     return s;
 }
 
@@ -44,14 +45,14 @@ class Session : public std::enable_shared_from_this<Session> {
         auto res = std::make_shared<http::response<http::string_body>>(http::status(status), 11);
         res->set(http::field::server, "armada");
         res->set(http::field::content_type, type);
-        for (const auto & [k, v] : extra) res->set(k, v);
+        for (const auto & [k, v] : extra)
+            res->set(k, v);
         res->body() = std::move(body);
         res->keep_alive(keep_alive_);
         res->prepare_payload();
         stream_.expires_never();
-        http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
-            self->after_response(ec);
-        });
+        http::async_write(stream_, *res,
+                          [self = shared_from_this(), res](beast::error_code ec, size_t) { self->after_response(ec); });
     }
 
     void start_stream(unsigned status, const Headers & extra) {
@@ -62,7 +63,8 @@ class Session : public std::enable_shared_from_this<Session> {
         res->set(http::field::server, "armada");
         res->set(http::field::content_type, "text/event-stream");
         res->set(http::field::cache_control, "no-cache");
-        for (const auto & [k, v] : extra) res->set(k, v);
+        for (const auto & [k, v] : extra)
+            res->set(k, v);
         res->keep_alive(keep_alive_);
         res->chunked(true);
         auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
@@ -109,9 +111,8 @@ class Session : public std::enable_shared_from_this<Session> {
         parser_->header_limit(64 * 1024);
         replied_ = streaming_ = ended_ = false;
         stream_.expires_after(std::chrono::seconds(cfg_.idle_timeout_s));
-        http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
-            self->on_read(ec);
-        });
+        http::async_read(stream_, buf_, *parser_,
+                         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
     }
 
     void on_read(beast::error_code ec) {
@@ -140,7 +141,8 @@ class Session : public std::enable_shared_from_this<Session> {
         const auto q = target.find('?');
         req.path = target.substr(0, q);
         if (q != std::string::npos) req.query = target.substr(q + 1);
-        for (const auto & f : msg) req.headers[lower(std::string(f.name_string()))] = std::string(f.value());
+        for (const auto & f : msg)
+            req.headers[lower(std::string(f.name_string()))] = std::string(f.value());
         req.body = std::move(msg.body());
         try {
             handler_(std::move(req), make_reply());
@@ -191,10 +193,11 @@ class Session : public std::enable_shared_from_this<Session> {
         } else if (ended_ && !finished_) {
             finished_ = true;
             writing_ = true;
-            net::async_write(stream_, http::make_chunk_last(), [self = shared_from_this()](beast::error_code ec, size_t) {
-                self->writing_ = false;
-                self->after_response(ec);
-            });
+            net::async_write(stream_, http::make_chunk_last(),
+                             [self = shared_from_this()](beast::error_code ec, size_t) {
+                                 self->writing_ = false;
+                                 self->after_response(ec);
+                             });
         }
     }
 
@@ -204,12 +207,13 @@ class Session : public std::enable_shared_from_this<Session> {
     void watch_peer() {
         if (watch_gen_ == req_gen_ || closed_) return;
         watch_gen_ = req_gen_;
-        stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), gen = req_gen_](beast::error_code ec) {
-            if (ec == net::error::operation_aborted || gen != self->req_gen_ || self->finished_request(gen)) return;
-            beast::error_code ec2;
-            const size_t avail = self->stream_.socket().available(ec2);
-            if (ec || ec2 || avail == 0) self->fail();
-        });
+        stream_.socket().async_wait(
+            tcp::socket::wait_read, [self = shared_from_this(), gen = req_gen_](beast::error_code ec) {
+                if (ec == net::error::operation_aborted || gen != self->req_gen_ || self->finished_request(gen)) return;
+                beast::error_code ec2;
+                const size_t avail = self->stream_.socket().available(ec2);
+                if (ec || ec2 || avail == 0) self->fail();
+            });
     }
 
     bool finished_request(uint64_t gen) const { return gen != req_gen_ || (replied_ && !streaming_) || finished_; }
@@ -220,7 +224,8 @@ class Session : public std::enable_shared_from_this<Session> {
         stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
         stream_.socket().close(ec);
         auto fns = std::move(close_fns_);
-        for (auto & fn : fns) fn();
+        for (auto & fn : fns)
+            fn();
     }
 
     beast::tcp_stream stream_;
@@ -266,14 +271,18 @@ class Reply : public Responder {
     std::shared_ptr<Session> s_;
 };
 
-std::shared_ptr<Responder> Session::make_reply() { return std::make_shared<Reply>(shared_from_this()); }
+std::shared_ptr<Responder> Session::make_reply() {
+    return std::make_shared<Reply>(shared_from_this());
+}
 
 }  // namespace
 
 HttpServer::HttpServer(HttpConfig cfg, Handler handler)
     : cfg_(std::move(cfg)), handler_(std::move(handler)), acceptor_(net::make_strand(ioc_)) {}
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+    stop();
+}
 
 std::string HttpServer::listen() {
     beast::error_code ec;
@@ -302,7 +311,8 @@ void HttpServer::accept() {
 }
 
 void HttpServer::run() {
-    for (int i = 0; i < std::max(1, cfg_.threads); ++i) threads_.emplace_back([this] { ioc_.run(); });
+    for (int i = 0; i < std::max(1, cfg_.threads); ++i)
+        threads_.emplace_back([this] { ioc_.run(); });
 }
 
 void HttpServer::stop() {

@@ -6,13 +6,20 @@ namespace armada::api {
 
 const char * error_type(int status) {
     switch (status) {
-        case 401: return "authentication_error";
-        case 403: return "permission_error";
-        case 404: return "not_found_error";
-        case 429: return "rate_limit_error";
-        case 500: return "server_error";
-        case 503: return "service_unavailable_error";
-        default: return "invalid_request_error";
+        case 401:
+            return "authentication_error";
+        case 403:
+            return "permission_error";
+        case 404:
+            return "not_found_error";
+        case 429:
+            return "rate_limit_error";
+        case 500:
+            return "server_error";
+        case 503:
+            return "service_unavailable_error";
+        default:
+            return "invalid_request_error";
     }
 }
 
@@ -47,7 +54,9 @@ json parse_request_body(const std::string & body) {
     return j;
 }
 
-std::string dump(const json & j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json & j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 std::string get_string(const json & j, const char * key, const std::string & def) {
     auto it = j.find(key);

@@ -12,9 +12,9 @@ namespace {
 float get_float(const json & body, const char * key, float def, float lo, float hi) {
     const double v = get_number(body, key, def);
     if (!std::isfinite(v) || v < lo || v > hi) {
-        throw ApiError(400, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
-                                std::to_string(hi),
-                       key);
+        throw ApiError(
+            400, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi),
+            key);
     }
     return float(v);
 }
@@ -59,9 +59,10 @@ std::vector<llama_logit_bias> parse_logit_bias(const json & body, int32_t n_voca
             throw ApiError(400, "'logit_bias' key '" + k + "' is not a token id", "logit_bias");
         }
         if (id < 0 || id >= n_vocab) {
-            throw ApiError(400, "'logit_bias' token id " + k + " is outside the vocabulary (0.." +
-                                    std::to_string(n_vocab - 1) + ")",
-                           "logit_bias");
+            throw ApiError(
+                400,
+                "'logit_bias' token id " + k + " is outside the vocabulary (0.." + std::to_string(n_vocab - 1) + ")",
+                "logit_bias");
         }
         if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 || v.get<double>() > 100) {
             throw ApiError(400, "'logit_bias' values must be numbers between -100 and 100", "logit_bias");
@@ -98,7 +99,8 @@ void parse_response_format(const json & body, SamplingSpec & s) {
 std::string content_text(const json & content, const char * where) {
     if (content.is_null()) return {};
     if (content.is_string()) return content.get<std::string>();
-    if (!content.is_array()) throw ApiError(400, std::string(where) + " content must be a string or an array", "messages");
+    if (!content.is_array())
+        throw ApiError(400, std::string(where) + " content must be a string or an array", "messages");
     std::string out;
     for (const auto & part : content) {
         if (!part.is_object() || get_string(part, "type") != "text") {
@@ -117,8 +119,9 @@ common_chat_msg parse_message(const json & m, size_t i) {
     if (msg.role == "developer") msg.role = "system";
     static const std::set<std::string> roles = {"system", "user", "assistant", "tool"};
     if (!roles.count(msg.role)) {
-        throw ApiError(400, "messages[" + std::to_string(i) + "].role '" + msg.role +
-                                "' is not one of system, developer, user, assistant, tool",
+        throw ApiError(400,
+                       "messages[" + std::to_string(i) + "].role '" + msg.role +
+                           "' is not one of system, developer, user, assistant, tool",
                        "messages");
     }
     msg.content = content_text(m.contains("content") ? m["content"] : json(nullptr), "message");
@@ -150,7 +153,8 @@ common_chat_msg parse_message(const json & m, size_t i) {
 void check_tool_results(const std::vector<common_chat_msg> & msgs) {
     std::set<std::string> call_ids;
     for (const auto & m : msgs) {
-        for (const auto & c : m.tool_calls) call_ids.insert(c.id);
+        for (const auto & c : m.tool_calls)
+            call_ids.insert(c.id);
         if (m.role == "tool" && !call_ids.count(m.tool_call_id)) {
             throw ApiError(400, "tool result '" + m.tool_call_id + "' answers no earlier assistant tool call",
                            "messages");
@@ -222,7 +226,8 @@ ChatSpec parse_chat(const json & body, int32_t n_vocab, const RequestLimits & li
     auto msgs = body.find("messages");
     if (msgs == body.end() || !msgs->is_array()) throw ApiError(400, "'messages' must be an array", "messages");
     if (msgs->empty()) throw ApiError(400, "'messages' must not be empty", "messages");
-    for (size_t i = 0; i < msgs->size(); ++i) c.messages.push_back(parse_message((*msgs)[i], i));
+    for (size_t i = 0; i < msgs->size(); ++i)
+        c.messages.push_back(parse_message((*msgs)[i], i));
     check_tool_results(c.messages);
 
     auto tools = body.find("tools");
@@ -239,7 +244,8 @@ ChatSpec parse_chat(const json & body, int32_t n_vocab, const RequestLimits & li
             common_chat_tool tool;
             tool.name = get_string(f, "name");
             if (tool.name.empty()) throw ApiError(400, "a tool has no name", "tools");
-            if (!names.insert(tool.name).second) throw ApiError(400, "duplicate tool name '" + tool.name + "'", "tools");
+            if (!names.insert(tool.name).second)
+                throw ApiError(400, "duplicate tool name '" + tool.name + "'", "tools");
             tool.description = get_string(f, "description");
             const json params = f.contains("parameters") ? f["parameters"] : json{{"type", "object"}};
             check_tool_schema(params, tool.name);
@@ -252,10 +258,14 @@ ChatSpec parse_chat(const json & body, int32_t n_vocab, const RequestLimits & li
     if (tc != body.end() && !tc->is_null()) {
         if (tc->is_string()) {
             const auto v = tc->get<std::string>();
-            if (v == "auto") c.tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
-            else if (v == "none") c.tool_choice = COMMON_CHAT_TOOL_CHOICE_NONE;
-            else if (v == "required") c.tool_choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
-            else throw ApiError(400, "'tool_choice' must be none, auto, required or a named function", "tool_choice");
+            if (v == "auto")
+                c.tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+            else if (v == "none")
+                c.tool_choice = COMMON_CHAT_TOOL_CHOICE_NONE;
+            else if (v == "required")
+                c.tool_choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+            else
+                throw ApiError(400, "'tool_choice' must be none, auto, required or a named function", "tool_choice");
         } else if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object()) {
             c.named_tool = get_string((*tc)["function"], "name");
             c.tool_choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "api/json_util.h"
+#include "engine/sampling.h"
 
 #include <chat.h>
 #include <common.h>
@@ -12,26 +13,7 @@
 namespace armada::api {
 
 //! Sampling fields common to chat and text completions, validated.
-struct SamplingSpec {
-    float temperature = 0.8f;
-    float top_p = 0.95f;
-    int32_t top_k = 40;
-    float min_p = 0.05f;
-    float repeat_penalty = 1.0f;
-    int32_t repeat_last_n = 64;
-    float frequency_penalty = 0.0f;
-    float presence_penalty = 0.0f;
-    std::optional<uint32_t> seed;
-    std::vector<llama_logit_bias> logit_bias;
-    int32_t max_tokens = -1;
-    std::vector<std::string> stop;
-    int32_t n = 1;
-    bool stream = false;
-    bool include_usage = false;
-    std::string grammar;      // GBNF from "grammar" (llama.cpp extension)
-    std::string json_schema;  // from response_format json_schema, serialised
-    bool json_object = false; // response_format json_object
-};
+using SamplingSpec = engine::SamplingOptions;
 
 //! A chat request mapped to llama.cpp's chat types.
 struct ChatSpec {

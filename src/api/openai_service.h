@@ -3,6 +3,7 @@
 #include "api/http_server.h"
 #include "api/json_util.h"
 #include "api/openai_map.h"
+#include "engine/chat_format.h"
 #include "engine/engine.h"
 #include "obs/metrics.h"
 
@@ -31,9 +32,6 @@ class OpenAIService {
 
   private:
     struct Job;
-    //! Builds the sampler chain; see constrain_tool_grammar for `require_call` and `parallel`.
-    engine::SamplerPtr make_sampler(const SamplingSpec & s, const common_chat_params * chat, bool require_call,
-                                    bool parallel, uint32_t seed) const;
     void submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs);
 
     std::shared_ptr<engine::Model> model_;
@@ -41,7 +39,7 @@ class OpenAIService {
     obs::Registry & metrics_;
     boost::asio::any_io_executor io_;
     RequestLimits limits_;
-    common_chat_templates_ptr templates_;
+    engine::ChatFormat format_;
 };
 
 //! Random id with a prefix, e.g. "chatcmpl-3fK...".

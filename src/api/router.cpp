@@ -14,8 +14,9 @@ void Router::set_service(OpenAIService * svc, const engine::Engine * eng) {
 }
 
 void Router::count(const std::string & route, int code) {
-    metrics_.counter("armada_requests_total", "HTTP requests by route and status",
-                     {{"route", route}, {"code", std::to_string(code)}})
+    metrics_
+        .counter("armada_requests_total", "HTTP requests by route and status",
+                 {{"route", route}, {"code", std::to_string(code)}})
         .inc();
 }
 
@@ -98,6 +99,13 @@ void Router::dispatch(HttpRequest && req, std::shared_ptr<Responder> out) {
         if (e.status == 401) h.emplace_back("WWW-Authenticate", "Bearer");
         out->send(e.status, "application/json", error_body(e.status, e.what(), e.param, e.code), h);
         count(route_name, e.status);
+    } catch (const engine::ContextOverflow & e) {
+        out->send(400, "application/json", error_body(400, e.what(), "messages", "context_length_exceeded"));
+        count(route_name, 400);
+    } catch (const std::invalid_argument & e) {
+        // Lower rooms report what the client got wrong as invalid_argument.
+        out->send(400, "application/json", error_body(400, e.what()));
+        count(route_name, 400);
     } catch (const std::exception & e) {
         spdlog::error("{} {}: {}", req.method, req.path, e.what());
         out->send(500, "application/json", error_body(500, "internal error"));

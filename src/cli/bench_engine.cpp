@@ -52,7 +52,8 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
     const auto t0 = Clock::now();
     for (int i = 0; i < streams; ++i) {
         auto r = std::make_unique<engine::GenRequest>();
-        for (int k = 0; k < opt.n_prompt; ++k) r->prompt.push_back(llama_token(1000 + (i * 131 + k * 7) % 20000));
+        for (int k = 0; k < opt.n_prompt; ++k)
+            r->prompt.push_back(llama_token(1000 + (i * 131 + k * 7) % 20000));
         // Greedy, as the server samples a plain request; end-of-generation tokens are masked
         // so no stream stops early, like batched-bench.
         engine::FastSamplerParams sp;
@@ -93,7 +94,8 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
 std::vector<double> run_batched_bench(const BenchEngineOptions & opt, int n_ctx) {
     std::ostringstream cmd;
     std::string npl;
-    for (int s : opt.streams) npl += (npl.empty() ? "" : ",") + std::to_string(s);
+    for (int s : opt.streams)
+        npl += (npl.empty() ? "" : ",") + std::to_string(s);
     cmd << opt.batched_bench << " -m " << opt.model << " -c " << n_ctx << " -b 2048 -ub 512 -npp " << opt.n_prompt
         << " -ntg " << opt.n_gen << " -npl " << npl << " --output-format jsonl";
     if (opt.threads > 0) cmd << " -t " << opt.threads;

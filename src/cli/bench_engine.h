@@ -13,7 +13,7 @@ struct BenchEngineOptions {
     int n_gen = 128;
     int n_ctx = 0;  // 0: enough for the largest stream count
     int threads = 0;
-    int rounds = 3;  // alternating rounds; medians are reported
+    int rounds = 3;             // alternating rounds; medians are reported
     std::string batched_bench;  // path of llama-batched-bench to compare against, optional
     std::string output;         // Markdown report file, optional
 };

@@ -14,41 +14,51 @@ namespace {
 void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
     cmd->add_option("-m,--model", o.model, "GGUF model file")->envname("ARMADA_MODEL");
     cmd->add_option("-c,--ctx-size", o.engine.n_ctx, "total KV context in tokens, split across sequences")
-        ->envname("ARMADA_CTX_SIZE")->capture_default_str();
+        ->envname("ARMADA_CTX_SIZE")
+        ->capture_default_str();
     cmd->add_option("--parallel", o.engine.n_seq_max, "sequences decoded together, 1..256 (also -np)")
-        ->envname("ARMADA_PARALLEL")->capture_default_str();
+        ->envname("ARMADA_PARALLEL")
+        ->capture_default_str();
     cmd->add_option("-t,--threads", o.engine.n_threads, "compute threads (0 = all cores)")
-        ->envname("ARMADA_THREADS")->capture_default_str();
+        ->envname("ARMADA_THREADS")
+        ->capture_default_str();
     cmd->add_option("-b,--batch-size", o.engine.n_batch, "logical batch size")
-        ->envname("ARMADA_BATCH_SIZE")->capture_default_str();
+        ->envname("ARMADA_BATCH_SIZE")
+        ->capture_default_str();
     cmd->add_option("--ubatch-size", o.engine.n_ubatch, "physical batch size (also -ub)")
-        ->envname("ARMADA_UBATCH_SIZE")->capture_default_str();
+        ->envname("ARMADA_UBATCH_SIZE")
+        ->capture_default_str();
     cmd->add_option("--prompt-chunk", o.engine.chunk, "prompt tokens one sequence may add to one decode step")
-        ->envname("ARMADA_PROMPT_CHUNK")->capture_default_str();
+        ->envname("ARMADA_PROMPT_CHUNK")
+        ->capture_default_str();
     cmd->add_option("--queue", o.engine.queue_max, "requests that may wait for a free sequence before 429")
-        ->envname("ARMADA_QUEUE")->capture_default_str();
+        ->envname("ARMADA_QUEUE")
+        ->capture_default_str();
     cmd->add_flag("--kv-unified", o.engine.kv_unified, "one KV buffer shared by all sequences")
         ->envname("ARMADA_KV_UNIFIED");
     cmd->add_option("--host", o.http.host, "address to bind")->envname("ARMADA_HOST")->capture_default_str();
     cmd->add_option("--port", o.http.port, "port to bind (0 = any free port)")
-        ->envname("ARMADA_PORT")->capture_default_str();
+        ->envname("ARMADA_PORT")
+        ->capture_default_str();
     cmd->add_option("--http-threads", o.http.threads, "HTTP I/O threads")
-        ->envname("ARMADA_HTTP_THREADS")->capture_default_str();
+        ->envname("ARMADA_HTTP_THREADS")
+        ->capture_default_str();
     cmd->add_option("--max-body", o.http.max_body, "largest request body in bytes (413 beyond)")
-        ->envname("ARMADA_MAX_BODY")->capture_default_str();
+        ->envname("ARMADA_MAX_BODY")
+        ->capture_default_str();
     cmd->add_option("--api-key", o.api_key, "require this key (Authorization: Bearer KEY) on every route but /health")
         ->envname("ARMADA_API_KEY");
     cmd->add_option("--api-key-file", o.api_key_file, "file with one accepted API key per line")
         ->envname("ARMADA_API_KEY_FILE");
     cmd->add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
-        ->envname("ARMADA_LOG_LEVEL")->capture_default_str();
+        ->envname("ARMADA_LOG_LEVEL")
+        ->capture_default_str();
 }
 
 // llama-server spells some flags with one dash and two letters; CLI11 takes one-letter short
 // flags only, so those are rewritten to their long names before parsing.
 std::vector<std::string> normalise_args(int argc, char ** argv) {
-    static const std::pair<const char *, const char *> aliases[] = {
-        {"-np", "--parallel"}, {"-ub", "--ubatch-size"}};
+    static const std::pair<const char *, const char *> aliases[] = {{"-np", "--parallel"}, {"-ub", "--ubatch-size"}};
     std::vector<std::string> out;
     for (int i = 0; i < argc; ++i) {
         std::string a = argv[i];
@@ -86,7 +96,8 @@ int main(int argc, char ** argv) {
     add_serve_flags(s, serve);
 
     cli::MkModelOptions mk;
-    auto * m = app.add_subcommand("mkmodel", "write a random-weight qwen2 GGUF of a real shape, for tests and benchmarks");
+    auto * m =
+        app.add_subcommand("mkmodel", "write a random-weight qwen2 GGUF of a real shape, for tests and benchmarks");
     m->add_option("--shape", mk.shape, "tiny, small, 0.5b or 7b")->capture_default_str();
     m->add_option("--type", mk.type, "f16, q8_0, q4_0 or q4_k")->capture_default_str();
     m->add_option("-o,--output", mk.output, "output file")->required();
@@ -104,7 +115,8 @@ int main(int argc, char ** argv) {
     bee->add_option("-p,--n-prompt", be.n_prompt, "prompt tokens per stream")->capture_default_str();
     bee->add_option("-n,--n-gen", be.n_gen, "generated tokens per stream")->capture_default_str();
     bee->add_option("-t,--threads", be.threads, "compute threads (0 = all cores)")->capture_default_str();
-    bee->add_option("--rounds", be.rounds, "alternating rounds of both sides; medians are reported")->capture_default_str();
+    bee->add_option("--rounds", be.rounds, "alternating rounds of both sides; medians are reported")
+        ->capture_default_str();
     bee->add_option("--batched-bench", be.batched_bench, "llama-batched-bench binary to compare against");
     bee->add_option("--output", be.output, "write a Markdown table here");
 

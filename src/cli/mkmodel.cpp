@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -44,20 +44,37 @@ struct Rng {
 };
 
 bool parse_type(const std::string & name, ggml_type & out) {
-    if (name == "f16") { out = GGML_TYPE_F16; return true; }
-    if (name == "q8_0") { out = GGML_TYPE_Q8_0; return true; }
-    if (name == "q4_0") { out = GGML_TYPE_Q4_0; return true; }
-    if (name == "q4_k") { out = GGML_TYPE_Q4_K; return true; }
+    if (name == "f16") {
+        out = GGML_TYPE_F16;
+        return true;
+    }
+    if (name == "q8_0") {
+        out = GGML_TYPE_Q8_0;
+        return true;
+    }
+    if (name == "q4_0") {
+        out = GGML_TYPE_Q4_0;
+        return true;
+    }
+    if (name == "q4_k") {
+        out = GGML_TYPE_Q4_K;
+        return true;
+    }
     return false;
 }
 
 int file_type_of(ggml_type t) {
     switch (t) {
-        case GGML_TYPE_F16: return 1;   // LLAMA_FTYPE_MOSTLY_F16
-        case GGML_TYPE_Q8_0: return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
-        case GGML_TYPE_Q4_0: return 2;  // LLAMA_FTYPE_MOSTLY_Q4_0
-        case GGML_TYPE_Q4_K: return 15; // LLAMA_FTYPE_MOSTLY_Q4_K_M
-        default: return 0;
+        case GGML_TYPE_F16:
+            return 1;  // LLAMA_FTYPE_MOSTLY_F16
+        case GGML_TYPE_Q8_0:
+            return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
+        case GGML_TYPE_Q4_0:
+            return 2;  // LLAMA_FTYPE_MOSTLY_Q4_0
+        case GGML_TYPE_Q4_K:
+            return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+        default:
+            return 0;
     }
 }
 
@@ -65,7 +82,7 @@ struct TensorPlan {
     std::string name;
     int64_t ne0, ne1;  // ne1 == 1 for vectors
     ggml_type type;
-    float scale;       // uniform(-scale, scale); 0 means all ones (norm weights)
+    float scale;  // uniform(-scale, scale); 0 means all ones (norm weights)
 };
 
 // Matrices use the requested type when their rows fit its block; otherwise they fall back to q8_0
@@ -121,7 +138,8 @@ void copy_tokenizer(gguf_context * dst, const gguf_context * vocab) {
         std::string key = gguf_get_key(dst, i);
         if (key.rfind("tokenizer.", 0) != 0) drop.push_back(key);
     }
-    for (const auto & k : drop) gguf_remove_key(dst, k.c_str());
+    for (const auto & k : drop)
+        gguf_remove_key(dst, k.c_str());
 }
 
 void set_hparams(gguf_context * g, const ModelShape & s, ggml_type wtype) {
@@ -148,7 +166,8 @@ bool write_tensor_data(FILE * f, const TensorPlan & t, Rng & rng) {
     for (int64_t r0 = 0; r0 < t.ne1; r0 += rows_per_chunk) {
         const int64_t nrows = std::min(rows_per_chunk, t.ne1 - r0);
         chunk_f32.resize(nrows * t.ne0);
-        for (auto & v : chunk_f32) v = t.scale == 0 ? 1.0f : rng.uniform() * t.scale;
+        for (auto & v : chunk_f32)
+            v = t.scale == 0 ? 1.0f : rng.uniform() * t.scale;
         const size_t bytes = ggml_row_size(t.type, t.ne0) * nrows;
         out.resize(bytes);
         if (t.type == GGML_TYPE_F32) {

@@ -22,8 +22,8 @@ struct MkModelOptions {
     std::string shape = "tiny";
     std::string type = "f16";
     std::string output;
-    std::string vocab;     // GGUF holding the tokenizer (default: llama.cpp's ggml-vocab-qwen2.gguf)
-    std::string template_; // Jinja chat template file (default: Qwen2.5-7B-Instruct's)
+    std::string vocab;      // GGUF holding the tokenizer (default: llama.cpp's ggml-vocab-qwen2.gguf)
+    std::string template_;  // Jinja chat template file (default: Qwen2.5-7B-Instruct's)
     uint64_t seed = 42;
 };
 

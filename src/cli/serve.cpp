@@ -7,9 +7,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <pthread.h>
 #include <csignal>
 #include <cstdio>
-#include <pthread.h>
 
 namespace armada::cli {
 

@@ -11,10 +11,14 @@ namespace armada::engine {
 
 const char * finish_reason_name(FinishReason r) {
     switch (r) {
-        case FinishReason::Stop: return "stop";
-        case FinishReason::Length: return "length";
-        case FinishReason::Cancelled: return "cancelled";
-        case FinishReason::Error: return "error";
+        case FinishReason::Stop:
+            return "stop";
+        case FinishReason::Length:
+            return "length";
+        case FinishReason::Cancelled:
+            return "cancelled";
+        case FinishReason::Error:
+            return "error";
     }
     return "error";
 }
@@ -22,7 +26,9 @@ const char * finish_reason_name(FinishReason r) {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 void batch_add(llama_batch & b, llama_token t, llama_pos pos, llama_seq_id seq, bool logits) {
     const int i = b.n_tokens++;
@@ -35,7 +41,8 @@ void batch_add(llama_batch & b, llama_token t, llama_pos pos, llama_seq_id seq, 
 
 size_t common_prefix(const Tokens & a, const Tokens & b) {
     size_t n = 0;
-    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    while (n < a.size() && n < b.size() && a[n] == b[n])
+        ++n;
     return n;
 }
 }  // namespace
@@ -45,9 +52,9 @@ Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * m
     if (metrics_) {
         h_batch_ = &metrics_->histogram("armada_batch_tokens", "Tokens per llama_decode call",
                                         {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048});
-        h_ttft_ = &metrics_->histogram("armada_time_to_first_token_seconds",
-                                       "Time from request arrival to its first generated token",
-                                       obs::latency_buckets());
+        h_ttft_ =
+            &metrics_->histogram("armada_time_to_first_token_seconds",
+                                 "Time from request arrival to its first generated token", obs::latency_buckets());
         h_itl_ = &metrics_->histogram("armada_inter_token_seconds", "Time between consecutive generated tokens",
                                       obs::latency_buckets());
         c_prompt_ = &metrics_->counter("armada_prompt_tokens_total", "Prompt tokens evaluated (cache hits excluded)");
@@ -66,7 +73,8 @@ std::string Engine::start() {
     if (cfg_.n_ctx < 16 * cfg_.n_seq_max) return "context (-c) is too small for the number of sequences";
     if (cfg_.chunk < 1) return "prompt chunk must be at least 1";
     auto cp = llama_context_default_params();
-    const int32_t threads = cfg_.n_threads > 0 ? cfg_.n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+    const int32_t threads =
+        cfg_.n_threads > 0 ? cfg_.n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
     n_batch_ = std::max(cfg_.n_batch, cfg_.n_seq_max + cfg_.chunk);
     cp.n_ctx = uint32_t(cfg_.n_ctx);
     cp.n_batch = uint32_t(n_batch_);
@@ -96,7 +104,8 @@ std::string Engine::start() {
         llama_synchronize(ctx_);
     }
     slots_.resize(size_t(cfg_.n_seq_max));
-    for (int i = 0; i < cfg_.n_seq_max; ++i) slots_[size_t(i)].id = i;
+    for (int i = 0; i < cfg_.n_seq_max; ++i)
+        slots_[size_t(i)].id = i;
     if (metrics_) {
         metrics_->gauge("armada_kv_bytes_total", "KV cache capacity in bytes")
             .set(double(kv_bytes_per_cell_) * double(llama_n_ctx(ctx_)));
@@ -129,7 +138,9 @@ SubmitStatus Engine::submit(std::unique_ptr<GenRequest> req) {
     return SubmitStatus::Accepted;
 }
 
-void Engine::wake() { cv_.notify_one(); }
+void Engine::wake() {
+    cv_.notify_one();
+}
 
 bool Engine::has_active() const {
     return std::any_of(slots_.begin(), slots_.end(), [](const Slot & s) { return s.state != SlotState::Idle; });
@@ -232,7 +243,8 @@ void Engine::start_slot(Slot & s, std::unique_ptr<GenRequest> req) {
     s.text = std::make_unique<TextStream>(req->stop);
     // Prompt tokens feed the penalties' history, as llama-server does.
     if (!req->fast) {
-        for (llama_token t : req->prompt) common_sampler_accept(req->sampler.get(), t, false);
+        for (llama_token t : req->prompt)
+            common_sampler_accept(req->sampler.get(), t, false);
     }
     s.req = std::move(req);
     s.state = SlotState::Prompt;
@@ -258,10 +270,9 @@ bool Engine::step() {
         }
     }
     // Admission order: lower last_used was admitted first.
-    std::sort(prompts.begin(), prompts.end(),
-              [&](const PendingPrompt & a, const PendingPrompt & b) {
-                  return slots_[size_t(a.slot)].last_used < slots_[size_t(b.slot)].last_used;
-              });
+    std::sort(prompts.begin(), prompts.end(), [&](const PendingPrompt & a, const PendingPrompt & b) {
+        return slots_[size_t(a.slot)].last_used < slots_[size_t(b.slot)].last_used;
+    });
     int64_t n_prompt_tokens = 0;
     for (const auto & c : plan_prompt_chunks(n_batch_, cfg_.chunk, n_gen, prompts)) {
         Slot & s = slots_[size_t(c.slot)];
@@ -286,8 +297,8 @@ bool Engine::step() {
             if (s.state == SlotState::Idle) continue;
             llama_memory_seq_rm(mem, s.id, -1, -1);
             s.cache.clear();
-            finish(s, FinishReason::Error, "the model failed to evaluate the batch (llama_decode " +
-                                                  std::to_string(rc) + ")");
+            finish(s, FinishReason::Error,
+                   "the model failed to evaluate the batch (llama_decode " + std::to_string(rc) + ")");
         }
         return true;
     }
@@ -324,8 +335,8 @@ void Engine::sample(Slot & s) {
         finish(s, FinishReason::Stop);
         return;
     }
-    const bool special = r.render_special ||
-                         std::find(r.special_ok.begin(), r.special_ok.end(), id) != r.special_ok.end();
+    const bool special =
+        r.render_special || std::find(r.special_ok.begin(), r.special_ok.end(), id) != r.special_ok.end();
     std::string out = s.text->push(model_->piece(id, special));
     if (!out.empty()) {
         GenEvent ev;
@@ -372,7 +383,8 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
 
 void Engine::update_kv_stats() {
     int64_t cells = 0;
-    for (const auto & s : slots_) cells += int64_t(s.cache.size());
+    for (const auto & s : slots_)
+        cells += int64_t(s.cache.size());
     stats_.kv_cells_used.store(cells);
 }
 

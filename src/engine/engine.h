@@ -21,13 +21,13 @@ namespace armada::engine {
 
 //! Settings of one engine instance; the names follow llama-server's flags.
 struct EngineConfig {
-    int32_t n_ctx = 4096;      // -c: total KV cells, split evenly across sequences
-    int32_t n_seq_max = 4;     // -np: sequences decoded together
-    int32_t n_batch = 2048;    // -b: logical batch; raised to n_seq_max + chunk if smaller
-    int32_t n_ubatch = 512;    // -ub
-    int32_t chunk = 512;       // prompt tokens one sequence may add to one step
-    int32_t n_threads = 0;     // -t: 0 = all cores of this machine
-    int32_t queue_max = 256;   // requests waiting for a sequence; beyond this, submit refuses
+    int32_t n_ctx = 4096;     // -c: total KV cells, split evenly across sequences
+    int32_t n_seq_max = 4;    // -np: sequences decoded together
+    int32_t n_batch = 2048;   // -b: logical batch; raised to n_seq_max + chunk if smaller
+    int32_t n_ubatch = 512;   // -ub
+    int32_t chunk = 512;      // prompt tokens one sequence may add to one step
+    int32_t n_threads = 0;    // -t: 0 = all cores of this machine
+    int32_t queue_max = 256;  // requests waiting for a sequence; beyond this, submit refuses
     bool kv_unified = false;
     bool warmup = true;
 };

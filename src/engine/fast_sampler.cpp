@@ -35,25 +35,29 @@ namespace {
 float row_max(const float * x, int32_t n) {
     constexpr int L = 16;
     float m[L];
-    for (int l = 0; l < L; ++l) m[l] = -INFINITY;
+    for (int l = 0; l < L; ++l)
+        m[l] = -INFINITY;
     int32_t i = 0;
     for (; i + L <= n; i += L) {
-        for (int l = 0; l < L; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+        for (int l = 0; l < L; ++l)
+            m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
     }
     float best = -INFINITY;
-    for (int l = 0; l < L; ++l) best = m[l] > best ? m[l] : best;
-    for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+    for (int l = 0; l < L; ++l)
+        best = m[l] > best ? m[l] : best;
+    for (; i < n; ++i)
+        best = x[i] > best ? x[i] : best;
     return best;
 }
 
 // Greedy choice over logits + a sparse bias. The winner is either a biased token, checked one by
 // one, or the raw argmax when that token carries no bias; only when the raw winner is itself
 // biased does it take the slow full scan.
-llama_token greedy(const float * logits, int32_t n, const std::vector<llama_logit_bias> & sparse,
-                   const float * dense) {
+llama_token greedy(const float * logits, int32_t n, const std::vector<llama_logit_bias> & sparse, const float * dense) {
     const float m = row_max(logits, n);
     llama_token raw = 0;
-    while (raw < n && !(logits[raw] == m)) ++raw;
+    while (raw < n && !(logits[raw] == m))
+        ++raw;
     if (raw == n) raw = 0;  // all NaN: nothing better to do
     if (!dense || dense[raw] == 0.0f) {
         llama_token best = raw;
@@ -115,12 +119,15 @@ llama_token FastSampler::sample(const float * logits, int32_t n_vocab) {
     if (p_.min_p > 0) {
         const float floor = prob[0] * p_.min_p;
         size_t n = 1;
-        while (n < keep && prob[n] >= floor) ++n;
+        while (n < keep && prob[n] >= floor)
+            ++n;
         keep = n;
     }
-    for (size_t i = 0; i < keep; ++i) prob[i] = std::exp((cand_[i].first - max_l) / p_.temperature);
+    for (size_t i = 0; i < keep; ++i)
+        prob[i] = std::exp((cand_[i].first - max_l) / p_.temperature);
     float total = 0;
-    for (size_t i = 0; i < keep; ++i) total += prob[i];
+    for (size_t i = 0; i < keep; ++i)
+        total += prob[i];
     std::uniform_real_distribution<float> u(0.0f, total);
     float r = u(rng_);
     for (size_t i = 0; i < keep; ++i) {

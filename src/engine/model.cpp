@@ -44,14 +44,18 @@ Model::~Model() {
     if (model_) llama_model_free(model_);
 }
 
-int32_t Model::n_ctx_train() const { return llama_model_n_ctx_train(model_); }
+int32_t Model::n_ctx_train() const {
+    return llama_model_n_ctx_train(model_);
+}
 
-uint64_t Model::size_bytes() const { return llama_model_size(model_); }
+uint64_t Model::size_bytes() const {
+    return llama_model_size(model_);
+}
 
 Tokens Model::tokenize(const std::string & text, bool add_bos, bool special) const {
     Tokens out(text.size() + 2);
-    int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), add_bos,
-                               special);
+    int32_t n =
+        llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), add_bos, special);
     if (n < 0) {
         out.resize(size_t(-n));
         n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), add_bos,

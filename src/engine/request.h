@@ -41,11 +41,11 @@ using GenSink = std::function<void(GenEvent &&)>;
 //! One generation request, built and validated on an API thread, then handed to the engine.
 struct GenRequest {
     Tokens prompt;
-    SamplerPtr sampler;            // llama.cpp chain: grammar, penalties, logit bias, seed
-    std::unique_ptr<FastSampler> fast;  // when set, used instead of `sampler` (no grammar, no penalties)
-    int32_t max_tokens = -1;       // -1: until the sequence's context is full
-    std::vector<std::string> stop; // stop strings, matched on generated text
-    bool render_special = false;   // include control tokens in the text (tool-call markers)
+    SamplerPtr sampler;                   // llama.cpp chain: grammar, penalties, logit bias, seed
+    std::unique_ptr<FastSampler> fast;    // when set, used instead of `sampler` (no grammar, no penalties)
+    int32_t max_tokens = -1;              // -1: until the sequence's context is full
+    std::vector<std::string> stop;        // stop strings, matched on generated text
+    bool render_special = false;          // include control tokens in the text (tool-call markers)
     std::vector<llama_token> special_ok;  // tokens always rendered (preserved tokens)
     GenSink sink;
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);

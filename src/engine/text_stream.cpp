@@ -35,7 +35,8 @@ std::string utf8_sanitize(std::string_view s) {
         const unsigned char c = static_cast<unsigned char>(s[i]);
         size_t n = seq_len(c);
         bool ok = n > 0 && i + n <= s.size();
-        for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+        for (size_t k = 1; ok && k < n; ++k)
+            ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
         if (ok && n == 3) {
             const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
             ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates

@@ -107,8 +107,10 @@ std::string Registry::render() const {
     std::ostringstream os;
     for (const auto & [name, f] : families_) {
         os << "# HELP " << name << ' ' << f.help << "\n# TYPE " << name << ' ' << f.type << '\n';
-        for (const auto & [l, c] : f.counters) os << name << l << ' ' << c->value() << '\n';
-        for (const auto & [l, g] : f.gauges) os << name << l << ' ' << fmt(g->value()) << '\n';
+        for (const auto & [l, c] : f.counters)
+            os << name << l << ' ' << c->value() << '\n';
+        for (const auto & [l, g] : f.gauges)
+            os << name << l << ' ' << fmt(g->value()) << '\n';
         for (const auto & [l, h] : f.histograms) {
             std::vector<uint64_t> b;
             double sum;

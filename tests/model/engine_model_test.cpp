@@ -12,8 +12,13 @@ using namespace armada::engine;
 
 namespace {
 
+void quiet_log(ggml_log_level level, const char * text, void *) {
+    if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
 std::shared_ptr<Model> tiny_model() {
     static std::shared_ptr<Model> m = [] {
+        llama_log_set(quiet_log, nullptr);
         const char * dir = std::getenv("ARMADA_MODEL_DIR");
         const std::string path = std::string(dir ? dir : "") + "/armada-tiny-q8_0.gguf";
         std::string err;
@@ -70,7 +75,8 @@ std::unique_ptr<GenRequest> greedy(const Model & m, Tokens prompt, int max_token
 
 Tokens prompt_for(int i, int len) {
     Tokens p;
-    for (int k = 0; k < len; ++k) p.push_back(llama_token(500 + (i * 97 + k * 13) % 30000));
+    for (int k = 0; k < len; ++k)
+        p.push_back(llama_token(500 + (i * 97 + k * 13) % 30000));
     return p;
 }
 
@@ -106,7 +112,8 @@ TEST(EngineModel, GreedyAloneEqualsBatchedWith63Others) {
                                 : greedy(*m, prompt_for(i + 1, 10 + i * 3), 30 + i % 20, *cs.back());
         ASSERT_EQ(e.submit(std::move(req)), SubmitStatus::Accepted);
     }
-    for (auto & c : cs) c->wait();
+    for (auto & c : cs)
+        c->wait();
     EXPECT_EQ(cs[31]->text, alone);
     EXPECT_FALSE(alone.empty());
 }
@@ -175,7 +182,8 @@ TEST(EngineModel, FollowUpTurnReusesKv) {
     EXPECT_EQ(first.final.n_cached, 0);
     // The next turn repeats the conversation so far plus new tokens.
     Tokens p2 = p;
-    for (int k = 0; k < 20; ++k) p2.push_back(llama_token(700 + k));
+    for (int k = 0; k < 20; ++k)
+        p2.push_back(llama_token(700 + k));
     Collector second;
     e.submit(greedy(*m, p2, 10, second));
     second.wait();
@@ -206,7 +214,8 @@ TEST(EngineModel, QueueBeyondCapacityRefuses) {
     }
     EXPECT_GE(refused, 1);
     EXPECT_LE(accepted, 3);
-    for (auto & c : cs) c->wait();
+    for (auto & c : cs)
+        c->wait();
 }
 
 TEST(EngineModel, StopStringEndsGeneration) {

@@ -38,4 +38,6 @@ TEST(BatchPlanner, FullBatchStillMovesOldestPrompt) {
     EXPECT_EQ(plan[0].n_tokens, 32);
 }
 
-TEST(BatchPlanner, NothingPending) { EXPECT_TRUE(plan_prompt_chunks(64, 32, 10, {}).empty()); }
+TEST(BatchPlanner, NothingPending) {
+    EXPECT_TRUE(plan_prompt_chunks(64, 32, 10, {}).empty());
+}

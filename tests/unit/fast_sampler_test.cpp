@@ -13,13 +13,15 @@ std::vector<float> random_logits(int n, uint32_t seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> d(0, 3);
     std::vector<float> v(static_cast<size_t>(n), 0.0f);
-    for (auto & x : v) x = d(rng);
+    for (auto & x : v)
+        x = d(rng);
     return v;
 }
 
 llama_token slow_argmax(const std::vector<float> & l, const std::vector<llama_logit_bias> & bias) {
     std::vector<float> v = l;
-    for (const auto & b : bias) v[size_t(b.token)] += b.bias;
+    for (const auto & b : bias)
+        v[size_t(b.token)] += b.bias;
     return llama_token(std::max_element(v.begin(), v.end()) - v.begin());
 }
 }  // namespace
@@ -61,7 +63,8 @@ TEST(FastSampler, TopKOne) {
     p.temperature = 1.0f;
     p.top_k = 1;
     FastSampler s(p);
-    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(l.data(), 300), slow_argmax(l, {}));
+    for (int i = 0; i < 20; ++i)
+        EXPECT_EQ(s.sample(l.data(), 300), slow_argmax(l, {}));
 }
 
 TEST(FastSampler, SameSeedSameSequence) {
@@ -70,7 +73,8 @@ TEST(FastSampler, SameSeedSameSequence) {
     p.temperature = 1.0f;
     p.seed = 42;
     FastSampler a(p), b(p);
-    for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(l.data(), 300), b.sample(l.data(), 300));
+    for (int i = 0; i < 50; ++i)
+        EXPECT_EQ(a.sample(l.data(), 300), b.sample(l.data(), 300));
 }
 
 TEST(FastSampler, SamplesFollowTheDistribution) {
@@ -84,7 +88,8 @@ TEST(FastSampler, SamplesFollowTheDistribution) {
     p.seed = 1;
     FastSampler s(p);
     std::map<llama_token, int> n;
-    for (int i = 0; i < 20000; ++i) n[s.sample(l.data(), 3)]++;
+    for (int i = 0; i < 20000; ++i)
+        n[s.sample(l.data(), 3)]++;
     EXPECT_NEAR(double(n[1]) / 20000, 0.75, 0.02);
     EXPECT_EQ(n[2], 0);
 }

@@ -1,5 +1,5 @@
-#include "api/errors.h"
 #include "api/openai_map.h"
+#include "api/errors.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,8 @@ int status_of(const json & body) {
 
 json chat(json extra = json::object()) {
     json j = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
-    for (auto & [k, v] : extra.items()) j[k] = v;
+    for (auto & [k, v] : extra.items())
+        j[k] = v;
     return j;
 }
 }  // namespace
@@ -34,8 +35,13 @@ TEST(OpenAIMap, MinimalChat) {
 }
 
 TEST(OpenAIMap, SamplingFields) {
-    auto c = parse_chat(chat({{"temperature", 0}, {"top_p", 0.5}, {"seed", 7}, {"max_tokens", 12},
-                              {"stop", "END"}, {"logit_bias", {{"5", -100}}}, {"frequency_penalty", 0.5}}),
+    auto c = parse_chat(chat({{"temperature", 0},
+                              {"top_p", 0.5},
+                              {"seed", 7},
+                              {"max_tokens", 12},
+                              {"stop", "END"},
+                              {"logit_bias", {{"5", -100}}},
+                              {"frequency_penalty", 0.5}}),
                         1000, kLim);
     EXPECT_EQ(c.sampling.temperature, 0.0f);
     EXPECT_EQ(c.sampling.top_p, 0.5f);
@@ -84,13 +90,14 @@ TEST(OpenAIMap, ToolsAndChoice) {
 }
 
 TEST(OpenAIMap, AssistantToolCallsRoundTrip) {
-    json body = {{"messages", json::array({{{"role", "user"}, {"content", "x"}},
-                                           {{"role", "assistant"},
-                                            {"content", nullptr},
-                                            {"tool_calls", json::array({{{"id", "c1"},
-                                                                         {"type", "function"},
-                                                                         {"function", {{"name", "f"}, {"arguments", "{}"}}}}})}},
-                                           {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}})}};
+    json body = {
+        {"messages", json::array({{{"role", "user"}, {"content", "x"}},
+                                  {{"role", "assistant"},
+                                   {"content", nullptr},
+                                   {"tool_calls", json::array({{{"id", "c1"},
+                                                                {"type", "function"},
+                                                                {"function", {{"name", "f"}, {"arguments", "{}"}}}}})}},
+                                  {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}})}};
     auto c = parse_chat(body, 1000, kLim);
     ASSERT_EQ(c.messages[1].tool_calls.size(), 1u);
     EXPECT_EQ(c.messages[1].tool_calls[0].name, "f");

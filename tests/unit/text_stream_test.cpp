@@ -16,7 +16,10 @@ TEST(Utf8, IncompleteTail) {
 
 TEST(Utf8, SanitizeReplacesInvalidBytes) {
     EXPECT_EQ(utf8_sanitize("ok"), "ok");
-    EXPECT_EQ(utf8_sanitize("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
+    EXPECT_EQ(utf8_sanitize("a\xFF"
+                            "b"),
+              "a\xEF\xBF\xBD"
+              "b");
     EXPECT_EQ(utf8_sanitize("\xE4\xBD"), "\xEF\xBF\xBD\xEF\xBF\xBD");
     EXPECT_EQ(utf8_sanitize("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
 }

@@ -1,13 +1,14 @@
-#include "api/tool_grammar.h"
+#include "engine/tool_grammar.h"
 
 #include <gtest/gtest.h>
 
-using armada::api::constrain_tool_grammar;
+using armada::engine::constrain_tool_grammar;
 
 namespace {
-const std::string kQwen = "root ::= \"<|im_start|>assistant\\n\" space until-169? tool-calls\n"
-                          "tool-calls ::= (tool-call space)+\n"
-                          "until-169 ::= | [<] until-169\n";
+const std::string kQwen =
+    "root ::= \"<|im_start|>assistant\\n\" space until-169? tool-calls\n"
+    "tool-calls ::= (tool-call space)+\n"
+    "until-169 ::= | [<] until-169\n";
 }
 
 TEST(ToolGrammar, RequiredDropsFreeTextBeforeCall) {

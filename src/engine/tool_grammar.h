@@ -2,7 +2,7 @@
 
 #include <string>
 
-namespace armada::api {
+namespace armada::engine {
 
 //! Tightens a tool-call grammar from llama.cpp's chat API.
 //!
@@ -16,4 +16,4 @@ namespace armada::api {
 //! Grammars without those shapes come back unchanged.
 std::string constrain_tool_grammar(const std::string & gbnf, bool required, bool parallel);
 
-}  // namespace armada::api
+}  // namespace armada::engine

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# `make bench`: the engine ceiling against llama-batched-bench on the same model and threads.
+# Prints medians of alternating rounds and writes the table to docs/bench-engine.md.
+set -euo pipefail
+armada="$1"; models="$2"; llama_dir="$3"
+model="${BENCH_MODEL:-$models/armada-small-q8_0.gguf}"
+threads="${BENCH_THREADS:-$(nproc)}"
+cmd=("$armada" bench engine -m "$model" --streams 1,16,64 -p 32 -n 128 -t "$threads" --rounds 3
+     --batched-bench "$llama_dir/bin/llama-batched-bench" --output docs/bench-engine.md)
+echo "+ ${cmd[*]}"
+"${cmd[@]}"

@@ -1,0 +1,60 @@
+#pragma once
+
+#include "engine/sampling.h"
+
+#include <chat.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace armada::agent {
+
+//! An HTTP tool: the model's arguments are POSTed as JSON to `url`.
+struct HttpToolSpec {
+    std::string name;
+    std::string description;
+    std::string parameters;  // JSON Schema, serialised
+    std::string url;
+    std::string method = "POST";
+    //! Header values as written; `${env:NAME}` and `${file:/path}` are resolved when the call is
+    //! made, so secrets never enter the spec, the transcript or the model's prompt.
+    std::map<std::string, std::string> headers;
+    int32_t timeout_ms = 10000;
+    int32_t retries = 0;
+    int32_t max_body = 64 * 1024;
+};
+
+//! Limits that end a session as failed when reached.
+struct AgentLimits {
+    int32_t max_steps = 16;  // model steps
+    int32_t max_tokens_per_step = 512;
+    int64_t token_budget = 0;         // prompt + generated tokens over the session; 0 = none
+    int32_t tool_timeout_ms = 30000;  // cap on any single tool call
+    int32_t deadline_s = 0;           // wall time from creation; 0 = none
+};
+
+//! A declared agent.
+struct AgentSpec {
+    std::string id;
+    std::string model;
+    std::string instructions;
+    std::vector<HttpToolSpec> tools;
+    engine::SamplingOptions sampling;
+    common_chat_tool_choice tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+    //! The first N model steps must call a tool (tool_choice required); after that the agent's
+    //! own tool_choice applies. Useful for workloads with a known shape and for random-weight
+    //! test models.
+    int32_t min_tool_steps = 0;
+    //! After min_tool_steps, the step that answers is generated with tools off.
+    bool answer_without_tools = false;
+    AgentLimits limits;
+};
+
+//! Parses agents from YAML (JSON is accepted too): either a list or a map with an `agents`
+//! list. Returns an error naming the field and the reason, e.g.
+//! "agents[0].tools[1].parameters: must be an object"; empty on success.
+std::string parse_agents(const std::string & text, std::vector<AgentSpec> & out);
+
+}  // namespace armada::agent

@@ -1,0 +1,236 @@
+#include "store/sqlite_store.h"
+
+#include <sqlite3.h>
+
+#include <filesystem>
+
+namespace armada::store {
+
+namespace {
+const char * kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS sessions (
+  id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, owner TEXT NOT NULL, state TEXT NOT NULL,
+  reason TEXT NOT NULL, data TEXT NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS steps (
+  session_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
+  idempotency TEXT NOT NULL, ts_ms INTEGER NOT NULL, PRIMARY KEY (session_id, seq));
+CREATE INDEX IF NOT EXISTS sessions_state ON sessions(state);
+)sql";
+
+std::string errmsg(sqlite3 * db, const char * what) {
+    return std::string(what) + ": " + sqlite3_errmsg(db);
+}
+
+bool exec(sqlite3 * db, const char * sql, std::string & err) {
+    char * msg = nullptr;
+    if (sqlite3_exec(db, sql, nullptr, nullptr, &msg) != SQLITE_OK) {
+        err = msg ? msg : "sqlite error";
+        sqlite3_free(msg);
+        return false;
+    }
+    return true;
+}
+
+//! Owns a prepared statement.
+struct Stmt {
+    sqlite3_stmt * s = nullptr;
+    Stmt(sqlite3 * db, const char * sql) { sqlite3_prepare_v2(db, sql, -1, &s, nullptr); }
+    ~Stmt() { sqlite3_finalize(s); }
+    void text(int i, const std::string & v) { sqlite3_bind_text(s, i, v.data(), int(v.size()), SQLITE_TRANSIENT); }
+    void i64(int i, int64_t v) { sqlite3_bind_int64(s, i, v); }
+    std::string col(int i) {
+        const auto * p = reinterpret_cast<const char *>(sqlite3_column_text(s, i));
+        return p ? std::string(p, size_t(sqlite3_column_bytes(s, i))) : std::string();
+    }
+};
+
+SessionRecord read_session(Stmt & q) {
+    SessionRecord r;
+    r.id = q.col(0);
+    r.agent_id = q.col(1);
+    r.owner = q.col(2);
+    r.state = q.col(3);
+    r.reason = q.col(4);
+    r.data = q.col(5);
+    r.created_ms = sqlite3_column_int64(q.s, 6);
+    r.updated_ms = sqlite3_column_int64(q.s, 7);
+    return r;
+}
+}  // namespace
+
+std::unique_ptr<SqliteStore> SqliteStore::open(const std::string & dir, std::string & error) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+        error = "cannot create data dir " + dir + ": " + ec.message();
+        return nullptr;
+    }
+    const std::string path = dir + "/armada.db";
+    std::unique_ptr<SqliteStore> s(new SqliteStore());
+    if (sqlite3_open_v2(path.c_str(), &s->wdb_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                        nullptr) != SQLITE_OK ||
+        sqlite3_open_v2(path.c_str(), &s->rdb_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) != SQLITE_OK) {
+        error = "cannot open " + path + ": " + (s->wdb_ ? sqlite3_errmsg(s->wdb_) : "out of memory");
+        return nullptr;
+    }
+    sqlite3_busy_timeout(s->wdb_, 5000);
+    sqlite3_busy_timeout(s->rdb_, 5000);
+    if (!exec(s->wdb_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;", error) || !exec(s->wdb_, kSchema, error)) {
+        error = path + ": " + error;
+        return nullptr;
+    }
+    s->writer_ = std::thread([p = s.get()] { p->writer_loop(); });
+    return s;
+}
+
+SqliteStore::~SqliteStore() {
+    {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (writer_.joinable()) writer_.join();
+    sqlite3_close(rdb_);
+    sqlite3_close(wdb_);
+}
+
+void SqliteStore::commit(Batch batch, std::function<void(Status)> done) {
+    {
+        std::lock_guard lk(mu_);
+        queue_.emplace_back(std::move(batch), std::move(done));
+    }
+    cv_.notify_one();
+}
+
+void SqliteStore::writer_loop() {
+    for (;;) {
+        std::deque<std::pair<Batch, std::function<void(Status)>>> group;
+        std::string sticky;
+        {
+            std::unique_lock lk(mu_);
+            cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+            if (queue_.empty() && stop_) return;
+            group.swap(queue_);
+            sticky = sticky_;
+        }
+        Status st = sticky.empty() ? Status::Ok() : Status::Error("store failed earlier: " + sticky);
+        if (st.ok) {
+            std::vector<Batch *> ptrs;
+            for (auto & g : group)
+                ptrs.push_back(&g.first);
+            st = apply(ptrs);
+            last_group_ = group.size();
+            if (!st.ok) {
+                std::lock_guard lk(mu_);
+                sticky_ = st.error;
+            }
+        }
+        for (auto & g : group) {
+            if (g.second) g.second(st);
+        }
+    }
+}
+
+Status SqliteStore::apply(const std::vector<Batch *> & group) {
+    std::string err;
+    if (!exec(wdb_, "BEGIN IMMEDIATE", err)) return Status::Error("begin: " + err);
+    Stmt up(wdb_,
+            "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms) VALUES(?,?,?,?,?,?,?,?) "
+            "ON CONFLICT(id) DO UPDATE SET state=excluded.state, reason=excluded.reason, data=excluded.data, "
+            "updated_ms=excluded.updated_ms");
+    Stmt ins(wdb_, "INSERT INTO steps(session_id,seq,kind,payload,idempotency,ts_ms) VALUES(?,?,?,?,?,?)");
+    Stmt del_steps(wdb_, "DELETE FROM steps WHERE session_id=?");
+    Stmt del_sess(wdb_, "DELETE FROM sessions WHERE id=?");
+    bool ok = up.s && ins.s && del_steps.s && del_sess.s;
+    for (const Batch * b : group) {
+        for (const auto & r : b->sessions) {
+            if (!ok) break;
+            sqlite3_reset(up.s);
+            up.text(1, r.id);
+            up.text(2, r.agent_id);
+            up.text(3, r.owner);
+            up.text(4, r.state);
+            up.text(5, r.reason);
+            up.text(6, r.data);
+            up.i64(7, r.created_ms);
+            up.i64(8, r.updated_ms);
+            ok = sqlite3_step(up.s) == SQLITE_DONE;
+        }
+        for (const auto & st : b->steps) {
+            if (!ok) break;
+            sqlite3_reset(ins.s);
+            ins.text(1, st.session_id);
+            ins.i64(2, st.seq);
+            ins.text(3, st.kind);
+            ins.text(4, st.payload);
+            ins.text(5, st.idempotency);
+            ins.i64(6, st.ts_ms);
+            ok = sqlite3_step(ins.s) == SQLITE_DONE;
+        }
+        for (const auto & id : b->erase) {
+            if (!ok) break;
+            sqlite3_reset(del_steps.s);
+            del_steps.text(1, id);
+            sqlite3_reset(del_sess.s);
+            del_sess.text(1, id);
+            ok = sqlite3_step(del_steps.s) == SQLITE_DONE && sqlite3_step(del_sess.s) == SQLITE_DONE;
+        }
+    }
+    if (!ok) {
+        std::string e = errmsg(wdb_, "write");
+        exec(wdb_, "ROLLBACK", err);
+        return Status::Error(e);
+    }
+    if (!exec(wdb_, "COMMIT", err)) {
+        exec(wdb_, "ROLLBACK", err);
+        return Status::Error("commit: " + err);
+    }
+    return Status::Ok();
+}
+
+std::optional<SessionRecord> SqliteStore::session(const std::string & id) {
+    std::lock_guard lk(rmu_);
+    Stmt q(rdb_, "SELECT id,agent_id,owner,state,reason,data,created_ms,updated_ms FROM sessions WHERE id=?");
+    q.text(1, id);
+    if (sqlite3_step(q.s) != SQLITE_ROW) return std::nullopt;
+    return read_session(q);
+}
+
+std::vector<StepRecord> SqliteStore::steps(const std::string & id) {
+    std::lock_guard lk(rmu_);
+    Stmt q(rdb_, "SELECT seq,kind,payload,idempotency,ts_ms FROM steps WHERE session_id=? ORDER BY seq");
+    q.text(1, id);
+    std::vector<StepRecord> out;
+    while (sqlite3_step(q.s) == SQLITE_ROW) {
+        StepRecord r;
+        r.session_id = id;
+        r.seq = sqlite3_column_int64(q.s, 0);
+        r.kind = q.col(1);
+        r.payload = q.col(2);
+        r.idempotency = q.col(3);
+        r.ts_ms = sqlite3_column_int64(q.s, 4);
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+std::vector<SessionRecord> SqliteStore::sessions_not_in(const std::vector<std::string> & ended) {
+    std::lock_guard lk(rmu_);
+    Stmt q(rdb_, "SELECT id,agent_id,owner,state,reason,data,created_ms,updated_ms FROM sessions ORDER BY created_ms");
+    std::vector<SessionRecord> out;
+    while (sqlite3_step(q.s) == SQLITE_ROW) {
+        SessionRecord r = read_session(q);
+        if (std::find(ended.begin(), ended.end(), r.state) == ended.end()) out.push_back(std::move(r));
+    }
+    return out;
+}
+
+Status SqliteStore::recover() {
+    std::string err;
+    if (!exec(wdb_, "SELECT count(*) FROM sessions", err)) return Status::Error(err);
+    std::lock_guard lk(mu_);
+    sticky_.clear();
+    return Status::Ok();
+}
+
+}  // namespace armada::store

@@ -1,0 +1,67 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace armada::store {
+
+//! Outcome of a store operation. Success carries no message.
+struct Status {
+    bool ok = true;
+    std::string error;
+    static Status Ok() { return {}; }
+    static Status Error(std::string e) { return {false, std::move(e)}; }
+};
+
+//! The durable record of one session; the agent room owns the meaning of `state` and `data`.
+struct SessionRecord {
+    std::string id;
+    std::string agent_id;
+    std::string owner;   // hash of the API key that created it, "" when auth is off
+    std::string state;   // session state name
+    std::string reason;  // why it ended, when it did
+    std::string data;    // agent-owned serialised extras (usage, limits in force)
+    int64_t created_ms = 0;
+    int64_t updated_ms = 0;
+};
+
+//! One entry of a session's append-only step log.
+struct StepRecord {
+    std::string session_id;
+    int64_t seq = 0;          // 1, 2, 3… within the session; the log's order
+    std::string kind;         // user_input, model_output, tool_call, tool_result, state
+    std::string payload;      // agent-owned serialised body
+    std::string idempotency;  // tool calls: <session>:<step>:<call>
+    int64_t ts_ms = 0;
+};
+
+//! What one commit writes atomically: session upserts plus step appends.
+struct Batch {
+    std::vector<SessionRecord> sessions;
+    std::vector<StepRecord> steps;
+    std::vector<std::string> erase;  // session ids to delete with their steps
+};
+
+//! Checkpoint store. `commit` is durable when its callback reports ok: nothing is acknowledged
+//! before it is on disk. Implementations may group commits that arrive together. A failed write
+//! is sticky until `recover` succeeds: later commits fail too, none silently succeed.
+//! All methods are thread-safe; callbacks run on the store's own thread and must not block.
+class Store {
+  public:
+    virtual ~Store() = default;
+    virtual void commit(Batch batch, std::function<void(Status)> done) = 0;
+    //! Blocks until the batch is durable (tests, start-up).
+    Status commit_sync(Batch batch);
+
+    virtual std::optional<SessionRecord> session(const std::string & id) = 0;
+    virtual std::vector<StepRecord> steps(const std::string & id) = 0;
+    //! Sessions whose state is not one of `ended_states`.
+    virtual std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) = 0;
+    //! Clears a sticky failure if the store works again.
+    virtual Status recover() = 0;
+};
+
+}  // namespace armada::store
