@@ -163,7 +163,7 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where) {
     if (!n.IsMap()) fail(where, "must be a map");
     check_keys(n, where,
                {"id", "model", "instructions", "tools", "sampling", "limits", "tool_choice", "min_tool_steps",
-                "answer_without_tools"});
+                "answer_without_tools", "parallel_tool_calls"});
     AgentSpec a;
     a.id = str(n["id"], where + ".id", true);
     if (a.id.empty() || a.id.size() > 64) fail(where + ".id", "must be 1 to 64 characters");
@@ -209,6 +209,13 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where) {
     if (a.min_tool_steps > 0 && a.tools.empty()) fail(where + ".min_tool_steps", "needs at least one tool");
     if (a.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && a.tools.empty())
         fail(where + ".tool_choice", "needs tools");
+    if (n["parallel_tool_calls"]) {
+        try {
+            a.parallel_tool_calls = n["parallel_tool_calls"].as<bool>();
+        } catch (...) {
+            fail(where + ".parallel_tool_calls", "must be true or false");
+        }
+    }
     if (n["answer_without_tools"]) {
         try {
             a.answer_without_tools = n["answer_without_tools"].as<bool>();

@@ -49,6 +49,7 @@ struct AgentSpec {
     int32_t min_tool_steps = 0;
     //! After min_tool_steps, the step that answers is generated with tools off.
     bool answer_without_tools = false;
+    bool parallel_tool_calls = true;
     AgentLimits limits;
 };
 

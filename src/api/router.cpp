@@ -8,8 +8,9 @@ namespace armada::api {
 
 Router::Router(ApiKeys keys, obs::Registry & metrics) : keys_(std::move(keys)), metrics_(metrics) {}
 
-void Router::set_service(OpenAIService * svc, const engine::Engine * eng) {
+void Router::set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions) {
     engine_.store(eng);
+    sessions_.store(sessions);
     svc_.store(svc);
 }
 
@@ -48,7 +49,8 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         count(route_name, ready ? 200 : 503);
         return;
     }
-    if (keys_.enabled() && keys_.check(req.header("authorization"), req.header("x-api-key")).empty()) {
+    const std::string key = keys_.enabled() ? keys_.check(req.header("authorization"), req.header("x-api-key")) : "";
+    if (keys_.enabled() && key.empty()) {
         route_name = "auth";
         throw ApiError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'", {}, "invalid_api_key");
     }
@@ -59,6 +61,23 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         out->send(200, "text/plain; version=0.0.4", render_metrics());
         count(route_name, 200);
         return;
+    }
+    if (p.rfind("/v1/agents", 0) == 0 || p.rfind("/v1/sessions", 0) == 0) {
+        route_name = "/v1/sessions";
+        SessionsApi * sa = sessions_.load();
+        if (!sa) {
+            ApiError e(503, "the node is still loading", {}, "loading");
+            e.retry_after_s = 1;
+            throw e;
+        }
+        if ((req.method == "POST") && !req.body.empty() && !is_json_type(req.header("content-type")) &&
+            p != "/v1/agents") {
+            throw ApiError(415, "content type must be application/json");
+        }
+        if (sa->handle(req, owner_of(key), out, route_name)) {
+            count(route_name, 200);
+            return;
+        }
     }
     const bool known = p == "/v1/models" || p == "/v1/chat/completions" || p == "/v1/completions";
     if (!known) {

@@ -3,6 +3,7 @@
 #include "api/auth.h"
 #include "api/http_server.h"
 #include "api/openai_service.h"
+#include "api/sessions_api.h"
 #include "obs/metrics.h"
 
 #include <atomic>
@@ -17,7 +18,7 @@ class Router {
     Router(ApiKeys keys, obs::Registry & metrics);
 
     //! Set once the model and engine are ready; until then every route but /health is 503.
-    void set_service(OpenAIService * svc, const engine::Engine * eng);
+    void set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions = nullptr);
     void dispatch(HttpRequest && req, std::shared_ptr<Responder> out);
 
   private:
@@ -29,6 +30,7 @@ class Router {
     obs::Registry & metrics_;
     std::atomic<OpenAIService *> svc_{nullptr};
     std::atomic<const engine::Engine *> engine_{nullptr};
+    std::atomic<SessionsApi *> sessions_{nullptr};
 };
 
 }  // namespace armada::api

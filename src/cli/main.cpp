@@ -50,6 +50,17 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
         ->envname("ARMADA_API_KEY");
     cmd->add_option("--api-key-file", o.api_key_file, "file with one accepted API key per line")
         ->envname("ARMADA_API_KEY_FILE");
+    cmd->add_option("--agents", o.agents_file, "YAML file declaring agents (validated at start)")
+        ->envname("ARMADA_AGENTS");
+    cmd->add_option("--data-dir", o.data_dir, "where session checkpoints live (SQLite, WAL)")
+        ->envname("ARMADA_DATA_DIR")
+        ->capture_default_str();
+    cmd->add_option("--tool-allow", o.tool_allow,
+                    "address range tools may reach although private or loopback, e.g. 127.0.0.1 or 10.0.0.0/8 "
+                    "(repeatable)")
+        ->envname("ARMADA_TOOL_ALLOW")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->delimiter(',');
     cmd->add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
         ->envname("ARMADA_LOG_LEVEL")
         ->capture_default_str();

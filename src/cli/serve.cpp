@@ -1,9 +1,16 @@
 #include "cli/serve.h"
 
+#include "agent/session_manager.h"
 #include "api/openai_service.h"
 #include "api/router.h"
+#include "api/sessions_api.h"
 #include "engine/model.h"
 #include "obs/metrics.h"
+#include "store/sqlite_store.h"
+#include "tools/http_tool.h"
+
+#include <fstream>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
 
@@ -45,6 +52,37 @@ int serve(const ServeOptions & opt) {
         spdlog::warn("listening on {} without an API key; anyone who can reach it can use it", opt.http.host);
     }
 
+    // Agents and tool settings are checked before the model loads, so a bad file fails fast.
+    std::vector<agent::AgentSpec> agents;
+    if (!opt.agents_file.empty()) {
+        std::ifstream f(opt.agents_file);
+        if (!f) {
+            fprintf(stderr, "error: cannot read agents file %s\n", opt.agents_file.c_str());
+            return 2;
+        }
+        std::stringstream ss;
+        ss << f.rdbuf();
+        if (auto e = agent::parse_agents(ss.str(), agents); !e.empty()) {
+            fprintf(stderr, "error: %s: %s\n", opt.agents_file.c_str(), e.c_str());
+            return 2;
+        }
+    }
+    tools::SsrfGuard guard;
+    for (const auto & c : opt.tool_allow) {
+        tools::Cidr cidr;
+        if (!tools::parse_cidr(c, cidr)) {
+            fprintf(stderr, "error: --tool-allow '%s' is not an address or CIDR range\n", c.c_str());
+            return 2;
+        }
+        guard.allow(cidr);
+    }
+    std::string store_err;
+    auto store = store::SqliteStore::open(opt.data_dir, store_err);
+    if (!store) {
+        fprintf(stderr, "error: %s\n", store_err.c_str());
+        return 1;
+    }
+
     obs::Registry metrics;
     api::Router router(std::move(keys), metrics);
     api::HttpServer http(opt.http, [&router](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
@@ -83,7 +121,17 @@ int serve(const ServeOptions & opt) {
         return 1;
     }
     api::OpenAIService svc(model, eng, metrics, http.executor());
-    router.set_service(&svc, &eng);
+    engine::ChatFormat format(model);
+    agent::EnginePort port(eng);
+    agent::SystemClock clock;
+    tools::HttpToolTransport transport(http.executor(), guard);
+    agent::SessionManager sessions(format, port, *store, transport, http.executor(), metrics, clock);
+    for (auto & a : agents)
+        sessions.put_agent(a);
+    const size_t resumed = sessions.resume_all();
+    if (resumed > 0) printf("armada: resumed %zu sessions from %s\n", resumed, opt.data_dir.c_str());
+    api::SessionsApi sessions_api(sessions);
+    router.set_service(&svc, &eng, &sessions_api);
     printf("armada: ready, model %s, %d sequences x %d tokens\n", model->id().c_str(), opt.engine.n_seq_max,
            eng.n_ctx_seq());
     fflush(stdout);
@@ -91,7 +139,7 @@ int serve(const ServeOptions & opt) {
     int s = 0;
     sigwait(&stop_set, &s);
     spdlog::info("signal {}: draining and stopping", s);
-    router.set_service(nullptr, nullptr);
+    router.set_service(nullptr, nullptr, nullptr);
     eng.stop();
     http.stop();
     return 0;

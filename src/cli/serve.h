@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 
 #include <string>
+#include <vector>
 
 namespace armada::cli {
 
@@ -15,6 +16,9 @@ struct ServeOptions {
     std::string api_key;
     std::string api_key_file;
     std::string log_level = "info";
+    std::string agents_file;
+    std::string data_dir = "./armada-data";
+    std::vector<std::string> tool_allow;  // CIDRs tools may reach despite the SSRF guard
 };
 
 //! Runs the node until SIGINT/SIGTERM. Returns the process exit code.

@@ -1,0 +1,48 @@
+#pragma once
+
+#include "engine/engine.h"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+namespace armada::agent {
+
+//! The engine as the agent loop sees it. Tests replace it to inject failures.
+class GenerationPort {
+  public:
+    virtual ~GenerationPort() = default;
+    virtual engine::SubmitStatus submit(std::unique_ptr<engine::GenRequest> req) = 0;
+    virtual void wake() = 0;
+    virtual int32_t n_ctx_seq() const = 0;
+};
+
+//! Adapts a real Engine.
+class EnginePort : public GenerationPort {
+  public:
+    explicit EnginePort(engine::Engine & e) : e_(e) {}
+    engine::SubmitStatus submit(std::unique_ptr<engine::GenRequest> req) override { return e_.submit(std::move(req)); }
+    void wake() override { e_.wake(); }
+    int32_t n_ctx_seq() const override { return e_.n_ctx_seq(); }
+
+  private:
+    engine::Engine & e_;
+};
+
+//! Wall clock in milliseconds since the epoch; tests inject a fake one.
+class Clock {
+  public:
+    virtual ~Clock() = default;
+    virtual int64_t now_ms() const = 0;
+};
+
+class SystemClock : public Clock {
+  public:
+    int64_t now_ms() const override {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    }
+};
+
+}  // namespace armada::agent

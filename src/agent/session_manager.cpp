@@ -1,0 +1,731 @@
+#include "agent/session_manager.h"
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <random>
+#include <set>
+
+namespace armada::agent {
+
+using json = nlohmann::json;
+namespace net = boost::asio;
+
+namespace {
+std::string dump(const json & j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string new_session_id() {
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    std::string s = "sess_";
+    for (int i = 0; i < 20; ++i)
+        s += alphabet[rng() % (sizeof(alphabet) - 1)];
+    return s;
+}
+
+json msg_json(const common_chat_msg & m) {
+    json j = {{"role", m.role}, {"content", m.content}};
+    if (!m.tool_calls.empty()) {
+        json calls = json::array();
+        for (const auto & c : m.tool_calls) {
+            calls.push_back(
+                {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        }
+        j["tool_calls"] = calls;
+        if (m.content.empty()) j["content"] = nullptr;
+    }
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    if (!m.tool_name.empty()) j["name"] = m.tool_name;
+    return j;
+}
+
+constexpr size_t kMaxEvents = 20000;
+}  // namespace
+
+struct SessionManager::PendingCall {
+    tools::ToolCall call;
+    bool started = false, done = false;
+};
+
+struct SessionManager::Session {
+    std::string id, agent_id, owner;
+    SessionState state = SessionState::Queued;
+    std::string reason;
+    std::vector<common_chat_msg> transcript;  // without the system message
+    int32_t model_steps = 0;
+    int32_t engine_retries = 0;
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    int64_t created_ms = 0, next_seq = 1;
+    std::vector<PendingCall> calls;  // calls of the current step
+    // generation in flight
+    uint64_t gen = 0;
+    std::shared_ptr<engine::ChatTurn> turn;
+    std::string gen_text;
+    std::shared_ptr<std::atomic<bool>> gen_cancel;
+    // durability: batches go to the store one at a time, in order
+    std::deque<std::pair<store::Batch, std::function<void(Session &)>>> outbox;
+    bool committing = false;
+    int commit_failures = 0;
+    // events
+    std::deque<SessionEventRecord> events;
+    int64_t next_event = 1;
+    std::map<uint64_t, std::pair<std::function<void(const SessionEventRecord &)>, std::function<void()>>> subs;
+    bool erased = false;
+};
+
+SessionManager::SessionManager(engine::ChatFormat & format, GenerationPort & engine, store::Store & store,
+                               tools::ToolTransport & tools, net::any_io_executor io, obs::Registry & metrics,
+                               const Clock & clock)
+    : format_(format),
+      engine_(engine),
+      store_(store),
+      tools_(tools),
+      io_(std::move(io)),
+      metrics_(metrics),
+      clock_(clock) {
+    for (const char * o : {"completed", "failed", "cancelled"}) {
+        metrics_.counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", o}});
+    }
+    metrics_.gauge("armada_chain_survival_ratio", "Share of ended sessions that completed");
+}
+
+SessionManager::~SessionManager() {
+    std::lock_guard lk(mu_);
+    *alive_ = false;
+    for (auto & [id, s] : sessions_) {
+        if (s->gen_cancel) s->gen_cancel->store(true);
+    }
+}
+
+void SessionManager::post(std::function<void()> fn) {
+    net::post(io_, [alive = alive_, fn = std::move(fn)] {
+        if (*alive) fn();
+    });
+}
+
+void SessionManager::after_ms(int ms, std::function<void()> fn) {
+    auto t = std::make_shared<net::steady_timer>(io_, std::chrono::milliseconds(ms));
+    t->async_wait([t, alive = alive_, fn = std::move(fn)](boost::system::error_code ec) {
+        if (!ec && *alive) fn();
+    });
+}
+
+void SessionManager::put_agent(AgentSpec spec) {
+    std::lock_guard lk(mu_);
+    agents_[spec.id] = std::move(spec);
+}
+
+std::vector<AgentSpec> SessionManager::agents() const {
+    std::lock_guard lk(mu_);
+    std::vector<AgentSpec> out;
+    for (const auto & [id, a] : agents_)
+        out.push_back(a);
+    return out;
+}
+
+bool SessionManager::has_agent(const std::string & id) const {
+    std::lock_guard lk(mu_);
+    return agents_.count(id) > 0;
+}
+
+size_t SessionManager::live_sessions() const {
+    std::lock_guard lk(mu_);
+    size_t n = 0;
+    for (const auto & [id, s] : sessions_)
+        n += has_ended(s->state) ? 0 : 1;
+    return n;
+}
+
+SessionManager::Session * SessionManager::find(const std::string & id, const std::string & owner) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->erased || it->second->owner != owner) return nullptr;
+    return it->second.get();
+}
+
+// ---- durability ---------------------------------------------------------------------------
+
+store::SessionRecord SessionManager::record(const Session & s) const {
+    store::SessionRecord r;
+    r.id = s.id;
+    r.agent_id = s.agent_id;
+    r.owner = s.owner;
+    r.state = state_name(s.state);
+    r.reason = s.reason;
+    r.data = dump(json{{"model_steps", s.model_steps},
+                       {"prompt_tokens", s.prompt_tokens},
+                       {"completion_tokens", s.completion_tokens}});
+    r.created_ms = s.created_ms;
+    r.updated_ms = clock_.now_ms();
+    return r;
+}
+
+store::StepRecord SessionManager::step_record(Session & s, const std::string & kind, const std::string & payload,
+                                              const std::string & key) {
+    store::StepRecord r;
+    r.session_id = s.id;
+    r.seq = s.next_seq++;
+    r.kind = kind;
+    r.payload = payload;
+    r.idempotency = key;
+    r.ts_ms = clock_.now_ms();
+    return r;
+}
+
+void SessionManager::persist(Session & s, store::Batch b, std::function<void(Session &)> after) {
+    s.outbox.emplace_back(std::move(b), std::move(after));
+    send_next(s);
+}
+
+void SessionManager::send_next(Session & s) {
+    if (s.committing || s.outbox.empty()) return;
+    s.committing = true;
+    store_.commit(s.outbox.front().first, [this, alive = alive_, id = s.id](store::Status st) {
+        // The store's thread: hand over, never touch sessions here.
+        if (*alive) post([this, id, st] { on_committed(id, st); });
+    });
+}
+
+void SessionManager::on_committed(const std::string & id, store::Status st) {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    Session & s = *it->second;
+    s.committing = false;
+    if (!st.ok) {
+        // Nothing was acknowledged: say so, and write the same batch again after a pause.
+        ++s.commit_failures;
+        metrics_.counter("armada_store_write_failures_total", "Checkpoint writes that failed and were retried").inc();
+        emit(s, "error", dump(json{{"message", "checkpoint write failed, retrying: " + st.error}}));
+        const int delay = std::min(5000, 100 << std::min(s.commit_failures, 6));
+        after_ms(delay, [this, id] {
+            store_.recover();
+            std::lock_guard lk2(mu_);
+            auto it2 = sessions_.find(id);
+            if (it2 != sessions_.end()) send_next(*it2->second);
+        });
+        return;
+    }
+    s.commit_failures = 0;
+    auto after = std::move(s.outbox.front().second);
+    s.outbox.pop_front();
+    if (after) after(s);
+    send_next(s);
+    if (s.erased && s.outbox.empty() && !s.committing) sessions_.erase(it);
+}
+
+// ---- events -------------------------------------------------------------------------------
+
+void SessionManager::emit(Session & s, const std::string & type, const std::string & data) {
+    SessionEventRecord ev{s.next_event++, type, data};
+    for (auto & [h, sub] : s.subs)
+        sub.first(ev);
+    s.events.push_back(std::move(ev));
+    if (s.events.size() > kMaxEvents) s.events.pop_front();
+}
+
+void SessionManager::end_subscribers(Session & s) {
+    auto subs = std::move(s.subs);
+    s.subs.clear();
+    for (auto & [h, sub] : subs) {
+        if (sub.second) sub.second();
+    }
+}
+
+uint64_t SessionManager::subscribe(const std::string & id, const std::string & owner, int64_t last_id,
+                                   std::function<void(const SessionEventRecord &)> fn, std::function<void()> end) {
+    std::lock_guard lk(mu_);
+    Session * s = find(id, owner);
+    if (!s) return 0;
+    for (const auto & ev : s->events) {
+        if (ev.id > last_id) fn(ev);
+    }
+    const uint64_t h = next_sub_++;
+    if (is_final(s->state) && s->outbox.empty()) {
+        if (end) end();
+        return h;
+    }
+    s->subs[h] = {std::move(fn), std::move(end)};
+    return h;
+}
+
+void SessionManager::unsubscribe(const std::string & id, uint64_t handle) {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    if (it != sessions_.end()) it->second->subs.erase(handle);
+}
+
+// ---- state --------------------------------------------------------------------------------
+
+bool SessionManager::apply(Session & s, SessionEvent ev, const std::string & reason) {
+    const auto next = transition(s.state, ev);
+    if (!next) {
+        spdlog::warn("session {}: event {} not allowed in state {}", s.id, int(ev), state_name(s.state));
+        return false;
+    }
+    s.state = *next;
+    if (!reason.empty()) s.reason = reason;
+    return true;
+}
+
+void SessionManager::count_outcome(const Session & s) {
+    if (!has_ended(s.state)) return;
+    metrics_
+        .counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", state_name(s.state)}})
+        .inc();
+    const double done = double(metrics_.counter("armada_sessions_total", "", {{"outcome", "completed"}}).value());
+    const double failed = double(metrics_.counter("armada_sessions_total", "", {{"outcome", "failed"}}).value());
+    const double cancelled = double(metrics_.counter("armada_sessions_total", "", {{"outcome", "cancelled"}}).value());
+    const double ended = done + failed + cancelled;
+    metrics_.gauge("armada_chain_survival_ratio", "").set(ended > 0 ? done / ended : 0);
+}
+
+void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reason) {
+    if (!apply(s, ev, reason)) return;
+    if (s.gen_cancel) s.gen_cancel->store(true);
+    ++s.gen;  // late engine events of the old generation are ignored
+    store::Batch b;
+    b.sessions.push_back(record(s));
+    b.steps.push_back(step_record(s, "state", dump(json{{"state", state_name(s.state)}, {"reason", reason}})));
+    persist(s, std::move(b), [this](Session & ss) {
+        emit(ss, "state", dump(json{{"state", state_name(ss.state)}, {"reason", ss.reason}}));
+        count_outcome(ss);
+        end_subscribers(ss);
+    });
+}
+
+// ---- the loop -----------------------------------------------------------------------------
+
+void SessionManager::model_step(Session & s) {
+    const AgentSpec & a = agents_.at(s.agent_id);
+    if (s.model_steps >= a.limits.max_steps) {
+        return fail(s, SessionEvent::LimitReached, "max_steps (" + std::to_string(a.limits.max_steps) + ") reached");
+    }
+    if (a.limits.token_budget > 0 && s.prompt_tokens + s.completion_tokens >= a.limits.token_budget) {
+        return fail(s, SessionEvent::LimitReached,
+                    "token budget (" + std::to_string(a.limits.token_budget) + ") spent");
+    }
+    if (a.limits.deadline_s > 0 && clock_.now_ms() - s.created_ms > int64_t(a.limits.deadline_s) * 1000) {
+        return fail(s, SessionEvent::LimitReached, "deadline (" + std::to_string(a.limits.deadline_s) + " s) passed");
+    }
+    std::vector<common_chat_msg> msgs;
+    if (!a.instructions.empty()) {
+        common_chat_msg sys;
+        sys.role = "system";
+        sys.content = a.instructions;
+        msgs.push_back(sys);
+    }
+    msgs.insert(msgs.end(), s.transcript.begin(), s.transcript.end());
+    std::vector<common_chat_tool> tools;
+    for (const auto & t : a.tools)
+        tools.push_back({t.name, t.description, t.parameters});
+    common_chat_tool_choice choice = a.tool_choice;
+    if (s.model_steps < a.min_tool_steps)
+        choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+    else if (a.answer_without_tools && a.min_tool_steps > 0)
+        choice = COMMON_CHAT_TOOL_CHOICE_NONE;
+
+    std::unique_ptr<engine::GenRequest> req;
+    try {
+        s.turn = std::make_shared<engine::ChatTurn>(format_.render(msgs, tools, choice, a.parallel_tool_calls));
+        engine::SamplingOptions so = a.sampling;
+        so.max_tokens = a.limits.max_tokens_per_step;
+        so.seed = a.sampling.seed ? std::optional<uint32_t>(*a.sampling.seed + uint32_t(s.model_steps)) : std::nullopt;
+        req = format_.request(*s.turn, so, engine_.n_ctx_seq(), engine::choice_seed(so, 0));
+    } catch (const std::exception & e) {
+        return fail(s, SessionEvent::Error, std::string("cannot run the model step: ") + e.what());
+    }
+    const uint64_t gen = ++s.gen;
+    s.gen_text.clear();
+    s.gen_cancel = req->cancelled;
+    req->sink = [this, alive = alive_, id = s.id, gen](engine::GenEvent && ev) {
+        // The engine thread: hand over by posting.
+        if (!*alive) return;
+        if (ev.kind == engine::GenEvent::Kind::Text) {
+            post([this, id, gen, t = std::move(ev.text)]() mutable { on_model_text(id, gen, std::move(t)); });
+        } else {
+            post([this, id, gen, ev = std::move(ev)]() mutable { on_model_done(id, gen, std::move(ev)); });
+        }
+    };
+    const auto st = engine_.submit(std::move(req));
+    if (st == engine::SubmitStatus::QueueFull) {
+        // The engine is full: the step waits and tries again; the session keeps its place.
+        s.gen_cancel.reset();
+        after_ms(200, [this, id = s.id, gen] {
+            std::lock_guard lk(mu_);
+            auto it = sessions_.find(id);
+            if (it != sessions_.end() && it->second->gen == gen && it->second->state == SessionState::Running) {
+                model_step(*it->second);
+            }
+        });
+    } else if (st == engine::SubmitStatus::Stopped) {
+        s.gen_cancel.reset();
+    }
+}
+
+void SessionManager::on_model_text(const std::string & id, uint64_t gen, std::string text) {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->gen != gen) return;
+    Session & s = *it->second;
+    s.gen_text += text;
+    emit(s, "token", dump(json{{"text", text}}));
+}
+
+void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine::GenEvent ev) {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->gen != gen || it->second->state != SessionState::Running) return;
+    Session & s = *it->second;
+    s.gen_cancel.reset();
+    if (ev.finish == engine::FinishReason::Cancelled) return;
+    if (ev.finish == engine::FinishReason::Error) {
+        if (++s.engine_retries > 2) return fail(s, SessionEvent::Error, "the model failed: " + ev.error);
+        return model_step(s);
+    }
+    s.engine_retries = 0;
+    common_chat_msg msg = format_.parse(*s.turn, s.gen_text, false);
+    const int32_t step = ++s.model_steps;
+    s.prompt_tokens += ev.n_prompt;
+    s.completion_tokens += ev.n_generated;
+    metrics_.counter("armada_session_steps_total", "Model steps taken by agent sessions").inc();
+    const AgentSpec & a = agents_.at(s.agent_id);
+    std::set<std::string> known;
+    for (const auto & t : a.tools)
+        known.insert(t.name);
+
+    json out = {{"step", step},
+                {"content", msg.content},
+                {"tool_calls", json::array()},
+                {"prompt_tokens", ev.n_prompt},
+                {"completion_tokens", ev.n_generated},
+                {"finish_reason", engine::finish_reason_name(ev.finish)}};
+    s.calls.clear();
+    for (size_t i = 0; i < msg.tool_calls.size(); ++i) {
+        auto & c = msg.tool_calls[i];
+        c.id = "call_" + std::to_string(step) + "_" + std::to_string(i);
+        tools::ToolCall tc{s.id, c.id, c.name, c.arguments,
+                           s.id + ":" + std::to_string(step) + ":" + std::to_string(i)};
+        out["tool_calls"].push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments}});
+        s.calls.push_back({tc, false, false});
+    }
+    s.transcript.push_back(msg);
+
+    store::Batch b;
+    b.steps.push_back(step_record(s, "model_output", dump(out)));
+    for (const auto & pc : s.calls) {
+        b.steps.push_back(step_record(
+            s, "tool_call",
+            dump(json{
+                {"step", step}, {"id", pc.call.call_id}, {"name", pc.call.name}, {"arguments", pc.call.arguments}}),
+            pc.call.idempotency_key));
+    }
+    const bool calls = !s.calls.empty();
+    apply(s, calls ? SessionEvent::ToolsCalled : SessionEvent::Answered);
+    b.sessions.push_back(record(s));
+    persist(s, std::move(b), [this, calls, msg](Session & ss) {
+        emit(ss, "message", dump(msg_json(msg)));
+        for (const auto & pc : ss.calls) {
+            emit(ss, "tool_call",
+                 dump(json{{"id", pc.call.call_id},
+                           {"name", pc.call.name},
+                           {"arguments", pc.call.arguments},
+                           {"idempotency_key", pc.call.idempotency_key}}));
+        }
+        emit(ss, "state", dump(json{{"state", state_name(ss.state)}}));
+        if (calls) {
+            run_tools(ss);
+        } else {
+            count_outcome(ss);
+        }
+    });
+}
+
+void SessionManager::run_tools(Session & s) {
+    const AgentSpec & a = agents_.at(s.agent_id);
+    for (auto & pc : s.calls) {
+        if (pc.started || pc.done) continue;
+        pc.started = true;
+        const HttpToolSpec * spec = nullptr;
+        for (const auto & t : a.tools) {
+            if (t.name == pc.call.name) spec = &t;
+        }
+        if (!spec) {
+            tools::ToolResult r;
+            r.is_error = true;
+            r.content = "tool error: there is no tool named '" + pc.call.name + "'";
+            post([this, id = s.id, key = pc.call.idempotency_key, r] { on_tool_done(id, key, r); });
+            continue;
+        }
+        HttpToolSpec capped = *spec;
+        capped.timeout_ms = std::min(capped.timeout_ms, a.limits.tool_timeout_ms);
+        tools_.call(capped, pc.call,
+                    [this, alive = alive_, id = s.id, key = pc.call.idempotency_key](tools::ToolResult r) {
+                        if (*alive) post([this, id, key, r = std::move(r)] { on_tool_done(id, key, r); });
+                    });
+    }
+}
+
+void SessionManager::on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r) {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->state != SessionState::WaitingTool) return;
+    Session & s = *it->second;
+    PendingCall * pc = nullptr;
+    for (auto & c : s.calls) {
+        if (c.call.idempotency_key == key) pc = &c;
+    }
+    if (!pc || pc->done) return;
+    pc->done = true;
+    const std::string outcome = r.is_error ? "error" : "ok";
+    metrics_
+        .counter("armada_tool_calls_total", "Tool calls by tool and result",
+                 {{"tool", pc->call.name}, {"result", outcome}})
+        .inc();
+    metrics_
+        .histogram("armada_tool_call_seconds", "Tool call latency by tool", obs::latency_buckets(),
+                   {{"tool", pc->call.name}})
+        .observe(r.latency_s);
+
+    common_chat_msg tm;
+    tm.role = "tool";
+    tm.tool_call_id = pc->call.call_id;
+    tm.tool_name = pc->call.name;
+    tm.content = r.content;
+    s.transcript.push_back(tm);
+
+    store::Batch b;
+    b.steps.push_back(step_record(s, "tool_result",
+                                  dump(json{{"call_id", pc->call.call_id},
+                                            {"name", pc->call.name},
+                                            {"content", r.content},
+                                            {"is_error", r.is_error},
+                                            {"http_status", r.http_status},
+                                            {"attempts", r.attempts}}),
+                                  key));
+    const bool all = std::all_of(s.calls.begin(), s.calls.end(), [](const PendingCall & c) { return c.done; });
+    if (all) apply(s, SessionEvent::ToolsDone);
+    b.sessions.push_back(record(s));
+    persist(s, std::move(b), [this, all, call_id = pc->call.call_id, name = pc->call.name, r](Session & ss) {
+        emit(ss, "tool_result",
+             dump(json{{"call_id", call_id}, {"name", name}, {"content", r.content}, {"is_error", r.is_error}}));
+        if (all && ss.state == SessionState::Running) {
+            emit(ss, "state", dump(json{{"state", state_name(ss.state)}}));
+            model_step(ss);
+        }
+    });
+}
+
+// ---- requests -----------------------------------------------------------------------------
+
+void SessionManager::create(const std::string & agent_id, const std::string & owner, const std::string & input,
+                            std::function<void(Outcome)> done) {
+    std::lock_guard lk(mu_);
+    if (!agents_.count(agent_id)) return done({404, "no agent with id '" + agent_id + "'", {}});
+    auto sp = std::make_unique<Session>();
+    Session & s = *sp;
+    s.id = new_session_id();
+    s.agent_id = agent_id;
+    s.owner = owner;
+    s.created_ms = clock_.now_ms();
+    store::Batch b;
+    if (!input.empty()) {
+        common_chat_msg m;
+        m.role = "user";
+        m.content = input;
+        s.transcript.push_back(m);
+        b.steps.push_back(step_record(s, "user_input", dump(json{{"content", input}})));
+        apply(s, SessionEvent::Start);
+    } else {
+        apply(s, SessionEvent::AwaitInput);
+    }
+    b.sessions.push_back(record(s));
+    sessions_[s.id] = std::move(sp);
+    persist(s, std::move(b), [this, done, input](Session & ss) {
+        emit(ss, "state", dump(json{{"state", state_name(ss.state)}}));
+        done({200, {}, ss.id});
+        if (ss.state == SessionState::Running) model_step(ss);
+    });
+}
+
+void SessionManager::add_message(const std::string & id, const std::string & owner, const std::string & text,
+                                 std::function<void(Outcome)> done) {
+    std::lock_guard lk(mu_);
+    Session * s = find(id, owner);
+    if (!s) return done({404, "no session with id '" + id + "'", {}});
+    if (text.empty()) return done({400, "the message is empty", {}});
+    if (!transition(s->state, SessionEvent::UserMessage)) {
+        return done({409,
+                     std::string("the session is ") + state_name(s->state) + "; it takes a message only when " +
+                         "completed or waiting for input",
+                     {}});
+    }
+    apply(*s, SessionEvent::UserMessage);
+    common_chat_msg m;
+    m.role = "user";
+    m.content = text;
+    s->transcript.push_back(m);
+    store::Batch b;
+    b.steps.push_back(step_record(*s, "user_input", dump(json{{"content", text}})));
+    b.sessions.push_back(record(*s));
+    persist(*s, std::move(b), [this, done](Session & ss) {
+        emit(ss, "state", dump(json{{"state", state_name(ss.state)}}));
+        done({200, {}, ss.id});
+        model_step(ss);
+    });
+}
+
+std::optional<SessionView> SessionManager::get(const std::string & id, const std::string & owner) {
+    SessionView v;
+    {
+        std::lock_guard lk(mu_);
+        Session * s = find(id, owner);
+        if (!s) return std::nullopt;
+        v.id = s->id;
+        v.agent_id = s->agent_id;
+        v.state = state_name(s->state);
+        v.reason = s->reason;
+        json t = json::array();
+        for (const auto & m : s->transcript)
+            t.push_back(msg_json(m));
+        v.transcript = dump(t);
+        v.model_steps = s->model_steps;
+        v.prompt_tokens = s->prompt_tokens;
+        v.completion_tokens = s->completion_tokens;
+        v.created_ms = s->created_ms;
+    }
+    v.steps = store_.steps(id);
+    return v;
+}
+
+void SessionManager::cancel(const std::string & id, const std::string & owner, std::function<void(Outcome)> done) {
+    std::lock_guard lk(mu_);
+    Session * s = find(id, owner);
+    if (!s) return done({404, "no session with id '" + id + "'", {}});
+    if (!transition(s->state, SessionEvent::Cancel)) {
+        return done({409, std::string("the session has already ended (") + state_name(s->state) + ")", {}});
+    }
+    if (s->gen_cancel) {
+        s->gen_cancel->store(true);
+        engine_.wake();
+    }
+    fail(*s, SessionEvent::Cancel, "cancelled by the client");
+    persist(*s, {}, [done](Session & ss) { done({200, {}, ss.id}); });
+}
+
+void SessionManager::erase(const std::string & id, const std::string & owner, std::function<void(Outcome)> done) {
+    std::lock_guard lk(mu_);
+    Session * s = find(id, owner);
+    if (!s) return done({404, "no session with id '" + id + "'", {}});
+    if (!has_ended(s->state)) {
+        if (s->gen_cancel) {
+            s->gen_cancel->store(true);
+            engine_.wake();
+        }
+        fail(*s, SessionEvent::Cancel, "deleted by the client");
+    }
+    store::Batch b;
+    b.erase.push_back(id);
+    persist(*s, std::move(b), [this, done](Session & ss) {
+        ss.erased = true;
+        end_subscribers(ss);
+        done({200, {}, ss.id});
+    });
+}
+
+// ---- recovery -----------------------------------------------------------------------------
+
+size_t SessionManager::resume_all() {
+    std::vector<std::string> ended = {"completed", "failed", "cancelled"};
+    auto records = store_.sessions_not_in({});
+    std::lock_guard lk(mu_);
+    size_t resumed = 0;
+    for (const auto & r : records) {
+        const auto st = parse_state(r.state);
+        if (!st || !agents_.count(r.agent_id)) {
+            spdlog::warn("session {}: cannot resume (state '{}', agent '{}')", r.id, r.state, r.agent_id);
+            continue;
+        }
+        auto sp = std::make_unique<Session>();
+        Session & s = *sp;
+        s.id = r.id;
+        s.agent_id = r.agent_id;
+        s.owner = r.owner;
+        s.state = *st;
+        s.reason = r.reason;
+        s.created_ms = r.created_ms;
+        const json data = json::parse(r.data, nullptr, false);
+        if (data.is_object()) {
+            s.model_steps = data.value("model_steps", 0);
+            s.prompt_tokens = data.value("prompt_tokens", int64_t(0));
+            s.completion_tokens = data.value("completion_tokens", int64_t(0));
+        }
+        // Rebuild the context from the log: every durable step, in order, once.
+        std::map<std::string, bool> answered;
+        for (const auto & step : store_.steps(r.id)) {
+            s.next_seq = step.seq + 1;
+            const json p = json::parse(step.payload, nullptr, false);
+            if (!p.is_object()) continue;
+            if (step.kind == "user_input") {
+                common_chat_msg m;
+                m.role = "user";
+                m.content = p.value("content", "");
+                s.transcript.push_back(m);
+            } else if (step.kind == "model_output") {
+                common_chat_msg m;
+                m.role = "assistant";
+                m.content = p.value("content", "");
+                for (const auto & c : p["tool_calls"]) {
+                    m.tool_calls.push_back({c.value("name", ""), c.value("arguments", ""), c.value("id", "")});
+                }
+                s.transcript.push_back(m);
+                s.calls.clear();
+            } else if (step.kind == "tool_call") {
+                tools::ToolCall tc{s.id, p.value("id", ""), p.value("name", ""), p.value("arguments", ""),
+                                   step.idempotency};
+                s.calls.push_back({tc, false, false});
+            } else if (step.kind == "tool_result") {
+                common_chat_msg m;
+                m.role = "tool";
+                m.tool_call_id = p.value("call_id", "");
+                m.tool_name = p.value("name", "");
+                m.content = p.value("content", "");
+                s.transcript.push_back(m);
+                for (auto & c : s.calls) {
+                    if (c.call.idempotency_key == step.idempotency) c.done = true;
+                }
+            }
+        }
+        Session * ps = sp.get();
+        sessions_[r.id] = std::move(sp);
+        if (ended.end() != std::find(ended.begin(), ended.end(), r.state)) continue;
+        ++resumed;
+        emit(*ps, "state", dump(json{{"state", state_name(ps->state)}, {"resumed", true}}));
+        if (ps->state == SessionState::WaitingTool) {
+            // Completed calls keep their recorded results; the rest go out again with the same key.
+            const bool all =
+                std::all_of(ps->calls.begin(), ps->calls.end(), [](const PendingCall & c) { return c.done; });
+            if (all) {
+                apply(*ps, SessionEvent::ToolsDone);
+                store::Batch b;
+                b.sessions.push_back(record(*ps));
+                persist(*ps, std::move(b), [this](Session & ss) { model_step(ss); });
+            } else {
+                run_tools(*ps);
+            }
+        } else if (ps->state == SessionState::Queued) {
+            apply(*ps, SessionEvent::Start);
+            model_step(*ps);
+        } else if (ps->state == SessionState::Running) {
+            model_step(*ps);
+        }
+    }
+    return resumed;
+}
+
+}  // namespace armada::agent

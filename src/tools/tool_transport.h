@@ -1,0 +1,37 @@
+#pragma once
+
+#include "agent/agent_spec.h"
+
+#include <functional>
+#include <string>
+
+namespace armada::tools {
+
+//! One call the model made, ready to send.
+struct ToolCall {
+    std::string session_id;
+    std::string call_id;
+    std::string name;
+    std::string arguments;        // JSON text, validated by the grammar
+    std::string idempotency_key;  // <session>:<step>:<call>; the same on every retry and resume
+};
+
+//! How a call ended. A failure is still a result: it goes to the model as an error.
+struct ToolResult {
+    std::string content;  // UTF-8, capped
+    bool is_error = false;
+    int http_status = 0;
+    int attempts = 0;
+    double latency_s = 0;
+};
+
+//! Sends tool calls. Implementations run on I/O threads and never block the caller; `done` runs
+//! exactly once, on an I/O thread.
+class ToolTransport {
+  public:
+    virtual ~ToolTransport() = default;
+    virtual void call(const agent::HttpToolSpec & spec, const ToolCall & call,
+                      std::function<void(ToolResult)> done) = 0;
+};
+
+}  // namespace armada::tools
