@@ -13,7 +13,9 @@ export async function startServer(args = [], { model = tinyModel, env = {} } = {
     env: { ...process.env, ...env },
   });
   let stderr = '';
+  let stdout = '';
   proc.stderr.on('data', (d) => { stderr += d; });
+  proc.stdout.on('data', (d) => { stdout += d; });
   const base = await new Promise((resolve, reject) => {
     let out = '';
     const timer = setTimeout(() => reject(new Error('armada did not print its address\n' + stderr)), 30000);
@@ -35,6 +37,7 @@ export async function startServer(args = [], { model = tinyModel, env = {} } = {
     base,
     proc,
     stderr: () => stderr,
+    stdout: () => stdout,
     async stop() {
       if (proc.exitCode !== null) return proc.exitCode;
       const done = new Promise((res) => proc.on('exit', (code) => res(code)));

@@ -1,0 +1,38 @@
+// Helpers shared by the session tests.
+import assert from 'node:assert/strict';
+
+export async function getJson(base, route, headers = {}) {
+  const r = await fetch(base + route, { headers });
+  return { status: r.status, json: await r.json().catch(() => null) };
+}
+
+export async function waitFor(base, id, states, { timeoutMs = 60000, headers = {} } = {}) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const r = await getJson(base, `/v1/sessions/${id}`, headers);
+    if (r.status === 200 && states.includes(r.json.state)) return r.json;
+    if (Date.now() > deadline) throw new Error(`session ${id} stuck: ${JSON.stringify(r.json?.state)} ${r.json?.reason}`);
+    await new Promise((res) => setTimeout(res, 50));
+  }
+}
+
+// Checks that a finished session's log has every step once, in order.
+export function assertCompleteLog(s, toolSteps) {
+  const kinds = s.steps.map((x) => x.kind);
+  const seqs = s.steps.map((x) => x.seq);
+  assert.deepEqual(seqs, seqs.map((_, i) => i + 1), 'step numbers run 1..n with no gap or repeat');
+  assert.equal(kinds.filter((k) => k === 'model_output').length, toolSteps + 1, JSON.stringify(kinds));
+  assert.equal(kinds.filter((k) => k === 'tool_call').length, toolSteps);
+  assert.equal(kinds.filter((k) => k === 'tool_result').length, toolSteps);
+  const keys = s.steps.filter((x) => x.kind === 'tool_call').map((x) => x.idempotency_key);
+  assert.equal(new Set(keys).size, keys.length, 'no tool call repeated');
+  for (const k of keys) {
+    assert.match(k, new RegExp(`^${s.id}:\\d+:\\d+$`));
+    assert.equal(s.steps.filter((x) => x.kind === 'tool_result' && x.idempotency_key === k).length, 1);
+  }
+  const roles = s.transcript.map((m) => m.role);
+  assert.equal(roles[0], 'user');
+  assert.equal(roles.at(-1), 'assistant');
+  assert.equal(roles.filter((r) => r === 'tool').length, toolSteps);
+}
+

@@ -1,0 +1,233 @@
+// Black-box tests of server-side agent sessions: the loop, tools, durability and the API.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { startServer, rawPost, tinyModel } from './harness.mjs';
+import { startToolServer } from './tool_server.mjs';
+import { agentYaml, tempDir, writeAgents } from './agents.mjs';
+import { getJson, waitFor, assertCompleteLog } from './session_helpers.mjs';
+
+let tools;
+let srv;
+let dir;
+
+before(async () => {
+  tools = await startToolServer();
+  dir = tempDir('armada-sessions-');
+  const agents = writeAgents(dir, agentYaml(tools.url));
+  srv = await startServer(['--agents', agents, '--data-dir', path.join(dir, 'data'), '--tool-allow', '127.0.0.1',
+    '-np', '4', '-c', '8192']);
+});
+
+after(async () => {
+  if (srv) await srv.stop();
+  if (tools) await tools.close();
+});
+
+test('a session runs its tool steps, answers, and logs every step once', async () => {
+  const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'Process record alpha' });
+  assert.equal(r.status, 200, r.text);
+  assert.match(r.json.id, /^sess_/);
+  const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
+  assert.equal(s.state, 'completed', s.reason);
+  assertCompleteLog(s, 3);
+  assert.equal(s.usage.model_steps, 4);
+  assert.ok(s.usage.prompt_tokens > 0 && s.usage.completion_tokens > 0);
+  for (const st of s.steps.filter((x) => x.kind === 'tool_result')) {
+    assert.equal(st.data.is_error, false, JSON.stringify(st.data));
+    assert.equal(tools.effects.get(st.idempotency_key), 1);
+  }
+  // Arguments the tool server received are the model's schema-valid JSON.
+  for (const st of s.steps.filter((x) => x.kind === 'tool_call')) {
+    const args = JSON.parse(st.data.arguments);
+    if (st.data.name === 'lookup') assert.ok(['alpha', 'beta', 'gamma'].includes(args.record));
+    else assert.ok([1, 2, 3].includes(args.value));
+  }
+});
+
+test('events stream over SSE and resume after Last-Event-ID', async () => {
+  const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'go' });
+  const id = r.json.id;
+  await waitFor(srv.base, id, ['completed']);
+  const all = await sseOnce(`${srv.base}/v1/sessions/${id}/events`, {});
+  const types = all.map((e) => e.event);
+  for (const t of ['state', 'token', 'message', 'tool_call', 'tool_result']) assert.ok(types.includes(t), `missing ${t}`);
+  const ids = all.map((e) => Number(e.id));
+  assert.deepEqual(ids, [...ids].sort((a, b) => a - b));
+  const mid = ids[Math.floor(ids.length / 2)];
+  const rest = await sseOnce(`${srv.base}/v1/sessions/${id}/events`, { 'Last-Event-ID': String(mid) });
+  assert.ok(rest.length > 0);
+  assert.ok(rest.every((e) => Number(e.id) > mid));
+  assert.equal(rest.length, ids.filter((x) => x > mid).length);
+});
+
+// Reads an SSE stream for a short while and returns its events.
+async function sseOnce(url, headers) {
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), 1000);
+  let buf = '';
+  try {
+    const res = await fetch(url, { headers, signal: ctl.signal });
+    const reader = res.body.getReader();
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += new TextDecoder().decode(value);
+    }
+  } catch {
+    // the time limit ends the read
+  }
+  clearTimeout(timer);
+  return buf.split('\n\n').filter((b) => b.startsWith('id: ')).map((block) => {
+    const ev = {};
+    for (const line of block.split('\n')) {
+      const i = line.indexOf(': ');
+      ev[line.slice(0, i)] = line.slice(i + 2);
+    }
+    return ev;
+  });
+}
+
+test('a later user message continues the same session', async () => {
+  const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'first' });
+  const id = r.json.id;
+  const first = await waitFor(srv.base, id, ['completed']);
+  const m = await rawPost(srv.base, `/v1/sessions/${id}/messages`, { content: 'and again' });
+  assert.equal(m.status, 200, m.text);
+  const s = await waitFor(srv.base, id, ['completed', 'failed']);
+  assert.equal(s.state, 'completed', s.reason);
+  assert.ok(s.steps.length > first.steps.length);
+  assert.equal(s.transcript.filter((x) => x.role === 'user').length, 2);
+  // Busy sessions refuse a message with 409.
+  const r2 = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'x' });
+  const busy = await rawPost(srv.base, `/v1/sessions/${r2.json.id}/messages`, { content: 'now' });
+  assert.ok([200, 409].includes(busy.status));
+  await waitFor(srv.base, r2.json.id, ['completed', 'failed']);
+});
+
+test('cancel and delete', async () => {
+  const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'slow' });
+  const id = r.json.id;
+  const c = await rawPost(srv.base, `/v1/sessions/${id}/cancel`, {});
+  if (c.status === 200) {
+    const s = await waitFor(srv.base, id, ['cancelled']);
+    assert.equal(s.reason, 'cancelled by the client');
+  } else {
+    assert.equal(c.status, 409);  // it had already finished
+  }
+  const d = await fetch(`${srv.base}/v1/sessions/${id}`, { method: 'DELETE' });
+  assert.equal(d.status, 200);
+  assert.equal((await getJson(srv.base, `/v1/sessions/${id}`)).status, 404);
+  assert.equal((await rawPost(srv.base, '/v1/agents/nobody/sessions', { input: 'x' })).status, 404);
+  assert.equal((await getJson(srv.base, '/v1/sessions/sess_unknown')).status, 404);
+});
+
+test('a tool that fails reaches the model as an error result and the loop goes on', async () => {
+  const yaml = `id: flaky
+instructions: try
+min_tool_steps: 1
+answer_without_tools: true
+parallel_tool_calls: false
+limits: { max_steps: 4, max_tokens_per_step: 64 }
+tools:
+  - name: down
+    url: ${tools.url}/fail
+    retries: 1
+    parameters: { type: object, properties: { x: { type: boolean } }, required: [x] }
+`;
+  const a = await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: yaml, headers: { 'Content-Type': 'application/yaml' } });
+  assert.equal(a.status, 200, await a.text());
+  const r = await rawPost(srv.base, '/v1/agents/flaky/sessions', { input: 'x' });
+  const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
+  assert.equal(s.state, 'completed', s.reason);
+  const res = s.steps.find((x) => x.kind === 'tool_result');
+  assert.equal(res.data.is_error, true);
+  assert.match(res.data.content, /503/);
+  assert.equal(res.data.attempts, 2);
+});
+
+test('tool output in GBK arrives as UTF-8; a redirect to a denied address is blocked', async () => {
+  const yaml = `id: gbk
+min_tool_steps: 2
+answer_without_tools: true
+parallel_tool_calls: false
+limits: { max_steps: 4, max_tokens_per_step: 64 }
+tools:
+  - name: cn
+    url: ${tools.url}/gbk
+    parameters: { type: object, properties: { q: { type: boolean } }, required: [q] }
+`;
+  assert.equal((await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: yaml })).status, 200);
+  const r = await rawPost(srv.base, '/v1/agents/gbk/sessions', { input: 'x' });
+  const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
+  const res = s.steps.filter((x) => x.kind === 'tool_result');
+  assert.equal(res[0].data.content, '你好，世界');
+
+  const yaml2 = `id: redirector
+min_tool_steps: 1
+answer_without_tools: true
+parallel_tool_calls: false
+limits: { max_steps: 3, max_tokens_per_step: 64 }
+tools:
+  - name: hop
+    url: ${tools.url}/redirect-home
+    parameters: { type: object, properties: { q: { type: boolean } }, required: [q] }
+`;
+  assert.equal((await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: yaml2 })).status, 200);
+  const r2 = await rawPost(srv.base, '/v1/agents/redirector/sessions', { input: 'x' });
+  const s2 = await waitFor(srv.base, r2.json.id, ['completed', 'failed']);
+  const res2 = s2.steps.find((x) => x.kind === 'tool_result');
+  assert.match(res2.data.content, /blocked: address 127\.0\.0\.2 is loopback/);
+});
+
+test('invalid agents are refused with the field and the reason', async () => {
+  const bad = await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: 'id: x\ntools:\n  - name: t\n    url: http://a/\n    parameters: { type: object, properties: { a: { type: wrong } } }\n' });
+  assert.equal(bad.status, 400);
+  const body = await bad.json();
+  assert.match(body.error.message, /agent\.tools\[0\]\.parameters\.properties\.a\.type: 'wrong' is not a JSON Schema type/);
+
+  const d = tempDir('armada-badagent-');
+  const file = writeAgents(d, 'agents:\n  - id: a\n    limits: { max_steps: -3 }\n');
+  const out = spawnSync(process.env.ARMADA_BIN, ['serve', '-m', tinyModel, '--port', '0', '--agents', file,
+    '--data-dir', path.join(d, 'data')], { encoding: 'utf8', timeout: 30000 });
+  assert.equal(out.status, 2);
+  assert.match(out.stderr, /agents\[0\]\.limits\.max_steps: must be between 1 and 1000/);
+  fs.writeFileSync(file, 'agents:\n  - id: a\n    tools:\n      - name: t\n        url: ftp://x\n');
+  const out2 = spawnSync(process.env.ARMADA_BIN, ['serve', '-m', tinyModel, '--port', '0', '--agents', file,
+    '--data-dir', path.join(d, 'data')], { encoding: 'utf8', timeout: 30000 });
+  assert.equal(out2.status, 2);
+  assert.match(out2.stderr, /agents\[0\]\.tools\[0\]\.url: must be http:\/\/ or https:\/\//);
+});
+
+test('sessions belong to the key that created them', async () => {
+  const d = tempDir('armada-keys-');
+  fs.writeFileSync(path.join(d, 'keys'), 'sk-a\nsk-b\n');
+  const s = await startServer(['--api-key-file', path.join(d, 'keys'), '--agents', writeAgents(d, agentYaml(tools.url)),
+    '--data-dir', path.join(d, 'data'), '--tool-allow', '127.0.0.1', '-c', '8192']);
+  try {
+    const a = { Authorization: 'Bearer sk-a' };
+    const b = { Authorization: 'Bearer sk-b' };
+    const r = await rawPost(s.base, '/v1/agents/worker/sessions', { input: 'mine' }, a);
+    assert.equal(r.status, 200, r.text);
+    assert.equal((await getJson(s.base, `/v1/sessions/${r.json.id}`, a)).status, 200);
+    assert.equal((await getJson(s.base, `/v1/sessions/${r.json.id}`, b)).status, 404);
+    assert.equal((await rawPost(s.base, `/v1/sessions/${r.json.id}/cancel`, {}, b)).status, 404);
+    assert.equal((await fetch(`${s.base}/v1/sessions/${r.json.id}`, { method: 'DELETE', headers: b })).status, 404);
+    assert.equal((await getJson(s.base, `/v1/sessions/${r.json.id}`)).status, 401);
+    await waitFor(s.base, r.json.id, ['completed', 'failed'], { headers: a });
+  } finally {
+    await s.stop();
+  }
+});
+
+test('metrics count sessions, steps, tools and the chain survival rate', async () => {
+  const t = await (await fetch(srv.base + '/metrics')).text();
+  assert.match(t, /armada_sessions_total\{outcome="completed"\} [1-9]/);
+  assert.match(t, /armada_session_steps_total [1-9]/);
+  assert.match(t, /armada_tool_calls_total\{tool="lookup",result="ok"\} [1-9]|armada_tool_calls_total\{tool="store",result="ok"\} [1-9]/);
+  assert.match(t, /armada_tool_call_seconds_bucket\{tool="/);
+  const m = t.match(/^armada_chain_survival_ratio (\S+)/m);
+  assert.ok(m && Number(m[1]) > 0 && Number(m[1]) <= 1);
+});

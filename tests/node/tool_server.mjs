@@ -1,0 +1,59 @@
+// A tool server for the agent tests. It honours Idempotency-Key the way a careful API does: the
+// first request with a key has an effect and its reply is stored; a repeat gets the stored reply
+// and has no new effect. It counts both, so tests can prove each key had exactly one effect.
+import http from 'node:http';
+
+export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}) {
+  const effects = new Map();  // key -> count of effects
+  const replays = new Map();  // key -> count of repeated deliveries
+  const stored = new Map();   // key -> reply body
+  const noKey = [];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (d) => { body += d; });
+    req.on('end', () => {
+      const key = req.headers['idempotency-key'];
+      const url = new URL(req.url, 'http://x');
+      if (url.pathname === '/gbk') {
+        // "你好，世界" in GBK, declared as such.
+        res.writeHead(200, { 'Content-Type': 'text/plain; charset=GBK' });
+        res.end(Buffer.from([0xc4, 0xe3, 0xba, 0xc3, 0xa3, 0xac, 0xca, 0xc0, 0xbd, 0xe7]));
+        return;
+      }
+      if (url.pathname === '/redirect-home') {
+        res.writeHead(302, { Location: 'http://127.0.0.2:1/' });
+        res.end();
+        return;
+      }
+      if (url.pathname === '/fail') {
+        res.writeHead(503, { 'Content-Type': 'text/plain' });
+        res.end('down');
+        return;
+      }
+      if (!key) noKey.push(req.url);
+      const delay = minDelayMs + Math.random() * (maxDelayMs - minDelayMs);
+      setTimeout(() => {
+        if (key && stored.has(key)) {
+          replays.set(key, (replays.get(key) ?? 0) + 1);
+          res.writeHead(200, { 'Content-Type': 'application/json' });
+          res.end(stored.get(key));
+          return;
+        }
+        const reply = JSON.stringify({ ok: true, tool: url.pathname.slice(1), echo: body.slice(0, 200), key });
+        if (key) {
+          effects.set(key, (effects.get(key) ?? 0) + 1);
+          stored.set(key, reply);
+        }
+        res.writeHead(200, { 'Content-Type': 'application/json' });
+        res.end(reply);
+      }, delay);
+    });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  const { port } = server.address();
+  return {
+    url: `http://127.0.0.1:${port}`,
+    effects, replays, noKey,
+    close: () => new Promise((r) => server.close(r)),
+  };
+}
