@@ -32,7 +32,7 @@ nlohmann::json to_json(const YAML::Node & n) {
             return j;
         }
         case YAML::NodeType::Scalar: {
-            const std::string s = n.Scalar();
+            const std::string & s = n.Scalar();
             if (n.Tag() == "!") return s;  // quoted
             if (s == "true") return true;
             if (s == "false") return false;

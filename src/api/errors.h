@@ -8,8 +8,8 @@ namespace armada::api {
 //! A refusal the client caused or must handle. Thrown inside handlers and turned into an
 //! OpenAI-shaped error body by the one wrapper at the HTTP boundary (`Router::dispatch`).
 struct ApiError : std::runtime_error {
-    ApiError(int status, std::string message, std::string param = {}, std::string code = {})
-        : std::runtime_error(std::move(message)), status(status), param(std::move(param)), code(std::move(code)) {}
+    ApiError(int status, const std::string & message, std::string param = {}, std::string code = {})
+        : std::runtime_error(message), status(status), param(std::move(param)), code(std::move(code)) {}
     int status;
     std::string param;
     std::string code;

@@ -345,9 +345,8 @@ void Engine::sample(Slot & s) {
     }
     if (s.text->stopped()) {
         finish(s, FinishReason::Stop);
-    } else if (r.max_tokens >= 0 && s.n_decoded >= r.max_tokens) {
-        finish(s, FinishReason::Length);
-    } else if (int32_t(s.cache.size()) + 1 >= n_ctx_seq_) {
+    } else if ((r.max_tokens >= 0 && s.n_decoded >= r.max_tokens) || int32_t(s.cache.size()) + 1 >= n_ctx_seq_) {
+        // Out of max_tokens, or the sequence's context is full.
         finish(s, FinishReason::Length);
     } else {
         s.next = id;

@@ -25,7 +25,9 @@ std::string to_utf8(const std::string & body, const std::string & charset) {
         return engine::utf8_sanitize(body);
     }
     iconv_t cd = iconv_open("UTF-8", charset.c_str());
-    if (cd == iconv_t(-1)) return engine::utf8_sanitize(body);
+    if (cd == iconv_t(-1)) {  // NOLINT(performance-no-int-to-ptr): iconv's documented failure value
+        return engine::utf8_sanitize(body);
+    }
     std::string out;
     out.reserve(body.size() * 2);
     char * in = const_cast<char *>(body.data());

@@ -1,0 +1,199 @@
+// The agent loop against a store that fails (label: model). The engine and the SQLite store are
+// real; the tool transport is a stub that answers at once, since tools are not under test here.
+#include "agent/session_manager.h"
+#include "mocks/fault_store.h"
+#include "store/sqlite_store.h"
+
+#include <gtest/gtest.h>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <filesystem>
+#include <future>
+#include <thread>
+
+using namespace armada;
+
+namespace {
+
+void quiet_log(ggml_log_level level, const char * text, void *) {
+    if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+class InstantTools : public tools::ToolTransport {
+  public:
+    std::atomic<int> calls{0};
+    void call(const agent::HttpToolSpec &, const tools::ToolCall & c,
+              std::function<void(tools::ToolResult)> done) override {
+        ++calls;
+        tools::ToolResult r;
+        r.content = "{\"ok\":true,\"key\":\"" + c.idempotency_key + "\"}";
+        r.http_status = 200;
+        r.attempts = 1;
+        done(r);
+    }
+};
+
+agent::AgentSpec worker() {
+    std::vector<agent::AgentSpec> specs;
+    const std::string yaml = R"(
+id: worker
+min_tool_steps: 2
+answer_without_tools: true
+parallel_tool_calls: false
+sampling: { temperature: 0.5, seed: 3 }
+limits: { max_steps: 6, max_tokens_per_step: 64 }
+tools:
+  - name: lookup
+    url: http://127.0.0.1:9/x
+    parameters: { type: object, properties: { r: { type: string, enum: [a, b] } }, required: [r] }
+)";
+    EXPECT_EQ(agent::parse_agents(yaml, specs), "");
+    return specs.at(0);
+}
+
+struct Rig {
+    std::string dir = std::filesystem::temp_directory_path() /
+                      ("armada-durability-" + std::to_string(::getpid()) + "-" + std::to_string(rand()));
+    std::unique_ptr<store::SqliteStore> sqlite;
+    std::unique_ptr<armada::testing::FaultStore> faults;
+    std::shared_ptr<engine::Model> model;
+    std::unique_ptr<engine::Engine> eng;
+    std::unique_ptr<engine::ChatFormat> format;
+    std::unique_ptr<agent::EnginePort> port;
+    boost::asio::io_context io;
+    boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+    std::thread io_thread;
+    obs::Registry metrics;
+    agent::SystemClock clock;
+    InstantTools tools;
+    std::unique_ptr<agent::SessionManager> mgr;
+
+    Rig() {
+        llama_log_set(quiet_log, nullptr);
+        std::string err;
+        sqlite = store::SqliteStore::open(dir, err);
+        EXPECT_TRUE(sqlite) << err;
+        faults = std::make_unique<armada::testing::FaultStore>(*sqlite);
+        const char * mdir = std::getenv("ARMADA_MODEL_DIR");
+        model = engine::Model::load(std::string(mdir ? mdir : "") + "/armada-tiny-q8_0.gguf", nullptr, err);
+        EXPECT_TRUE(model) << err;
+        engine::EngineConfig cfg;
+        cfg.n_seq_max = 2;
+        cfg.n_ctx = 4096;
+        cfg.n_threads = 2;
+        eng = std::make_unique<engine::Engine>(model, cfg, nullptr);
+        EXPECT_EQ(eng->start(), "");
+        format = std::make_unique<engine::ChatFormat>(model);
+        port = std::make_unique<agent::EnginePort>(*eng);
+        io_thread = std::thread([this] { io.run(); });
+        mgr =
+            std::make_unique<agent::SessionManager>(*format, *port, *faults, tools, io.get_executor(), metrics, clock);
+        mgr->put_agent(worker());
+    }
+    ~Rig() {
+        mgr.reset();
+        eng->stop();
+        work.reset();
+        io.stop();
+        io_thread.join();
+        std::filesystem::remove_all(dir);
+    }
+
+    std::string create(const std::string & input) {
+        std::promise<agent::Outcome> p;
+        mgr->create("worker", "", input, [&](agent::Outcome o) { p.set_value(o); });
+        auto o = p.get_future().get();
+        EXPECT_EQ(o.status, 200) << o.error;
+        return o.id;
+    }
+
+    agent::SessionView wait_end(const std::string & id) {
+        for (int i = 0; i < 3000; ++i) {
+            auto v = mgr->get(id, "");
+            if (v && (v->state == "completed" || v->state == "failed" || v->state == "cancelled")) return *v;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        ADD_FAILURE() << "session did not end";
+        return {};
+    }
+};
+
+void expect_whole_log(const agent::SessionView & v, int tool_steps) {
+    int outputs = 0, calls = 0, results = 0;
+    for (size_t i = 0; i < v.steps.size(); ++i) {
+        EXPECT_EQ(v.steps[i].seq, int64_t(i + 1));
+        outputs += v.steps[i].kind == "model_output";
+        calls += v.steps[i].kind == "tool_call";
+        results += v.steps[i].kind == "tool_result";
+    }
+    EXPECT_EQ(outputs, tool_steps + 1);
+    EXPECT_EQ(calls, tool_steps);
+    EXPECT_EQ(results, tool_steps);
+}
+
+}  // namespace
+
+TEST(SessionDurability, CompletesWithoutFaults) {
+    Rig rig;
+    const auto id = rig.create("go");
+    const auto v = rig.wait_end(id);
+    EXPECT_EQ(v.state, "completed") << v.reason;
+    expect_whole_log(v, 2);
+    EXPECT_EQ(rig.tools.calls.load(), 2);
+}
+
+TEST(SessionDurability, FailedWritesAreRetriedNeverDropped) {
+    Rig rig;
+    const auto id = rig.create("go");
+    // The next writes fail: a step must wait, report the failure as an event, and be retried.
+    rig.faults->fail_next = 3;
+    const auto v = rig.wait_end(id);
+    EXPECT_EQ(v.state, "completed") << v.reason;
+    EXPECT_GE(rig.faults->failures.load(), 3);
+    expect_whole_log(v, 2);
+    EXPECT_EQ(rig.tools.calls.load(), 2);  // a write that failed never ran a tool twice
+    bool saw_error = false;
+    rig.mgr->subscribe(id, "", 0, [&](const agent::SessionEventRecord & e) { saw_error |= e.type == "error"; }, {});
+    EXPECT_TRUE(saw_error);
+    EXPECT_GE(rig.metrics.counter("armada_store_write_failures_total", "").value(), 3u);
+}
+
+TEST(SessionDurability, DiskFullHoldsTheStepUntilSpaceReturns) {
+    Rig rig;
+    const auto id = rig.create("go");
+    rig.faults->disk_full = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    // Nothing can be acknowledged while the disk is full, so the session has not ended.
+    auto mid = rig.mgr->get(id, "");
+    ASSERT_TRUE(mid);
+    EXPECT_NE(mid->state, "completed");
+    const size_t durable_then = rig.sqlite->steps(id).size();
+    rig.faults->disk_full = false;
+    const auto v = rig.wait_end(id);
+    EXPECT_EQ(v.state, "completed") << v.reason;
+    EXPECT_GE(v.steps.size(), durable_then);
+    expect_whole_log(v, 2);
+}
+
+TEST(SessionDurability, CompletedSessionIsOnDisk) {
+    std::string dir;
+    std::string id;
+    {
+        Rig rig;
+        dir = rig.dir;
+        id = rig.create("go");
+        rig.wait_end(id);
+        // Keep the data: copy the db before the rig removes it.
+        std::filesystem::copy(rig.dir, rig.dir + "-copy", std::filesystem::copy_options::recursive);
+    }
+    std::string err;
+    auto copy = store::SqliteStore::open(dir + "-copy", err);
+    ASSERT_TRUE(copy) << err;
+    auto recs = copy->sessions_not_in({});
+    ASSERT_EQ(recs.size(), 1u);
+    EXPECT_EQ(recs[0].id, id);
+    EXPECT_EQ(recs[0].state, "completed");
+    copy.reset();
+    std::filesystem::remove_all(dir + "-copy");
+}
