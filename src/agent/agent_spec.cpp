@@ -151,6 +151,28 @@ HttpToolSpec parse_tool(const YAML::Node & n, const std::string & where) {
     return t;
 }
 
+McpServerSpec parse_mcp(const YAML::Node & n, const std::string & where) {
+    if (!n.IsMap()) fail(where, "must be a map with url and allowed_tools");
+    check_keys(n, where, {"url", "allowed_tools", "headers", "timeout_ms"});
+    McpServerSpec m;
+    m.url = str(n["url"], where + ".url", true);
+    if (m.url.rfind("http://", 0) != 0 && m.url.rfind("https://", 0) != 0)
+        fail(where + ".url", "must be http:// or https://");
+    if (n["allowed_tools"]) {
+        if (!n["allowed_tools"].IsSequence()) fail(where + ".allowed_tools", "must be a list of tool names");
+        for (const auto & t : n["allowed_tools"])
+            m.allowed_tools.push_back(str(t, where + ".allowed_tools", true));
+    }
+    if (n["headers"]) {
+        if (!n["headers"].IsMap()) fail(where + ".headers", "must be a map of header to value");
+        for (const auto & kv : n["headers"]) {
+            m.headers[kv.first.as<std::string>()] = str(kv.second, where + ".headers", true);
+        }
+    }
+    m.timeout_ms = int32_t(integer(n["timeout_ms"], where + ".timeout_ms", m.timeout_ms, 1, 600000));
+    return m;
+}
+
 common_chat_tool_choice parse_choice(const YAML::Node & n, const std::string & where) {
     const std::string v = str(n, where, false, "auto");
     if (v == "auto") return COMMON_CHAT_TOOL_CHOICE_AUTO;
@@ -179,6 +201,10 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where) {
         std::set<std::string> names;
         for (size_t i = 0; i < n["tools"].size(); ++i) {
             const std::string w = where + ".tools[" + std::to_string(i) + "]";
+            if (n["tools"][i].IsMap() && n["tools"][i]["mcp"]) {
+                a.mcp_servers.push_back(parse_mcp(n["tools"][i]["mcp"], w + ".mcp"));
+                continue;
+            }
             a.tools.push_back(parse_tool(n["tools"][i], w));
             if (!names.insert(a.tools.back().name).second) fail(w + ".name", "duplicates another tool's name");
         }
@@ -206,9 +232,9 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where) {
     }
     a.tool_choice = parse_choice(n["tool_choice"], where + ".tool_choice");
     a.min_tool_steps = int32_t(integer(n["min_tool_steps"], where + ".min_tool_steps", 0, 0, 1000));
-    if (a.min_tool_steps > 0 && a.tools.empty()) fail(where + ".min_tool_steps", "needs at least one tool");
-    if (a.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && a.tools.empty())
-        fail(where + ".tool_choice", "needs tools");
+    const bool any_tools = !a.tools.empty() || !a.mcp_servers.empty();
+    if (a.min_tool_steps > 0 && !any_tools) fail(where + ".min_tool_steps", "needs at least one tool");
+    if (a.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && !any_tools) fail(where + ".tool_choice", "needs tools");
     if (n["parallel_tool_calls"]) {
         try {
             a.parallel_tool_calls = n["parallel_tool_calls"].as<bool>();

@@ -24,6 +24,16 @@ struct HttpToolSpec {
     int32_t timeout_ms = 10000;
     int32_t retries = 0;
     int32_t max_body = 64 * 1024;
+    //! Set for tools imported from an MCP server: calls go there as tools/call.
+    std::string mcp_url;
+};
+
+//! An MCP server whose tools the agent imports (Streamable HTTP).
+struct McpServerSpec {
+    std::string url;
+    std::vector<std::string> allowed_tools;  // empty: all
+    std::map<std::string, std::string> headers;
+    int32_t timeout_ms = 30000;
 };
 
 //! Limits that end a session as failed when reached.
@@ -41,6 +51,7 @@ struct AgentSpec {
     std::string model;
     std::string instructions;
     std::vector<HttpToolSpec> tools;
+    std::vector<McpServerSpec> mcp_servers;  // their tools are added to `tools` when imported
     engine::SamplingOptions sampling;
     common_chat_tool_choice tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
     //! The first N model steps must call a tool (tool_choice required); after that the agent's

@@ -388,8 +388,20 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
         if (++s.engine_retries > 2) return fail(s, SessionEvent::Error, "the model failed: " + ev.error);
         return model_step(s);
     }
-    s.engine_retries = 0;
     common_chat_msg msg = format_.parse(*s.turn, s.gen_text, false);
+    // A call cut off by max_tokens has arguments that are not JSON: it is not a call. A step that
+    // had to call a tool and produced no whole call is run again (twice at most).
+    std::erase_if(msg.tool_calls, [](const common_chat_tool_call & c) {
+        const json args = json::parse(c.arguments, nullptr, false);
+        return !args.is_object();
+    });
+    if (msg.tool_calls.empty() && s.turn->require_call) {
+        if (++s.engine_retries > 2) {
+            return fail(s, SessionEvent::Error, "the model produced no complete tool call in a step that requires one");
+        }
+        return model_step(s);
+    }
+    s.engine_retries = 0;
     const int32_t step = ++s.model_steps;
     s.prompt_tokens += ev.n_prompt;
     s.completion_tokens += ev.n_generated;

@@ -98,8 +98,12 @@ bool SessionsApi::handle(const HttpRequest & req, const std::string & owner, con
         std::vector<agent::AgentSpec> specs;
         const std::string err = agent::parse_agents(req.body, specs);
         if (!err.empty()) throw ApiError(400, "invalid agent: " + err);
-        for (auto & s : specs)
+        for (auto & s : specs) {
+            if (prepare_) {
+                if (auto e = prepare_(s); !e.empty()) throw ApiError(400, "agent '" + s.id + "': " + e);
+            }
             mgr_.put_agent(s);
+        }
         out->send(200, "application/json", dump(json{{"id", specs.empty() ? "" : specs[0].id}, {"object", "agent"}}));
         return true;
     }

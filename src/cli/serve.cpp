@@ -8,6 +8,7 @@
 #include "obs/metrics.h"
 #include "store/sqlite_store.h"
 #include "tools/http_tool.h"
+#include "tools/mcp_client.h"
 
 #include <fstream>
 #include <sstream>
@@ -124,13 +125,23 @@ int serve(const ServeOptions & opt) {
     engine::ChatFormat format(model);
     agent::EnginePort port(eng);
     agent::SystemClock clock;
-    tools::HttpToolTransport transport(http.executor(), guard);
+    tools::HttpToolTransport http_tools(http.executor(), guard);
+    tools::RoutingTransport transport(http_tools, guard);
     agent::SessionManager sessions(format, port, *store, transport, http.executor(), metrics, clock);
-    for (auto & a : agents)
+    for (auto & a : agents) {
+        if (auto e = tools::import_mcp_tools(a, guard); !e.empty()) {
+            fprintf(stderr, "error: agent '%s': %s\n", a.id.c_str(), e.c_str());
+            router.set_service(nullptr, nullptr, nullptr);
+            eng.stop();
+            http.stop();
+            return 2;
+        }
         sessions.put_agent(a);
+    }
     const size_t resumed = sessions.resume_all();
     if (resumed > 0) printf("armada: resumed %zu sessions from %s\n", resumed, opt.data_dir.c_str());
-    api::SessionsApi sessions_api(sessions);
+    api::SessionsApi sessions_api(sessions,
+                                  [&guard](agent::AgentSpec & a) { return tools::import_mcp_tools(a, guard); });
     router.set_service(&svc, &eng, &sessions_api);
     printf("armada: ready, model %s, %d sequences x %d tokens\n", model->id().c_str(), opt.engine.n_seq_max,
            eng.n_ctx_seq());

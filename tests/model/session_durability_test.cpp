@@ -42,7 +42,7 @@ min_tool_steps: 2
 answer_without_tools: true
 parallel_tool_calls: false
 sampling: { temperature: 0.5, seed: 3 }
-limits: { max_steps: 6, max_tokens_per_step: 64 }
+limits: { max_steps: 6, max_tokens_per_step: 128 }
 tools:
   - name: lookup
     url: http://127.0.0.1:9/x

@@ -1,0 +1,94 @@
+// Agent tools imported from the real MCP reference server (@modelcontextprotocol/server-everything)
+// over Streamable HTTP.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startServer, rawPost } from './harness.mjs';
+import { tempDir, writeAgents } from './agents.mjs';
+import { getJson, waitFor } from './session_helpers.mjs';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const everything = path.join(here, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js');
+
+async function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+async function startEverything(port) {
+  const proc = spawn(process.execPath, [everything, 'streamableHttp'], {
+    env: { ...process.env, PORT: String(port) }, stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  await new Promise((resolve, reject) => {
+    let err = '';
+    const timer = setTimeout(() => reject(new Error('MCP server did not start: ' + err)), 20000);
+    proc.stderr.on('data', (d) => {
+      err += d;
+      if (err.includes('listening on port')) { clearTimeout(timer); resolve(); }
+    });
+  });
+  return proc;
+}
+
+test('MCP tools are imported, called, and survive a server restart', { timeout: 300000 }, async () => {
+  const port = await freePort();
+  let mcp = await startEverything(port);
+  const dir = tempDir('armada-mcp-');
+  const yaml = `agents:
+  - id: mcpworker
+    min_tool_steps: 2
+    answer_without_tools: true
+    parallel_tool_calls: false
+    sampling: { temperature: 0.5, seed: 5 }
+    limits: { max_steps: 5, max_tokens_per_step: 96 }
+    tools:
+      - mcp:
+          url: http://127.0.0.1:${port}/mcp
+          allowed_tools: [get-sum]
+`;
+  let srv;
+  try {
+    srv = await startServer(['--agents', writeAgents(dir, yaml), '--data-dir', path.join(dir, 'data'),
+      '--tool-allow', '127.0.0.1', '-c', '8192']);
+    const agents = await getJson(srv.base, '/v1/agents');
+    assert.deepEqual(agents.json.data.find((a) => a.id === 'mcpworker').tools, ['get-sum']);
+
+    const run = async () => {
+      const r = await rawPost(srv.base, '/v1/agents/mcpworker/sessions', { input: 'add numbers' });
+      assert.equal(r.status, 200, r.text);
+      const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
+      assert.equal(s.state, 'completed', s.reason);
+      const results = s.steps.filter((x) => x.kind === 'tool_result');
+      assert.equal(results.length, 2);
+      for (const res of results) {
+        assert.equal(res.data.is_error, false, res.data.content);
+        assert.match(res.data.content, /^The sum of -?[\d.e+-]+ and -?[\d.e+-]+ is -?[\d.e+-]+\.$/);
+      }
+    };
+    await run();
+    // A restarted server has forgotten the MCP session; the client initializes again.
+    mcp.kill('SIGTERM');
+    await new Promise((r) => mcp.on('exit', r));
+    mcp = await startEverything(port);
+    await run();
+
+    // Tools of an agent posted at run time are imported too; an unreachable server is a clear 400.
+    const bad = await fetch(`${srv.base}/v1/agents`, {
+      method: 'POST',
+      body: `id: nomcp\ntools:\n  - mcp: { url: "http://127.0.0.1:1/mcp", timeout_ms: 2000 }\n`,
+    });
+    assert.equal(bad.status, 400);
+    assert.match((await bad.json()).error.message, /agent 'nomcp': MCP server http:\/\/127\.0\.0\.1:1\/mcp: tools\/list failed/);
+  } finally {
+    if (srv) await srv.stop();
+    mcp.kill('SIGTERM');
+  }
+});
