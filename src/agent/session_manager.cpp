@@ -658,6 +658,7 @@ size_t SessionManager::resume_all() {
     std::lock_guard lk(mu_);
     size_t resumed = 0;
     for (const auto & r : records) {
+        if (r.agent_id.rfind('@', 0) == 0) continue;  // stored by another service (e.g. @response)
         const auto st = parse_state(r.state);
         if (!st || !agents_.count(r.agent_id)) {
             spdlog::warn("session {}: cannot resume (state '{}', agent '{}')", r.id, r.state, r.agent_id);

@@ -8,9 +8,11 @@ namespace armada::api {
 
 Router::Router(ApiKeys keys, obs::Registry & metrics) : keys_(std::move(keys)), metrics_(metrics) {}
 
-void Router::set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions) {
+void Router::set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions,
+                         ResponsesService * responses) {
     engine_.store(eng);
     sessions_.store(sessions);
+    responses_.store(responses);
     svc_.store(svc);
 }
 
@@ -78,6 +80,30 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
             count(route_name, 200);
             return;
         }
+    }
+    if (p == "/v1/responses" || p.rfind("/v1/responses/", 0) == 0) {
+        route_name = p == "/v1/responses" ? p : "/v1/responses/{id}";
+        ResponsesService * rs = responses_.load();
+        if (!rs) {
+            ApiError e(503, "the node is still loading", {}, "loading");
+            e.retry_after_s = 1;
+            throw e;
+        }
+        if (p == "/v1/responses") {
+            if (!post) throw ApiError(405, "use POST for /v1/responses");
+            if (!is_json_type(req.header("content-type"))) throw ApiError(415, "content type must be application/json");
+            rs->create(parse_request_body(req.body), owner_of(key), out);
+        } else {
+            const std::string id = p.substr(std::string("/v1/responses/").size());
+            if (req.method == "GET")
+                rs->get(id, owner_of(key), out);
+            else if (req.method == "DELETE")
+                rs->erase(id, owner_of(key), out);
+            else
+                throw ApiError(405, "use GET or DELETE for a stored response");
+        }
+        count(route_name, 200);
+        return;
     }
     const bool known = p == "/v1/models" || p == "/v1/chat/completions" || p == "/v1/completions";
     if (!known) {

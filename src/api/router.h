@@ -3,6 +3,7 @@
 #include "api/auth.h"
 #include "api/http_server.h"
 #include "api/openai_service.h"
+#include "api/responses_service.h"
 #include "api/sessions_api.h"
 #include "obs/metrics.h"
 
@@ -18,7 +19,8 @@ class Router {
     Router(ApiKeys keys, obs::Registry & metrics);
 
     //! Set once the model and engine are ready; until then every route but /health is 503.
-    void set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions = nullptr);
+    void set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions = nullptr,
+                     ResponsesService * responses = nullptr);
     void dispatch(HttpRequest && req, std::shared_ptr<Responder> out);
 
   private:
@@ -31,6 +33,7 @@ class Router {
     std::atomic<OpenAIService *> svc_{nullptr};
     std::atomic<const engine::Engine *> engine_{nullptr};
     std::atomic<SessionsApi *> sessions_{nullptr};
+    std::atomic<ResponsesService *> responses_{nullptr};
 };
 
 }  // namespace armada::api

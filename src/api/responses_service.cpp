@@ -1,0 +1,465 @@
+#include "api/responses_service.h"
+
+#include "api/errors.h"
+#include "api/openai_map.h"
+#include "api/openai_service.h"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+
+#include <chrono>
+#include <mutex>
+
+namespace armada::api {
+
+namespace net = boost::asio;
+
+namespace {
+
+constexpr const char * kResponseAgent = "@response";
+
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+std::string text_of(const json & content, const char * where) {
+    if (content.is_string()) return content.get<std::string>();
+    if (!content.is_array())
+        throw ApiError(400, std::string(where) + " content must be a string or a list of parts", "input");
+    std::string out;
+    for (const auto & p : content) {
+        const std::string t = p.is_object() ? get_string(p, "type") : "";
+        if (t != "input_text" && t != "output_text" && t != "text") {
+            throw ApiError(400, "only text content parts are supported (got '" + t + "')", "input");
+        }
+        if (!out.empty()) out += "\n";
+        out += get_string(p, "text");
+    }
+    return out;
+}
+
+// Input items to chat messages. Consecutive function_call items become one assistant message.
+void append_input(const json & input, std::vector<common_chat_msg> & msgs) {
+    if (input.is_string()) {
+        common_chat_msg m;
+        m.role = "user";
+        m.content = input.get<std::string>();
+        msgs.push_back(m);
+        return;
+    }
+    if (!input.is_array()) throw ApiError(400, "'input' must be a string or a list of items", "input");
+    for (const auto & it : input) {
+        if (!it.is_object()) throw ApiError(400, "each input item must be an object", "input");
+        const std::string type = get_string(it, "type", "message");
+        if (type == "message") {
+            common_chat_msg m;
+            m.role = get_string(it, "role");
+            if (m.role == "developer") m.role = "system";
+            if (m.role != "user" && m.role != "system" && m.role != "assistant") {
+                throw ApiError(400, "input message role must be user, system, developer or assistant", "input");
+            }
+            m.content = text_of(it.contains("content") ? it["content"] : json(""), "message");
+            msgs.push_back(m);
+        } else if (type == "function_call") {
+            common_chat_tool_call c{get_string(it, "name"), get_string(it, "arguments", "{}"),
+                                    get_string(it, "call_id")};
+            if (msgs.empty() || msgs.back().role != "assistant" || msgs.back().tool_calls.empty()) {
+                common_chat_msg m;
+                m.role = "assistant";
+                msgs.push_back(m);
+            }
+            msgs.back().tool_calls.push_back(c);
+        } else if (type == "function_call_output") {
+            common_chat_msg m;
+            m.role = "tool";
+            m.tool_call_id = get_string(it, "call_id");
+            if (m.tool_call_id.empty()) throw ApiError(400, "function_call_output needs call_id", "input");
+            const json & o = it.contains("output") ? it["output"] : json("");
+            m.content = o.is_string() ? o.get<std::string>() : dump(o);
+            msgs.push_back(m);
+        } else {
+            throw ApiError(400, "input item type '" + type + "' is not supported", "input");
+        }
+    }
+}
+
+json msgs_to_json(const std::vector<common_chat_msg> & msgs) {
+    json a = json::array();
+    for (const auto & m : msgs) {
+        json calls = json::array();
+        for (const auto & c : m.tool_calls)
+            calls.push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments}});
+        a.push_back(
+            {{"role", m.role}, {"content", m.content}, {"tool_call_id", m.tool_call_id}, {"tool_calls", calls}});
+    }
+    return a;
+}
+
+std::vector<common_chat_msg> msgs_from_json(const json & a) {
+    std::vector<common_chat_msg> out;
+    for (const auto & j : a) {
+        common_chat_msg m;
+        m.role = j.value("role", "user");
+        m.content = j.value("content", "");
+        m.tool_call_id = j.value("tool_call_id", "");
+        for (const auto & c : j.value("tool_calls", json::array())) {
+            m.tool_calls.push_back({c.value("name", ""), c.value("arguments", ""), c.value("id", "")});
+        }
+        out.push_back(m);
+    }
+    return out;
+}
+
+}  // namespace
+
+//! One response being generated. Engine events queue under `mu` and render on `strand`.
+struct ResponsesService::Run : std::enable_shared_from_this<Run> {
+    explicit Run(net::any_io_executor io) : strand(net::make_strand(io)) {}
+
+    net::strand<net::any_io_executor> strand;
+    std::shared_ptr<Responder> out;
+    store::Store * store = nullptr;
+    const engine::ChatFormat * format = nullptr;
+    std::shared_ptr<engine::ChatTurn> turn;
+    std::vector<common_chat_msg> conversation;  // without the system message
+    json resp;                                  // the response object, filled as it goes
+    std::string owner;
+    bool stream = false, store_it = true;
+    std::string text, msg_id;
+    common_chat_msg parsed;
+    int64_t seq = 0;
+    bool item_open = false;
+
+    std::mutex mu;
+    std::vector<engine::GenEvent> events;  // guarded by mu
+    bool scheduled = false;                // guarded by mu
+
+    void push(engine::GenEvent && ev) {
+        bool post = false;
+        {
+            std::lock_guard lk(mu);
+            events.push_back(std::move(ev));
+            post = !scheduled;
+            scheduled = true;
+        }
+        if (post) net::post(strand, [self = shared_from_this()] { self->drain(); });
+    }
+
+    void drain() {
+        std::vector<engine::GenEvent> batch;
+        {
+            std::lock_guard lk(mu);
+            batch.swap(events);
+            scheduled = false;
+        }
+        for (auto & ev : batch)
+            on_event(std::move(ev));
+    }
+
+    void send_event(const std::string & type, json data) {
+        data["type"] = type;
+        data["sequence_number"] = seq++;
+        out->write("event: " + type + "\ndata: " + dump(data) + "\n\n");
+    }
+
+    void open_message() {
+        if (item_open) return;
+        item_open = true;
+        json item = {{"type", "message"},
+                     {"id", msg_id},
+                     {"status", "in_progress"},
+                     {"role", "assistant"},
+                     {"content", json::array()}};
+        send_event("response.output_item.added", {{"output_index", 0}, {"item", item}});
+        send_event("response.content_part.added",
+                   {{"item_id", msg_id},
+                    {"output_index", 0},
+                    {"content_index", 0},
+                    {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
+    }
+
+    void on_event(engine::GenEvent && ev) {
+        if (stream && seq == 0) {
+            // The first engine event opens the stream, so nothing can overtake these two.
+            send_event("response.created", {{"response", resp}});
+            send_event("response.in_progress", {{"response", resp}});
+        }
+        if (ev.kind == engine::GenEvent::Kind::Text) {
+            text += ev.text;
+            if (!stream) return;
+            auto m = format->try_parse(*turn, text, true);
+            if (!m) return;
+            if (m->content.size() > parsed.content.size() &&
+                m->content.compare(0, parsed.content.size(), parsed.content) == 0) {
+                open_message();
+                send_event("response.output_text.delta", {{"item_id", msg_id},
+                                                          {"output_index", 0},
+                                                          {"content_index", 0},
+                                                          {"delta", m->content.substr(parsed.content.size())}});
+            }
+            parsed = std::move(*m);
+            return;
+        }
+        finish(ev);
+    }
+
+    void finish(const engine::GenEvent & ev) {
+        if (ev.finish == engine::FinishReason::Error || ev.finish == engine::FinishReason::Cancelled) {
+            resp["status"] = "failed";
+            resp["error"] = {{"code", "server_error"}, {"message", ev.error.empty() ? "generation stopped" : ev.error}};
+            if (stream) {
+                send_event("response.failed", {{"response", resp}});
+                out->end();
+            } else {
+                out->send(500, "application/json", error_body(500, resp["error"]["message"]));
+            }
+            return;
+        }
+        common_chat_msg msg = format->parse(*turn, text, false);
+        json output = json::array();
+        if (!msg.content.empty() || msg.tool_calls.empty()) {
+            output.push_back({{"type", "message"},
+                              {"id", msg_id},
+                              {"status", "completed"},
+                              {"role", "assistant"},
+                              {"content", json::array({{{"type", "output_text"},
+                                                        {"text", msg.content},
+                                                        {"annotations", json::array()},
+                                                        {"logprobs", json::array()}}})}});
+        }
+        for (auto & c : msg.tool_calls) {
+            c.id = random_id("call_");
+            output.push_back({{"type", "function_call"},
+                              {"id", random_id("fc_")},
+                              {"call_id", c.id},
+                              {"name", c.name},
+                              {"arguments", c.arguments},
+                              {"status", "completed"}});
+        }
+        const bool cut = ev.finish == engine::FinishReason::Length;
+        resp["status"] = cut ? "incomplete" : "completed";
+        resp["incomplete_details"] = cut ? json{{"reason", "max_output_tokens"}} : json(nullptr);
+        resp["output"] = output;
+        resp["usage"] = {{"input_tokens", ev.n_prompt},
+                         {"input_tokens_details", {{"cached_tokens", ev.n_cached}}},
+                         {"output_tokens", ev.n_generated},
+                         {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                         {"total_tokens", ev.n_prompt + ev.n_generated}};
+        msg.role = "assistant";
+        conversation.push_back(msg);
+        if (!store_it) return deliver(output);
+        // Stored responses are durable before the client hears of them.
+        store::SessionRecord r;
+        r.id = resp["id"];
+        r.agent_id = kResponseAgent;
+        r.owner = owner;
+        r.state = "completed";
+        r.data = dump(json{{"response", resp}, {"messages", msgs_to_json(conversation)}});
+        r.created_ms = resp["created_at"].get<int64_t>() * 1000;
+        r.updated_ms = r.created_ms;
+        store::Batch b;
+        b.sessions.push_back(r);
+        store->commit(std::move(b), [self = shared_from_this(), output](store::Status st) {
+            net::post(self->strand, [self, output, st] {
+                if (!st.ok) {
+                    if (self->stream) {
+                        self->send_event("error", {{"message", "could not store the response: " + st.error}});
+                        self->out->end();
+                    } else {
+                        self->out->send(503, "application/json",
+                                        error_body(503, "could not store the response: " + st.error));
+                    }
+                    return;
+                }
+                self->deliver(output);
+            });
+        });
+    }
+
+    void deliver(const json & output) {
+        if (!stream) {
+            out->send(200, "application/json", dump(resp));
+            return;
+        }
+        for (size_t i = 0; i < output.size(); ++i) {
+            const json & item = output[i];
+            if (item["type"] == "message") {
+                open_message();
+                const std::string full = item["content"][0]["text"];
+                if (full.size() > parsed.content.size() &&
+                    full.compare(0, parsed.content.size(), parsed.content) == 0) {
+                    send_event("response.output_text.delta", {{"item_id", msg_id},
+                                                              {"output_index", i},
+                                                              {"content_index", 0},
+                                                              {"delta", full.substr(parsed.content.size())}});
+                }
+                send_event("response.output_text.done",
+                           {{"item_id", msg_id}, {"output_index", i}, {"content_index", 0}, {"text", full}});
+                send_event(
+                    "response.content_part.done",
+                    {{"item_id", msg_id}, {"output_index", i}, {"content_index", 0}, {"part", item["content"][0]}});
+            } else {
+                json added = item;
+                added["arguments"] = "";
+                added["status"] = "in_progress";
+                send_event("response.output_item.added", {{"output_index", i}, {"item", added}});
+                send_event("response.function_call_arguments.delta",
+                           {{"item_id", item["id"]}, {"output_index", i}, {"delta", item["arguments"]}});
+                send_event("response.function_call_arguments.done",
+                           {{"item_id", item["id"]}, {"output_index", i}, {"arguments", item["arguments"]}});
+            }
+            send_event("response.output_item.done", {{"output_index", i}, {"item", item}});
+        }
+        send_event(resp["status"] == "completed" ? "response.completed" : "response.incomplete", {{"response", resp}});
+        out->end();
+    }
+};
+
+ResponsesService::ResponsesService(std::shared_ptr<engine::Model> model, engine::Engine & engine, store::Store & store,
+                                   net::any_io_executor io)
+    : model_(std::move(model)), engine_(engine), store_(store), io_(std::move(io)), format_(model_) {}
+
+ResponsesService::~ResponsesService() = default;
+
+void ResponsesService::create(const json & body, const std::string & owner, std::shared_ptr<Responder> out) {
+    auto run = std::make_shared<Run>(io_);
+    run->out = out;
+    run->store = &store_;
+    run->format = &format_;
+    run->owner = owner;
+    run->stream = get_bool(body, "stream", false);
+    run->store_it = get_bool(body, "store", true);
+    run->msg_id = random_id("msg_");
+
+    const std::string prev = get_string(body, "previous_response_id");
+    if (!prev.empty()) {
+        auto rec = store_.session(prev);
+        if (!rec || rec->agent_id != kResponseAgent || rec->owner != owner) {
+            throw ApiError(404, "no stored response with id '" + prev + "'", "previous_response_id");
+        }
+        run->conversation = msgs_from_json(json::parse(rec->data).value("messages", json::array()));
+    }
+    if (!body.contains("input") || body["input"].is_null()) throw ApiError(400, "'input' is required", "input");
+    append_input(body["input"], run->conversation);
+
+    std::vector<common_chat_tool> tools;
+    json tools_echo = json::array();
+    if (body.contains("tools") && !body["tools"].is_null()) {
+        if (!body["tools"].is_array()) throw ApiError(400, "'tools' must be a list", "tools");
+        for (const auto & t : body["tools"]) {
+            const std::string type = t.is_object() ? get_string(t, "type") : "";
+            if (type == "mcp") {
+                throw ApiError(400,
+                               "tools of type 'mcp' are not supported in /v1/responses yet; declare the MCP "
+                               "server on an agent and use /v1/agents/{id}/sessions",
+                               "tools");
+            }
+            if (type != "function") throw ApiError(400, "tool type '" + type + "' is not supported", "tools");
+            common_chat_tool ct{get_string(t, "name"), get_string(t, "description"),
+                                dump(t.contains("parameters") ? t["parameters"] : json{{"type", "object"}})};
+            if (ct.name.empty()) throw ApiError(400, "a function tool needs a name", "tools");
+            check_tool_schema(json::parse(ct.parameters), ct.name);
+            tools.push_back(ct);
+            tools_echo.push_back(t);
+        }
+    }
+    common_chat_tool_choice choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+    if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+        const json & tc = body["tool_choice"];
+        if (tc == "none")
+            choice = COMMON_CHAT_TOOL_CHOICE_NONE;
+        else if (tc == "required")
+            choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+        else if (tc.is_object()) {
+            const std::string name = get_string(tc, "name");
+            std::erase_if(tools, [&](const common_chat_tool & t) { return t.name != name; });
+            if (tools.empty()) throw ApiError(400, "'tool_choice' names an unknown tool", "tool_choice");
+            choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+        } else if (tc != "auto") {
+            throw ApiError(400, "'tool_choice' must be auto, none, required or a named function", "tool_choice");
+        }
+    }
+    std::vector<common_chat_msg> msgs;
+    const std::string instructions = get_string(body, "instructions");
+    if (!instructions.empty()) {
+        common_chat_msg sys;
+        sys.role = "system";
+        sys.content = instructions;
+        msgs.push_back(sys);
+    }
+    msgs.insert(msgs.end(), run->conversation.begin(), run->conversation.end());
+    const bool parallel = get_bool(body, "parallel_tool_calls", true);
+    run->turn = std::make_shared<engine::ChatTurn>(format_.render(msgs, tools, choice, parallel));
+
+    engine::SamplingOptions so;
+    so.temperature = float(get_number(body, "temperature", 0.8));
+    so.top_p = float(get_number(body, "top_p", 0.95));
+    const int64_t max_out = get_int(body, "max_output_tokens", -1);
+    if (max_out == 0 || max_out < -1) throw ApiError(400, "'max_output_tokens' must be positive", "max_output_tokens");
+    so.max_tokens = int32_t(std::min<int64_t>(max_out, INT32_MAX));
+    if (so.temperature < 0 || so.temperature > 2)
+        throw ApiError(400, "'temperature' must be between 0 and 2", "temperature");
+    auto req = format_.request(*run->turn, so, engine_.n_ctx_seq(), engine::choice_seed(so, 0));
+
+    run->resp = {{"id", random_id("resp_")},
+                 {"object", "response"},
+                 {"created_at", unix_now()},
+                 {"status", "in_progress"},
+                 {"error", nullptr},
+                 {"incomplete_details", nullptr},
+                 {"instructions", instructions.empty() ? json(nullptr) : json(instructions)},
+                 {"model", model_->id()},
+                 {"output", json::array()},
+                 {"parallel_tool_calls", parallel},
+                 {"previous_response_id", prev.empty() ? json(nullptr) : json(prev)},
+                 {"store", run->store_it},
+                 {"temperature", so.temperature},
+                 {"top_p", so.top_p},
+                 {"max_output_tokens", max_out < 0 ? json(nullptr) : json(max_out)},
+                 {"tool_choice", body.value("tool_choice", json("auto"))},
+                 {"tools", tools_echo},
+                 {"text", {{"format", {{"type", "text"}}}}},
+                 {"metadata", json::object()},
+                 {"usage", nullptr}};
+    req->sink = [run](engine::GenEvent && ev) { run->push(std::move(ev)); };
+    auto cancelled = req->cancelled;
+    const auto st = engine_.submit(std::move(req));
+    if (st != engine::SubmitStatus::Accepted) {
+        ApiError e(st == engine::SubmitStatus::QueueFull ? 429 : 503, "the server is at capacity; retry shortly");
+        e.retry_after_s = 1;
+        throw e;
+    }
+    out->on_close([cancelled, eng = &engine_] {
+        cancelled->store(true);
+        eng->wake();
+    });
+    if (run->stream) out->start_stream(200);
+}
+
+void ResponsesService::get(const std::string & id, const std::string & owner, const std::shared_ptr<Responder> & out) {
+    auto rec = store_.session(id);
+    if (!rec || rec->agent_id != kResponseAgent || rec->owner != owner) {
+        throw ApiError(404, "no stored response with id '" + id + "'");
+    }
+    out->send(200, "application/json", dump(json::parse(rec->data)["response"]));
+}
+
+void ResponsesService::erase(const std::string & id, const std::string & owner,
+                             const std::shared_ptr<Responder> & out) {
+    auto rec = store_.session(id);
+    if (!rec || rec->agent_id != kResponseAgent || rec->owner != owner) {
+        throw ApiError(404, "no stored response with id '" + id + "'");
+    }
+    store::Batch b;
+    b.erase.push_back(id);
+    store_.commit(std::move(b), [out, id](store::Status st) {
+        if (!st.ok) {
+            out->send(503, "application/json", error_body(503, "could not delete: " + st.error));
+            return;
+        }
+        out->send(200, "application/json", dump(json{{"id", id}, {"object", "response"}, {"deleted", true}}));
+    });
+}
+
+}  // namespace armada::api

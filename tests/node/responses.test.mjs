@@ -1,0 +1,108 @@
+// The Responses API with the official openai client.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { startServer } from './harness.mjs';
+import { tempDir } from './agents.mjs';
+
+let srv;
+let client;
+
+const weather = {
+  type: 'function',
+  name: 'get_weather',
+  description: 'Weather for a city',
+  parameters: {
+    type: 'object',
+    properties: { city: { type: 'string', enum: ['Paris', 'Lima'] } },
+    required: ['city'],
+    additionalProperties: false,
+  },
+};
+
+before(async () => {
+  const dir = tempDir('armada-responses-');
+  fs.writeFileSync(path.join(dir, 'keys'), 'sk-r1\nsk-r2\n');
+  srv = await startServer(['--data-dir', path.join(dir, 'data'), '--api-key-file', path.join(dir, 'keys'), '-c', '8192']);
+  client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'sk-r1', maxRetries: 0 });
+});
+
+after(async () => {
+  await srv.stop();
+});
+
+test('text input with instructions', async () => {
+  const r = await client.responses.create({
+    model: 'x', input: 'Say hi', instructions: 'Be brief.', max_output_tokens: 12,
+  });
+  assert.match(r.id, /^resp_/);
+  assert.equal(r.object, 'response');
+  assert.ok(['completed', 'incomplete'].includes(r.status));
+  assert.equal(r.output[0].type, 'message');
+  assert.equal(r.output[0].role, 'assistant');
+  assert.equal(typeof r.output_text, 'string');
+  assert.ok(r.usage.input_tokens > 0 && r.usage.output_tokens > 0);
+  assert.equal(r.instructions, 'Be brief.');
+});
+
+test('previous_response_id continues stored state and reuses the KV', async () => {
+  const first = await client.responses.create({ model: 'x', input: 'Remember the word apple.', max_output_tokens: 8 });
+  const second = await client.responses.create({
+    model: 'x', input: 'What was the word?', previous_response_id: first.id, max_output_tokens: 8,
+  });
+  assert.equal(second.previous_response_id, first.id);
+  assert.ok(second.usage.input_tokens > first.usage.input_tokens);
+  assert.ok(second.usage.input_tokens_details.cached_tokens > 0, 'the first turn came from the KV cache');
+  await assert.rejects(
+    client.responses.create({ model: 'x', input: 'x', previous_response_id: 'resp_nope' }),
+    (e) => e.status === 404,
+  );
+});
+
+test('function tools round-trip through function_call_output', async () => {
+  const r = await client.responses.create({
+    model: 'x', input: 'Weather in Paris?', tools: [weather], tool_choice: 'required',
+    parallel_tool_calls: false, max_output_tokens: 256,
+  });
+  const call = r.output.find((o) => o.type === 'function_call');
+  assert.ok(call, JSON.stringify(r.output));
+  assert.equal(call.name, 'get_weather');
+  assert.ok(['Paris', 'Lima'].includes(JSON.parse(call.arguments).city));
+  const next = await client.responses.create({
+    model: 'x', previous_response_id: r.id, tools: [weather], max_output_tokens: 16,
+    input: [{ type: 'function_call_output', call_id: call.call_id, output: '{"temp": 21}' }],
+  });
+  assert.ok(['completed', 'incomplete'].includes(next.status));
+});
+
+test('streaming events carry sequence numbers in order', async () => {
+  const stream = await client.responses.create({ model: 'x', input: 'Count', max_output_tokens: 10, stream: true });
+  const events = [];
+  for await (const ev of stream) events.push(ev);
+  assert.equal(events[0].type, 'response.created');
+  assert.equal(events[1].type, 'response.in_progress');
+  assert.ok(['response.completed', 'response.incomplete'].includes(events.at(-1).type));
+  assert.deepEqual(events.map((e) => e.sequence_number), events.map((_, i) => i));
+  const deltas = events.filter((e) => e.type === 'response.output_text.delta').map((e) => e.delta).join('');
+  const done = events.find((e) => e.type === 'response.output_text.done');
+  assert.equal(deltas, done.text);
+  assert.equal(events.at(-1).response.output[0].content[0].text, done.text);
+});
+
+test('stored responses can be retrieved and deleted, only by their key', async () => {
+  const r = await client.responses.create({ model: 'x', input: 'keep me', max_output_tokens: 4 });
+  const got = await client.responses.retrieve(r.id);
+  assert.equal(got.id, r.id);
+  const other = await fetch(`${srv.base}/v1/responses/${r.id}`, { headers: { Authorization: 'Bearer sk-r2' } });
+  assert.equal(other.status, 404, 'another key does not see it');
+  const otherDel = await fetch(`${srv.base}/v1/responses/${r.id}`, { method: 'DELETE', headers: { Authorization: 'Bearer sk-r2' } });
+  assert.equal(otherDel.status, 404);
+  const nokey = await fetch(`${srv.base}/v1/responses/${r.id}`);
+  assert.equal(nokey.status, 401);
+  await client.responses.delete(r.id);
+  await assert.rejects(client.responses.retrieve(r.id), (e) => e.status === 404);
+  const unstored = await client.responses.create({ model: 'x', input: 'forget me', store: false, max_output_tokens: 4 });
+  await assert.rejects(client.responses.retrieve(unstored.id), (e) => e.status === 404);
+});
