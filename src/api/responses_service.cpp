@@ -8,7 +8,9 @@
 #include <boost/asio/strand.hpp>
 
 #include <chrono>
+#include <map>
 #include <mutex>
+#include <set>
 
 namespace armada::api {
 
@@ -130,6 +132,18 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     common_chat_msg parsed;
     int64_t seq = 0;
     bool item_open = false;
+    // server-side MCP tools: the loop runs model step → MCP calls → model step until an answer
+    ResponsesService * svc = nullptr;
+    engine::Engine * engine = nullptr;
+    std::vector<common_chat_tool> tools;
+    common_chat_tool_choice choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
+    bool parallel = true;
+    engine::SamplingOptions so;
+    std::string instructions;
+    std::map<std::string, std::pair<std::string, std::shared_ptr<tools::McpClient>>> mcp;  // tool → (label, client)
+    json items = json::array();  // mcp_list_tools and mcp_call items, in order
+    int iterations = 0, pending = 0;
+    int64_t in_tokens = 0, out_tokens = 0, cached_tokens = 0;
 
     std::mutex mu;
     std::vector<engine::GenEvent> events;  // guarded by mu
@@ -187,7 +201,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         }
         if (ev.kind == engine::GenEvent::Kind::Text) {
             text += ev.text;
-            if (!stream) return;
+            if (!stream || !mcp.empty()) return;  // with server tools, text goes out when the loop ends
             auto m = format->try_parse(*turn, text, true);
             if (!m) return;
             if (m->content.size() > parsed.content.size() &&
@@ -217,7 +231,11 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
             return;
         }
         common_chat_msg msg = format->parse(*turn, text, false);
-        json output = json::array();
+        in_tokens += ev.n_prompt;
+        out_tokens += ev.n_generated;
+        cached_tokens += ev.n_cached;
+        if (run_mcp_calls(msg)) return;
+        json output = items;
         if (!msg.content.empty() || msg.tool_calls.empty()) {
             output.push_back({{"type", "message"},
                               {"id", msg_id},
@@ -241,11 +259,11 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         resp["status"] = cut ? "incomplete" : "completed";
         resp["incomplete_details"] = cut ? json{{"reason", "max_output_tokens"}} : json(nullptr);
         resp["output"] = output;
-        resp["usage"] = {{"input_tokens", ev.n_prompt},
-                         {"input_tokens_details", {{"cached_tokens", ev.n_cached}}},
-                         {"output_tokens", ev.n_generated},
+        resp["usage"] = {{"input_tokens", in_tokens},
+                         {"input_tokens_details", {{"cached_tokens", cached_tokens}}},
+                         {"output_tokens", out_tokens},
                          {"output_tokens_details", {{"reasoning_tokens", 0}}},
-                         {"total_tokens", ev.n_prompt + ev.n_generated}};
+                         {"total_tokens", in_tokens + out_tokens}};
         msg.role = "assistant";
         conversation.push_back(msg);
         if (!store_it) return deliver(output);
@@ -277,6 +295,77 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         });
     }
 
+    // When every call of the step is for a server-side MCP tool, run them (in parallel, on the
+    // MCP workers), record mcp_call items and tool results, and take another model step.
+    bool run_mcp_calls(common_chat_msg & msg) {
+        if (msg.tool_calls.empty() || mcp.empty()) return false;
+        for (const auto & c : msg.tool_calls) {
+            if (!mcp.count(c.name)) return false;  // a client function call ends the loop
+        }
+        if (++iterations > 8) return false;
+        for (auto & c : msg.tool_calls)
+            c.id = random_id("call_");
+        msg.role = "assistant";
+        conversation.push_back(msg);
+        pending = int(msg.tool_calls.size());
+        for (const auto & c : msg.tool_calls) {
+            const auto & entry = mcp.at(c.name);
+            svc->run_mcp(entry.second, c, [self = shared_from_this(), c, label = entry.first](tools::ToolResult r) {
+                net::post(self->strand, [self, c, label, r] { self->on_mcp_result(c, label, r); });
+            });
+        }
+        return true;
+    }
+
+    void on_mcp_result(const common_chat_tool_call & c, const std::string & label, const tools::ToolResult & r) {
+        items.push_back({{"type", "mcp_call"},
+                         {"id", random_id("mcp_")},
+                         {"server_label", label},
+                         {"name", c.name},
+                         {"arguments", c.arguments},
+                         {"output", r.is_error ? json(nullptr) : json(r.content)},
+                         {"error", r.is_error ? json(r.content) : json(nullptr)}});
+        common_chat_msg tm;
+        tm.role = "tool";
+        tm.tool_call_id = c.id;
+        tm.tool_name = c.name;
+        tm.content = r.content;
+        conversation.push_back(tm);
+        if (--pending == 0) next_step();
+    }
+
+    void next_step() {
+        std::vector<common_chat_msg> msgs;
+        if (!instructions.empty()) {
+            common_chat_msg sys;
+            sys.role = "system";
+            sys.content = instructions;
+            msgs.push_back(sys);
+        }
+        msgs.insert(msgs.end(), conversation.begin(), conversation.end());
+        text.clear();
+        parsed = common_chat_msg();
+        std::unique_ptr<engine::GenRequest> req;
+        try {
+            // After a forced call, the model may answer freely.
+            const auto c = choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED ? COMMON_CHAT_TOOL_CHOICE_AUTO : choice;
+            turn = std::make_shared<engine::ChatTurn>(format->render(msgs, tools, c, parallel));
+            req = format->request(*turn, so, engine->n_ctx_seq(), engine::choice_seed(so, iterations));
+        } catch (const std::exception & e) {
+            engine::GenEvent ev;
+            ev.finish = engine::FinishReason::Error;
+            ev.error = e.what();
+            return finish(ev);
+        }
+        req->sink = [self = shared_from_this()](engine::GenEvent && ev) { self->push(std::move(ev)); };
+        if (engine->submit(std::move(req)) != engine::SubmitStatus::Accepted) {
+            engine::GenEvent ev;
+            ev.finish = engine::FinishReason::Error;
+            ev.error = "the server is at capacity";
+            finish(ev);
+        }
+    }
+
     void deliver(const json & output) {
         if (!stream) {
             out->send(200, "application/json", dump(resp));
@@ -299,6 +388,8 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
                 send_event(
                     "response.content_part.done",
                     {{"item_id", msg_id}, {"output_index", i}, {"content_index", 0}, {"part", item["content"][0]}});
+            } else if (item["type"] != "function_call") {
+                send_event("response.output_item.added", {{"output_index", i}, {"item", item}});
             } else {
                 json added = item;
                 added["arguments"] = "";
@@ -317,10 +408,18 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
 };
 
 ResponsesService::ResponsesService(std::shared_ptr<engine::Model> model, engine::Engine & engine, store::Store & store,
-                                   net::any_io_executor io)
-    : model_(std::move(model)), engine_(engine), store_(store), io_(std::move(io)), format_(model_) {}
+                                   net::any_io_executor io, const tools::SsrfGuard & guard)
+    : model_(std::move(model)),
+      engine_(engine),
+      store_(store),
+      io_(std::move(io)),
+      format_(model_),
+      guard_(guard),
+      pool_(2) {}
 
-ResponsesService::~ResponsesService() = default;
+ResponsesService::~ResponsesService() {
+    pool_.join();
+}
 
 void ResponsesService::create(const json & body, const std::string & owner, std::shared_ptr<Responder> out) {
     auto run = std::make_shared<Run>(io_);
@@ -350,10 +449,9 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
         for (const auto & t : body["tools"]) {
             const std::string type = t.is_object() ? get_string(t, "type") : "";
             if (type == "mcp") {
-                throw ApiError(400,
-                               "tools of type 'mcp' are not supported in /v1/responses yet; declare the MCP "
-                               "server on an agent and use /v1/agents/{id}/sessions",
-                               "tools");
+                add_mcp_tools(*run, t, tools);
+                tools_echo.push_back(t);
+                continue;
             }
             if (type != "function") throw ApiError(400, "tool type '" + type + "' is not supported", "tools");
             common_chat_tool ct{get_string(t, "name"), get_string(t, "description"),
@@ -391,6 +489,12 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
     msgs.insert(msgs.end(), run->conversation.begin(), run->conversation.end());
     const bool parallel = get_bool(body, "parallel_tool_calls", true);
     run->turn = std::make_shared<engine::ChatTurn>(format_.render(msgs, tools, choice, parallel));
+    run->svc = this;
+    run->engine = &engine_;
+    run->tools = tools;
+    run->choice = choice;
+    run->parallel = parallel;
+    run->instructions = instructions;
 
     engine::SamplingOptions so;
     so.temperature = float(get_number(body, "temperature", 0.8));
@@ -400,6 +504,7 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
     so.max_tokens = int32_t(std::min<int64_t>(max_out, INT32_MAX));
     if (so.temperature < 0 || so.temperature > 2)
         throw ApiError(400, "'temperature' must be between 0 and 2", "temperature");
+    run->so = so;
     auto req = format_.request(*run->turn, so, engine_.n_ctx_seq(), engine::choice_seed(so, 0));
 
     run->resp = {{"id", random_id("resp_")},
@@ -435,6 +540,49 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
         eng->wake();
     });
     if (run->stream) out->start_stream(200);
+}
+
+void ResponsesService::add_mcp_tools(Run & run, const json & t, std::vector<common_chat_tool> & tools) {
+    agent::McpServerSpec spec;
+    spec.url = get_string(t, "server_url");
+    const std::string label = get_string(t, "server_label", spec.url);
+    if (spec.url.empty()) throw ApiError(400, "an mcp tool needs server_url", "tools");
+    if (t.contains("allowed_tools") && t["allowed_tools"].is_array()) {
+        for (const auto & a : t["allowed_tools"]) {
+            if (a.is_string()) spec.allowed_tools.push_back(a.get<std::string>());
+        }
+    }
+    if (t.contains("headers") && t["headers"].is_object()) {
+        for (const auto & [k, v] : t["headers"].items()) {
+            if (v.is_string()) spec.headers[k] = v.get<std::string>();
+        }
+    }
+    std::shared_ptr<tools::McpClient> client;
+    {
+        std::lock_guard lk(mu_);
+        auto & c = mcp_clients_[spec.url];
+        if (!c) c = std::make_shared<tools::McpClient>(spec, guard_);
+        client = c;
+    }
+    // tools/list blocks this I/O thread for at most the server's timeout.
+    std::vector<agent::HttpToolSpec> listed;
+    if (auto err = client->list_tools(listed); !err.empty()) throw ApiError(424, err, "tools");
+    std::set<std::string> allowed(spec.allowed_tools.begin(), spec.allowed_tools.end());
+    json list = json::array();
+    for (const auto & l : listed) {
+        if (!allowed.empty() && !allowed.count(l.name)) continue;
+        tools.push_back({l.name, l.description, l.parameters});
+        run.mcp[l.name] = {label, client};
+        list.push_back({{"name", l.name}, {"description", l.description}, {"input_schema", json::parse(l.parameters)}});
+    }
+    run.items.push_back(
+        {{"type", "mcp_list_tools"}, {"id", random_id("mcpl_")}, {"server_label", label}, {"tools", list}});
+}
+
+void ResponsesService::run_mcp(const std::shared_ptr<tools::McpClient> & client, const common_chat_tool_call & call,
+                               std::function<void(tools::ToolResult)> done) {
+    net::post(pool_,
+              [client, call, done = std::move(done)] { done(client->call_tool(call.name, call.arguments, call.id)); });
 }
 
 void ResponsesService::get(const std::string & id, const std::string & owner, const std::shared_ptr<Responder> & out) {

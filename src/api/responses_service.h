@@ -5,10 +5,14 @@
 #include "engine/chat_format.h"
 #include "engine/engine.h"
 #include "store/store.h"
+#include "tools/mcp_client.h"
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/thread_pool.hpp>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace armada::api {
@@ -21,7 +25,7 @@ namespace armada::api {
 class ResponsesService {
   public:
     ResponsesService(std::shared_ptr<engine::Model> model, engine::Engine & engine, store::Store & store,
-                     boost::asio::any_io_executor io);
+                     boost::asio::any_io_executor io, const tools::SsrfGuard & guard);
     ~ResponsesService();
 
     void create(const json & body, const std::string & owner, std::shared_ptr<Responder> out);
@@ -30,13 +34,21 @@ class ResponsesService {
 
   private:
     struct Run;
-    engine::Model & model() { return *model_; }
+    //! Lists an `{"type":"mcp"}` tool's server tools into `tools` (blocking, bounded by its timeout).
+    void add_mcp_tools(Run & run, const json & t, std::vector<common_chat_tool> & tools);
+    //! Calls an MCP tool on a worker thread; `done` runs there.
+    void run_mcp(const std::shared_ptr<tools::McpClient> & client, const common_chat_tool_call & call,
+                 std::function<void(tools::ToolResult)> done);
 
     std::shared_ptr<engine::Model> model_;
     engine::Engine & engine_;
     store::Store & store_;
     boost::asio::any_io_executor io_;
     engine::ChatFormat format_;
+    const tools::SsrfGuard & guard_;
+    boost::asio::thread_pool pool_;
+    std::mutex mu_;
+    std::map<std::string, std::shared_ptr<tools::McpClient>> mcp_clients_;  // guarded by mu_
 };
 
 }  // namespace armada::api

@@ -142,7 +142,7 @@ int serve(const ServeOptions & opt) {
     if (resumed > 0) printf("armada: resumed %zu sessions from %s\n", resumed, opt.data_dir.c_str());
     api::SessionsApi sessions_api(sessions,
                                   [&guard](agent::AgentSpec & a) { return tools::import_mcp_tools(a, guard); });
-    api::ResponsesService responses(model, eng, *store, http.executor());
+    api::ResponsesService responses(model, eng, *store, http.executor(), guard);
     router.set_service(&svc, &eng, &sessions_api, &responses);
     printf("armada: ready, model %s, %d sequences x %d tokens\n", model->id().c_str(), opt.engine.n_seq_max,
            eng.n_ctx_seq());

@@ -6,6 +6,7 @@ import { spawn } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import OpenAI from 'openai';
 import { startServer, rawPost } from './harness.mjs';
 import { tempDir, writeAgents } from './agents.mjs';
 import { getJson, waitFor } from './session_helpers.mjs';
@@ -79,6 +80,25 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
     await new Promise((r) => mcp.on('exit', r));
     mcp = await startEverything(port);
     await run();
+
+    // The Responses API runs {"type":"mcp"} tools on the server, with the official client.
+    const client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'unused', maxRetries: 0 });
+    const resp = await client.responses.create({
+      model: 'x', input: 'Add two numbers', max_output_tokens: 96, parallel_tool_calls: false,
+      tools: [{ type: 'mcp', server_label: 'everything', server_url: `http://127.0.0.1:${port}/mcp`,
+        allowed_tools: ['get-sum'], require_approval: 'never' }],
+      tool_choice: 'required',
+    });
+    assert.equal(resp.output[0].type, 'mcp_list_tools');
+    assert.deepEqual(resp.output[0].tools.map((t) => t.name), ['get-sum']);
+    const calls = resp.output.filter((o) => o.type === 'mcp_call');
+    assert.ok(calls.length >= 1, JSON.stringify(resp.output).slice(0, 400));
+    for (const c of calls) {
+      assert.equal(c.server_label, 'everything');
+      assert.equal(c.error, null);
+      assert.match(c.output, /^The sum of /);
+    }
+    assert.ok(['message', 'mcp_call'].includes(resp.output.at(-1).type));
 
     // Tools of an agent posted at run time are imported too; an unreachable server is a clear 400.
     const bad = await fetch(`${srv.base}/v1/agents`, {
