@@ -231,3 +231,29 @@ test('metrics count sessions, steps, tools and the chain survival rate', async (
   const m = t.match(/^armada_chain_survival_ratio (\S+)/m);
   assert.ok(m && Number(m[1]) > 0 && Number(m[1]) <= 1);
 });
+
+test('max_steps, the token budget and the deadline end a session as failed, with the reason', async () => {
+  const agent = (id, limits, extraTools = '') => `id: ${id}
+min_tool_steps: 5
+parallel_tool_calls: false
+limits: { ${limits} }
+tools:
+  - name: lookup
+    url: ${tools.url}/lookup
+    parameters: { type: object, properties: { r: { type: string, enum: [a, b] } }, required: [r] }
+${extraTools}`;
+  const cases = [
+    ['steps', 'max_steps: 2, max_tokens_per_step: 96', /^max_steps \(2\) reached$/],
+    ['budget', 'token_budget: 50, max_tokens_per_step: 96', /^token budget \(50\) spent$/],
+    ['deadline', 'deadline_s: 1, max_tokens_per_step: 96', /^deadline \(1 s\) passed$/],
+  ];
+  for (const [id, limits, reason] of cases) {
+    const a = await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: agent(id, limits) });
+    assert.equal(a.status, 200, await a.text());
+    const r = await rawPost(srv.base, `/v1/agents/${id}/sessions`, { input: 'x' });
+    const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
+    assert.equal(s.state, 'failed', id);
+    assert.match(s.reason, reason);
+    assert.equal(s.steps.at(-1).kind, 'state');
+  }
+});
