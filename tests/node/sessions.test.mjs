@@ -18,7 +18,7 @@ before(async () => {
   dir = tempDir('armada-sessions-');
   const agents = writeAgents(dir, agentYaml(tools.url));
   srv = await startServer(['--agents', agents, '--data-dir', path.join(dir, 'data'), '--tool-allow', '127.0.0.1',
-    '-np', '4', '-c', '8192']);
+    '-np', '4', '-c', '8192'], { env: { ARMADA_TEST_SECRET: 's3cr3t-value-42' } });
 });
 
 after(async () => {
@@ -256,4 +256,43 @@ ${extraTools}`;
     assert.match(s.reason, reason);
     assert.equal(s.steps.at(-1).kind, 'state');
   }
+});
+
+test('tool bodies are capped, slow tools time out, header secrets reach the tool and nothing else', async () => {
+  const one = (id, url, extra = '') => `id: ${id}
+min_tool_steps: 1
+answer_without_tools: true
+parallel_tool_calls: false
+limits: { max_steps: 3, max_tokens_per_step: 96 }
+tools:
+  - name: t
+    url: ${url}
+${extra}    parameters: { type: object, properties: { q: { type: boolean } }, required: [q] }
+`;
+  const run = async (id, yaml) => {
+    assert.equal((await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: yaml })).status, 200);
+    const r = await rawPost(srv.base, `/v1/agents/${id}/sessions`, { input: 'x' });
+    return waitFor(srv.base, r.json.id, ['completed', 'failed']);
+  };
+  const big = await run('big', one('big', `${tools.url}/big`));
+  const bigRes = big.steps.find((x) => x.kind === 'tool_result').data;
+  assert.equal(bigRes.is_error, false);
+  assert.match(bigRes.content, /^x{65536}\n\[output truncated at 65536 bytes\]$/);
+
+  const slow = await run('slow', one('slow', `${tools.url}/slow`, '    timeout_ms: 500\n'));
+  const slowRes = slow.steps.find((x) => x.kind === 'tool_result').data;
+  assert.equal(slowRes.is_error, true);
+  assert.match(slowRes.content, /did not answer within 500 ms/);
+
+  const sec = await run('sec', one('sec', `${tools.url}/secret`, '    headers: { X-Token: "${env:ARMADA_TEST_SECRET}" }\n'));
+  assert.equal(sec.state, 'completed', sec.reason);
+  assert.ok(tools.secrets.includes('s3cr3t-value-42'), 'the tool received the secret');
+  const all = JSON.stringify(sec) + JSON.stringify(await (await fetch(`${srv.base}/v1/agents`)).json());
+  assert.ok(!all.includes('s3cr3t-value-42'), 'the secret is not in the session or the agent list');
+  assert.ok(!srv.stdout().includes('s3cr3t') && !srv.stderr().includes('s3cr3t'), 'nor in the logs');
+
+  const missing = await run('nosec', one('nosec', `${tools.url}/secret`, '    headers: { X-Token: "${env:ARMADA_NO_SUCH_VAR}" }\n'));
+  const missRes = missing.steps.find((x) => x.kind === 'tool_result').data;
+  assert.equal(missRes.is_error, true);
+  assert.match(missRes.content, /environment variable ARMADA_NO_SUCH_VAR is not set/);
 });

@@ -8,6 +8,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const replays = new Map();  // key -> count of repeated deliveries
   const stored = new Map();   // key -> reply body
   const noKey = [];
+  const secrets = [];
   const server = http.createServer((req, res) => {
     let body = '';
     req.on('data', (d) => { body += d; });
@@ -23,6 +24,21 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
       if (url.pathname === '/redirect-home') {
         res.writeHead(302, { Location: 'http://127.0.0.2:1/' });
         res.end();
+        return;
+      }
+      if (url.pathname === '/big') {
+        res.writeHead(200, { 'Content-Type': 'text/plain' });
+        res.end('x'.repeat(100 * 1024));
+        return;
+      }
+      if (url.pathname === '/slow') {
+        setTimeout(() => { res.writeHead(200); res.end('late'); }, 3000);
+        return;
+      }
+      if (url.pathname === '/secret') {
+        secrets.push(req.headers['x-token'] ?? null);
+        res.writeHead(200, { 'Content-Type': 'text/plain' });
+        res.end('secret received');
         return;
       }
       if (url.pathname === '/fail') {
@@ -53,7 +69,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const { port } = server.address();
   return {
     url: `http://127.0.0.1:${port}`,
-    effects, replays, noKey,
+    effects, replays, noKey, secrets,
     close: () => new Promise((r) => server.close(r)),
   };
 }
