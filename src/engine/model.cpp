@@ -1,5 +1,7 @@
 #include "engine/model.h"
 
+#include "engine/gguf_check.h"
+
 #include <filesystem>
 #include <mutex>
 
@@ -20,6 +22,10 @@ std::shared_ptr<Model> Model::load(const std::string & path, const std::function
     std::error_code ec;
     if (!std::filesystem::is_regular_file(path, ec)) {
         error = "model file not found: " + path;
+        return nullptr;
+    }
+    if (auto bad = check_gguf(path); !bad.empty()) {
+        error = "model file " + path + " is rejected: " + bad;
         return nullptr;
     }
     auto mp = llama_model_default_params();
