@@ -5,12 +5,47 @@
 #include <chat.h>
 #include <json-schema-to-grammar.h>
 
+#include <algorithm>
 #include <random>
 #include <stdexcept>
 
 namespace armada::engine {
 
 namespace {
+// llama.cpp's GBNF parser recurses on nesting and walks rule chains; a hostile grammar could
+// exhaust the stack before it says no. Bound both before handing it over.
+void check_grammar_shape(const std::string & g) {
+    constexpr int kMaxDepth = 256;
+    constexpr size_t kMaxBytes = 256 * 1024;
+    if (g.size() > kMaxBytes) throw std::invalid_argument("the grammar is larger than 256 KiB");
+    int depth = 0, max_depth = 0;
+    bool in_str = false, in_class = false;
+    for (size_t i = 0; i < g.size(); ++i) {
+        const char c = g[i];
+        if ((in_str || in_class) && c == '\\') {
+            ++i;
+            continue;
+        }
+        if (in_str) {
+            in_str = c != '"';
+        } else if (in_class) {
+            in_class = c != ']';
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '[') {
+            in_class = true;
+        } else if (c == '(') {
+            max_depth = std::max(max_depth, ++depth);
+        } else if (c == ')') {
+            --depth;
+        }
+    }
+    if (max_depth > kMaxDepth) {
+        throw std::invalid_argument("the grammar nests parentheses " + std::to_string(max_depth) +
+                                    " deep; the limit is " + std::to_string(kMaxDepth));
+    }
+}
+
 bool plain(const SamplingOptions & s, const ToolGrammar & t) {
     return !(t.chat && !t.chat->grammar.empty()) && s.grammar.empty() && s.json_schema.empty() && !s.json_object &&
            s.repeat_penalty == 1.0f && s.frequency_penalty == 0.0f && s.presence_penalty == 0.0f;
@@ -57,6 +92,7 @@ SamplerPtr chain(const Model & model, const SamplingOptions & s, const ToolGramm
             throw std::invalid_argument(std::string("cannot use this JSON schema: ") + e.what());
         }
     } else if (!s.grammar.empty()) {
+        check_grammar_shape(s.grammar);
         p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, s.grammar);
     }
     common_sampler * smpl = nullptr;

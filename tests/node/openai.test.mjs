@@ -287,6 +287,24 @@ test('bad requests get OpenAI-shaped 4xx errors and the server keeps serving', a
   assert.equal(ok.choices.length, 1);
 });
 
+test('hostile grammars and schemas are refused or served, never a crash', async () => {
+  const deep = 'root ::= ' + '('.repeat(60000) + '"a"' + ')'.repeat(60000);
+  const r1 = await rawPost(srv.base, '/v1/completions', { prompt: 'x', max_tokens: 2, grammar: deep });
+  assert.equal(r1.status, 400, r1.text);
+  let chain = 'root ::= r0\n';
+  for (let i = 0; i < 5000; i++) chain += `r${i} ::= r${i + 1}\n`;
+  chain += 'r5000 ::= "a"\n';
+  const r2 = await rawPost(srv.base, '/v1/completions', { prompt: 'x', max_tokens: 2, grammar: chain });
+  assert.ok([200, 400].includes(r2.status), r2.text.slice(0, 200));
+  const schema = { $ref: '#/definitions/a', definitions: { a: { type: 'object', properties: { n: { $ref: '#/definitions/a' } } } } };
+  const r3 = await rawPost(srv.base, '/v1/chat/completions', {
+    messages: [{ role: 'user', content: 'x' }], max_tokens: 4,
+    response_format: { type: 'json_schema', json_schema: { name: 'r', schema } },
+  });
+  assert.ok([200, 400].includes(r3.status), r3.text.slice(0, 200));
+  assert.equal((await fetch(srv.base + '/health')).status, 200);
+});
+
 test('max_tokens cut inside a multi-byte character still gives valid JSON', async () => {
   for (let n = 1; n <= 6; n++) {
     const r = await rawPost(srv.base, '/v1/completions', { prompt: '你好，世界', max_tokens: n, seed: n, temperature: 1.5 });
