@@ -68,8 +68,21 @@ struct SessionManager::Session {
     std::shared_ptr<engine::ChatTurn> turn;
     std::string gen_text;
     std::shared_ptr<std::atomic<bool>> gen_cancel;
+    // What readers see: the session as of its last durable batch, never ahead of the store.
+    struct Durable {
+        SessionState state = SessionState::Queued;
+        std::string reason;
+        size_t transcript_len = 0;
+        int32_t model_steps = 0;
+        int64_t prompt_tokens = 0, completion_tokens = 0;
+    } durable;
     // durability: batches go to the store one at a time, in order
-    std::deque<std::pair<store::Batch, std::function<void(Session &)>>> outbox;
+    struct Pending {
+        store::Batch batch;
+        std::function<void(Session &)> after;
+        Durable snapshot;
+    };
+    std::deque<Pending> outbox;
     bool committing = false;
     int commit_failures = 0;
     // events
@@ -178,14 +191,15 @@ store::StepRecord SessionManager::step_record(Session & s, const std::string & k
 }
 
 void SessionManager::persist(Session & s, store::Batch b, std::function<void(Session &)> after) {
-    s.outbox.emplace_back(std::move(b), std::move(after));
+    Session::Durable snap{s.state, s.reason, s.transcript.size(), s.model_steps, s.prompt_tokens, s.completion_tokens};
+    s.outbox.push_back({std::move(b), std::move(after), std::move(snap)});
     send_next(s);
 }
 
 void SessionManager::send_next(Session & s) {
     if (s.committing || s.outbox.empty()) return;
     s.committing = true;
-    store_.commit(s.outbox.front().first, [this, alive = alive_, id = s.id](store::Status st) {
+    store_.commit(s.outbox.front().batch, [this, alive = alive_, id = s.id](store::Status st) {
         // The store's thread: hand over, never touch sessions here.
         if (*alive) post([this, id, st] { on_committed(id, st); });
     });
@@ -212,7 +226,8 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
         return;
     }
     s.commit_failures = 0;
-    auto after = std::move(s.outbox.front().second);
+    auto after = std::move(s.outbox.front().after);
+    s.durable = std::move(s.outbox.front().snapshot);
     s.outbox.pop_front();
     if (after) after(s);
     send_next(s);
@@ -598,17 +613,19 @@ std::optional<SessionView> SessionManager::get(const std::string & id, const std
         std::lock_guard lk(mu_);
         Session * s = find(id, owner);
         if (!s) return std::nullopt;
+        // Readers see the last durable state only: nothing that could still be lost.
+        const Session::Durable & d = s->durable;
         v.id = s->id;
         v.agent_id = s->agent_id;
-        v.state = state_name(s->state);
-        v.reason = s->reason;
+        v.state = state_name(d.state);
+        v.reason = d.reason;
         json t = json::array();
-        for (const auto & m : s->transcript)
-            t.push_back(msg_json(m));
+        for (size_t i = 0; i < d.transcript_len && i < s->transcript.size(); ++i)
+            t.push_back(msg_json(s->transcript[i]));
         v.transcript = dump(t);
-        v.model_steps = s->model_steps;
-        v.prompt_tokens = s->prompt_tokens;
-        v.completion_tokens = s->completion_tokens;
+        v.model_steps = d.model_steps;
+        v.prompt_tokens = d.prompt_tokens;
+        v.completion_tokens = d.completion_tokens;
         v.created_ms = s->created_ms;
     }
     v.steps = store_.steps(id);
@@ -714,6 +731,7 @@ size_t SessionManager::resume_all() {
                 }
             }
         }
+        s.durable = {s.state, s.reason, s.transcript.size(), s.model_steps, s.prompt_tokens, s.completion_tokens};
         Session * ps = sp.get();
         sessions_[r.id] = std::move(sp);
         if (ended.end() != std::find(ended.begin(), ended.end(), r.state)) continue;

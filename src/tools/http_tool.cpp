@@ -119,6 +119,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   private:
     void attempt() {
         ++attempts_;
+        attempt_t0_ = std::chrono::steady_clock::now();
         redirects_ = 0;
         go(url_text_);
     }
@@ -217,7 +218,12 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         finish(std::move(r));
     }
 
-    void retry_or_fail(const std::string & why) {
+    void retry_or_fail(const std::string & why_in) {
+        // Whichever operation the deadline interrupted, say it was the deadline.
+        const auto spent = std::chrono::steady_clock::now() - attempt_t0_;
+        const std::string why = spent >= std::chrono::milliseconds(spec_.timeout_ms)
+                                    ? "the tool did not answer within " + std::to_string(spec_.timeout_ms) + " ms"
+                                    : why_in;
         if (attempts_ <= spec_.retries) {
             // Exponential backoff from 100 ms; the same idempotency key goes with every attempt.
             timer_.expires_after(std::chrono::milliseconds(100 << std::min(attempts_ - 1, 6)));
@@ -249,7 +255,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     std::function<void(ToolResult)> done_;
     tcp::resolver resolver_;
     net::steady_timer timer_;
-    std::chrono::steady_clock::time_point t0_;
+    std::chrono::steady_clock::time_point t0_, attempt_t0_;
     std::vector<std::pair<std::string, std::string>> headers_;
     std::string url_text_;
     Url url_;
