@@ -55,3 +55,29 @@ TEST(Charset, InvalidBytesAreReplaced) {
     EXPECT_EQ(to_utf8("\xC4\xE3\xBA", "gbk"), "\xE4\xBD\xA0\xEF\xBF\xBD");  // truncated second character
     EXPECT_EQ(to_utf8("ok", "no-such-charset"), "ok");
 }
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+namespace {
+// Resolves like the tool transport does, then asks the guard about every address.
+bool any_permitted(const SsrfGuard & g, const std::string & host) {
+    boost::asio::io_context io;
+    boost::asio::ip::tcp::resolver r(io);
+    boost::system::error_code ec;
+    auto results = r.resolve(host, "80", ec);
+    EXPECT_FALSE(ec) << host << ": " << ec.message();
+    bool any = false;
+    for (const auto & e : results)
+        any |= g.permitted(e.endpoint().address());
+    return any;
+}
+}  // namespace
+
+TEST(Ssrf, NumericFormsAndNamesAreJudgedAfterResolution) {
+    SsrfGuard g;
+    // decimal, hex, octal and short forms of 127.0.0.1, a name for it, and metadata in decimal
+    for (const char * h : {"2130706433", "0x7f000001", "017700000001", "127.1", "localhost", "2852039166"}) {
+        EXPECT_FALSE(any_permitted(g, h)) << h;
+    }
+}
