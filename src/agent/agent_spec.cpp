@@ -221,7 +221,8 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where) {
     if (const auto l = n["limits"]) {
         if (!l.IsMap()) fail(where + ".limits", "must be a map");
         check_keys(l, where + ".limits",
-                   {"max_steps", "max_tokens_per_step", "token_budget", "tool_timeout_ms", "deadline_s"});
+                   {"max_steps", "max_tokens_per_step", "token_budget", "tool_timeout_ms", "deadline_s",
+                    "max_context_tokens", "max_kv_bytes", "keep_tool_outputs"});
         a.limits.max_steps = int32_t(integer(l["max_steps"], where + ".limits.max_steps", 16, 1, 1000));
         a.limits.max_tokens_per_step =
             int32_t(integer(l["max_tokens_per_step"], where + ".limits.max_tokens_per_step", 512, 1, 1 << 20));
@@ -229,6 +230,11 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where) {
         a.limits.tool_timeout_ms =
             int32_t(integer(l["tool_timeout_ms"], where + ".limits.tool_timeout_ms", 30000, 1, 3600000));
         a.limits.deadline_s = int32_t(integer(l["deadline_s"], where + ".limits.deadline_s", 0, 0, 30 * 86400));
+        a.limits.max_context_tokens =
+            int32_t(integer(l["max_context_tokens"], where + ".limits.max_context_tokens", 0, 0, 1 << 24));
+        a.limits.max_kv_bytes = integer(l["max_kv_bytes"], where + ".limits.max_kv_bytes", 0, 0, int64_t(1) << 44);
+        a.limits.keep_tool_outputs =
+            int32_t(integer(l["keep_tool_outputs"], where + ".limits.keep_tool_outputs", -1, -1, 100000));
     }
     a.tool_choice = parse_choice(n["tool_choice"], where + ".tool_choice");
     a.min_tool_steps = int32_t(integer(n["min_tool_steps"], where + ".min_tool_steps", 0, 0, 1000));

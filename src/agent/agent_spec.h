@@ -43,6 +43,13 @@ struct AgentLimits {
     int64_t token_budget = 0;         // prompt + generated tokens over the session; 0 = none
     int32_t tool_timeout_ms = 30000;  // cap on any single tool call
     int32_t deadline_s = 0;           // wall time from creation; 0 = none
+    //! Per-session memory cap: the prompt of a step may hold at most this many tokens, and its
+    //! KV at most this many bytes (0 = only the sequence's context limits it).
+    int32_t max_context_tokens = 0;
+    int64_t max_kv_bytes = 0;
+    //! Compaction at the cap: tool outputs older than the newest N are replaced by a short note
+    //! in the prompt (the stored transcript keeps them). -1: no compaction, the session fails.
+    int32_t keep_tool_outputs = -1;
 };
 
 //! A declared agent.

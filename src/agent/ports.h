@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace armada::agent {
 
@@ -15,6 +17,12 @@ class GenerationPort {
     virtual engine::SubmitStatus submit(std::unique_ptr<engine::GenRequest> req) = 0;
     virtual void wake() = 0;
     virtual int32_t n_ctx_seq() const = 0;
+    //! Session memory: the session will not be back soon (`drop` false) or at all (`drop` true).
+    virtual void release(const std::string & /*session*/, bool /*drop*/) {}
+    virtual std::optional<engine::KvUsage> kv_usage(const std::string & /*session*/) const { return std::nullopt; }
+    virtual uint64_t kv_bytes_per_token() const { return 0; }
+    //! True while the node's KV memory is past its high watermark: new sessions wait.
+    virtual bool kv_pressure() const { return false; }
 };
 
 //! Adapts a real Engine.
@@ -24,6 +32,12 @@ class EnginePort : public GenerationPort {
     engine::SubmitStatus submit(std::unique_ptr<engine::GenRequest> req) override { return e_.submit(std::move(req)); }
     void wake() override { e_.wake(); }
     int32_t n_ctx_seq() const override { return e_.n_ctx_seq(); }
+    void release(const std::string & session, bool drop) override { e_.release(session, drop); }
+    std::optional<engine::KvUsage> kv_usage(const std::string & session) const override {
+        return e_.kv_usage(session);
+    }
+    uint64_t kv_bytes_per_token() const override { return e_.kv_bytes_per_cell(); }
+    bool kv_pressure() const override { return e_.kv_pressure(); }
 
   private:
     engine::Engine & e_;

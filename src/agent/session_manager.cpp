@@ -63,6 +63,10 @@ struct SessionManager::Session {
     int64_t prompt_tokens = 0, completion_tokens = 0;
     int64_t created_ms = 0, next_seq = 1;
     std::vector<PendingCall> calls;  // calls of the current step
+    // session memory
+    std::vector<SessionView::KvPoint> kv_history;
+    int32_t dropped_tools = 0;  // oldest tool outputs left out of the prompt by compaction
+    int32_t compactions = 0;
     // generation in flight
     uint64_t gen = 0;
     std::shared_ptr<engine::ChatTurn> turn;
@@ -131,7 +135,57 @@ void SessionManager::after_ms(int ms, std::function<void()> fn) {
 
 void SessionManager::put_agent(AgentSpec spec) {
     std::lock_guard lk(mu_);
-    agents_[spec.id] = std::move(spec);
+    const std::string id = spec.id;
+    std::erase_if(prefixes_, [&](const auto & kv) { return kv.first.rfind(id + "|", 0) == 0; });
+    agents_[id] = std::move(spec);
+}
+
+std::pair<std::string, int32_t> SessionManager::shared_prefix(const Session & s, const AgentSpec & a,
+                                                              const std::vector<common_chat_tool> & tools,
+                                                              common_chat_tool_choice choice) {
+    // The agent's instructions and tool schemas render the same way for every session: find
+    // those tokens once per agent and tool_choice, by rendering two different user messages and
+    // keeping what they share.
+    const std::string ck = a.id + "|" + std::to_string(int(choice));
+    auto it = prefixes_.find(ck);
+    if (it == prefixes_.end()) {
+        engine::Tokens common;
+        try {
+            auto with_user = [&](const char * text) {
+                std::vector<common_chat_msg> m;
+                if (!a.instructions.empty()) {
+                    common_chat_msg sys;
+                    sys.role = "system";
+                    sys.content = a.instructions;
+                    m.push_back(sys);
+                }
+                common_chat_msg u;
+                u.role = "user";
+                u.content = text;
+                m.push_back(u);
+                return format_.render(m, tools, choice, a.parallel_tool_calls).prompt;
+            };
+            const auto x = with_user("Alpha");
+            const auto y = with_user("Omega");
+            size_t n = 0;
+            while (n < x.size() && n < y.size() && x[n] == y[n])
+                ++n;
+            common.assign(x.begin(), x.begin() + ptrdiff_t(n));
+        } catch (const std::exception &) {
+            common.clear();
+        }
+        it = prefixes_.emplace(ck, std::move(common)).first;
+    }
+    const engine::Tokens & p = it->second;
+    if (p.size() < 16 || !s.turn || s.turn->prompt.size() <= p.size() ||
+        !std::equal(p.begin(), p.end(), s.turn->prompt.begin())) {
+        return {{}, 0};
+    }
+    // Keyed by the owner too: a prefix is never shared across API keys (it would leak by timing).
+    char hex[20];
+    snprintf(hex, sizeof hex, "%016llx",
+             static_cast<unsigned long long>(engine::fnv1a64(p.data(), p.size() * sizeof(llama_token))));
+    return {"prefix|" + s.owner + "|" + a.id + "|" + hex, int32_t(p.size())};
 }
 
 std::vector<AgentSpec> SessionManager::agents() const {
@@ -290,6 +344,9 @@ bool SessionManager::apply(Session & s, SessionEvent ev, const std::string & rea
 
 void SessionManager::count_outcome(const Session & s) {
     if (!has_ended(s.state)) return;
+    // A completed session may get another message: its KV is kept, spilled first. An ended one
+    // will not be back.
+    engine_.release(s.id, s.state != SessionState::Completed);
     metrics_
         .counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", state_name(s.state)}})
         .inc();
@@ -328,14 +385,25 @@ void SessionManager::model_step(Session & s) {
     if (a.limits.deadline_s > 0 && clock_.now_ms() - s.created_ms > int64_t(a.limits.deadline_s) * 1000) {
         return fail(s, SessionEvent::LimitReached, "deadline (" + std::to_string(a.limits.deadline_s) + " s) passed");
     }
-    std::vector<common_chat_msg> msgs;
-    if (!a.instructions.empty()) {
-        common_chat_msg sys;
-        sys.role = "system";
-        sys.content = a.instructions;
-        msgs.push_back(sys);
-    }
-    msgs.insert(msgs.end(), s.transcript.begin(), s.transcript.end());
+    // The prompt: instructions, then the transcript with the oldest `dropped` tool outputs
+    // replaced by a note (compaction; the stored transcript keeps them).
+    auto messages = [&](int32_t dropped) {
+        std::vector<common_chat_msg> msgs;
+        if (!a.instructions.empty()) {
+            common_chat_msg sys;
+            sys.role = "system";
+            sys.content = a.instructions;
+            msgs.push_back(sys);
+        }
+        int32_t seen = 0;
+        for (const auto & m : s.transcript) {
+            msgs.push_back(m);
+            if (m.role == "tool" && seen++ < dropped) {
+                msgs.back().content = "[output of " + m.tool_name + " removed to keep the session within its memory cap]";
+            }
+        }
+        return msgs;
+    };
     std::vector<common_chat_tool> tools;
     for (const auto & t : a.tools)
         tools.push_back({t.name, t.description, t.parameters});
@@ -345,9 +413,46 @@ void SessionManager::model_step(Session & s) {
     else if (a.answer_without_tools && a.min_tool_steps > 0)
         choice = COMMON_CHAT_TOOL_CHOICE_NONE;
 
+    // Per-session memory cap: the context of one sequence, and the agent's own token/byte caps.
+    const uint64_t bpt = engine_.kv_bytes_per_token();
+    int64_t cap = int64_t(engine_.n_ctx_seq()) - 1;
+    if (a.limits.max_context_tokens > 0) cap = std::min<int64_t>(cap, a.limits.max_context_tokens);
+    if (a.limits.max_kv_bytes > 0 && bpt > 0) cap = std::min<int64_t>(cap, a.limits.max_kv_bytes / int64_t(bpt));
+
     std::unique_ptr<engine::GenRequest> req;
     try {
-        s.turn = std::make_shared<engine::ChatTurn>(format_.render(msgs, tools, choice, a.parallel_tool_calls));
+        s.turn = std::make_shared<engine::ChatTurn>(
+            format_.render(messages(s.dropped_tools), tools, choice, a.parallel_tool_calls));
+        if (int64_t(s.turn->prompt.size()) > cap && a.limits.keep_tool_outputs >= 0) {
+            const int32_t n_tool = int32_t(std::count_if(s.transcript.begin(), s.transcript.end(),
+                                                         [](const common_chat_msg & m) { return m.role == "tool"; }));
+            const int32_t want = std::max(0, n_tool - a.limits.keep_tool_outputs);
+            if (want > s.dropped_tools) {
+                const size_t before = s.turn->prompt.size();
+                s.dropped_tools = want;
+                s.turn = std::make_shared<engine::ChatTurn>(
+                    format_.render(messages(s.dropped_tools), tools, choice, a.parallel_tool_calls));
+                ++s.compactions;
+                metrics_.counter("armada_session_compactions_total", "Prompts compacted at a session's memory cap")
+                    .inc();
+                emit(s, "compaction",
+                     dump(json{{"dropped_tool_outputs", s.dropped_tools},
+                               {"prompt_tokens_before", before},
+                               {"prompt_tokens_after", s.turn->prompt.size()},
+                               {"cap_tokens", cap}}));
+            }
+        }
+        if (int64_t(s.turn->prompt.size()) > cap) {
+            std::string why = "session memory cap reached: the next step's prompt has " +
+                              std::to_string(s.turn->prompt.size()) + " tokens (" +
+                              std::to_string(uint64_t(s.turn->prompt.size()) * bpt) + " bytes of KV) but the cap is " +
+                              std::to_string(cap) + " tokens";
+            why += a.limits.keep_tool_outputs >= 0
+                       ? " even with tool outputs older than the newest " +
+                             std::to_string(a.limits.keep_tool_outputs) + " removed"
+                       : "; set limits.keep_tool_outputs to compact old tool outputs instead of failing";
+            return fail(s, SessionEvent::LimitReached, why);
+        }
         engine::SamplingOptions so = a.sampling;
         so.max_tokens = a.limits.max_tokens_per_step;
         so.seed = a.sampling.seed ? std::optional<uint32_t>(*a.sampling.seed + uint32_t(s.model_steps)) : std::nullopt;
@@ -355,6 +460,8 @@ void SessionManager::model_step(Session & s) {
     } catch (const std::exception & e) {
         return fail(s, SessionEvent::Error, std::string("cannot run the model step: ") + e.what());
     }
+    req->session = s.id;
+    std::tie(req->prefix_key, req->prefix_len) = shared_prefix(s, a, tools, choice);
     const uint64_t gen = ++s.gen;
     s.gen_text.clear();
     s.gen_cancel = req->cancelled;
@@ -420,6 +527,7 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
     const int32_t step = ++s.model_steps;
     s.prompt_tokens += ev.n_prompt;
     s.completion_tokens += ev.n_generated;
+    s.kv_history.push_back({step, ev.kv_tokens, uint64_t(ev.kv_tokens) * engine_.kv_bytes_per_token()});
     metrics_.counter("armada_session_steps_total", "Model steps taken by agent sessions").inc();
     const AgentSpec & a = agents_.at(s.agent_id);
     std::set<std::string> known;
@@ -431,7 +539,10 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
                 {"tool_calls", json::array()},
                 {"prompt_tokens", ev.n_prompt},
                 {"completion_tokens", ev.n_generated},
-                {"finish_reason", engine::finish_reason_name(ev.finish)}};
+                {"finish_reason", engine::finish_reason_name(ev.finish)},
+                {"cached_tokens", ev.n_cached},
+                {"kv_tokens", ev.kv_tokens}};
+    if (!ev.kv_source.empty()) out["kv_source"] = ev.kv_source;
     s.calls.clear();
     for (size_t i = 0; i < msg.tool_calls.size(); ++i) {
         auto & c = msg.tool_calls[i];
@@ -554,6 +665,10 @@ void SessionManager::create(const std::string & agent_id, const std::string & ow
                             std::function<void(Outcome)> done) {
     std::lock_guard lk(mu_);
     if (!agents_.count(agent_id)) return done({404, "no agent with id '" + agent_id + "'", {}});
+    if (engine_.kv_pressure()) {
+        metrics_.counter("armada_sessions_refused_total", "New sessions refused at the KV high watermark").inc();
+        return done({429, "the node's KV memory is at its high watermark; retry later", {}, 2});
+    }
     auto sp = std::make_unique<Session>();
     Session & s = *sp;
     s.id = new_session_id();
@@ -627,7 +742,12 @@ std::optional<SessionView> SessionManager::get(const std::string & id, const std
         v.prompt_tokens = d.prompt_tokens;
         v.completion_tokens = d.completion_tokens;
         v.created_ms = s->created_ms;
+        for (const auto & p : s->kv_history) {
+            if (p.step <= d.model_steps) v.kv_history.push_back(p);
+        }
+        v.compactions = s->compactions;
     }
+    v.kv = engine_.kv_usage(id);
     v.steps = store_.steps(id);
     return v;
 }
@@ -658,6 +778,7 @@ void SessionManager::erase(const std::string & id, const std::string & owner, st
         }
         fail(*s, SessionEvent::Cancel, "deleted by the client");
     }
+    engine_.release(id, true);
     store::Batch b;
     b.erase.push_back(id);
     persist(*s, std::move(b), [this, done](Session & ss) {
@@ -715,6 +836,9 @@ size_t SessionManager::resume_all() {
                 }
                 s.transcript.push_back(m);
                 s.calls.clear();
+                const int32_t step_no = p.value("step", 0);
+                const int64_t kvt = p.value("kv_tokens", int64_t(0));
+                s.kv_history.push_back({step_no, kvt, uint64_t(kvt) * engine_.kv_bytes_per_token()});
             } else if (step.kind == "tool_call") {
                 tools::ToolCall tc{s.id, p.value("id", ""), p.value("name", ""), p.value("arguments", ""),
                                    step.idempotency};

@@ -34,6 +34,15 @@ struct SessionView {
     int32_t model_steps = 0;
     int64_t prompt_tokens = 0, completion_tokens = 0;
     int64_t created_ms = 0;
+    //! Session memory: where its KV is now, and its size after each model step.
+    std::optional<engine::KvUsage> kv;
+    struct KvPoint {
+        int32_t step = 0;
+        int64_t tokens = 0;
+        uint64_t bytes = 0;
+    };
+    std::vector<KvPoint> kv_history;
+    int32_t compactions = 0;
 };
 
 //! Outcome of a request to the manager; `status` is an HTTP-like code (200, 400, 404, 409, 503).
@@ -41,6 +50,7 @@ struct Outcome {
     int status = 200;
     std::string error;
     std::string id;
+    int retry_after_s = 0;  // with 429/503
 };
 
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change
@@ -108,6 +118,9 @@ class SessionManager {
     void fail(Session & s, SessionEvent ev, const std::string & reason);
     void count_outcome(const Session & s);
     void post(std::function<void()> fn);
+    std::pair<std::string, int32_t> shared_prefix(const Session & s, const AgentSpec & a,
+                                                  const std::vector<common_chat_tool> & tools,
+                                                  common_chat_tool_choice choice);
     void after_ms(int ms, std::function<void()> fn);
 
     engine::ChatFormat & format_;
@@ -120,6 +133,7 @@ class SessionManager {
 
     mutable std::mutex mu_;
     std::map<std::string, AgentSpec> agents_;                   // guarded by mu_
+    std::map<std::string, engine::Tokens> prefixes_;            // agent|choice → shared prompt prefix; mu_
     std::map<std::string, std::unique_ptr<Session>> sessions_;  // guarded by mu_
     uint64_t next_sub_ = 1;                                     // guarded by mu_
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

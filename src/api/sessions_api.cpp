@@ -22,10 +22,24 @@ namespace {
 
 void reply(const std::shared_ptr<Responder> & out, const agent::Outcome & o, json ok_body) {
     if (o.status != 200) {
-        out->send(o.status, "application/json", error_body(o.status, o.error));
+        Headers h;
+        if (o.retry_after_s > 0) h.emplace_back("Retry-After", std::to_string(o.retry_after_s));
+        out->send(o.status, "application/json", error_body(o.status, o.error), std::move(h));
         return;
     }
     out->send(200, "application/json", dump(ok_body));
+}
+
+json memory_json(const agent::SessionView & v) {
+    json hist = json::array();
+    for (const auto & p : v.kv_history)
+        hist.push_back({{"step", p.step}, {"kv_tokens", p.tokens}, {"kv_bytes", p.bytes}});
+    json m = {{"kv_tokens", v.kv ? v.kv->tokens : 0},
+              {"kv_bytes", v.kv ? v.kv->bytes : 0},
+              {"kv_location", v.kv ? json(v.kv->where) : json(nullptr)},
+              {"compactions", v.compactions},
+              {"history", hist}};
+    return m;
 }
 
 json view_json(const agent::SessionView & v) {
@@ -49,7 +63,8 @@ json view_json(const agent::SessionView & v) {
              {{"model_steps", v.model_steps},
               {"prompt_tokens", v.prompt_tokens},
               {"completion_tokens", v.completion_tokens},
-              {"total_tokens", v.prompt_tokens + v.completion_tokens}}}};
+              {"total_tokens", v.prompt_tokens + v.completion_tokens}}},
+            {"memory", memory_json(v)}};
 }
 
 std::string text_input(const json & body) {

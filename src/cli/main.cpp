@@ -61,6 +61,25 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
         ->envname("ARMADA_TOOL_ALLOW")
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
         ->delimiter(',');
+    cmd->add_option("--kv-budget", o.kv_budget,
+                    "KV memory of the node (context KV + parked sessions in RAM), e.g. 8G; default: RAM or "
+                    "cgroup limit minus the weights and 1 GiB")
+        ->envname("ARMADA_KV_BUDGET");
+    cmd->add_option("--kv-disk", o.kv_disk, "disk space for parked KV spilled from RAM")
+        ->envname("ARMADA_KV_DISK")
+        ->capture_default_str();
+    cmd->add_option("--kv-dir", o.engine.kv_dir, "where parked KV spills (default: DATA_DIR/kv)")
+        ->envname("ARMADA_KV_DIR");
+    cmd->add_option("--park-grace-ms", o.engine.park_grace_ms,
+                    "idle time after which a waiting session's KV is saved to the pool")
+        ->envname("ARMADA_PARK_GRACE_MS")
+        ->capture_default_str();
+    cmd->add_flag("--no-park", o.no_park, "keep no session KV between requests (re-prefill every step)")
+        ->envname("ARMADA_NO_PARK");
+    cmd->add_option("--kv-fingerprint-extra", o.engine.fingerprint_extra,
+                    "text added to the KV fingerprint; saved KV with another value is not restored")
+        ->envname("ARMADA_KV_FINGERPRINT_EXTRA")
+        ->group("");
     cmd->add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
         ->envname("ARMADA_LOG_LEVEL")
         ->capture_default_str();

@@ -4,6 +4,7 @@
 #include "api/openai_service.h"
 #include "api/router.h"
 #include "api/sessions_api.h"
+#include "engine/memory_budget.h"
 #include "engine/model.h"
 #include "obs/metrics.h"
 #include "store/sqlite_store.h"
@@ -77,6 +78,24 @@ int serve(const ServeOptions & opt) {
         }
         guard.allow(cidr);
     }
+    engine::EngineConfig ecfg = opt.engine;
+    if (!opt.kv_budget.empty()) {
+        const auto v = engine::parse_size(opt.kv_budget);
+        if (!v || *v == 0) {
+            fprintf(stderr, "error: --kv-budget '%s' is not a size (e.g. 8G, 512M)\n", opt.kv_budget.c_str());
+            return 2;
+        }
+        ecfg.kv_budget = *v;
+    }
+    if (const auto v = engine::parse_size(opt.kv_disk)) {
+        ecfg.kv_disk_limit = *v;
+    } else {
+        fprintf(stderr, "error: --kv-disk '%s' is not a size (e.g. 64G)\n", opt.kv_disk.c_str());
+        return 2;
+    }
+    ecfg.park = !opt.no_park;
+    if (ecfg.kv_dir.empty()) ecfg.kv_dir = opt.data_dir + "/kv";
+
     std::string store_err;
     auto store = store::SqliteStore::open(opt.data_dir, store_err);
     if (!store) {
@@ -115,7 +134,7 @@ int serve(const ServeOptions & opt) {
         http.stop();
         return 1;
     }
-    engine::Engine eng(model, opt.engine, &metrics);
+    engine::Engine eng(model, ecfg, &metrics);
     if (auto e = eng.start(); !e.empty()) {
         fprintf(stderr, "error: %s\n", e.c_str());
         http.stop();

@@ -19,6 +19,9 @@ struct ServeOptions {
     std::string agents_file;
     std::string data_dir = "./armada-data";
     std::vector<std::string> tool_allow;  // CIDRs tools may reach despite the SSRF guard
+    std::string kv_budget;                // size text, e.g. "8G"; empty: automatic
+    std::string kv_disk = "64G";
+    bool no_park = false;
 };
 
 //! Runs the node until SIGINT/SIGTERM. Returns the process exit code.

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include "engine/batch_planner.h"
+#include "engine/memory_budget.h"
 
 #include <spdlog/spdlog.h>
 
@@ -59,6 +60,10 @@ Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * m
                                       obs::latency_buckets());
         c_prompt_ = &metrics_->counter("armada_prompt_tokens_total", "Prompt tokens evaluated (cache hits excluded)");
         c_gen_ = &metrics_->counter("armada_generated_tokens_total", "Tokens generated");
+        h_park_ = &metrics_->histogram("armada_kv_park_seconds", "Time to save one sequence's KV into the pool",
+                                       obs::latency_buckets());
+        h_restore_ = &metrics_->histogram("armada_kv_restore_seconds", "Time to restore one sequence's KV",
+                                          obs::latency_buckets());
     }
 }
 
@@ -106,6 +111,29 @@ std::string Engine::start() {
     slots_.resize(size_t(cfg_.n_seq_max));
     for (int i = 0; i < cfg_.n_seq_max; ++i)
         slots_[size_t(i)].id = i;
+    owners_.assign(size_t(cfg_.n_seq_max), {});
+    slot_tokens_ = std::make_unique<std::atomic<int32_t>[]>(size_t(cfg_.n_seq_max));
+
+    fingerprint_ = kv_fingerprint(*model_, n_ctx_seq_, cfg_.kv_unified, cfg_.fingerprint_extra);
+    const uint64_t ctx_kv = kv_bytes_per_cell_ * uint64_t(llama_n_ctx(ctx_));
+    kv_budget_ = cfg_.kv_budget;
+    if (kv_budget_ == 0) {
+        const uint64_t mem = memory_limit();
+        const uint64_t used = model_->size_bytes() + cfg_.kv_reserve;
+        kv_budget_ = mem > used ? mem - used : 0;
+    }
+    if (kv_budget_ <= ctx_kv) {
+        return "the KV budget (" + format_size(kv_budget_) + ") does not cover the context's own KV (" +
+               format_size(ctx_kv) + "); lower -c or raise --kv-budget";
+    }
+    KvPoolConfig pc;
+    pc.dir = cfg_.kv_dir;
+    pc.ram_limit = kv_budget_ / 10 * 9 > ctx_kv ? kv_budget_ / 10 * 9 - ctx_kv : 0;
+    pc.ram_low = kv_budget_ / 4 * 3 > ctx_kv ? kv_budget_ / 4 * 3 - ctx_kv : 0;
+    pc.disk_limit = cfg_.kv_disk_limit;
+    pc.fingerprint = fingerprint_;
+    pool_ = std::make_unique<KvPool>(pc);
+    if (auto e = pool_->open(); !e.empty()) return e;
     if (metrics_) {
         metrics_->gauge("armada_kv_bytes_total", "KV cache capacity in bytes")
             .set(double(kv_bytes_per_cell_) * double(llama_n_ctx(ctx_)));
@@ -149,15 +177,30 @@ bool Engine::has_active() const {
 void Engine::loop() {
     std::deque<std::unique_ptr<GenRequest>> waiting;
     for (;;) {
+        std::deque<std::function<void()>> ops;
         {
             std::unique_lock lk(mu_);
-            cv_.wait(lk, [&] { return stopping_ || !incoming_.empty() || has_active() || !waiting.empty(); });
+            auto ready = [&] {
+                return stopping_ || !incoming_.empty() || !ops_.empty() || has_active() || !waiting.empty();
+            };
+            const bool unparked = cfg_.park && std::any_of(slots_.begin(), slots_.end(), [](const Slot & s) {
+                return s.state == SlotState::Idle && !s.owner.empty() && !s.pooled;
+            });
+            if (unparked) {
+                cv_.wait_for(lk, std::chrono::milliseconds(std::max(10, cfg_.park_grace_ms / 4)), ready);
+            } else {
+                cv_.wait(lk, ready);
+            }
             if (stopping_) break;
             while (!incoming_.empty()) {
                 waiting.push_back(std::move(incoming_.front()));
                 incoming_.pop_front();
             }
+            ops.swap(ops_);
         }
+        for (auto & op : ops)
+            op();
+        park_idle();
         reap_cancelled(waiting);
         admit(waiting);
         if (!step() && waiting.empty()) continue;
@@ -165,6 +208,14 @@ void Engine::loop() {
     // Shutting down: every request still known ends, so no consumer waits forever.
     for (auto & s : slots_) {
         if (s.state != SlotState::Idle) finish(s, FinishReason::Cancelled);
+    }
+    // Idle sessions' KV goes to disk, so a restart resumes them without re-prefill.
+    if (cfg_.park && !cfg_.kv_dir.empty()) {
+        for (auto & s : slots_) {
+            if (!s.owner.empty() && !s.pooled) park(s);
+        }
+        const size_t n = pool_->spill_all();
+        if (n > 0) spdlog::info("kv: saved {} parked sequences to {}", n, cfg_.kv_dir);
     }
     std::lock_guard lk(mu_);
     for (auto * q : {&waiting, &incoming_}) {
@@ -197,17 +248,25 @@ void Engine::reap_cancelled(std::deque<std::unique_ptr<GenRequest>> & waiting) {
     }
 }
 
-int Engine::pick_slot(const Tokens & prompt) const {
-    // Prefer the idle sequence whose KV already holds the longest prefix of this prompt, so a
-    // follow-up turn reuses its cells; among equals, the least recently used.
+int Engine::pick_slot(const GenRequest & req) const {
+    // A session goes back to the sequence that still holds its KV. Otherwise prefer, in order:
+    // a sequence nobody owns (no parking needed), then one whose owner is already parked, then
+    // the owner idle longest. Among anonymous sequences, the longest common prefix wins, so a
+    // follow-up chat turn reuses its cells; ties go to the least recently used.
     int best = -1;
+    int best_cost = 0;
     size_t best_lcp = 0;
     uint64_t best_used = 0;
     for (const auto & s : slots_) {
         if (s.state != SlotState::Idle) continue;
-        const size_t lcp = common_prefix(s.cache, prompt);
-        if (best < 0 || lcp > best_lcp || (lcp == best_lcp && s.last_used < best_used)) {
+        if (!req.session.empty() && s.owner == req.session) return s.id;
+        const int cost = s.owner.empty() ? 0 : (s.pooled ? 1 : 2);
+        const size_t lcp = s.owner.empty() ? common_prefix(s.cache, req.prompt) : 0;
+        const bool better = best < 0 || cost < best_cost ||
+                            (cost == best_cost && (lcp > best_lcp || (lcp == best_lcp && s.last_used < best_used)));
+        if (better) {
             best = s.id;
+            best_cost = cost;
             best_lcp = lcp;
             best_used = s.last_used;
         }
@@ -215,14 +274,175 @@ int Engine::pick_slot(const Tokens & prompt) const {
     return best;
 }
 
+void Engine::set_owner(Slot & s, const std::string & owner) {
+    s.owner = owner;
+    std::lock_guard lk(owners_mu_);
+    owners_[size_t(s.id)] = owner;
+}
+
+void Engine::park(Slot & s) {
+    // Saves the sequence's KV into the pool; the sequence keeps it until the slot is reused.
+    if (s.owner.empty() || s.cache.empty()) return;
+    const auto t0 = Clock::now();
+    KvBlob blob;
+    blob.tokens = s.cache;
+    blob.data.resize(llama_state_seq_get_size(ctx_, s.id));
+    const size_t n = llama_state_seq_get_data(ctx_, blob.data.data(), blob.data.size(), s.id);
+    if (n == 0 || n > blob.data.size()) {
+        spdlog::warn("kv: could not save sequence {} of session {}", s.id, s.owner);
+        return;
+    }
+    blob.data.resize(n);
+    pool_->put(s.owner, std::move(blob), false);
+    s.pooled = true;
+    stats_.parks++;
+    if (h_park_) h_park_->observe(seconds_since(t0));
+}
+
+void Engine::evict(Slot & s) {
+    // The slot goes to someone else: its owner's KV must be in the pool first, and it must not
+    // leak into another session's prompt through prefix reuse.
+    if (!s.owner.empty()) {
+        if (cfg_.park && !s.pooled) park(s);
+        llama_memory_seq_rm(llama_get_memory(ctx_), s.id, -1, -1);
+        s.cache.clear();
+        slot_tokens_[size_t(s.id)] = 0;
+        set_owner(s, {});
+    }
+    s.pooled = false;
+}
+
+bool Engine::restore(Slot & s, const std::string & key, bool keep) {
+    KvTier from = KvTier::Ram;
+    std::string why;
+    const auto t0 = Clock::now();
+    auto blob = pool_->get(key, keep, from, why);
+    if (!blob) {
+        if (why != "not parked") {
+            stats_.restore_failures++;
+            spdlog::warn("kv: cannot restore {}: {}; re-prefilling", key, why);
+        }
+        return false;
+    }
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const bool fits = !blob->tokens.empty() && int32_t(blob->tokens.size()) < n_ctx_seq_;
+    const size_t rc = fits ? llama_state_seq_set_data(ctx_, blob->data.data(), blob->data.size(), s.id) : 0;
+    // A restore must be checked: the sequence has to hold exactly positions 0..n-1 afterwards.
+    const bool ok = rc != 0 && llama_memory_seq_pos_min(mem, s.id) == 0 &&
+                    llama_memory_seq_pos_max(mem, s.id) == llama_pos(blob->tokens.size()) - 1;
+    if (!ok) {
+        stats_.restore_failures++;
+        spdlog::warn("kv: restoring {} into sequence {} failed verification (rc={}, {} tokens); re-prefilling",
+                     key, s.id, rc, blob->tokens.size());
+        llama_memory_seq_rm(mem, s.id, -1, -1);
+        s.cache.clear();
+        return false;
+    }
+    s.cache = std::move(blob->tokens);
+    s.kv_source = from == KvTier::Ram ? "ram" : "disk";
+    (from == KvTier::Ram ? stats_.restores_ram : stats_.restores_disk)++;
+    if (h_restore_) h_restore_->observe(seconds_since(t0));
+    return true;
+}
+
+void Engine::prepare_prefix(Slot & s, const GenRequest & req) {
+    const size_t p = size_t(std::max(0, req.prefix_len));
+    if (req.prefix_key.empty() || p == 0 || p >= req.prompt.size()) return;
+    if (common_prefix(s.cache, req.prompt) >= p) return;
+    if (pool_->contains(req.prefix_key)) {
+        Tokens before = s.cache;
+        if (restore(s, req.prefix_key, true)) {
+            if (common_prefix(s.cache, req.prompt) >= s.cache.size()) {
+                s.kv_source = "prefix";
+                stats_.prefix_hits++;
+                return;
+            }
+            // Same key, other tokens (should not happen): drop it and compute.
+            pool_->erase(req.prefix_key);
+            llama_memory_seq_rm(llama_get_memory(ctx_), s.id, -1, -1);
+            s.cache.clear();
+        }
+    }
+    // Not there yet: this request computes it and saves it when its prompt reaches p tokens.
+    s.snap_key = req.prefix_key;
+    s.snap_at = p;
+}
+
+void Engine::park_idle() {
+    if (!cfg_.park) return;
+    const auto now = Clock::now();
+    for (auto & s : slots_) {
+        if (s.state == SlotState::Idle && !s.owner.empty() && !s.pooled &&
+            now - s.idle_since >= std::chrono::milliseconds(cfg_.park_grace_ms)) {
+            park(s);
+        }
+    }
+}
+
+void Engine::release(const std::string & session, bool drop) {
+    {
+        std::lock_guard lk(mu_);
+        if (stopping_) return;
+        ops_.push_back([this, session, drop] {
+            for (auto & s : slots_) {
+                if (s.owner != session || s.state != SlotState::Idle) continue;
+                if (drop) {
+                    s.pooled = true;  // nothing to save
+                    evict(s);
+                } else if (!s.pooled) {
+                    park(s);
+                }
+            }
+            if (drop) {
+                pool_->erase(session);
+            } else {
+                pool_->set_cold(session, true);
+            }
+        });
+    }
+    cv_.notify_one();
+}
+
+std::optional<KvUsage> Engine::kv_usage(const std::string & session) const {
+    {
+        std::lock_guard lk(owners_mu_);
+        for (size_t i = 0; i < owners_.size(); ++i) {
+            if (owners_[i] == session) {
+                const int32_t n = slot_tokens_[i].load();
+                return KvUsage{"slot", n, uint64_t(n) * kv_bytes_per_cell_};
+            }
+        }
+    }
+    if (!pool_) return std::nullopt;
+    auto e = pool_->info(session);
+    if (!e) return std::nullopt;
+    return KvUsage{e->tier == KvTier::Ram ? "ram" : "disk", int64_t(e->n_tokens), e->stored_bytes};
+}
+
 void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
     while (!waiting.empty()) {
-        const int id = pick_slot(waiting.front()->prompt);
+        const int id = pick_slot(*waiting.front());
         if (id < 0) return;
         auto req = std::move(waiting.front());
         waiting.pop_front();
         stats_.queued--;
-        start_slot(slots_[size_t(id)], std::move(req));
+        Slot & s = slots_[size_t(id)];
+        s.kv_source.clear();
+        s.snap_key.clear();
+        s.snap_at = 0;
+        if (s.owner != req->session) {
+            evict(s);
+            if (!req->session.empty()) {
+                if (cfg_.park) restore(s, req->session, false);
+                set_owner(s, req->session);
+            }
+        } else if (!s.owner.empty()) {
+            s.kv_source = "slot";
+            if (s.pooled) pool_->erase(s.owner);  // the slot's copy is the live one again
+        }
+        s.pooled = false;
+        if (cfg_.park) prepare_prefix(s, *req);
+        start_slot(s, std::move(req));
     }
 }
 
@@ -266,7 +486,9 @@ bool Engine::step() {
     std::vector<PendingPrompt> prompts;
     for (auto & s : slots_) {
         if (s.state == SlotState::Prompt) {
-            prompts.push_back({s.id, int32_t(s.req->prompt.size() - s.n_past)});
+            // A pending prefix snapshot stops this prompt exactly at the prefix's end.
+            const size_t upto = s.snap_at > s.n_past ? s.snap_at : s.req->prompt.size();
+            prompts.push_back({s.id, int32_t(upto - s.n_past)});
         }
     }
     // Admission order: lower last_used was admitted first.
@@ -303,6 +525,19 @@ bool Engine::step() {
         return true;
     }
     for (auto & s : slots_) {
+        if (!s.snap_key.empty() && s.state == SlotState::Prompt && s.n_past == s.snap_at) {
+            KvBlob blob;
+            blob.tokens = s.cache;
+            blob.data.resize(llama_state_seq_get_size(ctx_, s.id));
+            const size_t n = llama_state_seq_get_data(ctx_, blob.data.data(), blob.data.size(), s.id);
+            if (n > 0 && n <= blob.data.size()) {
+                blob.data.resize(n);
+                pool_->put(s.snap_key, std::move(blob), false);
+                stats_.prefix_saves++;
+            }
+            s.snap_key.clear();
+            s.snap_at = 0;
+        }
         if (s.i_batch < 0) continue;
         if (s.state == SlotState::Prompt) s.state = SlotState::Generating;
         sample(s);
@@ -371,6 +606,11 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
     done.n_cached = s.n_cached;
     done.n_generated = s.n_decoded;
     done.ttft_s = s.ttft_s;
+    done.kv_tokens = int32_t(s.cache.size());
+    done.kv_source = s.kv_source;
+    s.idle_since = Clock::now();
+    s.snap_key.clear();
+    s.snap_at = 0;
     req.sink(std::move(done));
     s.req.reset();
     s.text.reset();
@@ -382,8 +622,10 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
 
 void Engine::update_kv_stats() {
     int64_t cells = 0;
-    for (const auto & s : slots_)
+    for (const auto & s : slots_) {
         cells += int64_t(s.cache.size());
+        slot_tokens_[size_t(s.id)].store(int32_t(s.cache.size()), std::memory_order_relaxed);
+    }
     stats_.kv_cells_used.store(cells);
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "engine/request.h"
 #include "engine/text_stream.h"
@@ -11,6 +12,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +33,27 @@ struct EngineConfig {
     int32_t queue_max = 256;  // requests waiting for a sequence; beyond this, submit refuses
     bool kv_unified = false;
     bool warmup = true;
+
+    // Session memory (parking). A sequence that belongs to a session keeps its KV between that
+    // session's requests; when its slot is wanted by someone else, or it has been idle for
+    // `park_grace_ms`, the KV is saved into the pool and restored when the session returns.
+    bool park = true;
+    int32_t park_grace_ms = 1000;
+    //! KV memory of the node: the context's KV plus parked KV in RAM. 0: what the machine or
+    //! its cgroup allows, minus the weights and `kv_reserve`. Parked KV spills to disk above 90%
+    //! of it, down to 75%.
+    uint64_t kv_budget = 0;
+    uint64_t kv_reserve = 1ull << 30;
+    uint64_t kv_disk_limit = 64ull << 30;  // spill files
+    std::string kv_dir;                    // spill directory; empty: no disk tier
+    std::string fingerprint_extra;         // appended to the KV fingerprint (tests use it to force a mismatch)
+};
+
+//! Where a session's KV is, and how big it is.
+struct KvUsage {
+    std::string where;  // slot, ram, disk
+    int64_t tokens = 0;
+    uint64_t bytes = 0;
 };
 
 //! Result of `Engine::submit`.
@@ -40,6 +64,8 @@ struct EngineStats {
     std::atomic<int32_t> active{0};
     std::atomic<int32_t> queued{0};
     std::atomic<int64_t> kv_cells_used{0};
+    std::atomic<uint64_t> parks{0}, restores_ram{0}, restores_disk{0}, restore_failures{0}, prefix_hits{0},
+        prefix_saves{0};
 };
 
 //! One llama_context and the thread that owns it. Every llama.cpp call on the context happens on
@@ -63,6 +89,13 @@ class Engine {
     SubmitStatus submit(std::unique_ptr<GenRequest> req);
     //! Wakes the loop, e.g. after a caller set a request's cancel flag.
     void wake();
+    //! Thread-safe. The session will not be back soon (`drop` false: spill it first) or at all
+    //! (`drop` true: its KV is discarded, in slots, RAM and on disk).
+    void release(const std::string & session, bool drop);
+    //! Thread-safe. Where the session's KV is and its size; nullopt when the engine holds none.
+    std::optional<KvUsage> kv_usage(const std::string & session) const;
+    const KvPool & pool() const { return *pool_; }
+    const std::string & fingerprint() const { return fingerprint_; }
 
     //! Tokens one sequence may hold (prompt + generated).
     int32_t n_ctx_seq() const { return n_ctx_seq_; }
@@ -70,6 +103,10 @@ class Engine {
     const EngineStats & stats() const { return stats_; }
     const Model & model() const { return *model_; }
     uint64_t kv_bytes_per_cell() const { return kv_bytes_per_cell_; }
+    //! The KV budget in force (resolved from the config at start).
+    uint64_t kv_budget() const { return kv_budget_; }
+    //! True while parked KV has nowhere to go without being dropped: new sessions should wait.
+    bool kv_pressure() const { return pool_ && pool_->pressured(); }
 
   private:
     enum class SlotState { Idle, Prompt, Generating };
@@ -84,13 +121,25 @@ class Engine {
         int32_t i_batch = -1;  // logits row in the current batch, -1 when none
         llama_token next = LLAMA_TOKEN_NULL;
         uint64_t last_used = 0;
+        std::string owner;         // session whose KV this sequence holds; empty: anonymous
+        bool pooled = false;       // the pool holds a copy of exactly this KV (eviction is free)
+        std::string kv_source;     // where this request's reused KV came from
+        std::string snap_key;      // shared prefix to save once the prompt reaches snap_at tokens
+        size_t snap_at = 0;
+        std::chrono::steady_clock::time_point idle_since;
         double ttft_s = 0;
         std::chrono::steady_clock::time_point t_last_token;
     };
 
     void loop();
     void admit(std::deque<std::unique_ptr<GenRequest>> & waiting);
-    int pick_slot(const Tokens & prompt) const;
+    int pick_slot(const GenRequest & req) const;
+    void park(Slot & s);
+    void evict(Slot & s);
+    bool restore(Slot & s, const std::string & key, bool keep);
+    void prepare_prefix(Slot & s, const GenRequest & req);
+    void park_idle();
+    void set_owner(Slot & s, const std::string & owner);
     void start_slot(Slot & s, std::unique_ptr<GenRequest> req);
     void reap_cancelled(std::deque<std::unique_ptr<GenRequest>> & waiting);
     bool step();
@@ -107,12 +156,19 @@ class Engine {
     int32_t n_ctx_seq_ = 0;
     int32_t n_batch_ = 0;
     uint64_t kv_bytes_per_cell_ = 0;
+    uint64_t kv_budget_ = 0;
     uint64_t tick_ = 0;
     std::vector<Slot> slots_;  // engine thread only
+    std::unique_ptr<KvPool> pool_;
+    std::string fingerprint_;
+    mutable std::mutex owners_mu_;
+    std::vector<std::string> owners_;                        // slot → owner, guarded by owners_mu_
+    std::unique_ptr<std::atomic<int32_t>[]> slot_tokens_;  // tokens held per slot, for kv_usage
 
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::unique_ptr<GenRequest>> incoming_;  // guarded by mu_
+    std::deque<std::function<void()>> ops_;             // guarded by mu_; run on the engine thread
     bool stopping_ = false;                             // guarded by mu_
     std::thread thread_;
     EngineStats stats_;
@@ -122,6 +178,8 @@ class Engine {
     obs::Histogram * h_itl_ = nullptr;
     obs::Counter * c_prompt_ = nullptr;
     obs::Counter * c_gen_ = nullptr;
+    obs::Histogram * h_park_ = nullptr;
+    obs::Histogram * h_restore_ = nullptr;
 };
 
 }  // namespace armada::engine

@@ -32,6 +32,8 @@ struct GenEvent {
     std::string error;  // Done with FinishReason::Error
     int32_t n_prompt = 0, n_cached = 0, n_generated = 0;
     double ttft_s = 0;  // time from submit to first generated token
+    int32_t kv_tokens = 0;  // Done: tokens the sequence's KV holds now
+    std::string kv_source;  // Done: where reused KV came from: slot, ram, disk, prefix, or empty
 };
 
 //! Called on the engine thread for every event of one request. It must not block: post the
@@ -48,6 +50,12 @@ struct GenRequest {
     bool render_special = false;          // include control tokens in the text (tool-call markers)
     std::vector<llama_token> special_ok;  // tokens always rendered (preserved tokens)
     GenSink sink;
+    //! Session the KV belongs to: kept (and parked) between its requests. Empty: anonymous.
+    std::string session;
+    //! Shared prefix: the first `prefix_len` prompt tokens are common to many sessions of one
+    //! agent and one API key; `prefix_key` names them (never shared across keys).
+    std::string prefix_key;
+    int32_t prefix_len = 0;
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
     std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
 };
