@@ -29,6 +29,32 @@ std::string Router::render_metrics() {
         metrics_.gauge("armada_sequences_queued", "Requests waiting for a sequence").set(e->stats().queued.load());
         metrics_.gauge("armada_kv_bytes_used", "KV cache bytes holding tokens")
             .set(double(e->stats().kv_cells_used.load()) * double(e->kv_bytes_per_cell()));
+        // Session memory: the engine keeps running totals; counters catch up with them here.
+        auto sync = [this](const char * name, const char * help, uint64_t v, const obs::Labels & l = {}) {
+            auto & c = metrics_.counter(name, help, l);
+            if (v > c.value()) c.inc(v - c.value());
+        };
+        const auto & st = e->stats();
+        const auto ps = e->pool().stats();
+        metrics_.gauge("armada_kv_budget_bytes", "KV memory budget of the node (context + parked in RAM)")
+            .set(double(e->kv_budget()));
+        metrics_.gauge("armada_kv_parked_bytes", "Parked KV bytes by tier", {{"tier", "ram"}}).set(double(ps.ram_bytes));
+        metrics_.gauge("armada_kv_parked_bytes", "", {{"tier", "disk"}}).set(double(ps.disk_bytes));
+        metrics_.gauge("armada_kv_parked_entries", "Parked KV entries (sessions and shared prefixes) by tier",
+                       {{"tier", "ram"}})
+            .set(double(ps.ram_entries));
+        metrics_.gauge("armada_kv_parked_entries", "", {{"tier", "disk"}}).set(double(ps.disk_entries));
+        metrics_.gauge("armada_kv_pressure", "1 while new sessions are refused at the KV high watermark")
+            .set(e->kv_pressure() ? 1 : 0);
+        sync("armada_kv_parks_total", "Sequences saved into the KV pool", st.parks.load());
+        sync("armada_kv_restores_total", "Sequences restored from the KV pool", st.restores_ram.load(),
+             {{"from", "ram"}});
+        sync("armada_kv_restores_total", "", st.restores_disk.load(), {{"from", "disk"}});
+        sync("armada_kv_restore_failures_total", "Restores refused or failed (the session re-prefilled)",
+             st.restore_failures.load());
+        sync("armada_kv_prefix_hits_total", "Sessions started from a shared prefix", st.prefix_hits.load());
+        sync("armada_kv_spills_total", "Parked KV entries written to disk", ps.spilled);
+        sync("armada_kv_dropped_total", "Parked KV entries dropped for lack of room", ps.dropped);
     }
     return metrics_.render();
 }

@@ -31,6 +31,12 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
         res.end('x'.repeat(100 * 1024));
         return;
       }
+      if (url.pathname === '/words') {
+        // A long tool output (about 350 tokens), for the memory-cap tests.
+        res.writeHead(200, { 'Content-Type': 'text/plain' });
+        res.end(Array.from({ length: 100 }, (_, i) => `item${i % 50}`).join(' '));
+        return;
+      }
       if (url.pathname === '/slow') {
         setTimeout(() => { res.writeHead(200); res.end('late'); }, 3000);
         return;
