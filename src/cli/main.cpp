@@ -1,5 +1,6 @@
 // armada: the node binary. Subcommands: serve, mkmodel, bench engine.
 #include "cli/bench_engine.h"
+#include "cli/bench_kv.h"
 #include "cli/mkmodel.h"
 #include "cli/serve.h"
 
@@ -150,6 +151,29 @@ int main(int argc, char ** argv) {
     bee->add_option("--batched-bench", be.batched_bench, "llama-batched-bench binary to compare against");
     bee->add_option("--output", be.output, "write a Markdown table here");
 
+    cli::BenchKvOptions bk;
+    std::string contexts = "1024,4096,8192";
+    auto * bkv = b->add_subcommand("kv", "session memory: resume latency, shared-prefix TTFT, sessions held");
+    bkv->add_option("-m,--model", bk.model, "GGUF model file")->required();
+    bkv->add_option("--contexts", contexts, "tokens a resumed session holds")->capture_default_str();
+    bkv->add_option("--repeats", bk.repeats, "repeats per measurement (medians)")->capture_default_str();
+    bkv->add_option("-t,--threads", bk.threads, "compute threads (0 = all cores)")->capture_default_str();
+    bkv->add_option("--prefix-tokens", bk.prefix_tokens, "shared prefix length")->capture_default_str();
+    bkv->add_option("--sessions", bk.sessions, "sessions in the capacity phase")->capture_default_str();
+    bkv->add_option("--session-tokens", bk.session_tokens, "tokens per session there")->capture_default_str();
+    bkv->add_option("--seqs", bk.seqs, "sequences of the capacity engine")->capture_default_str();
+    bkv->add_option("--kv-budget", bk.budget, "KV budget of the capacity engine")->capture_default_str();
+    bkv->add_option("--kv-disk", bk.disk, "disk tier of the capacity engine")->capture_default_str();
+    bkv->add_option("--max-rss-overhead-mb", bk.max_rss_overhead_mb,
+                    "fail when peak RSS exceeds budget + weights + this many MiB");
+    bkv->add_flag("--skip-latency", bk.skip_latency);
+    bkv->add_flag("--skip-prefix", bk.skip_prefix);
+    bkv->add_flag("--skip-capacity", bk.skip_capacity);
+    bool park_only = false;
+    bkv->add_flag("--parking-only", park_only, "capacity phase with parking on only");
+    bkv->add_option("--dir", bk.dir, "spill directory (default: temporary)");
+    bkv->add_option("--output", bk.output, "write a Markdown report here");
+
     std::vector<std::string> args = normalise_args(argc, argv);
     std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
     try {
@@ -167,6 +191,11 @@ int main(int argc, char ** argv) {
         }
         printf("wrote %s (%s, %s)\n", mk.output.c_str(), mk.shape.c_str(), mk.type.c_str());
         return 0;
+    }
+    if (bkv->parsed()) {
+        bk.contexts = parse_list(contexts);
+        bk.capacity_without_parking = !park_only;
+        return cli::bench_kv(bk);
     }
     if (bee->parsed()) {
         be.streams = parse_list(streams);

@@ -296,7 +296,9 @@ void Engine::park(Slot & s) {
     pool_->put(s.owner, std::move(blob), false);
     s.pooled = true;
     stats_.parks++;
-    if (h_park_) h_park_->observe(seconds_since(t0));
+    const double took = seconds_since(t0);
+    stats_.park_ns += uint64_t(took * 1e9);
+    if (h_park_) h_park_->observe(took);
 }
 
 void Engine::evict(Slot & s) {
@@ -341,7 +343,9 @@ bool Engine::restore(Slot & s, const std::string & key, bool keep) {
     s.cache = std::move(blob->tokens);
     s.kv_source = from == KvTier::Ram ? "ram" : "disk";
     (from == KvTier::Ram ? stats_.restores_ram : stats_.restores_disk)++;
-    if (h_restore_) h_restore_->observe(seconds_since(t0));
+    const double took = seconds_since(t0);
+    stats_.restore_ns += uint64_t(took * 1e9);
+    if (h_restore_) h_restore_->observe(took);
     return true;
 }
 

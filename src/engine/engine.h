@@ -66,6 +66,7 @@ struct EngineStats {
     std::atomic<int64_t> kv_cells_used{0};
     std::atomic<uint64_t> parks{0}, restores_ram{0}, restores_disk{0}, restore_failures{0}, prefix_hits{0},
         prefix_saves{0};
+    std::atomic<uint64_t> park_ns{0}, restore_ns{0};  // time spent saving and restoring, in total
 };
 
 //! One llama_context and the thread that owns it. Every llama.cpp call on the context happens on
