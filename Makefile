@@ -41,6 +41,8 @@ lint: build
 
 bench: build models
 	@bash bench/engine.sh $(BUILD)/armada $(MODEL_DIR) $(LLAMA_DIR)
+	@bash bench/kv.sh $(BUILD)/armada $(MODEL_DIR)
+	@ARMADA=$(BUILD)/armada bash bench/compare.sh
 
 clean:
 	rm -rf build build-asan build-tsan

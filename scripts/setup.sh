@@ -22,7 +22,7 @@ debs=(
   libboost-dev nlohmann-json3-dev libsqlite3-dev libspdlog-dev libcli11-dev libyaml-cpp-dev
   libhwloc-dev libzstd-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang clang-format clang-tidy libclang-rt-14-dev
-  gnuplot-nox python3
+  gnuplot-nox python3 curl
 )
 
 install_debs() {

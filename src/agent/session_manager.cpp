@@ -140,6 +140,59 @@ void SessionManager::put_agent(AgentSpec spec) {
     agents_[id] = std::move(spec);
 }
 
+void SessionManager::declare_agent(AgentSpec spec, const std::string & source, std::function<void(Outcome)> done) {
+    store::Batch b;
+    store::SessionRecord r;
+    r.id = "agent:" + spec.id;
+    r.agent_id = "@agent";
+    r.state = "completed";
+    r.data = source;
+    r.created_ms = r.updated_ms = clock_.now_ms();
+    b.sessions.push_back(r);
+    store_.commit(std::move(b), [this, alive = alive_, spec = std::move(spec), done](store::Status st) mutable {
+        if (!*alive) return;
+        post([this, spec = std::move(spec), done, st]() mutable {
+            if (!st.ok) return done({503, "could not store the agent: " + st.error, {}});
+            const std::string id = spec.id;
+            put_agent(std::move(spec));
+            done({200, {}, id});
+        });
+    });
+}
+
+size_t SessionManager::load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare) {
+    auto records = store_.sessions_not_in({});
+    std::sort(records.begin(), records.end(),
+              [](const store::SessionRecord & a, const store::SessionRecord & b) { return a.updated_ms < b.updated_ms; });
+    size_t n = 0;
+    for (const auto & r : records) {
+        if (r.agent_id != "@agent") continue;
+        std::vector<AgentSpec> specs;
+        if (auto e = parse_agents(r.data, specs); !e.empty() || specs.size() != 1) {
+            spdlog::warn("stored agent {} is not valid any more: {}", r.id, e);
+            continue;
+        }
+        if (has_agent(specs[0].id) && !declared_.count(specs[0].id)) {
+            spdlog::info("agent '{}' comes from the agents file; the one declared through the API is ignored",
+                         specs[0].id);
+            continue;
+        }
+        if (prepare) {
+            if (auto e = prepare(specs[0]); !e.empty()) {
+                spdlog::warn("agent '{}': {}; not loaded", specs[0].id, e);
+                continue;
+            }
+        }
+        {
+            std::lock_guard lk(mu_);
+            declared_.insert(specs[0].id);
+        }
+        put_agent(std::move(specs[0]));
+        ++n;
+    }
+    return n;
+}
+
 std::pair<std::string, int32_t> SessionManager::shared_prefix(const Session & s, const AgentSpec & a,
                                                               const std::vector<common_chat_tool> & tools,
                                                               common_chat_tool_choice choice) {
@@ -541,6 +594,7 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
                 {"completion_tokens", ev.n_generated},
                 {"finish_reason", engine::finish_reason_name(ev.finish)},
                 {"cached_tokens", ev.n_cached},
+                {"ttft_ms", ev.ttft_s * 1000},
                 {"kv_tokens", ev.kv_tokens}};
     if (!ev.kv_source.empty()) out["kv_source"] = ev.kv_source;
     s.calls.clear();

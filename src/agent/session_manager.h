@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -69,6 +70,12 @@ class SessionManager {
 
     //! Registers or replaces an agent.
     void put_agent(AgentSpec spec);
+    //! Registers an agent declared through the API and stores `source` (its YAML/JSON), so it is
+    //! there again after a restart; `done` runs once it is durable.
+    void declare_agent(AgentSpec spec, const std::string & source, std::function<void(Outcome)> done);
+    //! Loads the agents declared through the API before the last stop. Agents already known
+    //! (from the --agents file) win. `prepare` completes each (MCP tools); returns how many.
+    size_t load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare);
     std::vector<AgentSpec> agents() const;
     bool has_agent(const std::string & id) const;
 
@@ -134,6 +141,7 @@ class SessionManager {
     mutable std::mutex mu_;
     std::map<std::string, AgentSpec> agents_;                   // guarded by mu_
     std::map<std::string, engine::Tokens> prefixes_;            // agent|choice → shared prompt prefix; mu_
+    std::set<std::string> declared_;                            // agents loaded from the store; mu_
     std::map<std::string, std::unique_ptr<Session>> sessions_;  // guarded by mu_
     uint64_t next_sub_ = 1;                                     // guarded by mu_
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

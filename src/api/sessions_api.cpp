@@ -1,5 +1,7 @@
 #include "api/sessions_api.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include "api/errors.h"
 
 #include <cstdio>
@@ -117,9 +119,39 @@ bool SessionsApi::handle(const HttpRequest & req, const std::string & owner, con
             if (prepare_) {
                 if (auto e = prepare_(s); !e.empty()) throw ApiError(400, "agent '" + s.id + "': " + e);
             }
-            mgr_.put_agent(s);
         }
-        out->send(200, "application/json", dump(json{{"id", specs.empty() ? "" : specs[0].id}, {"object", "agent"}}));
+        // Each agent is stored with its own source text, so it is declared again after a restart.
+        const YAML::Node root = YAML::Load(req.body);
+        YAML::Node list(YAML::NodeType::Sequence);
+        if (root.IsSequence()) {
+            list = root;
+        } else if (root.IsMap() && root["agents"] && root["agents"].IsSequence()) {
+            list = root["agents"];
+        } else {
+            list.push_back(root);  // one agent, as a map
+        }
+        auto left = std::make_shared<size_t>(specs.size());
+        auto failed = std::make_shared<std::string>();
+        const std::string first = specs.empty() ? "" : specs[0].id;
+        if (specs.empty()) {
+            out->send(200, "application/json", dump(json{{"id", first}, {"object", "agent"}}));
+            return true;
+        }
+        for (size_t i = 0; i < specs.size(); ++i) {
+            YAML::Node one(YAML::NodeType::Sequence);
+            one.push_back(list[i]);
+            YAML::Emitter em;
+            em << YAML::DoubleQuoted << one;
+            mgr_.declare_agent(specs[i], em.c_str(), [out, left, failed, first](agent::Outcome o) {
+                if (o.status != 200 && failed->empty()) *failed = o.error;
+                if (--*left > 0) return;
+                if (!failed->empty()) {
+                    out->send(503, "application/json", error_body(503, *failed));
+                } else {
+                    out->send(200, "application/json", dump(json{{"id", first}, {"object", "agent"}}));
+                }
+            });
+        }
         return true;
     }
     if (p[1] == "agents" && p.size() == 4 && p[3] == "sessions") {

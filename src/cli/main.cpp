@@ -1,6 +1,7 @@
 // armada: the node binary. Subcommands: serve, mkmodel, bench engine.
 #include "cli/bench_engine.h"
 #include "cli/bench_kv.h"
+#include "bench/agents_bench.h"
 #include "cli/mkmodel.h"
 #include "cli/serve.h"
 
@@ -174,6 +175,55 @@ int main(int argc, char ** argv) {
     bkv->add_option("--dir", bk.dir, "spill directory (default: temporary)");
     bkv->add_option("--output", bk.output, "write a Markdown report here");
 
+    bench::AgentsBenchOptions ba;
+    std::string latency = "constant:1";
+    auto * bag = b->add_subcommand("agents", "agent workload against Armada's sessions API or any OpenAI-compatible server");
+    bag->add_option("--target", ba.target, "base URL of the server, e.g. http://127.0.0.1:8080")->required();
+    bag->add_option("--mode", ba.mode, "sessions (server-side loop, Armada) or chat (/v1/chat/completions, the bench "
+                                       "runs the loop)")
+        ->capture_default_str();
+    bag->add_option("--label", ba.label, "name of the target in reports");
+    bag->add_option("--model", ba.model, "model name sent in chat mode");
+    bag->add_option("--api-key", ba.api_key, "Bearer key")->envname("ARMADA_API_KEY");
+    bag->add_option("--sessions", ba.sessions, "sessions to run")->capture_default_str();
+    bag->add_option("--concurrency", ba.concurrency, "closed loop: sessions in flight")->capture_default_str();
+    bag->add_option("--rate", ba.rate, "open loop: new sessions per second (overrides --concurrency)");
+    bag->add_option("--steps", ba.steps, "tool steps per session (then one answer)")->capture_default_str();
+    bag->add_option("--instruction-tokens", ba.instruction_tokens, "shared instruction length (about)")
+        ->capture_default_str();
+    bag->add_option("--tools", ba.tools, "tool schemas offered")->capture_default_str();
+    bag->add_option("--tool-latency", latency, "constant:S, uniform:LO,HI or lognormal:MEAN,SIGMA (seconds)")
+        ->capture_default_str();
+    bag->add_option("--tool-output-tokens", ba.tool_output_tokens, "tool output length (about)")
+        ->capture_default_str();
+    bag->add_option("--step-tokens", ba.step_tokens, "max tokens of each tool step")->capture_default_str();
+    bag->add_option("--answer-tokens", ba.answer_tokens, "max tokens of the final answer")->capture_default_str();
+    bag->add_option("--seed", ba.seed)->capture_default_str();
+    bag->add_option("--timeout", ba.timeout_s, "seconds per HTTP exchange")->capture_default_str();
+    bag->add_option("--server-pid", ba.server_pid, "sample this process's RSS");
+    bag->add_option("--output", ba.output, "write PREFIX.json and PREFIX.md");
+    bool no_progress = false;
+    bag->add_flag("--no-progress", no_progress);
+    std::string preset;
+    bag->add_option("--preset", preset, "throughput, mixed or fault (sets the workload; flags given after win)");
+    bag->add_option("--kill-after", ba.kill_after_s, "fault test: SIGKILL --server-pid after this many seconds");
+    bag->add_option("--restart-cmd", ba.restart_cmd, "fault test: shell command that starts the server again");
+    bag->add_option("--retry", ba.retry_s, "retry requests that got no answer for this many seconds");
+
+    std::vector<std::string> plot_files;
+    std::string plot_out = "agents";
+    auto * bpl = b->add_subcommand("plot", "plot sessions/min and p95 against concurrency from result files (gnuplot)");
+    bpl->add_option("files", plot_files, "result JSON files")->required();
+    bpl->add_option("-o,--output", plot_out, "output prefix (.svg, .dat, .gp)")->capture_default_str();
+
+    std::string plan_file;
+    double water = 200.0 / 350.0;
+    int64_t plan_target = 0;
+    auto * bpn = b->add_subcommand("plan", "sessions per node at a safe water level, and nodes for a target");
+    bpn->add_option("file", plan_file, "result JSON of `bench agents`")->required();
+    bpn->add_option("--water-level", water, "share of the measured concurrency to plan for")->capture_default_str();
+    bpn->add_option("--target-sessions", plan_target, "concurrent sessions the fleet must hold");
+
     std::vector<std::string> args = normalise_args(argc, argv);
     std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
     try {
@@ -192,6 +242,35 @@ int main(int argc, char ** argv) {
         printf("wrote %s (%s, %s)\n", mk.output.c_str(), mk.shape.c_str(), mk.type.c_str());
         return 0;
     }
+    if (bag->parsed()) {
+        if (auto e = bench::LatencyDist::parse(latency, ba.tool_latency); !e.empty()) {
+            fprintf(stderr, "error: %s\n", e.c_str());
+            return 2;
+        }
+        ba.progress = !no_progress;
+        if (!preset.empty()) {
+            // The preset sets defaults; re-parse so explicit flags override it.
+            bench::AgentsBenchOptions keep = ba;
+            if (auto e = bench::apply_preset(preset, ba); !e.empty()) {
+                fprintf(stderr, "error: %s\n", e.c_str());
+                return 2;
+            }
+            for (const auto * o : bag->get_options()) {
+                if (o->count() == 0) continue;
+                const std::string n = o->get_name();
+                if (n == "--steps") ba.steps = keep.steps;
+                if (n == "--instruction-tokens") ba.instruction_tokens = keep.instruction_tokens;
+                if (n == "--step-tokens") ba.step_tokens = keep.step_tokens;
+                if (n == "--answer-tokens") ba.answer_tokens = keep.answer_tokens;
+                if (n == "--tool-latency") ba.tool_latency = keep.tool_latency;
+                if (n == "--kill-after") ba.kill_after_s = keep.kill_after_s;
+                if (n == "--retry") ba.retry_s = keep.retry_s;
+            }
+        }
+        return bench::agents_bench(ba);
+    }
+    if (bpl->parsed()) return bench::plot_results(plot_files, plot_out);
+    if (bpn->parsed()) return bench::plan_capacity(plan_file, water, plan_target);
     if (bkv->parsed()) {
         bk.contexts = parse_list(contexts);
         bk.capacity_without_parking = !park_only;

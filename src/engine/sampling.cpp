@@ -1,5 +1,7 @@
 #include "engine/sampling.h"
 
+#include <spdlog/spdlog.h>
+
 #include "engine/tool_grammar.h"
 
 #include <chat.h>
@@ -67,6 +69,7 @@ SamplerPtr chain(const Model & model, const SamplingOptions & s, const ToolGramm
     if (t.chat && !t.chat->grammar.empty()) {
         p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_TOOL_CALLS,
                                    constrain_tool_grammar(t.chat->grammar, t.require_call, t.parallel));
+        spdlog::debug("tool-call grammar:\n{}", p.grammar.grammar);
         p.grammar_lazy = t.chat->grammar_lazy;
         p.generation_prompt = t.chat->generation_prompt;
         for (const auto & tok : t.chat->preserved_tokens) {

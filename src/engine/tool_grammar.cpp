@@ -8,12 +8,19 @@ namespace armada::engine {
 std::string constrain_tool_grammar(const std::string & gbnf, bool required, bool parallel) {
     static const std::regex optional_until(R"(\s+until-\d+\?)");
     static const std::regex repeated_calls(R"(^tool-calls ::= \((.*)\)\+$)");
+    static const std::regex more_in_block(R"(\s*\(space "," space \([^()]*\)\)\*)");
     std::istringstream in(gbnf);
     std::string out, line;
     while (std::getline(in, line)) {
         if (required && line.rfind("root ::=", 0) == 0) line = std::regex_replace(line, optional_until, "");
         if (!parallel && line.rfind("tool-calls ::=", 0) == 0)
             line = std::regex_replace(line, repeated_calls, "tool-calls ::= $1");
+        // One block may also hold a comma-separated run of calls; one call means one object.
+        if (!parallel && line.rfind("tool-call ::=", 0) == 0) line = std::regex_replace(line, more_in_block, "");
+        // JSON inside a call is generated compact: at most one space where the schema grammar
+        // allows whitespace. The default (newlines and up to 20 blanks) lets a model spend its
+        // whole token budget on indentation and end with a call cut in half.
+        if (line.rfind("space ::=", 0) == 0) line = "space ::= | \" \"";
         out += line;
         out += '\n';
     }

@@ -13,6 +13,9 @@ namespace armada::engine {
 //! `!parallel`: the grammar still allows a run of calls (`tool-calls ::= (tool-call space)+`);
 //! it is cut to exactly one.
 //!
+//! Always: the `space` rule (where JSON may have whitespace) allows at most one blank, so call
+//! arguments are compact and a model cannot spend its budget on indentation.
+//!
 //! Grammars without those shapes come back unchanged.
 std::string constrain_tool_grammar(const std::string & gbnf, bool required, bool parallel);
 

@@ -24,6 +24,24 @@ TEST(ToolGrammar, NotParallelAllowsOneCall) {
     EXPECT_NE(r.find("until-169? tool-calls"), std::string::npos);  // auto keeps the free text
 }
 
+TEST(ToolGrammar, NotParallelAllowsOneObjectPerBlock) {
+    const std::string g = "root ::= tool-calls\n"
+                          "tool-call ::= \"<tool_call>\\n\" space (tool-a | tool-b) (space \",\" space (tool-a | tool-b))* "
+                          "space \"</tool_call>\"\n";
+    EXPECT_NE(constrain_tool_grammar(g, true, false)
+                  .find("tool-call ::= \"<tool_call>\\n\" space (tool-a | tool-b) space \"</tool_call>\"\n"),
+              std::string::npos)
+        << constrain_tool_grammar(g, true, false);
+    EXPECT_NE(constrain_tool_grammar(g, true, true).find("(space \",\" space (tool-a | tool-b))*"), std::string::npos);
+}
+
+TEST(ToolGrammar, CallJsonIsCompact) {
+    const std::string g = "root ::= tool-calls\nspace ::= | \" \" | \"\\n\"{1,2} [ \\t]{0,20}\ntool-calls ::= \"x\"\n";
+    const std::string r = constrain_tool_grammar(g, false, true);
+    EXPECT_NE(r.find("space ::= | \" \"\n"), std::string::npos) << r;
+    EXPECT_EQ(r.find("{0,20}"), std::string::npos) << r;
+}
+
 TEST(ToolGrammar, LeavesOtherGrammarsAlone) {
     const std::string g = "root ::= tool-calls\ntool-calls ::= \"x\"\n";
     EXPECT_EQ(constrain_tool_grammar(g, true, false), g);

@@ -1,0 +1,98 @@
+// Smoke runs of `armada bench agents` against the real server: both modes, the fault pre-test
+// (SIGKILL partway, restart, sessions resume), the plot and the capacity plan.
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { startServer, tinyModel } from './harness.mjs';
+import { tempDir } from './agents.mjs';
+
+const bin = process.env.ARMADA_BIN;
+const dir = tempDir('armada-bench-');
+const cleanup = [];
+after(() => { for (const f of cleanup) f(); });
+
+function bench(args) {
+  const r = spawnSync(bin, ['bench', 'agents', '--no-progress', '--sessions', '6', '--concurrency', '3',
+    '--steps', '2', '--instruction-tokens', '120', '--tool-latency', 'uniform:0.05,0.2', ...args],
+  { encoding: 'utf8', timeout: 300000 });
+  return r;
+}
+
+test('sessions mode and chat mode complete every session and write their reports', async () => {
+  const srv = await startServer(['--data-dir', path.join(dir, 'data'), '--tool-allow', '127.0.0.1', '-np', '4',
+    '-c', '8192']);
+  try {
+    for (const mode of ['sessions', 'chat']) {
+      const out = path.join(dir, `${mode}-c3`);
+      const r = bench(['--target', srv.base, '--mode', mode, '--label', `armada-${mode}`, '--server-pid',
+        String(srv.proc.pid), '--output', out]);
+      assert.equal(r.status, 0, r.stdout + r.stderr);
+      const j = JSON.parse(fs.readFileSync(out + '.json', 'utf8'));
+      assert.equal(j.results.completed, 6);
+      assert.equal(j.results.chain_survival, 1);
+      assert.ok(j.results.sessions_per_min > 0);
+      assert.ok(j.results.completion_s.p95 >= j.results.completion_s.p50);
+      assert.ok(j.results.step_s.p50 > 0 && j.results.ttft_s.p50 > 0);
+      assert.ok(j.results.generated_tokens_per_s > 0 && j.results.prompt_tokens_per_s > 0);
+      assert.ok(j.results.server_rss_peak_mb > 10);
+      assert.equal(j.results.tool_calls_served, 12);
+      assert.match(fs.readFileSync(out + '.md', 'utf8'), /\| armada-/);
+    }
+    const plot = spawnSync(bin, ['bench', 'plot', path.join(dir, 'sessions-c3.json'), path.join(dir, 'chat-c3.json'),
+      '-o', path.join(dir, 'plot')], { encoding: 'utf8' });
+    assert.equal(plot.status, 0, plot.stderr);
+    assert.match(fs.readFileSync(path.join(dir, 'plot.svg'), 'utf8'), /<svg/);
+    const plan = spawnSync(bin, ['bench', 'plan', path.join(dir, 'sessions-c3.json'), '--water-level', '0.5',
+      '--target-sessions', '100'], { encoding: 'utf8' });
+    assert.equal(plan.status, 0, plan.stderr);
+    assert.match(plan.stdout, /plan at water level 0.50: 1 sessions per node/);
+    assert.match(plan.stdout, /for 100 concurrent sessions: 100 nodes/);
+  } finally {
+    await srv.stop();
+  }
+});
+
+test('bad workload flags are refused with a reason', () => {
+  const r = spawnSync(bin, ['bench', 'agents', '--target', 'http://127.0.0.1:9', '--tool-latency', 'gauss:1'],
+    { encoding: 'utf8' });
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /constant:S, uniform:LO,HI or lognormal:MEAN,SIGMA/);
+});
+
+test('fault pre-test: the server is killed partway, restarted, and every session still completes', async () => {
+  const port = await new Promise((res) => { const s = net.createServer(); s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => res(p)); }); });
+  const data = path.join(dir, 'fault-data');
+  const args = ['serve', '-m', tinyModel, '--port', String(port), '-np', '4', '-c', '8192', '-t', '2', '--data-dir',
+    data, '--tool-allow', '127.0.0.1'];
+  const first = spawn(bin, args, { stdio: 'ignore' });
+  cleanup.push(() => { try { first.kill('SIGKILL'); } catch { /* gone */ } });
+  const base = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 300; i++) {
+    const r = await fetch(base + '/health').catch(() => null);
+    if (r && r.status === 200) break;
+    await new Promise((res) => setTimeout(res, 100));
+  }
+  const log = path.join(dir, 'restart.log');
+  const pidFile = path.join(dir, 'restart.pid');
+  const restart = `${bin} ${args.join(' ')} >${log} 2>&1 & echo $! >${pidFile}`;
+  cleanup.push(() => { try { process.kill(Number(fs.readFileSync(pidFile, 'utf8')), 'SIGKILL'); } catch { /* none */ } });
+  const out = path.join(dir, 'fault');
+  const r = await new Promise((res) => {
+    const p = spawn(bin, ['bench', 'agents', '--no-progress', '--target', base, '--mode', 'sessions', '--sessions', '8',
+      '--concurrency', '4', '--steps', '2', '--instruction-tokens', '120', '--tool-latency', 'constant:0.5',
+      '--server-pid', String(first.pid), '--kill-after', '2', '--restart-cmd', restart, '--retry', '60',
+      '--output', out], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let err = '';
+    p.stderr.on('data', (d) => { err += d; });
+    p.on('exit', (code) => res({ code, err }));
+  });
+  assert.equal(r.code, 0, r.err);
+  assert.match(r.err, /fault: SIGKILL/);
+  const j = JSON.parse(fs.readFileSync(out + '.json', 'utf8'));
+  assert.equal(j.results.completed, 8, JSON.stringify(j.results));
+  assert.ok(j.results.retries > 0, 'the bench had to wait for the restarted server');
+  assert.ok(j.results.completions_per_second.length > 2);
+});
