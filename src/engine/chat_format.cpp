@@ -1,5 +1,7 @@
 #include "engine/chat_format.h"
 
+#include <nlohmann/json.hpp>
+
 #include <stdexcept>
 
 namespace armada::engine {
@@ -71,6 +73,18 @@ common_chat_msg ChatFormat::parse(const ChatTurn & turn, const std::string & tex
         msg.content = text;
     }
     msg.role = "assistant";
+    if (!partial) {
+        // A call whose arguments are not a JSON object llama.cpp can read (cut off, or a number
+        // like 1e800 that overflows) is not a call: the template would refuse it when the
+        // conversation is rendered again.
+        std::erase_if(msg.tool_calls, [](const common_chat_tool_call & c) {
+            try {
+                return !nlohmann::ordered_json::parse(c.arguments).is_object();
+            } catch (const std::exception &) {
+                return true;
+            }
+        });
+    }
     return msg;
 }
 

@@ -466,7 +466,7 @@ void Engine::start_slot(Slot & s, std::unique_ptr<GenRequest> req) {
     s.ttft_s = 0;
     s.text = std::make_unique<TextStream>(req->stop);
     // Prompt tokens feed the penalties' history, as llama-server does.
-    if (!req->fast) {
+    if (req->sampler) {
         for (llama_token t : req->prompt)
             common_sampler_accept(req->sampler.get(), t, false);
     }
@@ -555,6 +555,12 @@ void Engine::sample(Slot & s) {
     llama_token id;
     if (r.fast) {
         id = r.fast->sample(llama_get_logits_ith(ctx_, s.i_batch), model_->n_vocab());
+    } else if (r.gfast) {
+        id = r.gfast->sample(llama_get_logits_ith(ctx_, s.i_batch), model_->n_vocab());
+        if (!r.gfast->accept(id)) {
+            finish(s, FinishReason::Error, "the output grammar reached a state with no allowed token");
+            return;
+        }
     } else {
         id = common_sampler_sample(r.sampler.get(), ctx_, s.i_batch);
         common_sampler_accept(r.sampler.get(), id, true);

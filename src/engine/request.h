@@ -1,6 +1,7 @@
 #pragma once
 
 #include "engine/fast_sampler.h"
+#include "engine/grammar_fast.h"
 #include "engine/model.h"
 
 #include <sampling.h>
@@ -45,6 +46,7 @@ struct GenRequest {
     Tokens prompt;
     SamplerPtr sampler;                   // llama.cpp chain: grammar, penalties, logit bias, seed
     std::unique_ptr<FastSampler> fast;    // when set, used instead of `sampler` (no grammar, no penalties)
+    std::unique_ptr<GrammarFast> gfast;   // when set, used instead of `sampler` (tool-call grammar, no penalties)
     int32_t max_tokens = -1;              // -1: until the sequence's context is full
     std::vector<std::string> stop;        // stop strings, matched on generated text
     bool render_special = false;          // include control tokens in the text (tool-call markers)

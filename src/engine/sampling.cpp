@@ -122,7 +122,28 @@ void attach_sampler(GenRequest & req, const Model & model, const SamplingOptions
         req.fast = std::make_unique<FastSampler>(std::move(p));
         return;
     }
-    req.sampler = chain(model, s, t, seed);
+    const bool no_penalties =
+        s.repeat_penalty == 1.0f && s.frequency_penalty == 0.0f && s.presence_penalty == 0.0f;
+    if (t.chat && !t.chat->grammar.empty() && !t.chat->grammar_lazy && s.grammar.empty() && s.json_schema.empty() &&
+        !s.json_object && no_penalties) {
+        // A tool call is required: sample with the fast grammar path (see grammar_fast.h).
+        FastSamplerParams p;
+        p.temperature = s.temperature;
+        p.top_k = s.top_k;
+        p.top_p = s.top_p;
+        p.min_p = s.min_p;
+        p.seed = seed;
+        p.logit_bias = s.logit_bias;
+        try {
+            req.gfast = std::make_unique<GrammarFast>(
+                model, constrain_tool_grammar(t.chat->grammar, t.require_call, t.parallel),
+                t.chat->generation_prompt, std::move(p));
+        } catch (const std::invalid_argument & e) {
+            spdlog::debug("fast grammar path not used: {}", e.what());
+            req.gfast.reset();
+        }
+    }
+    if (!req.gfast) req.sampler = chain(model, s, t, seed);
     if (t.chat) {
         for (const auto & tok : t.chat->preserved_tokens) {
             auto ids = model.tokenize(tok, false, true);

@@ -14,6 +14,18 @@ const dir = tempDir('armada-bench-');
 const cleanup = [];
 after(() => { for (const f of cleanup) f(); });
 
+async function freePortBelowEphemeral() {
+  for (;;) {
+    const p = 20000 + Math.floor(Math.random() * 10000);
+    const ok = await new Promise((res) => {
+      const s = net.createServer();
+      s.once('error', () => res(false));
+      s.listen(p, '127.0.0.1', () => s.close(() => res(true)));
+    });
+    if (ok) return p;
+  }
+}
+
 function bench(args) {
   const r = spawnSync(bin, ['bench', 'agents', '--no-progress', '--sessions', '6', '--concurrency', '3',
     '--steps', '2', '--instruction-tokens', '120', '--tool-latency', 'uniform:0.05,0.2', ...args],
@@ -63,7 +75,10 @@ test('bad workload flags are refused with a reason', () => {
 });
 
 test('fault pre-test: the server is killed partway, restarted, and every session still completes', async () => {
-  const port = await new Promise((res) => { const s = net.createServer(); s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => res(p)); }); });
+  // A port below the ephemeral range: while the server is down, the bench's reconnects to a
+  // port inside that range can be given the same port as their source and connect to
+  // themselves (TCP self-connect), which would then hold the port the restart needs.
+  const port = await freePortBelowEphemeral();
   const data = path.join(dir, 'fault-data');
   const args = ['serve', '-m', tinyModel, '--port', String(port), '-np', '4', '-c', '8192', '-t', '2', '--data-dir',
     data, '--tool-allow', '127.0.0.1'];
