@@ -423,12 +423,29 @@ std::optional<KvUsage> Engine::kv_usage(const std::string & session) const {
     return KvUsage{e->tier == KvTier::Ram ? "ram" : "disk", int64_t(e->n_tokens), e->stored_bytes};
 }
 
+bool Engine::prefix_pending(const GenRequest & r) const {
+    // A new session whose shared prefix another sequence is computing right now waits for it
+    // instead of computing the same tokens again (a burst of new sessions of one agent).
+    if (!cfg_.park || r.prefix_key.empty() || r.prefix_len <= 0 || pool_->contains(r.prefix_key)) return false;
+    if (!r.session.empty() && pool_->contains(r.session)) return false;
+    bool pending = false;
+    for (const auto & s : slots_) {
+        if (!r.session.empty() && s.owner == r.session) return false;
+        pending = pending || (s.state == SlotState::Prompt && s.snap_key == r.prefix_key);
+    }
+    return pending;
+}
+
 void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
-    while (!waiting.empty()) {
-        const int id = pick_slot(*waiting.front());
+    for (auto it = waiting.begin(); it != waiting.end();) {
+        if (prefix_pending(**it)) {
+            ++it;
+            continue;
+        }
+        const int id = pick_slot(**it);
         if (id < 0) return;
-        auto req = std::move(waiting.front());
-        waiting.pop_front();
+        auto req = std::move(*it);
+        it = waiting.erase(it);
         stats_.queued--;
         Slot & s = slots_[size_t(id)];
         s.kv_source.clear();

@@ -135,6 +135,7 @@ class Engine {
     void loop();
     void admit(std::deque<std::unique_ptr<GenRequest>> & waiting);
     int pick_slot(const GenRequest & req) const;
+    bool prefix_pending(const GenRequest & r) const;
     void park(Slot & s);
     void evict(Slot & s);
     bool restore(Slot & s, const std::string & key, bool keep);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 
 using namespace armada::engine;
 namespace fs = std::filesystem;
@@ -282,4 +283,29 @@ TEST(KvParking, MoreSessionsThanSequences) {
     run(e, tokens(99, 10));  // the release ops run before this request
     for (int i = 0; i < n; ++i)
         EXPECT_FALSE(e.kv_usage("s" + std::to_string(i))) << i;
+}
+
+TEST(KvParking, ABurstOfNewSessionsComputesTheSharedPrefixOnce) {
+    ASSERT_TRUE(tiny());
+    const Tokens prefix = tokens(70, 300);
+    Engine e(tiny(), config(4), nullptr);
+    ASSERT_EQ(e.start(), "");
+    // Four new sessions of one agent arrive together: one computes the prefix, three wait for it
+    // and start from it.
+    std::vector<std::thread> ts;
+    std::vector<Result> rs(4);
+    for (int i = 0; i < 4; ++i) {
+        ts.emplace_back([&, i] {
+            rs[size_t(i)] = run(e, concat(prefix, tokens(80 + i, 20)), "burst" + std::to_string(i), "prefix|k|burst",
+                                int32_t(prefix.size()), 4);
+        });
+    }
+    for (auto & t : ts)
+        t.join();
+    EXPECT_EQ(e.stats().prefix_saves.load(), 1u);
+    EXPECT_EQ(e.stats().prefix_hits.load(), 3u);
+    int from_prefix = 0;
+    for (const auto & r : rs)
+        from_prefix += r.done.kv_source == "prefix" ? 1 : 0;
+    EXPECT_EQ(from_prefix, 3);
 }
