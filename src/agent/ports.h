@@ -33,9 +33,7 @@ class EnginePort : public GenerationPort {
     void wake() override { e_.wake(); }
     int32_t n_ctx_seq() const override { return e_.n_ctx_seq(); }
     void release(const std::string & session, bool drop) override { e_.release(session, drop); }
-    std::optional<engine::KvUsage> kv_usage(const std::string & session) const override {
-        return e_.kv_usage(session);
-    }
+    std::optional<engine::KvUsage> kv_usage(const std::string & session) const override { return e_.kv_usage(session); }
     uint64_t kv_bytes_per_token() const override { return e_.kv_bytes_per_cell(); }
     bool kv_pressure() const override { return e_.kv_pressure(); }
 

@@ -162,8 +162,9 @@ void SessionManager::declare_agent(AgentSpec spec, const std::string & source, s
 
 size_t SessionManager::load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare) {
     auto records = store_.sessions_not_in({});
-    std::sort(records.begin(), records.end(),
-              [](const store::SessionRecord & a, const store::SessionRecord & b) { return a.updated_ms < b.updated_ms; });
+    std::sort(records.begin(), records.end(), [](const store::SessionRecord & a, const store::SessionRecord & b) {
+        return a.updated_ms < b.updated_ms;
+    });
     size_t n = 0;
     for (const auto & r : records) {
         if (r.agent_id != "@agent") continue;
@@ -452,7 +453,8 @@ void SessionManager::model_step(Session & s) {
         for (const auto & m : s.transcript) {
             msgs.push_back(m);
             if (m.role == "tool" && seen++ < dropped) {
-                msgs.back().content = "[output of " + m.tool_name + " removed to keep the session within its memory cap]";
+                msgs.back().content =
+                    "[output of " + m.tool_name + " removed to keep the session within its memory cap]";
             }
         }
         return msgs;
@@ -501,8 +503,8 @@ void SessionManager::model_step(Session & s) {
                               std::to_string(uint64_t(s.turn->prompt.size()) * bpt) + " bytes of KV) but the cap is " +
                               std::to_string(cap) + " tokens";
             why += a.limits.keep_tool_outputs >= 0
-                       ? " even with tool outputs older than the newest " +
-                             std::to_string(a.limits.keep_tool_outputs) + " removed"
+                       ? " even with tool outputs older than the newest " + std::to_string(a.limits.keep_tool_outputs) +
+                             " removed"
                        : "; set limits.keep_tool_outputs to compact old tool outputs instead of failing";
             return fail(s, SessionEvent::LimitReached, why);
         }

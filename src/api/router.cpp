@@ -38,10 +38,12 @@ std::string Router::render_metrics() {
         const auto ps = e->pool().stats();
         metrics_.gauge("armada_kv_budget_bytes", "KV memory budget of the node (context + parked in RAM)")
             .set(double(e->kv_budget()));
-        metrics_.gauge("armada_kv_parked_bytes", "Parked KV bytes by tier", {{"tier", "ram"}}).set(double(ps.ram_bytes));
+        metrics_.gauge("armada_kv_parked_bytes", "Parked KV bytes by tier", {{"tier", "ram"}})
+            .set(double(ps.ram_bytes));
         metrics_.gauge("armada_kv_parked_bytes", "", {{"tier", "disk"}}).set(double(ps.disk_bytes));
-        metrics_.gauge("armada_kv_parked_entries", "Parked KV entries (sessions and shared prefixes) by tier",
-                       {{"tier", "ram"}})
+        metrics_
+            .gauge("armada_kv_parked_entries", "Parked KV entries (sessions and shared prefixes) by tier",
+                   {{"tier", "ram"}})
             .set(double(ps.ram_entries));
         metrics_.gauge("armada_kv_parked_entries", "", {{"tier", "disk"}}).set(double(ps.disk_entries));
         metrics_.gauge("armada_kv_pressure", "1 while new sessions are refused at the KV high watermark")

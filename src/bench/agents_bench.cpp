@@ -97,9 +97,9 @@ double draw(const LatencyDist & d, std::mt19937_64 & rng) {
     return d.a;
 }
 
-const char * kWords[] = {"the",   "data", "record", "shows", "that",  "each",  "value", "is",   "ready",
-                         "for",   "next", "step",   "and",   "result", "of",   "a",     "check", "with",
-                         "order", "list", "field",  "name",  "time",  "state", "user",  "team",  "report"};
+const char * kWords[] = {"the",   "data", "record", "shows", "that",   "each",  "value", "is",    "ready",
+                         "for",   "next", "step",   "and",   "result", "of",    "a",     "check", "with",
+                         "order", "list", "field",  "name",  "time",   "state", "user",  "team",  "report"};
 
 //! About `n` tokens of plain English words (most are one token each in Qwen's vocabulary).
 std::string words(int n, uint64_t seed) {
@@ -153,9 +153,8 @@ class ToolServer {
         auto t = std::make_shared<boost::asio::steady_timer>(server_.executor(),
                                                              std::chrono::microseconds(int64_t(delay * 1e6)));
         std::string body = json{{"tool", r.path}, {"result", words(opt_.tool_output_tokens, opt_.seed ^ n)}}.dump();
-        t->async_wait([t, out, body = std::move(body)](boost::system::error_code) {
-            out->send(200, "application/json", body);
-        });
+        t->async_wait(
+            [t, out, body = std::move(body)](boost::system::error_code) { out->send(200, "application/json", body); });
     }
 
     const AgentsBenchOptions & opt_;
@@ -234,13 +233,12 @@ class Bench {
                         {"tool_timeout_ms", 600000}}},
                       {"tools", tools}};
         const auto r = http_call("POST", opt_.target + "/v1/agents", agent.dump(), headers_, 30000);
-        if (r.status != 200) return "cannot declare the bench agent: " + std::to_string(r.status) + " " + r.error + r.body;
+        if (r.status != 200)
+            return "cannot declare the bench agent: " + std::to_string(r.status) + " " + r.error + r.body;
         return {};
     }
 
-    SessionResult run_session(int i) {
-        return opt_.mode == "sessions" ? server_side(i) : client_side(i);
-    }
+    SessionResult run_session(int i) { return opt_.mode == "sessions" ? server_side(i) : client_side(i); }
 
     double now() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
     std::atomic<int> retries{0};
@@ -271,8 +269,9 @@ class Bench {
     SessionResult server_side(int i) {
         SessionResult res;
         res.start_s = now();
-        const auto c = call("POST", opt_.target + "/v1/agents/bench/sessions",
-                            json{{"input", "Task " + std::to_string(i) + ": " + words(12, opt_.seed + uint64_t(i))}}.dump());
+        const auto c =
+            call("POST", opt_.target + "/v1/agents/bench/sessions",
+                 json{{"input", "Task " + std::to_string(i) + ": " + words(12, opt_.seed + uint64_t(i))}}.dump());
         if (c.status != 200) return fail(res, c);
         const std::string id = json::parse(c.body, nullptr, false).value("id", "");
         std::string state;
@@ -286,8 +285,9 @@ class Bench {
         // A stream cut by a server restart is opened again: the session is durable and resumes.
         HttpResult s;
         for (;;) {
-            s = call("GET", opt_.target + "/v1/sessions/" + id + "/events", "",
-                     [&](std::string_view b) { return sse.feed(b); }, [&] { sse = SseParser(sse_fn); });
+            s = call(
+                "GET", opt_.target + "/v1/sessions/" + id + "/events", "",
+                [&](std::string_view b) { return sse.feed(b); }, [&] { sse = SseParser(sse_fn); });
             const bool ended = state == "completed" || state == "failed" || state == "cancelled";
             if (s.status != 200 || ended || opt_.retry_s <= 0) break;
             ++retries;
@@ -325,18 +325,15 @@ class Bench {
     SessionResult client_side(int i) {
         SessionResult res;
         res.start_s = now();
-        json messages = json::array({{{"role", "system"}, {"content", instructions_}},
-                                     {{"role", "user"},
-                                      {"content", "Task " + std::to_string(i) + ": " + words(12, opt_.seed + uint64_t(i))}}});
+        json messages = json::array(
+            {{{"role", "system"}, {"content", instructions_}},
+             {{"role", "user"}, {"content", "Task " + std::to_string(i) + ": " + words(12, opt_.seed + uint64_t(i))}}});
         std::mt19937_64 rng(opt_.seed + uint64_t(i) * 7919);
         for (int step = 0; step <= opt_.steps; ++step) {
             const bool answer = step == opt_.steps;
-            json req = {{"messages", messages},
-                        {"max_tokens", answer ? opt_.answer_tokens : opt_.step_tokens},
-                        {"temperature", 0.7},
-                        {"seed", opt_.seed + uint32_t(i)},
-                        {"stream", true},
-                        {"stream_options", {{"include_usage", true}}}};
+            json req = {{"messages", messages}, {"max_tokens", answer ? opt_.answer_tokens : opt_.step_tokens},
+                        {"temperature", 0.7},   {"seed", opt_.seed + uint32_t(i)},
+                        {"stream", true},       {"stream_options", {{"include_usage", true}}}};
             if (!opt_.model.empty()) req["model"] = opt_.model;
             req["tools"] = tools_;
             req["tool_choice"] = answer ? "none" : "required";
@@ -355,8 +352,9 @@ class Bench {
                 }
                 if (!j.contains("choices") || j["choices"].empty()) return true;
                 const json & d = j["choices"][0].value("delta", json::object());
-                const bool has = (d.contains("content") && d["content"].is_string() && !d["content"].get<std::string>().empty()) ||
-                                 d.contains("tool_calls");
+                const bool has =
+                    (d.contains("content") && d["content"].is_string() && !d["content"].get<std::string>().empty()) ||
+                    d.contains("tool_calls");
                 if (has && t_first < 0) t_first = now();
                 if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
                 if (d.contains("tool_calls")) {
@@ -372,14 +370,16 @@ class Bench {
                 return true;
             };
             SseParser sse(sse_fn);
-            const auto r = call("POST", opt_.target + "/v1/chat/completions", req.dump(),
-                                [&](std::string_view b) { return sse.feed(b); }, [&] {
-                                    sse = SseParser(sse_fn);
-                                    content.clear();
-                                    name.clear();
-                                    args.clear();
-                                    t_first = -1;
-                                });
+            const auto r = call(
+                "POST", opt_.target + "/v1/chat/completions", req.dump(),
+                [&](std::string_view b) { return sse.feed(b); },
+                [&] {
+                    sse = SseParser(sse_fn);
+                    content.clear();
+                    name.clear();
+                    args.clear();
+                    t_first = -1;
+                });
             if (r.status != 200) return fail(res, r);
             res.step_s.push_back(now() - t_step);
             if (t_first >= 0) res.ttft_s.push_back(t_first - t_step);
@@ -400,10 +400,9 @@ class Bench {
             const std::string call_id = "call_" + std::to_string(step);
             messages.push_back({{"role", "assistant"},
                                 {"content", nullptr},
-                                {"tool_calls",
-                                 json::array({{{"id", call_id},
-                                               {"type", "function"},
-                                               {"function", {{"name", name}, {"arguments", args}}}}})}});
+                                {"tool_calls", json::array({{{"id", call_id},
+                                                             {"type", "function"},
+                                                             {"function", {{"name", name}, {"arguments", args}}}}})}});
             const auto t = http_call("POST", tools_url_ + "/" + name, args, {{"Content-Type", "application/json"}},
                                      opt_.timeout_s * 1000);
             if (t.status != 200) return fail(res, t, "tool");
@@ -568,7 +567,8 @@ int agents_bench(const AgentsBenchOptions & opt) {
     const std::string label = opt.label.empty() ? opt.mode : opt.label;
     json out = {
         {"label", label},
-        {"date", [] {
+        {"date",
+         [] {
              char b[32];
              const time_t t = time(nullptr);
              strftime(b, sizeof b, "%Y-%m-%d %H:%M", gmtime(&t));
@@ -615,14 +615,15 @@ int agents_bench(const AgentsBenchOptions & opt) {
     md << "| target | mode | concurrency | sessions | completed | sessions/min | p50 s | p95 s | p99 s | TTFT p50 s | "
           "TTFT p95 s | step p50 s | step p95 s | prompt tok/s | gen tok/s | errors | survival |\n"
        << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-       << "| " << label << " | " << opt.mode << " | " << (opt.rate > 0 ? "rate " + std::to_string(opt.rate) : std::to_string(opt.concurrency))
-       << " | " << opt.sessions << " | " << completed << " | " << R["sessions_per_min"].get<double>() << " | "
+       << "| " << label << " | " << opt.mode << " | "
+       << (opt.rate > 0 ? "rate " + std::to_string(opt.rate) : std::to_string(opt.concurrency)) << " | " << opt.sessions
+       << " | " << completed << " | " << R["sessions_per_min"].get<double>() << " | "
        << R["completion_s"]["p50"].get<double>() << " | " << R["completion_s"]["p95"].get<double>() << " | "
        << R["completion_s"]["p99"].get<double>() << " | " << R["ttft_s"]["p50"].get<double>() << " | "
        << R["ttft_s"]["p95"].get<double>() << " | " << R["step_s"]["p50"].get<double>() << " | "
        << R["step_s"]["p95"].get<double>() << " | " << R["prompt_tokens_per_s"].get<double>() << " | "
-       << R["generated_tokens_per_s"].get<double>() << " | " << (kinds.empty() ? "none" : json(kinds).dump())
-       << " | " << R["chain_survival"].get<double>() << " |\n";
+       << R["generated_tokens_per_s"].get<double>() << " | " << (kinds.empty() ? "none" : json(kinds).dump()) << " | "
+       << R["chain_survival"].get<double>() << " |\n";
     fputs(md.str().c_str(), stdout);
     if (!sample_error.empty()) fprintf(stderr, "first error: %s\n", sample_error.c_str());
     if (!opt.output.empty()) {
@@ -654,8 +655,10 @@ int plot_results(const std::vector<std::string> & files, const std::string & out
             dat << c << " " << v.first << " " << v.second << "\n";
         dat << "\n\n";
         const std::string sep = idx ? ", " : "";
-        plot1 << sep << "'" << out_prefix << ".dat' index " << idx << " using 1:2 with linespoints title '" << label << "'";
-        plot2 << sep << "'" << out_prefix << ".dat' index " << idx << " using 1:3 with linespoints title '" << label << "'";
+        plot1 << sep << "'" << out_prefix << ".dat' index " << idx << " using 1:2 with linespoints title '" << label
+              << "'";
+        plot2 << sep << "'" << out_prefix << ".dat' index " << idx << " using 1:3 with linespoints title '" << label
+              << "'";
         ++idx;
     }
     dat.close();

@@ -24,19 +24,19 @@ struct AgentsBenchOptions {
     std::string model;              // "model" field for chat mode
     std::string api_key;
     int sessions = 64;
-    int concurrency = 16;       // closed loop: sessions in flight
-    double rate = 0;            // > 0: open loop, new sessions per second (Poisson)
-    int steps = 3;              // tool steps per session; then one answer
+    int concurrency = 16;  // closed loop: sessions in flight
+    double rate = 0;       // > 0: open loop, new sessions per second (Poisson)
+    int steps = 3;         // tool steps per session; then one answer
     int instruction_tokens = 700;
     int tools = 4;
     LatencyDist tool_latency;
     int tool_output_tokens = 64;
-    int step_tokens = 64;       // max tokens of each tool step (random weights spell a call in ~40)
-    int answer_tokens = 32;     // max tokens of the final answer
+    int step_tokens = 64;    // max tokens of each tool step (random weights spell a call in ~40)
+    int answer_tokens = 32;  // max tokens of the final answer
     uint32_t seed = 42;
-    int timeout_s = 600;        // per HTTP exchange
-    int server_pid = 0;         // > 0: sample this process's RSS
-    std::string output;         // prefix: writes PREFIX.json and PREFIX.md
+    int timeout_s = 600;  // per HTTP exchange
+    int server_pid = 0;   // > 0: sample this process's RSS
+    std::string output;   // prefix: writes PREFIX.json and PREFIX.md
     bool progress = true;
     // Fault pre-test: SIGKILL the server (server_pid) after kill_after_s, then run restart_cmd.
     double kill_after_s = 0;

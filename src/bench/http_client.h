@@ -9,9 +9,9 @@
 namespace armada::bench {
 
 struct HttpResult {
-    int status = 0;          // 0: no HTTP answer (see error)
-    std::string body;        // whole body when no chunk callback was given
-    std::string error;       // connect/send/read failure or timeout
+    int status = 0;     // 0: no HTTP answer (see error)
+    std::string body;   // whole body when no chunk callback was given
+    std::string error;  // connect/send/read failure or timeout
     std::string retry_after;
 };
 

@@ -288,8 +288,8 @@ CapacityRow capacity(const std::shared_ptr<engine::Model> & m, const BenchKvOpti
     for (int base = 0; base < opt.sessions; base += wave) {
         std::vector<std::unique_ptr<engine::GenRequest>> reqs;
         for (int i = base; i < std::min(opt.sessions, base + wave); ++i) {
-            reqs.push_back(r.make(concat(tokens(i, opt.session_tokens), tokens(77, 8)), "s" + std::to_string(i), {},
-                                  0, 2));
+            reqs.push_back(
+                r.make(concat(tokens(i, opt.session_tokens), tokens(77, 8)), "s" + std::to_string(i), {}, 0, 2));
         }
         for (const auto & ev : r.all(std::move(reqs))) {
             if (ev.finish == engine::FinishReason::Error) ++row.errors;
@@ -375,10 +375,9 @@ int bench_kv(const BenchKvOptions & opt) {
             line << "| " << (park ? "on" : "off") << " | " << c.created << " | " << c.resumed_from_kv << " | "
                  << c.errors << " | " << std::fixed;
             line.precision(1);
-            line << c.create_s << " | " << c.resume_s << " | " << mb(c.ram_bytes) << " | " << mb(c.disk_bytes)
-                 << " | " << mb(c.rss_base) << " | " << mb(c.rss_peak) << " | " << mb(c.budget) << " | "
-                 << mb(m->size_bytes()) << " | "
-                 << (double(c.rss_peak) - double(c.budget + m->size_bytes())) / 1048576.0 << " |\n";
+            line << c.create_s << " | " << c.resume_s << " | " << mb(c.ram_bytes) << " | " << mb(c.disk_bytes) << " | "
+                 << mb(c.rss_base) << " | " << mb(c.rss_peak) << " | " << mb(c.budget) << " | " << mb(m->size_bytes())
+                 << " | " << (double(c.rss_peak) - double(c.budget + m->size_bytes())) / 1048576.0 << " |\n";
             md << line.str();
             fputs(line.str().c_str(), stdout);
             fflush(stdout);

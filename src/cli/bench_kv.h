@@ -15,9 +15,9 @@ struct BenchKvOptions {
     int prefix_tokens = 700;  // shared-prefix TTFT: the agent's instructions + tool schemas
     int sessions = 2000;      // capacity: sessions created, then all resumed once
     int session_tokens = 128;
-    int seqs = 16;               // sequences of the capacity engine
-    std::string budget = "2G";   // --kv-budget of the capacity engine
-    std::string disk = "64G";    // its disk tier
+    int seqs = 16;              // sequences of the capacity engine
+    std::string budget = "2G";  // --kv-budget of the capacity engine
+    std::string disk = "64G";   // its disk tier
     bool skip_latency = false, skip_prefix = false, skip_capacity = false;
     bool capacity_without_parking = true;  // also run the capacity phase with parking off
     double max_rss_overhead_mb = 0;        // > 0: fail if peak RSS > budget + weights + this

@@ -1,7 +1,7 @@
 // armada: the node binary. Subcommands: serve, mkmodel, bench engine.
+#include "bench/agents_bench.h"
 #include "cli/bench_engine.h"
 #include "cli/bench_kv.h"
-#include "bench/agents_bench.h"
 #include "cli/mkmodel.h"
 #include "cli/serve.h"
 
@@ -177,10 +177,12 @@ int main(int argc, char ** argv) {
 
     bench::AgentsBenchOptions ba;
     std::string latency = "constant:1";
-    auto * bag = b->add_subcommand("agents", "agent workload against Armada's sessions API or any OpenAI-compatible server");
+    auto * bag =
+        b->add_subcommand("agents", "agent workload against Armada's sessions API or any OpenAI-compatible server");
     bag->add_option("--target", ba.target, "base URL of the server, e.g. http://127.0.0.1:8080")->required();
-    bag->add_option("--mode", ba.mode, "sessions (server-side loop, Armada) or chat (/v1/chat/completions, the bench "
-                                       "runs the loop)")
+    bag->add_option("--mode", ba.mode,
+                    "sessions (server-side loop, Armada) or chat (/v1/chat/completions, the bench "
+                    "runs the loop)")
         ->capture_default_str();
     bag->add_option("--label", ba.label, "name of the target in reports");
     bag->add_option("--model", ba.model, "model name sent in chat mode");
@@ -194,8 +196,7 @@ int main(int argc, char ** argv) {
     bag->add_option("--tools", ba.tools, "tool schemas offered")->capture_default_str();
     bag->add_option("--tool-latency", latency, "constant:S, uniform:LO,HI or lognormal:MEAN,SIGMA (seconds)")
         ->capture_default_str();
-    bag->add_option("--tool-output-tokens", ba.tool_output_tokens, "tool output length (about)")
-        ->capture_default_str();
+    bag->add_option("--tool-output-tokens", ba.tool_output_tokens, "tool output length (about)")->capture_default_str();
     bag->add_option("--step-tokens", ba.step_tokens, "max tokens of each tool step")->capture_default_str();
     bag->add_option("--answer-tokens", ba.answer_tokens, "max tokens of the final answer")->capture_default_str();
     bag->add_option("--seed", ba.seed)->capture_default_str();

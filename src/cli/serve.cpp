@@ -159,7 +159,8 @@ int serve(const ServeOptions & opt) {
     }
     const size_t declared =
         sessions.load_declared_agents([&guard](agent::AgentSpec & a) { return tools::import_mcp_tools(a, guard); });
-    if (declared > 0) printf("armada: %zu agents declared through the API loaded from %s\n", declared, opt.data_dir.c_str());
+    if (declared > 0)
+        printf("armada: %zu agents declared through the API loaded from %s\n", declared, opt.data_dir.c_str());
     const size_t resumed = sessions.resume_all();
     if (resumed > 0) printf("armada: resumed %zu sessions from %s\n", resumed, opt.data_dir.c_str());
     api::SessionsApi sessions_api(sessions,

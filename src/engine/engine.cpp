@@ -184,8 +184,8 @@ void Engine::loop() {
                 return stopping_ || !incoming_.empty() || !ops_.empty() || has_active() || !waiting.empty();
             };
             const bool unparked = cfg_.park && std::any_of(slots_.begin(), slots_.end(), [](const Slot & s) {
-                return s.state == SlotState::Idle && !s.owner.empty() && !s.pooled;
-            });
+                                      return s.state == SlotState::Idle && !s.owner.empty() && !s.pooled;
+                                  });
             if (unparked) {
                 cv_.wait_for(lk, std::chrono::milliseconds(std::max(10, cfg_.park_grace_ms / 4)), ready);
             } else {
@@ -334,8 +334,8 @@ bool Engine::restore(Slot & s, const std::string & key, bool keep) {
                     llama_memory_seq_pos_max(mem, s.id) == llama_pos(blob->tokens.size()) - 1;
     if (!ok) {
         stats_.restore_failures++;
-        spdlog::warn("kv: restoring {} into sequence {} failed verification (rc={}, {} tokens); re-prefilling",
-                     key, s.id, rc, blob->tokens.size());
+        spdlog::warn("kv: restoring {} into sequence {} failed verification (rc={}, {} tokens); re-prefilling", key,
+                     s.id, rc, blob->tokens.size());
         llama_memory_seq_rm(mem, s.id, -1, -1);
         s.cache.clear();
         return false;

@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,10 +122,10 @@ class Engine {
         int32_t i_batch = -1;  // logits row in the current batch, -1 when none
         llama_token next = LLAMA_TOKEN_NULL;
         uint64_t last_used = 0;
-        std::string owner;         // session whose KV this sequence holds; empty: anonymous
-        bool pooled = false;       // the pool holds a copy of exactly this KV (eviction is free)
-        std::string kv_source;     // where this request's reused KV came from
-        std::string snap_key;      // shared prefix to save once the prompt reaches snap_at tokens
+        std::string owner;      // session whose KV this sequence holds; empty: anonymous
+        bool pooled = false;    // the pool holds a copy of exactly this KV (eviction is free)
+        std::string kv_source;  // where this request's reused KV came from
+        std::string snap_key;   // shared prefix to save once the prompt reaches snap_at tokens
         size_t snap_at = 0;
         std::chrono::steady_clock::time_point idle_since;
         double ttft_s = 0;
@@ -164,7 +164,7 @@ class Engine {
     std::unique_ptr<KvPool> pool_;
     std::string fingerprint_;
     mutable std::mutex owners_mu_;
-    std::vector<std::string> owners_;                        // slot → owner, guarded by owners_mu_
+    std::vector<std::string> owners_;                      // slot → owner, guarded by owners_mu_
     std::unique_ptr<std::atomic<int32_t>[]> slot_tokens_;  // tokens held per slot, for kv_usage
 
     std::mutex mu_;

@@ -40,7 +40,8 @@ uint64_t checksum64(const uint8_t * p, size_t n) {
     return fnv1a64(p + i, n - i, h);
 }
 
-template <typename T> void put_pod(std::string & out, T v) {
+template <typename T>
+void put_pod(std::string & out, T v) {
     out.append(reinterpret_cast<const char *>(&v), sizeof v);
 }
 
@@ -55,7 +56,8 @@ struct Reader {
     size_t at = 0;
     bool ok = true;
 
-    template <typename T> T pod() {
+    template <typename T>
+    T pod() {
         T v{};
         if (!ok || s.size() - at < sizeof v) {
             ok = false;

@@ -23,14 +23,14 @@ struct KvBlob {
 };
 
 struct KvPoolConfig {
-    std::string dir;               // spill directory; empty: no disk tier (entries over the RAM limit are dropped)
+    std::string dir;                  // spill directory; empty: no disk tier (entries over the RAM limit are dropped)
     uint64_t ram_limit = 1ull << 30;  // high watermark: above it, entries spill…
     uint64_t ram_low = 768ull << 20;  // …until RAM is down to this low watermark
     uint64_t disk_limit = 16ull << 30;
-    std::string fingerprint;       // model, quantisation, context settings, llama.cpp build
+    std::string fingerprint;  // model, quantisation, context settings, llama.cpp build
     int zstd_level = 1;
-    double min_gain = 0.10;        // compress a spilled blob only when it shrinks by at least this much
-    int pressure_hold_ms = 5000;   // after a drop, new sessions wait at least this long
+    double min_gain = 0.10;       // compress a spilled blob only when it shrinks by at least this much
+    int pressure_hold_ms = 5000;  // after a drop, new sessions wait at least this long
 };
 
 //! What is known about one parked entry.

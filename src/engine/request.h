@@ -32,7 +32,7 @@ struct GenEvent {
     FinishReason finish = FinishReason::Stop;
     std::string error;  // Done with FinishReason::Error
     int32_t n_prompt = 0, n_cached = 0, n_generated = 0;
-    double ttft_s = 0;  // time from submit to first generated token
+    double ttft_s = 0;      // time from submit to first generated token
     int32_t kv_tokens = 0;  // Done: tokens the sequence's KV holds now
     std::string kv_source;  // Done: where reused KV came from: slot, ram, disk, prefix, or empty
 };

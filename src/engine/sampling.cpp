@@ -122,8 +122,7 @@ void attach_sampler(GenRequest & req, const Model & model, const SamplingOptions
         req.fast = std::make_unique<FastSampler>(std::move(p));
         return;
     }
-    const bool no_penalties =
-        s.repeat_penalty == 1.0f && s.frequency_penalty == 0.0f && s.presence_penalty == 0.0f;
+    const bool no_penalties = s.repeat_penalty == 1.0f && s.frequency_penalty == 0.0f && s.presence_penalty == 0.0f;
     if (t.chat && !t.chat->grammar.empty() && !t.chat->grammar_lazy && s.grammar.empty() && s.json_schema.empty() &&
         !s.json_object && no_penalties) {
         // A tool call is required: sample with the fast grammar path (see grammar_fast.h).
@@ -136,8 +135,8 @@ void attach_sampler(GenRequest & req, const Model & model, const SamplingOptions
         p.logit_bias = s.logit_bias;
         try {
             req.gfast = std::make_unique<GrammarFast>(
-                model, constrain_tool_grammar(t.chat->grammar, t.require_call, t.parallel),
-                t.chat->generation_prompt, std::move(p));
+                model, constrain_tool_grammar(t.chat->grammar, t.require_call, t.parallel), t.chat->generation_prompt,
+                std::move(p));
         } catch (const std::invalid_argument & e) {
             spdlog::debug("fast grammar path not used: {}", e.what());
             req.gfast.reset();

@@ -135,8 +135,8 @@ std::string computed_prefix(const Tokens & prompt, int32_t prefix_len) {
 struct TempDir {
     fs::path path;
     TempDir() {
-        path = fs::temp_directory_path() / ("armada-kv-" + std::to_string(::getpid()) + "-" +
-                                            std::to_string(std::rand()));
+        path =
+            fs::temp_directory_path() / ("armada-kv-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
         fs::create_directories(path);
     }
     ~TempDir() { fs::remove_all(path); }
@@ -241,7 +241,8 @@ TEST(KvParking, SharedPrefixGivesTheSameTokens) {
     ASSERT_TRUE(tiny());
     const Tokens prefix = tokens(7, 200);
     const Tokens a = concat(prefix, tokens(10, 30)), b = concat(prefix, tokens(11, 35));
-    const std::string want_a = computed_prefix(a, int32_t(prefix.size())), want_b = computed_prefix(b, int32_t(prefix.size()));
+    const std::string want_a = computed_prefix(a, int32_t(prefix.size())),
+                      want_b = computed_prefix(b, int32_t(prefix.size()));
 
     Engine e(tiny(), config(2), nullptr);
     ASSERT_EQ(e.start(), "");

@@ -25,8 +25,8 @@ KvBlob blob(size_t bytes, uint32_t seed, bool compressible = false) {
 }
 
 struct Dir {
-    fs::path p = fs::temp_directory_path() / ("armada-kvpool-" + std::to_string(::getpid()) + "-" +
-                                              std::to_string(std::random_device{}()));
+    fs::path p = fs::temp_directory_path() /
+                 ("armada-kvpool-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}()));
     Dir() { fs::create_directories(p); }
     ~Dir() { fs::remove_all(p); }
 };
@@ -84,7 +84,7 @@ TEST(KvPoolTest, SpillsColdThenLeastRecentlyUsedAndRestoresFromDisk) {
     pool.put("a", blob(100000, 1), false);
     pool.put("b", blob(100000, 2), true);  // cold: waiting for its user
     EXPECT_EQ(pool.stats().spilled, 0u);
-    pool.put("c", blob(100000, 3), false);  // over 250 kB: spill down to 125 kB
+    pool.put("c", blob(100000, 3), false);          // over 250 kB: spill down to 125 kB
     EXPECT_EQ(pool.info("b")->tier, KvTier::Disk);  // cold goes first
     EXPECT_EQ(pool.info("a")->tier, KvTier::Disk);  // then the least recently used
     EXPECT_EQ(pool.info("c")->tier, KvTier::Ram);

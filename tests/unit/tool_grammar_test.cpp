@@ -25,9 +25,10 @@ TEST(ToolGrammar, NotParallelAllowsOneCall) {
 }
 
 TEST(ToolGrammar, NotParallelAllowsOneObjectPerBlock) {
-    const std::string g = "root ::= tool-calls\n"
-                          "tool-call ::= \"<tool_call>\\n\" space (tool-a | tool-b) (space \",\" space (tool-a | tool-b))* "
-                          "space \"</tool_call>\"\n";
+    const std::string g =
+        "root ::= tool-calls\n"
+        "tool-call ::= \"<tool_call>\\n\" space (tool-a | tool-b) (space \",\" space (tool-a | tool-b))* "
+        "space \"</tool_call>\"\n";
     EXPECT_NE(constrain_tool_grammar(g, true, false)
                   .find("tool-call ::= \"<tool_call>\\n\" space (tool-a | tool-b) space \"</tool_call>\"\n"),
               std::string::npos)
