@@ -8,6 +8,9 @@ namespace armada::engine {
 std::string constrain_tool_grammar(const std::string & gbnf, bool required, bool parallel) {
     static const std::regex optional_until(R"(\s+until-\d+\?)");
     static const std::regex repeated_calls(R"(^tool-calls ::= \((.*)\)\+$)");
+    static const std::regex exp_schema(R"(\(\[eE\] \[-\+\]\? integral-part\)\?)");
+    static const std::regex exp_json(R"(\(\(\"e\" \| \"E\"\) \[\+-\]\? \[0-9\]\+\)\?)");
+    static const std::regex int_json(R"(\[1-9\] \[0-9\]\*)");
     static const std::regex more_in_block(R"(\s*\(space "," space \([^()]*\)\)\*)");
     std::istringstream in(gbnf);
     std::string out, line;
@@ -21,6 +24,11 @@ std::string constrain_tool_grammar(const std::string & gbnf, bool required, bool
         // allows whitespace. The default (newlines and up to 20 blanks) lets a model spend its
         // whole token budget on indentation and end with a call cut in half.
         if (line.rfind("space ::=", 0) == 0) line = "space ::= | \" \"";
+        // Numbers stay within what a double (and llama.cpp's JSON reader) holds: exponents of at
+        // most two digits, integer parts of at most 16. 1e4660 is valid JSON that no one can read.
+        line = std::regex_replace(line, exp_schema, "([eE] [-+]? [0-9]{1,2})?");
+        line = std::regex_replace(line, exp_json, "((\"e\" | \"E\") [+-]? [0-9]{1,2})?");
+        line = std::regex_replace(line, int_json, "[1-9] [0-9]{0,15}");
         out += line;
         out += '\n';
     }

@@ -43,6 +43,18 @@ TEST(ToolGrammar, CallJsonIsCompact) {
     EXPECT_EQ(r.find("{0,20}"), std::string::npos) << r;
 }
 
+TEST(ToolGrammar, NumbersFitADouble) {
+    const std::string g =
+        "root ::= tool-calls\n"
+        "number ::= (\"-\"? integral-part) (\".\" decimal-part)? ([eE] [-+]? integral-part)? space\n"
+        "json-number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ((\"e\" | \"E\") [+-]? [0-9]+)?\n";
+    const std::string r = constrain_tool_grammar(g, false, true);
+    EXPECT_NE(r.find("([eE] [-+]? [0-9]{1,2})? space"), std::string::npos) << r;
+    EXPECT_NE(r.find("[1-9] [0-9]{0,15}"), std::string::npos) << r;
+    EXPECT_NE(r.find("((\"e\" | \"E\") [+-]? [0-9]{1,2})?"), std::string::npos) << r;
+    EXPECT_EQ(r.find("[0-9]+)?\n"), std::string::npos) << r;
+}
+
 TEST(ToolGrammar, LeavesOtherGrammarsAlone) {
     const std::string g = "root ::= tool-calls\ntool-calls ::= \"x\"\n";
     EXPECT_EQ(constrain_tool_grammar(g, true, false), g);
