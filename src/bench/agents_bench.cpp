@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -507,11 +508,18 @@ int agents_bench(const AgentsBenchOptions & opt) {
             if (!running) return;
             fprintf(stderr, "\nfault: SIGKILL to %d at %.1f s\n", opt.server_pid, bench.now());
             kill(opt.server_pid, SIGKILL);
-            // Wait until it is really gone (or a zombie), so its port is free for the restart.
-            for (int i = 0; i < 100; ++i) {
-                std::ifstream st("/proc/" + std::to_string(opt.server_pid) + "/stat");
+            // Wait until every thread of it is gone (the leader turns zombie before the others
+            // have closed the shared descriptors), so its port is free for the restart.
+            const std::string proc = "/proc/" + std::to_string(opt.server_pid);
+            for (int i = 0; i < 200; ++i) {
+                std::error_code ec;
+                size_t tasks = 0;
+                for (auto it = std::filesystem::directory_iterator(proc + "/task", ec);
+                     !ec && it != std::filesystem::directory_iterator(); ++it)
+                    ++tasks;
+                std::ifstream st(proc + "/stat");
                 std::string pid, comm, state;
-                if (!(st >> pid >> comm >> state) || state == "Z") break;
+                if (ec || !(st >> pid >> comm >> state) || (state == "Z" && tasks <= 1)) break;
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
             }
             if (!opt.restart_cmd.empty()) {

@@ -21,7 +21,8 @@ std::shared_ptr<Model> tiny() {
     return m;
 }
 
-const char * kGrammar = R"(root ::= "<tool_call>\n" "{" space "\"name\"" space ":" space "\"lookup\"" space "," space "\"arguments\"" space ":" space args space "}" "\n</tool_call>"
+const char * kGrammar =
+    R"(root ::= "<tool_call>\n" "{" space "\"name\"" space ":" space "\"lookup\"" space "," space "\"arguments\"" space ":" space args space "}" "\n</tool_call>"
 args ::= "{" space "\"record\"" space ":" space ("\"alpha\"" | "\"beta\"" | "\"gamma\"") space "," space "\"n\"" space ":" space num space "}"
 num ::= "-"? [0-9]{1,4}
 space ::= | " "
@@ -54,7 +55,8 @@ TEST(GrammarFast, GreedyPicksTheBestTokenTheFullGrammarAllows) {
             llama_sampler_apply(full, &arr);
             llama_token best = LLAMA_TOKEN_NULL;
             for (const auto & c : cand) {
-                if (c.logit != -INFINITY && (best == LLAMA_TOKEN_NULL || c.logit > cand[size_t(best)].logit)) best = c.id;
+                if (c.logit != -INFINITY && (best == LLAMA_TOKEN_NULL || c.logit > cand[size_t(best)].logit))
+                    best = c.id;
             }
             ASSERT_NE(best, LLAMA_TOKEN_NULL);
             const llama_token got = fast.sample(logits.data(), n);
