@@ -78,6 +78,13 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
         ->capture_default_str();
     cmd->add_flag("--no-park", o.no_park, "keep no session KV between requests (re-prefill every step)")
         ->envname("ARMADA_NO_PARK");
+    cmd->add_flag("--no-kv-journal", o.no_kv_journal,
+                  "do not write each session's KV to DATA_DIR/kv/journal after every step (a crash then "
+                  "re-prefills)")
+        ->envname("ARMADA_NO_KV_JOURNAL");
+    cmd->add_flag("--kv-journal-sync", o.engine.kv_journal_sync,
+                  "fdatasync each journal record: KV survives power loss too, at the cost of a disk flush per step")
+        ->envname("ARMADA_KV_JOURNAL_SYNC");
     cmd->add_option("--kv-fingerprint-extra", o.engine.fingerprint_extra,
                     "text added to the KV fingerprint; saved KV with another value is not restored")
         ->envname("ARMADA_KV_FINGERPRINT_EXTRA")

@@ -94,6 +94,7 @@ int serve(const ServeOptions & opt) {
         return 2;
     }
     ecfg.park = !opt.no_park;
+    ecfg.kv_journal = !opt.no_kv_journal;
     if (ecfg.kv_dir.empty()) ecfg.kv_dir = opt.data_dir + "/kv";
 
     std::string store_err;

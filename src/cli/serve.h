@@ -22,6 +22,7 @@ struct ServeOptions {
     std::string kv_budget;                // size text, e.g. "8G"; empty: automatic
     std::string kv_disk = "64G";
     bool no_park = false;
+    bool no_kv_journal = false;
 };
 
 //! Runs the node until SIGINT/SIGTERM. Returns the process exit code.

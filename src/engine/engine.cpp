@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <thread>
 
 namespace armada::engine {
@@ -134,6 +135,14 @@ std::string Engine::start() {
     pc.fingerprint = fingerprint_;
     pool_ = std::make_unique<KvPool>(pc);
     if (auto e = pool_->open(); !e.empty()) return e;
+    if (cfg_.park && cfg_.kv_journal && !cfg_.kv_dir.empty()) {
+        KvJournalConfig jc;
+        jc.dir = (std::filesystem::path(cfg_.kv_dir) / "journal").string();
+        jc.fingerprint = fingerprint_;
+        jc.sync = cfg_.kv_journal_sync;
+        journal_ = std::make_unique<KvJournal>(jc);
+        if (auto e = journal_->open(); !e.empty()) return e;
+    }
     if (metrics_) {
         metrics_->gauge("armada_kv_bytes_total", "KV cache capacity in bytes")
             .set(double(kv_bytes_per_cell_) * double(llama_n_ctx(ctx_)));
@@ -217,6 +226,7 @@ void Engine::loop() {
         const size_t n = pool_->spill_all();
         if (n > 0) spdlog::info("kv: saved {} parked sequences to {}", n, cfg_.kv_dir);
     }
+    if (journal_) journal_->flush();
     std::lock_guard lk(mu_);
     for (auto * q : {&waiting, &incoming_}) {
         for (auto & r : *q) {
@@ -280,19 +290,34 @@ void Engine::set_owner(Slot & s, const std::string & owner) {
     owners_[size_t(s.id)] = owner;
 }
 
-void Engine::park(Slot & s) {
-    // Saves the sequence's KV into the pool; the sequence keeps it until the slot is reused.
-    if (s.owner.empty() || s.cache.empty()) return;
-    const auto t0 = Clock::now();
-    KvBlob blob;
+bool Engine::save_seq(const Slot & s, KvBlob & blob) {
     blob.tokens = s.cache;
     blob.data.resize(llama_state_seq_get_size(ctx_, s.id));
     const size_t n = llama_state_seq_get_data(ctx_, blob.data.data(), blob.data.size(), s.id);
     if (n == 0 || n > blob.data.size()) {
         spdlog::warn("kv: could not save sequence {} of session {}", s.id, s.owner);
-        return;
+        return false;
     }
     blob.data.resize(n);
+    return true;
+}
+
+void Engine::journal_step(Slot & s) {
+    // The step's KV goes to the session's journal; the writer thread appends what is new.
+    const auto t0 = Clock::now();
+    KvBlob blob;
+    if (!save_seq(s, blob)) return;
+    journal_->append(s.owner, std::move(blob));
+    stats_.journal_saves++;
+    stats_.journal_ns += uint64_t(seconds_since(t0) * 1e9);
+}
+
+void Engine::park(Slot & s) {
+    // Saves the sequence's KV into the pool; the sequence keeps it until the slot is reused.
+    if (s.owner.empty() || s.cache.empty()) return;
+    const auto t0 = Clock::now();
+    KvBlob blob;
+    if (!save_seq(s, blob)) return;
     pool_->put(s.owner, std::move(blob), false);
     s.pooled = true;
     stats_.parks++;
@@ -319,6 +344,14 @@ bool Engine::restore(Slot & s, const std::string & key, bool keep) {
     std::string why;
     const auto t0 = Clock::now();
     auto blob = pool_->get(key, keep, from, why);
+    bool journaled = false;
+    if (!blob && why == "not parked" && journal_ && !keep) {
+        // Not in RAM or spilled: after a crash, or on another node, the journal may have it.
+        blob = journal_->load(key, why);
+        journaled = bool(blob);
+        if (!blob && why == "not journaled") why = "not parked";
+        from = KvTier::Disk;
+    }
     if (!blob) {
         if (why != "not parked") {
             stats_.restore_failures++;
@@ -341,8 +374,8 @@ bool Engine::restore(Slot & s, const std::string & key, bool keep) {
         return false;
     }
     s.cache = std::move(blob->tokens);
-    s.kv_source = from == KvTier::Ram ? "ram" : "disk";
-    (from == KvTier::Ram ? stats_.restores_ram : stats_.restores_disk)++;
+    s.kv_source = journaled ? "journal" : from == KvTier::Ram ? "ram" : "disk";
+    (journaled ? stats_.restores_journal : from == KvTier::Ram ? stats_.restores_ram : stats_.restores_disk)++;
     const double took = seconds_since(t0);
     stats_.restore_ns += uint64_t(took * 1e9);
     if (h_restore_) h_restore_->observe(took);
@@ -399,6 +432,7 @@ void Engine::release(const std::string & session, bool drop) {
             }
             if (drop) {
                 pool_->erase(session);
+                if (journal_) journal_->erase(session);
             } else {
                 pool_->set_cold(session, true);
             }
@@ -419,6 +453,7 @@ std::optional<KvUsage> Engine::kv_usage(const std::string & session) const {
     }
     if (!pool_) return std::nullopt;
     auto e = pool_->info(session);
+    if (!e && journal_) e = journal_->info(session);
     if (!e) return std::nullopt;
     return KvUsage{e->tier == KvTier::Ram ? "ram" : "disk", int64_t(e->n_tokens), e->stored_bytes};
 }
@@ -427,7 +462,7 @@ bool Engine::prefix_pending(const GenRequest & r) const {
     // A new session whose shared prefix another sequence is computing right now waits for it
     // instead of computing the same tokens again (a burst of new sessions of one agent).
     if (!cfg_.park || r.prefix_key.empty() || r.prefix_len <= 0 || pool_->contains(r.prefix_key)) return false;
-    if (!r.session.empty() && pool_->contains(r.session)) return false;
+    if (!r.session.empty() && (pool_->contains(r.session) || (journal_ && journal_->contains(r.session)))) return false;
     bool pending = false;
     for (const auto & s : slots_) {
         if (!r.session.empty() && s.owner == r.session) return false;
@@ -645,6 +680,10 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
     s.i_batch = -1;
     s.last_used = ++tick_;
     stats_.active--;
+    // After the caller has its answer: the step's KV goes to the session's journal.
+    if (journal_ && !s.owner.empty() && !s.cache.empty() && (r == FinishReason::Stop || r == FinishReason::Length)) {
+        journal_step(s);
+    }
 }
 
 void Engine::update_kv_stats() {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "engine/kv_journal.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "engine/request.h"
@@ -47,6 +48,10 @@ struct EngineConfig {
     uint64_t kv_disk_limit = 64ull << 30;  // spill files
     std::string kv_dir;                    // spill directory; empty: no disk tier
     std::string fingerprint_extra;         // appended to the KV fingerprint (tests use it to force a mismatch)
+    //! After each step, a session's KV is appended to its journal under `kv_dir`/journal, so a
+    //! crash or another node restores it instead of re-prefilling. Needs `park` and `kv_dir`.
+    bool kv_journal = true;
+    bool kv_journal_sync = false;  // fdatasync each record (survives power loss, not just a crash)
 };
 
 //! Where a session's KV is, and how big it is.
@@ -65,8 +70,9 @@ struct EngineStats {
     std::atomic<int32_t> queued{0};
     std::atomic<int64_t> kv_cells_used{0};
     std::atomic<uint64_t> parks{0}, restores_ram{0}, restores_disk{0}, restore_failures{0}, prefix_hits{0},
-        prefix_saves{0};
+        prefix_saves{0}, restores_journal{0}, journal_saves{0};
     std::atomic<uint64_t> park_ns{0}, restore_ns{0};  // time spent saving and restoring, in total
+    std::atomic<uint64_t> journal_ns{0};              // engine-thread time spent saving state for the journal
 };
 
 //! One llama_context and the thread that owns it. Every llama.cpp call on the context happens on
@@ -96,6 +102,8 @@ class Engine {
     //! Thread-safe. Where the session's KV is and its size; nullopt when the engine holds none.
     std::optional<KvUsage> kv_usage(const std::string & session) const;
     const KvPool & pool() const { return *pool_; }
+    //! Null when journaling is off.
+    KvJournal * journal() const { return journal_.get(); }
     const std::string & fingerprint() const { return fingerprint_; }
 
     //! Tokens one sequence may hold (prompt + generated).
@@ -137,6 +145,8 @@ class Engine {
     int pick_slot(const GenRequest & req) const;
     bool prefix_pending(const GenRequest & r) const;
     void park(Slot & s);
+    void journal_step(Slot & s);
+    bool save_seq(const Slot & s, KvBlob & blob);
     void evict(Slot & s);
     bool restore(Slot & s, const std::string & key, bool keep);
     void prepare_prefix(Slot & s, const GenRequest & req);
@@ -162,6 +172,7 @@ class Engine {
     uint64_t tick_ = 0;
     std::vector<Slot> slots_;  // engine thread only
     std::unique_ptr<KvPool> pool_;
+    std::unique_ptr<KvJournal> journal_;
     std::string fingerprint_;
     mutable std::mutex owners_mu_;
     std::vector<std::string> owners_;                      // slot → owner, guarded by owners_mu_

@@ -27,8 +27,12 @@ namespace {
 constexpr char kMagic[4] = {'A', 'R', 'K', 'V'};
 constexpr uint32_t kVersion = 1;
 
-//! FNV-style checksum over 8-byte words: the payloads are megabytes, so bytewise FNV is too slow.
 uint64_t checksum64(const uint8_t * p, size_t n) {
+    return kv_checksum64(p, n);
+}
+}  // namespace
+
+uint64_t kv_checksum64(const uint8_t * p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull ^ n;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -39,6 +43,8 @@ uint64_t checksum64(const uint8_t * p, size_t n) {
     }
     return fnv1a64(p + i, n - i, h);
 }
+
+namespace {
 
 template <typename T>
 void put_pod(std::string & out, T v) {

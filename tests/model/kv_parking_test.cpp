@@ -2,6 +2,7 @@
 // restart, the fingerprint fallback, and shared prefixes. Every check compares greedy output with
 // a run that computed the whole prompt from scratch.
 #include "engine/engine.h"
+#include "engine/kv_state.h"
 
 #include <gtest/gtest.h>
 
@@ -309,4 +310,109 @@ TEST(KvParking, ABurstOfNewSessionsComputesTheSharedPrefixOnce) {
     for (const auto & r : rs)
         from_prefix += r.done.kv_source == "prefix" ? 1 : 0;
     EXPECT_EQ(from_prefix, 3);
+}
+
+namespace {
+
+//! Copies a directory tree, as a crash leaves it (taken while the engine still runs).
+void copy_tree(const fs::path & from, const fs::path & to) {
+    fs::create_directories(to);
+    fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+}
+
+//! The journal gets a step's KV just after the step's answer is out: wait for it.
+void wait_journaled(const Engine & e, uint64_t saves) {
+    for (int i = 0; i < 500 && e.stats().journal_saves.load() < saves; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(e.stats().journal_saves.load(), saves);
+    e.journal()->flush();
+}
+
+}  // namespace
+
+TEST(KvJournal, StepsAreAppendedAndACrashedSessionResumesFromTheJournal) {
+    ASSERT_TRUE(tiny());
+    TempDir dir, crashed;
+    const Tokens p1 = tokens(11, 200);
+    const Tokens p2 = concat(p1, tokens(12, 60));
+    const Tokens p3 = concat(p2, tokens(13, 40));
+    const Tokens p4 = concat(p3, tokens(14, 30));
+
+    // Reference: the session keeps its sequence for all four steps.
+    std::string want;
+    {
+        EngineConfig c = config(1);
+        c.park = false;
+        Engine e(tiny(), c, nullptr);
+        ASSERT_EQ(e.start(), "");
+        run(e, p1, "ref");
+        run(e, p2, "ref");
+        run(e, p3, "ref");
+        want = run(e, p4, "ref").text;
+    }
+
+    EngineConfig c = config(1, dir.path.string());
+    Engine e(tiny(), c, nullptr);
+    ASSERT_EQ(e.start(), "");
+    ASSERT_NE(e.journal(), nullptr);
+    run(e, p1, "sess_j");
+    run(e, p2, "sess_j");
+    run(e, p3, "sess_j");
+    wait_journaled(e, 3);
+    const auto js = e.journal()->stats();
+    EXPECT_EQ(js.records, 3u);
+    EXPECT_EQ(js.bases, 1u);  // the later steps appended only what was new
+
+    // What the journal folds to is exactly the sequence's state, and cutting and joining it by
+    // position gives back the same bytes.
+    std::string why;
+    auto blob = e.journal()->load("sess_j", why);
+    ASSERT_TRUE(blob) << why;
+    EXPECT_EQ(blob->tokens.size(), p3.size() + 24 - 1);  // the last sampled token is never decoded
+    auto layout = SeqState::parse(blob->data.data(), blob->data.size(), why);
+    ASSERT_TRUE(layout) << why;
+    EXPECT_EQ(layout->cell_count(), blob->tokens.size());
+    const int32_t cut = 123;
+    auto a = layout->select(blob->data.data(), 0, cut);
+    auto b = layout->select(blob->data.data(), cut, 1 << 30);
+    auto la = SeqState::parse(a.data(), a.size(), why), lb = SeqState::parse(b.data(), b.size(), why);
+    ASSERT_TRUE(la && lb) << why;
+    EXPECT_EQ(la->cell_count(), uint32_t(cut));
+    EXPECT_EQ(SeqState::join(a.data(), *la, b.data(), *lb), blob->data);
+
+    // A crash now: the pool's RAM is gone, the journal on disk is what is left. A new engine (or
+    // another node given these files) resumes the session from it, token-identical.
+    copy_tree(dir.path, crashed.path);
+    {
+        Engine e2(tiny(), config(1, crashed.path.string()), nullptr);
+        ASSERT_EQ(e2.start(), "");
+        ASSERT_TRUE(e2.kv_usage("sess_j"));
+        EXPECT_EQ(e2.kv_usage("sess_j")->where, "disk");
+        EXPECT_EQ(e2.kv_usage("sess_j")->tokens, int64_t(blob->tokens.size()));
+        const Result r = run(e2, p4, "sess_j");
+        EXPECT_EQ(r.done.kv_source, "journal");
+        EXPECT_EQ(r.done.n_cached, int32_t(p3.size()));
+        EXPECT_EQ(r.text, want);
+        EXPECT_EQ(e2.stats().restores_journal.load(), 1u);
+        // The resumed session keeps appending to the same file.
+        wait_journaled(e2, 1);
+        EXPECT_EQ(e2.journal()->stats().bases, 0u);
+        EXPECT_EQ(e2.journal()->stats().records, 1u);
+    }
+    // With another fingerprint the journal is not used: the session re-prefills.
+    {
+        copy_tree(dir.path, crashed.path);
+        EngineConfig c3 = config(1, crashed.path.string());
+        c3.fingerprint_extra = "other build";
+        Engine e3(tiny(), c3, nullptr);
+        ASSERT_EQ(e3.start(), "");
+        const Result r = run(e3, p4, "sess_j");
+        EXPECT_EQ(r.done.kv_source, "");
+        EXPECT_EQ(r.done.n_cached, 0);
+    }
+    // A deleted session's journal goes with it.
+    e.release("sess_j", true);
+    run(e, tokens(15, 20), "other");
+    e.journal()->flush();
+    EXPECT_FALSE(e.journal()->contains("sess_j"));
 }

@@ -1,0 +1,445 @@
+#include "engine/kv_journal.h"
+
+#include "engine/kv_state.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace armada::engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[4] = {'A', 'R', 'K', 'J'};
+constexpr char kRecord[4] = {'S', 'T', 'E', 'P'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kMaxTokens = 1u << 24;
+
+template <typename T>
+void put(std::string & out, T v) {
+    out.append(reinterpret_cast<const char *>(&v), sizeof v);
+}
+
+std::string header(const std::string & fingerprint, const std::string & key) {
+    std::string h(kMagic, 4);
+    put(h, kVersion);
+    put(h, uint32_t(fingerprint.size()));
+    h += fingerprint;
+    put(h, uint32_t(key.size()));
+    h += key;
+    return h;
+}
+
+//! A record: "STEP", tokens kept from the state before it, the tokens it adds, their cells
+//! (a llama.cpp sequence state holding exactly those positions; empty when it only cuts), and a
+//! checksum of everything after the magic.
+std::string record(uint32_t keep, const Tokens & add, const std::vector<uint8_t> & cells) {
+    std::string r(kRecord, 4);
+    const size_t body = r.size();
+    put(r, keep);
+    put(r, uint32_t(add.size()));
+    r.append(reinterpret_cast<const char *>(add.data()), add.size() * sizeof(llama_token));
+    put(r, uint64_t(cells.size()));
+    r.append(reinterpret_cast<const char *>(cells.data()), cells.size());
+    put(r, kv_checksum64(reinterpret_cast<const uint8_t *>(r.data() + body), r.size() - body));
+    return r;
+}
+
+struct Cursor {
+    const char * p;
+    size_t n, at = 0;
+    template <typename T>
+    bool get(T & v) {
+        if (n - at < sizeof v) return false;
+        std::memcpy(&v, p + at, sizeof v);
+        at += sizeof v;
+        return true;
+    }
+    bool str(std::string & s, size_t max) {
+        uint32_t len = 0;
+        if (!get(len) || len > max || n - at < len) return false;
+        s.assign(p + at, len);
+        at += len;
+        return true;
+    }
+};
+
+//! Parses the header; on success the cursor is at the first record.
+bool read_header(Cursor & c, std::string & fingerprint, std::string & key) {
+    char magic[4];
+    uint32_t version = 0;
+    if (!c.get(magic) || std::memcmp(magic, kMagic, 4) != 0 || !c.get(version) || version != kVersion) return false;
+    return c.str(fingerprint, 4096) && c.str(key, 4096);
+}
+
+struct RecordView {
+    uint32_t keep = 0;
+    const llama_token * add = nullptr;
+    uint32_t n_add = 0;
+    const uint8_t * cells = nullptr;
+    uint64_t n_cells = 0;
+};
+
+//! Reads the next record. `check` verifies its checksum. False at the end, on a torn record or a
+//! bad checksum.
+bool next_record(Cursor & c, RecordView & r, bool check) {
+    char magic[4];
+    if (!c.get(magic) || std::memcmp(magic, kRecord, 4) != 0) return false;
+    const size_t body = c.at;
+    if (!c.get(r.keep) || !c.get(r.n_add) || r.n_add > kMaxTokens) return false;
+    const size_t tok_bytes = size_t(r.n_add) * sizeof(llama_token);
+    if (c.n - c.at < tok_bytes) return false;
+    r.add = reinterpret_cast<const llama_token *>(c.p + c.at);  // may be unaligned: copied before use
+    c.at += tok_bytes;
+    if (!c.get(r.n_cells) || r.n_cells > c.n - c.at) return false;
+    r.cells = reinterpret_cast<const uint8_t *>(c.p + c.at);
+    c.at += size_t(r.n_cells);
+    uint64_t sum = 0;
+    const size_t end = c.at;
+    if (!c.get(sum)) return false;
+    return !check || sum == kv_checksum64(reinterpret_cast<const uint8_t *>(c.p + body), end - body);
+}
+
+bool slurp(const std::string & path, std::string & out) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return false;
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    out = std::move(ss).str();
+    return true;
+}
+
+bool write_all(int fd, const std::string & data) {
+    size_t off = 0;
+    while (off < data.size()) {
+        const ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return false;
+        }
+        off += size_t(w);
+    }
+    return true;
+}
+
+size_t common_prefix(const Tokens & a, const Tokens & b) {
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n])
+        ++n;
+    return n;
+}
+
+}  // namespace
+
+std::optional<KvBlob> KvJournal::read_image(const std::string & image, const std::string & fingerprint,
+                                            const std::string & key, std::string & why) {
+    Cursor c{image.data(), image.size()};
+    std::string fp, k;
+    if (!read_header(c, fp, k)) {
+        why = "not a KV journal";
+        return std::nullopt;
+    }
+    if (fp != fingerprint) {
+        why = "fingerprint differs (model, context or llama.cpp build changed)";
+        return std::nullopt;
+    }
+    if (k != key) {
+        why = "journal belongs to another session";
+        return std::nullopt;
+    }
+    std::optional<KvBlob> state;
+    RecordView r;
+    size_t good = 0;
+    while (next_record(c, r, true)) {
+        Tokens add(r.n_add);
+        if (r.n_add) std::memcpy(add.data(), r.add, size_t(r.n_add) * sizeof(llama_token));
+        KvBlob next;
+        if (r.keep == 0) {
+            next.tokens = std::move(add);
+            next.data.assign(r.cells, r.cells + r.n_cells);
+        } else {
+            if (!state || r.keep > state->tokens.size()) break;
+            std::string w;
+            auto before = SeqState::parse(state->data.data(), state->data.size(), w);
+            if (!before) break;
+            std::vector<uint8_t> kept = before->select(state->data.data(), 0, int32_t(r.keep));
+            next.tokens.assign(state->tokens.begin(), state->tokens.begin() + r.keep);
+            next.tokens.insert(next.tokens.end(), add.begin(), add.end());
+            if (r.n_cells == 0) {
+                next.data = std::move(kept);
+            } else {
+                auto lk = SeqState::parse(kept.data(), kept.size(), w);
+                auto ln = SeqState::parse(r.cells, size_t(r.n_cells), w);
+                if (!lk || !ln) break;
+                next.data = SeqState::join(kept.data(), *lk, r.cells, *ln);
+                if (next.data.empty()) break;
+            }
+        }
+        // A whole state in a layout SeqState does not know is kept as it is (llama.cpp checks it on
+        // restore); anything folded from pieces must add up.
+        std::string w;
+        auto check = SeqState::parse(next.data.data(), next.data.size(), w);
+        if ((!check && r.keep != 0) || (check && check->cell_count() != next.tokens.size())) {
+            why = "step " + std::to_string(good + 1) +
+                  " does not fold: " + (check ? "cell count differs from its tokens" : w);
+            break;
+        }
+        state = std::move(next);
+        ++good;
+    }
+    if (!state) {
+        if (why.empty()) why = "journal holds no complete step";
+        return std::nullopt;
+    }
+    return state;
+}
+
+KvJournal::KvJournal(KvJournalConfig cfg) : cfg_(std::move(cfg)) {}
+
+KvJournal::~KvJournal() {
+    {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+}
+
+std::string KvJournal::path_for(const std::string & key) const {
+    char name[32];
+    snprintf(name, sizeof name, "%016llx.kvj", static_cast<unsigned long long>(fnv1a64(key.data(), key.size())));
+    return (fs::path(cfg_.dir) / name).string();
+}
+
+std::string KvJournal::open() {
+    std::error_code ec;
+    fs::create_directories(cfg_.dir, ec);
+    if (ec) return "cannot create the KV journal directory " + cfg_.dir + ": " + ec.message();
+    // Index what is there: the tokens each file holds, so the writer can keep appending after a
+    // restart. A torn last record (a crash mid-write) is cut off here.
+    for (const auto & de : fs::directory_iterator(cfg_.dir, ec)) {
+        const auto p = de.path();
+        if (p.extension() == ".tmp") {
+            fs::remove(p, ec);
+            continue;
+        }
+        if (p.extension() != ".kvj") continue;
+        std::string image;
+        if (!slurp(p.string(), image)) continue;
+        Cursor c{image.data(), image.size()};
+        std::string fp, key;
+        if (!read_header(c, fp, key) || path_for(key) != p.string()) {
+            spdlog::warn("kv: ignoring unreadable journal {}", p.string());
+            continue;
+        }
+        if (fp != cfg_.fingerprint) continue;  // another model or build; a restore would refuse it anyway
+        Known k;
+        RecordView r;
+        size_t end = c.at;
+        while (next_record(c, r, false)) {
+            if (r.keep > k.tokens.size()) break;
+            k.tokens.resize(r.keep);
+            const size_t at = k.tokens.size();
+            k.tokens.resize(at + r.n_add);
+            if (r.n_add) std::memcpy(k.tokens.data() + at, r.add, size_t(r.n_add) * sizeof(llama_token));
+            end = c.at;
+        }
+        if (end < image.size()) fs::resize_file(p, end, ec);
+        k.file_bytes = end;
+        k.live_bytes = end;
+        std::lock_guard lk(mu_);
+        known_[key] = std::move(k);
+    }
+    thread_ = std::thread([this] { run(); });
+    return {};
+}
+
+void KvJournal::append(const std::string & key, KvBlob blob) {
+    {
+        std::lock_guard lk(mu_);
+        auto it = pending_.find(key);
+        const uint64_t add = blob.data.size();
+        const uint64_t replaced = it != pending_.end() ? it->second.blob.data.size() : 0;
+        if (pending_bytes_ - replaced + add > cfg_.max_pending_bytes) {
+            stats_.skipped++;
+            return;
+        }
+        const bool reset = it != pending_.end() && (it->second.erase || it->second.reset);
+        if (it != pending_.end()) stats_.coalesced++;
+        pending_bytes_ = pending_bytes_ - replaced + add;
+        pending_[key] = Job{std::move(blob), false, reset};
+    }
+    cv_.notify_one();
+}
+
+void KvJournal::erase(const std::string & key) {
+    {
+        std::lock_guard lk(mu_);
+        auto it = pending_.find(key);
+        if (it != pending_.end()) pending_bytes_ -= it->second.blob.data.size();
+        pending_[key] = Job{{}, true};
+    }
+    cv_.notify_one();
+}
+
+bool KvJournal::contains(const std::string & key) const {
+    std::lock_guard lk(mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end()) return !it->second.erase;
+    auto k = known_.find(key);
+    return k != known_.end() && !k->second.tokens.empty();
+}
+
+std::optional<KvEntryInfo> KvJournal::info(const std::string & key) const {
+    std::lock_guard lk(mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end() && it->second.erase) return std::nullopt;
+    auto k = known_.find(key);
+    if (k == known_.end() || k->second.tokens.empty()) return std::nullopt;
+    KvEntryInfo e;
+    e.tier = KvTier::Disk;
+    e.n_tokens = k->second.tokens.size();
+    e.raw_bytes = k->second.live_bytes;
+    e.stored_bytes = k->second.file_bytes;
+    return e;
+}
+
+std::optional<KvBlob> KvJournal::load(const std::string & key, std::string & why) {
+    {
+        std::unique_lock lk(mu_);
+        auto it = pending_.find(key);
+        if (it != pending_.end()) {
+            if (it->second.erase) {
+                why = "not journaled";
+                return std::nullopt;
+            }
+            stats_.loads++;
+            return it->second.blob;
+        }
+        idle_cv_.wait(lk, [&] { return writing_ != key; });
+        if (known_.find(key) == known_.end()) {
+            why = "not journaled";
+            return std::nullopt;
+        }
+    }
+    std::string image;
+    if (!slurp(path_for(key), image)) {
+        why = "journal file missing";
+        return std::nullopt;
+    }
+    auto st = read_image(image, cfg_.fingerprint, key, why);
+    std::lock_guard lk(mu_);
+    if (st) stats_.loads++;
+    return st;
+}
+
+void KvJournal::flush() {
+    std::unique_lock lk(mu_);
+    idle_cv_.wait(lk, [&] { return pending_.empty() && writing_.empty(); });
+}
+
+KvJournalStats KvJournal::stats() const {
+    std::lock_guard lk(mu_);
+    return stats_;
+}
+
+void KvJournal::run() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+        cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+        if (pending_.empty()) return;  // stopping, and everything is written
+        auto node = pending_.extract(pending_.begin());
+        Job job = std::move(node.mapped());
+        const std::string key = std::move(node.key());
+        pending_bytes_ -= job.blob.data.size();
+        writing_ = key;
+        if (job.erase) {
+            known_.erase(key);
+            lk.unlock();
+            std::error_code ec;
+            fs::remove(path_for(key), ec);
+        } else {
+            lk.unlock();
+            write(key, job.blob, job.reset);
+        }
+        lk.lock();
+        writing_.clear();
+        idle_cv_.notify_all();
+    }
+}
+
+void KvJournal::write(const std::string & key, KvBlob & blob, bool reset) {
+    Known k;
+    if (!reset) {
+        std::lock_guard lk(mu_);
+        auto it = known_.find(key);
+        if (it != known_.end()) k = it->second;
+    }
+    const std::string path = path_for(key);
+    const size_t lcp = common_prefix(k.tokens, blob.tokens);
+    if (lcp == blob.tokens.size() && lcp == k.tokens.size() && lcp > 0) return;  // nothing new
+
+    std::string why;
+    auto layout = SeqState::parse(blob.data.data(), blob.data.size(), why);
+    const bool rewrite = lcp == 0 || !layout || k.file_bytes > 2 * std::max<uint64_t>(k.live_bytes, 1) + (1u << 20);
+    std::string out;
+    if (rewrite) {
+        out = header(cfg_.fingerprint, key) + record(0, blob.tokens, blob.data);
+    } else {
+        Tokens add(blob.tokens.begin() + lcp, blob.tokens.end());
+        std::vector<uint8_t> cells;
+        if (!add.empty()) cells = layout->select(blob.data.data(), int32_t(lcp), INT_MAX);
+        out = record(uint32_t(lcp), add, cells);
+    }
+
+    bool ok = false;
+    if (rewrite) {
+        const std::string tmp = path + ".tmp";
+        const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            ok = write_all(fd, out) && (!cfg_.sync || ::fdatasync(fd) == 0);
+            ok = ::close(fd) == 0 && ok;
+            ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
+            if (!ok) ::unlink(tmp.c_str());
+        }
+    } else {
+        const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+        if (fd >= 0) {
+            ok = write_all(fd, out) && (!cfg_.sync || ::fdatasync(fd) == 0);
+            if (!ok && ::ftruncate(fd, off_t(k.file_bytes)) != 0) {
+                // The file keeps a torn record; readers stop before it.
+            }
+            ok = ::close(fd) == 0 && ok;
+        }
+    }
+
+    std::lock_guard lk(mu_);
+    if (!ok) {
+        stats_.failed++;
+        known_.erase(key);  // the next step starts the file afresh
+        spdlog::warn("kv: could not write the KV journal of {}: {}", key, std::strerror(errno));
+        return;
+    }
+    stats_.records++;
+    stats_.bytes_written += out.size();
+    Known & nk = known_[key];
+    nk.tokens = std::move(blob.tokens);
+    if (rewrite) {
+        stats_.bases++;
+        nk.file_bytes = out.size();
+    } else {
+        nk.file_bytes = k.file_bytes + out.size();
+    }
+    nk.live_bytes = blob.data.size();
+}
+
+}  // namespace armada::engine
