@@ -52,11 +52,22 @@ std::string Router::render_metrics() {
         sync("armada_kv_restores_total", "Sequences restored from the KV pool", st.restores_ram.load(),
              {{"from", "ram"}});
         sync("armada_kv_restores_total", "", st.restores_disk.load(), {{"from", "disk"}});
+        sync("armada_kv_restores_total", "", st.restores_journal.load(), {{"from", "journal"}});
         sync("armada_kv_restore_failures_total", "Restores refused or failed (the session re-prefilled)",
              st.restore_failures.load());
         sync("armada_kv_prefix_hits_total", "Sessions started from a shared prefix", st.prefix_hits.load());
         sync("armada_kv_spills_total", "Parked KV entries written to disk", ps.spilled);
         sync("armada_kv_dropped_total", "Parked KV entries dropped for lack of room", ps.dropped);
+        if (const auto * j = e->journal()) {
+            const auto js = j->stats();
+            sync("armada_kv_journal_records_total", "Steps appended to session KV journals", js.records);
+            sync("armada_kv_journal_bytes_total", "Bytes written to session KV journals", js.bytes_written);
+            sync("armada_kv_journal_skipped_total", "Steps not journaled because the writer was behind",
+                 js.skipped);
+            sync("armada_kv_journal_failures_total", "Journal writes that failed", js.failed);
+            metrics_.gauge("armada_kv_journal_save_seconds_total", "Engine-thread time spent saving state for journals")
+                .set(double(st.journal_ns.load()) / 1e9);
+        }
     }
     return metrics_.render();
 }

@@ -2,6 +2,7 @@
 // per-session caps with compaction, the node's watermark, and KV kept across a restart.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import path from 'node:path';
 import { startServer, rawPost } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
@@ -195,5 +196,53 @@ test('a session\'s KV survives a restart on disk; a changed fingerprint re-prefi
     assert.ok(await metric(srv.base, 'armada_kv_restore_failures_total') >= 1);
   } finally {
     await srv.stop();
+  }
+});
+
+test('after SIGKILL a session resumes from its KV journal, on the same node or on another one', async () => {
+  const dir = tempDir('armada-kill-kv-');
+  const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 2 }));
+  const args = (data) => ['--agents', agents, '--data-dir', data, '--tool-allow', '127.0.0.1', '-np', '2',
+    '-c', '4096'];
+  const data = path.join(dir, 'data');
+  let srv = await startServer(args(data));
+  let id;
+  try {
+    const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'first' });
+    id = r.json.id;
+    const s = await waitFor(srv.base, id, ['completed']);
+    const steps = modelSteps(s).length;
+    // Every model step was journaled (the writer runs just after each step's answer).
+    const deadline = Date.now() + 10000;
+    while (await metric(srv.base, 'armada_kv_journal_records_total') < steps && Date.now() < deadline) {
+      await new Promise((res) => setTimeout(res, 50));
+    }
+    assert.ok(await metric(srv.base, 'armada_kv_journal_records_total') >= steps);
+    // Later steps appended their new cells only: less than the sum of whole states was written.
+    const mem = (await getJson(srv.base, `/v1/sessions/${id}`)).json.memory;
+    assert.ok(await metric(srv.base, 'armada_kv_journal_bytes_total') < steps * mem.kv_bytes, JSON.stringify(mem));
+  } finally {
+    srv.proc.kill('SIGKILL');
+    await new Promise((res) => srv.proc.exitCode !== null || srv.proc.signalCode ? res() : srv.proc.on('exit', res));
+  }
+  // Another node gets a copy of the store and the KV, as shared storage would give it.
+  const other = path.join(dir, 'other');
+  fs.cpSync(data, other, { recursive: true });
+  for (const d of [data, other]) {
+    srv = await startServer(args(d));
+    try {
+      const before = (await getJson(srv.base, `/v1/sessions/${id}`)).json;
+      assert.equal(before.memory.kv_location, 'disk', JSON.stringify(before.memory));
+      const r = await rawPost(srv.base, `/v1/sessions/${id}/messages`, { input: 'and once more' });
+      assert.equal(r.status, 200, r.text);
+      const s = await waitFor(srv.base, id, ['completed']);
+      const last = modelSteps(s).at(-1);
+      assert.equal(last.kv_source, 'journal', JSON.stringify(last));
+      assert.ok(last.cached_tokens > 0);
+      assert.equal(await metric(srv.base, 'armada_kv_restore_failures_total'), 0);
+    } finally {
+      srv.proc.kill('SIGKILL');
+      await new Promise((res) => srv.proc.exitCode !== null || srv.proc.signalCode ? res() : srv.proc.on('exit', res));
+    }
   }
 });
