@@ -62,8 +62,7 @@ std::string Router::render_metrics() {
             const auto js = j->stats();
             sync("armada_kv_journal_records_total", "Steps appended to session KV journals", js.records);
             sync("armada_kv_journal_bytes_total", "Bytes written to session KV journals", js.bytes_written);
-            sync("armada_kv_journal_skipped_total", "Steps not journaled because the writer was behind",
-                 js.skipped);
+            sync("armada_kv_journal_skipped_total", "Steps not journaled because the writer was behind", js.skipped);
             sync("armada_kv_journal_failures_total", "Journal writes that failed", js.failed);
             metrics_.gauge("armada_kv_journal_save_seconds_total", "Engine-thread time spent saving state for journals")
                 .set(double(st.journal_ns.load()) / 1e9);

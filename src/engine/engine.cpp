@@ -133,16 +133,23 @@ std::string Engine::start() {
     pc.ram_low = kv_budget_ / 4 * 3 > ctx_kv ? kv_budget_ / 4 * 3 - ctx_kv : 0;
     pc.disk_limit = cfg_.kv_disk_limit;
     pc.fingerprint = fingerprint_;
-    pool_ = std::make_unique<KvPool>(pc);
-    if (auto e = pool_->open(); !e.empty()) return e;
     if (cfg_.park && cfg_.kv_journal && !cfg_.kv_dir.empty()) {
         KvJournalConfig jc;
         jc.dir = (std::filesystem::path(cfg_.kv_dir) / "journal").string();
         jc.fingerprint = fingerprint_;
         jc.sync = cfg_.kv_journal_sync;
+        jc.disk_limit = cfg_.kv_disk_limit;
+        // States waiting for the writer are RAM outside the pool: keep them a small part of the budget.
+        jc.max_pending_bytes = std::clamp<uint64_t>(kv_budget_ / 16, 4ull << 20, 256ull << 20);
         journal_ = std::make_unique<KvJournal>(jc);
         if (auto e = journal_->open(); !e.empty()) return e;
+        // A parked session whose journal is current spills by freeing its RAM: no write.
+        pc.durable = [j = journal_.get()](const std::string & key, const Tokens & tokens) {
+            return j->holds(key, tokens);
+        };
     }
+    pool_ = std::make_unique<KvPool>(pc);
+    if (auto e = pool_->open(); !e.empty()) return e;
     if (metrics_) {
         metrics_->gauge("armada_kv_bytes_total", "KV cache capacity in bytes")
             .set(double(kv_bytes_per_cell_) * double(llama_n_ctx(ctx_)));

@@ -257,7 +257,14 @@ std::string KvJournal::open() {
         k.file_bytes = end;
         k.live_bytes = end;
         std::lock_guard lk(mu_);
+        k.written = ++tick_;
+        stats_.disk_bytes += k.file_bytes;
+        stats_.files++;
         known_[key] = std::move(k);
+    }
+    {
+        std::lock_guard lk(mu_);
+        evict_locked({});
     }
     thread_ = std::thread([this] { run(); });
     return {};
@@ -297,6 +304,37 @@ bool KvJournal::contains(const std::string & key) const {
     if (it != pending_.end()) return !it->second.erase;
     auto k = known_.find(key);
     return k != known_.end() && !k->second.tokens.empty();
+}
+
+bool KvJournal::holds(const std::string & key, const Tokens & tokens) const {
+    std::lock_guard lk(mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end()) return !it->second.erase && it->second.blob.tokens == tokens;
+    if (writing_ == key) return false;  // cannot tell until it is done
+    auto k = known_.find(key);
+    return k != known_.end() && k->second.tokens == tokens;
+}
+
+void KvJournal::forget_locked(std::map<std::string, Known>::iterator it) {
+    stats_.disk_bytes -= std::min(stats_.disk_bytes, it->second.file_bytes);
+    stats_.files--;
+    known_.erase(it);
+}
+
+void KvJournal::evict_locked(const std::string & keep) {
+    // Over the disk limit: the journals written longest ago go (those sessions re-prefill).
+    while (stats_.disk_bytes > cfg_.disk_limit) {
+        auto oldest = known_.end();
+        for (auto it = known_.begin(); it != known_.end(); ++it) {
+            if (it->first == keep || pending_.count(it->first)) continue;
+            if (oldest == known_.end() || it->second.written < oldest->second.written) oldest = it;
+        }
+        if (oldest == known_.end()) return;
+        std::error_code ec;
+        fs::remove(path_for(oldest->first), ec);
+        stats_.evicted++;
+        forget_locked(oldest);
+    }
 }
 
 std::optional<KvEntryInfo> KvJournal::info(const std::string & key) const {
@@ -363,7 +401,7 @@ void KvJournal::run() {
         pending_bytes_ -= job.blob.data.size();
         writing_ = key;
         if (job.erase) {
-            known_.erase(key);
+            if (auto it = known_.find(key); it != known_.end()) forget_locked(it);
             lk.unlock();
             std::error_code ec;
             fs::remove(path_for(key), ec);
@@ -423,9 +461,9 @@ void KvJournal::write(const std::string & key, KvBlob & blob, bool reset) {
     }
 
     std::lock_guard lk(mu_);
+    if (auto it = known_.find(key); it != known_.end()) forget_locked(it);
     if (!ok) {
-        stats_.failed++;
-        known_.erase(key);  // the next step starts the file afresh
+        stats_.failed++;  // the next step starts the file afresh
         spdlog::warn("kv: could not write the KV journal of {}: {}", key, std::strerror(errno));
         return;
     }
@@ -440,6 +478,10 @@ void KvJournal::write(const std::string & key, KvBlob & blob, bool reset) {
         nk.file_bytes = k.file_bytes + out.size();
     }
     nk.live_bytes = blob.data.size();
+    nk.written = ++tick_;
+    stats_.disk_bytes += nk.file_bytes;
+    stats_.files++;
+    evict_locked(key);
 }
 
 }  // namespace armada::engine

@@ -17,10 +17,12 @@ struct KvJournalConfig {
     std::string fingerprint;
     uint64_t max_pending_bytes = 256ull << 20;  // saved states waiting for the writer; beyond it, a step is skipped
     bool sync = false;                          // fdatasync after each record (power loss, not just a crash)
+    uint64_t disk_limit = 64ull << 30;          // beyond it, the journals written longest ago are deleted
 };
 
 struct KvJournalStats {
     uint64_t records = 0, bases = 0, bytes_written = 0, skipped = 0, failed = 0, coalesced = 0, loads = 0;
+    uint64_t evicted = 0, disk_bytes = 0, files = 0;
 };
 
 //! Per-session KV kept on disk as the session goes, beside its checkpoint.
@@ -56,6 +58,8 @@ class KvJournal {
     //! Forgets the session (its file is deleted).
     void erase(const std::string & key);
     bool contains(const std::string & key) const;
+    //! True when the journal has (or is about to write) exactly this state of the session.
+    bool holds(const std::string & key, const Tokens & tokens) const;
     //! Tokens and bytes on disk for the session, if any.
     std::optional<KvEntryInfo> info(const std::string & key) const;
     //! Waits until everything queued is written.
@@ -71,6 +75,7 @@ class KvJournal {
         Tokens tokens;
         uint64_t file_bytes = 0;
         uint64_t live_bytes = 0;
+        uint64_t written = 0;  // write order, for eviction
     };
     struct Job {
         KvBlob blob;
@@ -81,6 +86,8 @@ class KvJournal {
     std::string path_for(const std::string & key) const;
     void run();
     void write(const std::string & key, KvBlob & blob, bool reset);
+    void forget_locked(std::map<std::string, Known>::iterator it);
+    void evict_locked(const std::string & keep);
 
     KvJournalConfig cfg_;
     mutable std::mutex mu_;
@@ -90,6 +97,7 @@ class KvJournal {
     std::string writing_;                 // key the writer is on, guarded by mu_
     std::map<std::string, Known> known_;  // guarded by mu_ (written by the writer only)
     KvJournalStats stats_;                // guarded by mu_
+    uint64_t tick_ = 0;                   // guarded by mu_
     bool stop_ = false;
     std::thread thread_;
 };

@@ -345,7 +345,12 @@ size_t KvPool::spill_all() {
     std::lock_guard lk(mu_);
     size_t n = 0;
     for (auto & [k, e] : entries_) {
-        if (e.tier == KvTier::Ram && spill_locked(e)) ++n;
+        if (e.tier != KvTier::Ram) continue;
+        if (cfg_.durable && cfg_.durable(k, e.blob.tokens)) {
+            ++n;  // the journal has it
+        } else if (spill_locked(e)) {
+            ++n;
+        }
     }
     return n;
 }
@@ -411,6 +416,11 @@ void KvPool::enforce_locked() {
     if (stats_.ram_bytes > cfg_.ram_limit) {
         for (Entry * e : victims(KvTier::Ram)) {
             if (stats_.ram_bytes <= cfg_.ram_low) break;
+            if (cfg_.durable && cfg_.durable(e->key, e->blob.tokens)) {
+                stats_.released++;
+                remove_locked(entries_.find(e->key));
+                continue;
+            }
             if (!spill_locked(*e)) {
                 // No disk tier, or it failed: the entry is dropped and the session re-prefills.
                 stats_.dropped++;

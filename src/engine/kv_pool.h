@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
@@ -31,6 +32,9 @@ struct KvPoolConfig {
     int zstd_level = 1;
     double min_gain = 0.10;       // compress a spilled blob only when it shrinks by at least this much
     int pressure_hold_ms = 5000;  // after a drop, new sessions wait at least this long
+    //! True when `key` with exactly these tokens is already safe on disk elsewhere (the session's
+    //! KV journal): spilling it then just frees the RAM, with no write.
+    std::function<bool(const std::string & key, const Tokens & tokens)> durable;
 };
 
 //! What is known about one parked entry.
@@ -46,6 +50,7 @@ struct KvPoolStats {
     uint64_t ram_bytes = 0, disk_bytes = 0;
     size_t ram_entries = 0, disk_entries = 0;
     uint64_t spilled = 0, dropped = 0, compressed = 0, stored_raw = 0, rejected = 0;
+    uint64_t released = 0;  // spilled by freeing RAM only: the journal already held them
 };
 
 //! Host-RAM pool of parked KV, spilling to files when over its RAM limit.

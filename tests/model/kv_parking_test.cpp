@@ -133,6 +133,14 @@ std::string computed_prefix(const Tokens & prompt, int32_t prefix_len) {
     return r.text;
 }
 
+//! The journal gets a step's KV just after the step's answer is out: wait for it.
+void wait_journaled(const Engine & e, uint64_t saves) {
+    for (int i = 0; i < 500 && e.stats().journal_saves.load() < saves; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(e.stats().journal_saves.load(), saves);
+    e.journal()->flush();
+}
+
 struct TempDir {
     fs::path path;
     TempDir() {
@@ -183,6 +191,7 @@ TEST(KvParking, SpillToDiskAndRestoreIsTokenIdentical) {
 
     EngineConfig c = config(1, dir.path.string());
     c.kv_budget = tight_budget(c);
+    c.kv_journal = false;  // the pool's own spill files (the journal case is below)
     Engine e(tiny(), c, nullptr);
     ASSERT_EQ(e.start(), "");
     run(e, first, "sess_a");
@@ -199,13 +208,44 @@ TEST(KvParking, SpillToDiskAndRestoreIsTokenIdentical) {
     EXPECT_EQ(r.text, want);
 }
 
+TEST(KvParking, SpillOfAJournaledSessionOnlyFreesRam) {
+    ASSERT_TRUE(tiny());
+    TempDir dir;
+    const Tokens first = tokens(3, 400), second = concat(first, tokens(4, 30));
+    const std::string want = reference(first, second);
+
+    EngineConfig c = config(1, dir.path.string());
+    c.kv_budget = tight_budget(c);
+    Engine e(tiny(), c, nullptr);
+    ASSERT_EQ(e.start(), "");
+    run(e, first, "sess_a");
+    wait_journaled(e, 1);
+    run(e, tokens(8, 60), "sess_b");
+    ASSERT_TRUE(e.kv_usage("sess_a"));
+    EXPECT_EQ(e.kv_usage("sess_a")->where, "disk");
+    EXPECT_EQ(e.pool().stats().spilled, 0u);  // nothing written on the engine thread
+    EXPECT_EQ(e.pool().stats().released, 1u);
+    EXPECT_EQ(e.pool().stats().disk_entries, 0u);
+
+    const Result r = run(e, second, "sess_a");
+    EXPECT_EQ(r.done.kv_source, "journal");
+    EXPECT_EQ(r.done.n_cached, int32_t(first.size()));
+    EXPECT_EQ(r.text, want);
+}
+
 TEST(KvParking, RestartRestoresFromDiskAndForeignFingerprintReprefills) {
     ASSERT_TRUE(tiny());
     TempDir dir;
     const Tokens first = tokens(5, 350), second = concat(first, tokens(6, 25));
     const std::string want = reference(first, second);
+    // The pool's own files written at a clean stop (journals are covered by KvJournal.*).
+    auto pool_only = [](const TempDir & d) {
+        EngineConfig c = config(1, d.path.string());
+        c.kv_journal = false;
+        return c;
+    };
     {
-        Engine e(tiny(), config(1, dir.path.string()), nullptr);
+        Engine e(tiny(), pool_only(dir), nullptr);
         ASSERT_EQ(e.start(), "");
         run(e, first, "sess_a");
         run(e, first, "sess_c");  // parks sess_a
@@ -213,7 +253,7 @@ TEST(KvParking, RestartRestoresFromDiskAndForeignFingerprintReprefills) {
     }
     {
         // Same model, build and settings: the new process finds the file and restores it.
-        Engine e(tiny(), config(1, dir.path.string()), nullptr);
+        Engine e(tiny(), pool_only(dir), nullptr);
         ASSERT_EQ(e.start(), "");
         ASSERT_TRUE(e.kv_usage("sess_a"));
         EXPECT_EQ(e.kv_usage("sess_a")->where, "disk");
@@ -226,7 +266,7 @@ TEST(KvParking, RestartRestoresFromDiskAndForeignFingerprintReprefills) {
     {
         // A different fingerprint (as after a model or llama.cpp change): never loaded, the
         // session re-prefills and still gets the same tokens.
-        EngineConfig c = config(1, dir.path.string());
+        EngineConfig c = pool_only(dir);
         c.fingerprint_extra = "changed";
         Engine e(tiny(), c, nullptr);
         ASSERT_EQ(e.start(), "");
@@ -318,14 +358,6 @@ namespace {
 void copy_tree(const fs::path & from, const fs::path & to) {
     fs::create_directories(to);
     fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-}
-
-//! The journal gets a step's KV just after the step's answer is out: wait for it.
-void wait_journaled(const Engine & e, uint64_t saves) {
-    for (int i = 0; i < 500 && e.stats().journal_saves.load() < saves; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_EQ(e.stats().journal_saves.load(), saves);
-    e.journal()->flush();
 }
 
 }  // namespace

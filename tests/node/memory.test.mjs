@@ -179,7 +179,8 @@ test('a session\'s KV survives a restart on disk; a changed fingerprint re-prefi
     assert.equal(r.status, 200, r.text);
     const s = await waitFor(srv.base, ids[0], ['completed']);
     const last = modelSteps(s).at(-1);
-    assert.equal(last.kv_source, 'disk', JSON.stringify(last));
+    // Written at the clean stop, or already in the session's journal.
+    assert.ok(['disk', 'journal'].includes(last.kv_source), JSON.stringify(last));
     assert.ok(last.cached_tokens > 0);
   } finally {
     await srv.stop();

@@ -279,3 +279,29 @@ TEST(KvJournal, EraseSkipAndWholeImages) {
     EXPECT_EQ(b->tokens, toks(6));
     EXPECT_EQ(b->data, odd.data);
 }
+
+TEST(KvJournal, OverTheDiskLimitTheOldestJournalsGo) {
+    Dir d;
+    KvJournalConfig c = cfg(d.p);
+    c.disk_limit = 3 * (state(20).size() + 200);
+    KvJournal j(c);
+    ASSERT_EQ(j.open(), "");
+    for (const char * k : {"a", "b", "c", "d", "e"}) {
+        j.append(k, blob(20));
+        j.flush();
+    }
+    const auto st = j.stats();
+    EXPECT_EQ(st.evicted, 2u);
+    EXPECT_EQ(st.files, 3u);
+    EXPECT_LE(st.disk_bytes, c.disk_limit);
+    EXPECT_FALSE(j.contains("a"));
+    EXPECT_FALSE(j.contains("b"));
+    EXPECT_TRUE(j.contains("e"));
+    EXPECT_TRUE(j.holds("e", toks(20)));
+    EXPECT_FALSE(j.holds("e", toks(21)));
+    // A restart counts what is on disk.
+    KvJournal again(c);
+    ASSERT_EQ(again.open(), "");
+    EXPECT_EQ(again.stats().files, 3u);
+    EXPECT_EQ(again.stats().disk_bytes, st.disk_bytes);
+}
