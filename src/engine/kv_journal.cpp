@@ -310,7 +310,7 @@ bool KvJournal::holds(const std::string & key, const Tokens & tokens) const {
     std::lock_guard lk(mu_);
     auto it = pending_.find(key);
     if (it != pending_.end()) return !it->second.erase && it->second.blob.tokens == tokens;
-    if (writing_ == key) return false;  // cannot tell until it is done
+    if (writing_ == key) return writing_tokens_ == tokens;  // being written now
     auto k = known_.find(key);
     return k != known_.end() && k->second.tokens == tokens;
 }
@@ -400,6 +400,7 @@ void KvJournal::run() {
         const std::string key = std::move(node.key());
         pending_bytes_ -= job.blob.data.size();
         writing_ = key;
+        writing_tokens_ = job.erase ? Tokens{} : job.blob.tokens;
         if (job.erase) {
             if (auto it = known_.find(key); it != known_.end()) forget_locked(it);
             lk.unlock();
@@ -411,6 +412,7 @@ void KvJournal::run() {
         }
         lk.lock();
         writing_.clear();
+        writing_tokens_.clear();
         idle_cv_.notify_all();
     }
 }
