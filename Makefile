@@ -9,7 +9,7 @@ HOST       ?= 127.0.0.1
 PORT       ?= 8080
 CMAKE_ARGS ?=
 
-.PHONY: setup build run test test-asan test-tsan lint bench models clean
+.PHONY: setup build run test test-asan test-tsan fuzz lint bench models clean
 
 setup:
 	@bash scripts/setup.sh
@@ -36,6 +36,11 @@ test-asan:
 test-tsan:
 	$(MAKE) test BUILD=build-tsan CMAKE_ARGS="-DARMADA_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug"
 
+# libFuzzer (clang) on every parser target for FUZZ_SECONDS each; see docs/SECURITY.md.
+FUZZ_SECONDS ?= 60
+fuzz: setup models
+	@bash scripts/fuzz.sh build-fuzz $(LLAMA_DIR) $(MODEL_DIR) $(FUZZ_SECONDS) $(JOBS)
+
 lint: build
 	@bash scripts/lint.sh $(BUILD)
 
@@ -45,4 +50,4 @@ bench: build models
 	@ARMADA=$(BUILD)/armada bash bench/compare.sh
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz

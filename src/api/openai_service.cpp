@@ -1,6 +1,7 @@
 #include "api/openai_service.h"
 
 #include "api/errors.h"
+#include "api/sse.h"
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
@@ -32,7 +33,7 @@ int64_t unix_now() {
 }
 
 std::string sse(const json & j) {
-    return "data: " + dump(j) + "\n\n";
+    return sse_event({}, dump(j));
 }
 
 json tool_call_json(const common_chat_tool_call & c) {

@@ -3,6 +3,7 @@
 #include "api/errors.h"
 #include "api/openai_map.h"
 #include "api/openai_service.h"
+#include "api/sse.h"
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
@@ -174,7 +175,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     void send_event(const std::string & type, json data) {
         data["type"] = type;
         data["sequence_number"] = seq++;
-        out->write("event: " + type + "\ndata: " + dump(data) + "\n\n");
+        out->write(sse_event(type, dump(data)));
     }
 
     void open_message() {

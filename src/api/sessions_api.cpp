@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "api/errors.h"
+#include "api/sse.h"
 
 #include <cstdio>
 
@@ -221,9 +222,7 @@ void SessionsApi::events(const std::string & id, const std::string & owner, cons
     out->start_stream(200);
     const uint64_t h = mgr_.subscribe(
         id, owner, last,
-        [out](const agent::SessionEventRecord & ev) {
-            out->write("id: " + std::to_string(ev.id) + "\nevent: " + ev.type + "\ndata: " + ev.data + "\n\n");
-        },
+        [out](const agent::SessionEventRecord & ev) { out->write(sse_event(ev.type, ev.data, uint64_t(ev.id))); },
         [out] { out->end(); });
     out->on_close([this, id, h] { mgr_.unsubscribe(id, h); });
 }

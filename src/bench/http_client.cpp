@@ -84,22 +84,30 @@ bool SseParser::feed(std::string_view bytes) {
         start = nl + 1;
         if (!line.empty() && line.back() == '\r') line.pop_back();
         if (line.empty()) {
-            if (!data_.empty() || !event_.empty()) {
+            // As the SSE spec says: an event is dispatched when it had a data field (even an
+            // empty one); each data line adds its value and a LF, and the last LF goes.
+            if (has_data_) {
+                data_.pop_back();
                 const bool go = fn_(event_.empty() ? "message" : event_, data_);
-                event_.clear();
-                data_.clear();
                 if (!go) {
+                    event_.clear();
+                    data_.clear();
+                    has_data_ = false;
                     buf_.erase(0, start);
                     return false;
                 }
             }
+            event_.clear();
+            data_.clear();
+            has_data_ = false;
             continue;
         }
         if (line.rfind("event:", 0) == 0) {
             event_ = line.substr(line.size() > 6 && line[6] == ' ' ? 7 : 6);
         } else if (line.rfind("data:", 0) == 0) {
-            if (!data_.empty()) data_ += '\n';
             data_ += line.substr(line.size() > 5 && line[5] == ' ' ? 6 : 5);
+            data_ += '\n';
+            has_data_ = true;
         }
     }
     buf_.erase(0, start);

@@ -31,6 +31,7 @@ class SseParser {
   private:
     std::function<bool(const std::string &, const std::string &)> fn_;
     std::string buf_, event_, data_;
+    bool has_data_ = false;
 };
 
 }  // namespace armada::bench

@@ -3,6 +3,7 @@
 #include "tools/charset.h"
 #include "tools/http_sync.h"
 #include "tools/http_tool.h"
+#include "tools/mcp_messages.h"
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
@@ -19,28 +20,6 @@ namespace {
 constexpr const char * kStateless = "2026-07-28";
 constexpr const char * kSession = "2025-11-25";
 
-// Finds the JSON-RPC message answering `id` in a JSON body or an SSE stream.
-json find_response(const std::string & body, const std::string & content_type, const json & id) {
-    if (content_type.find("text/event-stream") == std::string::npos) return json::parse(body, nullptr, false);
-    std::istringstream in(body);
-    std::string line, data;
-    auto check = [&](const std::string & d) -> json {
-        json j = json::parse(d, nullptr, false);
-        if (j.is_object() && j.contains("id") && j["id"] == id) return j;
-        return json();
-    };
-    while (std::getline(in, line)) {
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.rfind("data:", 0) == 0) {
-            data += line.substr(line.size() > 5 && line[5] == ' ' ? 6 : 5);
-        } else if (line.empty() && !data.empty()) {
-            json j = check(data);
-            if (!j.is_null()) return j;
-            data.clear();
-        }
-    }
-    return data.empty() ? json() : check(data);
-}
 }  // namespace
 
 json McpClient::post(const std::string & method, const json & msg, bool stateless, std::string & err, int & status,
@@ -80,23 +59,8 @@ json McpClient::post(const std::string & method, const json & msg, bool stateles
         session_id_ = it == r.headers.end() ? "" : it->second;
     }
     if (r.status == 202 || !msg.contains("id")) return json::object();  // a notification
-    if (r.status >= 400) {
-        err = "the MCP server answered HTTP " + std::to_string(r.status);
-        json j = json::parse(r.body, nullptr, false);
-        if (j.is_object() && j.contains("error")) err += ": " + j["error"].value("message", "");
-        return json();
-    }
     auto ct = r.headers.find("content-type");
-    json j = find_response(r.body, ct == r.headers.end() ? "" : ct->second, msg["id"]);
-    if (!j.is_object()) {
-        err = "the MCP server sent no JSON-RPC answer";
-        return json();
-    }
-    if (j.contains("error")) {
-        err = "MCP error " + std::to_string(j["error"].value("code", 0)) + ": " + j["error"].value("message", "");
-        return json();
-    }
-    return j.value("result", json::object());
+    return mcp_answer(r.status, r.body, ct == r.headers.end() ? "" : ct->second, msg["id"], err);
 }
 
 bool McpClient::initialize(std::string & err) {
@@ -115,13 +79,14 @@ bool McpClient::initialize(std::string & err) {
     }
     int status = 0;
     json res = post("initialize", msg, false, err, status, {});
-    if (!res.is_object() || !res.contains("protocolVersion")) {
+    const std::string version = mcp_protocol_version(res);
+    if (version.empty()) {
         if (err.empty()) err = "initialize returned no protocolVersion";
         return false;
     }
     {
         std::lock_guard lk(mu_);
-        version_ = res["protocolVersion"].get<std::string>();
+        version_ = version;
         stateless_ = false;
     }
     post("notifications/initialized", json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}, false, err,
@@ -210,20 +175,14 @@ std::string McpClient::list_tools(std::vector<agent::HttpToolSpec> & out) {
         if (!cursor.empty()) params["cursor"] = cursor;
         json res = rpc("tools/list", params, err);
         if (!err.empty()) return "MCP server " + spec_.url + ": tools/list failed: " + err;
-        for (const auto & t : res.value("tools", json::array())) {
-            const std::string name = t.value("name", "");
-            if (name.empty() || (!allowed.empty() && !allowed.count(name))) continue;
-            agent::HttpToolSpec s;
-            s.name = name;
-            s.description = t.value("description", "");
-            s.parameters = t.value("inputSchema", json{{"type", "object"}}).dump();
-            s.url = spec_.url;
-            s.mcp_url = spec_.url;
-            s.timeout_ms = spec_.timeout_ms;
-            s.headers = spec_.headers;
-            out.push_back(std::move(s));
+        const size_t first = out.size();
+        mcp_tools_page(res, allowed, out, cursor);
+        for (size_t i = first; i < out.size(); ++i) {
+            out[i].url = spec_.url;
+            out[i].mcp_url = spec_.url;
+            out[i].timeout_ms = spec_.timeout_ms;
+            out[i].headers = spec_.headers;
         }
-        cursor = res.value("nextCursor", "");
         if (cursor.empty()) return {};
     }
     return "MCP server " + spec_.url + ": tools/list did not end after 100 pages";
@@ -244,24 +203,10 @@ ToolResult McpClient::call_tool(const std::string & name, const std::string & ar
         r.content = "tool error: " + err;
         return r;
     }
-    std::string text;
-    for (const auto & c : res.value("content", json::array())) {
-        if (c.value("type", "") == "text") {
-            if (!text.empty()) text += "\n";
-            text += c.value("text", "");
-        } else {
-            if (!text.empty()) text += "\n";
-            text += "[" + c.value("type", "content") + "]";
-        }
-    }
-    if (res.contains("structuredContent")) {
-        if (!text.empty()) text += "\n";
-        text += res["structuredContent"].dump();
-    }
-    r.is_error = res.value("isError", false);
-    r.content = to_utf8(text, "utf-8");
-    r.http_status = 200;
-    return r;
+    ToolResult out = mcp_call_result(res);
+    out.attempts = r.attempts;
+    out.latency_s = r.latency_s;
+    return out;
 }
 
 std::string import_mcp_tools(agent::AgentSpec & a, const SsrfGuard & guard) {

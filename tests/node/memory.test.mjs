@@ -247,3 +247,32 @@ test('after SIGKILL a session resumes from its KV journal, on the same node or o
     }
   }
 });
+
+test('the shared prefix is never shared across API keys', async () => {
+  const dir = tempDir('armada-prefix-keys-');
+  fs.writeFileSync(path.join(dir, 'keys'), 'sk-alice\nsk-bob\n');
+  const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 1 }));
+  const srv = await startServer(['--agents', agents, '--data-dir', path.join(dir, 'data'), '--tool-allow',
+    '127.0.0.1', '-np', '2', '-c', '4096', '--api-key-file', path.join(dir, 'keys')]);
+  const firstStep = async (key, input) => {
+    const headers = { Authorization: `Bearer ${key}` };
+    const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input }, headers);
+    assert.equal(r.status, 200, r.text);
+    const s = await waitFor(srv.base, r.json.id, ['completed'], { headers });
+    return modelSteps(s)[0];
+  };
+  try {
+    const a1 = await firstStep('sk-alice', 'one');
+    assert.equal(a1.kv_source, undefined, JSON.stringify(a1));
+    const a2 = await firstStep('sk-alice', 'two');
+    assert.equal(a2.kv_source, 'prefix', JSON.stringify(a2));
+    // Bob's first session computes the prefix again: Alice's cells would leak through timing.
+    const b1 = await firstStep('sk-bob', 'three');
+    assert.equal(b1.kv_source, undefined, JSON.stringify(b1));
+    assert.equal(b1.cached_tokens ?? 0, 0, JSON.stringify(b1));
+    const b2 = await firstStep('sk-bob', 'four');
+    assert.equal(b2.kv_source, 'prefix', JSON.stringify(b2));
+  } finally {
+    await srv.stop();
+  }
+});
