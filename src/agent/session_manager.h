@@ -147,4 +147,11 @@ class SessionManager {
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
+//! A tool's output as the model sees it: inside a `<tool_output … trust="untrusted">` envelope
+//! that nothing in the output can close, with chat-template control tokens ("<|…") broken up.
+std::string label_tool_output(const std::string & tool, const std::string & content);
+//! The agent's system message: its instructions and, when it has tools, the note that tool
+//! output is untrusted data. None when both are empty.
+std::optional<common_chat_msg> system_message(const AgentSpec & a);
+
 }  // namespace armada::agent
