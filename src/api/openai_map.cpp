@@ -204,6 +204,12 @@ SamplingSpec parse_sampling(const json & body, int32_t n_vocab, const RequestLim
         throw ApiError(400, "'max_tokens' must be positive", "max_tokens");
     }
     if (max_tokens == 0) throw ApiError(400, "'max_tokens' must be at least 1", "max_tokens");
+    if (lim.max_tokens > 0 && max_tokens > lim.max_tokens) {
+        throw ApiError(400,
+                       "'max_tokens' is too large: " + std::to_string(max_tokens) + "; each sequence holds at most " +
+                           std::to_string(lim.max_tokens) + " tokens, prompt included",
+                       "max_tokens");
+    }
     s.max_tokens = int32_t(std::min<int64_t>(max_tokens, INT32_MAX));
     s.stop = parse_stop(body, lim);
     const int64_t n = get_int(body, "n", 1);
@@ -213,8 +219,24 @@ SamplingSpec parse_sampling(const json & body, int32_t n_vocab, const RequestLim
     if (body.contains("stream_options") && body["stream_options"].is_object()) {
         s.include_usage = get_bool(body["stream_options"], "include_usage", false);
     }
-    if (get_bool(body, "logprobs", false)) {
+    // Log-probabilities are not produced yet. Out-of-range values are refused as such (they once
+    // crashed other servers); in-range requests for them get a clear "not supported".
+    auto lp = body.find("logprobs");
+    if (lp != body.end() && lp->is_number()) {  // /v1/completions' legacy form: how many per token
+        const int64_t v = get_int(body, "logprobs", 0);
+        if (v < 0 || v > 20) throw ApiError(400, "'logprobs' must be between 0 and 20", "logprobs");
+        if (v > 0) throw ApiError(400, "'logprobs' is not supported by this server yet", "logprobs");
+    } else if (get_bool(body, "logprobs", false)) {
         throw ApiError(400, "'logprobs' is not supported by this server yet", "logprobs");
+    }
+    for (const auto & [field, max] : {std::pair<const char *, int64_t>{"top_logprobs", 20}, {"n_probs", n_vocab}}) {
+        auto it = body.find(field);
+        if (it == body.end() || it->is_null()) continue;
+        const int64_t v = get_int(body, field, 0);
+        if (v < 0 || v > max) {
+            throw ApiError(400, "'" + std::string(field) + "' must be between 0 and " + std::to_string(max), field);
+        }
+        if (v > 0) throw ApiError(400, "'" + std::string(field) + "' is not supported by this server yet", field);
     }
     s.grammar = get_string(body, "grammar");
     parse_response_format(body, s);

@@ -31,6 +31,7 @@ struct RequestLimits {
     int32_t max_stop = 16;
     int32_t max_stop_len = 256;
     int32_t max_tools = 128;
+    int32_t max_tokens = 0;  // tokens one sequence holds: more cannot be generated; 0 = no cap
 };
 
 //! Validates and maps the sampling fields; `n_vocab` bounds logit_bias token ids.

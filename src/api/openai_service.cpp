@@ -293,7 +293,9 @@ OpenAIService::OpenAIService(std::shared_ptr<engine::Model> model, engine::Engin
       metrics_(metrics),
       io_(std::move(io)),
       limits_(limits),
-      format_(model_) {}
+      format_(model_) {
+    if (limits_.max_tokens == 0) limits_.max_tokens = engine_.n_ctx_seq();
+}
 
 OpenAIService::~OpenAIService() = default;
 
