@@ -7,6 +7,7 @@
 #include "engine/memory_budget.h"
 #include "engine/model.h"
 #include "obs/metrics.h"
+#include "store/crash_point.h"
 #include "store/sqlite_store.h"
 #include "tools/http_tool.h"
 #include "tools/mcp_client.h"
@@ -103,6 +104,13 @@ int serve(const ServeOptions & opt) {
         fprintf(stderr, "error: %s\n", store_err.c_str());
         return 1;
     }
+    // Test hook: die right after the N-th durable commit (tests/node/crash.test.mjs).
+    store::Store * st = store.get();
+    std::unique_ptr<store::CrashAfterCommits> crash_hook;
+    if (const char * n = std::getenv("ARMADA_CRASH_AFTER_COMMITS"); n && std::atol(n) > 0) {
+        crash_hook = std::make_unique<store::CrashAfterCommits>(*store, std::atol(n));
+        st = crash_hook.get();
+    }
 
     obs::Registry metrics;
     api::Router router(std::move(keys), metrics);
@@ -147,7 +155,7 @@ int serve(const ServeOptions & opt) {
     agent::SystemClock clock;
     tools::HttpToolTransport http_tools(http.executor(), guard);
     tools::RoutingTransport transport(http_tools, guard);
-    agent::SessionManager sessions(format, port, *store, transport, http.executor(), metrics, clock);
+    agent::SessionManager sessions(format, port, *st, transport, http.executor(), metrics, clock);
     for (auto & a : agents) {
         if (auto e = tools::import_mcp_tools(a, guard); !e.empty()) {
             fprintf(stderr, "error: agent '%s': %s\n", a.id.c_str(), e.c_str());
@@ -166,7 +174,7 @@ int serve(const ServeOptions & opt) {
     if (resumed > 0) printf("armada: resumed %zu sessions from %s\n", resumed, opt.data_dir.c_str());
     api::SessionsApi sessions_api(sessions,
                                   [&guard](agent::AgentSpec & a) { return tools::import_mcp_tools(a, guard); });
-    api::ResponsesService responses(model, eng, *store, http.executor(), guard);
+    api::ResponsesService responses(model, eng, *st, http.executor(), guard);
     router.set_service(&svc, &eng, &sessions_api, &responses);
     printf("armada: ready, model %s, %d sequences x %d tokens\n", model->id().c_str(), opt.engine.n_seq_max,
            eng.n_ctx_seq());
