@@ -227,7 +227,7 @@ std::optional<KvBlob> KvPool::decode_file(const std::string & image, const std::
         return std::nullopt;
     }
     b.tokens.resize(n);
-    std::memcpy(b.tokens.data(), image.data() + r.at, n * sizeof(llama_token));
+    if (n > 0) std::memcpy(b.tokens.data(), image.data() + r.at, n * sizeof(llama_token));
     r.at += n * sizeof(llama_token);
     const auto raw = r.pod<uint64_t>();
     const auto sum = r.pod<uint64_t>();
@@ -236,6 +236,12 @@ std::optional<KvBlob> KvPool::decode_file(const std::string & image, const std::
     if (!r.ok || stored != image.size() - r.at || codec > 1 || (codec == 0 && stored != raw) ||
         raw > (uint64_t(1) << 40)) {
         why = "truncated or malformed KV file";
+        return std::nullopt;
+    }
+    // A compressed payload must say its own size, and KV never shrinks 64-fold: a header that
+    // claims more is refused before anything is allocated for it.
+    if (codec == 1 && (ZSTD_getFrameContentSize(image.data() + r.at, stored) != raw || raw > stored * 64 + (1u << 20))) {
+        why = "malformed compressed KV file";
         return std::nullopt;
     }
     b.data.resize(raw);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -192,4 +193,20 @@ TEST(MemoryBudget, HonoursACgroupLimitBelowTheMachine) {
     EXPECT_EQ(memory_limit(root), 16000000ull * 1024);
     std::ofstream(d.p / "sys/fs/cgroup/memory.max") << "4294967296\n";
     EXPECT_EQ(memory_limit(root), 4294967296ull);
+}
+
+TEST(KvPoolTest, AFileClaimingAHugeUncompressedSizeIsRefusedBeforeAllocating) {
+    KvPoolConfig c = cfg("", 1 << 20);
+    const KvBlob b = blob(1 << 16, 5, true);
+    bool compressed = false;
+    std::string image = KvPool::encode_file(c, "k", b, compressed);
+    ASSERT_TRUE(compressed);
+    std::string why;
+    ASSERT_TRUE(KvPool::decode_file(image, c.fingerprint, "k", why)) << why;
+    // The raw size sits after magic, version, fingerprint, key and tokens.
+    const size_t at = 4 + 4 + (4 + c.fingerprint.size()) + (4 + 1) + 4 + b.tokens.size() * sizeof(llama_token);
+    const uint64_t huge = uint64_t(1) << 39;
+    std::memcpy(image.data() + at, &huge, sizeof huge);
+    EXPECT_FALSE(KvPool::decode_file(image, c.fingerprint, "k", why));
+    EXPECT_EQ(why, "malformed compressed KV file");
 }
