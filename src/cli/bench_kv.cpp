@@ -192,6 +192,10 @@ LatencyRow latency(const std::shared_ptr<engine::Model> & m, const BenchKvOption
             ok = ok && u && u->where == (to_disk ? "disk" : "ram");
             if (u && !to_disk) row.bytes = u->bytes;
             const GenEvent ev = r.one(r.make(next, "s"));
+            if (ev.kv_source != mode || ev.n_cached < ctx || !u || u->where != (to_disk ? "disk" : "ram")) {
+                fprintf(stderr, "context %d, %s: held in %s, restored from '%s' with %d cached tokens\n", ctx,
+                        mode.c_str(), u ? u->where.c_str() : "nothing", ev.kv_source.c_str(), ev.n_cached);
+            }
             ok = ok && ev.kv_source == mode && ev.n_cached >= ctx;
             (mode == "ram" ? ram : mode == "disk" ? disk : journal).push_back(ev.ttft_s * 1000);
             if (!to_disk) {

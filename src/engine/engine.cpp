@@ -139,8 +139,10 @@ std::string Engine::start() {
         jc.fingerprint = fingerprint_;
         jc.sync = cfg_.kv_journal_sync;
         jc.disk_limit = cfg_.kv_disk_limit;
-        // States waiting for the writer are RAM outside the pool: keep them a small part of the budget.
-        jc.max_pending_bytes = std::clamp<uint64_t>(kv_budget_ / 16, 4ull << 20, 256ull << 20);
+        // States waiting for the writer are RAM outside the pool: a small part of the budget, but
+        // always room for two full sequences (a larger state would never be journaled).
+        const uint64_t seq_bytes = kv_bytes_per_cell_ * uint64_t(n_ctx_seq_);
+        jc.max_pending_bytes = std::max(std::clamp<uint64_t>(kv_budget_ / 16, 4ull << 20, 256ull << 20), 2 * seq_bytes);
         journal_ = std::make_unique<KvJournal>(jc);
         if (auto e = journal_->open(); !e.empty()) return e;
         // A parked session whose journal is current spills by freeing its RAM: no write.

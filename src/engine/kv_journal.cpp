@@ -341,6 +341,14 @@ std::optional<KvEntryInfo> KvJournal::info(const std::string & key) const {
     std::lock_guard lk(mu_);
     auto it = pending_.find(key);
     if (it != pending_.end() && it->second.erase) return std::nullopt;
+    if (it != pending_.end() || writing_ == key) {  // on its way to disk
+        KvEntryInfo e;
+        e.tier = KvTier::Disk;
+        e.n_tokens = it != pending_.end() ? it->second.blob.tokens.size() : writing_tokens_.size();
+        e.raw_bytes = e.stored_bytes = it != pending_.end() ? it->second.blob.data.size() : writing_bytes_;
+        if (e.n_tokens == 0) return std::nullopt;  // an erase
+        return e;
+    }
     auto k = known_.find(key);
     if (k == known_.end() || k->second.tokens.empty()) return std::nullopt;
     KvEntryInfo e;
@@ -401,6 +409,7 @@ void KvJournal::run() {
         pending_bytes_ -= job.blob.data.size();
         writing_ = key;
         writing_tokens_ = job.erase ? Tokens{} : job.blob.tokens;
+        writing_bytes_ = job.blob.data.size();
         if (job.erase) {
             if (auto it = known_.find(key); it != known_.end()) forget_locked(it);
             lk.unlock();

@@ -96,6 +96,7 @@ class KvJournal {
     uint64_t pending_bytes_ = 0;          // guarded by mu_
     std::string writing_;                 // key the writer is on, guarded by mu_
     Tokens writing_tokens_;               // and the tokens it is writing, guarded by mu_
+    uint64_t writing_bytes_ = 0;          // and their state's size, guarded by mu_
     std::map<std::string, Known> known_;  // guarded by mu_ (written by the writer only)
     KvJournalStats stats_;                // guarded by mu_
     uint64_t tick_ = 0;                   // guarded by mu_

@@ -240,7 +240,8 @@ std::optional<KvBlob> KvPool::decode_file(const std::string & image, const std::
     }
     // A compressed payload must say its own size, and KV never shrinks 64-fold: a header that
     // claims more is refused before anything is allocated for it.
-    if (codec == 1 && (ZSTD_getFrameContentSize(image.data() + r.at, stored) != raw || raw > stored * 64 + (1u << 20))) {
+    if (codec == 1 &&
+        (ZSTD_getFrameContentSize(image.data() + r.at, stored) != raw || raw > stored * 64 + (1u << 20))) {
         why = "malformed compressed KV file";
         return std::nullopt;
     }

@@ -2,9 +2,9 @@
 
 #include "store/store.h"
 
+#include <unistd.h>
 #include <atomic>
 #include <cstdlib>
-#include <unistd.h>
 
 namespace armada::store {
 
