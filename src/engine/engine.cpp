@@ -41,12 +41,6 @@ void batch_add(llama_batch & b, llama_token t, llama_pos pos, llama_seq_id seq, 
     b.logits[i] = logits;
 }
 
-size_t common_prefix(const Tokens & a, const Tokens & b) {
-    size_t n = 0;
-    while (n < a.size() && n < b.size() && a[n] == b[n])
-        ++n;
-    return n;
-}
 }  // namespace
 
 Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * metrics)

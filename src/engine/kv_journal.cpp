@@ -109,15 +109,6 @@ bool next_record(Cursor & c, RecordView & r, bool check) {
     return !check || sum == kv_checksum64(reinterpret_cast<const uint8_t *>(c.p + body), end - body);
 }
 
-bool slurp(const std::string & path, std::string & out) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return false;
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    out = std::move(ss).str();
-    return true;
-}
-
 bool write_all(int fd, const std::string & data) {
     size_t off = 0;
     while (off < data.size()) {
@@ -129,13 +120,6 @@ bool write_all(int fd, const std::string & data) {
         off += size_t(w);
     }
     return true;
-}
-
-size_t common_prefix(const Tokens & a, const Tokens & b) {
-    size_t n = 0;
-    while (n < a.size() && n < b.size() && a[n] == b[n])
-        ++n;
-    return n;
 }
 
 }  // namespace
@@ -234,7 +218,7 @@ std::string KvJournal::open() {
         }
         if (p.extension() != ".kvj") continue;
         std::string image;
-        if (!slurp(p.string(), image)) continue;
+        if (!read_whole_file(p.string(), image)) continue;
         Cursor c{image.data(), image.size()};
         std::string fp, key;
         if (!read_header(c, fp, key) || path_for(key) != p.string()) {
@@ -378,7 +362,7 @@ std::optional<KvBlob> KvJournal::load(const std::string & key, std::string & why
         }
     }
     std::string image;
-    if (!slurp(path_for(key), image)) {
+    if (!read_whole_file(path_for(key), image)) {
         why = "journal file missing";
         return std::nullopt;
     }

@@ -32,6 +32,15 @@ uint64_t checksum64(const uint8_t * p, size_t n) {
 }
 }  // namespace
 
+bool read_whole_file(const std::string & path, std::string & out) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return false;
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    out = std::move(ss).str();
+    return bool(f) || f.eof();
+}
+
 uint64_t kv_checksum64(const uint8_t * p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull ^ n;
     size_t i = 0;
@@ -86,12 +95,7 @@ struct Reader {
 };
 
 bool read_file(const std::string & path, std::string & out) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return false;
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    out = std::move(ss).str();
-    return bool(f) || f.eof();
+    return read_whole_file(path, out);
 }
 
 //! Reads just the header fields needed to index a file at start-up.

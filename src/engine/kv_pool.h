@@ -132,6 +132,9 @@ std::string kv_fingerprint(const Model & model, int32_t n_ctx_seq, bool kv_unifi
 
 //! 64-bit FNV-1a, used for file names and checksums (not a cryptographic hash).
 uint64_t fnv1a64(const void * data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+//! Reads a whole file into `out`; false when it cannot be read.
+bool read_whole_file(const std::string & path, std::string & out);
+
 //! Fast 64-bit checksum over 8-byte words for KV payloads of megabytes (not cryptographic).
 uint64_t kv_checksum64(const uint8_t * p, size_t n);
 

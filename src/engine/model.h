@@ -11,6 +11,14 @@ namespace armada::engine {
 
 using Tokens = std::vector<llama_token>;
 
+//! How many leading tokens two sequences share.
+inline size_t common_prefix(const Tokens & a, const Tokens & b) {
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n])
+        ++n;
+    return n;
+}
+
 //! A loaded GGUF model, shared read-only by every engine instance and API thread.
 //! Tokenising and detokenising are thread-safe in llama.cpp; nothing here mutates the model.
 class Model {
