@@ -107,36 +107,33 @@ SamplerPtr chain(const Model & model, const SamplingOptions & s, const ToolGramm
     if (!smpl) throw std::invalid_argument("invalid sampling settings or grammar");
     return SamplerPtr(smpl);
 }
+
+FastSamplerParams fast_params(const SamplingOptions & s, uint32_t seed) {
+    FastSamplerParams p;
+    p.temperature = s.temperature;
+    p.top_k = s.top_k;
+    p.top_p = s.top_p;
+    p.min_p = s.min_p;
+    p.seed = seed;
+    p.logit_bias = s.logit_bias;
+    return p;
+}
 }  // namespace
 
 void attach_sampler(GenRequest & req, const Model & model, const SamplingOptions & s, const ToolGrammar & t,
                     uint32_t seed) {
     if (plain(s, t)) {
-        FastSamplerParams p;
-        p.temperature = s.temperature;
-        p.top_k = s.top_k;
-        p.top_p = s.top_p;
-        p.min_p = s.min_p;
-        p.seed = seed;
-        p.logit_bias = s.logit_bias;
-        req.fast = std::make_unique<FastSampler>(std::move(p));
+        req.fast = std::make_unique<FastSampler>(fast_params(s, seed));
         return;
     }
     const bool no_penalties = s.repeat_penalty == 1.0f && s.frequency_penalty == 0.0f && s.presence_penalty == 0.0f;
     if (t.chat && !t.chat->grammar.empty() && !t.chat->grammar_lazy && s.grammar.empty() && s.json_schema.empty() &&
         !s.json_object && no_penalties) {
         // A tool call is required: sample with the fast grammar path (see grammar_fast.h).
-        FastSamplerParams p;
-        p.temperature = s.temperature;
-        p.top_k = s.top_k;
-        p.top_p = s.top_p;
-        p.min_p = s.min_p;
-        p.seed = seed;
-        p.logit_bias = s.logit_bias;
         try {
             req.gfast = std::make_unique<GrammarFast>(
                 model, constrain_tool_grammar(t.chat->grammar, t.require_call, t.parallel), t.chat->generation_prompt,
-                std::move(p));
+                fast_params(s, seed));
         } catch (const std::invalid_argument & e) {
             spdlog::debug("fast grammar path not used: {}", e.what());
             req.gfast.reset();

@@ -1,5 +1,6 @@
 // The fast grammar path must allow exactly what llama.cpp's grammar allows (label: model).
 #include "engine/grammar_fast.h"
+#include "model/tiny_model.h"
 
 #include <gtest/gtest.h>
 
@@ -11,14 +12,7 @@ using namespace armada::engine;
 
 namespace {
 std::shared_ptr<Model> tiny() {
-    static std::shared_ptr<Model> m = [] {
-        const char * dir = std::getenv("ARMADA_MODEL_DIR");
-        std::string err;
-        auto mm = Model::load(std::string(dir ? dir : "") + "/armada-tiny-q8_0.gguf", nullptr, err);
-        if (!mm) ADD_FAILURE() << err;
-        return mm;
-    }();
-    return m;
+    return armada::testing::tiny_model();
 }
 
 const char * kGrammar =

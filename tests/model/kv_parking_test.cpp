@@ -3,6 +3,7 @@
 // a run that computed the whole prompt from scratch.
 #include "engine/engine.h"
 #include "engine/kv_state.h"
+#include "model/tiny_model.h"
 
 #include <gtest/gtest.h>
 
@@ -18,20 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void quiet_log(ggml_log_level level, const char * text, void *) {
-    if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
-}
-
 std::shared_ptr<Model> tiny() {
-    static std::shared_ptr<Model> m = [] {
-        llama_log_set(quiet_log, nullptr);
-        const char * dir = std::getenv("ARMADA_MODEL_DIR");
-        std::string err;
-        auto mm = Model::load(std::string(dir ? dir : "") + "/armada-tiny-q8_0.gguf", nullptr, err);
-        if (!mm) ADD_FAILURE() << err;
-        return mm;
-    }();
-    return m;
+    return armada::testing::tiny_model();
 }
 
 struct Result {
