@@ -92,37 +92,32 @@ std::optional<SeqState> SeqState::parse(const uint8_t * data, size_t n, std::str
             return std::nullopt;
         }
         st.runs_.push_back({hdr, 8, false});
-        for (uint32_t l = 0; l < n_layer; ++l) {  // K: type, row size, one row per cell
+        // One layer of rows: type, row size, then one row per cell (K, and V when not transposed).
+        auto rows = [&](const char * what) {
             const size_t h = r.off();
             int32_t type = 0;
             uint64_t row = 0;
             if (!r.get(type) || !r.get(row) || row == 0 || row > (1u << 24)) {
-                why = "bad K layer";
-                return std::nullopt;
+                why = std::string("bad ") + what + " layer";
+                return false;
             }
             st.runs_.push_back({h, 12, false});
             st.runs_.push_back({r.off(), size_t(row), true});
             if (!r.skip(row * cells)) {
-                why = "truncated K data";
-                return std::nullopt;
+                why = std::string("truncated ") + what + " data";
+                return false;
             }
+            return true;
+        };
+        for (uint32_t l = 0; l < n_layer; ++l) {
+            if (!rows("K")) return std::nullopt;
         }
         for (uint32_t l = 0; l < n_layer; ++l) {
-            const size_t h = r.off();
-            int32_t type = 0;
-            if (!v_trans) {  // V rows like K
-                uint64_t row = 0;
-                if (!r.get(type) || !r.get(row) || row == 0 || row > (1u << 24)) {
-                    why = "bad V layer";
-                    return std::nullopt;
-                }
-                st.runs_.push_back({h, 12, false});
-                st.runs_.push_back({r.off(), size_t(row), true});
-                if (!r.skip(row * cells)) {
-                    why = "truncated V data";
-                    return std::nullopt;
-                }
+            if (!v_trans) {
+                if (!rows("V")) return std::nullopt;
             } else {  // transposed V: for each embedding element, one entry per cell
+                const size_t h = r.off();
+                int32_t type = 0;
                 uint32_t el = 0, n_embd = 0;
                 if (!r.get(type) || !r.get(el) || !r.get(n_embd) || el == 0 || el > 16 || n_embd == 0 ||
                     n_embd > (1u << 20)) {
