@@ -546,6 +546,7 @@ void SessionManager::model_step(Session & s) {
         return fail(s, SessionEvent::Error, std::string("cannot run the model step: ") + e.what());
     }
     req->session = s.id;
+    req->account = s.owner;
     std::tie(req->prefix_key, req->prefix_len) = shared_prefix(s, a, tools, choice);
     const uint64_t gen = ++s.gen;
     s.gen_text.clear();

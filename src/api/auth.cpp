@@ -1,6 +1,7 @@
 #include "api/auth.h"
 
 #include <fstream>
+#include <sstream>
 
 namespace armada::api {
 
@@ -23,11 +24,36 @@ std::string ApiKeys::load_file(const std::string & path) {
     std::ifstream f(path);
     if (!f) return "cannot read API key file " + path;
     std::string line;
+    int n = 0;
     while (std::getline(f, line)) {
-        while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t'))
-            line.pop_back();
-        if (line.empty() || line[0] == '#') continue;
-        add(line);
+        ++n;
+        std::istringstream words(line);
+        std::string key, opt;
+        if (!(words >> key) || key[0] == '#') continue;
+        RateLimits lim;
+        bool has_limits = false;
+        while (words >> opt) {
+            const auto eq = opt.find('=');
+            const std::string name = opt.substr(0, eq);
+            double v = -1;
+            if (eq != std::string::npos) {
+                try {
+                    size_t used = 0;
+                    v = std::stod(opt.substr(eq + 1), &used);
+                    if (used != opt.size() - eq - 1) v = -1;
+                } catch (const std::exception &) {
+                    v = -1;
+                }
+            }
+            if ((name != "rpm" && name != "tpm") || !(v >= 0)) {
+                return path + ":" + std::to_string(n) + ": expected 'rpm=N' or 'tpm=N' after the key, got '" + opt +
+                       "'";
+            }
+            (name == "rpm" ? lim.requests_per_min : lim.tokens_per_min) = v;
+            has_limits = true;
+        }
+        add(key);
+        if (has_limits) limits_.emplace_back(key, lim);
     }
     return {};
 }

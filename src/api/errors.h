@@ -16,6 +16,13 @@ struct ApiError : std::runtime_error {
     int retry_after_s = 0;  // adds Retry-After when > 0
 };
 
+//! 429 for a full engine queue, with Retry-After.
+inline ApiError at_capacity() {
+    ApiError e(429, "the server is at capacity; retry shortly", {}, "queue_full");
+    e.retry_after_s = 1;
+    return e;
+}
+
 //! OpenAI error type for an HTTP status.
 const char * error_type(int status);
 

@@ -7,6 +7,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/resource.h>
+
 #include <deque>
 #include <optional>
 
@@ -278,7 +280,17 @@ std::shared_ptr<Responder> Session::make_reply() {
 }  // namespace
 
 HttpServer::HttpServer(HttpConfig cfg, Handler handler)
-    : cfg_(std::move(cfg)), handler_(std::move(handler)), acceptor_(net::make_strand(ioc_)) {}
+    : cfg_(std::move(cfg)),
+      handler_(std::move(handler)),
+      acceptor_(net::make_strand(ioc_)),
+      accept_retry_(acceptor_.get_executor()) {
+    max_connections_ = cfg_.max_connections;
+    if (max_connections_ == 0) {
+        rlimit rl{};
+        const size_t fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 65536;
+        max_connections_ = fds > 320 ? fds - 256 : 64;
+    }
+}
 
 HttpServer::~HttpServer() {
     stop();
@@ -302,10 +314,38 @@ std::string HttpServer::listen() {
 void HttpServer::accept() {
     acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket sock) {
         if (ec == net::error::operation_aborted) return;
-        if (!ec) {
-            sock.set_option(tcp::no_delay(true), ec);
-            std::make_shared<Session>(std::move(sock), cfg_, handler_, connections_)->start();
+        if (ec) {
+            // Out of file descriptors (or similar): retrying at once would spin on the strand.
+            // Wait a little; connections that close meanwhile make room.
+            const auto now = std::chrono::steady_clock::now();
+            if (now - last_accept_warning_ > std::chrono::seconds(10)) {
+                spdlog::warn("accept failed: {}; retrying (open connections: {})", ec.message(), connections_.load());
+                last_accept_warning_ = now;
+            }
+            accept_retry_.expires_after(std::chrono::milliseconds(50));
+            accept_retry_.async_wait([this](beast::error_code e) {
+                if (!e) accept();
+            });
+            return;
         }
+        if (connections_.load() >= max_connections_) {
+            // Full: say so and close, without keeping any state for this connection. The reply
+            // is small enough for a fresh socket's send buffer, so the blocking write returns.
+            static const std::string full = [] {
+                const std::string body =
+                    R"({"error":{"message":"the server has too many open connections; retry shortly",)"
+                    R"("type":"service_unavailable_error","param":null,"code":"overloaded"}})";
+                return "HTTP/1.1 503 Service Unavailable\r\nServer: armada\r\nContent-Type: application/json\r\n"
+                       "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n" + body;
+            }();
+            net::write(sock, net::buffer(full), ec);
+            sock.shutdown(tcp::socket::shutdown_both, ec);
+            sock.close(ec);
+            return accept();
+        }
+        sock.set_option(tcp::no_delay(true), ec);
+        std::make_shared<Session>(std::move(sock), cfg_, handler_, connections_)->start();
         accept();
     });
 }
@@ -319,6 +359,7 @@ void HttpServer::stop() {
     net::post(acceptor_.get_executor(), [this] {
         beast::error_code ec;
         acceptor_.close(ec);
+        accept_retry_.cancel();
     });
     ioc_.stop();
     for (auto & t : threads_) {

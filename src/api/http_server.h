@@ -3,6 +3,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <atomic>
 #include <functional>
@@ -58,6 +59,9 @@ struct HttpConfig {
     int threads = 2;
     size_t max_body = 2 * 1024 * 1024;
     int idle_timeout_s = 600;
+    //! Open connections beyond which new ones get 503 and are closed. 0: the process's file
+    //! descriptor limit less a reserve for the store, the journal and tools.
+    size_t max_connections = 0;
 };
 
 //! Asynchronous HTTP/1.1 server on Boost.Beast: a few I/O threads, no thread per connection.
@@ -84,7 +88,10 @@ class HttpServer {
     boost::asio::ip::tcp::acceptor acceptor_;
     std::vector<std::thread> threads_;
     uint16_t port_ = 0;
+    size_t max_connections_ = 0;
     std::atomic<size_t> connections_{0};
+    boost::asio::steady_timer accept_retry_;
+    std::chrono::steady_clock::time_point last_accept_warning_{};
 };
 
 }  // namespace armada::api

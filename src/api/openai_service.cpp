@@ -299,12 +299,14 @@ OpenAIService::OpenAIService(std::shared_ptr<engine::Model> model, engine::Engin
 
 OpenAIService::~OpenAIService() = default;
 
-void OpenAIService::submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs) {
+void OpenAIService::submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs,
+                           const std::string & account) {
     job->engine = &engine_;
     job->metrics = &metrics_;
     for (size_t i = 0; i < reqs.size(); ++i) {
         job->choices[i].cancelled = reqs[i]->cancelled;
         reqs[i]->sink = job->sink(i);
+        reqs[i]->account = account;
     }
     // All choices or none: a partially accepted request would leave the client waiting.
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -313,10 +315,8 @@ void OpenAIService::submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr
             for (size_t k = 0; k < i; ++k)
                 job->choices[k].cancelled->store(true);
             engine_.wake();
-            ApiError e(st == engine::SubmitStatus::QueueFull ? 429 : 503,
-                       st == engine::SubmitStatus::QueueFull ? "the server is at capacity; retry shortly"
-                                                             : "the server is shutting down",
-                       {}, st == engine::SubmitStatus::QueueFull ? "queue_full" : "unavailable");
+            if (st == engine::SubmitStatus::QueueFull) throw at_capacity();
+            ApiError e(503, "the server is shutting down", {}, "unavailable");
             e.retry_after_s = 1;
             throw e;
         }
@@ -333,8 +333,9 @@ void OpenAIService::submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr
     if (job->stream) job->out->start_stream(200);
 }
 
-void OpenAIService::chat(const json & body, std::shared_ptr<Responder> out) {
+void OpenAIService::chat(const json & body, const std::string & account, std::shared_ptr<Responder> out) {
     ChatSpec spec = parse_chat(body, model_->n_vocab(), limits_);
+    if (!engine_.has_room(spec.sampling.n)) throw at_capacity();
     auto turn = std::make_shared<engine::ChatTurn>(
         format_.render(spec.messages, spec.tools, spec.tool_choice, spec.parallel_tool_calls));
     spdlog::debug("chat: format {} grammar {} bytes lazy {} prompt {} tokens",
@@ -357,11 +358,12 @@ void OpenAIService::chat(const json & body, std::shared_ptr<Responder> out) {
         reqs.push_back(
             format_.request(*turn, spec.sampling, engine_.n_ctx_seq(), engine::choice_seed(spec.sampling, i)));
     }
-    submit(job, std::move(reqs));
+    submit(job, std::move(reqs), account);
 }
 
-void OpenAIService::completion(const json & body, std::shared_ptr<Responder> out) {
+void OpenAIService::completion(const json & body, const std::string & account, std::shared_ptr<Responder> out) {
     SamplingSpec s = parse_sampling(body, model_->n_vocab(), limits_);
+    if (!engine_.has_room(s.n)) throw at_capacity();
     engine::Tokens prompt;
     auto it = body.find("prompt");
     if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required", "prompt");
@@ -397,7 +399,7 @@ void OpenAIService::completion(const json & body, std::shared_ptr<Responder> out
     for (int32_t i = 0; i < s.n; ++i) {
         reqs.push_back(engine::plain_request(*model_, prompt, s, engine_.n_ctx_seq(), engine::choice_seed(s, i)));
     }
-    submit(job, std::move(reqs));
+    submit(job, std::move(reqs), account);
 }
 
 json OpenAIService::models() const {

@@ -25,14 +25,16 @@ class OpenAIService {
                   boost::asio::any_io_executor io, RequestLimits limits = {});
     ~OpenAIService();
 
-    void chat(const json & body, std::shared_ptr<Responder> out);
-    void completion(const json & body, std::shared_ptr<Responder> out);
+    //! `account` is the hashed API key the tokens are charged to.
+    void chat(const json & body, const std::string & account, std::shared_ptr<Responder> out);
+    void completion(const json & body, const std::string & account, std::shared_ptr<Responder> out);
     json models() const;
     const std::string & model_id() const { return model_->id(); }
 
   private:
     struct Job;
-    void submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs);
+    void submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs,
+                const std::string & account);
 
     std::shared_ptr<engine::Model> model_;
     engine::Engine & engine_;

@@ -359,6 +359,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
             return finish(ev);
         }
         req->sink = [self = shared_from_this()](engine::GenEvent && ev) { self->push(std::move(ev)); };
+        req->account = owner;
         if (engine->submit(std::move(req)) != engine::SubmitStatus::Accepted) {
             engine::GenEvent ev;
             ev.finish = engine::FinishReason::Error;
@@ -431,6 +432,7 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
     run->stream = get_bool(body, "stream", false);
     run->store_it = get_bool(body, "store", true);
     run->msg_id = random_id("msg_");
+    if (!engine_.has_room()) throw at_capacity();
 
     const std::string prev = get_string(body, "previous_response_id");
     if (!prev.empty()) {
@@ -529,10 +531,12 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
                  {"metadata", json::object()},
                  {"usage", nullptr}};
     req->sink = [run](engine::GenEvent && ev) { run->push(std::move(ev)); };
+    req->account = owner;
     auto cancelled = req->cancelled;
     const auto st = engine_.submit(std::move(req));
+    if (st == engine::SubmitStatus::QueueFull) throw at_capacity();
     if (st != engine::SubmitStatus::Accepted) {
-        ApiError e(st == engine::SubmitStatus::QueueFull ? 429 : 503, "the server is at capacity; retry shortly");
+        ApiError e(503, "the server is shutting down", {}, "unavailable");
         e.retry_after_s = 1;
         throw e;
     }

@@ -6,7 +6,22 @@
 
 namespace armada::api {
 
-Router::Router(ApiKeys keys, obs::Registry & metrics) : keys_(std::move(keys)), metrics_(metrics) {}
+Router::Router(ApiKeys keys, obs::Registry & metrics, RateLimiter * limits)
+    : keys_(std::move(keys)), metrics_(metrics), limits_(limits) {}
+
+void Router::check_rate(const HttpRequest & req, const std::string & account) {
+    // Requests that start work count; reading state (GET, SSE replays) and deleting do not.
+    if (!limits_ || !limits_->enabled() || req.method != "POST") return;
+    const auto d = limits_->admit(account);
+    if (d.ok) return;
+    metrics_.counter("armada_rate_limited_total", "Requests refused by a key's rate limit", {{"limit", d.which}}).inc();
+    char msg[160];
+    snprintf(msg, sizeof msg, "rate limit reached for %s per minute (limit %.0f); retry after %.0f s", d.which, d.limit,
+             d.retry_after_s);
+    ApiError e(429, msg, {}, "rate_limit_exceeded");
+    e.retry_after_s = int(d.retry_after_s);
+    throw e;
+}
 
 void Router::set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions,
                          ResponsesService * responses) {
@@ -95,6 +110,8 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         throw ApiError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'", {}, "invalid_api_key");
     }
     OpenAIService * svc = svc_.load();
+    const std::string account = owner_of(key);
+    if (p != "/metrics") check_rate(req, account);
     if (p == "/metrics") {
         route_name = p;
         if (!get) throw ApiError(405, "use GET for /metrics");
@@ -114,7 +131,7 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
             p != "/v1/agents") {
             throw ApiError(415, "content type must be application/json");
         }
-        if (sa->handle(req, owner_of(key), out, route_name)) {
+        if (sa->handle(req, account, out, route_name)) {
             count(route_name, 200);
             return;
         }
@@ -130,13 +147,13 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         if (p == "/v1/responses") {
             if (!post) throw ApiError(405, "use POST for /v1/responses");
             if (!is_json_type(req.header("content-type"))) throw ApiError(415, "content type must be application/json");
-            rs->create(parse_request_body(req.body), owner_of(key), out);
+            rs->create(parse_request_body(req.body), account, out);
         } else {
             const std::string id = p.substr(std::string("/v1/responses/").size());
             if (req.method == "GET")
-                rs->get(id, owner_of(key), out);
+                rs->get(id, account, out);
             else if (req.method == "DELETE")
-                rs->erase(id, owner_of(key), out);
+                rs->erase(id, account, out);
             else
                 throw ApiError(405, "use GET or DELETE for a stored response");
         }
@@ -166,9 +183,9 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
     }
     const json body = parse_request_body(req.body);
     if (p == "/v1/chat/completions") {
-        svc->chat(body, out);
+        svc->chat(body, account, out);
     } else {
-        svc->completion(body, out);
+        svc->completion(body, account, out);
     }
 }
 

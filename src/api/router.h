@@ -3,6 +3,7 @@
 #include "api/auth.h"
 #include "api/http_server.h"
 #include "api/openai_service.h"
+#include "api/rate_limit.h"
 #include "api/responses_service.h"
 #include "api/sessions_api.h"
 #include "obs/metrics.h"
@@ -16,7 +17,8 @@ namespace armada::api {
 //! exceptions from handlers become HTTP errors (ApiError → its 4xx, anything else → 500).
 class Router {
   public:
-    Router(ApiKeys keys, obs::Registry & metrics);
+    //! `limits` may be null: no rate limits.
+    Router(ApiKeys keys, obs::Registry & metrics, RateLimiter * limits = nullptr);
 
     //! Set once the model and engine are ready; until then every route but /health is 503.
     void set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions = nullptr,
@@ -26,10 +28,13 @@ class Router {
   private:
     void route(HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name);
     void count(const std::string & route, int code);
+    //! Refuses with 429 when the key is over its requests or tokens per minute.
+    void check_rate(const HttpRequest & req, const std::string & account);
     std::string render_metrics();
 
     ApiKeys keys_;
     obs::Registry & metrics_;
+    RateLimiter * limits_;
     std::atomic<OpenAIService *> svc_{nullptr};
     std::atomic<const engine::Engine *> engine_{nullptr};
     std::atomic<SessionsApi *> sessions_{nullptr};

@@ -48,10 +48,25 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
     cmd->add_option("--max-body", o.http.max_body, "largest request body in bytes (413 beyond)")
         ->envname("ARMADA_MAX_BODY")
         ->capture_default_str();
+    cmd->add_option("--max-connections", o.http.max_connections,
+                    "open connections beyond which new ones get 503; 0: the file descriptor limit less 256")
+        ->envname("ARMADA_MAX_CONNECTIONS")
+        ->capture_default_str();
     cmd->add_option("--api-key", o.api_key, "require this key (Authorization: Bearer KEY) on every route but /health")
         ->envname("ARMADA_API_KEY");
     cmd->add_option("--api-key-file", o.api_key_file, "file with one accepted API key per line")
         ->envname("ARMADA_API_KEY_FILE");
+    cmd->add_option("--rate-limit-rpm", o.rate_rpm,
+                    "requests (POSTs) per minute allowed to each API key; 0: unlimited. A key's line in "
+                    "--api-key-file may set its own: 'KEY rpm=60 tpm=100000'")
+        ->envname("ARMADA_RATE_LIMIT_RPM")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    cmd->add_option("--rate-limit-tpm", o.rate_tpm,
+                    "model tokens per minute (uncached prompt + generated) allowed to each API key; 0: unlimited")
+        ->envname("ARMADA_RATE_LIMIT_TPM")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     cmd->add_option("--agents", o.agents_file, "YAML file declaring agents (validated at start)")
         ->envname("ARMADA_AGENTS");
     cmd->add_option("--data-dir", o.data_dir, "where session checkpoints live (SQLite, WAL)")

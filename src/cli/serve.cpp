@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include <pthread.h>
+#include <sys/resource.h>
 #include <csignal>
 #include <cstdio>
 
@@ -30,6 +31,11 @@ void llama_log_quiet(ggml_log_level level, const char * text, void *) {
 }  // namespace
 
 int serve(const ServeOptions & opt) {
+    // Each client connection is a file descriptor: take the hard limit, not the default 1024.
+    if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     // Block the stop signals before any thread starts, so every thread inherits the mask and
     // only this thread receives them, through sigwait below.
     sigset_t stop_set;
@@ -113,7 +119,10 @@ int serve(const ServeOptions & opt) {
     }
 
     obs::Registry metrics;
-    api::Router router(std::move(keys), metrics);
+    api::RateLimiter limiter({opt.rate_rpm, opt.rate_tpm});
+    for (const auto & [k, l] : keys.limits())
+        limiter.set_limits(api::owner_of(k), l);
+    api::Router router(std::move(keys), metrics, &limiter);
     api::HttpServer http(opt.http, [&router](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
         router.dispatch(std::move(r), std::move(out));
     });
@@ -144,6 +153,7 @@ int serve(const ServeOptions & opt) {
         return 1;
     }
     engine::Engine eng(model, ecfg, &metrics);
+    eng.set_usage_hook([&limiter](const std::string & account, int64_t tokens) { limiter.charge(account, tokens); });
     if (auto e = eng.start(); !e.empty()) {
         fprintf(stderr, "error: %s\n", e.c_str());
         http.stop();

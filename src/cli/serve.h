@@ -23,6 +23,8 @@ struct ServeOptions {
     std::string kv_disk = "64G";
     bool no_park = false;
     bool no_kv_journal = false;
+    double rate_rpm = 0;  // per API key; 0: unlimited
+    double rate_tpm = 0;
 };
 
 //! Runs the node until SIGINT/SIGTERM. Returns the process exit code.

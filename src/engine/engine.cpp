@@ -676,13 +676,15 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
     s.idle_since = Clock::now();
     s.snap_key.clear();
     s.snap_at = 0;
+    if (usage_hook_) usage_hook_(req.account, int64_t(done.n_prompt) + done.n_generated);
+    // Free before the caller hears of it, so its next request finds the sequence free.
+    stats_.active--;
     req.sink(std::move(done));
     s.req.reset();
     s.text.reset();
     s.state = SlotState::Idle;
     s.i_batch = -1;
     s.last_used = ++tick_;
-    stats_.active--;
     // After the caller has its answer: the step's KV goes to the session's journal.
     if (journal_ && !s.owner.empty() && !s.cache.empty() && (r == FinishReason::Stop || r == FinishReason::Length)) {
         journal_step(s);

@@ -94,6 +94,17 @@ class Engine {
     //! Thread-safe. On Accepted the sink will see events ending with exactly one Done.
     //! On any other status the request is dropped untouched and its sink never runs.
     SubmitStatus submit(std::unique_ptr<GenRequest> req);
+    //! Thread-safe, lock-free and approximate: whether `n` more requests would be accepted now.
+    //! Callers check it before costly preparation, so a refusal under overload stays cheap;
+    //! `submit` still decides.
+    bool has_room(int32_t n = 1) const {
+        const int32_t free_seqs = std::max(cfg_.n_seq_max - stats_.active.load(std::memory_order_relaxed), 0);
+        return stats_.queued.load(std::memory_order_relaxed) + n <= cfg_.queue_max + free_seqs;
+    }
+    //! Called on the engine thread when a request ends, with its account and the tokens the
+    //! usage (prompt plus generated, as the API reports it). Set before `start`.
+    using UsageHook = std::function<void(const std::string & account, int64_t tokens)>;
+    void set_usage_hook(UsageHook hook) { usage_hook_ = std::move(hook); }
     //! Wakes the loop, e.g. after a caller set a request's cancel flag.
     void wake();
     //! Thread-safe. The session will not be back soon (`drop` false: spill it first) or at all
@@ -181,8 +192,9 @@ class Engine {
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::unique_ptr<GenRequest>> incoming_;  // guarded by mu_
-    std::deque<std::function<void()>> ops_;             // guarded by mu_; run on the engine thread
-    bool stopping_ = false;                             // guarded by mu_
+    UsageHook usage_hook_;
+    std::deque<std::function<void()>> ops_;  // guarded by mu_; run on the engine thread
+    bool stopping_ = false;                  // guarded by mu_
     std::thread thread_;
     EngineStats stats_;
 

@@ -58,6 +58,8 @@ struct GenRequest {
     //! agent and one API key; `prefix_key` names them (never shared across keys).
     std::string prefix_key;
     int32_t prefix_len = 0;
+    //! Who pays for the tokens (the hashed API key); reported to the usage hook when done.
+    std::string account;
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
     std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
 };
