@@ -1,4 +1,4 @@
-// armada: the node binary. Subcommands: serve, mkmodel, bench engine.
+// armada: the node binary. Subcommands: serve, topology, mkmodel, bench.
 #include "bench/agents_bench.h"
 #include "cli/bench_engine.h"
 #include "cli/bench_kv.h"
@@ -33,6 +33,18 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
     cmd->add_option("--prompt-chunk", o.engine.chunk, "prompt tokens one sequence may add to one decode step")
         ->envname("ARMADA_PROMPT_CHUNK")
         ->capture_default_str();
+    cmd->add_option("--numa", o.numa,
+                    "auto: one engine per NUMA node when there are several, threads pinned to its cores; off: "
+                    "one engine")
+        ->envname("ARMADA_NUMA")
+        ->capture_default_str();
+    cmd->add_option("--cpus", o.cpus, "use only these cpus, e.g. 0-15,32-47 (default: the process's cpuset)")
+        ->envname("ARMADA_CPUS");
+    cmd->add_option("--numa-nodes", o.numa_nodes, "use only these NUMA nodes, e.g. 0,1")->envname("ARMADA_NUMA_NODES");
+    cmd->add_flag("--smt", o.smt, "run compute threads on SMT siblings too (default: one per physical core)")
+        ->envname("ARMADA_SMT");
+    cmd->add_flag("--no-pin", o.no_pin, "leave compute threads unpinned, as llama-server does by default")
+        ->envname("ARMADA_NO_PIN");
     cmd->add_option("--queue", o.engine.queue_max, "requests that may wait for a free sequence before 429")
         ->envname("ARMADA_QUEUE")
         ->capture_default_str();
@@ -159,6 +171,21 @@ int main(int argc, char ** argv) {
     m->add_option("--vocab", mk.vocab, "GGUF to take the tokenizer from (default: llama.cpp's Qwen2 vocab)");
     m->add_option("--template", mk.template_, "Jinja chat template file (default: Qwen2.5-7B-Instruct)");
 
+    struct {
+        std::string synthetic, xml, numa = "auto", cpus, nodes;
+        bool smt = false;
+    } topo;
+    auto * tp =
+        app.add_subcommand("topology", "print the NUMA nodes, cores and memory found, and where engines would run");
+    tp->add_option("--synthetic", topo.synthetic,
+                   "an hwloc synthetic topology instead of this machine, "
+                   "e.g. 'pack:2 numa:2 core:32 pu:1'");
+    tp->add_option("--xml", topo.xml, "an hwloc XML topology (lstopo --of xml) instead of this machine");
+    tp->add_option("--numa", topo.numa, "auto or off, as for serve")->capture_default_str();
+    tp->add_option("--cpus", topo.cpus, "only these cpus, as for serve");
+    tp->add_option("--numa-nodes", topo.nodes, "only these NUMA nodes, as for serve");
+    tp->add_flag("--smt", topo.smt, "use SMT siblings too, as for serve");
+
     auto * b = app.add_subcommand("bench", "benchmarks");
     b->require_subcommand(1);
     cli::BenchEngineOptions be;
@@ -256,6 +283,8 @@ int main(int argc, char ** argv) {
     }
 
     if (s->parsed()) return cli::serve(serve);
+    if (tp->parsed())
+        return cli::topology_command(topo.synthetic, topo.xml, topo.numa, topo.cpus, topo.nodes, topo.smt);
     if (m->parsed()) {
         const std::string err = cli::write_model(mk);
         if (!err.empty()) {

@@ -30,6 +30,49 @@ void llama_log_quiet(ggml_log_level level, const char * text, void *) {
 }
 }  // namespace
 
+std::optional<engine::PlacementOptions> placement_options(const std::string & numa, const std::string & cpus,
+                                                          const std::string & numa_nodes, bool smt, std::string & err) {
+    engine::PlacementOptions po;
+    po.numa = numa;
+    po.smt = smt;
+    if (!cpus.empty()) {
+        auto l = engine::parse_cpu_list(cpus);
+        if (!l) {
+            err = "--cpus: '" + cpus + "' is not a cpu list such as 0-15,32-47";
+            return std::nullopt;
+        }
+        po.cpus = *l;
+    }
+    if (!numa_nodes.empty()) {
+        auto l = engine::parse_cpu_list(numa_nodes);
+        if (!l) {
+            err = "--numa-nodes: '" + numa_nodes + "' is not a list such as 0,1 or 0-3";
+            return std::nullopt;
+        }
+        po.numa_nodes = *l;
+    }
+    return po;
+}
+
+int topology_command(const std::string & synthetic, const std::string & xml, const std::string & numa,
+                     const std::string & cpus, const std::string & numa_nodes, bool smt) {
+    std::string err;
+    auto po = placement_options(numa, cpus, numa_nodes, smt, err);
+    std::optional<engine::Topology> topo;
+    if (po) {
+        topo = !synthetic.empty() ? engine::Topology::synthetic(synthetic, err)
+               : !xml.empty()     ? engine::Topology::xml(xml, err)
+                                  : engine::Topology::detect(err);
+    }
+    auto plan = topo ? engine::plan_placement(*topo, *po, err) : std::nullopt;
+    if (!plan) {
+        fprintf(stderr, "error: %s\n", err.c_str());
+        return 2;
+    }
+    fputs(engine::describe(*topo, *plan).c_str(), stdout);
+    return 0;
+}
+
 int serve(const ServeOptions & opt) {
     // Each client connection is a file descriptor: take the hard limit, not the default 1024.
     if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -151,6 +194,34 @@ int serve(const ServeOptions & opt) {
         fprintf(stderr, "\nerror: %s\n", err.c_str());
         http.stop();
         return 1;
+    }
+    if (!opt.no_pin) {
+        std::string perr;
+        auto po = placement_options(opt.numa, opt.cpus, opt.numa_nodes, opt.smt, perr);
+        auto topo = po ? engine::Topology::detect(perr) : std::nullopt;
+        auto plan = topo ? engine::plan_placement(*topo, *po, perr) : std::nullopt;
+        if (!plan) {
+            fprintf(stderr, "error: placement: %s\n", perr.c_str());
+            http.stop();
+            return 2;
+        }
+        if (plan->engines.size() > 1) {
+            // One engine per NUMA node is planned, but this node runs a single engine so far:
+            // it takes every planned core, as --numa off would.
+            spdlog::warn(
+                "placement: {} NUMA nodes; running one engine across them (per-node engines are not "
+                "implemented yet)",
+                plan->engines.size());
+            for (size_t i = 1; i < plan->engines.size(); ++i)
+                plan->engines[0].cpus.insert(plan->engines[0].cpus.end(), plan->engines[i].cpus.begin(),
+                                             plan->engines[i].cpus.end());
+        }
+        ecfg.cpus = plan->engines[0].cpus;
+        spdlog::info(
+            "placement: engine threads pinned to cpus {}",
+            engine::format_cpu_list(ecfg.n_threads > 0 && size_t(ecfg.n_threads) < ecfg.cpus.size()
+                                        ? std::vector<int>(ecfg.cpus.begin(), ecfg.cpus.begin() + ecfg.n_threads)
+                                        : ecfg.cpus));
     }
     engine::Engine eng(model, ecfg, &metrics);
     eng.set_usage_hook([&limiter](const std::string & account, int64_t tokens) { limiter.charge(account, tokens); });

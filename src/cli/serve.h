@@ -2,6 +2,9 @@
 
 #include "api/http_server.h"
 #include "engine/engine.h"
+#include "engine/topology.h"
+
+#include <optional>
 
 #include <string>
 #include <vector>
@@ -23,9 +26,24 @@ struct ServeOptions {
     std::string kv_disk = "64G";
     bool no_park = false;
     bool no_kv_journal = false;
+    // Placement (engine/topology.h): flags as given, resolved against the machine at start.
+    std::string numa = "auto";
+    std::string cpus;        // Linux cpu list; empty: all the process may use
+    std::string numa_nodes;  // list of node numbers; empty: all
+    bool smt = false;
+    bool no_pin = false;
     double rate_rpm = 0;  // per API key; 0: unlimited
     double rate_tpm = 0;
 };
+
+//! Placement options from the flags' text. Returns nullopt and sets `err` on a malformed list.
+std::optional<engine::PlacementOptions> placement_options(const std::string & numa, const std::string & cpus,
+                                                          const std::string & numa_nodes, bool smt, std::string & err);
+
+//! `armada topology`: prints the topology (this machine, or an hwloc synthetic description or
+//! XML file) and the placement plan. Returns the process exit code.
+int topology_command(const std::string & synthetic, const std::string & xml, const std::string & numa,
+                     const std::string & cpus, const std::string & numa_nodes, bool smt);
 
 //! Runs the node until SIGINT/SIGTERM. Returns the process exit code.
 int serve(const ServeOptions & opt);

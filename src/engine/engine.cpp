@@ -2,6 +2,11 @@
 
 #include "engine/batch_planner.h"
 #include "engine/memory_budget.h"
+#include "engine/topology.h"
+
+#include <ggml-cpu.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <spdlog/spdlog.h>
 
@@ -66,6 +71,7 @@ Engine::~Engine() {
     stop();
     if (batch_.token) llama_batch_free(batch_);
     if (ctx_) llama_free(ctx_);
+    if (threadpool_) ggml_threadpool_free(threadpool_);
 }
 
 std::string Engine::start() {
@@ -73,8 +79,11 @@ std::string Engine::start() {
     if (cfg_.n_ctx < 16 * cfg_.n_seq_max) return "context (-c) is too small for the number of sequences";
     if (cfg_.chunk < 1) return "prompt chunk must be at least 1";
     auto cp = llama_context_default_params();
-    const int32_t threads =
-        cfg_.n_threads > 0 ? cfg_.n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+    int32_t threads = cfg_.n_threads > 0 ? cfg_.n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+    if (!cfg_.cpus.empty()) {
+        threads = cfg_.n_threads > 0 ? std::min<int32_t>(cfg_.n_threads, int32_t(cfg_.cpus.size()))
+                                     : int32_t(cfg_.cpus.size());
+    }
     n_batch_ = std::max(cfg_.n_batch, cfg_.n_seq_max + cfg_.chunk);
     cp.n_ctx = uint32_t(cfg_.n_ctx);
     cp.n_batch = uint32_t(n_batch_);
@@ -86,6 +95,19 @@ std::string Engine::start() {
     cp.no_perf = true;
     ctx_ = llama_init_from_model(model_->get(), cp);
     if (!ctx_) return "llama.cpp could not create a context (n_ctx=" + std::to_string(cfg_.n_ctx) + ")";
+    if (!cfg_.cpus.empty()) {
+        // One compute thread per listed cpu, each held to its cpu (ggml's strict placement).
+        auto tpp = ggml_threadpool_params_default(threads);
+        for (size_t i = 0; i < size_t(threads); ++i) {
+            const int c = cfg_.cpus[i];
+            if (c < 0 || c >= GGML_MAX_N_THREADS) return "cpu " + std::to_string(c) + " cannot be pinned by ggml";
+            tpp.cpumask[c] = true;
+        }
+        tpp.strict_cpu = true;
+        threadpool_ = ggml_threadpool_new(&tpp);
+        if (!threadpool_) return "cannot start the compute threads on cpus " + format_cpu_list(cfg_.cpus);
+        llama_attach_threadpool(ctx_, threadpool_, threadpool_);
+    }
     n_ctx_seq_ = int32_t(llama_n_ctx_seq(ctx_));
     batch_ = llama_batch_init(n_batch_, 0, 1);
 
@@ -94,6 +116,18 @@ std::string Engine::start() {
     kv_bytes_per_cell_ = uint64_t(llama_model_n_layer(m)) * 2 * uint64_t(llama_model_n_head_kv(m)) * head_dim * 2;
 
     if (cfg_.warmup) {
+        // ggml pins whichever thread runs a decode as compute thread 0. The warm-up runs on the
+        // caller's thread, so its affinity is put back afterwards: threads it starts later
+        // would inherit the pin.
+        cpu_set_t caller_cpus;
+        const bool saved = pthread_getaffinity_np(pthread_self(), sizeof caller_cpus, &caller_cpus) == 0;
+        struct Restore {
+            bool on;
+            cpu_set_t * set;
+            ~Restore() {
+                if (on) pthread_setaffinity_np(pthread_self(), sizeof *set, set);
+            }
+        } restore{saved && !cfg_.cpus.empty(), &caller_cpus};
         // The first decode maps weights and builds graphs; do it before taking traffic.
         llama_token t = llama_vocab_bos(model_->vocab());
         if (t == LLAMA_TOKEN_NULL) t = 0;
@@ -187,6 +221,10 @@ bool Engine::has_active() const {
 }
 
 void Engine::loop() {
+    pthread_setname_np(pthread_self(), "armada-engine");
+    if (!cfg_.cpus.empty()) {
+        if (auto e = pin_current_thread(cfg_.cpus); !e.empty()) spdlog::warn("engine: {}", e);
+    }
     std::deque<std::unique_ptr<GenRequest>> waiting;
     for (;;) {
         std::deque<std::function<void()>> ops;

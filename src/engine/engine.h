@@ -32,6 +32,9 @@ struct EngineConfig {
     int32_t chunk = 512;      // prompt tokens one sequence may add to one step
     int32_t n_threads = 0;    // -t: 0 = all cores of this machine
     int32_t queue_max = 256;  // requests waiting for a sequence; beyond this, submit refuses
+    //! CPUs the compute threads are pinned to, one thread each (see topology.h). Empty: not
+    //! pinned. With `n_threads` > 0 as well, the first `n_threads` of them are used.
+    std::vector<int> cpus;
     bool kv_unified = false;
     bool warmup = true;
 
@@ -175,6 +178,7 @@ class Engine {
     EngineConfig cfg_;
     obs::Registry * metrics_;
     llama_context * ctx_ = nullptr;
+    ggml_threadpool * threadpool_ = nullptr;  // pinned compute threads when cfg_.cpus is set
     llama_batch batch_{};
     int32_t n_ctx_seq_ = 0;
     int32_t n_batch_ = 0;

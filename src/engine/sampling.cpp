@@ -98,6 +98,14 @@ SamplerPtr chain(const Model & model, const SamplingOptions & s, const ToolGramm
         check_grammar_shape(s.grammar);
         p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, s.grammar);
     }
+    if (p.grammar.type == COMMON_GRAMMAR_TYPE_USER || p.grammar.type == COMMON_GRAMMAR_TYPE_OUTPUT_FORMAT) {
+        // common_sampler_init leaks its sampler chain when the grammar does not parse (found
+        // by ASan), so a grammar from the client is parsed once on its own first.
+        llama_sampler * probe =
+            llama_sampler_init_grammar(llama_model_get_vocab(model.get()), p.grammar.grammar.c_str(), "root");
+        if (!probe) throw std::invalid_argument("invalid grammar: it does not parse, or its root rule is missing");
+        llama_sampler_free(probe);
+    }
     common_sampler * smpl = nullptr;
     try {
         smpl = common_sampler_init(model.get(), p);

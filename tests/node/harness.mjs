@@ -42,7 +42,10 @@ export async function startServer(args = [], { model = tinyModel, env = {} } = {
       if (proc.exitCode !== null) return proc.exitCode;
       const done = new Promise((res) => proc.on('exit', (code) => res(code)));
       proc.kill('SIGTERM');
-      return done;
+      const code = await done;
+      // A failed exit (a sanitizer report, a crash in shutdown) is explained in the test log.
+      if (code !== 0) console.log(`armada exited with ${code}; the end of its stderr:\n${stderr.slice(-6000)}`);
+      return code;
     },
   };
 }
