@@ -32,15 +32,16 @@ test: build models
 	cd $(BUILD) && ARMADA_MODEL_DIR=$(MODEL_DIR) ctest --output-on-failure -j 1 --timeout 900 $(CTEST_ARGS)
 
 # The sanitizer runs skip the tests labelled `rss`: they bound the resident set, which the
-# sanitizers' shadow memory inflates by design.
+# sanitizers' shadow memory inflates by design. ARMADA_TIMING=0 turns off latency bounds in
+# the black-box tests (the overload test's p95 and 429 times); everything else is checked.
 SAN_CTEST_ARGS := -LE rss
 test-asan:
-	$(MAKE) test BUILD=build-asan CMAKE_ARGS="-DARMADA_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug" \
-	  CTEST_ARGS="$(SAN_CTEST_ARGS)"
+	ARMADA_TIMING=0 $(MAKE) test BUILD=build-asan \
+	  CMAKE_ARGS="-DARMADA_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug" CTEST_ARGS="$(SAN_CTEST_ARGS)"
 
 test-tsan:
-	$(MAKE) test BUILD=build-tsan CMAKE_ARGS="-DARMADA_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug" \
-	  CTEST_ARGS="$(SAN_CTEST_ARGS)"
+	ARMADA_TIMING=0 $(MAKE) test BUILD=build-tsan \
+	  CMAKE_ARGS="-DARMADA_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug" CTEST_ARGS="$(SAN_CTEST_ARGS)"
 
 # libFuzzer (clang) on every parser target for FUZZ_SECONDS each; see docs/SECURITY.md.
 FUZZ_SECONDS ?= 60

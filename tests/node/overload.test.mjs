@@ -14,6 +14,8 @@ import path from 'node:path';
 import { startServer, rawPost } from './harness.mjs';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+// Latency bounds hold on a release build; sanitizer runs (make test-asan/tsan) set 0.
+const timing = process.env.ARMADA_TIMING !== '0';
 
 function rssMiB(pid) {
   const s = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
@@ -121,8 +123,10 @@ test('a flood at 10x capacity: admitted requests keep their p95, refusals are fa
       assert.ok(Number(r.headers['retry-after']) >= 1, 'a 429 carries Retry-After');
       assert.equal(JSON.parse(r.text).error.type, 'rate_limit_error');
     }
-    assert.ok(p95Ok <= 2 * p95Solo, `admitted p95 ${p95Ok.toFixed(1)} ms > 2x unloaded ${p95Solo.toFixed(1)} ms`);
-    assert.ok(p99Refused < 50, `429s took ${p99Refused.toFixed(1)} ms at p99`);
+    if (timing) {
+      assert.ok(p95Ok <= 2 * p95Solo, `admitted p95 ${p95Ok.toFixed(1)} ms > 2x unloaded ${p95Solo.toFixed(1)} ms`);
+      assert.ok(p99Refused < 50, `429s took ${p99Refused.toFixed(1)} ms at p99`);
+    }
     assert.ok(rssPeak - rssBefore < 64, `RSS grew ${(rssPeak - rssBefore).toFixed(1)} MiB under the flood`);
 
     // Alive, and serving as before.
