@@ -10,7 +10,7 @@ PORT       ?= 8080
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
-.PHONY: setup build run test test-asan test-tsan fuzz lint bench models clean
+.PHONY: setup build run test test-asan test-tsan test-arm fuzz lint bench models clean
 
 setup:
 	@bash scripts/setup.sh
@@ -43,6 +43,11 @@ test-tsan:
 	ARMADA_TIMING=0 $(MAKE) test BUILD=build-tsan \
 	  CMAKE_ARGS="-DARMADA_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug" CTEST_ARGS="$(SAN_CTEST_ARGS)"
 
+# aarch64 (Kunpeng 920 class, armv8.2-a+dotprod): cross-build llama.cpp and Armada, then run the
+# unit tests and a tiny-model generation test under qemu-aarch64. See scripts/test-arm.sh.
+test-arm: setup models
+	@JOBS=$(JOBS) MODEL_DIR=$(MODEL_DIR) bash scripts/test-arm.sh
+
 # libFuzzer (clang) on every parser target for FUZZ_SECONDS each; see docs/SECURITY.md.
 FUZZ_SECONDS ?= 60
 fuzz: setup models
@@ -57,4 +62,4 @@ bench: build models
 	@ARMADA=$(BUILD)/armada bash bench/compare.sh
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz
+	rm -rf build build-asan build-tsan build-fuzz build-arm
