@@ -40,8 +40,10 @@ unpack_yaml_cpp() {
   mkdir -p "$extra"
   dpkg -x "$tmp"/libyaml-cpp-dev_*_arm64.deb "$extra"
   rm -rf "$tmp"
-  # The package's .so is a relative symlink to the runtime library from multiarch.
-  ln -sf /usr/lib/aarch64-linux-gnu/libyaml-cpp.so.0.7 "$extra/usr/lib/aarch64-linux-gnu/libyaml-cpp.so"
+  # The package's CMake files name the runtime library beside them; it comes from multiarch.
+  local lib=/usr/lib/aarch64-linux-gnu
+  for f in "$lib"/libyaml-cpp.so.0.7*; do ln -sf "$f" "$extra$lib/$(basename "$f")"; done
+  ln -sf "$lib/libyaml-cpp.so.0.7" "$extra$lib/libyaml-cpp.so"
   touch "$extra/.done"
 }
 
