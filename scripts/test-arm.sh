@@ -67,8 +67,10 @@ build_llama_arm() {
 }
 
 libpath="$arm_llama/lib:/usr/lib/aarch64-linux-gnu:/lib/aarch64-linux-gnu:$extra/usr/lib/aarch64-linux-gnu"
-# -cpu max has dotprod; the loader and libc come from the cross toolchain's prefix.
-export ARMADA_ARM_EMULATOR="qemu-aarch64-static -cpu max -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=$libpath"
+# -cpu max has dotprod. The loader and libc are the multiarch arm64 ones (/lib/ld-linux-aarch64.so.1);
+# the cross toolchain's prefix (-L /usr/aarch64-linux-gnu) holds an older libc build, and mixing
+# its loader with the multiarch libc hangs the first pthread_create.
+export ARMADA_ARM_EMULATOR="qemu-aarch64-static -cpu max -E LD_LIBRARY_PATH=$libpath"
 
 build_armada_arm() {
   log "cross-building Armada for aarch64"
