@@ -161,6 +161,34 @@ int serve(const ServeOptions & opt) {
         st = crash_hook.get();
     }
 
+    // Placement is checked before the model loads, so a bad --cpus fails fast.
+    if (!opt.no_pin) {
+        std::string perr;
+        auto po = placement_options(opt.numa, opt.cpus, opt.numa_nodes, opt.smt, perr);
+        auto topo = po ? engine::Topology::detect(perr) : std::nullopt;
+        auto plan = topo ? engine::plan_placement(*topo, *po, perr) : std::nullopt;
+        if (!plan) {
+            fprintf(stderr, "error: placement: %s\n", perr.c_str());
+            return 2;
+        }
+        if (plan->engines.size() > 1) {
+            // One engine per NUMA node is planned, but this node runs a single engine so far:
+            // it takes every planned core, as --numa off would.
+            spdlog::warn(
+                "placement: {} NUMA nodes; running one engine across them (per-node engines are not "
+                "implemented yet)",
+                plan->engines.size());
+            for (size_t i = 1; i < plan->engines.size(); ++i)
+                plan->engines[0].cpus.insert(plan->engines[0].cpus.end(), plan->engines[i].cpus.begin(),
+                                             plan->engines[i].cpus.end());
+        }
+        ecfg.cpus = plan->engines[0].cpus;
+        spdlog::info(
+            "placement: engine threads pinned to cpus {}",
+            engine::format_cpu_list(ecfg.n_threads > 0 && size_t(ecfg.n_threads) < ecfg.cpus.size()
+                                        ? std::vector<int>(ecfg.cpus.begin(), ecfg.cpus.begin() + ecfg.n_threads)
+                                        : ecfg.cpus));
+    }
     obs::Registry metrics;
     api::RateLimiter limiter({opt.rate_rpm, opt.rate_tpm});
     for (const auto & [k, l] : keys.limits())
@@ -194,34 +222,6 @@ int serve(const ServeOptions & opt) {
         fprintf(stderr, "\nerror: %s\n", err.c_str());
         http.stop();
         return 1;
-    }
-    if (!opt.no_pin) {
-        std::string perr;
-        auto po = placement_options(opt.numa, opt.cpus, opt.numa_nodes, opt.smt, perr);
-        auto topo = po ? engine::Topology::detect(perr) : std::nullopt;
-        auto plan = topo ? engine::plan_placement(*topo, *po, perr) : std::nullopt;
-        if (!plan) {
-            fprintf(stderr, "error: placement: %s\n", perr.c_str());
-            http.stop();
-            return 2;
-        }
-        if (plan->engines.size() > 1) {
-            // One engine per NUMA node is planned, but this node runs a single engine so far:
-            // it takes every planned core, as --numa off would.
-            spdlog::warn(
-                "placement: {} NUMA nodes; running one engine across them (per-node engines are not "
-                "implemented yet)",
-                plan->engines.size());
-            for (size_t i = 1; i < plan->engines.size(); ++i)
-                plan->engines[0].cpus.insert(plan->engines[0].cpus.end(), plan->engines[i].cpus.begin(),
-                                             plan->engines[i].cpus.end());
-        }
-        ecfg.cpus = plan->engines[0].cpus;
-        spdlog::info(
-            "placement: engine threads pinned to cpus {}",
-            engine::format_cpu_list(ecfg.n_threads > 0 && size_t(ecfg.n_threads) < ecfg.cpus.size()
-                                        ? std::vector<int>(ecfg.cpus.begin(), ecfg.cpus.begin() + ecfg.n_threads)
-                                        : ecfg.cpus));
     }
     engine::Engine eng(model, ecfg, &metrics);
     eng.set_usage_hook([&limiter](const std::string & account, int64_t tokens) { limiter.charge(account, tokens); });

@@ -24,10 +24,11 @@ export async function startServer(args = [], { model = tinyModel, env = {} } = {
       const m = out.match(/listening on (http:\/\/[^\s]+)/);
       if (m) { clearTimeout(timer); resolve(m[1]); }
     });
-    proc.on('exit', (code) => reject(new Error(`armada exited with ${code}\n${stderr}`)));
+    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`armada exited with ${code}\n${stderr}`)); });
   });
   const deadline = Date.now() + 60000;
   for (;;) {
+    if (proc.exitCode !== null) throw new Error(`armada exited with ${proc.exitCode}\n${stderr}`);
     const r = await fetch(base + '/health').catch(() => null);
     if (r && r.status === 200) break;
     if (Date.now() > deadline) throw new Error('armada never became ready\n' + stderr);
