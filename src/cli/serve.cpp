@@ -35,22 +35,17 @@ std::optional<engine::PlacementOptions> placement_options(const std::string & nu
     engine::PlacementOptions po;
     po.numa = numa;
     po.smt = smt;
-    if (!cpus.empty()) {
-        auto l = engine::parse_cpu_list(cpus);
-        if (!l) {
-            err = "--cpus: '" + cpus + "' is not a cpu list such as 0-15,32-47";
-            return std::nullopt;
-        }
-        po.cpus = *l;
-    }
-    if (!numa_nodes.empty()) {
-        auto l = engine::parse_cpu_list(numa_nodes);
-        if (!l) {
-            err = "--numa-nodes: '" + numa_nodes + "' is not a list such as 0,1 or 0-3";
-            return std::nullopt;
-        }
-        po.numa_nodes = *l;
-    }
+    // Both flags take a Linux list ("0-3,8"); empty means no restriction.
+    auto list = [&](const std::string & text, const char * flag, const char * example, std::vector<int> & out) {
+        if (text.empty()) return true;
+        auto l = engine::parse_cpu_list(text);
+        if (!l) err = std::string(flag) + ": '" + text + "' is not " + example;
+        if (l) out = *l;
+        return bool(l);
+    };
+    if (!list(cpus, "--cpus", "a cpu list such as 0-15,32-47", po.cpus) ||
+        !list(numa_nodes, "--numa-nodes", "a list such as 0,1 or 0-3", po.numa_nodes))
+        return std::nullopt;
     return po;
 }
 
