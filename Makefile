@@ -39,8 +39,10 @@ test-asan:
 	ARMADA_TIMING=0 $(MAKE) test BUILD=build-asan \
 	  CMAKE_ARGS="-DARMADA_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug" CTEST_ARGS="$(SAN_CTEST_ARGS)"
 
+# llama.cpp is not instrumented; tests/sanitizers/tsan.supp says what is suppressed and why.
 test-tsan:
-	ARMADA_TIMING=0 $(MAKE) test BUILD=build-tsan \
+	ARMADA_TIMING=0 TSAN_OPTIONS="suppressions=$(CURDIR)/tests/sanitizers/tsan.supp $(TSAN_OPTIONS)" \
+	  $(MAKE) test BUILD=build-tsan \
 	  CMAKE_ARGS="-DARMADA_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug" CTEST_ARGS="$(SAN_CTEST_ARGS)"
 
 # aarch64 (Kunpeng 920 class, armv8.2-a+dotprod): cross-build llama.cpp and Armada, then run the
