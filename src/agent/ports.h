@@ -1,6 +1,6 @@
 #pragma once
 
-#include "engine/engine.h"
+#include "engine/engine_set.h"
 
 #include <chrono>
 #include <cstdint>
@@ -25,10 +25,12 @@ class GenerationPort {
     virtual bool kv_pressure() const { return false; }
 };
 
-//! Adapts a real Engine.
+//! Adapts the node's real engines (one or more; the set routes each session to its engine).
 class EnginePort : public GenerationPort {
   public:
-    explicit EnginePort(engine::Engine & e) : e_(e) {}
+    explicit EnginePort(engine::EngineSet & e) : e_(e) {}
+    //! One engine alone (tests).
+    explicit EnginePort(engine::Engine & e) : own_(std::make_unique<engine::EngineSet>(e)), e_(*own_) {}
     engine::SubmitStatus submit(std::unique_ptr<engine::GenRequest> req) override { return e_.submit(std::move(req)); }
     void wake() override { e_.wake(); }
     int32_t n_ctx_seq() const override { return e_.n_ctx_seq(); }
@@ -38,7 +40,8 @@ class EnginePort : public GenerationPort {
     bool kv_pressure() const override { return e_.kv_pressure(); }
 
   private:
-    engine::Engine & e_;
+    std::unique_ptr<engine::EngineSet> own_;
+    engine::EngineSet & e_;
 };
 
 //! Wall clock in milliseconds since the epoch; tests inject a fake one.

@@ -65,7 +65,7 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
     std::shared_ptr<Responder> out;
     std::vector<Choice> choices;
     net::strand<net::any_io_executor> strand;
-    engine::Engine * engine = nullptr;
+    engine::EngineSet * engine = nullptr;
     obs::Registry * metrics = nullptr;
 
     std::mutex mu;
@@ -286,7 +286,7 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
     }
 };
 
-OpenAIService::OpenAIService(std::shared_ptr<engine::Model> model, engine::Engine & engine, obs::Registry & metrics,
+OpenAIService::OpenAIService(std::shared_ptr<engine::Model> model, engine::EngineSet & engine, obs::Registry & metrics,
                              net::any_io_executor io, RequestLimits limits)
     : model_(std::move(model)),
       engine_(engine),

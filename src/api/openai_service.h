@@ -4,7 +4,7 @@
 #include "api/json_util.h"
 #include "api/openai_map.h"
 #include "engine/chat_format.h"
-#include "engine/engine.h"
+#include "engine/engine_set.h"
 #include "obs/metrics.h"
 
 #include <boost/asio/any_io_executor.hpp>
@@ -16,12 +16,12 @@
 
 namespace armada::api {
 
-//! OpenAI-compatible chat and text completions over one engine. Runs on I/O threads: it parses,
+//! OpenAI-compatible chat and text completions over the node's engines. Runs on I/O threads: it parses,
 //! templates and tokenises, then hands native requests to the engine, and renders the events
 //! that come back. No JSON goes past this class.
 class OpenAIService {
   public:
-    OpenAIService(std::shared_ptr<engine::Model> model, engine::Engine & engine, obs::Registry & metrics,
+    OpenAIService(std::shared_ptr<engine::Model> model, engine::EngineSet & engine, obs::Registry & metrics,
                   boost::asio::any_io_executor io, RequestLimits limits = {});
     ~OpenAIService();
 
@@ -37,7 +37,7 @@ class OpenAIService {
                 const std::string & account);
 
     std::shared_ptr<engine::Model> model_;
-    engine::Engine & engine_;
+    engine::EngineSet & engine_;
     obs::Registry & metrics_;
     boost::asio::any_io_executor io_;
     RequestLimits limits_;

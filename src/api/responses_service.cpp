@@ -135,7 +135,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     bool item_open = false;
     // server-side MCP tools: the loop runs model step → MCP calls → model step until an answer
     ResponsesService * svc = nullptr;
-    engine::Engine * engine = nullptr;
+    engine::EngineSet * engine = nullptr;
     std::vector<common_chat_tool> tools;
     common_chat_tool_choice choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
     bool parallel = true;
@@ -409,8 +409,8 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     }
 };
 
-ResponsesService::ResponsesService(std::shared_ptr<engine::Model> model, engine::Engine & engine, store::Store & store,
-                                   net::any_io_executor io, const tools::SsrfGuard & guard)
+ResponsesService::ResponsesService(std::shared_ptr<engine::Model> model, engine::EngineSet & engine,
+                                   store::Store & store, net::any_io_executor io, const tools::SsrfGuard & guard)
     : model_(std::move(model)),
       engine_(engine),
       store_(store),

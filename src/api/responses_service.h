@@ -3,7 +3,7 @@
 #include "api/http_server.h"
 #include "api/json_util.h"
 #include "engine/chat_format.h"
-#include "engine/engine.h"
+#include "engine/engine_set.h"
 #include "store/store.h"
 #include "tools/mcp_client.h"
 
@@ -24,7 +24,7 @@ namespace armada::api {
 //! Stored responses are written to the checkpoint store, so they survive a restart.
 class ResponsesService {
   public:
-    ResponsesService(std::shared_ptr<engine::Model> model, engine::Engine & engine, store::Store & store,
+    ResponsesService(std::shared_ptr<engine::Model> model, engine::EngineSet & engine, store::Store & store,
                      boost::asio::any_io_executor io, const tools::SsrfGuard & guard);
     ~ResponsesService();
 
@@ -41,7 +41,7 @@ class ResponsesService {
                  std::function<void(tools::ToolResult)> done);
 
     std::shared_ptr<engine::Model> model_;
-    engine::Engine & engine_;
+    engine::EngineSet & engine_;
     store::Store & store_;
     boost::asio::any_io_executor io_;
     engine::ChatFormat format_;

@@ -23,9 +23,9 @@ void Router::check_rate(const HttpRequest & req, const std::string & account) {
     throw e;
 }
 
-void Router::set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions,
+void Router::set_service(OpenAIService * svc, const engine::EngineSet * engines, SessionsApi * sessions,
                          ResponsesService * responses) {
-    engine_.store(eng);
+    engines_.store(engines);
     sessions_.store(sessions);
     responses_.store(responses);
     svc_.store(svc);
@@ -39,49 +39,86 @@ void Router::count(const std::string & route, int code) {
 }
 
 std::string Router::render_metrics() {
-    if (const auto * e = engine_.load()) {
-        metrics_.gauge("armada_sequences_active", "Sequences being decoded").set(e->stats().active.load());
-        metrics_.gauge("armada_sequences_queued", "Requests waiting for a sequence").set(e->stats().queued.load());
-        metrics_.gauge("armada_kv_bytes_used", "KV cache bytes holding tokens")
-            .set(double(e->stats().kv_cells_used.load()) * double(e->kv_bytes_per_cell()));
-        // Session memory: the engine keeps running totals; counters catch up with them here.
-        auto sync = [this](const char * name, const char * help, uint64_t v, const obs::Labels & l = {}) {
-            auto & c = metrics_.counter(name, help, l);
-            if (v > c.value()) c.inc(v - c.value());
-        };
-        const auto & st = e->stats();
-        const auto ps = e->pool().stats();
-        metrics_.gauge("armada_kv_budget_bytes", "KV memory budget of the node (context + parked in RAM)")
-            .set(double(e->kv_budget()));
-        metrics_.gauge("armada_kv_parked_bytes", "Parked KV bytes by tier", {{"tier", "ram"}})
-            .set(double(ps.ram_bytes));
-        metrics_.gauge("armada_kv_parked_bytes", "", {{"tier", "disk"}}).set(double(ps.disk_bytes));
-        metrics_
-            .gauge("armada_kv_parked_entries", "Parked KV entries (sessions and shared prefixes) by tier",
-                   {{"tier", "ram"}})
-            .set(double(ps.ram_entries));
-        metrics_.gauge("armada_kv_parked_entries", "", {{"tier", "disk"}}).set(double(ps.disk_entries));
-        metrics_.gauge("armada_kv_pressure", "1 while new sessions are refused at the KV high watermark")
-            .set(e->kv_pressure() ? 1 : 0);
-        sync("armada_kv_parks_total", "Sequences saved into the KV pool", st.parks.load());
-        sync("armada_kv_restores_total", "Sequences restored from the KV pool", st.restores_ram.load(),
-             {{"from", "ram"}});
-        sync("armada_kv_restores_total", "", st.restores_disk.load(), {{"from", "disk"}});
-        sync("armada_kv_restores_total", "", st.restores_journal.load(), {{"from", "journal"}});
-        sync("armada_kv_restore_failures_total", "Restores refused or failed (the session re-prefilled)",
-             st.restore_failures.load());
-        sync("armada_kv_prefix_hits_total", "Sessions started from a shared prefix", st.prefix_hits.load());
-        sync("armada_kv_spills_total", "Parked KV entries written to disk", ps.spilled);
-        sync("armada_kv_dropped_total", "Parked KV entries dropped for lack of room", ps.dropped);
-        if (const auto * j = e->journal()) {
-            const auto js = j->stats();
-            sync("armada_kv_journal_records_total", "Steps appended to session KV journals", js.records);
-            sync("armada_kv_journal_bytes_total", "Bytes written to session KV journals", js.bytes_written);
-            sync("armada_kv_journal_skipped_total", "Steps not journaled because the writer was behind", js.skipped);
-            sync("armada_kv_journal_failures_total", "Journal writes that failed", js.failed);
-            metrics_.gauge("armada_kv_journal_save_seconds_total", "Engine-thread time spent saving state for journals")
-                .set(double(st.journal_ns.load()) / 1e9);
+    const auto * set = engines_.load();
+    if (!set) return metrics_.render();
+    // Node totals over every engine, then a few gauges per engine.
+    int64_t active = 0, queued = 0;
+    double kv_used = 0, budget = 0;
+    uint64_t parks = 0, r_ram = 0, r_disk = 0, r_journal = 0, r_fail = 0, prefix_hits = 0, journal_ns = 0;
+    engine::KvPoolStats ps{};
+    engine::KvJournalStats js{};
+    bool journal = false, pressure = set->kv_pressure();
+    for (size_t i = 0; i < set->size(); ++i) {
+        const auto & e = set->at(i);
+        const auto & st = e.stats();
+        active += st.active.load();
+        queued += st.queued.load();
+        kv_used += double(st.kv_cells_used.load()) * double(e.kv_bytes_per_cell());
+        budget += double(e.kv_budget());
+        parks += st.parks.load();
+        r_ram += st.restores_ram.load();
+        r_disk += st.restores_disk.load();
+        r_journal += st.restores_journal.load();
+        r_fail += st.restore_failures.load();
+        prefix_hits += st.prefix_hits.load();
+        journal_ns += st.journal_ns.load();
+        const auto p = e.pool().stats();
+        ps.ram_bytes += p.ram_bytes;
+        ps.disk_bytes += p.disk_bytes;
+        ps.ram_entries += p.ram_entries;
+        ps.disk_entries += p.disk_entries;
+        ps.spilled += p.spilled;
+        ps.dropped += p.dropped;
+        if (const auto * j = e.journal()) {
+            const auto s = j->stats();
+            journal = true;
+            js.records += s.records;
+            js.bytes_written += s.bytes_written;
+            js.skipped += s.skipped;
+            js.failed += s.failed;
         }
+        const obs::Labels l{{"engine", std::to_string(i)}};
+        metrics_.gauge("armada_engine_sequences_active", "Sequences being decoded, per engine", l)
+            .set(st.active.load());
+        metrics_.gauge("armada_engine_sequences_queued", "Requests waiting for a sequence, per engine", l)
+            .set(st.queued.load());
+        auto & c = metrics_.counter("armada_engine_requests_total", "Requests each engine accepted", l);
+        if (st.requests.load() > c.value()) c.inc(st.requests.load() - c.value());
+    }
+    metrics_.gauge("armada_engines", "Engine instances on this node").set(double(set->size()));
+    metrics_.gauge("armada_sequences_active", "Sequences being decoded").set(double(active));
+    metrics_.gauge("armada_sequences_queued", "Requests waiting for a sequence").set(double(queued));
+    metrics_.gauge("armada_kv_bytes_used", "KV cache bytes holding tokens").set(kv_used);
+    // Session memory: the engines keep running totals; counters catch up with them here.
+    auto sync = [this](const char * name, const char * help, uint64_t v, const obs::Labels & l = {}) {
+        auto & c = metrics_.counter(name, help, l);
+        if (v > c.value()) c.inc(v - c.value());
+    };
+    metrics_.gauge("armada_kv_budget_bytes", "KV memory budget of the node (context + parked in RAM)").set(budget);
+    metrics_.gauge("armada_kv_parked_bytes", "Parked KV bytes by tier", {{"tier", "ram"}}).set(double(ps.ram_bytes));
+    metrics_.gauge("armada_kv_parked_bytes", "", {{"tier", "disk"}}).set(double(ps.disk_bytes));
+    metrics_
+        .gauge("armada_kv_parked_entries", "Parked KV entries (sessions and shared prefixes) by tier",
+               {{"tier", "ram"}})
+        .set(double(ps.ram_entries));
+    metrics_.gauge("armada_kv_parked_entries", "", {{"tier", "disk"}}).set(double(ps.disk_entries));
+    metrics_.gauge("armada_kv_pressure", "1 while new sessions are refused at the KV high watermark")
+        .set(pressure ? 1 : 0);
+    sync("armada_kv_parks_total", "Sequences saved into the KV pool", parks);
+    sync("armada_kv_restores_total", "Sequences restored from the KV pool", r_ram, {{"from", "ram"}});
+    sync("armada_kv_restores_total", "", r_disk, {{"from", "disk"}});
+    sync("armada_kv_restores_total", "", r_journal, {{"from", "journal"}});
+    sync("armada_kv_restore_failures_total", "Restores refused or failed (the session re-prefilled)", r_fail);
+    sync("armada_kv_prefix_hits_total", "Sessions started from a shared prefix", prefix_hits);
+    sync("armada_kv_spills_total", "Parked KV entries written to disk", ps.spilled);
+    sync("armada_kv_dropped_total", "Parked KV entries dropped for lack of room", ps.dropped);
+    if (journal) {
+        sync("armada_kv_journal_records_total", "Steps appended to session KV journals", js.records);
+        sync("armada_kv_journal_bytes_total", "Bytes written to session KV journals", js.bytes_written);
+        sync("armada_kv_journal_skipped_total", "Steps not journaled because the writer was behind", js.skipped);
+        sync("armada_kv_journal_failures_total", "Journal writes that failed", js.failed);
+        metrics_.gauge("armada_kv_journal_save_seconds_total", "Engine-thread time spent saving state for journals")
+            .set(double(journal_ns) / 1e9);
     }
     return metrics_.render();
 }

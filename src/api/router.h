@@ -20,8 +20,8 @@ class Router {
     //! `limits` may be null: no rate limits.
     Router(ApiKeys keys, obs::Registry & metrics, RateLimiter * limits = nullptr);
 
-    //! Set once the model and engine are ready; until then every route but /health is 503.
-    void set_service(OpenAIService * svc, const engine::Engine * eng, SessionsApi * sessions = nullptr,
+    //! Set once the model and engines are ready; until then every route but /health is 503.
+    void set_service(OpenAIService * svc, const engine::EngineSet * engines, SessionsApi * sessions = nullptr,
                      ResponsesService * responses = nullptr);
     void dispatch(HttpRequest && req, std::shared_ptr<Responder> out);
 
@@ -36,7 +36,7 @@ class Router {
     obs::Registry & metrics_;
     RateLimiter * limits_;
     std::atomic<OpenAIService *> svc_{nullptr};
-    std::atomic<const engine::Engine *> engine_{nullptr};
+    std::atomic<const engine::EngineSet *> engines_{nullptr};
     std::atomic<SessionsApi *> sessions_{nullptr};
     std::atomic<ResponsesService *> responses_{nullptr};
 };

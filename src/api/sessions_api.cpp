@@ -40,6 +40,7 @@ json memory_json(const agent::SessionView & v) {
     json m = {{"kv_tokens", v.kv ? v.kv->tokens : 0},
               {"kv_bytes", v.kv ? v.kv->bytes : 0},
               {"kv_location", v.kv ? json(v.kv->where) : json(nullptr)},
+              {"kv_engine", v.kv ? json(v.kv->engine) : json(nullptr)},
               {"compactions", v.compactions},
               {"history", hist}};
     return m;

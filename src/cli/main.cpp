@@ -33,16 +33,21 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
     cmd->add_option("--prompt-chunk", o.engine.chunk, "prompt tokens one sequence may add to one decode step")
         ->envname("ARMADA_PROMPT_CHUNK")
         ->capture_default_str();
-    cmd->add_option("--numa", o.numa,
+    cmd->add_option("--numa", o.place.numa,
                     "auto: one engine per NUMA node when there are several, threads pinned to its cores; off: "
                     "one engine")
         ->envname("ARMADA_NUMA")
         ->capture_default_str();
-    cmd->add_option("--cpus", o.cpus, "use only these cpus, e.g. 0-15,32-47 (default: the process's cpuset)")
+    cmd->add_option("--cpus", o.place.cpus, "use only these cpus, e.g. 0-15,32-47 (default: the process's cpuset)")
         ->envname("ARMADA_CPUS");
-    cmd->add_option("--numa-nodes", o.numa_nodes, "use only these NUMA nodes, e.g. 0,1")->envname("ARMADA_NUMA_NODES");
-    cmd->add_flag("--smt", o.smt, "run compute threads on SMT siblings too (default: one per physical core)")
+    cmd->add_option("--numa-nodes", o.place.numa_nodes, "use only these NUMA nodes, e.g. 0,1")
+        ->envname("ARMADA_NUMA_NODES");
+    cmd->add_flag("--smt", o.place.smt, "run compute threads on SMT siblings too (default: one per physical core)")
         ->envname("ARMADA_SMT");
+    cmd->add_option("--engines", o.place.engines,
+                    "engine instances (default: one per NUMA node under --numa auto, else one); more than the "
+                    "nodes splits each node's cores between them")
+        ->envname("ARMADA_ENGINES");
     cmd->add_flag("--no-pin", o.no_pin, "leave compute threads unpinned, as llama-server does by default")
         ->envname("ARMADA_NO_PIN");
     cmd->add_option("--queue", o.engine.queue_max, "requests that may wait for a free sequence before 429")
@@ -172,8 +177,8 @@ int main(int argc, char ** argv) {
     m->add_option("--template", mk.template_, "Jinja chat template file (default: Qwen2.5-7B-Instruct)");
 
     struct {
-        std::string synthetic, xml, numa = "auto", cpus, nodes;
-        bool smt = false;
+        std::string synthetic, xml;
+        cli::PlacementFlags place;
     } topo;
     auto * tp =
         app.add_subcommand("topology", "print the NUMA nodes, cores and memory found, and where engines would run");
@@ -181,10 +186,11 @@ int main(int argc, char ** argv) {
                    "an hwloc synthetic topology instead of this machine, "
                    "e.g. 'pack:2 numa:2 core:32 pu:1'");
     tp->add_option("--xml", topo.xml, "an hwloc XML topology (lstopo --of xml) instead of this machine");
-    tp->add_option("--numa", topo.numa, "auto or off, as for serve")->capture_default_str();
-    tp->add_option("--cpus", topo.cpus, "only these cpus, as for serve");
-    tp->add_option("--numa-nodes", topo.nodes, "only these NUMA nodes, as for serve");
-    tp->add_flag("--smt", topo.smt, "use SMT siblings too, as for serve");
+    tp->add_option("--numa", topo.place.numa, "auto or off, as for serve")->capture_default_str();
+    tp->add_option("--cpus", topo.place.cpus, "only these cpus, as for serve");
+    tp->add_option("--numa-nodes", topo.place.numa_nodes, "only these NUMA nodes, as for serve");
+    tp->add_flag("--smt", topo.place.smt, "use SMT siblings too, as for serve");
+    tp->add_option("--engines", topo.place.engines, "engine instances, as for serve");
 
     auto * b = app.add_subcommand("bench", "benchmarks");
     b->require_subcommand(1);
@@ -283,8 +289,7 @@ int main(int argc, char ** argv) {
     }
 
     if (s->parsed()) return cli::serve(serve);
-    if (tp->parsed())
-        return cli::topology_command(topo.synthetic, topo.xml, topo.numa, topo.cpus, topo.nodes, topo.smt);
+    if (tp->parsed()) return cli::topology_command(topo.synthetic, topo.xml, topo.place);
     if (m->parsed()) {
         const std::string err = cli::write_model(mk);
         if (!err.empty()) {

@@ -4,6 +4,7 @@
 #include "api/openai_service.h"
 #include "api/router.h"
 #include "api/sessions_api.h"
+#include "engine/engine_set.h"
 #include "engine/memory_budget.h"
 #include "engine/model.h"
 #include "obs/metrics.h"
@@ -14,6 +15,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -30,11 +32,11 @@ void llama_log_quiet(ggml_log_level level, const char * text, void *) {
 }
 }  // namespace
 
-std::optional<engine::PlacementOptions> placement_options(const std::string & numa, const std::string & cpus,
-                                                          const std::string & numa_nodes, bool smt, std::string & err) {
+std::optional<engine::PlacementOptions> placement_options(const PlacementFlags & f, std::string & err) {
     engine::PlacementOptions po;
-    po.numa = numa;
-    po.smt = smt;
+    po.numa = f.numa;
+    po.smt = f.smt;
+    po.engines = f.engines;
     // Both flags take a Linux list ("0-3,8"); empty means no restriction.
     auto list = [&](const std::string & text, const char * flag, const char * example, std::vector<int> & out) {
         if (text.empty()) return true;
@@ -43,16 +45,15 @@ std::optional<engine::PlacementOptions> placement_options(const std::string & nu
         if (l) out = *l;
         return bool(l);
     };
-    if (!list(cpus, "--cpus", "a cpu list such as 0-15,32-47", po.cpus) ||
-        !list(numa_nodes, "--numa-nodes", "a list such as 0,1 or 0-3", po.numa_nodes))
+    if (!list(f.cpus, "--cpus", "a cpu list such as 0-15,32-47", po.cpus) ||
+        !list(f.numa_nodes, "--numa-nodes", "a list such as 0,1 or 0-3", po.numa_nodes))
         return std::nullopt;
     return po;
 }
 
-int topology_command(const std::string & synthetic, const std::string & xml, const std::string & numa,
-                     const std::string & cpus, const std::string & numa_nodes, bool smt) {
+int topology_command(const std::string & synthetic, const std::string & xml, const PlacementFlags & f) {
     std::string err;
-    auto po = placement_options(numa, cpus, numa_nodes, smt, err);
+    auto po = placement_options(f, err);
     std::optional<engine::Topology> topo;
     if (po) {
         topo = !synthetic.empty() ? engine::Topology::synthetic(synthetic, err)
@@ -157,32 +158,59 @@ int serve(const ServeOptions & opt) {
     }
 
     // Placement is checked before the model loads, so a bad --cpus fails fast.
+    std::vector<engine::EnginePlacement> placements;
     if (!opt.no_pin) {
         std::string perr;
-        auto po = placement_options(opt.numa, opt.cpus, opt.numa_nodes, opt.smt, perr);
+        auto po = placement_options(opt.place, perr);
         auto topo = po ? engine::Topology::detect(perr) : std::nullopt;
         auto plan = topo ? engine::plan_placement(*topo, *po, perr) : std::nullopt;
         if (!plan) {
             fprintf(stderr, "error: placement: %s\n", perr.c_str());
             return 2;
         }
-        if (plan->engines.size() > 1) {
-            // One engine per NUMA node is planned, but this node runs a single engine so far:
-            // it takes every planned core, as --numa off would.
-            spdlog::warn(
-                "placement: {} NUMA nodes; running one engine across them (per-node engines are not "
-                "implemented yet)",
-                plan->engines.size());
-            for (size_t i = 1; i < plan->engines.size(); ++i)
-                plan->engines[0].cpus.insert(plan->engines[0].cpus.end(), plan->engines[i].cpus.begin(),
-                                             plan->engines[i].cpus.end());
+        placements = plan->engines;
+    } else {
+        // Unpinned: the engines share the machine's threads (or -t) evenly, as the OS schedules them.
+        if (opt.place.engines < 0 || opt.place.engines > 1024) {
+            fprintf(stderr, "error: placement: --engines must be between 1 and 1024\n");
+            return 2;
         }
-        ecfg.cpus = plan->engines[0].cpus;
-        spdlog::info(
-            "placement: engine threads pinned to cpus {}",
-            engine::format_cpu_list(ecfg.n_threads > 0 && size_t(ecfg.n_threads) < ecfg.cpus.size()
-                                        ? std::vector<int>(ecfg.cpus.begin(), ecfg.cpus.begin() + ecfg.n_threads)
-                                        : ecfg.cpus));
+        placements.resize(size_t(std::max(1, opt.place.engines)));
+    }
+    const int n_engines = int(placements.size());
+    // -np and -c are the node's totals, split evenly so every engine has the same context per
+    // sequence.
+    if (ecfg.n_seq_max < n_engines) {
+        fprintf(stderr, "error: %d engines need at least %d parallel sequences (-np), one each\n", n_engines,
+                n_engines);
+        return 2;
+    }
+    std::vector<engine::EngineConfig> configs;
+    for (int i = 0; i < n_engines; ++i) {
+        engine::EngineConfig c = ecfg;
+        c.index = i;
+        c.n_seq_max = ecfg.n_seq_max / n_engines + (i < ecfg.n_seq_max % n_engines ? 1 : 0);
+        c.n_ctx = int32_t(int64_t(ecfg.n_ctx) * c.n_seq_max / ecfg.n_seq_max);
+        c.kv_disk_limit = ecfg.kv_disk_limit / uint64_t(n_engines);
+        if (c.kv_budget > 0) c.kv_budget = ecfg.kv_budget / uint64_t(n_engines);
+        if (n_engines > 1) c.kv_dir = ecfg.kv_dir + "/e" + std::to_string(i);
+        const auto & pl = placements[size_t(i)];
+        c.cpus = pl.cpus;
+        c.memory_node = pl.memory_node;
+        if (opt.no_pin && n_engines > 1) {
+            const int all =
+                ecfg.n_threads > 0 ? ecfg.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
+            c.n_threads = std::max(1, all / n_engines);
+        }
+        if (!c.cpus.empty()) {
+            const auto used = c.n_threads > 0 && size_t(c.n_threads) < c.cpus.size()
+                                  ? std::vector<int>(c.cpus.begin(), c.cpus.begin() + c.n_threads)
+                                  : c.cpus;
+            spdlog::info("placement: engine {} threads pinned to cpus {}, memory node {}", i,
+                         engine::format_cpu_list(used),
+                         c.memory_node >= 0 ? std::to_string(c.memory_node) : std::string("any"));
+        }
+        configs.push_back(std::move(c));
     }
     obs::Registry metrics;
     api::RateLimiter limiter({opt.rate_rpm, opt.rate_tpm});
@@ -218,13 +246,28 @@ int serve(const ServeOptions & opt) {
         http.stop();
         return 1;
     }
-    engine::Engine eng(model, ecfg, &metrics);
-    eng.set_usage_hook([&limiter](const std::string & account, int64_t tokens) { limiter.charge(account, tokens); });
-    if (auto e = eng.start(); !e.empty()) {
-        fprintf(stderr, "error: %s\n", e.c_str());
-        http.stop();
-        return 1;
+    if (n_engines > 1 && ecfg.kv_budget == 0) {
+        // Each engine would take the whole machine's budget for itself: share it out instead.
+        const uint64_t mem = engine::memory_limit();
+        const uint64_t used = model->size_bytes() + ecfg.kv_reserve;
+        for (auto & c : configs)
+            c.kv_budget = std::max<uint64_t>(mem > used ? (mem - used) / uint64_t(n_engines) : 0, 1);
     }
+    std::vector<std::unique_ptr<engine::Engine>> engines;
+    for (auto & c : configs) {
+        auto e = std::make_unique<engine::Engine>(model, c, &metrics);
+        e->set_usage_hook([&limiter](const std::string & account, int64_t tokens) { limiter.charge(account, tokens); });
+        if (auto msg = e->start(); !msg.empty()) {
+            fprintf(stderr, "error: %s%s\n", n_engines > 1 ? ("engine " + std::to_string(c.index) + ": ").c_str() : "",
+                    msg.c_str());
+            for (auto & started : engines)
+                started->stop();
+            http.stop();
+            return 1;
+        }
+        engines.push_back(std::move(e));
+    }
+    engine::EngineSet eng(std::move(engines));
     api::OpenAIService svc(model, eng, metrics, http.executor());
     engine::ChatFormat format(model);
     agent::EnginePort port(eng);
@@ -252,8 +295,8 @@ int serve(const ServeOptions & opt) {
                                   [&guard](agent::AgentSpec & a) { return tools::import_mcp_tools(a, guard); });
     api::ResponsesService responses(model, eng, *st, http.executor(), guard);
     router.set_service(&svc, &eng, &sessions_api, &responses);
-    printf("armada: ready, model %s, %d sequences x %d tokens\n", model->id().c_str(), opt.engine.n_seq_max,
-           eng.n_ctx_seq());
+    printf("armada: ready, model %s, %d sequences x %d tokens%s\n", model->id().c_str(), opt.engine.n_seq_max,
+           eng.n_ctx_seq(), n_engines > 1 ? (" on " + std::to_string(n_engines) + " engines").c_str() : "");
     fflush(stdout);
 
     int s = 0;

@@ -12,6 +12,15 @@
 namespace armada::cli {
 
 //! Everything `armada serve` takes from flags and ARMADA_* variables.
+//! Placement flags (engine/topology.h) as given, resolved against the machine at start.
+struct PlacementFlags {
+    std::string numa = "auto";
+    std::string cpus;        // Linux cpu list; empty: all the process may use
+    std::string numa_nodes;  // list of node numbers; empty: all
+    bool smt = false;
+    int engines = 0;  // 0: one per NUMA node (auto) or one
+};
+
 struct ServeOptions {
     std::string model;
     engine::EngineConfig engine;
@@ -26,24 +35,18 @@ struct ServeOptions {
     std::string kv_disk = "64G";
     bool no_park = false;
     bool no_kv_journal = false;
-    // Placement (engine/topology.h): flags as given, resolved against the machine at start.
-    std::string numa = "auto";
-    std::string cpus;        // Linux cpu list; empty: all the process may use
-    std::string numa_nodes;  // list of node numbers; empty: all
-    bool smt = false;
+    PlacementFlags place;
     bool no_pin = false;
     double rate_rpm = 0;  // per API key; 0: unlimited
     double rate_tpm = 0;
 };
 
 //! Placement options from the flags' text. Returns nullopt and sets `err` on a malformed list.
-std::optional<engine::PlacementOptions> placement_options(const std::string & numa, const std::string & cpus,
-                                                          const std::string & numa_nodes, bool smt, std::string & err);
+std::optional<engine::PlacementOptions> placement_options(const PlacementFlags & f, std::string & err);
 
 //! `armada topology`: prints the topology (this machine, or an hwloc synthetic description or
 //! XML file) and the placement plan. Returns the process exit code.
-int topology_command(const std::string & synthetic, const std::string & xml, const std::string & numa,
-                     const std::string & cpus, const std::string & numa_nodes, bool smt);
+int topology_command(const std::string & synthetic, const std::string & xml, const PlacementFlags & f);
 
 //! Runs the node until SIGINT/SIGTERM. Returns the process exit code.
 int serve(const ServeOptions & opt);

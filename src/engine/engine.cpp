@@ -78,6 +78,22 @@ std::string Engine::start() {
     if (cfg_.n_seq_max < 1 || cfg_.n_seq_max > 256) return "parallel sequences (-np) must be 1..256";
     if (cfg_.n_ctx < 16 * cfg_.n_seq_max) return "context (-c) is too small for the number of sequences";
     if (cfg_.chunk < 1) return "prompt chunk must be at least 1";
+    // The context's buffers are first touched on this thread (the clear after the warm-up), and
+    // the compute threads started below inherit the policy: all of it lands on the engine's node.
+    struct MemoryNode {
+        bool on = false;
+        ~MemoryNode() {
+            if (on) prefer_memory_node(-1);
+        }
+    } memory_node;
+    if (cfg_.memory_node >= 0) {
+        // Containers often forbid memory policies (Docker's seccomp profile without
+        // CAP_SYS_NICE): the engine then runs with local first-touch allocation.
+        if (auto e = prefer_memory_node(cfg_.memory_node); !e.empty())
+            spdlog::warn("engine {}: {}; memory follows first touch", cfg_.index, e);
+        else
+            memory_node.on = true;
+    }
     auto cp = llama_context_default_params();
     int32_t threads = cfg_.n_threads > 0 ? cfg_.n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
     if (!cfg_.cpus.empty()) {
@@ -206,6 +222,7 @@ SubmitStatus Engine::submit(std::unique_ptr<GenRequest> req) {
         const int32_t free_seqs = cfg_.n_seq_max - stats_.active.load();
         if (stats_.queued.load() >= cfg_.queue_max + std::max(free_seqs, 0)) return SubmitStatus::QueueFull;
         stats_.queued++;
+        stats_.requests++;
         incoming_.push_back(std::move(req));
     }
     cv_.notify_one();
@@ -221,10 +238,12 @@ bool Engine::has_active() const {
 }
 
 void Engine::loop() {
-    pthread_setname_np(pthread_self(), "armada-engine");
+    const std::string name = cfg_.index > 0 ? "armada-engine" + std::to_string(cfg_.index) : "armada-engine";
+    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
     if (!cfg_.cpus.empty()) {
         if (auto e = pin_current_thread(cfg_.cpus); !e.empty()) spdlog::warn("engine: {}", e);
     }
+    if (cfg_.memory_node >= 0) prefer_memory_node(cfg_.memory_node);  // start() warned if it fails
     std::deque<std::unique_ptr<GenRequest>> waiting;
     for (;;) {
         std::deque<std::function<void()>> ops;

@@ -35,6 +35,12 @@ struct EngineConfig {
     //! CPUs the compute threads are pinned to, one thread each (see topology.h). Empty: not
     //! pinned. With `n_threads` > 0 as well, the first `n_threads` of them are used.
     std::vector<int> cpus;
+    //! NUMA node this engine's memory (KV, compute buffers, parked KV in RAM) is allocated on
+    //! first; -1: wherever the allocating thread runs.
+    int memory_node = -1;
+    //! Position among the node's engines; names the loop thread (`armada-engine`, then
+    //! `armada-engine1`, ...).
+    int index = 0;
     bool kv_unified = false;
     bool warmup = true;
 
@@ -62,6 +68,7 @@ struct KvUsage {
     std::string where;  // slot, ram, disk
     int64_t tokens = 0;
     uint64_t bytes = 0;
+    int engine = 0;  // which of the node's engines holds it (EngineSet)
 };
 
 //! Result of `Engine::submit`.
@@ -71,6 +78,7 @@ enum class SubmitStatus { Accepted, QueueFull, Stopped };
 struct EngineStats {
     std::atomic<int32_t> active{0};
     std::atomic<int32_t> queued{0};
+    std::atomic<uint64_t> requests{0};  // accepted by submit
     std::atomic<int64_t> kv_cells_used{0};
     std::atomic<uint64_t> parks{0}, restores_ram{0}, restores_disk{0}, restore_failures{0}, prefix_hits{0},
         prefix_saves{0}, restores_journal{0}, journal_saves{0};

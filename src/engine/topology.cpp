@@ -1,12 +1,17 @@
 #include "engine/topology.h"
 
 #include <hwloc.h>
+#include <linux/mempolicy.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -234,6 +239,40 @@ std::optional<PlacementPlan> plan_placement(const Topology & topo, const Placeme
         if (t.nodes.size() > 1) plan.notes.push_back("--numa off: one engine across every node");
         plan.engines.push_back(std::move(e));
     }
+    if (opt.engines < 0 || opt.engines > 1024) {
+        err = "--engines must be between 1 and 1024";
+        return std::nullopt;
+    }
+    if (opt.engines > 0 && size_t(opt.engines) != plan.engines.size()) {
+        const size_t per = plan.engines.size();
+        if (size_t(opt.engines) < per || size_t(opt.engines) % per != 0) {
+            err = "--engines " + std::to_string(opt.engines) + " does not divide over " + std::to_string(per) +
+                  (per == 1 ? " planned engine" : " NUMA nodes") + "; use a multiple of " + std::to_string(per) +
+                  (per > 1 ? " or --numa off" : "");
+            return std::nullopt;
+        }
+        const size_t split = size_t(opt.engines) / per;
+        std::vector<EnginePlacement> out;
+        for (const auto & e : plan.engines) {
+            if (e.cpus.size() < split) {
+                err = "--engines " + std::to_string(opt.engines) + ": " + std::to_string(e.cpus.size()) +
+                      " cpus cannot give each engine a thread";
+                return std::nullopt;
+            }
+            // Contiguous groups, the first ones one cpu larger when the split is uneven.
+            size_t at = 0;
+            for (size_t k = 0; k < split; ++k) {
+                const size_t n = e.cpus.size() / split + (k < e.cpus.size() % split ? 1 : 0);
+                EnginePlacement part = e;
+                part.cpus.assign(e.cpus.begin() + long(at), e.cpus.begin() + long(at + n));
+                at += n;
+                out.push_back(std::move(part));
+            }
+        }
+        plan.engines = std::move(out);
+        plan.notes.push_back("--engines " + std::to_string(opt.engines) + ": " + std::to_string(split) +
+                             (per == 1 ? " engines" : " engines per node") + ", cores split between them");
+    }
     const bool has_smt = std::any_of(t.nodes.begin(), t.nodes.end(), [](const NumaNode & n) {
         return std::any_of(n.cores.begin(), n.cores.end(), [](const Core & c) { return c.pus.size() > 1; });
     });
@@ -347,6 +386,31 @@ std::string pin_current_thread(const std::vector<int> & cpus) {
     if (int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set); rc != 0)
         return "cannot pin the thread to cpus " + format_cpu_list(cpus) + ": error " + std::to_string(rc);
     return {};
+}
+
+std::string prefer_memory_node(int node) {
+    long rc = 0;
+    if (node < 0) {
+        rc = syscall(SYS_set_mempolicy, MPOL_DEFAULT, nullptr, 0UL);
+    } else {
+        constexpr size_t kBits = 8 * sizeof(unsigned long);
+        if (size_t(node) >= 16 * kBits) return "memory node " + std::to_string(node) + " is out of range";
+        unsigned long mask[16] = {};
+        mask[size_t(node) / kBits] = 1UL << (size_t(node) % kBits);
+        rc = syscall(SYS_set_mempolicy, MPOL_PREFERRED, mask, 16 * kBits);
+    }
+    if (rc != 0) return "cannot prefer memory node " + std::to_string(node) + ": " + std::strerror(errno);
+    return {};
+}
+
+int preferred_memory_node() {
+    constexpr size_t kBits = 8 * sizeof(unsigned long);
+    int mode = 0;
+    unsigned long mask[16] = {};
+    if (syscall(SYS_get_mempolicy, &mode, mask, 16 * kBits, nullptr, 0UL) != 0 || mode != MPOL_PREFERRED) return -1;
+    for (size_t i = 0; i < 16 * kBits; ++i)
+        if (mask[i / kBits] & (1UL << (i % kBits))) return int(i);
+    return -1;
 }
 
 }  // namespace armada::engine

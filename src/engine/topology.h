@@ -50,6 +50,9 @@ struct PlacementOptions {
     std::vector<int> cpus;        // --cpus: only these OS cpus
     std::vector<int> numa_nodes;  // --numa-nodes: only these nodes
     bool smt = false;             // use SMT siblings as compute threads too
+    //! --engines: how many engines in all; 0 = one per planned NUMA node (or one). More than
+    //! the nodes splits each node's cores evenly; it must be a multiple of the node count.
+    int engines = 0;
 };
 
 //! Where one engine runs: its compute threads, one per listed cpu, and its memory node.
@@ -78,5 +81,13 @@ std::string format_cpu_list(const std::vector<int> & cpus);
 
 //! Pins the calling thread to `cpus`. Returns an error message, empty on success.
 std::string pin_current_thread(const std::vector<int> & cpus);
+
+//! Makes the calling thread allocate new pages on NUMA node `node` first (MPOL_PREFERRED:
+//! another node is used only when this one is full, rather than failing). Threads it starts
+//! inherit the preference. `node` < 0 goes back to the default, local allocation. Returns an
+//! error message, empty on success.
+std::string prefer_memory_node(int node);
+//! The calling thread's preferred node, or -1 under any other policy.
+int preferred_memory_node();
 
 }  // namespace armada::engine

@@ -225,3 +225,64 @@ TEST(Topology, ThisMachineAndARealPin) {
     }).join();
     EXPECT_EQ(allowed, std::to_string(cpu));
 }
+
+TEST(Topology, EnginesOptionSplitsEachNodesCores) {
+    const Topology t = synth(kKunpeng);
+    PlacementOptions o;
+    o.engines = 8;
+    const PlacementPlan p = plan(t, o);
+    ASSERT_EQ(p.engines.size(), 8u);
+    std::set<int> seen;
+    for (size_t i = 0; i < p.engines.size(); ++i) {
+        const auto & e = p.engines[i];
+        EXPECT_EQ(e.cpus.size(), 16u);
+        EXPECT_EQ(e.memory_node, t.nodes[i / 2].os_index) << i;
+        EXPECT_TRUE(all_on_node(t, e.cpus, e.memory_node)) << i;
+        seen.insert(e.cpus.begin(), e.cpus.end());
+    }
+    EXPECT_EQ(seen.size(), 128u) << "every core used once";
+
+    // One node split unevenly: 5 cores over 2 engines gives 3 + 2, same memory node.
+    const Topology one = synth("numa:1 core:5 pu:1");
+    o.engines = 2;
+    const PlacementPlan q = plan(one, o);
+    ASSERT_EQ(q.engines.size(), 2u);
+    EXPECT_EQ(q.engines[0].cpus.size(), 3u);
+    EXPECT_EQ(q.engines[1].cpus.size(), 2u);
+    EXPECT_EQ(q.engines[0].memory_node, q.engines[1].memory_node);
+    o.engines = 1;
+    EXPECT_EQ(plan(one, o).engines.size(), 1u);
+
+    o.engines = 6;
+    EXPECT_EQ(plan_error(t, o), "--engines 6 does not divide over 4 NUMA nodes; use a multiple of 4 or --numa off");
+    o.engines = 6;
+    EXPECT_EQ(plan_error(one, o), "--engines 6: 5 cpus cannot give each engine a thread");
+    o.engines = -1;
+    EXPECT_EQ(plan_error(one, o), "--engines must be between 1 and 1024");
+    o.numa = "off";
+    o.engines = 6;
+    EXPECT_EQ(plan(t, o).engines.size(), 6u) << "--numa off: one engine over all nodes, split in six";
+}
+
+TEST(Topology, PreferMemoryNodeSetsTheThreadsPolicy) {
+    // A fresh thread, so the test runner's own policy is left alone.
+    std::string err_set, err_reset;
+    int seen = -2, after = -2;
+    std::thread([&] {
+        err_set = prefer_memory_node(0);
+        seen = preferred_memory_node();
+        // Threads started now inherit it.
+        int child = -2;
+        std::thread([&] { child = preferred_memory_node(); }).join();
+        EXPECT_EQ(child, err_set.empty() ? 0 : -1);
+        err_reset = prefer_memory_node(-1);
+        after = preferred_memory_node();
+    }).join();
+    if (err_set.find("Operation not permitted") != std::string::npos)
+        GTEST_SKIP() << "memory policies are not permitted here: " << err_set;
+    EXPECT_EQ(err_set, "");
+    EXPECT_EQ(seen, 0);
+    EXPECT_EQ(err_reset, "");
+    EXPECT_EQ(after, -1);
+    EXPECT_EQ(prefer_memory_node(1 << 20), "memory node 1048576 is out of range");
+}

@@ -1,0 +1,84 @@
+#include "engine/engine_set.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <tuple>
+
+namespace armada::engine {
+
+EngineSet::EngineSet(std::vector<std::unique_ptr<Engine>> engines) : owned_(std::move(engines)) {
+    if (owned_.empty()) throw std::invalid_argument("an engine set needs at least one engine");
+    for (auto & e : owned_)
+        engines_.push_back(e.get());
+}
+
+EngineSet::EngineSet(Engine & one) : engines_{&one} {}
+
+size_t EngineSet::route(const std::string & session) const {
+    if (engines_.size() == 1) return 0;
+    if (!session.empty()) {
+        for (size_t i = 0; i < engines_.size(); ++i)
+            if (engines_[i]->kv_usage(session)) return i;
+    }
+    // Not pressured first, then free sequences (negative when requests queue), then free KV.
+    auto score = [](const Engine & e) {
+        const auto & st = e.stats();
+        const int64_t free_seqs = int64_t(e.config().n_seq_max) - st.active.load(std::memory_order_relaxed) -
+                                  st.queued.load(std::memory_order_relaxed);
+        const uint64_t used =
+            uint64_t(std::max<int64_t>(st.kv_cells_used.load(std::memory_order_relaxed), 0)) * e.kv_bytes_per_cell() +
+            e.pool().stats().ram_bytes;
+        const uint64_t budget = e.kv_budget();
+        return std::make_tuple(!e.kv_pressure(), free_seqs, budget > used ? budget - used : 0);
+    };
+    size_t best = 0;
+    auto best_score = score(*engines_[0]);
+    for (size_t i = 1; i < engines_.size(); ++i) {
+        auto s = score(*engines_[i]);
+        if (s > best_score) {
+            best = i;
+            best_score = s;
+        }
+    }
+    return best;
+}
+
+SubmitStatus EngineSet::submit(std::unique_ptr<GenRequest> req) {
+    const size_t i = route(req->session);
+    return engines_[i]->submit(std::move(req));
+}
+
+bool EngineSet::has_room(int32_t n) const {
+    return std::any_of(engines_.begin(), engines_.end(), [n](const Engine * e) { return e->has_room(n); });
+}
+
+void EngineSet::wake() {
+    for (auto * e : engines_)
+        e->wake();
+}
+
+void EngineSet::release(const std::string & session, bool drop) {
+    for (auto * e : engines_)
+        e->release(session, drop);
+}
+
+std::optional<KvUsage> EngineSet::kv_usage(const std::string & session) const {
+    for (size_t i = 0; i < engines_.size(); ++i) {
+        if (auto u = engines_[i]->kv_usage(session)) {
+            u->engine = int(i);
+            return u;
+        }
+    }
+    return std::nullopt;
+}
+
+bool EngineSet::kv_pressure() const {
+    return std::all_of(engines_.begin(), engines_.end(), [](const Engine * e) { return e->kv_pressure(); });
+}
+
+void EngineSet::stop() {
+    for (auto * e : engines_)
+        e->stop();
+}
+
+}  // namespace armada::engine

@@ -1,0 +1,53 @@
+#pragma once
+
+#include "engine/engine.h"
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace armada::engine {
+
+//! The engines of one node (one per NUMA node under `--numa auto`, or `--engines N`), seen as
+//! one: the API services and the agent loop submit here and never pick an engine themselves.
+//!
+//! Routing: a request of a session goes to the engine that holds the session's KV (in a slot,
+//! parked in RAM or on disk, or in its journal), so a session stays on its engine for as long as
+//! its KV lives, including across a restart. Anything else goes to the engine with the most free
+//! sequences, then the most free KV; engines past their KV high watermark come last.
+//!
+//! Every engine has the same model and settings, so n_ctx_seq and the KV size per token are
+//! the same across the set. Thread-safe: the engines are fixed after construction.
+class EngineSet {
+  public:
+    explicit EngineSet(std::vector<std::unique_ptr<Engine>> engines);
+    //! A set of one engine owned elsewhere (tests, tools).
+    explicit EngineSet(Engine & one);
+
+    size_t size() const { return engines_.size(); }
+    Engine & at(size_t i) const { return *engines_[i]; }
+
+    //! Same contract as Engine::submit, on the engine `route` picks.
+    SubmitStatus submit(std::unique_ptr<GenRequest> req);
+    //! Index of the engine a request of `session` would go to now.
+    size_t route(const std::string & session) const;
+    //! Whether some engine would take `n` more requests now (approximate, lock-free).
+    bool has_room(int32_t n = 1) const;
+    void wake();
+    void release(const std::string & session, bool drop);
+    //! Where the session's KV is, and on which engine.
+    std::optional<KvUsage> kv_usage(const std::string & session) const;
+    //! True when every engine is past its KV high watermark: new sessions wait.
+    bool kv_pressure() const;
+    int32_t n_ctx_seq() const { return engines_.front()->n_ctx_seq(); }
+    uint64_t kv_bytes_per_cell() const { return engines_.front()->kv_bytes_per_cell(); }
+    void stop();
+
+  private:
+    std::vector<std::unique_ptr<Engine>> owned_;
+    std::vector<Engine *> engines_;
+};
+
+}  // namespace armada::engine
