@@ -48,6 +48,11 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
                     "engine instances (default: one per NUMA node under --numa auto, else one); more than the "
                     "nodes splits each node's cores between them")
         ->envname("ARMADA_ENGINES");
+    cmd->add_option("--numa-weights", o.numa_weights,
+                    "shared: one memory-mapped copy of the weights for every engine; copy: each memory node "
+                    "reads its own copy into local memory (more RAM, no remote reads)")
+        ->envname("ARMADA_NUMA_WEIGHTS")
+        ->capture_default_str();
     cmd->add_flag("--no-pin", o.no_pin, "leave compute threads unpinned, as llama-server does by default")
         ->envname("ARMADA_NO_PIN");
     cmd->add_option("--queue", o.engine.queue_max, "requests that may wait for a free sequence before 429")

@@ -14,6 +14,7 @@
 #include "tools/mcp_client.h"
 
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -158,6 +159,10 @@ int serve(const ServeOptions & opt) {
     }
 
     // Placement is checked before the model loads, so a bad --cpus fails fast.
+    if (opt.numa_weights != "shared" && opt.numa_weights != "copy") {
+        fprintf(stderr, "error: --numa-weights must be shared or copy, not '%s'\n", opt.numa_weights.c_str());
+        return 2;
+    }
     std::vector<engine::EnginePlacement> placements;
     if (!opt.no_pin) {
         std::string perr;
@@ -230,32 +235,58 @@ int serve(const ServeOptions & opt) {
 
     std::string err;
     int last_pct = -1;
-    auto model = engine::Model::load(
-        opt.model,
-        [&](float p) {
-            const int pct = int(p * 100);
-            if (pct / 10 != last_pct / 10) {
-                fprintf(stderr, "\rloading %s: %3d%%", opt.model.c_str(), pct);
-                if (pct >= 100) fputc('\n', stderr);
-                last_pct = pct;
-            }
-        },
-        err);
+    auto progress = [&](float p) {
+        const int pct = int(p * 100);
+        if (pct / 10 != last_pct / 10) {
+            fprintf(stderr, "\rloading %s: %3d%%", opt.model.c_str(), pct);
+            if (pct >= 100) fputc('\n', stderr);
+            last_pct = pct;
+        }
+    };
+    // --numa-weights copy: the weights are read into private memory once per memory node, each
+    // copy while the loading thread prefers that node; engines use their node's copy. The first
+    // engine's copy also serves tokenising and templates.
+    const bool copies = opt.numa_weights == "copy";
+    engine::ModelLoadOptions load_opt;
+    load_opt.mmap = !copies;
+    load_opt.memory_node = copies ? configs[0].memory_node : -1;
+    auto model = engine::Model::load(opt.model, progress, err, load_opt);
     if (!model) {
         fprintf(stderr, "\nerror: %s\n", err.c_str());
         http.stop();
         return 1;
     }
+    std::map<int, std::shared_ptr<engine::Model>> weights{{load_opt.memory_node, model}};
+    for (const auto & c : configs) {
+        if (!copies || weights.count(c.memory_node)) continue;
+        load_opt.memory_node = c.memory_node;
+        last_pct = -1;
+        auto m = engine::Model::load(opt.model, progress, err, load_opt);
+        if (!m) {
+            fprintf(stderr, "\nerror: %s\n", err.c_str());
+            http.stop();
+            return 1;
+        }
+        weights[c.memory_node] = std::move(m);
+    }
+    if (copies) {
+        std::string nodes;
+        for (const auto & [node, m] : weights)
+            nodes += (nodes.empty() ? "" : ",") + (node >= 0 ? std::to_string(node) : std::string("any"));
+        spdlog::info("weights: {} private {} (node {}), {} each", weights.size(),
+                     weights.size() == 1 ? "copy" : "copies", nodes, engine::format_size(model->size_bytes()));
+    }
     if (n_engines > 1 && ecfg.kv_budget == 0) {
         // Each engine would take the whole machine's budget for itself: share it out instead.
         const uint64_t mem = engine::memory_limit();
-        const uint64_t used = model->size_bytes() + ecfg.kv_reserve;
+        const uint64_t used = model->size_bytes() * weights.size() + ecfg.kv_reserve;
         for (auto & c : configs)
             c.kv_budget = std::max<uint64_t>(mem > used ? (mem - used) / uint64_t(n_engines) : 0, 1);
     }
     std::vector<std::unique_ptr<engine::Engine>> engines;
     for (auto & c : configs) {
-        auto e = std::make_unique<engine::Engine>(model, c, &metrics);
+        auto w = weights.count(c.memory_node) ? weights.at(c.memory_node) : model;
+        auto e = std::make_unique<engine::Engine>(w, c, &metrics);
         e->set_usage_hook([&limiter](const std::string & account, int64_t tokens) { limiter.charge(account, tokens); });
         if (auto msg = e->start(); !msg.empty()) {
             fprintf(stderr, "error: %s%s\n", n_engines > 1 ? ("engine " + std::to_string(c.index) + ": ").c_str() : "",

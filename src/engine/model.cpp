@@ -1,6 +1,9 @@
 #include "engine/model.h"
 
 #include "engine/gguf_check.h"
+#include "engine/topology.h"
+
+#include <spdlog/spdlog.h>
 
 #include <filesystem>
 #include <mutex>
@@ -17,7 +20,7 @@ bool progress_trampoline(float p, void * user) {
 }  // namespace
 
 std::shared_ptr<Model> Model::load(const std::string & path, const std::function<void(float)> & progress,
-                                   std::string & error) {
+                                   std::string & error, const ModelLoadOptions & opt) {
     std::call_once(g_backend_once, [] { llama_backend_init(); });
     std::error_code ec;
     if (!std::filesystem::is_regular_file(path, ec)) {
@@ -33,8 +36,13 @@ std::shared_ptr<Model> Model::load(const std::string & path, const std::function
         mp.progress_callback = progress_trampoline;
         mp.progress_callback_user_data = const_cast<std::function<void(float)> *>(&progress);
     }
+    if (!opt.mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;  // read into private buffers
     std::shared_ptr<Model> m(new Model());
+    if (opt.memory_node >= 0) {
+        if (auto e = prefer_memory_node(opt.memory_node); !e.empty()) spdlog::warn("model: {}", e);
+    }
     m->model_ = llama_model_load_from_file(path.c_str(), mp);
+    if (opt.memory_node >= 0) prefer_memory_node(-1);
     if (!m->model_) {
         error = "llama.cpp could not load " + path + " (not a valid GGUF model?)";
         return nullptr;

@@ -19,6 +19,14 @@ inline size_t common_prefix(const Tokens & a, const Tokens & b) {
     return n;
 }
 
+//! How a model is loaded.
+struct ModelLoadOptions {
+    //! Map the file (weights in the page cache, shared by every user of the file). Off: read
+    //! into private memory, first touched by the loading thread, so it follows `memory_node`.
+    bool mmap = true;
+    int memory_node = -1;  // NUMA node preferred while loading; -1: none
+};
+
 //! A loaded GGUF model, shared read-only by every engine instance and API thread.
 //! Tokenising and detokenising are thread-safe in llama.cpp; nothing here mutates the model.
 class Model {
@@ -26,7 +34,7 @@ class Model {
     //! Loads `path`; `progress` gets 0..1 and runs on the loading thread. Returns nullptr and
     //! fills `error` when the file is missing or llama.cpp rejects it.
     static std::shared_ptr<Model> load(const std::string & path, const std::function<void(float)> & progress,
-                                       std::string & error);
+                                       std::string & error, const ModelLoadOptions & opt = {});
     ~Model();
 
     llama_model * get() const { return model_; }

@@ -159,3 +159,23 @@ test('--engines that cannot be placed is refused before the model loads', async 
   assert.equal(b.status, 2);
   assert.match(b.stderr, /--engines 6 does not divide over 4 NUMA nodes; use a multiple of 4 or --numa off/);
 });
+
+test('--numa-weights copy reads the weights into private memory instead of mapping the file', async () => {
+  const { tinyModel } = await import('./harness.mjs');
+  const mapped = (pid) => fs.readFileSync(`/proc/${pid}/maps`, 'utf8').includes(tinyModel);
+  for (const [mode, expectMapped] of [['shared', true], ['copy', false]]) {
+    const srv = await startServer(['--engines', '2', '--numa-weights', mode, '--no-pin']);
+    try {
+      const r = await rawPost(srv.base, '/v1/chat/completions', {
+        messages: [{ role: 'user', content: 'hi' }], max_tokens: 4,
+      });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(mapped(srv.proc.pid), expectMapped, `${mode}: model file mapped`);
+      if (mode === 'copy') assert.match(srv.stderr() + srv.stdout(), /weights: 1 private copy \(node any\)/);
+    } finally {
+      assert.equal(await srv.stop(), 0);
+    }
+  }
+  const bad = await startServer(['--numa-weights', 'twice']).then(() => null, (e) => e);
+  assert.match(String(bad), /--numa-weights must be shared or copy, not 'twice'/);
+});
