@@ -18,24 +18,13 @@ SESSIONS_PER="${SESSIONS_PER:-2}"  # sessions per run = concurrency × this
 STEPS="${STEPS:-3}"
 CTX_PER="${CTX_PER:-2048}"         # context per session on both sides
 ENGINE_CEILING="${ENGINE_CEILING:-1}"
+ARMADA_FLAGS="${ARMADA_FLAGS:-}"   # extra `armada serve` flags, e.g. --no-pin
 OUT="${OUT:-bench/results/$(date -u +%Y%m%d-%H%M)}"
 mkdir -p "$OUT"
 WORKLOAD=(--steps "$STEPS" --instruction-tokens 700 --tools 4 --tool-latency constant:1 --tool-output-tokens 64
   --step-tokens 64 --answer-tokens 32 --seed 42 --no-progress --timeout 1800)
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-wait_ready() {  # url pid
-  for _ in $(seq 1 600); do
-    if curl -fs "$1/health" >/dev/null 2>&1; then return 0; fi
-    kill -0 "$2" 2>/dev/null || { echo "server exited" >&2; return 1; }
-    sleep 0.2
-  done
-  echo "server never became ready" >&2
-  return 1
-}
-
-stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+. bench/lib.sh
 
 echo "model $MODEL, threads $THREADS, concurrency $CONCURRENCY, results in $OUT" | tee "$OUT/flags.txt"
 for c in $CONCURRENCY; do
@@ -59,7 +48,7 @@ for c in $CONCURRENCY; do
   port=$(free_port)
   data=$(mktemp -d)
   flags=(serve -m "$MODEL" -t "$THREADS" -np "$np" -c $(( np * CTX_PER )) --host 127.0.0.1 --port "$port"
-    --data-dir "$data" --tool-allow 127.0.0.1 -b 2048 -ub 512 --queue 4096)
+    --data-dir "$data" --tool-allow 127.0.0.1 -b 2048 -ub 512 --queue 4096 $ARMADA_FLAGS)
   echo "armada ${flags[*]}" | tee -a "$OUT/flags.txt"
   "$ARMADA" "${flags[@]}" >"$OUT/armada-c$c.log" 2>&1 &
   pid=$!

@@ -183,8 +183,8 @@ int serve(const ServeOptions & opt) {
         placements.resize(size_t(std::max(1, opt.place.engines)));
     }
     const int n_engines = int(placements.size());
-    // -np and -c are the node's totals, split evenly so every engine has the same context per
-    // sequence.
+    // -np, -c, --queue, --kv-budget and --kv-disk are the node's totals, split evenly; every
+    // engine has the same context per sequence.
     if (ecfg.n_seq_max < n_engines) {
         fprintf(stderr, "error: %d engines need at least %d parallel sequences (-np), one each\n", n_engines,
                 n_engines);
@@ -196,6 +196,7 @@ int serve(const ServeOptions & opt) {
         c.index = i;
         c.n_seq_max = ecfg.n_seq_max / n_engines + (i < ecfg.n_seq_max % n_engines ? 1 : 0);
         c.n_ctx = int32_t(int64_t(ecfg.n_ctx) * c.n_seq_max / ecfg.n_seq_max);
+        c.queue_max = ecfg.queue_max / n_engines + (i < ecfg.queue_max % n_engines ? 1 : 0);
         c.kv_disk_limit = ecfg.kv_disk_limit / uint64_t(n_engines);
         if (c.kv_budget > 0) c.kv_budget = ecfg.kv_budget / uint64_t(n_engines);
         if (n_engines > 1) c.kv_dir = ecfg.kv_dir + "/e" + std::to_string(i);
