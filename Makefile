@@ -41,7 +41,8 @@ test-asan:
 
 # llama.cpp is not instrumented; tests/sanitizers/tsan.supp says what is suppressed and why.
 test-tsan:
-	ARMADA_TIMING=0 TSAN_OPTIONS="suppressions=$(CURDIR)/tests/sanitizers/tsan.supp $(TSAN_OPTIONS)" \
+	ARMADA_TIMING=0 \
+	  TSAN_OPTIONS="suppressions=$(CURDIR)/tests/sanitizers/tsan.supp ignore_noninstrumented_modules=1 $(TSAN_OPTIONS)" \
 	  $(MAKE) test BUILD=build-tsan \
 	  CMAKE_ARGS="-DARMADA_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug" CTEST_ARGS="$(SAN_CTEST_ARGS)"
 

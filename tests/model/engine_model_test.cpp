@@ -82,13 +82,7 @@ Tokens prompt_for(int i, int len) {
 
 }  // namespace
 
-// A full batch of 64 sequences. Sanitizer builds run 16: sampling over the 151k vocabulary with
-// every EOG token biased is slow enough under TSan that 64 sequences take more than 5 minutes.
-#ifdef ARMADA_SANITIZER_BUILD
-constexpr int kBatchedSeqs = 16;
-#else
 constexpr int kBatchedSeqs = 64;
-#endif
 
 TEST(EngineModel, GreedyAloneEqualsBatchedWithManyOthers) {
     auto m = tiny_model();
