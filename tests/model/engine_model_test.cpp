@@ -1,5 +1,6 @@
 // Engine tests on the real tiny model (label: model).
 #include "engine/engine.h"
+#include "engine/engine_set.h"
 
 #include <gtest/gtest.h>
 
@@ -7,6 +8,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 using namespace armada::engine;
 
@@ -242,4 +244,57 @@ TEST(EngineModel, StopStringEndsGeneration) {
     c.wait();
     EXPECT_EQ(c.final.finish, FinishReason::Stop);
     EXPECT_EQ(c.text, ref.text.substr(0, ref.text.find(stop)));
+}
+
+TEST(EngineSetModel, SessionsStayOnTheEngineHoldingTheirKvOthersGoWhereThereIsRoom) {
+    auto m = tiny_model();
+    ASSERT_TRUE(m);
+    std::vector<std::unique_ptr<Engine>> engines;
+    for (int i = 0; i < 2; ++i) {
+        EngineConfig cfg;
+        cfg.n_seq_max = 2;
+        cfg.n_ctx = 2 * 256;
+        cfg.n_threads = 1;
+        cfg.index = i;
+        cfg.kv_budget = 64ull << 20;
+        engines.push_back(std::make_unique<Engine>(m, cfg, nullptr));
+        ASSERT_EQ(engines.back()->start(), "");
+    }
+    EngineSet set(std::move(engines));
+    auto run = [&](const std::string & session, int first_token) {
+        Collector c;
+        auto r = greedy(*m, prompt_for(first_token, 24), 8, c);
+        r->session = session;
+        EXPECT_EQ(set.submit(std::move(r)), SubmitStatus::Accepted);
+        c.wait();
+        return c.final;
+    };
+    run("a", 1);
+    auto a = set.kv_usage("a");
+    ASSERT_TRUE(a);
+    // Both engines are idle; the other one has more free KV, so the next session goes there.
+    run("b", 2);
+    auto b = set.kv_usage("b");
+    ASSERT_TRUE(b);
+    EXPECT_NE(a->engine, b->engine);
+    // Each session comes back to the engine that holds it and finds its KV there.
+    for (int i = 0; i < 3; ++i) {
+        const auto ev = run(i % 2 ? "b" : "a", i % 2 ? 2 : 1);
+        EXPECT_EQ(ev.kv_source, "slot") << i;
+        EXPECT_GT(ev.n_cached, 0) << i;
+    }
+    EXPECT_EQ(set.kv_usage("a")->engine, a->engine);
+    EXPECT_EQ(set.kv_usage("b")->engine, b->engine);
+    EXPECT_EQ(set.at(size_t(a->engine)).stats().requests.load(), 3u);
+    EXPECT_EQ(set.at(size_t(b->engine)).stats().requests.load(), 2u);
+    // Dropped sessions are forgotten everywhere.
+    set.release("a", true);
+    set.release("b", true);
+    for (int i = 0; i < 200 && (set.kv_usage("a") || set.kv_usage("b")); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(set.kv_usage("a"));
+    EXPECT_FALSE(set.kv_usage("b"));
+    EXPECT_TRUE(set.has_room(4));
+    EXPECT_FALSE(set.has_room(4 + 2 * 256 + 1));
+    set.stop();
 }
