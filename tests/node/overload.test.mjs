@@ -215,9 +215,23 @@ test('2,000 idle keep-alive connections are held and reused; past the cap, 503',
 });
 
 test('512 SSE streams open at once all finish with [DONE]', async () => {
-  const srv = await startServer(['-np', '64', '--queue', '512', '-c', '8192']);
+  const srv = await startServer(['-np', '64', '--queue', '512', '-c', String(64 * 2048)]);
   const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
+  // Long requests hold every sequence first, so the streams wait in the queue, open, until all
+  // 512 are: on a slow (sanitizer) build the first streams would otherwise end before the last
+  // one is accepted. Cancelling the holders lets the streams run.
+  const holders = Array.from({ length: 64 }, () => new AbortController());
+  const held = holders.map((ac) => fetch(srv.base + '/v1/chat/completions', {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(chat(2000)), signal: ac.signal,
+  }).then((r) => r.text()).catch(() => null));
+  const release = () => holders.forEach((ac) => ac.abort());
   try {
+    for (let i = 0; ; i++) {
+      const m = (await (await fetch(srv.base + '/metrics')).text()).match(/^armada_sequences_active (\d+)/m);
+      if (m && Number(m[1]) === 64) break;
+      assert.ok(i < 600, 'the holding requests never took every sequence');
+      await sleep(50);
+    }
     const N = 512;
     const url = new URL(srv.base);
     const data = JSON.stringify(chat(32, { stream: true }));
@@ -230,6 +244,7 @@ test('512 SSE streams open at once all finish with [DONE]', async () => {
       }, (res) => {
         open++;
         peak = Math.max(peak, open);
+        if (open === N) release();
         let text = '';
         res.setEncoding('utf8');
         res.on('data', (d) => { text += d; });
@@ -246,6 +261,8 @@ test('512 SSE streams open at once all finish with [DONE]', async () => {
     assert.equal(peak, N, `only ${peak} streams were open at once`);
     assert.equal((await fetch(srv.base + '/health')).status, 200);
   } finally {
+    release();
+    await Promise.all(held);
     agent.destroy();
     assert.equal(await srv.stop(), 0);
   }
