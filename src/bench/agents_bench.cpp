@@ -44,10 +44,8 @@ std::string LatencyDist::parse(const std::string & text, LatencyDist & out) {
     }
     if (out.kind == "constant" && v.size() == 1 && v[0] >= 0) {
         out.a = v[0];
-    } else if (out.kind == "uniform" && v.size() == 2 && v[0] >= 0 && v[1] >= v[0]) {
-        out.a = v[0];
-        out.b = v[1];
-    } else if (out.kind == "lognormal" && v.size() == 2 && v[0] > 0 && v[1] >= 0) {
+    } else if ((out.kind == "uniform" && v.size() == 2 && v[0] >= 0 && v[1] >= v[0]) ||
+               (out.kind == "lognormal" && v.size() == 2 && v[0] > 0 && v[1] >= 0)) {
         out.a = v[0];
         out.b = v[1];
     } else {
@@ -208,7 +206,7 @@ class Bench {
                                 {"description", "Reads page of dataset " + std::to_string(k)},
                                 {"parameters", tool_schema()}}}});
         }
-        if (opt.api_key.size()) headers_.push_back({"Authorization", "Bearer " + opt.api_key});
+        if (!opt.api_key.empty()) headers_.push_back({"Authorization", "Bearer " + opt.api_key});
         headers_.push_back({"Content-Type", "application/json"});
     }
 

@@ -211,7 +211,7 @@ std::string KvJournal::open() {
     // Index what is there: the tokens each file holds, so the writer can keep appending after a
     // restart. A torn last record (a crash mid-write) is cut off here.
     for (const auto & de : fs::directory_iterator(cfg_.dir, ec)) {
-        const auto p = de.path();
+        const auto & p = de.path();
         if (p.extension() == ".tmp") {
             fs::remove(p, ec);
             continue;

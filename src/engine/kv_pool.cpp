@@ -134,7 +134,7 @@ std::string KvPool::open() {
     if (ec) return "cannot create the KV spill directory " + cfg_.dir + ": " + ec.message();
     std::lock_guard lk(mu_);
     for (const auto & de : fs::directory_iterator(cfg_.dir, ec)) {
-        const auto p = de.path();
+        const auto & p = de.path();
         if (p.extension() == ".tmp") {
             fs::remove(p, ec);  // an interrupted write
             continue;
@@ -357,11 +357,8 @@ size_t KvPool::spill_all() {
     size_t n = 0;
     for (auto & [k, e] : entries_) {
         if (e.tier != KvTier::Ram) continue;
-        if (cfg_.durable && cfg_.durable(k, e.blob.tokens)) {
-            ++n;  // the journal has it
-        } else if (spill_locked(e)) {
-            ++n;
-        }
+        // Saved when the journal has it, or once written to disk.
+        if ((cfg_.durable && cfg_.durable(k, e.blob.tokens)) || spill_locked(e)) ++n;
     }
     return n;
 }
