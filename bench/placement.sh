@@ -19,7 +19,7 @@ PLACEMENTS="${PLACEMENTS:-$'--no-pin\n--engines 1\n--engines 2'}"
 OUT="${OUT:-bench/results/placement-$(date -u +%Y%m%d-%H%M)}"
 mkdir -p "$OUT"
 WORKLOAD=(--steps 3 --instruction-tokens 700 --tools 4 --tool-latency constant:1 --tool-output-tokens 64
-  --step-tokens 32 --answer-tokens 32 --seed 42 --no-progress --timeout 1800)
+  --step-tokens 64 --answer-tokens 32 --seed 42 --no-progress --timeout 1800)
 
 echo "model $MODEL, concurrency $CONCURRENCY, sessions $SESSIONS, -np $NP" | tee "$OUT/flags.txt"
 "$ARMADA" topology | tee "$OUT/topology.txt"
