@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -551,13 +552,20 @@ void SessionManager::model_step(Session & s) {
     const uint64_t gen = ++s.gen;
     s.gen_text.clear();
     s.gen_cancel = req->cancelled;
-    req->sink = [this, alive = alive_, id = s.id, gen](engine::GenEvent && ev) {
-        // The engine thread: hand over by posting.
+    // The engine thread hands events over by posting. They go through one strand per step: on
+    // the plain I/O pool, two pieces of text (or the last piece and Done) could run on two
+    // threads in either order, and the step's text would be scrambled.
+    req->sink = [this, alive = alive_, id = s.id, gen,
+                 strand = net::make_strand(io_)](engine::GenEvent && ev) {
         if (!*alive) return;
         if (ev.kind == engine::GenEvent::Kind::Text) {
-            post([this, id, gen, t = std::move(ev.text)]() mutable { on_model_text(id, gen, std::move(t)); });
+            net::post(strand, [this, alive, id, gen, t = std::move(ev.text)]() mutable {
+                if (*alive) on_model_text(id, gen, std::move(t));
+            });
         } else {
-            post([this, id, gen, ev = std::move(ev)]() mutable { on_model_done(id, gen, std::move(ev)); });
+            net::post(strand, [this, alive, id, gen, ev = std::move(ev)]() mutable {
+                if (*alive) on_model_done(id, gen, std::move(ev));
+            });
         }
     };
     const auto st = engine_.submit(std::move(req));
@@ -604,6 +612,8 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
         return !args.is_object();
     });
     if (msg.tool_calls.empty() && s.turn->require_call) {
+        spdlog::warn("session {}: a step that must call a tool produced no whole call ({}, {} tokens): {}", s.id,
+                     engine::finish_reason_name(ev.finish), ev.n_generated, s.gen_text.substr(0, 300));
         if (++s.engine_retries > 2) {
             return fail(s, SessionEvent::Error, "the model produced no complete tool call in a step that requires one");
         }
