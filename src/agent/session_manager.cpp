@@ -158,8 +158,8 @@ SessionManager::~SessionManager() {
     }
 }
 
-void SessionManager::post(std::function<void()> fn) {
-    net::post(io_, [alive = alive_, fn = std::move(fn)] {
+void SessionManager::post(std::function<void()> fn, const net::any_io_executor & on) {
+    net::post(on ? on : io_, [alive = alive_, fn = std::move(fn)] {
         if (*alive) fn();
     });
 }
@@ -556,16 +556,12 @@ void SessionManager::model_step(Session & s) {
     // the plain I/O pool, two pieces of text (or the last piece and Done) could run on two
     // threads in either order, and the step's text would be scrambled.
     req->sink = [this, alive = alive_, id = s.id, gen,
-                 strand = net::make_strand(io_)](engine::GenEvent && ev) {
+                 strand = net::any_io_executor(net::make_strand(io_))](engine::GenEvent && ev) {
         if (!*alive) return;
         if (ev.kind == engine::GenEvent::Kind::Text) {
-            net::post(strand, [this, alive, id, gen, t = std::move(ev.text)]() mutable {
-                if (*alive) on_model_text(id, gen, std::move(t));
-            });
+            post([this, id, gen, t = std::move(ev.text)]() mutable { on_model_text(id, gen, std::move(t)); }, strand);
         } else {
-            net::post(strand, [this, alive, id, gen, ev = std::move(ev)]() mutable {
-                if (*alive) on_model_done(id, gen, std::move(ev));
-            });
+            post([this, id, gen, ev = std::move(ev)]() mutable { on_model_done(id, gen, std::move(ev)); }, strand);
         }
     };
     const auto st = engine_.submit(std::move(req));

@@ -124,7 +124,8 @@ class SessionManager {
                                   const std::string & key = {});
     void fail(Session & s, SessionEvent ev, const std::string & reason);
     void count_outcome(const Session & s);
-    void post(std::function<void()> fn);
+    //! Runs `fn` on `on` (default: the I/O pool) unless the manager is gone by then.
+    void post(std::function<void()> fn, const boost::asio::any_io_executor & on = {});
     std::pair<std::string, int32_t> shared_prefix(const Session & s, const AgentSpec & a,
                                                   const std::vector<common_chat_tool> & tools,
                                                   common_chat_tool_choice choice);
