@@ -170,6 +170,7 @@ struct SessionResult {
     std::vector<double> step_s, ttft_s;
     int64_t prompt_tokens = 0, gen_tokens = 0;
     int invalid_calls = 0;
+    int tool_errors = 0;  // tool results the node recorded as errors (sessions mode)
     uint64_t kv_bytes = 0;
 };
 
@@ -314,6 +315,11 @@ class Bench {
                 if (last_ts >= 0) res.step_s.push_back(double(ts - last_ts) / 1000);
             }
             if (kind == "user_input" || kind == "tool_result") last_ts = ts;
+            // The node records a failed tool call and the session goes on; the step did less
+            // work than the workload asks for, so it is an error of the run.
+            if (kind == "tool_result" && st.contains("data") && st["data"].value("is_error", false)) {
+                if (res.tool_errors++ == 0) res.error = st["data"].value("content", "");
+            }
         }
         if (v.contains("memory")) res.kv_bytes = v["memory"].value("kv_bytes", uint64_t(0));
         res.ok = true;
@@ -540,13 +546,15 @@ int agents_bench(const AgentsBenchOptions & opt) {
     // Aggregate.
     std::vector<double> completion, ttft, step;
     std::map<std::string, int> kinds;
-    int completed = 0, invalid = 0;
+    int completed = 0, invalid = 0, tool_errors = 0;
     int64_t pt = 0, gt = 0;
     uint64_t kv = 0;
     std::map<int, int> per_second;
     std::string sample_error;
     for (const auto & r : results) {
         invalid += r.invalid_calls;
+        tool_errors += r.tool_errors;
+        if (r.tool_errors > 0 && sample_error.empty()) sample_error = "tool_error: " + r.error;
         pt += r.prompt_tokens;
         gt += r.gen_tokens;
         if (!r.ok) {
@@ -562,6 +570,7 @@ int agents_bench(const AgentsBenchOptions & opt) {
         per_second[int(r.end_s)]++;
     }
     if (invalid > 0) kinds["invalid_tool_call"] = invalid;
+    if (tool_errors > 0) kinds["tool_error"] = tool_errors;
     double rss_peak = 0, rss_mean = 0;
     for (double v : rss_samples) {
         rss_peak = std::max(rss_peak, v);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 
@@ -174,7 +175,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
     void read() {
         parser_.emplace();
-        parser_->body_limit(boost::none);
+        // No parser limit: read_more() cuts the body at the tool's own cap. Not boost::none:
+        // Boost 1.74 compares a Content-Length against an empty limit as "over", so every reply
+        // that declares its length would fail with body_limit.
+        parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
         buf_.clear();
         read_more();
     }

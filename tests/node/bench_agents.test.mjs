@@ -51,6 +51,8 @@ test('sessions mode and chat mode complete every session and write their reports
       assert.ok(j.results.generated_tokens_per_s > 0 && j.results.prompt_tokens_per_s > 0);
       assert.ok(j.results.server_rss_peak_mb > 10);
       assert.equal(j.results.tool_calls_served, 12);
+      // The tool server declares Content-Length; every reply must reach the model.
+      assert.equal(j.results.errors.tool_error ?? 0, 0, JSON.stringify(j.results));
       assert.match(fs.readFileSync(out + '.md', 'utf8'), /\| armada-/);
     }
     const plot = spawnSync(bin, ['bench', 'plot', path.join(dir, 'sessions-c3.json'), path.join(dir, 'chat-c3.json'),

@@ -27,8 +27,10 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
         return;
       }
       if (url.pathname === '/big') {
-        res.writeHead(200, { 'Content-Type': 'text/plain' });
-        res.end('x'.repeat(100 * 1024));
+        // Declares its length, like most servers; longer than a tool's default cap.
+        const big = 'x'.repeat(100 * 1024);
+        res.writeHead(200, { 'Content-Type': 'text/plain', 'Content-Length': big.length });
+        res.end(big);
         return;
       }
       if (url.pathname === '/words') {
@@ -55,10 +57,15 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
       if (!key) noKey.push(req.url);
       const delay = minDelayMs + Math.random() * (maxDelayMs - minDelayMs);
       setTimeout(() => {
+        // Replies declare their length (Content-Length), as most servers do; /words, /gbk and
+        // the others are sent chunked, so both ways of ending a body are exercised.
+        const send = (text) => {
+          res.writeHead(200, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(text) });
+          res.end(text);
+        };
         if (key && stored.has(key)) {
           replays.set(key, (replays.get(key) ?? 0) + 1);
-          res.writeHead(200, { 'Content-Type': 'application/json' });
-          res.end(stored.get(key));
+          send(stored.get(key));
           return;
         }
         const reply = JSON.stringify({ ok: true, tool: url.pathname.slice(1), echo: body.slice(0, 200), key });
@@ -66,8 +73,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
           effects.set(key, (effects.get(key) ?? 0) + 1);
           stored.set(key, reply);
         }
-        res.writeHead(200, { 'Content-Type': 'application/json' });
-        res.end(reply);
+        send(reply);
       }, delay);
     });
   });
