@@ -60,6 +60,10 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
         ->capture_default_str();
     cmd->add_flag("--kv-unified", o.engine.kv_unified, "one KV buffer shared by all sequences")
         ->envname("ARMADA_KV_UNIFIED");
+    cmd->add_flag("--jump-forward,!--no-jump-forward", o.engine.jump_forward,
+                  "feed text a grammar allows only one way (the fixed parts of a tool call) without sampling it")
+        ->envname("ARMADA_JUMP_FORWARD")
+        ->capture_default_str();
     cmd->add_option("--host", o.http.host, "address to bind")->envname("ARMADA_HOST")->capture_default_str();
     cmd->add_option("--port", o.http.port, "port to bind (0 = any free port)")
         ->envname("ARMADA_PORT")

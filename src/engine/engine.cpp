@@ -60,6 +60,8 @@ Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * m
                                       obs::latency_buckets());
         c_prompt_ = &metrics_->counter("armada_prompt_tokens_total", "Prompt tokens evaluated (cache hits excluded)");
         c_gen_ = &metrics_->counter("armada_generated_tokens_total", "Tokens generated");
+        c_forced_ = &metrics_->counter("armada_forced_tokens_total",
+                                       "Generated tokens a grammar dictated, fed without sampling (jump-forward)");
         h_park_ = &metrics_->histogram("armada_kv_park_seconds", "Time to save one sequence's KV into the pool",
                                        obs::latency_buckets());
         h_restore_ = &metrics_->histogram("armada_kv_restore_seconds", "Time to restore one sequence's KV",
@@ -591,13 +593,28 @@ void Engine::start_slot(Slot & s, std::unique_ptr<GenRequest> req) {
 bool Engine::step() {
     batch_.n_tokens = 0;
     int32_t n_gen = 0;
+    // Every generating sequence decodes at least one token; forced tokens beyond that share
+    // what is left of the batch after one prompt chunk, and any that do not fit go in the next
+    // step.
+    int32_t spare = n_batch_;
+    for (const auto & s : slots_) {
+        if (s.state == SlotState::Generating) spare -= 1;
+        if (s.state == SlotState::Prompt) spare = std::min(spare, n_batch_ - cfg_.n_seq_max - std::max(cfg_.chunk, 1));
+    }
     for (auto & s : slots_) {
         s.i_batch = -1;
         if (s.state != SlotState::Generating) continue;
-        s.i_batch = batch_.n_tokens;
-        batch_add(batch_, s.next, llama_pos(s.cache.size()), s.id, true);
-        s.cache.push_back(s.next);
-        ++n_gen;
+        const size_t take = 1 + std::min(s.input.size() - 1, size_t(std::max(0, spare)));
+        spare -= int32_t(take - 1);
+        const bool all = take == s.input.size();
+        for (size_t k = 0; k < take; ++k) {
+            const bool logits = all && k + 1 == take;
+            if (logits) s.i_batch = batch_.n_tokens;
+            batch_add(batch_, s.input[k], llama_pos(s.cache.size()), s.id, logits);
+            s.cache.push_back(s.input[k]);
+        }
+        s.input.erase(s.input.begin(), s.input.begin() + std::ptrdiff_t(take));
+        n_gen += int32_t(take);
     }
     std::vector<PendingPrompt> prompts;
     for (auto & s : slots_) {
@@ -692,9 +709,28 @@ void Engine::sample(Slot & s) {
         finish(s, FinishReason::Stop);
         return;
     }
+    s.input.assign(1, id);
+    if (!emit(s, id)) return;
+    if (!r.gfast || !cfg_.jump_forward) return;
+    // What the grammar allows only one way is not sampled: its tokens go to the model together
+    // in the next step, and their text to the caller now. At most what is left of max_tokens.
+    const std::string text = r.gfast->forced(256);
+    if (text.empty()) return;
+    for (llama_token t : model_->tokenize(text, false, true)) {
+        ++s.n_decoded;
+        stats_.forced_tokens++;
+        if (c_gen_) c_gen_->inc();
+        if (c_forced_) c_forced_->inc();
+        s.input.push_back(t);
+        if (!emit(s, t)) return;
+    }
+}
+
+bool Engine::emit(Slot & s, llama_token t) {
+    GenRequest & r = *s.req;
     const bool special =
-        r.render_special || std::find(r.special_ok.begin(), r.special_ok.end(), id) != r.special_ok.end();
-    std::string out = s.text->push(model_->piece(id, special));
+        r.render_special || std::find(r.special_ok.begin(), r.special_ok.end(), t) != r.special_ok.end();
+    std::string out = s.text->push(model_->piece(t, special));
     if (!out.empty()) {
         GenEvent ev;
         ev.text = std::move(out);
@@ -702,12 +738,14 @@ void Engine::sample(Slot & s) {
     }
     if (s.text->stopped()) {
         finish(s, FinishReason::Stop);
-    } else if ((r.max_tokens >= 0 && s.n_decoded >= r.max_tokens) || int32_t(s.cache.size()) + 1 >= n_ctx_seq_) {
+        return false;
+    }
+    if ((r.max_tokens >= 0 && s.n_decoded >= r.max_tokens) || int32_t(s.cache.size() + s.input.size()) >= n_ctx_seq_) {
         // Out of max_tokens, or the sequence's context is full.
         finish(s, FinishReason::Length);
-    } else {
-        s.next = id;
+        return false;
     }
+    return true;
 }
 
 void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
@@ -739,6 +777,7 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
     req.sink(std::move(done));
     s.req.reset();
     s.text.reset();
+    s.input.clear();
     s.state = SlotState::Idle;
     s.i_batch = -1;
     s.last_used = ++tick_;

@@ -43,6 +43,9 @@ struct EngineConfig {
     int index = 0;
     bool kv_unified = false;
     bool warmup = true;
+    //! Where a grammar allows only one continuation (the fixed parts of a tool call), feed that
+    //! text to the model in one batch instead of sampling it token by token ("jump-forward").
+    bool jump_forward = true;
 
     // Session memory (parking). A sequence that belongs to a session keeps its KV between that
     // session's requests; when its slot is wanted by someone else, or it has been idle for
@@ -78,7 +81,8 @@ enum class SubmitStatus { Accepted, QueueFull, Stopped };
 struct EngineStats {
     std::atomic<int32_t> active{0};
     std::atomic<int32_t> queued{0};
-    std::atomic<uint64_t> requests{0};  // accepted by submit
+    std::atomic<uint64_t> requests{0};       // accepted by submit
+    std::atomic<uint64_t> forced_tokens{0};  // generated tokens the grammar dictated (jump-forward)
     std::atomic<int64_t> kv_cells_used{0};
     std::atomic<uint64_t> parks{0}, restores_ram{0}, restores_disk{0}, restore_failures{0}, prefix_hits{0},
         prefix_saves{0}, restores_journal{0}, journal_saves{0};
@@ -150,7 +154,9 @@ class Engine {
         size_t n_past = 0;  // prompt tokens already in KV
         int32_t n_cached = 0, n_decoded = 0;
         int32_t i_batch = -1;  // logits row in the current batch, -1 when none
-        llama_token next = LLAMA_TOKEN_NULL;
+        //! Generated tokens not yet in KV: the last sampled one, then any the grammar forced
+        //! after it. A step decodes as many as the batch has room for.
+        Tokens input;
         uint64_t last_used = 0;
         std::string owner;      // session whose KV this sequence holds; empty: anonymous
         bool pooled = false;    // the pool holds a copy of exactly this KV (eviction is free)
@@ -178,6 +184,8 @@ class Engine {
     void reap_cancelled(std::deque<std::unique_ptr<GenRequest>> & waiting);
     bool step();
     void sample(Slot & s);
+    //! Streams one generated token's text; false when that ended the request.
+    bool emit(Slot & s, llama_token t);
     void finish(Slot & s, FinishReason r, const std::string & error = {});
     void update_kv_stats();
     bool has_active() const;
@@ -215,6 +223,7 @@ class Engine {
     obs::Histogram * h_itl_ = nullptr;
     obs::Counter * c_prompt_ = nullptr;
     obs::Counter * c_gen_ = nullptr;
+    obs::Counter * c_forced_ = nullptr;
     obs::Histogram * h_park_ = nullptr;
     obs::Histogram * h_restore_ = nullptr;
 };

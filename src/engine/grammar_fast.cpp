@@ -76,6 +76,38 @@ bool GrammarFast::accept(llama_token t) {
     }
 }
 
+int GrammarFast::only_next_byte() {
+    for (llama_token t : index_.always) {
+        if (model_.is_eog(t) && fits(t)) return -1;  // the output may end here
+    }
+    cand_.clear();
+    for (int b = 0; b < 256; ++b) {
+        if (index_.byte_token[size_t(b)] == LLAMA_TOKEN_NULL) return -1;  // cannot ask about this byte
+        cand_.push_back({index_.byte_token[size_t(b)], 0.0f, 0.0f});
+    }
+    llama_token_data_array probe{cand_.data(), cand_.size(), -1, false};
+    llama_sampler_apply(grammar_, &probe);
+    int only = -1;
+    for (size_t b = 0; b < cand_.size(); ++b) {
+        if (cand_[b].logit == -INFINITY) continue;
+        if (only >= 0) return -1;
+        only = int(b);
+    }
+    return only;
+}
+
+std::string GrammarFast::forced(size_t max_bytes) {
+    std::string out;
+    while (out.size() < max_bytes) {
+        const int b = only_next_byte();
+        // ASCII only: the caller tokenizes the text, and a lone byte of a multi-byte character
+        // does not tokenize back to itself.
+        if (b < 0 || b >= 0x80 || !accept(index_.byte_token[size_t(b)])) break;
+        out += char(b);
+    }
+    return out;
+}
+
 llama_token GrammarFast::sample(const float * logits, int32_t n_vocab) {
     // Most tokens of a model trained on the format fit at once.
     const llama_token first = fast_.sample(logits, n_vocab);

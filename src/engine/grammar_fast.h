@@ -43,9 +43,15 @@ class GrammarFast {
     llama_token sample(const float * logits, int32_t n_vocab);
     //! Advances the grammar; false when the token does not fit it (the caller ends the request).
     bool accept(llama_token t);
+    //! The text the grammar allows exactly one way from here (at most `max_bytes` bytes of
+    //! ASCII), already accepted: the caller feeds it to the model without sampling it
+    //! ("jump-forward"). Empty when the next byte is a choice or the output may end here.
+    std::string forced(size_t max_bytes);
 
   private:
     bool fits(llama_token t);
+    //! The one byte the grammar allows next, or -1 when there is a choice (or an end).
+    int only_next_byte();
 
     const Model & model_;
     const VocabIndex & index_;

@@ -139,9 +139,9 @@ void attach_sampler(GenRequest & req, const Model & model, const SamplingOptions
         !s.json_object && no_penalties) {
         // A tool call is required: sample with the fast grammar path (see grammar_fast.h).
         try {
-            req.gfast = std::make_unique<GrammarFast>(
-                model, constrain_tool_grammar(t.chat->grammar, t.require_call, t.parallel), t.chat->generation_prompt,
-                fast_params(s, seed));
+            const std::string g = constrain_tool_grammar(t.chat->grammar, t.require_call, t.parallel);
+            spdlog::debug("tool-call grammar:\n{}", g);
+            req.gfast = std::make_unique<GrammarFast>(model, g, t.chat->generation_prompt, fast_params(s, seed));
         } catch (const std::invalid_argument & e) {
             spdlog::debug("fast grammar path not used: {}", e.what());
             req.gfast.reset();

@@ -1,6 +1,7 @@
 // Engine tests on the real tiny model (label: model).
 #include "engine/engine.h"
 #include "engine/engine_set.h"
+#include "engine/grammar_fast.h"
 
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <regex>
 #include <thread>
 
 using namespace armada::engine;
@@ -244,6 +246,74 @@ TEST(EngineModel, StopStringEndsGeneration) {
     c.wait();
     EXPECT_EQ(c.final.finish, FinishReason::Stop);
     EXPECT_EQ(c.text, ref.text.substr(0, ref.text.find(stop)));
+}
+
+namespace {
+const char * kCallGrammar =
+    R"(root ::= "<tool_call>\n{\"name\": \"" ("lookup" | "fetch") "\", \"arguments\": {\"page\": " [1-9] "}}\n</tool_call>"
+)";
+
+std::unique_ptr<GenRequest> call_request(const Model & m, int i, int max_tokens, Collector & c) {
+    auto r = std::make_unique<GenRequest>();
+    r->prompt = prompt_for(i, 12 + i);
+    FastSamplerParams p;
+    p.temperature = 0.8f;
+    p.seed = uint32_t(100 + i);
+    r->gfast = std::make_unique<GrammarFast>(m, kCallGrammar, "", p);
+    r->max_tokens = max_tokens;
+    r->render_special = true;
+    r->sink = c.sink();
+    return r;
+}
+}  // namespace
+
+// Jump-forward on a tool-call grammar: every call is complete and valid, most of its tokens are
+// fed without sampling, and when the batch has no room for all of them (8 sequences, a batch of
+// 12) the rest go in the following steps. The same calls with jump-forward off sample every
+// token. A max_tokens inside the forced text cuts the call there.
+TEST(EngineModel, JumpForwardFeedsWhatTheGrammarForces) {
+    auto m = tiny_model();
+    ASSERT_TRUE(m);
+    const std::regex valid(
+        R"re(<tool_call>\n\{"name": "(lookup|fetch)", "arguments": \{"page": [1-9]\}\}\n</tool_call>)re");
+    for (const bool jump : {true, false}) {
+        EngineConfig cfg;
+        cfg.n_seq_max = 8;
+        cfg.n_ctx = 8 * 128;
+        cfg.n_batch = 8;
+        cfg.chunk = 4;  // the batch holds 12 tokens
+        cfg.n_threads = 2;
+        cfg.jump_forward = jump;
+        Engine e(m, cfg, nullptr);
+        ASSERT_EQ(e.start(), "");
+        std::vector<std::unique_ptr<Collector>> cs;
+        for (int i = 0; i < 8; ++i) {
+            cs.push_back(std::make_unique<Collector>());
+            ASSERT_EQ(e.submit(call_request(*m, i, 200, *cs.back())), SubmitStatus::Accepted);
+        }
+        int64_t generated = 0;
+        for (auto & c : cs) {
+            c->wait();
+            EXPECT_EQ(c->final.finish, FinishReason::Stop) << c->final.error;
+            EXPECT_TRUE(std::regex_match(c->text, valid)) << c->text;
+            generated += c->final.n_generated;
+        }
+        if (jump) {
+            EXPECT_GT(e.stats().forced_tokens.load(), uint64_t(generated / 2)) << "of " << generated;
+        } else {
+            EXPECT_EQ(e.stats().forced_tokens.load(), 0u);
+        }
+        Collector cut;
+        ASSERT_EQ(e.submit(call_request(*m, 9, 3, cut)), SubmitStatus::Accepted);
+        cut.wait();
+        EXPECT_EQ(cut.final.finish, FinishReason::Length);
+        EXPECT_EQ(cut.final.n_generated, 3);
+        // Three tokens of the call, whatever their split: the start of its fixed head.
+        const std::string head = "<tool_call>\n{\"name\": \"";
+        const size_t n = std::min(head.size(), cut.text.size());
+        EXPECT_FALSE(cut.text.empty());
+        EXPECT_EQ(cut.text.substr(0, n), head.substr(0, n)) << cut.text;
+    }
 }
 
 TEST(EngineSetModel, SessionsStayOnTheEngineHoldingTheirKvOthersGoWhereThereIsRoom) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <string>
 
 using namespace armada::engine;
 
@@ -61,4 +62,63 @@ TEST(GrammarFast, GreedyPicksTheBestTokenTheFullGrammarAllows) {
         }
         llama_sampler_free(full);
     }
+}
+
+namespace {
+const char * kOneLayout =
+    R"(root ::= "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"record\": " ("\"alpha\"" | "\"beta\"") "}}\n</tool_call>"
+)";
+
+// Feeds text the way the engine does after a jump-forward: byte by byte, into another grammar.
+bool accept_text(llama_sampler * g, const Model & m, const std::string & text) {
+    const VocabIndex & ix = VocabIndex::of(m);
+    for (char c : text) {
+        const llama_token t = ix.byte_token[static_cast<uint8_t>(c)];
+        if (t == LLAMA_TOKEN_NULL) return false;
+        llama_token_data d{t, 0.0f, 0.0f};
+        llama_token_data_array a{&d, 1, -1, false};
+        llama_sampler_apply(g, &a);
+        if (d.logit == -INFINITY) return false;
+        llama_sampler_accept(g, t);
+    }
+    return true;
+}
+}  // namespace
+
+// Jump-forward: the text the grammar allows one way comes out whole, stops at each choice and at
+// a possible end, respects its byte limit, and is exactly what llama.cpp's own grammar accepts.
+TEST(GrammarFast, ForcedTextIsWhatTheGrammarAllowsOneWay) {
+    auto m = tiny();
+    ASSERT_TRUE(m);
+    FastSamplerParams p;
+    p.temperature = 0;
+    GrammarFast fast(*m, kOneLayout, "", p);
+    llama_sampler * full = llama_sampler_init_grammar(m->vocab(), kOneLayout, "root");
+    ASSERT_NE(full, nullptr);
+
+    EXPECT_EQ(fast.forced(5), "<tool");  // the limit holds, and the rest is still forced
+    std::string head = "<tool" + fast.forced(256);
+    EXPECT_EQ(head, "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"record\": \"");
+    EXPECT_EQ(fast.forced(256), "");  // "alpha" or "beta": a choice
+    ASSERT_TRUE(accept_text(full, *m, head));
+
+    const llama_token b = VocabIndex::of(*m).byte_token[static_cast<uint8_t>('b')];
+    ASSERT_NE(b, LLAMA_TOKEN_NULL);
+    ASSERT_TRUE(fast.accept(b));
+    const std::string tail = fast.forced(256);
+    EXPECT_EQ(tail, "eta\"}}\n</tool_call>");
+    ASSERT_TRUE(accept_text(full, *m, "b" + tail));
+    EXPECT_EQ(fast.forced(256), "");  // the output may end here: not forced
+
+    // Both grammars now allow the end of generation.
+    bool eog_fits = false;
+    for (llama_token t = 0; t < m->n_vocab() && !eog_fits; ++t) {
+        if (!m->is_eog(t)) continue;
+        llama_token_data d{t, 0.0f, 0.0f};
+        llama_token_data_array a{&d, 1, -1, false};
+        llama_sampler_apply(full, &a);
+        eog_fits = d.logit != -INFINITY;
+    }
+    EXPECT_TRUE(eog_fits);
+    llama_sampler_free(full);
 }

@@ -33,14 +33,24 @@ TEST(ToolGrammar, NotParallelAllowsOneObjectPerBlock) {
                   .find("tool-call ::= \"<tool_call>\\n\" space (tool-a | tool-b) space \"</tool_call>\"\n"),
               std::string::npos)
         << constrain_tool_grammar(g, true, false);
-    EXPECT_NE(constrain_tool_grammar(g, true, true).find("(space \",\" space (tool-a | tool-b))*"), std::string::npos);
+    EXPECT_NE(constrain_tool_grammar(g, true, true).find("(space \", \" (tool-a | tool-b))*"), std::string::npos);
 }
 
-TEST(ToolGrammar, CallJsonIsCompact) {
-    const std::string g = "root ::= tool-calls\nspace ::= | \" \" | \"\\n\"{1,2} [ \\t]{0,20}\ntool-calls ::= \"x\"\n";
+TEST(ToolGrammar, CallJsonHasOneLayout) {
+    const std::string g =
+        "root ::= tool-calls\nspace ::= | \" \" | \"\\n\"{1,2} [ \\t]{0,20}\ntool-calls ::= \"x\"\n"
+        "tool-a ::= \"{\" space \"\\\"name\\\"\" space \":\" space \"\\\"a\\\"\" space \",\" space args space \"}\"\n"
+        "enum ::= (\"\\\":\\\"\" | \"\\\",\\\"\") space\n";
     const std::string r = constrain_tool_grammar(g, false, true);
-    EXPECT_NE(r.find("space ::= | \" \"\n"), std::string::npos) << r;
+    EXPECT_NE(r.find("space ::= \"\"\n"), std::string::npos) << r;
     EXPECT_EQ(r.find("{0,20}"), std::string::npos) << r;
+    // ": " after a key and ", " between members, as tojson writes them.
+    EXPECT_NE(
+        r.find("tool-a ::= \"{\" space \"\\\"name\\\"\" space \": \" \"\\\"a\\\"\" space \", \" args space \"}\"\n"),
+        std::string::npos)
+        << r;
+    // Quoted ":" and "," inside string values are not separators.
+    EXPECT_NE(r.find("enum ::= (\"\\\":\\\"\" | \"\\\",\\\"\") space\n"), std::string::npos) << r;
 }
 
 TEST(ToolGrammar, NumbersFitADouble) {
