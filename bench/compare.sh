@@ -17,12 +17,13 @@ CONCURRENCY="${CONCURRENCY:-16 64 256}"
 SESSIONS_PER="${SESSIONS_PER:-2}"  # sessions per run = concurrency × this
 STEPS="${STEPS:-3}"
 CTX_PER="${CTX_PER:-2048}"         # context per session on both sides
+STEP_TOKENS="${STEP_TOKENS:-64}"   # max tokens per tool step (the workload says 32)
 ENGINE_CEILING="${ENGINE_CEILING:-1}"
 ARMADA_FLAGS="${ARMADA_FLAGS:-}"   # extra `armada serve` flags, e.g. --no-pin
 OUT="${OUT:-bench/results/$(date -u +%Y%m%d-%H%M)}"
 mkdir -p "$OUT"
 WORKLOAD=(--steps "$STEPS" --instruction-tokens 700 --tools 4 --tool-latency constant:1 --tool-output-tokens 64
-  --step-tokens 64 --answer-tokens 32 --seed 42 --no-progress --timeout 1800)
+  --step-tokens "$STEP_TOKENS" --answer-tokens 32 --seed 42 --no-progress --timeout 1800)
 
 . bench/lib.sh
 
