@@ -76,24 +76,37 @@ bool GrammarFast::accept(llama_token t) {
     }
 }
 
+std::array<bool, 256> GrammarFast::allowed_first_bytes() {
+    std::array<bool, 256> allowed{};
+    cand_.clear();
+    for (int b = 0; b < 256; ++b) {
+        if (index_.byte_token[size_t(b)] == LLAMA_TOKEN_NULL) {
+            allowed[size_t(b)] = true;  // cannot ask; keep its tokens
+        } else {
+            cand_.push_back({index_.byte_token[size_t(b)], 0.0f, 0.0f});
+        }
+    }
+    llama_token_data_array probe{cand_.data(), cand_.size(), -1, false};
+    llama_sampler_apply(grammar_, &probe);
+    for (const auto & c : cand_) {
+        if (c.logit != -INFINITY) allowed[static_cast<uint8_t>(model_.piece(c.id, true)[0])] = true;
+    }
+    return allowed;
+}
+
 int GrammarFast::only_next_byte() {
     for (llama_token t : index_.always) {
         if (model_.is_eog(t) && fits(t)) return -1;  // the output may end here
     }
-    cand_.clear();
-    for (int b = 0; b < 256; ++b) {
-        if (index_.byte_token[size_t(b)] == LLAMA_TOKEN_NULL) return -1;  // cannot ask about this byte
-        cand_.push_back({index_.byte_token[size_t(b)], 0.0f, 0.0f});
-    }
-    llama_token_data_array probe{cand_.data(), cand_.size(), -1, false};
-    llama_sampler_apply(grammar_, &probe);
+    const auto allowed = allowed_first_bytes();
     int only = -1;
-    for (size_t b = 0; b < cand_.size(); ++b) {
-        if (cand_[b].logit == -INFINITY) continue;
+    for (int b = 0; b < 256; ++b) {
+        if (!allowed[size_t(b)]) continue;
         if (only >= 0) return -1;
-        only = int(b);
+        only = b;
     }
-    return only;
+    // A byte with no one-byte token was not asked about: it is not known to be the only one.
+    return only >= 0 && index_.byte_token[size_t(only)] != LLAMA_TOKEN_NULL ? only : -1;
 }
 
 std::string GrammarFast::forced(size_t max_bytes) {
@@ -113,22 +126,8 @@ llama_token GrammarFast::sample(const float * logits, int32_t n_vocab) {
     const llama_token first = fast_.sample(logits, n_vocab);
     if (fits(first)) return first;
 
-    // Which first bytes may come next?
-    cand_.clear();
-    std::array<bool, 256> allowed{};
-    for (int b = 0; b < 256; ++b) {
-        if (index_.byte_token[size_t(b)] == LLAMA_TOKEN_NULL) {
-            allowed[size_t(b)] = true;  // cannot ask; keep its tokens
-        } else {
-            cand_.push_back({index_.byte_token[size_t(b)], 0.0f, 0.0f});
-        }
-    }
-    llama_token_data_array probe{cand_.data(), cand_.size(), -1, false};
-    llama_sampler_apply(grammar_, &probe);
-    for (const auto & c : cand_) {
-        if (c.logit != -INFINITY) allowed[static_cast<uint8_t>(model_.piece(c.id, true)[0])] = true;
-    }
-    // The grammar over the tokens that can still fit.
+    // Which first bytes may come next? Then the grammar over the tokens that can still fit.
+    const auto allowed = allowed_first_bytes();
     cand_.clear();
     for (int b = 0; b < 256; ++b) {
         if (!allowed[size_t(b)]) continue;

@@ -50,6 +50,9 @@ class GrammarFast {
 
   private:
     bool fits(llama_token t);
+    //! Which first bytes the grammar allows next, found by offering it the one-byte tokens. A
+    //! byte with no one-byte token counts as allowed (it cannot be asked about).
+    std::array<bool, 256> allowed_first_bytes();
     //! The one byte the grammar allows next, or -1 when there is a choice (or an end).
     int only_next_byte();
 
