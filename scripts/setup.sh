@@ -20,7 +20,7 @@ log() { printf '[setup] %s\n' "$*"; }
 debs=(
   cmake g++ make git pkg-config ca-certificates
   libboost-dev nlohmann-json3-dev libsqlite3-dev libspdlog-dev libcli11-dev libyaml-cpp-dev
-  libhwloc-dev libzstd-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libhwloc-dev libzstd-dev libssl-dev ca-certificates openssl libgtest-dev libgmock-dev libbenchmark-dev
   clang clang-format clang-tidy libclang-rt-14-dev
   gnuplot-nox python3 curl
 )

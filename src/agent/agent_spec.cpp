@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <set>
 
 namespace armada::agent {
@@ -15,6 +16,24 @@ struct SpecError {
 
 [[noreturn]] void fail(const std::string & where, const std::string & why) {
     throw SpecError{where + ": " + why};
+}
+
+bool looks_like_number(const std::string & s) {
+    size_t i = s[0] == '-' ? 1 : 0;
+    auto digits = [&] {
+        const size_t from = i;
+        while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])))
+            ++i;
+        return i > from;
+    };
+    if (!digits()) return false;
+    if (i < s.size() && s[i] == '.' && (++i, !digits())) return false;
+    if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+        ++i;
+        if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+        if (!digits()) return false;
+    }
+    return i == s.size() && s.size() <= 64;
 }
 
 nlohmann::json to_json(const YAML::Node & n) {
@@ -33,18 +52,13 @@ nlohmann::json to_json(const YAML::Node & n) {
         }
         case YAML::NodeType::Scalar: {
             const std::string & s = n.Scalar();
-            if (n.Tag() == "!") return s;  // quoted
+            if (n.Tag() == "!" || s.empty()) return s;  // quoted
             if (s == "true") return true;
             if (s == "false") return false;
             if (s == "null" || s == "~") return nullptr;
-            try {
-                size_t used = 0;
-                const long long v = std::stoll(s, &used);
-                if (used == s.size()) return v;
-                const double d = std::stod(s, &used);
-                if (used == s.size()) return d;
-            } catch (...) {
-            }
+            // Only what JSON would read as a number becomes one ("nan", "0x10" and "1_000" stay text).
+            const nlohmann::json num = looks_like_number(s) ? nlohmann::json::parse(s, nullptr, false) : nullptr;
+            if (num.is_number()) return num;
             return s;
         }
         default:
@@ -117,10 +131,41 @@ void check_schema(const nlohmann::json & s, const std::string & where) {
     if (s.contains("items")) check_schema(s["items"], where + ".items");
 }
 
+bool boolean(const YAML::Node & n, const std::string & where, bool def) {
+    if (!n || n.IsNull()) return def;
+    try {
+        return n.as<bool>();
+    } catch (...) {
+        fail(where, "must be true or false");
+    }
+}
+
+// A client's agent is literal text: a secret reference in it would make the server read its
+// own environment or files on the client's say-so.
+void refuse_secret_references(const YAML::Node & n, const std::string & where) {
+    if (n.IsScalar()) {
+        if (has_secret_reference(n.Scalar())) {
+            fail(where,
+                 "${env:...} and ${file:...} are expanded only in agent files the operator gives with --agents; "
+                 "an agent sent over the API cannot use them (send the value itself)");
+        }
+    } else if (n.IsMap()) {
+        for (const auto & kv : n) {
+            const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+            refuse_secret_references(kv.first, where + "." + k);
+            refuse_secret_references(kv.second, where + "." + k);
+        }
+    } else if (n.IsSequence()) {
+        for (size_t i = 0; i < n.size(); ++i)
+            refuse_secret_references(n[i], where + "[" + std::to_string(i) + "]");
+    }
+}
+
 HttpToolSpec parse_tool(const YAML::Node & n, const std::string & where) {
     if (!n.IsMap()) fail(where, "must be a map");
     check_keys(n, where,
-               {"name", "description", "parameters", "url", "method", "headers", "timeout_ms", "retries", "max_body"});
+               {"name", "description", "parameters", "url", "method", "headers", "timeout_ms", "retries", "max_body",
+                "follow_redirects"});
     HttpToolSpec t;
     t.name = str(n["name"], where + ".name", true);
     for (char c : t.name) {
@@ -148,12 +193,13 @@ HttpToolSpec parse_tool(const YAML::Node & n, const std::string & where) {
     t.timeout_ms = int32_t(integer(n["timeout_ms"], where + ".timeout_ms", t.timeout_ms, 1, 600000));
     t.retries = int32_t(integer(n["retries"], where + ".retries", t.retries, 0, 10));
     t.max_body = int32_t(integer(n["max_body"], where + ".max_body", t.max_body, 1, 16 << 20));
+    t.follow_redirects = boolean(n["follow_redirects"], where + ".follow_redirects", true);
     return t;
 }
 
 McpServerSpec parse_mcp(const YAML::Node & n, const std::string & where) {
     if (!n.IsMap()) fail(where, "must be a map with url and allowed_tools");
-    check_keys(n, where, {"url", "allowed_tools", "headers", "timeout_ms"});
+    check_keys(n, where, {"url", "allowed_tools", "headers", "timeout_ms", "follow_redirects"});
     McpServerSpec m;
     m.url = str(n["url"], where + ".url", true);
     if (m.url.rfind("http://", 0) != 0 && m.url.rfind("https://", 0) != 0)
@@ -170,6 +216,7 @@ McpServerSpec parse_mcp(const YAML::Node & n, const std::string & where) {
         }
     }
     m.timeout_ms = int32_t(integer(n["timeout_ms"], where + ".timeout_ms", m.timeout_ms, 1, 600000));
+    m.follow_redirects = boolean(n["follow_redirects"], where + ".follow_redirects", true);
     return m;
 }
 
@@ -181,8 +228,9 @@ common_chat_tool_choice parse_choice(const YAML::Node & n, const std::string & w
     fail(where, "must be auto, required or none");
 }
 
-AgentSpec parse_agent(const YAML::Node & n, const std::string & where) {
+AgentSpec parse_agent(const YAML::Node & n, const std::string & where, const ParseOptions & opt) {
     if (!n.IsMap()) fail(where, "must be a map");
+    if (!opt.from_operator) refuse_secret_references(n, where);
     check_keys(n, where,
                {"id", "model", "instructions", "tools", "sampling", "limits", "tool_choice", "min_tool_steps",
                 "answer_without_tools", "parallel_tool_calls"});
@@ -241,26 +289,24 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where) {
     const bool any_tools = !a.tools.empty() || !a.mcp_servers.empty();
     if (a.min_tool_steps > 0 && !any_tools) fail(where + ".min_tool_steps", "needs at least one tool");
     if (a.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && !any_tools) fail(where + ".tool_choice", "needs tools");
-    if (n["parallel_tool_calls"]) {
-        try {
-            a.parallel_tool_calls = n["parallel_tool_calls"].as<bool>();
-        } catch (...) {
-            fail(where + ".parallel_tool_calls", "must be true or false");
-        }
-    }
-    if (n["answer_without_tools"]) {
-        try {
-            a.answer_without_tools = n["answer_without_tools"].as<bool>();
-        } catch (...) {
-            fail(where + ".answer_without_tools", "must be true or false");
-        }
-    }
+    a.parallel_tool_calls = boolean(n["parallel_tool_calls"], where + ".parallel_tool_calls", true);
+    a.answer_without_tools = boolean(n["answer_without_tools"], where + ".answer_without_tools", false);
+    a.from_operator = opt.from_operator;
+    for (auto & t : a.tools)
+        t.expand_secrets = opt.from_operator;
+    for (auto & m : a.mcp_servers)
+        m.expand_secrets = opt.from_operator;
+    a.source = to_json(n).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     return a;
 }
 
 }  // namespace
 
-std::string parse_agents(const std::string & text, std::vector<AgentSpec> & out) {
+bool has_secret_reference(const std::string & value) {
+    return value.find("${env:") != std::string::npos || value.find("${file:") != std::string::npos;
+}
+
+std::string parse_agents(const std::string & text, std::vector<AgentSpec> & out, const ParseOptions & opt) {
     try {
         YAML::Node root = YAML::Load(text);
         YAML::Node list = root;
@@ -269,14 +315,14 @@ std::string parse_agents(const std::string & text, std::vector<AgentSpec> & out)
             list = root["agents"];
         else if (root.IsMap()) {
             // A single agent given on its own, as POST /v1/agents sends it.
-            out.push_back(parse_agent(root, "agent"));
+            out.push_back(parse_agent(root, "agent", opt));
             return {};
         }
         if (!list.IsSequence()) return "agents: must be a list of agents";
         std::set<std::string> ids;
         for (size_t i = 0; i < list.size(); ++i) {
             const std::string w = base + "[" + std::to_string(i) + "]";
-            out.push_back(parse_agent(list[i], w));
+            out.push_back(parse_agent(list[i], w, opt));
             if (!ids.insert(out.back().id).second) return w + ".id: duplicates another agent's id";
         }
     } catch (const SpecError & e) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "engine/sampling.h"
+#include "tools/tool_spec.h"
 
 #include <chat.h>
 
@@ -11,30 +12,8 @@
 
 namespace armada::agent {
 
-//! An HTTP tool: the model's arguments are POSTed as JSON to `url`.
-struct HttpToolSpec {
-    std::string name;
-    std::string description;
-    std::string parameters;  // JSON Schema, serialised
-    std::string url;
-    std::string method = "POST";
-    //! Header values as written; `${env:NAME}` and `${file:/path}` are resolved when the call is
-    //! made, so secrets never enter the spec, the transcript or the model's prompt.
-    std::map<std::string, std::string> headers;
-    int32_t timeout_ms = 10000;
-    int32_t retries = 0;
-    int32_t max_body = 64 * 1024;
-    //! Set for tools imported from an MCP server: calls go there as tools/call.
-    std::string mcp_url;
-};
-
-//! An MCP server whose tools the agent imports (Streamable HTTP).
-struct McpServerSpec {
-    std::string url;
-    std::vector<std::string> allowed_tools;  // empty: all
-    std::map<std::string, std::string> headers;
-    int32_t timeout_ms = 30000;
-};
+using tools::HttpToolSpec;
+using tools::McpServerSpec;
 
 //! Limits that end a session as failed when reached.
 struct AgentLimits {
@@ -69,11 +48,27 @@ struct AgentSpec {
     bool answer_without_tools = false;
     bool parallel_tool_calls = true;
     AgentLimits limits;
+    //! The declaration as canonical JSON (what was written, YAML read as JSON types). An agent
+    //! declared through the API is stored as this and parsed again from it after a restart.
+    std::string source;
+    //! Declared by the operator (`--agents`): visible to every tenant, read-only over the API.
+    bool from_operator = false;
+    //! The tenant an API-declared agent belongs to.
+    std::string tenant;
+};
+
+//! Where the text comes from. Only the operator's file may use `${env:…}` and `${file:…}`
+//! references; in anything a client sends they are refused.
+struct ParseOptions {
+    bool from_operator = false;
 };
 
 //! Parses agents from YAML (JSON is accepted too): either a list or a map with an `agents`
 //! list. Returns an error naming the field and the reason, e.g.
 //! "agents[0].tools[1].parameters: must be an object"; empty on success.
-std::string parse_agents(const std::string & text, std::vector<AgentSpec> & out);
+std::string parse_agents(const std::string & text, std::vector<AgentSpec> & out, const ParseOptions & opt = {});
+
+//! True when `value` holds a `${env:…}` or `${file:…}` reference.
+bool has_secret_reference(const std::string & value);
 
 }  // namespace armada::agent

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <random>
 #include <set>
@@ -84,7 +85,73 @@ json msg_json(const common_chat_msg & m) {
 }
 
 constexpr size_t kMaxEvents = 20000;
+const std::vector<std::string> kEnded = {"completed", "failed", "cancelled"};
+
+// The assistant message a model_output step records, as the transcript holds it.
+common_chat_msg model_message(const json & p) {
+    common_chat_msg m;
+    m.role = "assistant";
+    m.content = p.value("content", "");
+    if (p.contains("tool_calls") && p["tool_calls"].is_array()) {
+        for (const auto & c : p["tool_calls"])
+            m.tool_calls.push_back({c.value("name", ""), c.value("arguments", ""), c.value("id", "")});
+    }
+    return m;
+}
+
+int outcome_index(SessionState st) {
+    return st == SessionState::Completed ? 0 : st == SessionState::Failed ? 1 : 2;
+}
 }  // namespace
+
+std::optional<EventId> EventId::parse(const std::string & s) {
+    EventId id;
+    const auto dot = s.find('.');
+    auto number = [](const std::string & t, int64_t & out) {
+        if (t.empty() || t.size() > 18) return false;
+        for (char c : t) {
+            if (c < '0' || c > '9') return false;
+        }
+        out = std::stoll(t);
+        return true;
+    };
+    int64_t sub = 0;
+    if (!number(s.substr(0, dot), id.seq)) return std::nullopt;
+    if (dot != std::string::npos && (!number(s.substr(dot + 1), sub) || sub > INT32_MAX)) return std::nullopt;
+    id.sub = int32_t(sub);
+    return id;
+}
+
+std::optional<SessionEventRecord> step_event(const store::StepRecord & step) {
+    const json p = json::parse(step.payload, nullptr, false);
+    if (!p.is_object()) return std::nullopt;
+    SessionEventRecord ev;
+    ev.id = {step.seq, 0};
+    if (step.kind == "model_output") {
+        ev.type = "message";
+        ev.data = dump(msg_json(model_message(p)));
+    } else if (step.kind == "tool_call") {
+        ev.type = "tool_call";
+        ev.data = dump(json{{"id", p.value("id", "")},
+                            {"name", p.value("name", "")},
+                            {"arguments", p.value("arguments", "")},
+                            {"idempotency_key", step.idempotency}});
+    } else if (step.kind == "tool_result") {
+        ev.type = "tool_result";
+        ev.data = dump(json{{"call_id", p.value("call_id", "")},
+                            {"name", p.value("name", "")},
+                            {"content", p.value("content", "")},
+                            {"is_error", p.value("is_error", false)}});
+    } else if (step.kind == "state") {
+        ev.type = "state";
+        json d = {{"state", p.value("state", "")}};
+        if (!p.value("reason", "").empty()) d["reason"] = p["reason"];
+        ev.data = dump(d);
+    } else {
+        return std::nullopt;
+    }
+    return ev;
+}
 
 struct SessionManager::PendingCall {
     tools::ToolCall call;
@@ -92,15 +159,18 @@ struct SessionManager::PendingCall {
 };
 
 struct SessionManager::Session {
-    std::string id, agent_id, owner;
+    std::string id, agent_id, owner;  // owner: the tenant
+    std::shared_ptr<const AgentSpec> agent;
     SessionState state = SessionState::Queued;
     std::string reason;
-    std::vector<common_chat_msg> transcript;  // without the system message
+    SessionState logged = SessionState::Queued;  // the state the last state step recorded
+    std::vector<common_chat_msg> transcript;     // without the system message
     int32_t model_steps = 0;
     int32_t engine_retries = 0;
     int64_t prompt_tokens = 0, completion_tokens = 0;
     int64_t created_ms = 0, next_seq = 1;
     std::vector<PendingCall> calls;  // calls of the current step
+    int32_t tools_in_flight = 0;
     // session memory
     std::vector<SessionView::KvPoint> kv_history;
     int32_t dropped_tools = 0;  // oldest tool outputs left out of the prompt by compaction
@@ -127,27 +197,49 @@ struct SessionManager::Session {
     std::deque<Pending> outbox;
     bool committing = false;
     int commit_failures = 0;
-    // events
+    // events: the recent ones, durable and not; older durable ones are read from the store
     std::deque<SessionEventRecord> events;
-    int64_t next_event = 1;
+    EventId last{0, 0};  // the newest event delivered
     std::map<uint64_t, std::pair<std::function<void(const SessionEventRecord &)>, std::function<void()>>> subs;
     bool erased = false;
+
+    bool busy() const { return gen_cancel || tools_in_flight > 0 || committing || !outbox.empty(); }
+    Durable snapshot() const {
+        return {state, reason, transcript.size(), model_steps, prompt_tokens, completion_tokens};
+    }
 };
 
 SessionManager::SessionManager(engine::ChatFormat & format, GenerationPort & engine, store::Store & store,
                                tools::ToolTransport & tools, net::any_io_executor io, obs::Registry & metrics,
-                               const Clock & clock)
+                               const Clock & clock, SessionOptions opt)
     : format_(format),
       engine_(engine),
       store_(store),
       tools_(tools),
       io_(std::move(io)),
       metrics_(metrics),
-      clock_(clock) {
+      clock_(clock),
+      opt_(opt) {
     for (const char * o : {"completed", "failed", "cancelled"}) {
         metrics_.counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", o}});
+        metrics_.gauge("armada_sessions_ended_window", "Agent sessions that ended within the survival window",
+                       {{"outcome", o}});
     }
-    metrics_.gauge("armada_chain_survival_ratio", "Share of ended sessions that completed");
+    for (auto st : {SessionState::Queued, SessionState::Running, SessionState::WaitingTool, SessionState::WaitingInput})
+        metrics_.gauge("armada_sessions_live", "Open agent sessions by state", {{"state", state_name(st)}});
+    metrics_.gauge("armada_chain_survival_window_seconds", "Window of armada_chain_survival_ratio")
+        .set(double(opt_.survival_window_ms) / 1000);
+    // The window survives restarts: it starts from what the store says ended within it.
+    const int64_t now = clock_.now_ms();
+    for (const auto & c : store_.count_since(kEnded, now - opt_.survival_window_ms)) {
+        const auto st = parse_state(c.state);
+        if (!st) continue;
+        auto it = std::find_if(window_.begin(), window_.end(), [&](const Minute & m) { return m.minute == c.minute; });
+        if (it == window_.end()) it = window_.insert(window_.end(), Minute{c.minute, {}});
+        it->n[size_t(outcome_index(*st))] += c.count;
+    }
+    std::sort(window_.begin(), window_.end(), [](const Minute & a, const Minute & b) { return a.minute < b.minute; });
+    update_survival();
 }
 
 SessionManager::~SessionManager() {
@@ -171,47 +263,111 @@ void SessionManager::after_ms(int ms, std::function<void()> fn) {
     });
 }
 
-void SessionManager::put_agent(AgentSpec spec) {
+// ---- agents -------------------------------------------------------------------------------
+
+void SessionManager::put_operator_agent(AgentSpec spec) {
     std::lock_guard lk(mu_);
     const std::string id = spec.id;
-    std::erase_if(prefixes_, [&](const auto & kv) { return kv.first.rfind(id + "|", 0) == 0; });
-    agents_[id] = std::move(spec);
+    spec.from_operator = true;
+    std::erase_if(prefixes_, [&](const auto & kv) { return kv.first.rfind("|" + id + "|", 0) == 0; });
+    operator_agents_[id] = std::make_shared<const AgentSpec>(std::move(spec));
 }
 
-void SessionManager::declare_agent(AgentSpec spec, const std::string & source, std::function<void(Outcome)> done) {
+bool SessionManager::is_operator_agent(const std::string & id) const {
+    std::lock_guard lk(mu_);
+    return operator_agents_.count(id) > 0;
+}
+
+std::shared_ptr<const AgentSpec> SessionManager::lookup_agent(const std::string & tenant,
+                                                              const std::string & id) const {
+    if (auto it = operator_agents_.find(id); it != operator_agents_.end()) return it->second;
+    if (auto it = tenant_agents_.find({tenant, id}); it != tenant_agents_.end()) return it->second;
+    return nullptr;
+}
+
+std::optional<AgentSpec> SessionManager::agent(const std::string & tenant, const std::string & id) const {
+    std::lock_guard lk(mu_);
+    auto a = lookup_agent(tenant, id);
+    if (!a) return std::nullopt;
+    return *a;
+}
+
+std::vector<AgentSpec> SessionManager::agents(const std::string & tenant, bool all_tenants) const {
+    std::lock_guard lk(mu_);
+    std::vector<AgentSpec> out;
+    for (const auto & [id, a] : operator_agents_)
+        out.push_back(*a);
+    for (const auto & [key, a] : tenant_agents_) {
+        if (all_tenants || key.first == tenant) out.push_back(*a);
+    }
+    return out;
+}
+
+void SessionManager::declare_agent(AgentSpec spec, const std::string & tenant, std::function<void(Outcome)> done) {
+    if (is_operator_agent(spec.id)) {
+        return done({403,
+                     "agent '" + spec.id + "' is declared by the operator (--agents) and is read-only over the API",
+                     spec.id});
+    }
+    spec.tenant = tenant;
+    spec.from_operator = false;
     store::Batch b;
-    store::SessionRecord r;
-    r.id = "agent:" + spec.id;
-    r.agent_id = "@agent";
-    r.state = "completed";
-    r.data = source;
+    store::AgentRecord r;
+    r.tenant = tenant;
+    r.id = spec.id;
+    r.spec = spec.source;
     r.created_ms = r.updated_ms = clock_.now_ms();
-    b.sessions.push_back(r);
+    b.agents.push_back(r);
     store_.commit(std::move(b), [this, alive = alive_, spec = std::move(spec), done](store::Status st) mutable {
         if (!*alive) return;
         post([this, spec = std::move(spec), done, st]() mutable {
             if (!st.ok) return done({503, "could not store the agent: " + st.error, {}});
-            const std::string id = spec.id;
-            put_agent(std::move(spec));
+            const std::string id = spec.id, tenant = spec.tenant;
+            {
+                std::lock_guard lk(mu_);
+                std::erase_if(prefixes_,
+                              [&](const auto & kv) { return kv.first.rfind(tenant + "|" + id + "|", 0) == 0; });
+                tenant_agents_[{tenant, id}] = std::make_shared<const AgentSpec>(std::move(spec));
+            }
+            done({200, {}, id});
+        });
+    });
+}
+
+void SessionManager::delete_agent(const std::string & tenant, const std::string & id,
+                                  std::function<void(Outcome)> done) {
+    {
+        std::lock_guard lk(mu_);
+        if (operator_agents_.count(id)) {
+            return done(
+                {403, "agent '" + id + "' is declared by the operator (--agents) and is read-only over the API", id});
+        }
+        if (!tenant_agents_.count({tenant, id})) return done({404, "no agent with id '" + id + "'", id});
+    }
+    store::Batch b;
+    b.erase_agents.emplace_back(tenant, id);
+    store_.commit(std::move(b), [this, alive = alive_, tenant, id, done](store::Status st) {
+        if (!*alive) return;
+        post([this, tenant, id, done, st] {
+            if (!st.ok) return done({503, "could not delete the agent: " + st.error, {}});
+            {
+                std::lock_guard lk(mu_);
+                tenant_agents_.erase({tenant, id});
+            }
             done({200, {}, id});
         });
     });
 }
 
 size_t SessionManager::load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare) {
-    auto records = store_.sessions_not_in({});
-    std::sort(records.begin(), records.end(), [](const store::SessionRecord & a, const store::SessionRecord & b) {
-        return a.updated_ms < b.updated_ms;
-    });
     size_t n = 0;
-    for (const auto & r : records) {
-        if (r.agent_id != "@agent") continue;
+    for (const auto & r : store_.agents()) {
         std::vector<AgentSpec> specs;
-        if (auto e = parse_agents(r.data, specs); !e.empty() || specs.size() != 1) {
+        if (auto e = parse_agents(r.spec, specs); !e.empty() || specs.size() != 1) {
             spdlog::warn("stored agent {} is not valid any more: {}", r.id, e);
             continue;
         }
-        if (has_agent(specs[0].id) && !declared_.count(specs[0].id)) {
+        if (is_operator_agent(specs[0].id)) {
             spdlog::info("agent '{}' comes from the agents file; the one declared through the API is ignored",
                          specs[0].id);
             continue;
@@ -222,11 +378,11 @@ size_t SessionManager::load_declared_agents(const std::function<std::string(Agen
                 continue;
             }
         }
+        specs[0].tenant = r.tenant;
         {
             std::lock_guard lk(mu_);
-            declared_.insert(specs[0].id);
+            tenant_agents_[{r.tenant, specs[0].id}] = std::make_shared<const AgentSpec>(std::move(specs[0]));
         }
-        put_agent(std::move(specs[0]));
         ++n;
     }
     return n;
@@ -238,7 +394,7 @@ std::pair<std::string, int32_t> SessionManager::shared_prefix(const Session & s,
     // The agent's instructions and tool schemas render the same way for every session: find
     // those tokens once per agent and tool_choice, by rendering two different user messages and
     // keeping what they share.
-    const std::string ck = a.id + "|" + std::to_string(int(choice));
+    const std::string ck = (a.from_operator ? std::string() : a.tenant) + "|" + a.id + "|" + std::to_string(int(choice));
     auto it = prefixes_.find(ck);
     if (it == prefixes_.end()) {
         engine::Tokens common;
@@ -268,24 +424,11 @@ std::pair<std::string, int32_t> SessionManager::shared_prefix(const Session & s,
         !std::equal(p.begin(), p.end(), s.turn->prompt.begin())) {
         return {{}, 0};
     }
-    // Keyed by the owner too: a prefix is never shared across API keys (it would leak by timing).
+    // Keyed by the tenant too: a prefix is never shared across tenants (it would leak by timing).
     char hex[20];
     snprintf(hex, sizeof hex, "%016llx",
              static_cast<unsigned long long>(engine::fnv1a64(p.data(), p.size() * sizeof(llama_token))));
     return {"prefix|" + s.owner + "|" + a.id + "|" + hex, int32_t(p.size())};
-}
-
-std::vector<AgentSpec> SessionManager::agents() const {
-    std::lock_guard lk(mu_);
-    std::vector<AgentSpec> out;
-    for (const auto & [id, a] : agents_)
-        out.push_back(a);
-    return out;
-}
-
-bool SessionManager::has_agent(const std::string & id) const {
-    std::lock_guard lk(mu_);
-    return agents_.count(id) > 0;
 }
 
 size_t SessionManager::live_sessions() const {
@@ -296,10 +439,93 @@ size_t SessionManager::live_sessions() const {
     return n;
 }
 
-SessionManager::Session * SessionManager::find(const std::string & id, const std::string & owner) {
+size_t SessionManager::sessions_in_memory() const {
+    std::lock_guard lk(mu_);
+    return sessions_.size();
+}
+
+SessionManager::Session * SessionManager::find(const std::string & id, const std::string & tenant) {
     auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second->erased || it->second->owner != owner) return nullptr;
+    if (it == sessions_.end() || it->second->erased || it->second->owner != tenant) return nullptr;
     return it->second.get();
+}
+
+SessionManager::Session * SessionManager::find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id,
+                                                       const std::string & tenant) {
+    if (sessions_.count(id)) return find(id, tenant);
+    // Not in memory: an ended session, or none. Read it without holding the lock.
+    lk.unlock();
+    auto rec = store_.session(id);
+    std::vector<store::StepRecord> steps;
+    if (rec && rec->owner == tenant && rec->agent_id.rfind('@', 0) != 0) steps = store_.steps(id);
+    lk.lock();
+    if (sessions_.count(id)) return find(id, tenant);  // loaded meanwhile
+    if (!rec || rec->owner != tenant || rec->agent_id.rfind('@', 0) == 0 || expiring_.count(id)) return nullptr;
+    auto sp = rebuild(*rec, steps);
+    if (!sp) return nullptr;
+    sp->agent = lookup_agent(rec->owner, rec->agent_id);
+    Session * s = sp.get();
+    count_state(s->state, +1);
+    sessions_[id] = std::move(sp);
+    return s;
+}
+
+std::unique_ptr<SessionManager::Session> SessionManager::rebuild(const store::SessionRecord & r,
+                                                                 const std::vector<store::StepRecord> & steps) {
+    const auto st = parse_state(r.state);
+    if (!st) {
+        spdlog::warn("session {}: unknown state '{}' in the store", r.id, r.state);
+        return nullptr;
+    }
+    auto sp = std::make_unique<Session>();
+    Session & s = *sp;
+    s.id = r.id;
+    s.agent_id = r.agent_id;
+    s.owner = r.owner;
+    s.state = s.logged = *st;
+    s.reason = r.reason;
+    s.created_ms = r.created_ms;
+    const json data = json::parse(r.data, nullptr, false);
+    if (data.is_object()) {
+        s.model_steps = data.value("model_steps", 0);
+        s.prompt_tokens = data.value("prompt_tokens", int64_t(0));
+        s.completion_tokens = data.value("completion_tokens", int64_t(0));
+    }
+    // The context, rebuilt from the log: every durable step, in order, once.
+    for (const auto & step : steps) {
+        s.next_seq = step.seq + 1;
+        const json p = json::parse(step.payload, nullptr, false);
+        if (!p.is_object()) continue;
+        if (step.kind == "user_input") {
+            common_chat_msg m;
+            m.role = "user";
+            m.content = p.value("content", "");
+            s.transcript.push_back(m);
+        } else if (step.kind == "model_output") {
+            s.transcript.push_back(model_message(p));
+            s.calls.clear();
+            const int32_t step_no = p.value("step", 0);
+            const int64_t kvt = p.value("kv_tokens", int64_t(0));
+            s.kv_history.push_back({step_no, kvt, uint64_t(kvt) * engine_.kv_bytes_per_token()});
+        } else if (step.kind == "tool_call") {
+            tools::ToolCall tc{s.id, p.value("id", ""), p.value("name", ""), p.value("arguments", ""),
+                               step.idempotency, s.owner};
+            s.calls.push_back({tc, false, false});
+        } else if (step.kind == "tool_result") {
+            common_chat_msg m;
+            m.role = "tool";
+            m.tool_call_id = p.value("call_id", "");
+            m.tool_name = p.value("name", "");
+            m.content = p.value("content", "");
+            s.transcript.push_back(m);
+            for (auto & c : s.calls) {
+                if (c.call.idempotency_key == step.idempotency) c.done = true;
+            }
+        }
+    }
+    s.last = {s.next_seq - 1, 0};
+    s.durable = s.snapshot();
+    return sp;
 }
 
 // ---- durability ---------------------------------------------------------------------------
@@ -331,9 +557,20 @@ store::StepRecord SessionManager::step_record(Session & s, const std::string & k
     return r;
 }
 
+void SessionManager::checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after) {
+    // Every change of state is a step too, so the log alone replays the session's events.
+    if (s.state != s.logged) {
+        json d = {{"state", state_name(s.state)}};
+        if (has_ended(s.state) && !s.reason.empty()) d["reason"] = s.reason;
+        b.steps.push_back(step_record(s, "state", dump(d)));
+        s.logged = s.state;
+    }
+    b.sessions.push_back(record(s));
+    persist(s, std::move(b), std::move(after));
+}
+
 void SessionManager::persist(Session & s, store::Batch b, std::function<void(Session &)> after) {
-    Session::Durable snap{s.state, s.reason, s.transcript.size(), s.model_steps, s.prompt_tokens, s.completion_tokens};
-    s.outbox.push_back({std::move(b), std::move(after), std::move(snap)});
+    s.outbox.push_back({std::move(b), std::move(after), s.snapshot()});
     send_next(s);
 }
 
@@ -356,7 +593,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
         // Nothing was acknowledged: say so, and write the same batch again after a pause.
         ++s.commit_failures;
         metrics_.counter("armada_store_write_failures_total", "Checkpoint writes that failed and were retried").inc();
-        emit(s, "error", dump(json{{"message", "checkpoint write failed, retrying: " + st.error}}));
+        emit_transient(s, "error", dump(json{{"message", "checkpoint write failed, retrying: " + st.error}}));
         const int delay = std::min(5000, 100 << std::min(s.commit_failures, 6));
         after_ms(delay, [this, id] {
             store_.recover();
@@ -367,22 +604,44 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
         return;
     }
     s.commit_failures = 0;
-    auto after = std::move(s.outbox.front().after);
-    s.durable = std::move(s.outbox.front().snapshot);
+    auto done = std::move(s.outbox.front());
     s.outbox.pop_front();
-    if (after) after(s);
+    s.durable = std::move(done.snapshot);
+    // The batch is on disk: its steps become events, in order, with their step numbers as ids.
+    if (!s.erased) {
+        for (const auto & step : done.batch.steps) {
+            if (auto ev = step_event(step)) deliver(s, std::move(*ev));
+        }
+    }
+    if (done.after) done.after(s);
     send_next(s);
-    if (s.erased && s.outbox.empty() && !s.committing) sessions_.erase(it);
+    if (s.erased && s.outbox.empty() && !s.committing) {
+        count_state(s.state, -1);
+        sessions_.erase(it);
+        return;
+    }
+    maybe_evict(s);
+}
+
+void SessionManager::maybe_evict(Session & s) {
+    // An ended session stays in the store; memory keeps only what is in use.
+    if (!has_ended(s.state) || s.busy() || !s.subs.empty() || s.erased) return;
+    const std::string id = s.id;
+    sessions_.erase(id);
 }
 
 // ---- events -------------------------------------------------------------------------------
 
-void SessionManager::emit(Session & s, const std::string & type, const std::string & data) {
-    SessionEventRecord ev{s.next_event++, type, data};
+void SessionManager::deliver(Session & s, SessionEventRecord ev) {
+    s.last = ev.id;
     for (auto & [h, sub] : s.subs)
         sub.first(ev);
     s.events.push_back(std::move(ev));
     if (s.events.size() > kMaxEvents) s.events.pop_front();
+}
+
+void SessionManager::emit_transient(Session & s, const std::string & type, const std::string & data) {
+    deliver(s, SessionEventRecord{{s.last.seq, s.last.sub + 1}, type, data});
 }
 
 void SessionManager::end_subscribers(Session & s) {
@@ -393,17 +652,36 @@ void SessionManager::end_subscribers(Session & s) {
     }
 }
 
-uint64_t SessionManager::subscribe(const std::string & id, const std::string & owner, int64_t last_id,
+uint64_t SessionManager::subscribe(const std::string & id, const std::string & tenant, EventId after,
                                    std::function<void(const SessionEventRecord &)> fn, std::function<void()> end) {
-    std::lock_guard lk(mu_);
-    Session * s = find(id, owner);
+    // The log's durable events come from the store, read before the lock is taken; events
+    // delivered since then are in memory. Together they cover everything after `after`.
+    auto rec = store_.session(id);
+    std::vector<store::StepRecord> steps;
+    if (rec && rec->owner == tenant) steps = store_.steps(id);
+    std::unique_lock lk(mu_);
+    Session * s = find_or_load(lk, id, tenant);
     if (!s) return 0;
-    for (const auto & ev : s->events) {
-        if (ev.id > last_id) fn(ev);
+    std::vector<SessionEventRecord> replay;
+    for (const auto & step : steps) {
+        if (step.seq > s->last.seq) break;  // not delivered yet: it comes live
+        if (EventId{step.seq, 0} <= after) continue;
+        if (auto ev = step_event(step)) replay.push_back(std::move(*ev));
     }
+    for (const auto & ev : s->events) {
+        if (ev.id > after) replay.push_back(ev);
+    }
+    std::sort(replay.begin(), replay.end(),
+              [](const SessionEventRecord & a, const SessionEventRecord & b) { return a.id < b.id; });
+    replay.erase(std::unique(replay.begin(), replay.end(),
+                             [](const SessionEventRecord & a, const SessionEventRecord & b) { return a.id == b.id; }),
+                 replay.end());
+    for (const auto & ev : replay)
+        fn(ev);
     const uint64_t h = next_sub_++;
     if (is_final(s->state) && s->outbox.empty()) {
         if (end) end();
+        maybe_evict(*s);
         return h;
     }
     s->subs[h] = {std::move(fn), std::move(end)};
@@ -413,10 +691,18 @@ uint64_t SessionManager::subscribe(const std::string & id, const std::string & o
 void SessionManager::unsubscribe(const std::string & id, uint64_t handle) {
     std::lock_guard lk(mu_);
     auto it = sessions_.find(id);
-    if (it != sessions_.end()) it->second->subs.erase(handle);
+    if (it == sessions_.end()) return;
+    it->second->subs.erase(handle);
+    maybe_evict(*it->second);
 }
 
 // ---- state --------------------------------------------------------------------------------
+
+void SessionManager::count_state(SessionState st, int delta) {
+    if (has_ended(st)) return;
+    const int64_t n = live_counts_[st] += delta;
+    metrics_.gauge("armada_sessions_live", "", {{"state", state_name(st)}}).set(double(n));
+}
 
 bool SessionManager::apply(Session & s, SessionEvent ev, const std::string & reason) {
     const auto next = transition(s.state, ev);
@@ -424,9 +710,39 @@ bool SessionManager::apply(Session & s, SessionEvent ev, const std::string & rea
         spdlog::warn("session {}: event {} not allowed in state {}", s.id, int(ev), state_name(s.state));
         return false;
     }
+    if (sessions_.count(s.id)) {
+        count_state(s.state, -1);
+        count_state(*next, +1);
+    }
     s.state = *next;
     if (!reason.empty()) s.reason = reason;
     return true;
+}
+
+void SessionManager::note_ended(SessionState st, int64_t at_ms) {
+    const int64_t minute = at_ms / 60000;
+    if (window_.empty() || window_.back().minute < minute) window_.push_back({minute, {}});
+    window_.back().n[size_t(outcome_index(st))]++;
+    update_survival();
+}
+
+void SessionManager::update_survival() {
+    const int64_t oldest = (clock_.now_ms() - opt_.survival_window_ms) / 60000;
+    std::erase_if(window_, [&](const Minute & m) { return m.minute < oldest; });
+    std::array<int64_t, 3> sum{};
+    for (const auto & m : window_) {
+        for (size_t i = 0; i < 3; ++i)
+            sum[i] += m.n[i];
+    }
+    const char * names[] = {"completed", "failed", "cancelled"};
+    for (size_t i = 0; i < 3; ++i)
+        metrics_.gauge("armada_sessions_ended_window", "", {{"outcome", names[i]}}).set(double(sum[i]));
+    // A client's cancel is the client's choice, not a lost chain: it counts on neither side.
+    const int64_t decided = sum[0] + sum[1];
+    metrics_
+        .gauge("armada_chain_survival_ratio",
+               "Share of agent sessions that ended within the window which completed; client cancels excluded")
+        .set(decided > 0 ? double(sum[0]) / double(decided) : std::nan(""));
 }
 
 void SessionManager::count_outcome(const Session & s) {
@@ -437,22 +753,15 @@ void SessionManager::count_outcome(const Session & s) {
     metrics_
         .counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", state_name(s.state)}})
         .inc();
-    const double done = double(metrics_.counter("armada_sessions_total", "", {{"outcome", "completed"}}).value());
-    const double failed = double(metrics_.counter("armada_sessions_total", "", {{"outcome", "failed"}}).value());
-    const double cancelled = double(metrics_.counter("armada_sessions_total", "", {{"outcome", "cancelled"}}).value());
-    const double ended = done + failed + cancelled;
-    metrics_.gauge("armada_chain_survival_ratio", "").set(ended > 0 ? done / ended : 0);
+    note_ended(s.state, clock_.now_ms());
 }
 
 void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reason) {
     if (!apply(s, ev, reason)) return;
     if (s.gen_cancel) s.gen_cancel->store(true);
+    s.gen_cancel.reset();
     ++s.gen;  // late engine events of the old generation are ignored
-    store::Batch b;
-    b.sessions.push_back(record(s));
-    b.steps.push_back(step_record(s, "state", dump(json{{"state", state_name(s.state)}, {"reason", reason}})));
-    persist(s, std::move(b), [this](Session & ss) {
-        emit(ss, "state", dump(json{{"state", state_name(ss.state)}, {"reason", ss.reason}}));
+    checkpoint(s, {}, [this](Session & ss) {
         count_outcome(ss);
         end_subscribers(ss);
     });
@@ -461,7 +770,10 @@ void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reas
 // ---- the loop -----------------------------------------------------------------------------
 
 void SessionManager::model_step(Session & s) {
-    const AgentSpec & a = agents_.at(s.agent_id);
+    // Draining: the session is checkpointed between steps and goes on at the next start.
+    if (draining_) return;
+    if (!s.agent) return fail(s, SessionEvent::Error, "its agent '" + s.agent_id + "' no longer exists");
+    const AgentSpec & a = *s.agent;
     if (s.model_steps >= a.limits.max_steps) {
         return fail(s, SessionEvent::LimitReached, "max_steps (" + std::to_string(a.limits.max_steps) + ") reached");
     }
@@ -521,11 +833,11 @@ void SessionManager::model_step(Session & s) {
                 ++s.compactions;
                 metrics_.counter("armada_session_compactions_total", "Prompts compacted at a session's memory cap")
                     .inc();
-                emit(s, "compaction",
-                     dump(json{{"dropped_tool_outputs", s.dropped_tools},
-                               {"prompt_tokens_before", before},
-                               {"prompt_tokens_after", s.turn->prompt.size()},
-                               {"cap_tokens", cap}}));
+                emit_transient(s, "compaction",
+                               dump(json{{"dropped_tool_outputs", s.dropped_tools},
+                                         {"prompt_tokens_before", before},
+                                         {"prompt_tokens_after", s.turn->prompt.size()},
+                                         {"cap_tokens", cap}}));
             }
         }
         if (int64_t(s.turn->prompt.size()) > cap) {
@@ -586,7 +898,7 @@ void SessionManager::on_model_text(const std::string & id, uint64_t gen, std::st
     if (it == sessions_.end() || it->second->gen != gen) return;
     Session & s = *it->second;
     s.gen_text += text;
-    emit(s, "token", dump(json{{"text", text}}));
+    emit_transient(s, "token", dump(json{{"text", text}}));
 }
 
 void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine::GenEvent ev) {
@@ -621,10 +933,6 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
     s.completion_tokens += ev.n_generated;
     s.kv_history.push_back({step, ev.kv_tokens, uint64_t(ev.kv_tokens) * engine_.kv_bytes_per_token()});
     metrics_.counter("armada_session_steps_total", "Model steps taken by agent sessions").inc();
-    const AgentSpec & a = agents_.at(s.agent_id);
-    std::set<std::string> known;
-    for (const auto & t : a.tools)
-        known.insert(t.name);
 
     json out = {{"step", step},
                 {"content", msg.content},
@@ -640,8 +948,9 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
     for (size_t i = 0; i < msg.tool_calls.size(); ++i) {
         auto & c = msg.tool_calls[i];
         c.id = "call_" + std::to_string(step) + "_" + std::to_string(i);
-        tools::ToolCall tc{s.id, c.id, c.name, c.arguments,
-                           s.id + ":" + std::to_string(step) + ":" + std::to_string(i)};
+        tools::ToolCall tc{s.id,        c.id,
+                           c.name,      c.arguments,
+                           s.id + ":" + std::to_string(step) + ":" + std::to_string(i), s.owner};
         out["tool_calls"].push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments}});
         s.calls.push_back({tc, false, false});
     }
@@ -658,17 +967,7 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
     }
     const bool calls = !s.calls.empty();
     apply(s, calls ? SessionEvent::ToolsCalled : SessionEvent::Answered);
-    b.sessions.push_back(record(s));
-    persist(s, std::move(b), [this, calls, msg](Session & ss) {
-        emit(ss, "message", dump(msg_json(msg)));
-        for (const auto & pc : ss.calls) {
-            emit(ss, "tool_call",
-                 dump(json{{"id", pc.call.call_id},
-                           {"name", pc.call.name},
-                           {"arguments", pc.call.arguments},
-                           {"idempotency_key", pc.call.idempotency_key}}));
-        }
-        emit(ss, "state", dump(json{{"state", state_name(ss.state)}}));
+    checkpoint(s, std::move(b), [this, calls](Session & ss) {
         if (calls) {
             run_tools(ss);
         } else {
@@ -678,13 +977,16 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
 }
 
 void SessionManager::run_tools(Session & s) {
-    const AgentSpec & a = agents_.at(s.agent_id);
+    if (draining_) return;  // the calls are in the log; the next start sends them
     for (auto & pc : s.calls) {
         if (pc.started || pc.done) continue;
         pc.started = true;
+        ++s.tools_in_flight;
         const HttpToolSpec * spec = nullptr;
-        for (const auto & t : a.tools) {
-            if (t.name == pc.call.name) spec = &t;
+        if (s.agent) {
+            for (const auto & t : s.agent->tools) {
+                if (t.name == pc.call.name) spec = &t;
+            }
         }
         if (!spec) {
             tools::ToolResult r;
@@ -694,7 +996,7 @@ void SessionManager::run_tools(Session & s) {
             continue;
         }
         HttpToolSpec capped = *spec;
-        capped.timeout_ms = std::min(capped.timeout_ms, a.limits.tool_timeout_ms);
+        capped.timeout_ms = std::min(capped.timeout_ms, s.agent->limits.tool_timeout_ms);
         tools_.call(capped, pc.call,
                     [this, alive = alive_, id = s.id, key = pc.call.idempotency_key](tools::ToolResult r) {
                         if (*alive) post([this, id, key, r = std::move(r)] { on_tool_done(id, key, r); });
@@ -705,8 +1007,10 @@ void SessionManager::run_tools(Session & s) {
 void SessionManager::on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r) {
     std::lock_guard lk(mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second->state != SessionState::WaitingTool) return;
+    if (it == sessions_.end()) return;
     Session & s = *it->second;
+    if (s.tools_in_flight > 0) --s.tools_in_flight;
+    if (s.state != SessionState::WaitingTool) return maybe_evict(s);
     PendingCall * pc = nullptr;
     for (auto & c : s.calls) {
         if (c.call.idempotency_key == key) pc = &c;
@@ -741,23 +1045,25 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
                                   key));
     const bool all = std::all_of(s.calls.begin(), s.calls.end(), [](const PendingCall & c) { return c.done; });
     if (all) apply(s, SessionEvent::ToolsDone);
-    b.sessions.push_back(record(s));
-    persist(s, std::move(b), [this, all, call_id = pc->call.call_id, name = pc->call.name, r](Session & ss) {
-        emit(ss, "tool_result",
-             dump(json{{"call_id", call_id}, {"name", name}, {"content", r.content}, {"is_error", r.is_error}}));
-        if (all && ss.state == SessionState::Running) {
-            emit(ss, "state", dump(json{{"state", state_name(ss.state)}}));
-            model_step(ss);
-        }
+    checkpoint(s, std::move(b), [this, all](Session & ss) {
+        if (all && ss.state == SessionState::Running) model_step(ss);
     });
 }
 
 // ---- requests -----------------------------------------------------------------------------
 
-void SessionManager::create(const std::string & agent_id, const std::string & owner, const std::string & input,
+namespace {
+Outcome draining_outcome() {
+    return {503, "the node is shutting down (draining); retry on another node or after its restart", {}, 1};
+}
+}  // namespace
+
+void SessionManager::create(const std::string & agent_id, const std::string & tenant, const std::string & input,
                             std::function<void(Outcome)> done) {
     std::lock_guard lk(mu_);
-    if (!agents_.count(agent_id)) return done({404, "no agent with id '" + agent_id + "'", {}});
+    if (draining_) return done(draining_outcome());
+    auto agent = lookup_agent(tenant, agent_id);
+    if (!agent) return done({404, "no agent with id '" + agent_id + "'", {}});
     if (engine_.kv_pressure()) {
         metrics_.counter("armada_sessions_refused_total", "New sessions refused at the KV high watermark").inc();
         return done({429, "the node's KV memory is at its high watermark; retry later", {}, 2});
@@ -766,8 +1072,11 @@ void SessionManager::create(const std::string & agent_id, const std::string & ow
     Session & s = *sp;
     s.id = new_session_id();
     s.agent_id = agent_id;
-    s.owner = owner;
+    s.agent = std::move(agent);
+    s.owner = tenant;
     s.created_ms = clock_.now_ms();
+    sessions_[s.id] = std::move(sp);
+    count_state(s.state, +1);
     store::Batch b;
     if (!input.empty()) {
         common_chat_msg m;
@@ -779,19 +1088,17 @@ void SessionManager::create(const std::string & agent_id, const std::string & ow
     } else {
         apply(s, SessionEvent::AwaitInput);
     }
-    b.sessions.push_back(record(s));
-    sessions_[s.id] = std::move(sp);
-    persist(s, std::move(b), [this, done, input](Session & ss) {
-        emit(ss, "state", dump(json{{"state", state_name(ss.state)}}));
+    checkpoint(s, std::move(b), [this, done](Session & ss) {
         done({200, {}, ss.id});
         if (ss.state == SessionState::Running) model_step(ss);
     });
 }
 
-void SessionManager::add_message(const std::string & id, const std::string & owner, const std::string & text,
+void SessionManager::add_message(const std::string & id, const std::string & tenant, const std::string & text,
                                  std::function<void(Outcome)> done) {
-    std::lock_guard lk(mu_);
-    Session * s = find(id, owner);
+    std::unique_lock lk(mu_);
+    if (draining_) return done(draining_outcome());
+    Session * s = find_or_load(lk, id, tenant);
     if (!s) return done({404, "no session with id '" + id + "'", {}});
     if (text.empty()) return done({400, "the message is empty", {}});
     if (!transition(s->state, SessionEvent::UserMessage)) {
@@ -800,6 +1107,7 @@ void SessionManager::add_message(const std::string & id, const std::string & own
                          "completed or waiting for input",
                      {}});
     }
+    if (!s->agent) s->agent = lookup_agent(s->owner, s->agent_id);
     apply(*s, SessionEvent::UserMessage);
     common_chat_msg m;
     m.role = "user";
@@ -807,50 +1115,78 @@ void SessionManager::add_message(const std::string & id, const std::string & own
     s->transcript.push_back(m);
     store::Batch b;
     b.steps.push_back(step_record(*s, "user_input", dump(json{{"content", text}})));
-    b.sessions.push_back(record(*s));
-    persist(*s, std::move(b), [this, done](Session & ss) {
-        emit(ss, "state", dump(json{{"state", state_name(ss.state)}}));
+    checkpoint(*s, std::move(b), [this, done](Session & ss) {
         done({200, {}, ss.id});
         model_step(ss);
     });
 }
 
-std::optional<SessionView> SessionManager::get(const std::string & id, const std::string & owner) {
+std::optional<SessionView> SessionManager::get(const std::string & id, const std::string & tenant) {
     SessionView v;
+    std::vector<store::StepRecord> steps;
+    bool in_memory = false;
     {
         std::lock_guard lk(mu_);
-        Session * s = find(id, owner);
+        if (Session * s = find(id, tenant)) {
+            in_memory = true;
+            // Readers see the last durable state only: nothing that could still be lost.
+            const Session::Durable & d = s->durable;
+            v.id = s->id;
+            v.agent_id = s->agent_id;
+            v.state = state_name(d.state);
+            v.reason = d.reason;
+            json t = json::array();
+            for (size_t i = 0; i < d.transcript_len && i < s->transcript.size(); ++i)
+                t.push_back(msg_json(s->transcript[i]));
+            v.transcript = dump(t);
+            v.model_steps = d.model_steps;
+            v.prompt_tokens = d.prompt_tokens;
+            v.completion_tokens = d.completion_tokens;
+            v.created_ms = s->created_ms;
+            for (const auto & p : s->kv_history) {
+                if (p.step <= d.model_steps) v.kv_history.push_back(p);
+            }
+            v.compactions = s->compactions;
+        } else if (sessions_.count(id)) {
+            return std::nullopt;  // another tenant's, or being deleted
+        }
+    }
+    if (!in_memory) {
+        // Not in memory: an ended session, read from the store as it is there.
+        auto rec = store_.session(id);
+        if (!rec || rec->owner != tenant || rec->agent_id.rfind('@', 0) == 0) return std::nullopt;
+        steps = store_.steps(id);
+        auto s = rebuild(*rec, steps);
         if (!s) return std::nullopt;
-        // Readers see the last durable state only: nothing that could still be lost.
-        const Session::Durable & d = s->durable;
         v.id = s->id;
         v.agent_id = s->agent_id;
-        v.state = state_name(d.state);
-        v.reason = d.reason;
+        v.state = rec->state;
+        v.reason = rec->reason;
         json t = json::array();
-        for (size_t i = 0; i < d.transcript_len && i < s->transcript.size(); ++i)
-            t.push_back(msg_json(s->transcript[i]));
+        for (const auto & m : s->transcript)
+            t.push_back(msg_json(m));
         v.transcript = dump(t);
-        v.model_steps = d.model_steps;
-        v.prompt_tokens = d.prompt_tokens;
-        v.completion_tokens = d.completion_tokens;
+        v.model_steps = s->model_steps;
+        v.prompt_tokens = s->prompt_tokens;
+        v.completion_tokens = s->completion_tokens;
         v.created_ms = s->created_ms;
-        for (const auto & p : s->kv_history) {
-            if (p.step <= d.model_steps) v.kv_history.push_back(p);
-        }
-        v.compactions = s->compactions;
+        v.kv_history = s->kv_history;
+        v.steps = std::move(steps);
+    } else {
+        v.steps = store_.steps(id);
     }
     v.kv = engine_.kv_usage(id);
-    v.steps = store_.steps(id);
     return v;
 }
 
-void SessionManager::cancel(const std::string & id, const std::string & owner, std::function<void(Outcome)> done) {
-    std::lock_guard lk(mu_);
-    Session * s = find(id, owner);
+void SessionManager::cancel(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done) {
+    std::unique_lock lk(mu_);
+    Session * s = find_or_load(lk, id, tenant);
     if (!s) return done({404, "no session with id '" + id + "'", {}});
     if (!transition(s->state, SessionEvent::Cancel)) {
-        return done({409, std::string("the session has already ended (") + state_name(s->state) + ")", {}});
+        const std::string st = state_name(s->state);
+        maybe_evict(*s);
+        return done({409, "the session has already ended (" + st + ")", {}});
     }
     if (s->gen_cancel) {
         s->gen_cancel->store(true);
@@ -860,9 +1196,9 @@ void SessionManager::cancel(const std::string & id, const std::string & owner, s
     persist(*s, {}, [done](Session & ss) { done({200, {}, ss.id}); });
 }
 
-void SessionManager::erase(const std::string & id, const std::string & owner, std::function<void(Outcome)> done) {
-    std::lock_guard lk(mu_);
-    Session * s = find(id, owner);
+void SessionManager::erase(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done) {
+    std::unique_lock lk(mu_);
+    Session * s = find_or_load(lk, id, tenant);
     if (!s) return done({404, "no session with id '" + id + "'", {}});
     if (!has_ended(s->state)) {
         if (s->gen_cancel) {
@@ -872,10 +1208,10 @@ void SessionManager::erase(const std::string & id, const std::string & owner, st
         fail(*s, SessionEvent::Cancel, "deleted by the client");
     }
     engine_.release(id, true);
+    s->erased = true;  // from now on it is not found; the delete below is the last batch
     store::Batch b;
     b.erase.push_back(id);
     persist(*s, std::move(b), [this, done](Session & ss) {
-        ss.erased = true;
         end_subscribers(ss);
         done({200, {}, ss.id});
     });
@@ -884,96 +1220,93 @@ void SessionManager::erase(const std::string & id, const std::string & owner, st
 // ---- recovery -----------------------------------------------------------------------------
 
 size_t SessionManager::resume_all() {
-    std::vector<std::string> ended = {"completed", "failed", "cancelled"};
-    auto records = store_.sessions_not_in({});
-    std::lock_guard lk(mu_);
+    // Only open sessions: ended ones stay in the store until someone asks for them.
+    const auto records = store_.sessions_not_in(kEnded);
     size_t resumed = 0;
     for (const auto & r : records) {
         if (r.agent_id.rfind('@', 0) == 0) continue;  // stored by another service (e.g. @response)
-        const auto st = parse_state(r.state);
-        if (!st || !agents_.count(r.agent_id)) {
-            spdlog::warn("session {}: cannot resume (state '{}', agent '{}')", r.id, r.state, r.agent_id);
-            continue;
-        }
-        auto sp = std::make_unique<Session>();
-        Session & s = *sp;
-        s.id = r.id;
-        s.agent_id = r.agent_id;
-        s.owner = r.owner;
-        s.state = *st;
-        s.reason = r.reason;
-        s.created_ms = r.created_ms;
-        const json data = json::parse(r.data, nullptr, false);
-        if (data.is_object()) {
-            s.model_steps = data.value("model_steps", 0);
-            s.prompt_tokens = data.value("prompt_tokens", int64_t(0));
-            s.completion_tokens = data.value("completion_tokens", int64_t(0));
-        }
-        // Rebuild the context from the log: every durable step, in order, once.
-        std::map<std::string, bool> answered;
-        for (const auto & step : store_.steps(r.id)) {
-            s.next_seq = step.seq + 1;
-            const json p = json::parse(step.payload, nullptr, false);
-            if (!p.is_object()) continue;
-            if (step.kind == "user_input") {
-                common_chat_msg m;
-                m.role = "user";
-                m.content = p.value("content", "");
-                s.transcript.push_back(m);
-            } else if (step.kind == "model_output") {
-                common_chat_msg m;
-                m.role = "assistant";
-                m.content = p.value("content", "");
-                for (const auto & c : p["tool_calls"]) {
-                    m.tool_calls.push_back({c.value("name", ""), c.value("arguments", ""), c.value("id", "")});
-                }
-                s.transcript.push_back(m);
-                s.calls.clear();
-                const int32_t step_no = p.value("step", 0);
-                const int64_t kvt = p.value("kv_tokens", int64_t(0));
-                s.kv_history.push_back({step_no, kvt, uint64_t(kvt) * engine_.kv_bytes_per_token()});
-            } else if (step.kind == "tool_call") {
-                tools::ToolCall tc{s.id, p.value("id", ""), p.value("name", ""), p.value("arguments", ""),
-                                   step.idempotency};
-                s.calls.push_back({tc, false, false});
-            } else if (step.kind == "tool_result") {
-                common_chat_msg m;
-                m.role = "tool";
-                m.tool_call_id = p.value("call_id", "");
-                m.tool_name = p.value("name", "");
-                m.content = p.value("content", "");
-                s.transcript.push_back(m);
-                for (auto & c : s.calls) {
-                    if (c.call.idempotency_key == step.idempotency) c.done = true;
-                }
-            }
-        }
-        s.durable = {s.state, s.reason, s.transcript.size(), s.model_steps, s.prompt_tokens, s.completion_tokens};
+        const auto steps = store_.steps(r.id);
+        std::lock_guard lk(mu_);
+        if (sessions_.count(r.id)) continue;
+        auto sp = rebuild(r, steps);
+        if (!sp) continue;
+        sp->agent = lookup_agent(r.owner, r.agent_id);
         Session * ps = sp.get();
         sessions_[r.id] = std::move(sp);
-        if (ended.end() != std::find(ended.begin(), ended.end(), r.state)) continue;
+        count_state(ps->state, +1);
         ++resumed;
-        emit(*ps, "state", dump(json{{"state", state_name(ps->state)}, {"resumed", true}}));
+        emit_transient(*ps, "state", dump(json{{"state", state_name(ps->state)}, {"resumed", true}}));
+        if (!ps->agent) {
+            spdlog::warn("session {}: its agent '{}' no longer exists", r.id, r.agent_id);
+            fail(*ps, SessionEvent::Error, "its agent '" + r.agent_id + "' no longer exists");
+            continue;
+        }
         if (ps->state == SessionState::WaitingTool) {
             // Completed calls keep their recorded results; the rest go out again with the same key.
             const bool all =
                 std::all_of(ps->calls.begin(), ps->calls.end(), [](const PendingCall & c) { return c.done; });
             if (all) {
                 apply(*ps, SessionEvent::ToolsDone);
-                store::Batch b;
-                b.sessions.push_back(record(*ps));
-                persist(*ps, std::move(b), [this](Session & ss) { model_step(ss); });
+                checkpoint(*ps, {}, [this](Session & ss) { model_step(ss); });
             } else {
                 run_tools(*ps);
             }
         } else if (ps->state == SessionState::Queued) {
             apply(*ps, SessionEvent::Start);
-            model_step(*ps);
+            checkpoint(*ps, {}, [this](Session & ss) { model_step(ss); });
         } else if (ps->state == SessionState::Running) {
             model_step(*ps);
         }
     }
     return resumed;
+}
+
+// ---- lifecycle ----------------------------------------------------------------------------
+
+void SessionManager::drain() {
+    std::lock_guard lk(mu_);
+    draining_ = true;
+}
+
+bool SessionManager::quiet() const {
+    std::lock_guard lk(mu_);
+    return std::none_of(sessions_.begin(), sessions_.end(), [](const auto & kv) { return kv.second->busy(); });
+}
+
+size_t SessionManager::expire_old(size_t limit) {
+    if (opt_.ttl_ms <= 0) return 0;
+    auto ids = store_.expired(kEnded, clock_.now_ms() - opt_.ttl_ms, limit);
+    if (ids.empty()) return 0;
+    store::Batch b;
+    {
+        // A session someone is using right now (a stream, a new message) waits for the next sweep.
+        std::lock_guard lk(mu_);
+        for (auto & id : ids) {
+            if (sessions_.count(id) || !expiring_.insert(id).second) continue;
+            b.erase.push_back(std::move(id));
+        }
+    }
+    const size_t n = b.erase.size();
+    if (n == 0) return 0;
+    std::vector<std::string> gone = b.erase;
+    store_.commit(std::move(b), [this, alive = alive_, gone](store::Status st) {
+        if (!*alive) return;
+        post([this, gone, st] {
+            std::lock_guard lk(mu_);
+            for (const auto & id : gone)
+                expiring_.erase(id);
+            if (!st.ok) {
+                spdlog::warn("retention: could not delete {} expired sessions: {}", gone.size(), st.error);
+                return;
+            }
+            for (const auto & id : gone)
+                engine_.release(id, true);  // their KV journals go too
+            metrics_
+                .counter("armada_sessions_expired_total", "Ended sessions and stored responses deleted after the TTL")
+                .inc(gone.size());
+        });
+    });
+    return n;
 }
 
 }  // namespace armada::agent

@@ -10,6 +10,7 @@
 
 #include <boost/asio/any_io_executor.hpp>
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,12 +21,29 @@
 
 namespace armada::agent {
 
-//! One event of a session's stream, numbered from 1. `data` is a JSON object.
+//! Where an event sits in a session's stream. Durable events (message, tool_call, tool_result,
+//! state) are the steps of the log: their id is the step's `seq`, the same after any restart.
+//! Events that are not stored (token, compaction, error, a resume notice) come between two
+//! steps: `seq` is the last step before them and `sub` counts from 1. The text form is "12" or
+//! "12.3"; clients send it back as Last-Event-ID.
+struct EventId {
+    int64_t seq = 0;
+    int32_t sub = 0;
+    std::string text() const { return sub == 0 ? std::to_string(seq) : std::to_string(seq) + "." + std::to_string(sub); }
+    //! Parses "12" or "12.3"; nullopt for anything else.
+    static std::optional<EventId> parse(const std::string & s);
+    auto operator<=>(const EventId &) const = default;
+};
+
+//! One event of a session's stream. `data` is a JSON object.
 struct SessionEventRecord {
-    int64_t id = 0;
-    std::string type;  // token, message, tool_call, tool_result, state, error
+    EventId id;
+    std::string type;  // token, message, tool_call, tool_result, state, error, compaction
     std::string data;
 };
+
+//! The durable event a step stands for, if any (user input has none).
+std::optional<SessionEventRecord> step_event(const store::StepRecord & step);
 
 //! A session as callers see it.
 struct SessionView {
@@ -46,12 +64,22 @@ struct SessionView {
     int32_t compactions = 0;
 };
 
-//! Outcome of a request to the manager; `status` is an HTTP-like code (200, 400, 404, 409, 503).
+//! Outcome of a request to the manager; `status` is an HTTP-like code (200, 400, 403, 404, 409,
+//! 429, 503).
 struct Outcome {
     int status = 200;
     std::string error;
     std::string id;
     int retry_after_s = 0;  // with 429/503
+};
+
+//! Settings of the manager.
+struct SessionOptions {
+    //! Ended sessions and stored responses are deleted this long after their last change;
+    //! 0 keeps them forever.
+    int64_t ttl_ms = 30LL * 24 * 3600 * 1000;
+    //! Chain survival is measured over this window, rebuilt from the store at start.
+    int64_t survival_window_ms = 3600 * 1000;
 };
 
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change
@@ -60,39 +88,53 @@ struct Outcome {
 //! Threads: public methods may be called from any thread. All session data is guarded by `mu_`;
 //! engine, tool and store callbacks never touch it directly but post a handler to the I/O
 //! executor, which takes the lock. Nothing blocks while holding it: engine submit, store commit
-//! and tool calls only enqueue.
+//! and tool calls only enqueue, and store reads happen before the lock is taken.
+//!
+//! Memory holds the open sessions, and ended ones only while something uses them (a commit,
+//! a stream); an ended session is read from the store when asked for.
+//!
+//! Tenants: `tenant` names the caller's tenant. A session, and an agent declared through the
+//! API, belong to one tenant; another tenant is told they do not exist.
 class SessionManager {
   public:
     SessionManager(engine::ChatFormat & format, GenerationPort & engine, store::Store & store,
                    tools::ToolTransport & tools, boost::asio::any_io_executor io, obs::Registry & metrics,
-                   const Clock & clock);
+                   const Clock & clock, SessionOptions opt = {});
     ~SessionManager();
 
-    //! Registers or replaces an agent.
-    void put_agent(AgentSpec spec);
-    //! Registers an agent declared through the API and stores `source` (its YAML/JSON), so it is
-    //! there again after a restart; `done` runs once it is durable.
-    void declare_agent(AgentSpec spec, const std::string & source, std::function<void(Outcome)> done);
-    //! Loads the agents declared through the API before the last stop. Agents already known
-    //! (from the --agents file) win. `prepare` completes each (MCP tools); returns how many.
+    // ---- agents ----
+    //! Registers an agent from the operator's file (visible to every tenant, read-only).
+    void put_operator_agent(AgentSpec spec);
+    //! Registers or replaces `tenant`'s agent and stores its canonical JSON, so it is there again
+    //! after a restart; `done` runs once it is durable. 403 for an operator agent's id.
+    void declare_agent(AgentSpec spec, const std::string & tenant, std::function<void(Outcome)> done);
+    //! Deletes `tenant`'s agent; its running sessions finish with the spec they started with.
+    void delete_agent(const std::string & tenant, const std::string & id, std::function<void(Outcome)> done);
+    //! Loads the agents declared through the API before the last stop. `prepare` completes each
+    //! (MCP tools); returns how many.
     size_t load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare);
-    std::vector<AgentSpec> agents() const;
-    bool has_agent(const std::string & id) const;
+    //! The agents `tenant` sees: the operator's and its own. `all_tenants` (admin): every agent.
+    std::vector<AgentSpec> agents(const std::string & tenant, bool all_tenants = false) const;
+    //! The agent `id` as `tenant` sees it.
+    std::optional<AgentSpec> agent(const std::string & tenant, const std::string & id) const;
+    //! Whether `id` is an operator agent.
+    bool is_operator_agent(const std::string & id) const;
 
+    // ---- sessions ----
     //! Creates a session; `done` runs once it is durable, with its id (or an error).
-    void create(const std::string & agent_id, const std::string & owner, const std::string & input,
+    void create(const std::string & agent_id, const std::string & tenant, const std::string & input,
                 std::function<void(Outcome)> done);
     //! Adds a user turn to a session that finished its last turn or waits for input.
-    void add_message(const std::string & id, const std::string & owner, const std::string & text,
+    void add_message(const std::string & id, const std::string & tenant, const std::string & text,
                      std::function<void(Outcome)> done);
-    std::optional<SessionView> get(const std::string & id, const std::string & owner);
-    void cancel(const std::string & id, const std::string & owner, std::function<void(Outcome)> done);
-    void erase(const std::string & id, const std::string & owner, std::function<void(Outcome)> done);
+    std::optional<SessionView> get(const std::string & id, const std::string & tenant);
+    void cancel(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done);
+    void erase(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done);
 
-    //! Replays events after `last_id`, then delivers new ones until the session ends or the
+    //! Replays the events after `after`, then delivers new ones until the session ends or the
     //! returned handle is released. `fn` must not block; `end` runs once when the stream closes.
-    //! Returns 0 when the session is unknown to `owner`.
-    uint64_t subscribe(const std::string & id, const std::string & owner, int64_t last_id,
+    //! Returns 0 when the session is unknown to `tenant`.
+    uint64_t subscribe(const std::string & id, const std::string & tenant, EventId after,
                        std::function<void(const SessionEventRecord &)> fn, std::function<void()> end);
     void unsubscribe(const std::string & id, uint64_t handle);
 
@@ -100,30 +142,54 @@ class SessionManager {
     //! Returns how many were resumed.
     size_t resume_all();
 
+    // ---- lifecycle ----
+    //! Stops starting work: new sessions and messages get 503; a step that ends is checkpointed
+    //! and its session waits for the next start. Steps and tool calls running now finish.
+    void drain();
+    //! True when nothing runs: no model step, no tool call, no checkpoint being written.
+    bool quiet() const;
+    //! Deletes ended sessions (and stored responses) older than the TTL, at most `limit` now.
+    //! Returns how many were deleted (once their batch is durable, counted in metrics).
+    size_t expire_old(size_t limit = 1000);
+
     //! Counts for metrics and tests.
     size_t live_sessions() const;
+    size_t sessions_in_memory() const;
 
   private:
     struct Session;
     struct PendingCall;
 
-    Session * find(const std::string & id, const std::string & owner);
+    Session * find(const std::string & id, const std::string & tenant);
+    //! `find`, else read the session from the store (outside the lock) and keep it in memory.
+    Session * find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id, const std::string & tenant);
+    std::unique_ptr<Session> rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps);
+    std::shared_ptr<const AgentSpec> lookup_agent(const std::string & tenant, const std::string & id) const;
     bool apply(Session & s, SessionEvent ev, const std::string & reason = {});
     void model_step(Session & s);
     void on_model_text(const std::string & id, uint64_t gen, std::string text);
     void on_model_done(const std::string & id, uint64_t gen, engine::GenEvent ev);
     void run_tools(Session & s);
     void on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r);
+    //! Writes `b` with the session record (and a state step when the state changed), then runs
+    //! `after`; the batch's steps become events once durable.
+    void checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after = {});
     void persist(Session & s, store::Batch b, std::function<void(Session &)> after);
     void send_next(Session & s);
     void on_committed(const std::string & id, store::Status st);
-    void emit(Session & s, const std::string & type, const std::string & data);
+    //! An event that is not stored (token, error, …).
+    void emit_transient(Session & s, const std::string & type, const std::string & data);
+    void deliver(Session & s, SessionEventRecord ev);
     void end_subscribers(Session & s);
+    void maybe_evict(Session & s);
     store::SessionRecord record(const Session & s) const;
     store::StepRecord step_record(Session & s, const std::string & kind, const std::string & payload,
                                   const std::string & key = {});
     void fail(Session & s, SessionEvent ev, const std::string & reason);
     void count_outcome(const Session & s);
+    void count_state(SessionState st, int delta);
+    void note_ended(SessionState st, int64_t at_ms);
+    void update_survival();
     //! Runs `fn` on `on` (default: the I/O pool) unless the manager is gone by then.
     void post(std::function<void()> fn, const boost::asio::any_io_executor & on = {});
     std::pair<std::string, int32_t> shared_prefix(const Session & s, const AgentSpec & a,
@@ -138,13 +204,24 @@ class SessionManager {
     boost::asio::any_io_executor io_;
     obs::Registry & metrics_;
     const Clock & clock_;
+    SessionOptions opt_;
 
     mutable std::mutex mu_;
-    std::map<std::string, AgentSpec> agents_;                   // guarded by mu_
-    std::map<std::string, engine::Tokens> prefixes_;            // agent|choice → shared prompt prefix; mu_
-    std::set<std::string> declared_;                            // agents loaded from the store; mu_
+    //! Agents: the operator's by id, and each tenant's by (tenant, id). Guarded by mu_.
+    std::map<std::string, std::shared_ptr<const AgentSpec>> operator_agents_;
+    std::map<std::pair<std::string, std::string>, std::shared_ptr<const AgentSpec>> tenant_agents_;
+    std::map<std::string, engine::Tokens> prefixes_;            // tenant|agent|choice → shared prefix; mu_
     std::map<std::string, std::unique_ptr<Session>> sessions_;  // guarded by mu_
     uint64_t next_sub_ = 1;                                     // guarded by mu_
+    bool draining_ = false;                                     // guarded by mu_
+    std::map<SessionState, int64_t> live_counts_;               // guarded by mu_
+    std::set<std::string> expiring_;                            // being deleted by retention; mu_
+    //! Ended sessions per minute over the survival window: (minute, completed, failed, cancelled).
+    struct Minute {
+        int64_t minute = 0;
+        std::array<int64_t, 3> n{};
+    };
+    std::vector<Minute> window_;  // guarded by mu_
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

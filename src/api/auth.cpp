@@ -1,5 +1,6 @@
 #include "api/auth.h"
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -16,9 +17,50 @@ bool constant_time_equal(const std::string & a, const std::string & b) {
     return diff == 0;
 }
 
-void ApiKeys::add(const std::string & key) {
-    if (!key.empty()) keys_.push_back(key);
+std::string owner_of(const std::string & api_key) {
+    if (api_key.empty()) return {};
+    uint64_t h = 1469598103934665603ULL;  // FNV-1a
+    for (unsigned char c : api_key) {
+        h ^= c;
+        h *= 1099511628211ULL;
+    }
+    char buf[17];
+    snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+    return buf;
 }
+
+// A key's hash has no ':', so a named tenant never collides with a key of its own.
+std::string tenant_id(const std::string & name) {
+    return "t:" + name;
+}
+
+std::string tenant_name(const std::string & id) {
+    return id.rfind("t:", 0) == 0 ? id.substr(2) : id;
+}
+
+void ApiKeys::add(const std::string & key, bool admin) {
+    if (!key.empty()) keys_.push_back({key, owner_of(key), admin, std::nullopt});
+}
+
+namespace {
+bool valid_tenant_name(const std::string & n) {
+    if (n.empty() || n.size() > 64) return false;
+    for (char c : n) {
+        if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
+    }
+    return true;
+}
+
+bool number(const std::string & text, double & v) {
+    try {
+        size_t used = 0;
+        v = std::stod(text, &used);
+        return used == text.size() && v >= 0;
+    } catch (const std::exception &) {
+        return false;
+    }
+}
+}  // namespace
 
 std::string ApiKeys::load_file(const std::string & path) {
     std::ifstream f(path);
@@ -30,47 +72,57 @@ std::string ApiKeys::load_file(const std::string & path) {
         std::istringstream words(line);
         std::string key, opt;
         if (!(words >> key) || key[0] == '#') continue;
-        RateLimits lim;
-        bool has_limits = false;
+        const std::string where = path + ":" + std::to_string(n) + ": ";
+        Key k{key, owner_of(key), false, std::nullopt};
         while (words >> opt) {
             const auto eq = opt.find('=');
             const std::string name = opt.substr(0, eq);
-            double v = -1;
-            if (eq != std::string::npos) {
-                try {
-                    size_t used = 0;
-                    v = std::stod(opt.substr(eq + 1), &used);
-                    if (used != opt.size() - eq - 1) v = -1;
-                } catch (const std::exception &) {
-                    v = -1;
-                }
+            const std::string value = eq == std::string::npos ? "" : opt.substr(eq + 1);
+            double v = 0;
+            if (opt == "admin") {
+                k.admin = true;
+            } else if (name == "tenant" && eq != std::string::npos) {
+                if (!valid_tenant_name(value))
+                    return where + "tenant '" + value + "' must be 1 to 64 letters, digits, '_', '-' or '.'";
+                k.tenant = tenant_id(value);
+            } else if ((name == "rpm" || name == "tpm") && eq != std::string::npos && number(value, v)) {
+                if (!k.limits) k.limits = RateLimits{};
+                (name == "rpm" ? k.limits->requests_per_min : k.limits->tokens_per_min) = v;
+            } else {
+                return where + "expected 'tenant=NAME', 'admin', 'rpm=N' or 'tpm=N' after the key, got '" + opt + "'";
             }
-            if ((name != "rpm" && name != "tpm") || !(v >= 0)) {
-                return path + ":" + std::to_string(n) + ": expected 'rpm=N' or 'tpm=N' after the key, got '" + opt +
-                       "'";
-            }
-            (name == "rpm" ? lim.requests_per_min : lim.tokens_per_min) = v;
-            has_limits = true;
         }
-        add(key);
-        if (has_limits) limits_.emplace_back(key, lim);
+        keys_.push_back(std::move(k));
     }
     return {};
 }
 
-std::string ApiKeys::check(const std::string & authorization, const std::string & x_api_key) const {
+const ApiKeys::Key * ApiKeys::check(const std::string & authorization, const std::string & x_api_key) const {
     std::string presented = x_api_key;
     static const std::string bearer = "Bearer ";
     if (authorization.size() > bearer.size() && authorization.compare(0, bearer.size(), bearer) == 0) {
         presented = authorization.substr(bearer.size());
     }
-    if (presented.empty()) return {};
-    std::string match;
+    if (presented.empty()) return nullptr;
+    const Key * match = nullptr;
     // Every key is compared, so timing does not reveal which one matched.
     for (const auto & k : keys_) {
-        if (constant_time_equal(k, presented)) match = k;
+        if (constant_time_equal(k.key, presented)) match = &k;
     }
     return match;
+}
+
+Caller ApiKeys::caller(const Key * k) const {
+    Caller c;
+    if (!k) {
+        c.admin = !enabled();  // no keys: the node is the caller's own
+        return c;
+    }
+    c.tenant = k->tenant;
+    c.tenant_name = tenant_name(k->tenant);
+    c.account = owner_of(k->key);
+    c.admin = k->admin;
+    return c;
 }
 
 }  // namespace armada::api

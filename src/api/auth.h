@@ -2,6 +2,7 @@
 
 #include "api/rate_limit.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,24 +12,49 @@ namespace armada::api {
 //! Compares in time that depends only on the lengths, not on where the strings differ.
 bool constant_time_equal(const std::string & a, const std::string & b);
 
+//! Stable short hash of an API key (never the key itself): a key's rate-limit account, and the
+//! tenant of a key that names none.
+std::string owner_of(const std::string & api_key);
+
+//! Who is calling, as the routes see it.
+struct Caller {
+    //! The tenant's id: "t:NAME" for a named tenant, the key's hash for a key of its own, ""
+    //! when authentication is off. Sessions, responses and API agents belong to it.
+    std::string tenant;
+    std::string tenant_name;  // as configured, for messages and listings; "" when off
+    std::string account;      // rate limits: the key's hash
+    bool admin = false;       // may manage every tenant's agents, read /metrics
+};
+
+//! The id of a named tenant.
+std::string tenant_id(const std::string & name);
+//! The name in a tenant id ("t:NAME" → NAME; a key's hash stays itself).
+std::string tenant_name(const std::string & id);
+
 //! API keys accepted by the server. Empty means authentication is off.
 class ApiKeys {
   public:
-    void add(const std::string & key);
-    //! Reads one key per line; blank lines and lines starting with '#' are skipped. A key may be
-    //! followed by its own rate limits: `sk-abc rpm=60 tpm=100000`.
-    //! Returns an error message, empty on success.
+    struct Key {
+        std::string key;
+        std::string tenant;  // tenant id (see Caller)
+        bool admin = false;
+        std::optional<RateLimits> limits;
+    };
+    //! `--api-key`: the operator's own key, an admin.
+    void add(const std::string & key, bool admin = true);
+    //! Reads one key per line: `KEY [tenant=NAME] [admin] [rpm=N] [tpm=N]`. Blank lines and lines
+    //! starting with '#' are skipped. A key without a tenant is a tenant of its own.
+    //! Returns an error message naming the line, empty on success.
     std::string load_file(const std::string & path);
     bool enabled() const { return !keys_.empty(); }
-    //! Checks `Authorization: Bearer <key>` or `x-api-key: <key>`; returns the matching key or "".
-    std::string check(const std::string & authorization, const std::string & x_api_key) const;
-
-    //! Keys given their own rate limits in the key file.
-    const std::vector<std::pair<std::string, RateLimits>> & limits() const { return limits_; }
+    //! Checks `Authorization: Bearer <key>` or `x-api-key: <key>`; the matching key, or null.
+    const Key * check(const std::string & authorization, const std::string & x_api_key) const;
+    //! The caller a key stands for (or the anonymous caller when `k` is null and keys are off).
+    Caller caller(const Key * k) const;
+    const std::vector<Key> & keys() const { return keys_; }
 
   private:
-    std::vector<std::string> keys_;
-    std::vector<std::pair<std::string, RateLimits>> limits_;
+    std::vector<Key> keys_;
 };
 
 }  // namespace armada::api

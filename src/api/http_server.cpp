@@ -6,6 +6,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include <sys/resource.h>
 
@@ -27,23 +28,69 @@ std::string lower(std::string s) {
     return s;
 }
 
-//! One TCP connection. Lives as long as an operation or a Responder references it.
-class Session : public std::enable_shared_from_this<Session> {
+//! What every connection shares with the server.
+struct Shared {
+    const HttpConfig & cfg;
+    const Handler & handler;
+    std::atomic<size_t> & count;
+    std::atomic<size_t> & exchanges;
+    const std::atomic<bool> & closing;  // answer with Connection: close (draining)
+};
+
+//! The reply side of a connection, whatever its stream; `Reply` holds one.
+class Conn {
   public:
-    Session(tcp::socket && sock, const HttpConfig & cfg, const Handler & handler, std::atomic<size_t> & count)
-        : stream_(std::move(sock)), cfg_(cfg), handler_(handler), count_(count) {
+    virtual ~Conn() = default;
+    virtual void send(unsigned status, const std::string & type, std::string body, const Headers & extra) = 0;
+    virtual void start_stream(unsigned status, const Headers & extra) = 0;
+    virtual void write(std::string chunk) = 0;
+    virtual void end() = 0;
+    virtual bool closed() const = 0;
+    virtual void on_close(std::function<void()> fn) = 0;
+    virtual void long_lived() = 0;
+    virtual net::any_io_executor executor() = 0;
+};
+
+std::shared_ptr<Responder> make_reply(std::shared_ptr<Conn> c);
+
+//! One connection, over plain TCP or TLS. Lives as long as an operation or a Responder
+//! references it.
+template <class Stream>
+class Session : public Conn, public std::enable_shared_from_this<Session<Stream>> {
+  public:
+    template <class... Args>
+    Session(const Shared & shared, Args &&... args)
+        : stream_(std::forward<Args>(args)...), cfg_(shared.cfg), handler_(shared.handler), count_(shared.count),
+          exchanges_(shared.exchanges), closing_(shared.closing) {
         count_++;
     }
-    ~Session() { count_--; }
+    ~Session() override {
+        exchange_done();
+        count_--;
+    }
+
+    void long_lived() override { exchange_done(); }
 
     void start() {
-        net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
+        net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+            if constexpr (kTls) {
+                // A client that connects and never says hello is dropped like an idle one.
+                self->tcp().expires_after(std::chrono::seconds(std::min(self->cfg_.idle_timeout_s, 30)));
+                self->stream_.async_handshake(net::ssl::stream_base::server, [self](beast::error_code ec) {
+                    if (ec) return self->fail();
+                    self->read();
+                });
+            } else {
+                self->read();
+            }
+        });
     }
 
     // --- called through Reply, always on the strand ---
-    void send(unsigned status, const std::string & type, std::string body, const Headers & extra) {
+    void send(unsigned status, const std::string & type, std::string body, const Headers & extra) override {
         if (replied_ || closed_) return;
         replied_ = true;
+        if (closing_.load()) keep_alive_ = false;
         auto res = std::make_shared<http::response<http::string_body>>(http::status(status), 11);
         res->set(http::field::server, "armada");
         res->set(http::field::content_type, type);
@@ -52,15 +99,17 @@ class Session : public std::enable_shared_from_this<Session> {
         res->body() = std::move(body);
         res->keep_alive(keep_alive_);
         res->prepare_payload();
-        stream_.expires_never();
-        http::async_write(stream_, *res,
-                          [self = shared_from_this(), res](beast::error_code ec, size_t) { self->after_response(ec); });
+        tcp().expires_never();
+        http::async_write(stream_, *res, [self = this->shared_from_this(), res](beast::error_code ec, size_t) {
+            self->after_response(ec);
+        });
     }
 
-    void start_stream(unsigned status, const Headers & extra) {
+    void start_stream(unsigned status, const Headers & extra) override {
         if (replied_ || closed_) return;
         replied_ = true;
         streaming_ = true;
+        if (closing_.load()) keep_alive_ = false;
         auto res = std::make_shared<http::response<http::empty_body>>(http::status(status), 11);
         res->set(http::field::server, "armada");
         res->set(http::field::content_type, "text/event-stream");
@@ -71,29 +120,29 @@ class Session : public std::enable_shared_from_this<Session> {
         res->chunked(true);
         auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
         writing_ = true;
-        stream_.expires_never();
-        http::async_write_header(stream_, *sr, [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
+        tcp().expires_never();
+        http::async_write_header(stream_, *sr, [self = this->shared_from_this(), res, sr](beast::error_code ec, size_t) {
             self->writing_ = false;
             if (ec) return self->fail();
             self->pump();
         });
     }
 
-    void write(std::string chunk) {
+    void write(std::string chunk) override {
         if (!streaming_ || closed_ || ended_) return;
         out_.push_back(std::move(chunk));
         pump();
     }
 
-    void end() {
+    void end() override {
         if (!streaming_ || closed_ || ended_) return;
         ended_ = true;
         pump();
     }
 
-    bool closed() const { return closed_.load(); }
+    bool closed() const override { return closed_.load(); }
 
-    void on_close(std::function<void()> fn) {
+    void on_close(std::function<void()> fn) override {
         if (closed_) {
             fn();
             return;
@@ -103,22 +152,31 @@ class Session : public std::enable_shared_from_this<Session> {
     }
 
     // The socket was accepted on a strand, so this executor serialises all work on the session.
-    beast::tcp_stream::executor_type executor() { return stream_.get_executor(); }
+    net::any_io_executor executor() override { return stream_.get_executor(); }
 
   private:
+    static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+    beast::tcp_stream & tcp() { return beast::get_lowest_layer(stream_); }
+    void exchange_done() {
+        if (in_exchange_) exchanges_--;
+        in_exchange_ = false;
+    }
+
     void read() {
         ++req_gen_;
         parser_.emplace();
         parser_->body_limit(cfg_.max_body);
         parser_->header_limit(64 * 1024);
         replied_ = streaming_ = ended_ = false;
-        stream_.expires_after(std::chrono::seconds(cfg_.idle_timeout_s));
+        tcp().expires_after(std::chrono::seconds(cfg_.idle_timeout_s));
         http::async_read(stream_, buf_, *parser_,
-                         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+                         [self = this->shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
     }
 
     void on_read(beast::error_code ec) {
-        if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout) return fail();
+        if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
+            ec == net::ssl::error::stream_truncated)
+            return fail();
         if (ec == http::error::body_limit) {
             keep_alive_ = false;
             unread_body_ = true;
@@ -146,8 +204,10 @@ class Session : public std::enable_shared_from_this<Session> {
         for (const auto & f : msg)
             req.headers[lower(std::string(f.name_string()))] = std::string(f.value());
         req.body = std::move(msg.body());
+        exchanges_++;
+        in_exchange_ = true;
         try {
-            handler_(std::move(req), make_reply());
+            handler_(std::move(req), make_reply(this->shared_from_this()));
         } catch (const std::exception & e) {
             spdlog::error("handler threw: {}", e.what());
             send(500, "application/json",
@@ -155,9 +215,8 @@ class Session : public std::enable_shared_from_this<Session> {
         }
     }
 
-    std::shared_ptr<Responder> make_reply();
-
     void after_response(beast::error_code ec) {
+        exchange_done();
         if (!ec && unread_body_) return linger_close();
         if (ec || !keep_alive_) return fail();
         out_.clear();
@@ -170,10 +229,10 @@ class Session : public std::enable_shared_from_this<Session> {
     // before it reads our answer. Stop sending, swallow what arrives for a while, then close.
     void linger_close() {
         beast::error_code ec;
-        stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-        stream_.expires_after(std::chrono::seconds(5));
+        tcp().socket().shutdown(tcp::socket::shutdown_send, ec);
+        tcp().expires_after(std::chrono::seconds(5));
         drain_buf_.resize(64 * 1024);
-        stream_.async_read_some(net::buffer(drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+        tcp().async_read_some(net::buffer(drain_buf_), [self = this->shared_from_this()](beast::error_code ec, size_t n) {
             self->drained_ += n;
             if (ec || self->drained_ > (64u << 20)) return self->fail();
             self->linger_close();
@@ -187,7 +246,7 @@ class Session : public std::enable_shared_from_this<Session> {
             auto chunk = std::make_shared<std::string>(std::move(out_.front()));
             out_.pop_front();
             net::async_write(stream_, http::make_chunk(net::buffer(*chunk)),
-                             [self = shared_from_this(), chunk](beast::error_code ec, size_t) {
+                             [self = this->shared_from_this(), chunk](beast::error_code ec, size_t) {
                                  self->writing_ = false;
                                  if (ec) return self->fail();
                                  self->pump();
@@ -196,7 +255,7 @@ class Session : public std::enable_shared_from_this<Session> {
             finished_ = true;
             writing_ = true;
             net::async_write(stream_, http::make_chunk_last(),
-                             [self = shared_from_this()](beast::error_code ec, size_t) {
+                             [self = this->shared_from_this()](beast::error_code ec, size_t) {
                                  self->writing_ = false;
                                  self->after_response(ec);
                              });
@@ -209,11 +268,11 @@ class Session : public std::enable_shared_from_this<Session> {
     void watch_peer() {
         if (watch_gen_ == req_gen_ || closed_) return;
         watch_gen_ = req_gen_;
-        stream_.socket().async_wait(
-            tcp::socket::wait_read, [self = shared_from_this(), gen = req_gen_](beast::error_code ec) {
+        tcp().socket().async_wait(
+            tcp::socket::wait_read, [self = this->shared_from_this(), gen = req_gen_](beast::error_code ec) {
                 if (ec == net::error::operation_aborted || gen != self->req_gen_ || self->finished_request(gen)) return;
                 beast::error_code ec2;
-                const size_t avail = self->stream_.socket().available(ec2);
+                const size_t avail = self->tcp().socket().available(ec2);
                 if (ec || ec2 || avail == 0) self->fail();
             });
     }
@@ -221,19 +280,23 @@ class Session : public std::enable_shared_from_this<Session> {
     bool finished_request(uint64_t gen) const { return gen != req_gen_ || (replied_ && !streaming_) || finished_; }
 
     void fail() {
+        exchange_done();
         if (closed_.exchange(true)) return;
         beast::error_code ec;
-        stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-        stream_.socket().close(ec);
+        tcp().socket().shutdown(tcp::socket::shutdown_both, ec);
+        tcp().socket().close(ec);
         auto fns = std::move(close_fns_);
         for (auto & fn : fns)
             fn();
     }
 
-    beast::tcp_stream stream_;
+    Stream stream_;
     const HttpConfig & cfg_;
     const Handler & handler_;
     std::atomic<size_t> & count_;
+    std::atomic<size_t> & exchanges_;
+    bool in_exchange_ = false;
+    const std::atomic<bool> & closing_;
     beast::flat_buffer buf_;
     std::optional<http::request_parser<http::string_body>> parser_;
     bool keep_alive_ = true, replied_ = false, streaming_ = false, ended_ = false, finished_ = false;
@@ -246,10 +309,10 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<std::function<void()>> close_fns_;
 };
 
-//! Responder bound to one request of a Session; posts every call onto the session's strand.
+//! Responder bound to one request of a connection; posts every call onto the connection's strand.
 class Reply : public Responder {
   public:
-    explicit Reply(std::shared_ptr<Session> s) : s_(std::move(s)) {}
+    explicit Reply(std::shared_ptr<Conn> s) : s_(std::move(s)) {}
     void send(int status, const std::string & type, std::string body, Headers extra) override {
         net::dispatch(s_->executor(), [s = s_, status, type, b = std::move(body), e = std::move(extra)]() mutable {
             s->send(unsigned(status), type, std::move(b), e);
@@ -268,16 +331,47 @@ class Reply : public Responder {
     void on_close(std::function<void()> fn) override {
         net::dispatch(s_->executor(), [s = s_, f = std::move(fn)]() mutable { s->on_close(std::move(f)); });
     }
+    void long_lived() override {
+        net::dispatch(s_->executor(), [s = s_] { s->long_lived(); });
+    }
 
   private:
-    std::shared_ptr<Session> s_;
+    std::shared_ptr<Conn> s_;
 };
 
-std::shared_ptr<Responder> Session::make_reply() {
-    return std::make_shared<Reply>(shared_from_this());
+std::shared_ptr<Responder> make_reply(std::shared_ptr<Conn> c) {
+    return std::make_shared<Reply>(std::move(c));
 }
 
 }  // namespace
+
+std::string HttpRequest::param(const std::string & name) const {
+    size_t i = 0;
+    while (i <= query.size()) {
+        size_t j = query.find('&', i);
+        if (j == std::string::npos) j = query.size();
+        const std::string pair = query.substr(i, j - i);
+        const auto eq = pair.find('=');
+        if (pair.substr(0, eq) == name) {
+            const std::string raw = eq == std::string::npos ? "" : pair.substr(eq + 1);
+            std::string out;
+            for (size_t k = 0; k < raw.size(); ++k) {
+                if (raw[k] == '+') {
+                    out += ' ';
+                } else if (raw[k] == '%' && k + 2 < raw.size() && std::isxdigit(static_cast<unsigned char>(raw[k + 1])) &&
+                           std::isxdigit(static_cast<unsigned char>(raw[k + 2]))) {
+                    out += char(std::stoi(raw.substr(k + 1, 2), nullptr, 16));
+                    k += 2;
+                } else {
+                    out += raw[k];
+                }
+            }
+            return out;
+        }
+        i = j + 1;
+    }
+    return {};
+}
 
 HttpServer::HttpServer(HttpConfig cfg, Handler handler)
     : cfg_(std::move(cfg)),
@@ -298,6 +392,19 @@ HttpServer::~HttpServer() {
 
 std::string HttpServer::listen() {
     beast::error_code ec;
+    if (!cfg_.ssl_cert_file.empty() || !cfg_.ssl_key_file.empty()) {
+        if (cfg_.ssl_cert_file.empty() || cfg_.ssl_key_file.empty())
+            return "HTTPS needs both --ssl-cert-file and --ssl-key-file";
+        tls_ = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
+        tls_->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                              net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
+                              net::ssl::context::no_tlsv1_1 | net::ssl::context::single_dh_use,
+                          ec);
+        tls_->use_certificate_chain_file(cfg_.ssl_cert_file, ec);
+        if (ec) return "--ssl-cert-file " + cfg_.ssl_cert_file + ": " + ec.message();
+        tls_->use_private_key_file(cfg_.ssl_key_file, net::ssl::context::pem, ec);
+        if (ec) return "--ssl-key-file " + cfg_.ssl_key_file + ": " + ec.message();
+    }
     auto addr = net::ip::make_address(cfg_.host, ec);
     if (ec) return "invalid --host '" + cfg_.host + "': " + ec.message();
     tcp::endpoint ep(addr, cfg_.port);
@@ -345,7 +452,11 @@ void HttpServer::accept() {
             return accept();
         }
         sock.set_option(tcp::no_delay(true), ec);
-        std::make_shared<Session>(std::move(sock), cfg_, handler_, connections_)->start();
+        const Shared shared{cfg_, handler_, connections_, exchanges_, closing_};
+        if (tls_)
+            std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(shared, std::move(sock), *tls_)->start();
+        else
+            std::make_shared<Session<beast::tcp_stream>>(shared, std::move(sock))->start();
         accept();
     });
 }

@@ -3,6 +3,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <atomic>
@@ -27,6 +28,8 @@ struct HttpRequest {
         auto it = headers.find(lower_name);
         return it == headers.end() ? std::string() : it->second;
     }
+    //! The first `name=value` of the query string, percent-decoded; "" when absent.
+    std::string param(const std::string & name) const;
 };
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
@@ -48,6 +51,9 @@ class Responder {
     virtual bool closed() const = 0;
     //! `fn` runs once, on an I/O thread, if the client goes away before the response ends.
     virtual void on_close(std::function<void()> fn) = 0;
+    //! This stream follows something that may last for hours (a session's events): a draining
+    //! server does not wait for it to end.
+    virtual void long_lived() {}
 };
 
 using Handler = std::function<void(HttpRequest &&, std::shared_ptr<Responder>)>;
@@ -62,6 +68,9 @@ struct HttpConfig {
     //! Open connections beyond which new ones get 503 and are closed. 0: the process's file
     //! descriptor limit less a reserve for the store, the journal and tools.
     size_t max_connections = 0;
+    //! HTTPS (PEM files, as llama-server's --ssl-cert-file / --ssl-key-file); both or neither.
+    std::string ssl_cert_file;
+    std::string ssl_key_file;
 };
 
 //! Asynchronous HTTP/1.1 server on Boost.Beast: a few I/O threads, no thread per connection.
@@ -76,8 +85,13 @@ class HttpServer {
     void stop();
     uint16_t port() const { return port_; }
     size_t connections() const { return connections_.load(); }
+    //! Requests read whose response has not been written to the end (long-lived streams aside).
+    size_t exchanges() const { return exchanges_.load(); }
     //! Executor of the I/O threads, for work that must not run on the engine thread.
     boost::asio::any_io_executor executor() { return ioc_.get_executor(); }
+    //! Answers from now on carry `Connection: close`, so keep-alive clients go elsewhere.
+    void set_closing() { closing_.store(true); }
+    bool tls() const { return tls_ != nullptr; }
 
   private:
     void accept();
@@ -90,8 +104,11 @@ class HttpServer {
     uint16_t port_ = 0;
     size_t max_connections_ = 0;
     std::atomic<size_t> connections_{0};
+    std::atomic<size_t> exchanges_{0};
     boost::asio::steady_timer accept_retry_;
     std::chrono::steady_clock::time_point last_accept_warning_{};
+    std::unique_ptr<boost::asio::ssl::context> tls_;
+    std::atomic<bool> closing_{false};
 };
 
 }  // namespace armada::api

@@ -4,6 +4,7 @@
 #include "api/openai_map.h"
 #include "api/openai_service.h"
 #include "api/sse.h"
+#include "agent/agent_spec.h"
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
@@ -127,7 +128,9 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     std::shared_ptr<engine::ChatTurn> turn;
     std::vector<common_chat_msg> conversation;  // without the system message
     json resp;                                  // the response object, filled as it goes
-    std::string owner;
+    std::string owner;    // the tenant
+    std::string account;  // the key's rate-limit account
+    std::string named_tool;
     bool stream = false, store_it = true;
     std::string text, msg_id;
     common_chat_msg parsed;
@@ -311,7 +314,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         pending = int(msg.tool_calls.size());
         for (const auto & c : msg.tool_calls) {
             const auto & entry = mcp.at(c.name);
-            svc->run_mcp(entry.second, c, [self = shared_from_this(), c, label = entry.first](tools::ToolResult r) {
+            svc->run_mcp(owner, entry.second, c, [self = shared_from_this(), c, label = entry.first](tools::ToolResult r) {
                 net::post(self->strand, [self, c, label, r] { self->on_mcp_result(c, label, r); });
             });
         }
@@ -359,7 +362,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
             return finish(ev);
         }
         req->sink = [self = shared_from_this()](engine::GenEvent && ev) { self->push(std::move(ev)); };
-        req->account = owner;
+        req->account = account;
         if (engine->submit(std::move(req)) != engine::SubmitStatus::Accepted) {
             engine::GenEvent ev;
             ev.finish = engine::FinishReason::Error;
@@ -410,34 +413,37 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
 };
 
 ResponsesService::ResponsesService(std::shared_ptr<engine::Model> model, engine::EngineSet & engine,
-                                   store::Store & store, net::any_io_executor io, const tools::SsrfGuard & guard)
+                                   store::Store & store, net::any_io_executor io, tools::McpClients & mcp,
+                                   tools::ClientCalls & calls, int discover_budget_ms)
     : model_(std::move(model)),
       engine_(engine),
       store_(store),
       io_(std::move(io)),
       format_(model_),
-      guard_(guard),
-      pool_(2) {}
+      mcp_(mcp),
+      calls_(calls),
+      discover_budget_ms_(discover_budget_ms) {}
 
-ResponsesService::~ResponsesService() {
-    pool_.join();
-}
+ResponsesService::~ResponsesService() = default;
 
-void ResponsesService::create(const json & body, const std::string & owner, std::shared_ptr<Responder> out) {
+void ResponsesService::create(const json & body, const Caller & caller, std::shared_ptr<Responder> out) {
     auto run = std::make_shared<Run>(io_);
     run->out = out;
     run->store = &store_;
     run->format = &format_;
-    run->owner = owner;
+    run->owner = caller.tenant;
+    run->account = caller.account;
     run->stream = get_bool(body, "stream", false);
     run->store_it = get_bool(body, "store", true);
     run->msg_id = random_id("msg_");
+    run->svc = this;
+    run->engine = &engine_;
     if (!engine_.has_room()) throw at_capacity();
 
     const std::string prev = get_string(body, "previous_response_id");
     if (!prev.empty()) {
         auto rec = store_.session(prev);
-        if (!rec || rec->agent_id != kResponseAgent || rec->owner != owner) {
+        if (!rec || rec->agent_id != kResponseAgent || rec->owner != caller.tenant) {
             throw ApiError(404, "no stored response with id '" + prev + "'", "previous_response_id");
         }
         run->conversation = msgs_from_json(json::parse(rec->data).value("messages", json::array()));
@@ -445,14 +451,14 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
     if (!body.contains("input") || body["input"].is_null()) throw ApiError(400, "'input' is required", "input");
     append_input(body["input"], run->conversation);
 
-    std::vector<common_chat_tool> tools;
     json tools_echo = json::array();
+    std::vector<std::pair<std::string, tools::McpServerSpec>> servers;  // (label, server)
     if (body.contains("tools") && !body["tools"].is_null()) {
         if (!body["tools"].is_array()) throw ApiError(400, "'tools' must be a list", "tools");
         for (const auto & t : body["tools"]) {
             const std::string type = t.is_object() ? get_string(t, "type") : "";
             if (type == "mcp") {
-                add_mcp_tools(*run, t, tools);
+                servers.push_back(mcp_server(t));
                 tools_echo.push_back(t);
                 continue;
             }
@@ -461,44 +467,23 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
                                 dump(t.contains("parameters") ? t["parameters"] : json{{"type", "object"}})};
             if (ct.name.empty()) throw ApiError(400, "a function tool needs a name", "tools");
             check_tool_schema(json::parse(ct.parameters), ct.name);
-            tools.push_back(ct);
+            run->tools.push_back(ct);
             tools_echo.push_back(t);
         }
     }
-    common_chat_tool_choice choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
     if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
         const json & tc = body["tool_choice"];
         if (tc == "none")
-            choice = COMMON_CHAT_TOOL_CHOICE_NONE;
+            run->choice = COMMON_CHAT_TOOL_CHOICE_NONE;
         else if (tc == "required")
-            choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
-        else if (tc.is_object()) {
-            const std::string name = get_string(tc, "name");
-            std::erase_if(tools, [&](const common_chat_tool & t) { return t.name != name; });
-            if (tools.empty()) throw ApiError(400, "'tool_choice' names an unknown tool", "tool_choice");
-            choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
-        } else if (tc != "auto") {
+            run->choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+        else if (tc.is_object())
+            run->named_tool = get_string(tc, "name");
+        else if (tc != "auto")
             throw ApiError(400, "'tool_choice' must be auto, none, required or a named function", "tool_choice");
-        }
     }
-    std::vector<common_chat_msg> msgs;
-    const std::string instructions = get_string(body, "instructions");
-    if (!instructions.empty()) {
-        common_chat_msg sys;
-        sys.role = "system";
-        sys.content = instructions;
-        msgs.push_back(sys);
-    }
-    msgs.insert(msgs.end(), run->conversation.begin(), run->conversation.end());
-    const bool parallel = get_bool(body, "parallel_tool_calls", true);
-    run->turn = std::make_shared<engine::ChatTurn>(format_.render(msgs, tools, choice, parallel));
-    run->svc = this;
-    run->engine = &engine_;
-    run->tools = tools;
-    run->choice = choice;
-    run->parallel = parallel;
-    run->instructions = instructions;
-
+    run->instructions = get_string(body, "instructions");
+    run->parallel = get_bool(body, "parallel_tool_calls", true);
     engine::SamplingOptions so;
     so.temperature = float(get_number(body, "temperature", 0.8));
     so.top_p = float(get_number(body, "top_p", 0.95));
@@ -508,18 +493,16 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
     if (so.temperature < 0 || so.temperature > 2)
         throw ApiError(400, "'temperature' must be between 0 and 2", "temperature");
     run->so = so;
-    auto req = format_.request(*run->turn, so, engine_.n_ctx_seq(), engine::choice_seed(so, 0));
-
     run->resp = {{"id", random_id("resp_")},
                  {"object", "response"},
                  {"created_at", unix_now()},
                  {"status", "in_progress"},
                  {"error", nullptr},
                  {"incomplete_details", nullptr},
-                 {"instructions", instructions.empty() ? json(nullptr) : json(instructions)},
+                 {"instructions", run->instructions.empty() ? json(nullptr) : json(run->instructions)},
                  {"model", model_->id()},
                  {"output", json::array()},
-                 {"parallel_tool_calls", parallel},
+                 {"parallel_tool_calls", run->parallel},
                  {"previous_response_id", prev.empty() ? json(nullptr) : json(prev)},
                  {"store", run->store_it},
                  {"temperature", so.temperature},
@@ -530,8 +513,63 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
                  {"text", {{"format", {{"type", "text"}}}}},
                  {"metadata", json::object()},
                  {"usage", nullptr}};
+    if (servers.empty()) return begin(run);
+
+    // The servers a client names are asked for their tools on the client-call workers, never on
+    // an I/O thread, within the discovery budget, and at most a few at a time per tenant.
+    auto clients = std::make_shared<std::vector<std::pair<std::string, std::shared_ptr<tools::McpClient>>>>();
+    for (const auto & [label, spec] : servers)
+        clients->emplace_back(label, mcp_.get(caller.tenant, spec));
+    const bool started = calls_.try_run(caller.tenant, [this, run, clients] {
+        std::string err;
+        std::vector<std::pair<std::string, std::vector<tools::HttpToolSpec>>> listed;
+        for (const auto & [label, client] : *clients) {
+            listed.emplace_back(label, std::vector<tools::HttpToolSpec>{});
+            if (err.empty()) err = client->list_tools(listed.back().second, discover_budget_ms_);
+        }
+        net::post(run->strand, [this, run, clients, listed = std::move(listed), err] {
+            try {
+                if (!err.empty()) throw ApiError(424, err, "tools");
+                for (size_t i = 0; i < listed.size(); ++i)
+                    add_mcp_tools(*run, listed[i].first, (*clients)[i].second, listed[i].second);
+                begin(run);
+            } catch (const ApiError & e) {
+                Headers h;
+                if (e.retry_after_s > 0) h.emplace_back("Retry-After", std::to_string(e.retry_after_s));
+                run->out->send(e.status, "application/json", error_body(e.status, e.what(), e.param, e.code), h);
+            } catch (const std::exception & e) {
+                run->out->send(400, "application/json", error_body(400, e.what()));
+            }
+        });
+    });
+    if (!started) {
+        ApiError e(429,
+                   "too many calls to MCP servers are in flight for this tenant (at most " +
+                       std::to_string(calls_.per_tenant()) + "); retry shortly",
+                   "tools", "rate_limit_exceeded");
+        e.retry_after_s = 1;
+        throw e;
+    }
+}
+
+void ResponsesService::begin(const std::shared_ptr<Run> & run) {
+    if (!run->named_tool.empty()) {
+        std::erase_if(run->tools, [&](const common_chat_tool & t) { return t.name != run->named_tool; });
+        if (run->tools.empty()) throw ApiError(400, "'tool_choice' names an unknown tool", "tool_choice");
+        run->choice = COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+    }
+    std::vector<common_chat_msg> msgs;
+    if (!run->instructions.empty()) {
+        common_chat_msg sys;
+        sys.role = "system";
+        sys.content = run->instructions;
+        msgs.push_back(sys);
+    }
+    msgs.insert(msgs.end(), run->conversation.begin(), run->conversation.end());
+    run->turn = std::make_shared<engine::ChatTurn>(format_.render(msgs, run->tools, run->choice, run->parallel));
+    auto req = format_.request(*run->turn, run->so, engine_.n_ctx_seq(), engine::choice_seed(run->so, 0));
     req->sink = [run](engine::GenEvent && ev) { run->push(std::move(ev)); };
-    req->account = owner;
+    req->account = run->account;
     auto cancelled = req->cancelled;
     const auto st = engine_.submit(std::move(req));
     if (st == engine::SubmitStatus::QueueFull) throw at_capacity();
@@ -540,43 +578,49 @@ void ResponsesService::create(const json & body, const std::string & owner, std:
         e.retry_after_s = 1;
         throw e;
     }
-    out->on_close([cancelled, eng = &engine_] {
+    run->out->on_close([cancelled, eng = &engine_] {
         cancelled->store(true);
         eng->wake();
     });
-    if (run->stream) out->start_stream(200);
+    if (run->stream) run->out->start_stream(200);
 }
 
-void ResponsesService::add_mcp_tools(Run & run, const json & t, std::vector<common_chat_tool> & tools) {
-    agent::McpServerSpec spec;
+std::pair<std::string, tools::McpServerSpec> ResponsesService::mcp_server(const json & t) {
+    tools::McpServerSpec spec;
     spec.url = get_string(t, "server_url");
     const std::string label = get_string(t, "server_label", spec.url);
     if (spec.url.empty()) throw ApiError(400, "an mcp tool needs server_url", "tools");
+    if (spec.url.rfind("http://", 0) != 0 && spec.url.rfind("https://", 0) != 0)
+        throw ApiError(400, "an mcp tool's server_url must be http:// or https://", "tools");
     if (t.contains("allowed_tools") && t["allowed_tools"].is_array()) {
         for (const auto & a : t["allowed_tools"]) {
             if (a.is_string()) spec.allowed_tools.push_back(a.get<std::string>());
         }
     }
-    if (t.contains("headers") && t["headers"].is_object()) {
+    if (t.contains("headers") && !t["headers"].is_null()) {
+        if (!t["headers"].is_object()) throw ApiError(400, "an mcp tool's headers must be an object", "tools");
         for (const auto & [k, v] : t["headers"].items()) {
-            if (v.is_string()) spec.headers[k] = v.get<std::string>();
+            if (!v.is_string()) throw ApiError(400, "mcp header '" + k + "' must be a string", "tools");
+            // The server's environment and files are the operator's: a client cannot name them.
+            if (agent::has_secret_reference(v.get<std::string>())) {
+                throw ApiError(400,
+                               "mcp header '" + k +
+                                   "': ${env:...} and ${file:...} are expanded only in the operator's agent files "
+                                   "(--agents); send the value itself",
+                               "tools");
+            }
+            spec.headers[k] = v.get<std::string>();
         }
     }
-    std::shared_ptr<tools::McpClient> client;
-    {
-        std::lock_guard lk(mu_);
-        auto & c = mcp_clients_[spec.url];
-        if (!c) c = std::make_shared<tools::McpClient>(spec, guard_);
-        client = c;
-    }
-    // tools/list blocks this I/O thread for at most the server's timeout.
-    std::vector<agent::HttpToolSpec> listed;
-    if (auto err = client->list_tools(listed); !err.empty()) throw ApiError(424, err, "tools");
-    std::set<std::string> allowed(spec.allowed_tools.begin(), spec.allowed_tools.end());
+    spec.expand_secrets = false;
+    return {label, spec};
+}
+
+void ResponsesService::add_mcp_tools(Run & run, const std::string & label, const std::shared_ptr<tools::McpClient> & client,
+                                     const std::vector<tools::HttpToolSpec> & listed) {
     json list = json::array();
     for (const auto & l : listed) {
-        if (!allowed.empty() && !allowed.count(l.name)) continue;
-        tools.push_back({l.name, l.description, l.parameters});
+        run.tools.push_back({l.name, l.description, l.parameters});
         run.mcp[l.name] = {label, client};
         list.push_back({{"name", l.name}, {"description", l.description}, {"input_schema", json::parse(l.parameters)}});
     }
@@ -584,24 +628,32 @@ void ResponsesService::add_mcp_tools(Run & run, const json & t, std::vector<comm
         {{"type", "mcp_list_tools"}, {"id", random_id("mcpl_")}, {"server_label", label}, {"tools", list}});
 }
 
-void ResponsesService::run_mcp(const std::shared_ptr<tools::McpClient> & client, const common_chat_tool_call & call,
-                               std::function<void(tools::ToolResult)> done) {
-    net::post(pool_,
-              [client, call, done = std::move(done)] { done(client->call_tool(call.name, call.arguments, call.id)); });
+void ResponsesService::run_mcp(const std::string & tenant, const std::shared_ptr<tools::McpClient> & client,
+                               const common_chat_tool_call & call, std::function<void(tools::ToolResult)> done) {
+    auto shared_done = std::make_shared<std::function<void(tools::ToolResult)>>(std::move(done));
+    const bool queued = calls_.run(tenant, [client, call, shared_done] {
+        (*shared_done)(client->call_tool(call.name, call.arguments, call.id));
+    });
+    if (!queued) {
+        tools::ToolResult r;
+        r.is_error = true;
+        r.content = "tool error: too many MCP calls are waiting for this tenant";
+        (*shared_done)(std::move(r));
+    }
 }
 
-void ResponsesService::get(const std::string & id, const std::string & owner, const std::shared_ptr<Responder> & out) {
+void ResponsesService::get(const std::string & id, const std::string & tenant, const std::shared_ptr<Responder> & out) {
     auto rec = store_.session(id);
-    if (!rec || rec->agent_id != kResponseAgent || rec->owner != owner) {
+    if (!rec || rec->agent_id != kResponseAgent || rec->owner != tenant) {
         throw ApiError(404, "no stored response with id '" + id + "'");
     }
     out->send(200, "application/json", dump(json::parse(rec->data)["response"]));
 }
 
-void ResponsesService::erase(const std::string & id, const std::string & owner,
+void ResponsesService::erase(const std::string & id, const std::string & tenant,
                              const std::shared_ptr<Responder> & out) {
     auto rec = store_.session(id);
-    if (!rec || rec->agent_id != kResponseAgent || rec->owner != owner) {
+    if (!rec || rec->agent_id != kResponseAgent || rec->owner != tenant) {
         throw ApiError(404, "no stored response with id '" + id + "'");
     }
     store::Batch b;

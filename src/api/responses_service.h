@@ -1,14 +1,15 @@
 #pragma once
 
+#include "api/auth.h"
 #include "api/http_server.h"
 #include "api/json_util.h"
 #include "engine/chat_format.h"
 #include "engine/engine_set.h"
 #include "store/store.h"
+#include "tools/client_calls.h"
 #include "tools/mcp_client.h"
 
 #include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/thread_pool.hpp>
 
 #include <map>
 #include <memory>
@@ -24,31 +25,39 @@ namespace armada::api {
 //! Stored responses are written to the checkpoint store, so they survive a restart.
 class ResponsesService {
   public:
+    //! MCP servers a request names are reached through `mcp` (per tenant and header set) on the
+    //! `calls` workers; their tools are listed within `discover_budget_ms`.
     ResponsesService(std::shared_ptr<engine::Model> model, engine::EngineSet & engine, store::Store & store,
-                     boost::asio::any_io_executor io, const tools::SsrfGuard & guard);
+                     boost::asio::any_io_executor io, tools::McpClients & mcp, tools::ClientCalls & calls,
+                     int discover_budget_ms = 10000);
     ~ResponsesService();
 
-    void create(const json & body, const std::string & owner, std::shared_ptr<Responder> out);
-    void get(const std::string & id, const std::string & owner, const std::shared_ptr<Responder> & out);
-    void erase(const std::string & id, const std::string & owner, const std::shared_ptr<Responder> & out);
+    //! Stored responses belong to `caller.tenant`; tokens are charged to `caller.account`.
+    void create(const json & body, const Caller & caller, std::shared_ptr<Responder> out);
+    void get(const std::string & id, const std::string & tenant, const std::shared_ptr<Responder> & out);
+    void erase(const std::string & id, const std::string & tenant, const std::shared_ptr<Responder> & out);
 
   private:
     struct Run;
-    //! Lists an `{"type":"mcp"}` tool's server tools into `tools` (blocking, bounded by its timeout).
-    void add_mcp_tools(Run & run, const json & t, std::vector<common_chat_tool> & tools);
-    //! Calls an MCP tool on a worker thread; `done` runs there.
-    void run_mcp(const std::shared_ptr<tools::McpClient> & client, const common_chat_tool_call & call,
-                 std::function<void(tools::ToolResult)> done);
+    //! Renders the prompt and submits the first model step (throws ApiError).
+    void begin(const std::shared_ptr<Run> & run);
+    //! The server an `{"type":"mcp"}` tool names, checked (throws ApiError 400).
+    static std::pair<std::string, tools::McpServerSpec> mcp_server(const json & t);
+    //! Adds a server's listed tools to the run.
+    void add_mcp_tools(Run & run, const std::string & label, const std::shared_ptr<tools::McpClient> & client,
+                       const std::vector<tools::HttpToolSpec> & listed);
+    //! Calls an MCP tool on a client-call worker; `done` runs there.
+    void run_mcp(const std::string & tenant, const std::shared_ptr<tools::McpClient> & client,
+                 const common_chat_tool_call & call, std::function<void(tools::ToolResult)> done);
 
     std::shared_ptr<engine::Model> model_;
     engine::EngineSet & engine_;
     store::Store & store_;
     boost::asio::any_io_executor io_;
     engine::ChatFormat format_;
-    const tools::SsrfGuard & guard_;
-    boost::asio::thread_pool pool_;
-    std::mutex mu_;
-    std::map<std::string, std::shared_ptr<tools::McpClient>> mcp_clients_;  // guarded by mu_
+    tools::McpClients & mcp_;
+    tools::ClientCalls & calls_;
+    int discover_budget_ms_;
 };
 
 }  // namespace armada::api

@@ -129,33 +129,64 @@ bool is_json_type(const std::string & ct) {
 }
 }  // namespace
 
+bool Router::probe(const HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name) {
+    const std::string & p = req.path;
+    if (p != "/health" && p != "/livez" && p != "/readyz") return false;
+    route_name = p;
+    if (req.method != "GET" && req.method != "HEAD") throw ApiError(405, "use GET for " + p);
+    auto answer = [this, out, route_name](const std::string & why, const char * ok_status) {
+        const bool ok = why.empty();
+        const json body = ok ? json{{"status", ok_status}} : json{{"status", "unavailable"}, {"reason", why}};
+        out->send(ok ? 200 : 503, "application/json", dump(body), ok ? Headers{} : Headers{{"Retry-After", "1"}});
+        count(route_name, ok ? 200 : 503);
+    };
+    if (p == "/health") {
+        // llama-server's meaning: 200 once the model is loaded, 503 while loading.
+        answer(svc_.load() ? "" : "loading", "ok");
+    } else if (p == "/livez") {
+        answer(probes_.live ? probes_.live() : "", "alive");
+    } else if (!svc_.load()) {
+        answer("the model is loading", "ready");
+    } else if (draining_.load()) {
+        answer("draining", "ready");
+    } else if (probes_.ready) {
+        probes_.ready([answer](const std::string & why) { answer(why, "ready"); });
+    } else {
+        answer("", "ready");
+    }
+    return true;
+}
+
 void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name) {
     const std::string & p = req.path;
     const bool get = req.method == "GET", post = req.method == "POST";
-    if (p == "/health") {
-        route_name = p;
-        if (!get) throw ApiError(405, "use GET for /health");
-        const bool ready = svc_.load() != nullptr;
-        out->send(ready ? 200 : 503, "application/json", ready ? R"({"status":"ok"})" : R"({"status":"loading"})",
-                  ready ? Headers{} : Headers{{"Retry-After", "1"}});
-        count(route_name, ready ? 200 : 503);
-        return;
-    }
-    const std::string key = keys_.enabled() ? keys_.check(req.header("authorization"), req.header("x-api-key")) : "";
-    if (keys_.enabled() && key.empty()) {
+    if (probe(req, out, route_name)) return;
+    const ApiKeys::Key * key = keys_.enabled() ? keys_.check(req.header("authorization"), req.header("x-api-key")) : nullptr;
+    if (keys_.enabled() && !key) {
         route_name = "auth";
         throw ApiError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'", {}, "invalid_api_key");
     }
-    OpenAIService * svc = svc_.load();
-    const std::string account = owner_of(key);
-    if (p != "/metrics") check_rate(req, account);
+    const Caller caller = keys_.caller(key);
     if (p == "/metrics") {
         route_name = p;
         if (!get) throw ApiError(405, "use GET for /metrics");
+        // Metrics name every tenant's tools and load: on the main port they need an admin key.
+        // Prometheus scrapes the metrics listener (--metrics-port) instead.
+        if (!caller.admin)
+            throw ApiError(403, "/metrics needs an admin key; scrape the metrics listener (--metrics-port) instead");
         out->send(200, "text/plain; version=0.0.4", render_metrics());
         count(route_name, 200);
         return;
     }
+    if (draining_.load()) {
+        route_name = "draining";
+        ApiError e(503, "the node is shutting down (draining); retry on another node or after its restart", {},
+                   "draining");
+        e.retry_after_s = 5;
+        throw e;
+    }
+    OpenAIService * svc = svc_.load();
+    check_rate(req, caller.account);
     if (p.rfind("/v1/agents", 0) == 0 || p.rfind("/v1/sessions", 0) == 0) {
         route_name = "/v1/sessions";
         SessionsApi * sa = sessions_.load();
@@ -168,7 +199,7 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
             p != "/v1/agents") {
             throw ApiError(415, "content type must be application/json");
         }
-        if (sa->handle(req, account, out, route_name)) {
+        if (sa->handle(req, caller, out, route_name)) {
             count(route_name, 200);
             return;
         }
@@ -184,13 +215,13 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         if (p == "/v1/responses") {
             if (!post) throw ApiError(405, "use POST for /v1/responses");
             if (!is_json_type(req.header("content-type"))) throw ApiError(415, "content type must be application/json");
-            rs->create(parse_request_body(req.body), account, out);
+            rs->create(parse_request_body(req.body), caller, out);
         } else {
             const std::string id = p.substr(std::string("/v1/responses/").size());
             if (req.method == "GET")
-                rs->get(id, account, out);
+                rs->get(id, caller.tenant, out);
             else if (req.method == "DELETE")
-                rs->erase(id, account, out);
+                rs->erase(id, caller.tenant, out);
             else
                 throw ApiError(405, "use GET or DELETE for a stored response");
         }
@@ -220,16 +251,17 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
     }
     const json body = parse_request_body(req.body);
     if (p == "/v1/chat/completions") {
-        svc->chat(body, account, out);
+        svc->chat(body, caller.account, out);
     } else {
-        svc->completion(body, account, out);
+        svc->completion(body, caller.account, out);
     }
 }
 
-void Router::dispatch(HttpRequest && req, std::shared_ptr<Responder> out) {
+template <class F>
+void Router::guarded(HttpRequest & req, const std::shared_ptr<Responder> & out, F && f) {
     std::string route_name = "other";
     try {
-        route(req, out, route_name);
+        f(route_name);
     } catch (const ApiError & e) {
         Headers h;
         if (e.retry_after_s > 0) h.emplace_back("Retry-After", std::to_string(e.retry_after_s));
@@ -248,6 +280,21 @@ void Router::dispatch(HttpRequest && req, std::shared_ptr<Responder> out) {
         out->send(500, "application/json", error_body(500, "internal error"));
         count(route_name, 500);
     }
+}
+
+void Router::dispatch(HttpRequest && req, std::shared_ptr<Responder> out) {
+    guarded(req, out, [&](std::string & route_name) { route(req, out, route_name); });
+}
+
+void Router::dispatch_metrics(HttpRequest && req, std::shared_ptr<Responder> out) {
+    guarded(req, out, [&](std::string & route_name) {
+        if (probe(req, out, route_name)) return;
+        if (req.path != "/metrics") throw ApiError(404, "the metrics listener serves /metrics and the probes only");
+        route_name = "/metrics";
+        if (req.method != "GET") throw ApiError(405, "use GET for /metrics");
+        out->send(200, "text/plain; version=0.0.4", render_metrics());
+        count(route_name, 200);
+    });
 }
 
 }  // namespace armada::api

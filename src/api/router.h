@@ -9,9 +9,17 @@
 #include "obs/metrics.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 
 namespace armada::api {
+
+//! Kubernetes-style probes. `live` says whether the process's loops turn; `ready` calls back
+//! with whether the node takes traffic now, and why not.
+struct Probes {
+    std::function<std::string()> live;  // "" when alive, else what is stuck
+    std::function<void(std::function<void(std::string)>)> ready;  // "" when ready, else why not
+};
 
 //! Maps routes to handlers, checks API keys, counts requests, and is the one place where
 //! exceptions from handlers become HTTP errors (ApiError → its 4xx, anything else → 500).
@@ -20,17 +28,27 @@ class Router {
     //! `limits` may be null: no rate limits.
     Router(ApiKeys keys, obs::Registry & metrics, RateLimiter * limits = nullptr);
 
-    //! Set once the model and engines are ready; until then every route but /health is 503.
+    //! Set once the model and engines are ready; until then every route but the probes is 503.
     void set_service(OpenAIService * svc, const engine::EngineSet * engines, SessionsApi * sessions = nullptr,
                      ResponsesService * responses = nullptr);
+    void set_probes(Probes p) { probes_ = std::move(p); }
+    //! From now on new requests get 503 with Retry-After; the probes and /metrics still answer.
+    void set_draining() { draining_.store(true); }
+    bool draining() const { return draining_.load(); }
     void dispatch(HttpRequest && req, std::shared_ptr<Responder> out);
+    //! The metrics listener (`--metrics-port`): /metrics without a key, and the probes.
+    void dispatch_metrics(HttpRequest && req, std::shared_ptr<Responder> out);
 
   private:
     void route(HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name);
+    //! /health, /livez, /readyz; true when `req` was one of them.
+    bool probe(const HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name);
     void count(const std::string & route, int code);
     //! Refuses with 429 when the key is over its requests or tokens per minute.
     void check_rate(const HttpRequest & req, const std::string & account);
     std::string render_metrics();
+    template <class F>
+    void guarded(HttpRequest & req, const std::shared_ptr<Responder> & out, F && f);
 
     ApiKeys keys_;
     obs::Registry & metrics_;
@@ -39,6 +57,8 @@ class Router {
     std::atomic<const engine::EngineSet *> engines_{nullptr};
     std::atomic<SessionsApi *> sessions_{nullptr};
     std::atomic<ResponsesService *> responses_{nullptr};
+    Probes probes_;
+    std::atomic<bool> draining_{false};
 };
 
 }  // namespace armada::api

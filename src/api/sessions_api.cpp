@@ -1,25 +1,11 @@
 #include "api/sessions_api.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include "api/errors.h"
 #include "api/sse.h"
 
-#include <cstdio>
+#include <mutex>
 
 namespace armada::api {
-
-std::string owner_of(const std::string & api_key) {
-    if (api_key.empty()) return {};
-    uint64_t h = 1469598103934665603ULL;  // FNV-1a
-    for (unsigned char c : api_key) {
-        h ^= c;
-        h *= 1099511628211ULL;
-    }
-    char buf[17];
-    snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-    return buf;
-}
 
 namespace {
 
@@ -93,9 +79,39 @@ std::vector<std::string> split(const std::string & path) {
     return parts;
 }
 
+ApiError agent_not_found(const std::string & id) {
+    return ApiError(404, "no agent with id '" + id + "'", {}, "not_found");
+}
+
+// The tenant an agents route acts for: the caller's, or (admin only) `?tenant=NAME`.
+std::string acting_tenant(const HttpRequest & req, const Caller & caller) {
+    const std::string named = req.param("tenant");
+    if (named.empty()) return caller.tenant;
+    if (!caller.admin) throw ApiError(403, "only an admin key may act for another tenant (?tenant=)", "tenant");
+    return tenant_id(named);
+}
+
 }  // namespace
 
-bool SessionsApi::handle(const HttpRequest & req, const std::string & owner, const std::shared_ptr<Responder> & out,
+json agent_json(const agent::AgentSpec & a, bool with_spec) {
+    json tools = json::array();
+    for (const auto & t : a.tools) {
+        json tj = {{"name", t.name}, {"description", t.description}};
+        if (with_spec) {
+            tj["parameters"] = json::parse(t.parameters, nullptr, false);
+            if (!t.mcp_url.empty()) tj["mcp_server"] = t.mcp_url;
+        }
+        tools.push_back(tj);
+    }
+    json j = {{"id", a.id},
+              {"object", "agent"},
+              {"owner", a.from_operator ? json("operator") : json(tenant_name(a.tenant))},
+              {"tools", tools}};
+    if (with_spec) j["spec"] = json::parse(a.source, nullptr, false);
+    return j;
+}
+
+bool SessionsApi::handle(const HttpRequest & req, const Caller & caller, const std::shared_ptr<Responder> & out,
                          std::string & route_name) {
     const auto p = split(req.path);
     if (p.size() < 2 || p[0] != "v1" || (p[1] != "agents" && p[1] != "sessions")) return false;
@@ -103,64 +119,41 @@ bool SessionsApi::handle(const HttpRequest & req, const std::string & owner, con
     if (p[1] == "agents" && p.size() == 2) {
         route_name = "/v1/agents";
         if (m == "GET") {
+            const bool all = caller.admin && req.param("tenant").empty();
+            const std::string tenant = acting_tenant(req, caller);
             json list = json::array();
-            for (const auto & a : mgr_.agents()) {
-                json tools = json::array();
-                for (const auto & t : a.tools)
-                    tools.push_back(t.name);
-                list.push_back({{"id", a.id}, {"object", "agent"}, {"tools", tools}});
-            }
+            for (const auto & a : mgr_.agents(tenant, all))
+                list.push_back(agent_json(a, false));
             out->send(200, "application/json", dump(json{{"object", "list"}, {"data", list}}));
             return true;
         }
         if (m != "POST") throw ApiError(405, "use GET or POST for /v1/agents");
-        std::vector<agent::AgentSpec> specs;
-        const std::string err = agent::parse_agents(req.body, specs);
-        if (!err.empty()) throw ApiError(400, "invalid agent: " + err);
-        for (auto & s : specs) {
-            if (prepare_) {
-                if (auto e = prepare_(s); !e.empty()) throw ApiError(400, "agent '" + s.id + "': " + e);
-            }
-        }
-        // Each agent is stored with its own source text, so it is declared again after a restart.
-        const YAML::Node root = YAML::Load(req.body);
-        YAML::Node list(YAML::NodeType::Sequence);
-        if (root.IsSequence()) {
-            list = root;
-        } else if (root.IsMap() && root["agents"] && root["agents"].IsSequence()) {
-            list = root["agents"];
-        } else {
-            list.push_back(root);  // one agent, as a map
-        }
-        auto left = std::make_shared<size_t>(specs.size());
-        auto failed = std::make_shared<std::string>();
-        const std::string first = specs.empty() ? "" : specs[0].id;
-        if (specs.empty()) {
-            out->send(200, "application/json", dump(json{{"id", first}, {"object", "agent"}}));
+        declare(req, acting_tenant(req, caller), out);
+        return true;
+    }
+    if (p[1] == "agents" && p.size() == 3) {
+        route_name = "/v1/agents/{id}";
+        const std::string tenant = acting_tenant(req, caller);
+        const std::string & id = p[2];
+        auto a = mgr_.agent(tenant, id);
+        if (!a) throw agent_not_found(id);
+        if (m == "GET") {
+            out->send(200, "application/json", dump(agent_json(*a, true)));
             return true;
         }
-        for (size_t i = 0; i < specs.size(); ++i) {
-            YAML::Node one(YAML::NodeType::Sequence);
-            one.push_back(list[i]);
-            YAML::Emitter em;
-            em << YAML::DoubleQuoted << one;
-            mgr_.declare_agent(specs[i], em.c_str(), [out, left, failed, first](agent::Outcome o) {
-                if (o.status != 200 && failed->empty()) *failed = o.error;
-                if (--*left > 0) return;
-                if (!failed->empty()) {
-                    out->send(503, "application/json", error_body(503, *failed));
-                } else {
-                    out->send(200, "application/json", dump(json{{"id", first}, {"object", "agent"}}));
-                }
+        if (m == "DELETE") {
+            mgr_.delete_agent(tenant, id, [out](agent::Outcome o) {
+                reply(out, o, json{{"id", o.id}, {"object", "agent"}, {"deleted", true}});
             });
+            return true;
         }
-        return true;
+        throw ApiError(405, "use GET or DELETE for an agent; POST /v1/agents replaces one");
     }
     if (p[1] == "agents" && p.size() == 4 && p[3] == "sessions") {
         route_name = "/v1/agents/{id}/sessions";
         if (m != "POST") throw ApiError(405, "use POST to create a session");
         const json body = req.body.empty() ? json::object() : parse_request_body(req.body);
-        mgr_.create(p[2], owner, text_input(body), [out](agent::Outcome o) {
+        mgr_.create(p[2], caller.tenant, text_input(body), [out](agent::Outcome o) {
             reply(out, o, json{{"id", o.id}, {"object", "session"}});
         });
         return true;
@@ -170,13 +163,13 @@ bool SessionsApi::handle(const HttpRequest & req, const std::string & owner, con
     if (p.size() == 3) {
         route_name = "/v1/sessions/{id}";
         if (m == "GET") {
-            auto v = mgr_.get(id, owner);
+            auto v = mgr_.get(id, caller.tenant);
             if (!v) throw ApiError(404, "no session with id '" + id + "'");
             out->send(200, "application/json", dump(view_json(*v)));
             return true;
         }
         if (m == "DELETE") {
-            mgr_.erase(id, owner, [out](agent::Outcome o) {
+            mgr_.erase(id, caller.tenant, [out](agent::Outcome o) {
                 reply(out, o, json{{"id", o.id}, {"object", "session"}, {"deleted", true}});
             });
             return true;
@@ -187,7 +180,7 @@ bool SessionsApi::handle(const HttpRequest & req, const std::string & owner, con
         route_name = "/v1/sessions/{id}/messages";
         if (m != "POST") throw ApiError(405, "use POST to add a message");
         const json body = parse_request_body(req.body);
-        mgr_.add_message(id, owner, text_input(body), [out](agent::Outcome o) {
+        mgr_.add_message(id, caller.tenant, text_input(body), [out](agent::Outcome o) {
             reply(out, o, json{{"id", o.id}, {"object", "session"}});
         });
         return true;
@@ -195,35 +188,88 @@ bool SessionsApi::handle(const HttpRequest & req, const std::string & owner, con
     if (p.size() == 4 && p[3] == "cancel") {
         route_name = "/v1/sessions/{id}/cancel";
         if (m != "POST") throw ApiError(405, "use POST to cancel");
-        mgr_.cancel(id, owner, [out](agent::Outcome o) { reply(out, o, json{{"id", o.id}, {"state", "cancelled"}}); });
+        mgr_.cancel(id, caller.tenant,
+                    [out](agent::Outcome o) { reply(out, o, json{{"id", o.id}, {"state", "cancelled"}}); });
         return true;
     }
     if (p.size() == 4 && p[3] == "events") {
         route_name = "/v1/sessions/{id}/events";
         if (m != "GET") throw ApiError(405, "use GET for events");
-        events(id, owner, req, out);
+        events(id, caller.tenant, req, out);
         return true;
     }
     throw ApiError(404, "no route for " + m + " " + req.path);
 }
 
-void SessionsApi::events(const std::string & id, const std::string & owner, const HttpRequest & req,
-                         const std::shared_ptr<Responder> & out) {
-    int64_t last = 0;
-    std::string from = req.header("last-event-id");
-    if (from.empty() && req.query.rfind("last_event_id=", 0) == 0) from = req.query.substr(14);
-    if (!from.empty()) {
-        try {
-            last = std::stoll(from);
-        } catch (...) {
-            throw ApiError(400, "Last-Event-ID must be a number");
+void SessionsApi::declare(const HttpRequest & req, const std::string & tenant, const std::shared_ptr<Responder> & out) {
+    std::vector<agent::AgentSpec> specs;
+    // A client's agent is literal: secret references are refused, never expanded.
+    const std::string err = agent::parse_agents(req.body, specs, {.from_operator = false});
+    if (!err.empty()) throw ApiError(400, "invalid agent: " + err);
+    if (specs.empty()) throw ApiError(400, "invalid agent: the body declares no agent");
+    for (const auto & s : specs) {
+        if (mgr_.is_operator_agent(s.id)) {
+            throw ApiError(403, "agent '" + s.id + "' is declared by the operator (--agents) and is read-only over the API");
         }
     }
-    if (!mgr_.get(id, owner)) throw ApiError(404, "no session with id '" + id + "'");
+    // Each agent is completed (its MCP servers asked for their tools) off the I/O threads, then
+    // stored as its canonical JSON, so it is declared again, unchanged, after a restart.
+    struct Pending {
+        size_t left = 0;
+        int status = 200;
+        std::string error;
+    };
+    auto st = std::make_shared<Pending>();
+    auto mu = std::make_shared<std::mutex>();
+    st->left = specs.size();
+    const std::string first = specs[0].id;
+    auto finish_one = [out, st, mu, first](int status, const std::string & error) {
+        std::lock_guard lk(*mu);
+        if (status != 200 && st->status == 200) {
+            st->status = status;
+            st->error = error;
+        }
+        if (--st->left > 0) return;
+        if (st->status != 200) {
+            Headers h;
+            if (st->status == 429 || st->status == 503) h.emplace_back("Retry-After", "1");
+            out->send(st->status, "application/json", error_body(st->status, st->error), h);
+        } else {
+            out->send(200, "application/json", dump(json{{"id", first}, {"object", "agent"}}));
+        }
+    };
+    for (auto & s : specs) {
+        auto store = [this, tenant, finish_one](std::string e, agent::AgentSpec done) {
+            if (!e.empty()) return finish_one(400, "agent '" + done.id + "': " + e);
+            mgr_.declare_agent(std::move(done), tenant, [finish_one](agent::Outcome o) { finish_one(o.status, o.error); });
+        };
+        if (!prepare_ || s.mcp_servers.empty()) {
+            store({}, std::move(s));
+            continue;
+        }
+        const std::string id = s.id;
+        if (!prepare_(std::move(s), tenant, store)) {
+            finish_one(429, "agent '" + id + "': too many calls to MCP servers are in flight for this tenant; retry shortly");
+        }
+    }
+}
+
+void SessionsApi::events(const std::string & id, const std::string & tenant, const HttpRequest & req,
+                         const std::shared_ptr<Responder> & out) {
+    std::string from = req.header("last-event-id");
+    if (from.empty()) from = req.param("last_event_id");
+    agent::EventId after;
+    if (!from.empty()) {
+        auto parsed = agent::EventId::parse(from);
+        if (!parsed) throw ApiError(400, "Last-Event-ID must be an event id such as 12 or 12.3", "Last-Event-ID");
+        after = *parsed;
+    }
+    if (!mgr_.get(id, tenant)) throw ApiError(404, "no session with id '" + id + "'");
     out->start_stream(200);
+    out->long_lived();
     const uint64_t h = mgr_.subscribe(
-        id, owner, last,
-        [out](const agent::SessionEventRecord & ev) { out->write(sse_event(ev.type, ev.data, uint64_t(ev.id))); },
+        id, tenant, after,
+        [out](const agent::SessionEventRecord & ev) { out->write(sse_event(ev.type, ev.data, ev.id.text())); },
         [out] { out->end(); });
     out->on_close([this, id, h] { mgr_.unsubscribe(id, h); });
 }

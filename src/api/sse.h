@@ -1,7 +1,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 
@@ -9,11 +8,18 @@ namespace armada::api {
 
 //! One Server-Sent Events message. `data` may hold line breaks (CR, LF or CRLF): each line
 //! becomes its own `data:` field, so a reader joins them back with LF. Line breaks in `event`
-//! would end the field early and are dropped. An empty `event` is a plain `message`.
-inline std::string sse_event(std::string_view event, std::string_view data, std::optional<uint64_t> id = {}) {
+//! would end the field early and are dropped. An empty `event` is a plain `message`; an empty
+//! `id` sends none.
+inline std::string sse_event(std::string_view event, std::string_view data, std::string_view id = {}) {
     std::string out;
     out.reserve(data.size() + event.size() + 32);
-    if (id) out += "id: " + std::to_string(*id) + "\n";
+    if (!id.empty()) {
+        out += "id: ";
+        for (char c : id) {
+            if (c != '\r' && c != '\n') out += c;
+        }
+        out += '\n';
+    }
     if (!event.empty()) {
         out += "event: ";
         for (char c : event) {

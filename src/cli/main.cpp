@@ -78,10 +78,55 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
                     "open connections beyond which new ones get 503; 0: the file descriptor limit less 256")
         ->envname("ARMADA_MAX_CONNECTIONS")
         ->capture_default_str();
-    cmd->add_option("--api-key", o.api_key, "require this key (Authorization: Bearer KEY) on every route but /health")
+    cmd->add_option("--api-key", o.api_key,
+                    "require this key (Authorization: Bearer KEY) on every route but the probes; it is the "
+                    "operator's key (admin)")
         ->envname("ARMADA_API_KEY");
-    cmd->add_option("--api-key-file", o.api_key_file, "file with one accepted API key per line")
+    cmd->add_option("--api-key-file", o.api_key_file,
+                    "file of accepted keys, one per line: 'KEY [tenant=NAME] [admin] [rpm=N] [tpm=N]'; a key "
+                    "without a tenant is a tenant of its own")
         ->envname("ARMADA_API_KEY_FILE");
+    cmd->add_option("--ssl-cert-file", o.http.ssl_cert_file, "serve HTTPS with this PEM certificate (chain)")
+        ->envname("ARMADA_SSL_CERT_FILE");
+    cmd->add_option("--ssl-key-file", o.http.ssl_key_file, "the PEM private key of --ssl-cert-file")
+        ->envname("ARMADA_SSL_KEY_FILE");
+    cmd->add_option("--metrics-host", o.metrics_host, "address of the metrics listener")
+        ->envname("ARMADA_METRICS_HOST")
+        ->capture_default_str();
+    cmd->add_option("--metrics-port", o.metrics_port,
+                    "serve /metrics (and /livez, /readyz) without a key on this port, for Prometheus; 0 = any "
+                    "free port; default: none (the main port's /metrics then needs an admin key when keys are set)")
+        ->envname("ARMADA_METRICS_PORT");
+    cmd->add_option("--drain-timeout", o.drain_timeout_s,
+                    "seconds SIGTERM waits for running steps and completions before stopping anyway")
+        ->envname("ARMADA_DRAIN_TIMEOUT")
+        ->capture_default_str();
+    cmd->add_option("--session-ttl", o.session_ttl,
+                    "ended sessions and stored responses are deleted this long after their last change "
+                    "(e.g. 30d, 12h; 0 keeps them)")
+        ->envname("ARMADA_SESSION_TTL")
+        ->capture_default_str();
+    cmd->add_option("--tool-ca-file", o.tool_ca_file,
+                    "PEM CA certificates trusted for https tools and MCP servers, besides the system store")
+        ->envname("ARMADA_TOOL_CA_FILE");
+    cmd->add_option("--mcp-workers", o.mcp_workers, "threads that call MCP servers (never the HTTP threads)")
+        ->envname("ARMADA_MCP_WORKERS")
+        ->check(CLI::Range(1, 1024))
+        ->capture_default_str();
+    cmd->add_option("--mcp-per-tenant", o.mcp_per_tenant,
+                    "MCP calls one tenant may have running; a Responses request over it gets 429")
+        ->envname("ARMADA_MCP_PER_TENANT")
+        ->check(CLI::Range(1, 1024))
+        ->capture_default_str();
+    cmd->add_option("--tool-per-tenant", o.tool_per_tenant, "HTTP tool calls one tenant may have in flight")
+        ->envname("ARMADA_TOOL_PER_TENANT")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+    cmd->add_option("--mcp-discover-ms", o.mcp_discover_ms,
+                    "time allowed to list an MCP server's tools (a Responses request or POST /v1/agents)")
+        ->envname("ARMADA_MCP_DISCOVER_MS")
+        ->check(CLI::Range(1, 600000))
+        ->capture_default_str();
     cmd->add_option("--rate-limit-rpm", o.rate_rpm,
                     "requests (POSTs) per minute allowed to each API key; 0: unlimited. A key's line in "
                     "--api-key-file may set its own: 'KEY rpm=60 tpm=100000'")

@@ -10,8 +10,13 @@
 #include "obs/metrics.h"
 #include "store/crash_point.h"
 #include "store/sqlite_store.h"
+#include "tools/client_calls.h"
 #include "tools/http_tool.h"
 #include "tools/mcp_client.h"
+#include "tools/tenant_gate.h"
+#include "tools/tls.h"
+
+#include <boost/asio/steady_timer.hpp>
 
 #include <fstream>
 #include <map>
@@ -50,6 +55,29 @@ std::optional<engine::PlacementOptions> placement_options(const PlacementFlags &
         !list(f.numa_nodes, "--numa-nodes", "a list such as 0,1 or 0-3", po.numa_nodes))
         return std::nullopt;
     return po;
+}
+
+std::optional<int64_t> parse_duration_ms(const std::string & text) {
+    if (text.empty()) return std::nullopt;
+    size_t used = 0;
+    double v = 0;
+    try {
+        v = std::stod(text, &used);
+    } catch (const std::exception &) {
+        return std::nullopt;
+    }
+    const std::string unit = text.substr(used);
+    double mul = 1000;
+    if (unit == "d")
+        mul = 86400e3;
+    else if (unit == "h")
+        mul = 3600e3;
+    else if (unit == "m")
+        mul = 60e3;
+    else if (unit != "s" && !unit.empty())
+        return std::nullopt;
+    if (!(v >= 0) || v * mul > 9e15) return std::nullopt;
+    return int64_t(v * mul);
 }
 
 int topology_command(const std::string & synthetic, const std::string & xml, const PlacementFlags & f) {
@@ -100,8 +128,19 @@ int serve(const ServeOptions & opt) {
     if (opt.http.host != "127.0.0.1" && opt.http.host != "localhost" && opt.http.host != "::1" && !keys.enabled()) {
         spdlog::warn("listening on {} without an API key; anyone who can reach it can use it", opt.http.host);
     }
+    const auto ttl_ms = parse_duration_ms(opt.session_ttl);
+    if (!ttl_ms) {
+        fprintf(stderr, "error: --session-ttl '%s' is not a duration (e.g. 30d, 12h, 0 for forever)\n",
+                opt.session_ttl.c_str());
+        return 2;
+    }
+    if (!(opt.drain_timeout_s >= 0)) {
+        fprintf(stderr, "error: --drain-timeout must be 0 or more seconds\n");
+        return 2;
+    }
 
     // Agents and tool settings are checked before the model loads, so a bad file fails fast.
+    // Only this file, the operator's, may name secrets (${env:…}, ${file:…}).
     std::vector<agent::AgentSpec> agents;
     if (!opt.agents_file.empty()) {
         std::ifstream f(opt.agents_file);
@@ -111,7 +150,7 @@ int serve(const ServeOptions & opt) {
         }
         std::stringstream ss;
         ss << f.rdbuf();
-        if (auto e = agent::parse_agents(ss.str(), agents); !e.empty()) {
+        if (auto e = agent::parse_agents(ss.str(), agents, {.from_operator = true}); !e.empty()) {
             fprintf(stderr, "error: %s: %s\n", opt.agents_file.c_str(), e.c_str());
             return 2;
         }
@@ -124,6 +163,12 @@ int serve(const ServeOptions & opt) {
             return 2;
         }
         guard.allow(cidr);
+    }
+    std::string tls_err;
+    auto tool_tls = tools::client_tls(opt.tool_ca_file, tls_err);
+    if (!tool_tls) {
+        fprintf(stderr, "error: %s\n", tls_err.c_str());
+        return 2;
     }
     engine::EngineConfig ecfg = opt.engine;
     if (!opt.kv_budget.empty()) {
@@ -220,8 +265,9 @@ int serve(const ServeOptions & opt) {
     }
     obs::Registry metrics;
     api::RateLimiter limiter({opt.rate_rpm, opt.rate_tpm});
-    for (const auto & [k, l] : keys.limits())
-        limiter.set_limits(api::owner_of(k), l);
+    for (const auto & k : keys.keys()) {
+        if (k.limits) limiter.set_limits(api::owner_of(k.key), *k.limits);
+    }
     api::Router router(std::move(keys), metrics, &limiter);
     api::HttpServer http(opt.http, [&router](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
         router.dispatch(std::move(r), std::move(out));
@@ -230,9 +276,34 @@ int serve(const ServeOptions & opt) {
         fprintf(stderr, "error: %s\n", err.c_str());
         return 1;
     }
+    // Prometheus scrapes a listener of its own, with no key: the main port's /metrics needs an
+    // admin key once keys are set.
+    std::unique_ptr<api::HttpServer> metrics_http;
+    if (opt.metrics_port >= 0) {
+        api::HttpConfig mc;
+        mc.host = opt.metrics_host;
+        mc.port = uint16_t(opt.metrics_port);
+        mc.threads = 1;
+        mc.max_body = 4096;
+        mc.max_connections = 64;
+        metrics_http = std::make_unique<api::HttpServer>(mc, [&router](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
+            router.dispatch_metrics(std::move(r), std::move(out));
+        });
+        if (auto err = metrics_http->listen(); !err.empty()) {
+            fprintf(stderr, "error: metrics listener: %s\n", err.c_str());
+            return 1;
+        }
+        metrics_http->run();
+        printf("armada: metrics on http://%s:%u/metrics\n", opt.metrics_host.c_str(), unsigned(metrics_http->port()));
+    }
     http.run();
-    printf("armada: listening on http://%s:%u (loading model)\n", opt.http.host.c_str(), unsigned(http.port()));
+    printf("armada: listening on %s://%s:%u (loading model)\n", http.tls() ? "https" : "http", opt.http.host.c_str(),
+           unsigned(http.port()));
     fflush(stdout);
+    auto stop_listeners = [&] {
+        http.stop();
+        if (metrics_http) metrics_http->stop();
+    };
 
     std::string err;
     int last_pct = -1;
@@ -254,7 +325,7 @@ int serve(const ServeOptions & opt) {
     auto model = engine::Model::load(opt.model, progress, err, load_opt);
     if (!model) {
         fprintf(stderr, "\nerror: %s\n", err.c_str());
-        http.stop();
+        stop_listeners();
         return 1;
     }
     std::map<int, std::shared_ptr<engine::Model>> weights{{load_opt.memory_node, model}};
@@ -265,7 +336,7 @@ int serve(const ServeOptions & opt) {
         auto m = engine::Model::load(opt.model, progress, err, load_opt);
         if (!m) {
             fprintf(stderr, "\nerror: %s\n", err.c_str());
-            http.stop();
+            stop_listeners();
             return 1;
         }
         weights[c.memory_node] = std::move(m);
@@ -294,7 +365,7 @@ int serve(const ServeOptions & opt) {
                     msg.c_str());
             for (auto & started : engines)
                 started->stop();
-            http.stop();
+            stop_listeners();
             return 1;
         }
         engines.push_back(std::move(e));
@@ -304,39 +375,116 @@ int serve(const ServeOptions & opt) {
     engine::ChatFormat format(model);
     agent::EnginePort port(eng);
     agent::SystemClock clock;
-    tools::HttpToolTransport http_tools(http.executor(), guard);
-    tools::RoutingTransport transport(http_tools, guard);
-    agent::SessionManager sessions(format, port, *st, transport, http.executor(), metrics, clock);
+    // Calls to servers a client named run on workers of their own, never on the I/O threads,
+    // with a limit per tenant.
+    tools::ClientCalls client_calls(opt.mcp_workers, opt.mcp_per_tenant);
+    tools::TenantGate tool_gate(opt.tool_per_tenant);
+    tools::McpClients mcp_clients(guard, tool_tls.get());
+    tools::HttpToolTransport http_tools(http.executor(), guard, tool_tls);
+    tools::RoutingTransport transport(http_tools, mcp_clients, client_calls, tool_gate);
+    agent::SessionOptions sopt;
+    sopt.ttl_ms = *ttl_ms;
+    agent::SessionManager sessions(format, port, *st, transport, http.executor(), metrics, clock, sopt);
     for (auto & a : agents) {
-        if (auto e = tools::import_mcp_tools(a, guard); !e.empty()) {
+        if (auto e = tools::import_mcp_tools(a.mcp_servers, a.tools, guard, tool_tls.get()); !e.empty()) {
             fprintf(stderr, "error: agent '%s': %s\n", a.id.c_str(), e.c_str());
             router.set_service(nullptr, nullptr, nullptr);
             eng.stop();
-            http.stop();
+            stop_listeners();
             return 2;
         }
-        sessions.put_agent(a);
+        sessions.put_operator_agent(a);
     }
-    const size_t declared =
-        sessions.load_declared_agents([&guard](agent::AgentSpec & a) { return tools::import_mcp_tools(a, guard); });
+    const size_t declared = sessions.load_declared_agents([&](agent::AgentSpec & a) {
+        return tools::import_mcp_tools(a.mcp_servers, a.tools, guard, tool_tls.get(), opt.mcp_discover_ms);
+    });
     if (declared > 0)
         printf("armada: %zu agents declared through the API loaded from %s\n", declared, opt.data_dir.c_str());
     const size_t resumed = sessions.resume_all();
     if (resumed > 0) printf("armada: resumed %zu sessions from %s\n", resumed, opt.data_dir.c_str());
-    api::SessionsApi sessions_api(sessions,
-                                  [&guard](agent::AgentSpec & a) { return tools::import_mcp_tools(a, guard); });
-    api::ResponsesService responses(model, eng, *st, http.executor(), guard);
+    api::SessionsApi sessions_api(
+        sessions, [&](agent::AgentSpec a, const std::string & tenant,
+                      std::function<void(std::string, agent::AgentSpec)> done) {
+            auto spec = std::make_shared<agent::AgentSpec>(std::move(a));
+            return client_calls.try_run(tenant, [&, spec, done] {
+                auto e = tools::import_mcp_tools(spec->mcp_servers, spec->tools, guard, tool_tls.get(),
+                                                 opt.mcp_discover_ms);
+                done(e, std::move(*spec));
+            });
+        });
+    api::ResponsesService responses(model, eng, *st, http.executor(), mcp_clients, client_calls,
+                                    opt.mcp_discover_ms);
+
+    // Probes. Live: the engines' loops turn (a stuck decode for two minutes is not alive).
+    // Ready: loaded and warm (set_service below), not draining, and a write reaches the store.
+    auto io = http.executor();
+    router.set_probes({[&eng] { return eng.stalled(120000); },
+                       [st, io](std::function<void(std::string)> answer) {
+                           if (auto w = st->writable(); !w.ok) return answer(w.error);
+                           struct Once {
+                               std::atomic<bool> done{false};
+                               std::function<void(std::string)> answer;
+                               void operator()(const std::string & why) {
+                                   if (!done.exchange(true)) answer(why);
+                               }
+                           };
+                           auto once = std::make_shared<Once>();
+                           once->answer = std::move(answer);
+                           auto timer = std::make_shared<boost::asio::steady_timer>(io, std::chrono::seconds(2));
+                           timer->async_wait([once, timer](boost::system::error_code ec) {
+                               if (!ec) (*once)("the store did not take a write within 2 s");
+                           });
+                           store::Batch probe;
+                           probe.probe = true;
+                           st->commit(std::move(probe), [once, timer](store::Status s) {
+                               (*once)(s.ok ? "" : "the store refuses writes: " + s.error);
+                               timer->cancel();
+                           });
+                       }});
     router.set_service(&svc, &eng, &sessions_api, &responses);
     printf("armada: ready, model %s, %d sequences x %d tokens%s\n", model->id().c_str(), opt.engine.n_seq_max,
            eng.n_ctx_seq(), n_engines > 1 ? (" on " + std::to_string(n_engines) + " engines").c_str() : "");
     fflush(stdout);
 
-    int s = 0;
-    sigwait(&stop_set, &s);
-    spdlog::info("signal {}: draining and stopping", s);
+    // The main thread waits for a stop signal, and meanwhile deletes what outlived the TTL.
+    sessions.expire_old();
+    int sig = 0;
+    for (;;) {
+        timespec minute{60, 0};
+        sig = sigtimedwait(&stop_set, nullptr, &minute);
+        if (sig > 0) break;
+        sessions.expire_old();
+    }
+    // Drain (SIGTERM, a Kubernetes preStop): not ready at once, new work refused with 503,
+    // running steps and completions finish, sessions between steps are already checkpointed.
+    spdlog::info("signal {}: draining (at most {} s; a second signal stops at once)", sig, opt.drain_timeout_s);
+    router.set_draining();
+    http.set_closing();
+    sessions.drain();
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(opt.drain_timeout_s * 1000));
+    bool drained = false;
+    for (;;) {
+        if (sessions.quiet() && eng.idle() && http.exchanges() == 0) {
+            drained = true;
+            break;
+        }
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        timespec tick{0, 20 * 1000 * 1000};
+        if (sigtimedwait(&stop_set, nullptr, &tick) > 0) break;
+    }
+    if (!drained) {
+        // What is still running resumes from its last checkpoint at the next start, as after a
+        // crash: nothing acknowledged is lost.
+        spdlog::warn("stopping before the drain finished ({}); unfinished work resumes at the next start",
+                     std::chrono::steady_clock::now() >= deadline ? "deadline" : "second signal");
+        fflush(nullptr);
+        std::_Exit(1);
+    }
+    spdlog::info("drained; stopping");
     router.set_service(nullptr, nullptr, nullptr);
     eng.stop();
-    http.stop();
+    stop_listeners();
     return 0;
 }
 

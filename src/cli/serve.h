@@ -40,7 +40,20 @@ struct ServeOptions {
     std::string numa_weights = "shared";  // shared: one mapped copy; copy: one private copy per memory node
     double rate_rpm = 0;                  // per API key; 0: unlimited
     double rate_tpm = 0;
+    // Operations
+    std::string metrics_host = "127.0.0.1";  // Prometheus listener, no key needed
+    int metrics_port = -1;                   // -1: none; 0: any free port
+    double drain_timeout_s = 30;             // SIGTERM: how long running work may take to finish
+    std::string session_ttl = "30d";         // ended sessions and stored responses are deleted after
+    std::string tool_ca_file;                // a CA added to the system store for https tools
+    int mcp_workers = 16;                    // threads for calls to MCP servers
+    int mcp_per_tenant = 4;                  // MCP calls one tenant may have running
+    int tool_per_tenant = 64;                // HTTP tool calls one tenant may have in flight
+    int mcp_discover_ms = 10000;             // budget for listing a server's tools
 };
+
+//! "30d", "12h", "90m", "45s", or a number of seconds; "0" is forever. Milliseconds, or nullopt.
+std::optional<int64_t> parse_duration_ms(const std::string & text);
 
 //! Placement options from the flags' text. Returns nullopt and sets `err` on a malformed list.
 std::optional<engine::PlacementOptions> placement_options(const PlacementFlags & f, std::string & err);

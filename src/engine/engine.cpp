@@ -16,6 +16,11 @@
 
 namespace armada::engine {
 
+int64_t steady_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
 const char * finish_reason_name(FinishReason r) {
     switch (r) {
         case FinishReason::Stop:
@@ -257,11 +262,10 @@ void Engine::loop() {
             const bool unparked = cfg_.park && std::any_of(slots_.begin(), slots_.end(), [](const Slot & s) {
                                       return s.state == SlotState::Idle && !s.owner.empty() && !s.pooled;
                                   });
-            if (unparked) {
-                cv_.wait_for(lk, std::chrono::milliseconds(std::max(10, cfg_.park_grace_ms / 4)), ready);
-            } else {
-                cv_.wait(lk, ready);
-            }
+            // Idle, the loop still turns once a second: liveness reads its heartbeat.
+            const int wait_ms = unparked ? std::clamp(cfg_.park_grace_ms / 4, 10, 1000) : 1000;
+            cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), ready);
+            stats_.beat_ms.store(steady_ms());
             if (stopping_) break;
             while (!incoming_.empty()) {
                 waiting.push_back(std::move(incoming_.front()));

@@ -88,7 +88,12 @@ struct EngineStats {
         prefix_saves{0}, restores_journal{0}, journal_saves{0};
     std::atomic<uint64_t> park_ns{0}, restore_ns{0};  // time spent saving and restoring, in total
     std::atomic<uint64_t> journal_ns{0};              // engine-thread time spent saving state for the journal
+    //! steady_ms() of the loop's last turn; it turns at least every second while idle (liveness).
+    std::atomic<int64_t> beat_ms{0};
 };
+
+//! Milliseconds on the steady clock.
+int64_t steady_ms();
 
 //! One llama_context and the thread that owns it. Every llama.cpp call on the context happens on
 //! that thread; other threads only call `submit`, which hands the request over through a locked

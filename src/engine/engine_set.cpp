@@ -72,6 +72,22 @@ std::optional<KvUsage> EngineSet::kv_usage(const std::string & session) const {
     return std::nullopt;
 }
 
+bool EngineSet::idle() const {
+    return std::all_of(engines_.begin(), engines_.end(), [](const Engine * e) {
+        return e->stats().active.load() == 0 && e->stats().queued.load() == 0;
+    });
+}
+
+std::string EngineSet::stalled(int64_t max_ms) const {
+    const int64_t now = steady_ms();
+    for (size_t i = 0; i < engines_.size(); ++i) {
+        const int64_t beat = engines_[i]->stats().beat_ms.load();
+        if (beat > 0 && now - beat > max_ms)
+            return "engine " + std::to_string(i) + " has not turned its loop for " + std::to_string((now - beat) / 1000) + " s";
+    }
+    return {};
+}
+
 bool EngineSet::kv_pressure() const {
     return std::all_of(engines_.begin(), engines_.end(), [](const Engine * e) { return e->kv_pressure(); });
 }

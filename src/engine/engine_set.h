@@ -43,6 +43,10 @@ class EngineSet {
     bool kv_pressure() const;
     int32_t n_ctx_seq() const { return engines_.front()->n_ctx_seq(); }
     uint64_t kv_bytes_per_cell() const { return engines_.front()->kv_bytes_per_cell(); }
+    //! No request running or waiting on any engine.
+    bool idle() const;
+    //! "" when every engine's loop turned within `max_ms`; else which one has not, and for how long.
+    std::string stalled(int64_t max_ms) const;
     void stop();
 
   private:

@@ -1,59 +1,10 @@
 #include "engine/text_stream.h"
 
+#include "text/utf8.h"
+
 #include <algorithm>
 
 namespace armada::engine {
-
-namespace {
-// Length of a UTF-8 sequence from its lead byte; 0 for a continuation or invalid lead.
-size_t seq_len(unsigned char c) {
-    if (c < 0x80) return 1;
-    if ((c & 0xE0) == 0xC0) return c >= 0xC2 ? 2 : 0;
-    if ((c & 0xF0) == 0xE0) return 3;
-    if ((c & 0xF8) == 0xF0) return c <= 0xF4 ? 4 : 0;
-    return 0;
-}
-}  // namespace
-
-size_t utf8_incomplete_tail(std::string_view s) {
-    // Look back at most 3 bytes for a lead byte whose sequence runs past the end.
-    for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
-        const unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
-        if ((c & 0xC0) == 0x80) continue;  // continuation byte, keep looking
-        const size_t need = seq_len(c);
-        return need > back ? back : 0;
-    }
-    return 0;
-}
-
-std::string utf8_sanitize(std::string_view s) {
-    static const char kReplacement[] = "\xEF\xBF\xBD";
-    std::string out;
-    out.reserve(s.size());
-    size_t i = 0;
-    while (i < s.size()) {
-        const unsigned char c = static_cast<unsigned char>(s[i]);
-        size_t n = seq_len(c);
-        bool ok = n > 0 && i + n <= s.size();
-        for (size_t k = 1; ok && k < n; ++k)
-            ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-        if (ok && n == 3) {
-            const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
-            ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates
-        } else if (ok && n == 4) {
-            const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
-            ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
-        }
-        if (ok) {
-            out.append(s.substr(i, n));
-            i += n;
-        } else {
-            out += kReplacement;
-            i += 1;
-        }
-    }
-    return out;
-}
 
 TextStream::TextStream(std::vector<std::string> stops) : stops_(std::move(stops)) {
     std::erase_if(stops_, [](const std::string & s) { return s.empty(); });
@@ -71,7 +22,7 @@ size_t TextStream::holdback() const {
             }
         }
     }
-    return std::max(keep, utf8_incomplete_tail(pending_));
+    return std::max(keep, text::utf8_incomplete_tail(pending_));
 }
 
 std::string TextStream::push(std::string_view piece) {
@@ -87,19 +38,19 @@ std::string TextStream::push(std::string_view piece) {
     }
     if (cut != std::string::npos) {
         stopped_ = true;
-        std::string out = utf8_sanitize(std::string_view(pending_).substr(0, cut));
+        std::string out = text::utf8_sanitize(std::string_view(pending_).substr(0, cut));
         pending_.clear();
         return out;
     }
     const size_t keep = holdback();
     std::string out = pending_.substr(0, pending_.size() - keep);
     pending_.erase(0, pending_.size() - keep);
-    return utf8_sanitize(out);
+    return text::utf8_sanitize(out);
 }
 
 std::string TextStream::finish() {
     if (stopped_) return {};
-    std::string out = utf8_sanitize(pending_);
+    std::string out = text::utf8_sanitize(pending_);
     pending_.clear();
     return out;
 }

@@ -6,12 +6,6 @@
 
 namespace armada::engine {
 
-//! Number of bytes at the end of `s` that begin a UTF-8 character not yet complete (0..3).
-size_t utf8_incomplete_tail(std::string_view s);
-
-//! Copy of `s` with every invalid UTF-8 sequence replaced by U+FFFD.
-std::string utf8_sanitize(std::string_view s);
-
 //! Turns token pieces into client-visible text. It holds back bytes that may still become a
 //! stop string or complete a UTF-8 character, so nothing emitted is ever taken back.
 class TextStream {

@@ -12,9 +12,9 @@ namespace armada::store {
 //! commit becomes durable, before anyone hears that it did. `armada serve` wraps its store in
 //! one when ARMADA_CRASH_AFTER_COMMITS=N is set, so a black-box test can crash the node at each
 //! checkpoint boundary in turn.
-class CrashAfterCommits : public Store {
+class CrashAfterCommits : public ForwardingStore {
   public:
-    CrashAfterCommits(Store & inner, long n) : inner_(inner), left_(n) {}
+    CrashAfterCommits(Store & inner, long n) : ForwardingStore(inner), left_(n) {}
 
     void commit(Batch batch, std::function<void(Status)> done) override {
         inner_.commit(std::move(batch), [this, done = std::move(done)](Status s) {
@@ -26,15 +26,7 @@ class CrashAfterCommits : public Store {
             done(s);
         });
     }
-    std::optional<SessionRecord> session(const std::string & id) override { return inner_.session(id); }
-    std::vector<StepRecord> steps(const std::string & id) override { return inner_.steps(id); }
-    std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended) override {
-        return inner_.sessions_not_in(ended);
-    }
-    Status recover() override { return inner_.recover(); }
-
   private:
-    Store & inner_;
     std::atomic<long> left_;
 };
 

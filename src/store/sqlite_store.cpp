@@ -2,12 +2,17 @@
 
 #include <sqlite3.h>
 
+#include <ctime>
 #include <filesystem>
 
 namespace armada::store {
 
 namespace {
-const char * kSchema = R"sql(
+// Versioned migrations, applied in order at open; PRAGMA user_version records how far a file
+// has come. A step is never edited once released: a change is a new step.
+const char * kMigrations[] = {
+    // 1: sessions and their step log.
+    R"sql(
 CREATE TABLE IF NOT EXISTS sessions (
   id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, owner TEXT NOT NULL, state TEXT NOT NULL,
   reason TEXT NOT NULL, data TEXT NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
@@ -15,7 +20,48 @@ CREATE TABLE IF NOT EXISTS steps (
   session_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
   idempotency TEXT NOT NULL, ts_ms INTEGER NOT NULL, PRIMARY KEY (session_id, seq));
 CREATE INDEX IF NOT EXISTS sessions_state ON sessions(state);
-)sql";
+)sql",
+    // 2: agents get a table of their own, keyed by tenant (they were rows of `sessions` under
+    // "agent:<id>"); sessions are found by state and age for start-up and retention; a probe
+    // row for readiness.
+    R"sql(
+CREATE TABLE agents (
+  tenant TEXT NOT NULL, id TEXT NOT NULL, spec TEXT NOT NULL, created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL, PRIMARY KEY (tenant, id));
+INSERT OR REPLACE INTO agents(tenant, id, spec, created_ms, updated_ms)
+  SELECT owner, substr(id, 7), data, created_ms, updated_ms FROM sessions WHERE agent_id = '@agent';
+DELETE FROM sessions WHERE agent_id = '@agent';
+DROP INDEX IF EXISTS sessions_state;
+CREATE INDEX sessions_state_updated ON sessions(state, updated_ms);
+CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+)sql",
+};
+
+bool migrate(sqlite3 * db, std::string & err) {
+    sqlite3_stmt * q = nullptr;
+    int version = 0;
+    if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &q, nullptr) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW)
+        version = sqlite3_column_int(q, 0);
+    sqlite3_finalize(q);
+    const int latest = int(sizeof kMigrations / sizeof kMigrations[0]);
+    if (version > latest) {
+        err = "the database was written by a newer Armada (schema " + std::to_string(version) + ", this build knows " +
+              std::to_string(latest) + ")";
+        return false;
+    }
+    for (int v = version; v < latest; ++v) {
+        const std::string sql = std::string("BEGIN IMMEDIATE;") + kMigrations[v] +
+                                "PRAGMA user_version = " + std::to_string(v + 1) + "; COMMIT;";
+        char * msg = nullptr;
+        if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &msg) != SQLITE_OK) {
+            err = "schema migration " + std::to_string(v + 1) + ": " + (msg ? msg : "sqlite error");
+            sqlite3_free(msg);
+            sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+            return false;
+        }
+    }
+    return true;
+}
 
 std::string errmsg(sqlite3 * db, const char * what) {
     return std::string(what) + ": " + sqlite3_errmsg(db);
@@ -75,7 +121,7 @@ std::unique_ptr<SqliteStore> SqliteStore::open(const std::string & dir, std::str
     }
     sqlite3_busy_timeout(s->wdb_, 5000);
     sqlite3_busy_timeout(s->rdb_, 5000);
-    if (!exec(s->wdb_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;", error) || !exec(s->wdb_, kSchema, error)) {
+    if (!exec(s->wdb_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;", error) || !migrate(s->wdb_, error)) {
         error = path + ": " + error;
         return nullptr;
     }
@@ -141,7 +187,12 @@ Status SqliteStore::apply(const std::vector<Batch *> & group) {
     Stmt ins(wdb_, "INSERT INTO steps(session_id,seq,kind,payload,idempotency,ts_ms) VALUES(?,?,?,?,?,?)");
     Stmt del_steps(wdb_, "DELETE FROM steps WHERE session_id=?");
     Stmt del_sess(wdb_, "DELETE FROM sessions WHERE id=?");
-    bool ok = up.s && ins.s && del_steps.s && del_sess.s;
+    Stmt up_agent(wdb_,
+                  "INSERT INTO agents(tenant,id,spec,created_ms,updated_ms) VALUES(?,?,?,?,?) "
+                  "ON CONFLICT(tenant,id) DO UPDATE SET spec=excluded.spec, updated_ms=excluded.updated_ms");
+    Stmt del_agent(wdb_, "DELETE FROM agents WHERE tenant=? AND id=?");
+    Stmt probe(wdb_, "INSERT OR REPLACE INTO meta(k,v) VALUES('probe', ?)");
+    bool ok = up.s && ins.s && del_steps.s && del_sess.s && up_agent.s && del_agent.s && probe.s;
     for (const Batch * b : group) {
         for (const auto & r : b->sessions) {
             if (!ok) break;
@@ -174,6 +225,28 @@ Status SqliteStore::apply(const std::vector<Batch *> & group) {
             sqlite3_reset(del_sess.s);
             del_sess.text(1, id);
             ok = sqlite3_step(del_steps.s) == SQLITE_DONE && sqlite3_step(del_sess.s) == SQLITE_DONE;
+        }
+        for (const auto & a : b->agents) {
+            if (!ok) break;
+            sqlite3_reset(up_agent.s);
+            up_agent.text(1, a.tenant);
+            up_agent.text(2, a.id);
+            up_agent.text(3, a.spec);
+            up_agent.i64(4, a.created_ms);
+            up_agent.i64(5, a.updated_ms);
+            ok = sqlite3_step(up_agent.s) == SQLITE_DONE;
+        }
+        for (const auto & [tenant, id] : b->erase_agents) {
+            if (!ok) break;
+            sqlite3_reset(del_agent.s);
+            del_agent.text(1, tenant);
+            del_agent.text(2, id);
+            ok = sqlite3_step(del_agent.s) == SQLITE_DONE;
+        }
+        if (ok && b->probe) {
+            sqlite3_reset(probe.s);
+            probe.text(1, std::to_string(time(nullptr)));
+            ok = sqlite3_step(probe.s) == SQLITE_DONE;
         }
     }
     if (!ok) {
@@ -214,15 +287,85 @@ std::vector<StepRecord> SqliteStore::steps(const std::string & id) {
     return out;
 }
 
+namespace {
+// "?,?,?" for an IN list of n values.
+std::string placeholders(size_t n) {
+    std::string p;
+    for (size_t i = 0; i < n; ++i)
+        p += i ? ",?" : "?";
+    return p;
+}
+}  // namespace
+
 std::vector<SessionRecord> SqliteStore::sessions_not_in(const std::vector<std::string> & ended) {
     std::lock_guard lk(rmu_);
-    Stmt q(rdb_, "SELECT id,agent_id,owner,state,reason,data,created_ms,updated_ms FROM sessions ORDER BY created_ms");
+    const std::string sql = "SELECT id,agent_id,owner,state,reason,data,created_ms,updated_ms FROM sessions" +
+                            (ended.empty() ? std::string() : " WHERE state NOT IN (" + placeholders(ended.size()) + ")") +
+                            " ORDER BY created_ms";
+    Stmt q(rdb_, sql.c_str());
+    for (size_t i = 0; i < ended.size(); ++i)
+        q.text(int(i) + 1, ended[i]);
     std::vector<SessionRecord> out;
+    while (sqlite3_step(q.s) == SQLITE_ROW)
+        out.push_back(read_session(q));
+    return out;
+}
+
+std::vector<AgentRecord> SqliteStore::agents() {
+    std::lock_guard lk(rmu_);
+    Stmt q(rdb_, "SELECT tenant,id,spec,created_ms,updated_ms FROM agents ORDER BY updated_ms");
+    std::vector<AgentRecord> out;
     while (sqlite3_step(q.s) == SQLITE_ROW) {
-        SessionRecord r = read_session(q);
-        if (std::find(ended.begin(), ended.end(), r.state) == ended.end()) out.push_back(std::move(r));
+        AgentRecord a;
+        a.tenant = q.col(0);
+        a.id = q.col(1);
+        a.spec = q.col(2);
+        a.created_ms = sqlite3_column_int64(q.s, 3);
+        a.updated_ms = sqlite3_column_int64(q.s, 4);
+        out.push_back(std::move(a));
     }
     return out;
+}
+
+std::vector<std::string> SqliteStore::expired(const std::vector<std::string> & states, int64_t before_ms,
+                                              size_t limit) {
+    if (states.empty()) return {};
+    std::lock_guard lk(rmu_);
+    const std::string sql =
+        "SELECT id FROM sessions WHERE state IN (" + placeholders(states.size()) + ") AND updated_ms < ? LIMIT ?";
+    Stmt q(rdb_, sql.c_str());
+    int i = 1;
+    for (const auto & st : states)
+        q.text(i++, st);
+    q.i64(i++, before_ms);
+    q.i64(i, int64_t(limit));
+    std::vector<std::string> out;
+    while (sqlite3_step(q.s) == SQLITE_ROW)
+        out.push_back(q.col(0));
+    return out;
+}
+
+std::vector<Store::MinuteCount> SqliteStore::count_since(const std::vector<std::string> & states,
+                                                         int64_t since_ms) {
+    if (states.empty()) return {};
+    std::lock_guard lk(rmu_);
+    const std::string sql = "SELECT state, updated_ms / 60000, count(*) FROM sessions WHERE state IN (" +
+                            placeholders(states.size()) +
+                            ") AND updated_ms >= ? AND agent_id NOT LIKE '@%' GROUP BY state, updated_ms / 60000";
+    Stmt q(rdb_, sql.c_str());
+    int i = 1;
+    for (const auto & st : states)
+        q.text(i++, st);
+    q.i64(i, since_ms);
+    std::vector<MinuteCount> out;
+    while (sqlite3_step(q.s) == SQLITE_ROW)
+        out.push_back({q.col(0), sqlite3_column_int64(q.s, 1), sqlite3_column_int64(q.s, 2)});
+    return out;
+}
+
+Status SqliteStore::writable() {
+    std::lock_guard lk(mu_);
+    return sticky_.empty() ? Status::Ok() : Status::Error("store failed: " + sticky_);
 }
 
 Status SqliteStore::recover() {

@@ -25,7 +25,12 @@ class SqliteStore : public Store {
     std::optional<SessionRecord> session(const std::string & id) override;
     std::vector<StepRecord> steps(const std::string & id) override;
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) override;
+    std::vector<AgentRecord> agents() override;
+    std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,
+                                     size_t limit) override;
+    std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) override;
     Status recover() override;
+    Status writable() override;
 
     //! Commits carried by the last transaction (for tests of group commit).
     size_t last_group_size() const { return last_group_; }

@@ -38,11 +38,24 @@ struct StepRecord {
     int64_t ts_ms = 0;
 };
 
+//! An agent declared through the API: its canonical JSON, under its tenant.
+struct AgentRecord {
+    std::string tenant;
+    std::string id;
+    std::string spec;
+    int64_t created_ms = 0;
+    int64_t updated_ms = 0;
+};
+
 //! What one commit writes atomically: session upserts plus step appends.
 struct Batch {
     std::vector<SessionRecord> sessions;
     std::vector<StepRecord> steps;
     std::vector<std::string> erase;  // session ids to delete with their steps
+    std::vector<AgentRecord> agents;  // upserts
+    std::vector<std::pair<std::string, std::string>> erase_agents;  // (tenant, id)
+    //! Writes a probe row and nothing else matters: readiness asks whether a write goes through.
+    bool probe = false;
 };
 
 //! Checkpoint store. `commit` is durable when its callback reports ok: nothing is acknowledged
@@ -58,10 +71,51 @@ class Store {
 
     virtual std::optional<SessionRecord> session(const std::string & id) = 0;
     virtual std::vector<StepRecord> steps(const std::string & id) = 0;
-    //! Sessions whose state is not one of `ended_states`.
+    //! Sessions whose state is not one of `ended_states`, oldest first.
     virtual std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) = 0;
+    //! Every agent declared through the API.
+    virtual std::vector<AgentRecord> agents() = 0;
+    //! Ids of up to `limit` sessions in one of `states` last updated before `before_ms`.
+    virtual std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,
+                                             size_t limit) = 0;
+    //! Sessions in one of `states` last updated at or after `since_ms`, counted per state and
+    //! minute (`updated_ms / 60000`). Only agent sessions, not `@…` records (stored responses).
+    struct MinuteCount {
+        std::string state;
+        int64_t minute = 0;
+        int64_t count = 0;
+    };
+    virtual std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) = 0;
     //! Clears a sticky failure if the store works again.
     virtual Status recover() = 0;
+    //! A sticky failure, if the store has one (cheap; readiness then commits a probe batch).
+    virtual Status writable() = 0;
+};
+
+//! A store that passes every call to another; wrappers (fault injection, crash hooks) override
+//! only what they change.
+class ForwardingStore : public Store {
+  public:
+    explicit ForwardingStore(Store & inner) : inner_(inner) {}
+    void commit(Batch batch, std::function<void(Status)> done) override { inner_.commit(std::move(batch), std::move(done)); }
+    std::optional<SessionRecord> session(const std::string & id) override { return inner_.session(id); }
+    std::vector<StepRecord> steps(const std::string & id) override { return inner_.steps(id); }
+    std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended) override {
+        return inner_.sessions_not_in(ended);
+    }
+    std::vector<AgentRecord> agents() override { return inner_.agents(); }
+    std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,
+                                     size_t limit) override {
+        return inner_.expired(states, before_ms, limit);
+    }
+    std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) override {
+        return inner_.count_since(states, since_ms);
+    }
+    Status recover() override { return inner_.recover(); }
+    Status writable() override { return inner_.writable(); }
+
+  protected:
+    Store & inner_;
 };
 
 }  // namespace armada::store

@@ -1,6 +1,6 @@
 #include "tools/charset.h"
 
-#include "engine/text_stream.h"
+#include "text/utf8.h"
 
 #include <iconv.h>
 
@@ -22,11 +22,11 @@ std::string charset_of(const std::string & content_type) {
 
 std::string to_utf8(const std::string & body, const std::string & charset) {
     if (charset.empty() || charset == "utf-8" || charset == "utf8" || charset == "us-ascii") {
-        return engine::utf8_sanitize(body);
+        return text::utf8_sanitize(body);
     }
     iconv_t cd = iconv_open("UTF-8", charset.c_str());
     if (cd == iconv_t(-1)) {  // NOLINT(performance-no-int-to-ptr): iconv's documented failure value
-        return engine::utf8_sanitize(body);
+        return text::utf8_sanitize(body);
     }
     std::string out;
     out.reserve(body.size() * 2);
@@ -48,7 +48,7 @@ std::string to_utf8(const std::string & body, const std::string & charset) {
         }
     }
     iconv_close(cd);
-    return engine::utf8_sanitize(out);
+    return text::utf8_sanitize(out);
 }
 
 }  // namespace armada::tools

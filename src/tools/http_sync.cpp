@@ -1,13 +1,17 @@
 #include "tools/http_sync.h"
 
 #include "tools/http_tool.h"
+#include "tools/tls.h"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 
+#include <chrono>
 #include <optional>
 
 namespace armada::tools {
@@ -17,36 +21,57 @@ namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
-HttpReply http_request(const std::string & method, const std::string & url,
-                       const std::vector<std::pair<std::string, std::string>> & headers, const std::string & body,
-                       int timeout_ms, size_t max_body, const SsrfGuard & guard) {
+namespace {
+
+// One request and its reply, on a private io_context, within `deadline`.
+HttpReply exchange(http::verb method, const Url & u, const std::vector<std::pair<std::string, std::string>> & headers,
+                   const std::string & body, const HttpOptions & opt, const SsrfGuard & guard,
+                   std::chrono::steady_clock::time_point deadline) {
     HttpReply out;
-    Url u;
-    if (!parse_url(url, u)) {
-        out.error = "not a valid URL: " + url;
+    if (u.scheme == "https" && !opt.tls) {
+        out.error = "https needs TLS, which is off";
         return out;
     }
-    if (u.scheme != "http") {
-        out.error = "only http:// is supported by this build";
-        return out;
-    }
-    // A private io_context keeps the timeout simple: run it for at most timeout_ms.
     net::io_context ioc;
     tcp::resolver resolver(ioc);
-    beast::tcp_stream stream(ioc);
-    http::request<http::string_body> req{http::string_to_verb(method), u.target, 11};
+    std::optional<beast::tcp_stream> plain;
+    std::optional<beast::ssl_stream<beast::tcp_stream>> tls;
+    if (u.scheme == "https") {
+        tls.emplace(ioc, *opt.tls);
+        expect_peer_name(tls->native_handle(), u.host);
+    } else {
+        plain.emplace(ioc);
+    }
+    beast::tcp_stream & lowest = tls ? beast::get_lowest_layer(*tls) : *plain;
+    http::request<http::string_body> req{method, u.target, 11};
     req.set(http::field::host, u.host);
     req.set(http::field::user_agent, "armada");
     for (const auto & [k, v] : headers)
         req.set(k, v);
-    req.body() = body;
+    if (method != http::verb::get) req.body() = body;
     req.prepare_payload();
     beast::flat_buffer buf;
-    std::optional<http::response_parser<http::string_body>> parser;
-    parser.emplace();
-    parser->body_limit(max_body);
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(opt.max_body);
     bool finished = false;
 
+    auto on_read = [&](beast::error_code ec, size_t) {
+        if (ec) {
+            out.error = "cannot read the reply: " + ec.message();
+            return;
+        }
+        finished = true;
+    };
+    auto on_written = [&](beast::error_code ec, size_t) {
+        if (ec) {
+            out.error = "cannot send: " + ec.message();
+            return;
+        }
+        if (tls)
+            http::async_read(*tls, buf, parser, on_read);
+        else
+            http::async_read(*plain, buf, parser, on_read);
+    };
     resolver.async_resolve(u.host, u.port, [&](beast::error_code ec, tcp::resolver::results_type rs) {
         if (ec) {
             out.error = "cannot resolve " + u.host + ": " + ec.message();
@@ -65,32 +90,28 @@ HttpReply http_request(const std::string & method, const std::string & url,
             out.error = "blocked: " + denied;
             return;
         }
-        stream.async_connect(ok, [&](beast::error_code ec2, const tcp::endpoint &) {
+        lowest.async_connect(ok, [&](beast::error_code ec2, const tcp::endpoint &) {
             if (ec2) {
                 out.error = "cannot connect: " + ec2.message();
                 return;
             }
-            http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
+            if (!tls) return http::async_write(*plain, req, on_written);
+            tls->async_handshake(net::ssl::stream_base::client, [&](beast::error_code ec3) {
                 if (ec3) {
-                    out.error = "cannot send: " + ec3.message();
+                    out.error = tls_failure(ec3, tls->native_handle(), u.host);
                     return;
                 }
-                http::async_read(stream, buf, *parser, [&](beast::error_code ec4, size_t) {
-                    if (ec4) {
-                        out.error = "cannot read the reply: " + ec4.message();
-                        return;
-                    }
-                    finished = true;
-                });
+                http::async_write(*tls, req, on_written);
             });
         });
     });
-    ioc.run_for(std::chrono::milliseconds(timeout_ms));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    ioc.run_for(std::max(left, std::chrono::milliseconds(1)));
     if (!finished) {
-        if (out.error.empty()) out.error = "no answer within " + std::to_string(timeout_ms) + " ms";
+        if (out.error.empty()) out.error = "no answer within " + std::to_string(opt.timeout_ms) + " ms";
         return out;
     }
-    auto res = parser->release();
+    auto res = parser.release();
     out.status = int(res.result_int());
     for (const auto & f : res) {
         std::string name(f.name_string());
@@ -100,8 +121,48 @@ HttpReply http_request(const std::string & method, const std::string & url,
     }
     out.body = std::move(res.body());
     beast::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest.socket().shutdown(tcp::socket::shutdown_both, ignored);
     return out;
+}
+
+}  // namespace
+
+HttpReply http_request(const std::string & method, const std::string & url,
+                       const std::vector<std::pair<std::string, std::string>> & headers, const std::string & body,
+                       const HttpOptions & opt, const SsrfGuard & guard) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt.timeout_ms);
+    Url first;
+    if (!parse_url(url, first)) {
+        HttpReply out;
+        out.error = "not a valid URL: " + url;
+        return out;
+    }
+    Url u = first;
+    http::verb verb = http::string_to_verb(method);
+    bool cross = false;
+    for (int redirects = 0;; ++redirects) {
+        std::vector<std::pair<std::string, std::string>> sent;
+        for (const auto & h : headers) {
+            // Once a redirect leaves the first origin, credentials stay behind, as in browsers.
+            if (!cross || !dropped_across_origins(h.first, opt.sensitive)) sent.push_back(h);
+        }
+        HttpReply r = exchange(verb, u, sent, body, opt, guard, deadline);
+        auto loc = r.headers.find("location");
+        if (!r.error.empty() || r.status < 300 || r.status >= 400 || loc == r.headers.end() || !opt.follow_redirects)
+            return r;
+        if (redirects == 3) {
+            r.error = "more than 3 redirects";
+            return r;
+        }
+        Url next;
+        if (!parse_url(resolve_location(u, loc->second), next)) {
+            r.error = "a redirect to an invalid URL: " + loc->second;
+            return r;
+        }
+        if (!same_origin(first, next)) cross = true;
+        if (r.status == 301 || r.status == 302 || r.status == 303) verb = http::verb::get;
+        u = next;
+    }
 }
 
 }  // namespace armada::tools

@@ -1,17 +1,22 @@
 #include "tools/http_tool.h"
 
 #include "tools/charset.h"
+#include "tools/tls.h"
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
+#include <openssl/ssl.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 namespace armada::tools {
@@ -44,6 +49,46 @@ bool parse_url(const std::string & text, Url & out) {
     }
     if (out.port.empty()) out.port = out.scheme == "https" ? "443" : "80";
     return !out.host.empty();
+}
+
+namespace {
+std::string lower(std::string s) {
+    for (auto & c : s)
+        c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+std::string authority(const Url & u) {
+    const std::string host = u.host.find(':') != std::string::npos ? "[" + u.host + "]" : u.host;
+    return u.scheme + "://" + host + ":" + u.port;
+}
+}  // namespace
+
+bool same_origin(const Url & a, const Url & b) {
+    return lower(a.scheme) == lower(b.scheme) && lower(a.host) == lower(b.host) && a.port == b.port;
+}
+
+std::string resolve_location(const Url & base, const std::string & location) {
+    const std::string l = lower(location.substr(0, 8));
+    if (l.rfind("http://", 0) == 0 || l.rfind("https://", 0) == 0) return location;
+    if (location.rfind("//", 0) == 0) return base.scheme + ":" + location;
+    if (location.rfind('/', 0) == 0) return authority(base) + location;
+    // A relative path: beside the current resource.
+    std::string dir = base.target.substr(0, base.target.find('?'));
+    dir = dir.substr(0, dir.rfind('/') + 1);
+    return authority(base) + (dir.empty() ? "/" : dir) + location;
+}
+
+std::set<std::string> names_of(const std::map<std::string, std::string> & headers) {
+    std::set<std::string> out;
+    for (const auto & [k, v] : headers)
+        out.insert(lower(k));
+    return out;
+}
+
+bool dropped_across_origins(const std::string & header, const std::set<std::string> & sensitive) {
+    const std::string h = lower(header);
+    return h == "authorization" || h == "cookie" || h == "proxy-authorization" || sensitive.count(h) > 0;
 }
 
 bool resolve_secret(const std::string & value, std::string & out, std::string & error) {
@@ -95,10 +140,11 @@ namespace {
 //! One tool call across its attempts and redirects. Keeps itself alive through its handlers.
 class Exchange : public std::enable_shared_from_this<Exchange> {
   public:
-    Exchange(net::any_io_executor io, const SsrfGuard & guard, agent::HttpToolSpec spec, ToolCall call,
-             std::function<void(ToolResult)> done)
+    Exchange(net::any_io_executor io, const SsrfGuard & guard, std::shared_ptr<net::ssl::context> tls,
+             HttpToolSpec spec, ToolCall call, std::function<void(ToolResult)> done)
         : io_(io),
           guard_(guard),
+          tls_(std::move(tls)),
           spec_(std::move(spec)),
           call_(std::move(call)),
           done_(std::move(done)),
@@ -108,12 +154,14 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
     void start() {
         for (const auto & [k, v] : spec_.headers) {
-            std::string resolved, err;
-            if (!resolve_secret(v, resolved, err))
+            // Only the operator's agents name secrets; a client's headers are sent as written.
+            std::string resolved = v, err;
+            if (spec_.expand_secrets && !resolve_secret(v, resolved, err))
                 return finish_error("tool '" + spec_.name + "' header " + k + ": " + err, false);
             headers_.emplace_back(k, resolved);
         }
-        url_text_ = spec_.url;
+        sensitive_ = names_of(spec_.headers);
+        if (!parse_url(spec_.url, first_)) return finish_error("tool URL is not valid: " + spec_.url, false);
         attempt();
     }
 
@@ -122,14 +170,34 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         ++attempts_;
         attempt_t0_ = std::chrono::steady_clock::now();
         redirects_ = 0;
-        go(url_text_);
+        status_ = 0;
+        cross_origin_ = false;
+        method_ = http::string_to_verb(spec_.method);
+        go(spec_.url);
     }
+
+    template <class F>
+    void with_stream(F && f) {
+        if (tls_stream_)
+            f(*tls_stream_);
+        else
+            f(*stream_);
+    }
+
+    beast::tcp_stream & tcp() { return tls_stream_ ? beast::get_lowest_layer(*tls_stream_) : *stream_; }
 
     void go(const std::string & url) {
         if (!parse_url(url, url_)) return finish_error("tool URL is not valid: " + url, false);
-        if (url_.scheme == "https") return finish_error("https tool URLs are not supported by this build yet", false);
-        stream_ = std::make_unique<beast::tcp_stream>(io_);
-        stream_->expires_after(std::chrono::milliseconds(spec_.timeout_ms));
+        if (url_.scheme == "https" && !tls_) return finish_error("https tool URLs need TLS, which is off", false);
+        stream_.reset();
+        tls_stream_.reset();
+        if (url_.scheme == "https") {
+            tls_stream_ = std::make_unique<beast::ssl_stream<beast::tcp_stream>>(io_, *tls_);
+            expect_peer_name(tls_stream_->native_handle(), url_.host);
+        } else {
+            stream_ = std::make_unique<beast::tcp_stream>(io_);
+        }
+        tcp().expires_after(std::chrono::milliseconds(spec_.timeout_ms));
         resolver_.async_resolve(url_.host, url_.port,
                                 [self = shared_from_this()](beast::error_code ec, tcp::resolver::results_type r) {
                                     self->on_resolve(ec, std::move(r));
@@ -148,28 +216,46 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
                 denied = why;
         }
         if (ok.empty()) return finish_error("tool call blocked: " + denied, false);
-        stream_->async_connect(
+        tcp().async_connect(
             ok, [self = shared_from_this()](beast::error_code ec, const tcp::endpoint &) { self->on_connect(ec); });
     }
 
     void on_connect(beast::error_code ec) {
         if (ec) return retry_or_fail("cannot connect to " + url_.host + ": " + ec.message());
+        if (!tls_stream_) return send();
+        tls_stream_->async_handshake(net::ssl::stream_base::client, [self = shared_from_this()](beast::error_code e) {
+            if (e) {
+                // A certificate that does not verify will not verify on the next attempt either.
+                if (e.category() == net::error::get_ssl_category() || SSL_get_verify_result(self->tls_stream_->native_handle()) != X509_V_OK)
+                    return self->finish_error(tls_failure(e, self->tls_stream_->native_handle(), self->url_.host), false);
+                return self->retry_or_fail("TLS handshake with " + self->url_.host + " failed: " + e.message());
+            }
+            self->send();
+        });
+    }
+
+    void send() {
         req_ = {};
         req_.version(11);
-        req_.method(redirects_ > 0 && status_ == 303 ? http::verb::get : http::string_to_verb(spec_.method));
+        req_.method(method_);
         req_.target(url_.target);
         req_.set(http::field::host, url_.host);
         req_.set(http::field::user_agent, "armada");
         req_.set(http::field::content_type, "application/json");
         req_.set(http::field::accept, "application/json, text/plain;q=0.9, */*;q=0.5");
         req_.set("Idempotency-Key", call_.idempotency_key);
-        for (const auto & [k, v] : headers_)
+        for (const auto & [k, v] : headers_) {
+            // Once a redirect leaves the tool's origin, its credentials stay behind, as in browsers.
+            if (cross_origin_ && dropped_across_origins(k, sensitive_)) continue;
             req_.set(k, v);
-        if (req_.method() != http::verb::get) req_.body() = call_.arguments;
+        }
+        if (method_ != http::verb::get) req_.body() = call_.arguments;
         req_.prepare_payload();
-        http::async_write(*stream_, req_, [self = shared_from_this()](beast::error_code ec, size_t) {
-            if (ec) return self->retry_or_fail("cannot send the request: " + ec.message());
-            self->read();
+        with_stream([&](auto & s) {
+            http::async_write(s, req_, [self = shared_from_this()](beast::error_code ec, size_t) {
+                if (ec) return self->retry_or_fail("cannot send the request: " + ec.message());
+                self->read();
+            });
         });
     }
 
@@ -185,13 +271,17 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
     // Reads piece by piece so a body over the cap is cut, not refused.
     void read_more() {
-        http::async_read_some(*stream_, buf_, *parser_,
-                              [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+        with_stream([&](auto & s) {
+            http::async_read_some(s, buf_, *parser_,
+                                  [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+        });
     }
 
     void on_read(beast::error_code ec) {
         const bool over = parser_->get().body().size() > size_t(spec_.max_body);
-        if (ec && ec != http::error::end_of_stream && !(over && parser_->is_header_done())) {
+        // A TLS peer that closes without close_notify (stream_truncated) has still sent its reply.
+        const bool eof = ec == http::error::end_of_stream || ec == net::ssl::error::stream_truncated;
+        if (ec && !eof && !(over && parser_->is_header_done())) {
             if (ec == beast::error::timeout)
                 return retry_or_fail("the tool did not answer within " + std::to_string(spec_.timeout_ms) + " ms");
             return retry_or_fail("error reading the reply: " + ec.message());
@@ -200,12 +290,21 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         auto & res = parser_->get();
         status_ = res.result_int();
         beast::error_code ignored;
-        stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+        tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
         if (status_ >= 300 && status_ < 400 && res.count(http::field::location)) {
+            const std::string next = resolve_location(url_, std::string(res[http::field::location]));
+            if (!spec_.follow_redirects) {
+                return finish_error("the tool answered HTTP " + std::to_string(status_) + " (a redirect to " + next +
+                                        "), and its follow_redirects is false",
+                                    false);
+            }
             if (++redirects_ > 3) return finish_error("the tool redirected more than 3 times", false);
-            std::string loc(res[http::field::location]);
-            if (loc.rfind("http", 0) != 0) loc = url_.scheme + "://" + url_.host + ":" + url_.port + loc;
-            return go(loc);  // resolved and checked again, so a redirect cannot reach a denied address
+            Url to;
+            if (!parse_url(next, to)) return finish_error("the tool redirected to an invalid URL: " + next, false);
+            if (!same_origin(first_, to)) cross_origin_ = true;
+            // As curl and browsers do: 301, 302 and 303 continue as a GET; 307 and 308 repeat the request.
+            if (status_ == 301 || status_ == 302 || status_ == 303) method_ = http::verb::get;
+            return go(next);  // resolved and checked again, so a redirect cannot reach a denied address
         }
         if (status_ >= 500) return retry_or_fail("the tool answered HTTP " + std::to_string(status_));
         std::string body = res.body();
@@ -254,16 +353,20 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
     net::any_io_executor io_;
     const SsrfGuard & guard_;
-    agent::HttpToolSpec spec_;
+    std::shared_ptr<net::ssl::context> tls_;
+    HttpToolSpec spec_;
     ToolCall call_;
     std::function<void(ToolResult)> done_;
     tcp::resolver resolver_;
     net::steady_timer timer_;
     std::chrono::steady_clock::time_point t0_, attempt_t0_;
     std::vector<std::pair<std::string, std::string>> headers_;
-    std::string url_text_;
-    Url url_;
+    std::set<std::string> sensitive_;
+    Url first_, url_;
     std::unique_ptr<beast::tcp_stream> stream_;
+    std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> tls_stream_;
+    http::verb method_ = http::verb::post;
+    bool cross_origin_ = false;
     http::request<http::string_body> req_;
     std::optional<http::response_parser<http::string_body>> parser_;
     beast::flat_buffer buf_;
@@ -273,9 +376,9 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
 }  // namespace
 
-void HttpToolTransport::call(const agent::HttpToolSpec & spec, const ToolCall & call,
+void HttpToolTransport::call(const HttpToolSpec & spec, const ToolCall & call,
                              std::function<void(ToolResult)> done) {
-    std::make_shared<Exchange>(io_, guard_, spec, call, std::move(done))->start();
+    std::make_shared<Exchange>(io_, guard_, tls_, spec, call, std::move(done))->start();
 }
 
 }  // namespace armada::tools

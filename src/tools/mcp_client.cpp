@@ -6,7 +6,6 @@
 #include "tools/mcp_messages.h"
 
 #include <spdlog/spdlog.h>
-#include <boost/asio/post.hpp>
 
 #include <chrono>
 #include <set>
@@ -41,11 +40,23 @@ json McpClient::post(const std::string & method, const json & msg, bool stateles
         if (!session.empty()) headers.emplace_back("MCP-Session-Id", session);
     }
     for (const auto & [k, v] : spec_.headers) {
-        std::string resolved;
-        if (!resolve_secret(v, resolved, err)) return json();
+        // Only the operator's agents name secrets; a client's headers are sent as written.
+        std::string resolved = v;
+        if (spec_.expand_secrets && !resolve_secret(v, resolved, err)) return json();
         headers.emplace_back(k, resolved);
     }
-    const HttpReply r = http_request("POST", spec_.url, headers, msg.dump(), spec_.timeout_ms, 8 << 20, guard_);
+    const int timeout = request_timeout_ms();
+    if (timeout <= 0) {
+        err = "no answer within the time allowed";
+        return json();
+    }
+    HttpOptions o;
+    o.timeout_ms = timeout;
+    o.max_body = 8 << 20;
+    o.follow_redirects = spec_.follow_redirects;
+    o.sensitive = names_of(spec_.headers);
+    o.tls = tls_;
+    const HttpReply r = http_request("POST", spec_.url, headers, msg.dump(), o, guard_);
     status = r.status;
     spdlog::debug("mcp {} {}: HTTP {} {} ({} bytes) {}", spec_.url, method, r.status, r.error, r.body.size(),
                   r.body.substr(0, 300));
@@ -167,7 +178,18 @@ std::string McpClient::protocol() {
     return version_;
 }
 
-std::string McpClient::list_tools(std::vector<agent::HttpToolSpec> & out) {
+int McpClient::request_timeout_ms() const {
+    if (!deadline_) return spec_.timeout_ms;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline_ - std::chrono::steady_clock::now());
+    return int(std::min<int64_t>(spec_.timeout_ms, left.count()));
+}
+
+std::string McpClient::list_tools(std::vector<HttpToolSpec> & out, int budget_ms) {
+    struct Budget {
+        std::optional<std::chrono::steady_clock::time_point> & d;
+        ~Budget() { d.reset(); }
+    } budget{deadline_};
+    if (budget_ms > 0) deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(budget_ms);
     std::string cursor, err;
     std::set<std::string> allowed(spec_.allowed_tools.begin(), spec_.allowed_tools.end());
     for (int page = 0; page < 100; ++page) {
@@ -182,6 +204,8 @@ std::string McpClient::list_tools(std::vector<agent::HttpToolSpec> & out) {
             out[i].mcp_url = spec_.url;
             out[i].timeout_ms = spec_.timeout_ms;
             out[i].headers = spec_.headers;
+            out[i].expand_secrets = spec_.expand_secrets;
+            out[i].follow_redirects = spec_.follow_redirects;
         }
         if (cursor.empty()) return {};
     }
@@ -209,42 +233,84 @@ ToolResult McpClient::call_tool(const std::string & name, const std::string & ar
     return out;
 }
 
-std::string import_mcp_tools(agent::AgentSpec & a, const SsrfGuard & guard) {
+std::string import_mcp_tools(const std::vector<McpServerSpec> & servers, std::vector<HttpToolSpec> & tools,
+                             const SsrfGuard & guard, boost::asio::ssl::context * tls, int budget_ms) {
     std::set<std::string> names;
-    for (const auto & t : a.tools)
+    for (const auto & t : tools)
         names.insert(t.name);
-    for (const auto & m : a.mcp_servers) {
-        McpClient c(m, guard);
-        std::vector<agent::HttpToolSpec> tools;
-        if (auto err = c.list_tools(tools); !err.empty()) return err;
-        for (auto & t : tools) {
+    for (const auto & m : servers) {
+        McpClient c(m, guard, tls);
+        std::vector<HttpToolSpec> listed;
+        if (auto err = c.list_tools(listed, budget_ms); !err.empty()) return err;
+        for (auto & t : listed) {
             if (!names.insert(t.name).second)
                 return "MCP server " + m.url + ": tool '" + t.name + "' clashes with another tool";
-            a.tools.push_back(std::move(t));
+            tools.push_back(std::move(t));
         }
     }
     return {};
 }
 
-std::shared_ptr<McpClient> RoutingTransport::client(const agent::HttpToolSpec & spec) {
+std::shared_ptr<McpClient> McpClients::get(const std::string & tenant, const McpServerSpec & spec) {
+    std::string key = tenant + '\n' + spec.url + '\n' + (spec.expand_secrets ? "1" : "0") +
+                      (spec.follow_redirects ? "1" : "0") + std::to_string(spec.timeout_ms);
+    for (const auto & [k, v] : spec.headers)
+        key += '\n' + k + '\n' + v;
     std::lock_guard lk(mu_);
-    auto & c = clients_[spec.mcp_url];
-    if (!c) {
-        agent::McpServerSpec m;
-        m.url = spec.mcp_url;
-        m.headers = spec.headers;
-        m.timeout_ms = spec.timeout_ms;
-        c = std::make_shared<McpClient>(m, guard_);
+    auto it = clients_.find(key);
+    if (it != clients_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second.second);
+        return it->second.first;
+    }
+    lru_.push_front(key);
+    auto c = std::make_shared<McpClient>(spec, guard_, tls_);
+    clients_[key] = {c, lru_.begin()};
+    while (clients_.size() > capacity_) {
+        clients_.erase(lru_.back());
+        lru_.pop_back();
     }
     return c;
 }
 
-void RoutingTransport::call(const agent::HttpToolSpec & spec, const ToolCall & call,
-                            std::function<void(ToolResult)> done) {
-    if (spec.mcp_url.empty()) return http_.call(spec, call, std::move(done));
-    boost::asio::post(pool_, [c = client(spec), call, done = std::move(done)] {
-        done(c->call_tool(call.name, call.arguments, call.idempotency_key));
+size_t McpClients::size() const {
+    std::lock_guard lk(mu_);
+    return clients_.size();
+}
+
+void RoutingTransport::call(const HttpToolSpec & spec, const ToolCall & call, std::function<void(ToolResult)> done) {
+    if (spec.mcp_url.empty()) {
+        auto shared_done = std::make_shared<std::function<void(ToolResult)>>(std::move(done));
+        const bool ok = gate_.enter(call.tenant, [this, spec, call, shared_done](TenantGate::Release release) {
+            http_.call(spec, call, [shared_done, release](ToolResult r) {
+                release();
+                (*shared_done)(std::move(r));
+            });
+        });
+        if (!ok) {
+            ToolResult r;
+            r.is_error = true;
+            r.content = "tool error: too many tool calls are waiting for this tenant; try again later";
+            (*shared_done)(std::move(r));
+        }
+        return;
+    }
+    McpServerSpec m;
+    m.url = spec.mcp_url;
+    m.headers = spec.headers;
+    m.expand_secrets = spec.expand_secrets;
+    m.follow_redirects = spec.follow_redirects;
+    m.timeout_ms = spec.timeout_ms;
+    auto c = clients_.get(call.tenant, m);
+    auto shared_done = std::make_shared<std::function<void(ToolResult)>>(std::move(done));
+    const bool queued = calls_.run(call.tenant, [c, call, shared_done] {
+        (*shared_done)(c->call_tool(call.name, call.arguments, call.idempotency_key));
     });
+    if (!queued) {
+        ToolResult r;
+        r.is_error = true;
+        r.content = "tool error: too many MCP calls are waiting for this tenant; try again later";
+        (*shared_done)(std::move(r));
+    }
 }
 
 }  // namespace armada::tools

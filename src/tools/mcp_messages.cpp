@@ -87,7 +87,7 @@ json mcp_answer(int status, const std::string & body, const std::string & conten
     return *it;
 }
 
-void mcp_tools_page(const json & result, const std::set<std::string> & allowed, std::vector<agent::HttpToolSpec> & out,
+void mcp_tools_page(const json & result, const std::set<std::string> & allowed, std::vector<HttpToolSpec> & out,
                     std::string & cursor) {
     cursor = str_field(result, "nextCursor");
     if (!result.is_object()) return;
@@ -96,7 +96,7 @@ void mcp_tools_page(const json & result, const std::set<std::string> & allowed, 
     for (const auto & t : *tools) {
         const std::string name = str_field(t, "name");
         if (name.empty() || (!allowed.empty() && !allowed.count(name))) continue;
-        agent::HttpToolSpec s;
+        HttpToolSpec s;
         s.name = name;
         s.description = str_field(t, "description");
         auto schema = t.find("inputSchema");

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "agent/agent_spec.h"
+#include "tools/tool_spec.h"
 #include "tools/tool_transport.h"
 
 #include <nlohmann/json.hpp>
@@ -23,7 +23,7 @@ nlohmann::json mcp_answer(int status, const std::string & body, const std::strin
 //! One page of `tools/list`: appends the tools named in `allowed` (all when empty) and sets
 //! `cursor` to the next page's cursor ("" at the end).
 void mcp_tools_page(const nlohmann::json & result, const std::set<std::string> & allowed,
-                    std::vector<agent::HttpToolSpec> & out, std::string & cursor);
+                    std::vector<HttpToolSpec> & out, std::string & cursor);
 
 //! A `tools/call` result as the model will see it.
 ToolResult mcp_call_result(const nlohmann::json & result);

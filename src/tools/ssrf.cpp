@@ -1,5 +1,7 @@
 #include "tools/ssrf.h"
 
+#include <algorithm>
+
 namespace armada::tools {
 
 namespace ip = boost::asio::ip;
@@ -46,7 +48,40 @@ const char * denied_kind(const ip::address & raw) {
     const auto b = a.to_v6().to_bytes();
     if ((b[0] & 0xfe) == 0xfc) return "private (ULA)";
     if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) return "link-local";
+    if (b[0] == 0xfe && (b[1] & 0xc0) == 0xc0) return "site-local";
+    if (b[0] == 0x20 && b[1] == 0x01 && b[2] == 0x0d && b[3] == 0xb8) return "reserved (documentation)";
     return nullptr;
+}
+
+ip::address_v4 v4_at(const ip::address_v6::bytes_type & b, size_t at, bool inverted = false) {
+    ip::address_v4::bytes_type v{};
+    for (size_t i = 0; i < 4; ++i)
+        v[i] = inverted ? uint8_t(~b[at + i]) : b[at + i];
+    return ip::address_v4(v);
+}
+
+//! IPv4 addresses an IPv6 address carries inside, and the form that carries them: a host that
+//! routes the form (a NAT64 gateway, a 6to4 or Teredo relay, an old dual stack) reaches them.
+std::vector<std::pair<ip::address_v4, const char *>> embedded_v4(const ip::address_v6 & a) {
+    const auto b = a.to_bytes();
+    auto zero = [&](size_t from, size_t to) {
+        for (size_t i = from; i < to; ++i) {
+            if (b[i] != 0) return false;
+        }
+        return true;
+    };
+    // 64:ff9b::/96 (NAT64, RFC 6052) and 64:ff9b:1::/48 (local-use NAT64, RFC 8215).
+    if (b[0] == 0x00 && b[1] == 0x64 && b[2] == 0xff && b[3] == 0x9b) {
+        if (zero(4, 12)) return {{v4_at(b, 12), "NAT64"}};
+        if (b[4] == 0x00 && b[5] == 0x01) return {{v4_at(b, 12), "local-use NAT64"}};
+    }
+    if (b[0] == 0x20 && b[1] == 0x02) return {{v4_at(b, 2), "6to4"}};  // 2002::/16
+    // Teredo 2001::/32: the server's address, and the client's, stored inverted.
+    if (b[0] == 0x20 && b[1] == 0x01 && b[2] == 0x00 && b[3] == 0x00)
+        return {{v4_at(b, 4), "Teredo server"}, {v4_at(b, 12, true), "Teredo client"}};
+    // ::a.b.c.d (IPv4-compatible, deprecated); :: and ::1 are judged as themselves.
+    if (zero(0, 12) && !(zero(12, 15) && b[15] <= 1)) return {{v4_at(b, 12), "IPv4-compatible"}};
+    return {};
 }
 }  // namespace
 
@@ -71,12 +106,22 @@ bool parse_cidr(const std::string & text, Cidr & out) {
 }
 
 std::string SsrfGuard::reason(const ip::address & a) const {
-    const char * kind = denied_kind(a);
-    if (!kind) return {};
-    for (const auto & c : allow_) {
-        if (in_range(a, c)) return {};
+    auto allowed = [&](const ip::address & x) {
+        return std::any_of(allow_.begin(), allow_.end(), [&](const Cidr & c) { return in_range(x, c); });
+    };
+    const ip::address n = normalise(a);
+    if (n.is_v6() && !allowed(n)) {
+        for (const auto & [v4, form] : embedded_v4(n.to_v6())) {
+            const char * kind = denied_kind(v4);
+            if (kind && !allowed(v4)) {
+                return "address " + n.to_string() + " carries " + v4.to_string() + " inside (" + form +
+                       "), which is " + kind + ", and is not allow-listed";
+            }
+        }
     }
-    return std::string("address ") + normalise(a).to_string() + " is " + kind + " and not allow-listed";
+    const char * kind = denied_kind(a);
+    if (!kind || allowed(a)) return {};
+    return std::string("address ") + n.to_string() + " is " + kind + " and not allow-listed";
 }
 
 bool SsrfGuard::permitted(const ip::address & a) const {

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "agent/agent_spec.h"
+#include "tools/tool_spec.h"
 
 #include <functional>
 #include <string>
@@ -14,6 +14,8 @@ struct ToolCall {
     std::string name;
     std::string arguments;        // JSON text, validated by the grammar
     std::string idempotency_key;  // <session>:<step>:<call>; the same on every retry and resume
+    //! Whose call it is: connections and MCP sessions opened for one tenant never serve another.
+    std::string tenant;
 };
 
 //! How a call ended. A failure is still a result: it goes to the model as an error.
@@ -30,7 +32,7 @@ struct ToolResult {
 class ToolTransport {
   public:
     virtual ~ToolTransport() = default;
-    virtual void call(const agent::HttpToolSpec & spec, const ToolCall & call,
+    virtual void call(const HttpToolSpec & spec, const ToolCall & call,
                       std::function<void(ToolResult)> done) = 0;
 };
 

@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     const nlohmann::json res =
         mcp_answer(status, body, sse ? "text/event-stream" : "application/json", nlohmann::json(7), err);
     if (res.is_null() == err.empty()) std::abort();  // exactly one of an answer and a reason
-    std::vector<armada::agent::HttpToolSpec> tools;
+    std::vector<armada::tools::HttpToolSpec> tools;
     std::string cursor;
     mcp_tools_page(res, {}, tools, cursor);
     mcp_tools_page(res, {"a"}, tools, cursor);

@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         want_data += payload[i] == '\r' ? '\n' : payload[i];
     }
 
-    const std::string wire = armada::api::sse_event(event, payload, 42);
+    const std::string wire = armada::api::sse_event(event, payload, "42");
     int seen = 0;
     armada::bench::SseParser p([&](const std::string & ev, const std::string & d) {
         ++seen;

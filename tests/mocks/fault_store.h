@@ -11,9 +11,10 @@ namespace armada::testing {
 //! Wraps a real store and makes commits fail: the next `fail_next` ones, then each with
 //! probability `p` (seeded). "Disk full" fails every commit until cleared. A failure is sticky
 //! like a real one: later commits fail until `recover` is called.
-class FaultStore : public store::Store {
+class FaultStore : public store::ForwardingStore {
   public:
-    explicit FaultStore(store::Store & inner, double p = 0, uint32_t seed = 1) : inner_(inner), p_(p), rng_(seed) {}
+    explicit FaultStore(store::Store & inner, double p = 0, uint32_t seed = 1)
+        : ForwardingStore(inner), p_(p), rng_(seed) {}
 
     std::atomic<int> fail_next{0};
     std::atomic<bool> disk_full{false};
@@ -36,11 +37,6 @@ class FaultStore : public store::Store {
         }
         inner_.commit(std::move(b), std::move(done));
     }
-    std::optional<store::SessionRecord> session(const std::string & id) override { return inner_.session(id); }
-    std::vector<store::StepRecord> steps(const std::string & id) override { return inner_.steps(id); }
-    std::vector<store::SessionRecord> sessions_not_in(const std::vector<std::string> & e) override {
-        return inner_.sessions_not_in(e);
-    }
     store::Status recover() override {
         std::lock_guard lk(mu_);
         if (disk_full) return store::Status::Error("disk full (injected)");
@@ -48,8 +44,13 @@ class FaultStore : public store::Store {
         return inner_.recover();
     }
 
+    store::Status writable() override {
+        std::lock_guard lk(mu_);
+        if (sticky_ || disk_full) return store::Status::Error(disk_full ? "disk full (injected)" : "write failed (injected)");
+        return inner_.writable();
+    }
+
   private:
-    store::Store & inner_;
     double p_;
     std::mt19937 rng_;
     std::mutex mu_;

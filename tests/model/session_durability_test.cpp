@@ -27,7 +27,7 @@ class InstantTools : public tools::ToolTransport {
   public:
     std::atomic<int> calls{0};
     std::string extra;  // appended to every result (a hostile tool)
-    void call(const agent::HttpToolSpec &, const tools::ToolCall & c,
+    void call(const tools::HttpToolSpec &, const tools::ToolCall & c,
               std::function<void(tools::ToolResult)> done) override {
         ++calls;
         tools::ToolResult r;
@@ -108,7 +108,7 @@ struct Rig {
         io_thread = std::thread([this] { io.run(); });
         mgr =
             std::make_unique<agent::SessionManager>(*format, *port, *faults, tools, io.get_executor(), metrics, clock);
-        mgr->put_agent(worker());
+        mgr->put_operator_agent(worker());
     }
     ~Rig() {
         mgr.reset();
@@ -173,7 +173,7 @@ TEST(SessionDurability, FailedWritesAreRetriedNeverDropped) {
     expect_whole_log(v, 2);
     EXPECT_EQ(rig.tools.calls.load(), 2);  // a write that failed never ran a tool twice
     bool saw_error = false;
-    rig.mgr->subscribe(id, "", 0, [&](const agent::SessionEventRecord & e) { saw_error |= e.type == "error"; }, {});
+    rig.mgr->subscribe(id, "", {}, [&](const agent::SessionEventRecord & e) { saw_error |= e.type == "error"; }, {});
     EXPECT_TRUE(saw_error);
     EXPECT_GE(rig.metrics.counter("armada_store_write_failures_total", "").value(), 3u);
 }
@@ -322,7 +322,7 @@ TEST(SessionOrdering, StepTextArrivesInOrderOnAManyThreadedPool) {
         pool.emplace_back([&] { io.run(); });
     {
         agent::SessionManager mgr(format, port, *sqlite, tools, io.get_executor(), metrics, clock);
-        mgr.put_agent(worker());
+        mgr.put_operator_agent(worker());
         std::vector<std::string> ids;
         for (int i = 0; i < 16; ++i) {
             std::promise<agent::Outcome> p;

@@ -43,7 +43,7 @@ TEST(McpMessages, ErrorsOfAnyShapeBecomeMessages) {
 }
 
 TEST(McpMessages, ToolListsAndResultsOfTheWrongShapeAreSkipped) {
-    std::vector<armada::agent::HttpToolSpec> tools;
+    std::vector<armada::tools::HttpToolSpec> tools;
     std::string cursor;
     mcp_tools_page(json::parse(R"({"tools":[1,"x",{"name":3},{"name":"ok","inputSchema":[]},
         {"name":"full","description":"d","inputSchema":{"type":"object"}}],"nextCursor":5})"),

@@ -100,15 +100,16 @@ TEST(ApiKeyFile, KeysMayCarryTheirOwnLimits) {
     }
     ApiKeys k;
     ASSERT_EQ(k.load_file(path), "");
-    EXPECT_EQ(k.check("Bearer sk-plain", ""), "sk-plain");
-    EXPECT_EQ(k.check("Bearer sk-limited", ""), "sk-limited");
-    EXPECT_EQ(k.check("", "sk-spaced"), "sk-spaced");
-    ASSERT_EQ(k.limits().size(), 2u);
-    EXPECT_EQ(k.limits()[0].first, "sk-limited");
-    EXPECT_EQ(k.limits()[0].second.requests_per_min, 60);
-    EXPECT_EQ(k.limits()[0].second.tokens_per_min, 1000);
-    EXPECT_EQ(k.limits()[1].second.requests_per_min, 0);
-    EXPECT_EQ(k.limits()[1].second.tokens_per_min, 5);
+    EXPECT_EQ(k.check("Bearer sk-plain", "")->key, "sk-plain");
+    EXPECT_EQ(k.check("Bearer sk-limited", "")->key, "sk-limited");
+    EXPECT_EQ(k.check("", "sk-spaced")->key, "sk-spaced");
+    ASSERT_EQ(k.keys().size(), 3u);
+    EXPECT_FALSE(k.keys()[0].limits.has_value());
+    EXPECT_EQ(k.keys()[1].key, "sk-limited");
+    EXPECT_EQ(k.keys()[1].limits->requests_per_min, 60);
+    EXPECT_EQ(k.keys()[1].limits->tokens_per_min, 1000);
+    EXPECT_EQ(k.keys()[2].limits->requests_per_min, 0);
+    EXPECT_EQ(k.keys()[2].limits->tokens_per_min, 5);
     std::remove(path.c_str());
 }
 

@@ -1,10 +1,11 @@
 #include "engine/text_stream.h"
+#include "text/utf8.h"
 
 #include <gtest/gtest.h>
 
 using armada::engine::TextStream;
-using armada::engine::utf8_incomplete_tail;
-using armada::engine::utf8_sanitize;
+using armada::text::utf8_incomplete_tail;
+using armada::text::utf8_sanitize;
 
 TEST(Utf8, IncompleteTail) {
     EXPECT_EQ(utf8_incomplete_tail("abc"), 0u);

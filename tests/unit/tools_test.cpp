@@ -81,3 +81,49 @@ TEST(Ssrf, NumericFormsAndNamesAreJudgedAfterResolution) {
         EXPECT_FALSE(any_permitted(g, h)) << h;
     }
 }
+
+TEST(Ssrf, Ipv6FormsThatCarryAnIpv4AddressAreJudgedByIt) {
+    SsrfGuard g;
+    struct Case {
+        const char * addr;
+        bool permitted;
+        const char * says;
+    };
+    const Case cases[] = {
+        // NAT64 (64:ff9b::/96) and local-use NAT64 (64:ff9b:1::/48)
+        {"64:ff9b::7f00:1", false, "carries 127.0.0.1 inside (NAT64), which is loopback"},
+        {"64:ff9b::a9fe:a9fe", false, "carries 169.254.169.254 inside (NAT64)"},
+        {"64:ff9b:1::c0a8:101", false, "carries 192.168.1.1 inside (local-use NAT64)"},
+        {"64:ff9b::808:808", true, ""},
+        // 6to4 (2002::/16): the address is in bits 16..47
+        {"2002:0a00:0001::1", false, "carries 10.0.0.1 inside (6to4), which is private"},
+        {"2002:7f00:0001::", false, "carries 127.0.0.1 inside (6to4)"},
+        {"2002:0808:0808::1", true, ""},
+        // IPv4-compatible (::/96, deprecated)
+        {"::127.0.0.1", false, "carries 127.0.0.1 inside (IPv4-compatible)"},
+        {"::10.1.2.3", false, "carries 10.1.2.3 inside (IPv4-compatible)"},
+        {"::8.8.8.8", true, ""},
+        // Teredo (2001::/32): the server in bits 32..63, the client inverted in the last 32
+        {"2001:0:7f00:1::", false, "carries 127.0.0.1 inside (Teredo server)"},
+        {"2001:0:808:808::f5ff:fffe", false, "carries 10.0.0.1 inside (Teredo client), which is private"},
+        {"2001:0:808:808::f7f7:f7f7", true, ""},
+        // site-local (fec0::/10, deprecated)
+        {"fec0::1", false, "is site-local"},
+        {"feff::1", false, "is site-local"},
+    };
+    for (const auto & c : cases) {
+        const auto a = ip::make_address(c.addr);
+        EXPECT_EQ(g.permitted(a), c.permitted) << c.addr << ": " << g.reason(a);
+        if (!c.permitted) EXPECT_NE(g.reason(a).find(c.says), std::string::npos) << c.addr << ": " << g.reason(a);
+    }
+    // :: and ::1 stay what they are.
+    EXPECT_NE(g.reason(ip::make_address("::1")).find("loopback"), std::string::npos);
+    EXPECT_NE(g.reason(ip::make_address("::")).find("unspecified"), std::string::npos);
+    // Allowing the IPv4 range allows it in every form.
+    Cidr c;
+    ASSERT_TRUE(parse_cidr("10.0.0.0/8", c));
+    g.allow(c);
+    EXPECT_TRUE(g.permitted(ip::make_address("64:ff9b::a00:1")));
+    EXPECT_TRUE(g.permitted(ip::make_address("2002:0a00:0001::1")));
+    EXPECT_FALSE(g.permitted(ip::make_address("64:ff9b::7f00:1")));
+}

@@ -1,0 +1,23 @@
+#pragma once
+
+#include <boost/asio/ssl/context.hpp>
+
+#include <memory>
+#include <string>
+
+namespace armada::tools {
+
+//! TLS for outgoing tool and MCP calls: TLS 1.2 or later, the peer's certificate checked against
+//! the system CA store (Debian's ca-certificates) plus `extra_ca_file` (PEM, may be empty), and
+//! the host name checked against the certificate. Returns null and sets `err` on a bad file.
+std::shared_ptr<boost::asio::ssl::context> client_tls(const std::string & extra_ca_file, std::string & err);
+
+//! Makes the handshake on `native_ssl` (an SSL*) check that the certificate names `host` (a DNS
+//! name, or an IP address in the certificate's IP entries), and sends SNI for a name.
+void expect_peer_name(void * native_ssl, const std::string & host);
+
+//! What went wrong in a TLS handshake, in words a user can act on (expired, untrusted, wrong
+//! host name), from the error and the verification result of `native` (an SSL*).
+std::string tls_failure(const boost::system::error_code & ec, void * native_ssl, const std::string & host);
+
+}  // namespace armada::tools
