@@ -94,13 +94,16 @@ std::string acting_tenant(const HttpRequest & req, const Caller & caller) {
 }  // namespace
 
 json agent_json(const agent::AgentSpec & a, bool with_spec) {
+    // The list names the tools; one agent's page has their schemas too.
     json tools = json::array();
     for (const auto & t : a.tools) {
-        json tj = {{"name", t.name}, {"description", t.description}};
-        if (with_spec) {
-            tj["parameters"] = json::parse(t.parameters, nullptr, false);
-            if (!t.mcp_url.empty()) tj["mcp_server"] = t.mcp_url;
+        if (!with_spec) {
+            tools.push_back(t.name);
+            continue;
         }
+        json tj = {{"name", t.name}, {"description", t.description},
+                   {"parameters", json::parse(t.parameters, nullptr, false)}};
+        if (!t.mcp_url.empty()) tj["mcp_server"] = t.mcp_url;
         tools.push_back(tj);
     }
     json j = {{"id", a.id},

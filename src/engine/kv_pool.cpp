@@ -346,7 +346,7 @@ bool KvPool::pressured() const {
     auto * self = const_cast<KvPool *>(this);
     if (!cfg_.dir.empty() && stats_.disk_bytes > cfg_.disk_limit / 10 * 9) self->pressured_ = true;
     if (pressured_ && stats_.ram_bytes <= cfg_.ram_low && stats_.disk_bytes <= cfg_.disk_limit / 4 * 3 &&
-        std::chrono::steady_clock::now() - last_drop_ >= std::chrono::milliseconds(cfg_.pressure_hold_ms)) {
+        cfg_.now() - last_drop_ >= std::chrono::milliseconds(cfg_.pressure_hold_ms)) {
         self->pressured_ = false;
     }
     return pressured_;
@@ -433,7 +433,7 @@ void KvPool::enforce_locked() {
                 // No disk tier, or it failed: the entry is dropped and the session re-prefills.
                 stats_.dropped++;
                 pressured_ = true;
-                last_drop_ = std::chrono::steady_clock::now();
+                last_drop_ = cfg_.now();
                 remove_locked(entries_.find(e->key));
             }
         }
@@ -443,7 +443,7 @@ void KvPool::enforce_locked() {
             if (stats_.disk_bytes <= cfg_.disk_limit / 4 * 3) break;
             stats_.dropped++;
             pressured_ = true;
-            last_drop_ = std::chrono::steady_clock::now();
+            last_drop_ = cfg_.now();
             remove_locked(entries_.find(e->key));
         }
     }

@@ -35,6 +35,8 @@ struct KvPoolConfig {
     //! True when `key` with exactly these tokens is already safe on disk elsewhere (the session's
     //! KV journal): spilling it then just frees the RAM, with no write.
     std::function<bool(const std::string & key, const Tokens & tokens)> durable;
+    //! The clock the pressure hold is measured on (tests step a fake one).
+    std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
 };
 
 //! What is known about one parked entry.

@@ -165,16 +165,19 @@ TEST(SessionDurability, CompletesWithoutFaults) {
 TEST(SessionDurability, FailedWritesAreRetriedNeverDropped) {
     Rig rig;
     const auto id = rig.create("go");
+    // Error events are not stored: a subscriber sees them as they happen.
+    std::atomic<bool> saw_error{false};
+    const auto h = rig.mgr->subscribe(
+        id, "", {}, [&](const agent::SessionEventRecord & e) { saw_error = saw_error || e.type == "error"; }, {});
     // The next writes fail: a step must wait, report the failure as an event, and be retried.
     rig.faults->fail_next = 3;
     const auto v = rig.wait_end(id);
+    rig.mgr->unsubscribe(id, h);
     EXPECT_EQ(v.state, "completed") << v.reason;
     EXPECT_GE(rig.faults->failures.load(), 3);
     expect_whole_log(v, 2);
     EXPECT_EQ(rig.tools.calls.load(), 2);  // a write that failed never ran a tool twice
-    bool saw_error = false;
-    rig.mgr->subscribe(id, "", {}, [&](const agent::SessionEventRecord & e) { saw_error |= e.type == "error"; }, {});
-    EXPECT_TRUE(saw_error);
+    EXPECT_TRUE(saw_error.load());
     EXPECT_GE(rig.metrics.counter("armada_store_write_failures_total", "").value(), 3u);
 }
 
@@ -182,16 +185,25 @@ TEST(SessionDurability, DiskFullHoldsTheStepUntilSpaceReturns) {
     Rig rig;
     const auto id = rig.create("go");
     rig.faults->disk_full = true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    // Wait until a checkpoint has been refused (and retried) while the disk is full.
+    for (int i = 0; i < 3000 && rig.faults->failures.load() < 2; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_GE(rig.faults->failures.load(), 2);
     // Nothing can be acknowledged while the disk is full, so the session has not ended.
     auto mid = rig.mgr->get(id, "");
     ASSERT_TRUE(mid);
     EXPECT_NE(mid->state, "completed");
-    const size_t durable_then = rig.sqlite->steps(id).size();
+    const auto durable_then = rig.sqlite->steps(id);
     rig.faults->disk_full = false;
     const auto v = rig.wait_end(id);
     EXPECT_EQ(v.state, "completed") << v.reason;
-    EXPECT_GE(v.steps.size(), durable_then);
+    // What was durable before the disk filled is still there, unchanged, at the head of the log.
+    ASSERT_GT(v.steps.size(), durable_then.size());
+    for (size_t i = 0; i < durable_then.size(); ++i) {
+        EXPECT_EQ(v.steps[i].seq, durable_then[i].seq);
+        EXPECT_EQ(v.steps[i].kind, durable_then[i].kind);
+        EXPECT_EQ(v.steps[i].payload, durable_then[i].payload);
+    }
     expect_whole_log(v, 2);
 }
 

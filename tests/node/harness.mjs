@@ -21,7 +21,7 @@ export async function startServer(args = [], { model = tinyModel, env = {} } = {
     const timer = setTimeout(() => reject(new Error('armada did not print its address\n' + stderr)), 30000);
     proc.stdout.on('data', (d) => {
       out += d;
-      const m = out.match(/listening on (http:\/\/[^\s]+)/);
+      const m = out.match(/listening on (https?:\/\/[^\s]+)/);
       if (m) { clearTimeout(timer); resolve(m[1]); }
     });
     proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`armada exited with ${code}\n${stderr}`)); });

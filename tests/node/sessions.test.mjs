@@ -13,10 +13,44 @@ let tools;
 let srv;
 let dir;
 
+// Agents of the operator's file besides `worker`: one whose tool waits 3 s (to hold a session in
+// waiting_tool), and one whose header names a secret of the server's environment.
+const operatorAgents = (url) => `  - id: slowpoke
+    min_tool_steps: 1
+    answer_without_tools: true
+    parallel_tool_calls: false
+    limits: { max_steps: 3, max_tokens_per_step: 96 }
+    tools:
+      - name: wait
+        url: ${url}/slow
+        timeout_ms: 10000
+        parameters: { type: object, properties: { q: { type: boolean } }, required: [q] }
+  - id: sec
+    min_tool_steps: 1
+    answer_without_tools: true
+    parallel_tool_calls: false
+    limits: { max_steps: 3, max_tokens_per_step: 96 }
+    tools:
+      - name: t
+        url: ${url}/secret
+        headers: { X-Token: "\${env:ARMADA_TEST_SECRET}" }
+        parameters: { type: object, properties: { q: { type: boolean } }, required: [q] }
+  - id: nosec
+    min_tool_steps: 1
+    answer_without_tools: true
+    parallel_tool_calls: false
+    limits: { max_steps: 3, max_tokens_per_step: 96 }
+    tools:
+      - name: t
+        url: ${url}/secret
+        headers: { X-Token: "\${env:ARMADA_NO_SUCH_VAR}" }
+        parameters: { type: object, properties: { q: { type: boolean } }, required: [q] }
+`;
+
 before(async () => {
   tools = await startToolServer();
   dir = tempDir('armada-sessions-');
-  const agents = writeAgents(dir, agentYaml(tools.url));
+  const agents = writeAgents(dir, agentYaml(tools.url, { extra: operatorAgents(tools.url) }));
   srv = await startServer(['--agents', agents, '--data-dir', path.join(dir, 'data'), '--tool-allow', '127.0.0.1',
     '-np', '4', '-c', '8192'], { env: { ARMADA_TEST_SECRET: 's3cr3t-value-42' } });
 });
@@ -47,47 +81,75 @@ test('a session runs its tool steps, answers, and logs every step once', async (
   }
 });
 
+// Event ids: "12" for the step with seq 12, "12.3" for the third event after it that is not
+// stored (a token). Compared as (seq, sub).
+const idKey = (id) => id.split('.').map(Number);
+const idLess = (a, b) => { const [x, y] = [idKey(a), idKey(b)]; return x[0] !== y[0] ? x[0] < y[0] : (x[1] ?? 0) < (y[1] ?? 0); };
+const durable = new Set(['message', 'tool_call', 'tool_result', 'state']);
+
 test('events stream over SSE and resume after Last-Event-ID', async () => {
   const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'go' });
   const id = r.json.id;
-  await waitFor(srv.base, id, ['completed']);
-  const all = await sseOnce(`${srv.base}/v1/sessions/${id}/events`, {});
+  // Followed live, the stream has tokens too; it is read until the session completes.
+  const all = await sseUntil(`${srv.base}/v1/sessions/${id}/events`, {},
+    (e) => e.event === 'state' && JSON.parse(e.data).state === 'completed');
   const types = all.map((e) => e.event);
   for (const t of ['state', 'token', 'message', 'tool_call', 'tool_result']) assert.ok(types.includes(t), `missing ${t}`);
-  const ids = all.map((e) => Number(e.id));
-  assert.deepEqual(ids, [...ids].sort((a, b) => a - b));
-  const mid = ids[Math.floor(ids.length / 2)];
-  const rest = await sseOnce(`${srv.base}/v1/sessions/${id}/events`, { 'Last-Event-ID': String(mid) });
-  assert.ok(rest.length > 0);
-  assert.ok(rest.every((e) => Number(e.id) > mid));
-  assert.equal(rest.length, ids.filter((x) => x > mid).length);
+  for (let i = 1; i < all.length; i++) assert.ok(idLess(all[i - 1].id, all[i].id), `${all[i - 1].id} then ${all[i].id}`);
+  // Stored events are the steps of the log: their ids are the steps' seq numbers.
+  const s = await waitFor(srv.base, id, ['completed']);
+  for (const e of all.filter((x) => durable.has(x.event))) {
+    assert.match(e.id, /^\d+$/);
+    assert.ok(s.steps.some((st) => st.seq === Number(e.id)), `event ${e.id} is a step`);
+  }
+  // From the middle: exactly the stored events after it, with the same ids and data.
+  const mid = all.filter((e) => durable.has(e.event))[3].id;
+  const rest = await sseUntil(`${srv.base}/v1/sessions/${id}/events`, { 'Last-Event-ID': mid },
+    (e) => e.event === 'state' && JSON.parse(e.data).state === 'completed');
+  const want = all.filter((e) => durable.has(e.event) && idLess(mid, e.id));
+  assert.deepEqual(rest.map((e) => [e.id, e.event, e.data]), want.map((e) => [e.id, e.event, e.data]));
+  // A token's id resumes from its place too.
+  const tok = all.find((e) => e.event === 'token');
+  const afterTok = await sseUntil(`${srv.base}/v1/sessions/${id}/events`, { 'Last-Event-ID': tok.id },
+    (e) => e.event === 'state' && JSON.parse(e.data).state === 'completed');
+  assert.ok(afterTok.length > 0 && afterTok.every((e) => idLess(tok.id, e.id)));
+  const bad = await fetch(`${srv.base}/v1/sessions/${id}/events`, { headers: { 'Last-Event-ID': 'x1' } });
+  assert.equal(bad.status, 400);
 });
 
-// Reads an SSE stream for a short while and returns its events.
-async function sseOnce(url, headers) {
+// Reads an SSE stream until `stop` says so for an event (or 60 s pass) and returns its events.
+async function sseUntil(url, headers, stop) {
   const ctl = new AbortController();
-  const timer = setTimeout(() => ctl.abort(), 1000);
+  const timer = setTimeout(() => ctl.abort(), 60000);
+  const events = [];
   let buf = '';
   try {
     const res = await fetch(url, { headers, signal: ctl.signal });
     const reader = res.body.getReader();
+    const dec = new TextDecoder();
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
-      buf += new TextDecoder().decode(value);
+      buf += dec.decode(value, { stream: true });
+      let at;
+      while ((at = buf.indexOf('\n\n')) >= 0) {
+        const block = buf.slice(0, at);
+        buf = buf.slice(at + 2);
+        const ev = {};
+        for (const line of block.split('\n')) {
+          const i = line.indexOf(': ');
+          ev[line.slice(0, i)] = line.slice(i + 2);
+        }
+        events.push(ev);
+        if (stop(ev)) { ctl.abort(); return events; }
+      }
     }
   } catch {
-    // the time limit ends the read
+    // aborted
+  } finally {
+    clearTimeout(timer);
   }
-  clearTimeout(timer);
-  return buf.split('\n\n').filter((b) => b.startsWith('id: ')).map((block) => {
-    const ev = {};
-    for (const line of block.split('\n')) {
-      const i = line.indexOf(': ');
-      ev[line.slice(0, i)] = line.slice(i + 2);
-    }
-    return ev;
-  });
+  return events;
 }
 
 test('a later user message continues the same session', async () => {
@@ -100,23 +162,30 @@ test('a later user message continues the same session', async () => {
   assert.equal(s.state, 'completed', s.reason);
   assert.ok(s.steps.length > first.steps.length);
   assert.equal(s.transcript.filter((x) => x.role === 'user').length, 2);
-  // Busy sessions refuse a message with 409.
-  const r2 = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'x' });
-  const busy = await rawPost(srv.base, `/v1/sessions/${r2.json.id}/messages`, { content: 'now' });
-  assert.ok([200, 409].includes(busy.status));
-  await waitFor(srv.base, r2.json.id, ['completed', 'failed']);
+});
+
+test('a session busy with a tool refuses a message with 409', async () => {
+  const r = await rawPost(srv.base, '/v1/agents/slowpoke/sessions', { input: 'x' });
+  await waitFor(srv.base, r.json.id, ['waiting_tool']);
+  const busy = await rawPost(srv.base, `/v1/sessions/${r.json.id}/messages`, { content: 'now' });
+  assert.equal(busy.status, 409, busy.text);
+  assert.match(busy.json.error.message, /waiting_tool/);
+  const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
+  assert.equal(s.state, 'completed', s.reason);
 });
 
 test('cancel and delete', async () => {
-  const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'slow' });
+  const r = await rawPost(srv.base, '/v1/agents/slowpoke/sessions', { input: 'slow' });
   const id = r.json.id;
+  await waitFor(srv.base, id, ['waiting_tool']);
   const c = await rawPost(srv.base, `/v1/sessions/${id}/cancel`, {});
-  if (c.status === 200) {
-    const s = await waitFor(srv.base, id, ['cancelled']);
-    assert.equal(s.reason, 'cancelled by the client');
-  } else {
-    assert.equal(c.status, 409);  // it had already finished
-  }
+  assert.equal(c.status, 200, c.text);
+  const s = await waitFor(srv.base, id, ['cancelled']);
+  assert.equal(s.reason, 'cancelled by the client');
+  assert.equal(s.steps.at(-1).kind, 'state');
+  // Once ended, a cancel is refused.
+  const again = await rawPost(srv.base, `/v1/sessions/${id}/cancel`, {});
+  assert.equal(again.status, 409, again.text);
   const d = await fetch(`${srv.base}/v1/sessions/${id}`, { method: 'DELETE' });
   assert.equal(d.status, 200);
   assert.equal((await getJson(srv.base, `/v1/sessions/${id}`)).status, 404);
@@ -286,15 +355,44 @@ ${extra}    parameters: { type: object, properties: { q: { type: boolean } }, re
   assert.equal(slowRes.is_error, true);
   assert.match(slowRes.content, /did not answer within 500 ms/);
 
-  const sec = await run('sec', one('sec', `${tools.url}/secret`, '    headers: { X-Token: "${env:ARMADA_TEST_SECRET}" }\n'));
+  // A secret named by the operator's agent file reaches the tool, and nothing else.
+  const r = await rawPost(srv.base, '/v1/agents/sec/sessions', { input: 'x' });
+  const sec = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
   assert.equal(sec.state, 'completed', sec.reason);
   assert.ok(tools.secrets.includes('s3cr3t-value-42'), 'the tool received the secret');
-  const all = JSON.stringify(sec) + JSON.stringify(await (await fetch(`${srv.base}/v1/agents`)).json());
-  assert.ok(!all.includes('s3cr3t-value-42'), 'the secret is not in the session or the agent list');
+  const all = JSON.stringify(sec) + JSON.stringify(await (await fetch(`${srv.base}/v1/agents`)).json()) +
+    JSON.stringify(await (await fetch(`${srv.base}/v1/agents/sec`)).json());
+  assert.ok(!all.includes('s3cr3t-value-42'), 'the secret is not in the session or the agent');
   assert.ok(!srv.stdout().includes('s3cr3t') && !srv.stderr().includes('s3cr3t'), 'nor in the logs');
 
-  const missing = await run('nosec', one('nosec', `${tools.url}/secret`, '    headers: { X-Token: "${env:ARMADA_NO_SUCH_VAR}" }\n'));
+  // A secret the operator named but did not provide is a clear tool error.
+  const r2 = await rawPost(srv.base, '/v1/agents/nosec/sessions', { input: 'x' });
+  const missing = await waitFor(srv.base, r2.json.id, ['completed', 'failed']);
   const missRes = missing.steps.find((x) => x.kind === 'tool_result').data;
   assert.equal(missRes.is_error, true);
   assert.match(missRes.content, /environment variable ARMADA_NO_SUCH_VAR is not set/);
+});
+
+test('a client cannot make the server read its own environment or files', async () => {
+  const secrets = tools.secrets.length;
+  for (const ref of ['${env:ARMADA_TEST_SECRET}', 'Bearer ${file:/etc/hostname}']) {
+    // In a tool's header, and anywhere else in the agent.
+    for (const yaml of [
+      `id: leak\ntools:\n  - name: t\n    url: ${tools.url}/secret\n    headers: { X-Token: "${ref}" }\n`,
+      `id: leak\ninstructions: "${ref}"\n`,
+      `id: leak\ntools:\n  - mcp: { url: "http://127.0.0.1:1/mcp", headers: { Authorization: "${ref}" } }\n`,
+    ]) {
+      const a = await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: yaml });
+      assert.equal(a.status, 400, yaml);
+      assert.match((await a.json()).error.message, /expanded only in agent files the operator gives with --agents/);
+    }
+  }
+  assert.equal((await fetch(`${srv.base}/v1/agents/leak`)).status, 404);
+  // The Responses API's mcp tool headers, too.
+  const resp = await rawPost(srv.base, '/v1/responses', {
+    input: 'x', tools: [{ type: 'mcp', server_label: 's', server_url: `${tools.url}/mcp`, headers: { 'X-Token': '${env:ARMADA_TEST_SECRET}' } }],
+  });
+  assert.equal(resp.status, 400, resp.text);
+  assert.match(resp.json.error.message, /expanded only in the operator's agent files/);
+  assert.equal(tools.secrets.length, secrets, 'no request reached the tool');
 });

@@ -137,6 +137,8 @@ TEST(KvPoolTest, ReopenFindsSpilledEntriesAndDropsBadFiles) {
 TEST(KvPoolTest, WithoutADiskTierOverflowDropsAndRaisesPressureForTheHoldTime) {
     KvPoolConfig c = cfg("", 250000);
     c.pressure_hold_ms = 300;
+    auto t = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+    c.now = [&t] { return t; };
     KvPool pool(c);
     ASSERT_EQ(pool.open(), "");
     pool.put("a", blob(100000, 1), false);
@@ -148,7 +150,9 @@ TEST(KvPoolTest, WithoutADiskTierOverflowDropsAndRaisesPressureForTheHoldTime) {
     EXPECT_FALSE(pool.contains("b"));
     EXPECT_TRUE(pool.contains("c"));
     EXPECT_TRUE(pool.pressured());
-    std::this_thread::sleep_for(std::chrono::milliseconds(350));
+    t += std::chrono::milliseconds(299);
+    EXPECT_TRUE(pool.pressured());  // still within the hold time
+    t += std::chrono::milliseconds(1);
     EXPECT_FALSE(pool.pressured());  // under the low watermark and nothing dropped since
 }
 
