@@ -379,9 +379,10 @@ size_t SessionManager::load_declared_agents(const std::function<std::string(Agen
             }
         }
         specs[0].tenant = r.tenant;
+        const std::string id = specs[0].id;
         {
             std::lock_guard lk(mu_);
-            tenant_agents_[{r.tenant, specs[0].id}] = std::make_shared<const AgentSpec>(std::move(specs[0]));
+            tenant_agents_[{r.tenant, id}] = std::make_shared<const AgentSpec>(std::move(specs[0]));
         }
         ++n;
     }

@@ -446,12 +446,14 @@ int serve(const ServeOptions & opt) {
            eng.n_ctx_seq(), n_engines > 1 ? (" on " + std::to_string(n_engines) + " engines").c_str() : "");
     fflush(stdout);
 
-    // The main thread waits for a stop signal, and meanwhile deletes what outlived the TTL.
+    // The main thread waits for a stop signal, and meanwhile deletes what outlived the TTL
+    // (every minute, or more often for a short TTL).
     sessions.expire_old();
+    const int64_t sweep_ms = *ttl_ms > 0 ? std::clamp<int64_t>(*ttl_ms / 4, 1000, 60000) : 60000;
     int sig = 0;
     for (;;) {
-        timespec minute{60, 0};
-        sig = sigtimedwait(&stop_set, nullptr, &minute);
+        timespec wait{time_t(sweep_ms / 1000), long(sweep_ms % 1000) * 1000000L};
+        sig = sigtimedwait(&stop_set, nullptr, &wait);
         if (sig > 0) break;
         sessions.expire_old();
     }

@@ -1,0 +1,257 @@
+// Tenants on one node: every API key belongs to a tenant; agents, sessions, responses and MCP
+// connections of one tenant are invisible to another; the operator's agents are shared and
+// read-only; /metrics needs an admin key on the main port and none on the metrics listener.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { startServer, rawPost } from './harness.mjs';
+import { startToolServer } from './tool_server.mjs';
+import { agentYaml, tempDir, writeAgents } from './agents.mjs';
+import { waitFor } from './session_helpers.mjs';
+import { freePort, startEverything, startRecordingProxy, startSilentServer } from './mcp_peer.mjs';
+
+const A1 = { Authorization: 'Bearer sk-acme-1' };
+const A2 = { Authorization: 'Bearer sk-acme-2' };
+const B = { Authorization: 'Bearer sk-beta' };
+const SOLO = { Authorization: 'Bearer sk-solo' };
+const ADMIN = { Authorization: 'Bearer sk-ops' };
+
+let tools;
+let srv;
+let dir;
+let args;
+let mcp;
+let proxy;
+let metricsBase;
+
+// An agent declared through the API, with numeric schema keywords and limits.
+export const richAgent = (toolUrl, id = 'rich') => `id: ${id}
+instructions: Use the tool, then answer in one line.
+min_tool_steps: 1
+answer_without_tools: true
+parallel_tool_calls: false
+sampling: { temperature: 0.5, seed: 3, top_k: 20, top_p: 0.9 }
+limits: { max_steps: 4, max_tokens_per_step: 96, token_budget: 50000, tool_timeout_ms: 4000 }
+tools:
+  - name: lookup
+    description: Look up a record
+    url: ${toolUrl}/lookup
+    timeout_ms: 3000
+    retries: 1
+    parameters:
+      type: object
+      properties:
+        record: { type: string, enum: [alpha, beta], maxLength: 5 }
+        count: { type: integer, enum: [1, 2, 3], minimum: 1, maximum: 3 }
+      required: [record, count]
+      additionalProperties: false
+`;
+
+const get = async (route, headers = {}) => {
+  const r = await fetch(srv.base + route, { headers });
+  return { status: r.status, json: await r.json().catch(() => null) };
+};
+const del = async (route, headers = {}) => (await fetch(srv.base + route, { method: 'DELETE', headers })).status;
+const declare = (yaml, headers, query = '') =>
+  fetch(`${srv.base}/v1/agents${query}`, { method: 'POST', body: yaml, headers: { 'Content-Type': 'application/yaml', ...headers } });
+
+before(async () => {
+  tools = await startToolServer();
+  const port = await freePort();
+  mcp = await startEverything(port);
+  proxy = await startRecordingProxy(port);
+  dir = tempDir('armada-tenants-');
+  fs.writeFileSync(path.join(dir, 'keys'),
+    'sk-acme-1 tenant=acme\nsk-acme-2 tenant=acme rpm=1000\nsk-beta tenant=beta\nsk-solo\nsk-ops tenant=ops admin\n');
+  const opAgents = agentYaml(tools.url, { extra: `  - id: mcpop
+    min_tool_steps: 1
+    answer_without_tools: true
+    parallel_tool_calls: false
+    limits: { max_steps: 3, max_tokens_per_step: 96 }
+    tools:
+      - mcp: { url: "${proxy.url}", allowed_tools: [get-sum] }
+` });
+  args = ['--api-key-file', path.join(dir, 'keys'), '--agents', writeAgents(dir, opAgents), '--data-dir',
+    path.join(dir, 'data'), '--tool-allow', '127.0.0.1', '-c', '8192', '--metrics-port', '0', '--mcp-discover-ms', '3000'];
+  srv = await startServer(args);
+  metricsBase = srv.stdout().match(/metrics on (http:\/\/[^\s]+)\/metrics/)[1];
+});
+
+after(async () => {
+  if (srv) await srv.stop();
+  if (tools) await tools.close();
+  if (proxy) await proxy.close();
+  if (mcp) mcp.kill('SIGTERM');
+});
+
+test('an agent declared by one tenant is invisible to another; the operator\'s are shared and read-only', async () => {
+  const made = await declare(richAgent(tools.url), A1);
+  assert.equal(made.status, 200, await made.text());
+  // The same tenant through another key sees it; its page has the declaration and the schemas.
+  const mine = await get('/v1/agents/rich', A2);
+  assert.equal(mine.status, 200);
+  assert.equal(mine.json.owner, 'acme');
+  assert.equal(mine.json.tools[0].parameters.properties.count.maximum, 3);
+  assert.deepEqual(mine.json.tools[0].parameters.properties.count.enum, [1, 2, 3]);
+  // Another tenant, and a key of its own: 404 on read, run, delete; absent from the list.
+  for (const h of [B, SOLO]) {
+    assert.equal((await get('/v1/agents/rich', h)).status, 404);
+    assert.ok(!(await get('/v1/agents', h)).json.data.some((a) => a.id === 'rich'));
+    assert.equal((await rawPost(srv.base, '/v1/agents/rich/sessions', { input: 'x' }, h)).status, 404);
+    assert.equal(await del('/v1/agents/rich', h), 404);
+  }
+  // Declaring the same id elsewhere makes that tenant's own agent; acme's is untouched.
+  const theirs = await declare(richAgent(tools.url).replace('maximum: 3', 'maximum: 2').replace('enum: [1, 2, 3]', 'enum: [1, 2]'), B);
+  assert.equal(theirs.status, 200, await theirs.text());
+  assert.equal((await get('/v1/agents/rich', B)).json.tools[0].parameters.properties.count.maximum, 2);
+  assert.equal((await get('/v1/agents/rich', A1)).json.tools[0].parameters.properties.count.maximum, 3);
+  // The operator's agents: every tenant sees them, nobody changes them over the API.
+  for (const h of [A1, B, SOLO]) {
+    const list = (await get('/v1/agents', h)).json.data;
+    assert.ok(list.some((a) => a.id === 'worker' && a.owner === 'operator'));
+  }
+  const replace = await declare('id: worker\ninstructions: mine now\n', A1);
+  assert.equal(replace.status, 403, await replace.text());
+  assert.equal(await del('/v1/agents/worker', A1), 403);
+  assert.equal(await del('/v1/agents/worker', ADMIN), 403);
+  // An admin sees every tenant's agents and manages them with ?tenant=.
+  const all = (await get('/v1/agents', ADMIN)).json.data.filter((a) => a.id === 'rich').map((a) => a.owner).sort();
+  assert.deepEqual(all, ['acme', 'beta']);
+  assert.equal((await get('/v1/agents/rich?tenant=beta', ADMIN)).json.owner, 'beta');
+  assert.equal((await get('/v1/agents?tenant=beta', A1)).status, 403, 'only an admin acts for another tenant');
+  assert.equal(await del('/v1/agents/rich?tenant=beta', ADMIN), 200);
+  assert.equal((await get('/v1/agents/rich', B)).status, 404);
+  assert.equal((await get('/v1/agents/rich', A1)).status, 200);
+});
+
+test('sessions, their events and stored responses belong to the tenant', async () => {
+  const r = await rawPost(srv.base, '/v1/agents/rich/sessions', { input: 'go' }, A1);
+  assert.equal(r.status, 200, r.text);
+  const id = r.json.id;
+  const s = await waitFor(srv.base, id, ['completed', 'failed'], { headers: A2 });
+  assert.equal(s.state, 'completed', s.reason);
+  const args = JSON.parse(s.steps.find((x) => x.kind === 'tool_call').data.arguments);
+  assert.ok([1, 2, 3].includes(args.count) && ['alpha', 'beta'].includes(args.record), JSON.stringify(args));
+  for (const h of [B, SOLO]) {
+    assert.equal((await get(`/v1/sessions/${id}`, h)).status, 404);
+    assert.equal((await fetch(`${srv.base}/v1/sessions/${id}/events`, { headers: h })).status, 404);
+    assert.equal((await rawPost(srv.base, `/v1/sessions/${id}/messages`, { content: 'x' }, h)).status, 404);
+    assert.equal(await del(`/v1/sessions/${id}`, h), 404);
+  }
+  // A stored response: the other key of the tenant reads it; another tenant does not.
+  const resp = await rawPost(srv.base, '/v1/responses', { input: 'keep', max_output_tokens: 4 }, A1);
+  assert.equal(resp.status, 200, resp.text);
+  assert.equal((await get(`/v1/responses/${resp.json.id}`, A2)).status, 200);
+  assert.equal((await get(`/v1/responses/${resp.json.id}`, B)).status, 404);
+  const cont = await rawPost(srv.base, '/v1/responses', { input: 'more', previous_response_id: resp.json.id }, B);
+  assert.equal(cont.status, 404);
+});
+
+test('an API agent comes back unchanged after a restart, and its sessions run', async () => {
+  const before = (await get('/v1/agents/rich', A1)).json;
+  srv.proc.kill('SIGKILL');
+  await new Promise((r) => srv.proc.on('exit', r));
+  srv = await startServer(args);
+  metricsBase = srv.stdout().match(/metrics on (http:\/\/[^\s]+)\/metrics/)[1];
+  const again = (await get('/v1/agents/rich', A1)).json;
+  assert.deepEqual(again.spec, before.spec);
+  assert.deepEqual(again.tools, before.tools);
+  assert.equal(typeof again.tools[0].parameters.properties.record.maxLength, 'number');
+  assert.equal((await get('/v1/agents/rich', B)).status, 404, 'still not beta\'s');
+  const r = await rawPost(srv.base, '/v1/agents/rich/sessions', { input: 'again' }, A1);
+  const s = await waitFor(srv.base, r.json.id, ['completed', 'failed'], { headers: A1 });
+  assert.equal(s.state, 'completed', s.reason);
+});
+
+test('/metrics needs an admin key on the main port and none on the metrics listener', async () => {
+  assert.equal((await fetch(srv.base + '/metrics')).status, 401);
+  const plain = await fetch(srv.base + '/metrics', { headers: A1 });
+  assert.equal(plain.status, 403);
+  assert.match((await plain.json()).error.message, /admin key/);
+  assert.equal((await fetch(srv.base + '/metrics', { headers: ADMIN })).status, 200);
+  const scraped = await fetch(metricsBase + '/metrics');
+  assert.equal(scraped.status, 200);
+  assert.match(await scraped.text(), /^armada_sessions_live\{state="running"\} /m);
+  assert.equal((await fetch(metricsBase + '/v1/models')).status, 404, 'the metrics listener serves nothing else');
+  assert.equal((await fetch(metricsBase + '/readyz')).status, 200);
+});
+
+test('MCP sessions are kept per tenant and per header set', async () => {
+  const tool = (headers) => [{ type: 'mcp', server_label: 'ev', server_url: proxy.url, allowed_tools: ['get-sum'], headers }];
+  const ask = async (h, headers) => {
+    const from = proxy.log.length;
+    const r = await rawPost(srv.base, '/v1/responses', {
+      input: 'Add two numbers', max_output_tokens: 64, tools: tool(headers), tool_choice: 'required', parallel_tool_calls: false,
+    }, h);
+    assert.equal(r.status, 200, r.text);
+    return proxy.log.slice(from);
+  };
+  const sessions = (entries) => new Set(entries.map((e) => e.session).filter(Boolean));
+  const same = { 'X-Tenant-Token': 'shared' };
+  const a1 = await ask(A1, same);
+  const b1 = await ask(B, same);
+  const a2 = await ask(A2, same);
+  const a3 = await ask(A1, { 'X-Tenant-Token': 'other' });
+  assert.ok(a1.some((e) => e.method === 'initialize'));
+  // Beta, with the very same headers, opened its own MCP session and never used acme's.
+  assert.ok(b1.some((e) => e.method === 'initialize'), 'beta initialized a session of its own');
+  for (const s of sessions(b1)) assert.ok(!sessions(a1).has(s), `session ${s} served both tenants`);
+  // Acme's second key reuses acme's session (same tenant, same headers) ...
+  assert.ok(!a2.some((e) => e.method === 'initialize'));
+  for (const s of sessions(a2)) assert.ok(sessions(a1).has(s));
+  // ... and another header set gets another session.
+  assert.ok(a3.some((e) => e.method === 'initialize'));
+  for (const s of sessions(a3)) assert.ok(!sessions(a1).has(s) && !sessions(b1).has(s));
+  assert.ok(a3.every((e) => e['x-tenant-token'] === 'other'));
+
+  // The operator's agent with MCP tools: each tenant's sessions use an MCP session of their own.
+  const run = async (h) => {
+    const from = proxy.log.length;
+    const r = await rawPost(srv.base, '/v1/agents/mcpop/sessions', { input: 'add' }, h);
+    const s = await waitFor(srv.base, r.json.id, ['completed', 'failed'], { headers: h });
+    assert.equal(s.state, 'completed', s.reason);
+    return proxy.log.slice(from);
+  };
+  const opA = await run(A1);
+  const opB = await run(B);
+  assert.ok(sessions(opA).size > 0 && sessions(opB).size > 0);
+  for (const s of sessions(opB)) assert.ok(!sessions(opA).has(s), `operator agent: session ${s} served both tenants`);
+});
+
+test('MCP servers that never answer do not stall the node', { timeout: 120000 }, async () => {
+  const silent = await startSilentServer();
+  try {
+    // Usual speed first.
+    const t0 = Date.now();
+    assert.equal((await fetch(srv.base + '/health')).status, 200);
+    const chat = () => rawPost(srv.base, '/v1/chat/completions',
+      { messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 }, B);
+    assert.equal((await chat()).status, 200);
+    const usual = Date.now() - t0;
+    // 16 Responses requests name the hung server at once.
+    const hung = Array.from({ length: 16 }, () => rawPost(srv.base, '/v1/responses', {
+      input: 'x', tools: [{ type: 'mcp', server_label: 'dead', server_url: silent.url }],
+    }, A1));
+    for (let i = 0; i < 200 && silent.accepted() === 0; i++) await new Promise((r) => setTimeout(r, 25));
+    assert.ok(silent.accepted() > 0, 'the hung server was reached');
+    const t1 = Date.now();
+    const health = await fetch(srv.base + '/health');
+    const healthMs = Date.now() - t1;
+    const c = await chat();
+    const both = Date.now() - t1;
+    assert.equal(health.status, 200);
+    assert.equal(c.status, 200);
+    // Blocked I/O threads would hold these for the whole discovery budget (10 s).
+    assert.ok(healthMs < 2000, `/health took ${healthMs} ms while MCP servers hung`);
+    assert.ok(both < Math.max(4 * usual, usual + 3000), `health + chat took ${both} ms (usually ${usual} ms)`);
+    const done = await Promise.all(hung);
+    const codes = done.map((d) => d.status).sort();
+    // At most 4 of one tenant's calls run at once (--mcp-per-tenant); the rest are refused at once.
+    assert.equal(codes.filter((x) => x === 429).length, 12, codes.join(','));
+    assert.equal(codes.filter((x) => x === 424).length, 4, codes.join(','));
+    for (const d of done.filter((x) => x.status === 424)) assert.match(d.json.error.message, /no answer within/);
+  } finally {
+    await silent.close();
+  }
+});
