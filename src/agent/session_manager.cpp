@@ -468,6 +468,7 @@ SessionManager::Session * SessionManager::find_or_load(std::unique_lock<std::mut
     Session * s = sp.get();
     count_state(s->state, +1);
     sessions_[id] = std::move(sp);
+    sync_memory_gauge();
     return s;
 }
 
@@ -619,6 +620,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
     if (s.erased && s.outbox.empty() && !s.committing) {
         count_state(s.state, -1);
         sessions_.erase(it);
+        sync_memory_gauge();
         return;
     }
     maybe_evict(s);
@@ -629,6 +631,12 @@ void SessionManager::maybe_evict(Session & s) {
     if (!has_ended(s.state) || s.busy() || !s.subs.empty() || s.erased) return;
     const std::string id = s.id;
     sessions_.erase(id);
+    sync_memory_gauge();
+}
+
+void SessionManager::sync_memory_gauge() {
+    metrics_.gauge("armada_sessions_in_memory", "Agent sessions held in memory (open ones, and ended ones in use)")
+        .set(double(sessions_.size()));
 }
 
 // ---- events -------------------------------------------------------------------------------
@@ -1077,6 +1085,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
     s.owner = tenant;
     s.created_ms = clock_.now_ms();
     sessions_[s.id] = std::move(sp);
+    sync_memory_gauge();
     count_state(s.state, +1);
     store::Batch b;
     if (!input.empty()) {
@@ -1234,6 +1243,7 @@ size_t SessionManager::resume_all() {
         sp->agent = lookup_agent(r.owner, r.agent_id);
         Session * ps = sp.get();
         sessions_[r.id] = std::move(sp);
+        sync_memory_gauge();
         count_state(ps->state, +1);
         ++resumed;
         emit_transient(*ps, "state", dump(json{{"state", state_name(ps->state)}, {"resumed", true}}));

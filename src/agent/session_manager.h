@@ -182,6 +182,7 @@ class SessionManager {
     void deliver(Session & s, SessionEventRecord ev);
     void end_subscribers(Session & s);
     void maybe_evict(Session & s);
+    void sync_memory_gauge();
     store::SessionRecord record(const Session & s) const;
     store::StepRecord step_record(Session & s, const std::string & kind, const std::string & payload,
                                   const std::string & key = {});

@@ -48,3 +48,27 @@ export function writeAgents(dir, text) {
   fs.writeFileSync(file, text);
   return file;
 }
+
+// An agent declared through the API, with numeric schema keywords and limits.
+export const richAgent = (toolUrl, id = 'rich') => `id: ${id}
+instructions: Use the tool, then answer in one line.
+min_tool_steps: 1
+answer_without_tools: true
+parallel_tool_calls: false
+sampling: { temperature: 0.5, seed: 3, top_k: 20, top_p: 0.9 }
+limits: { max_steps: 4, max_tokens_per_step: 96, token_budget: 50000, tool_timeout_ms: 4000 }
+tools:
+  - name: lookup
+    description: Look up a record
+    url: ${toolUrl}/lookup
+    timeout_ms: 3000
+    retries: 1
+    parameters:
+      type: object
+      properties:
+        record: { type: string, enum: [alpha, beta], maxLength: 5 }
+        count: { type: integer, enum: [1, 2, 3], minimum: 1, maximum: 3 }
+      required: [record, count]
+      additionalProperties: false
+`;
+

@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { startServer, rawPost } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
-import { agentYaml, tempDir, writeAgents } from './agents.mjs';
+import { agentYaml, richAgent, tempDir, writeAgents } from './agents.mjs';
 import { waitFor } from './session_helpers.mjs';
 import { freePort, startEverything, startRecordingProxy, startSilentServer } from './mcp_peer.mjs';
 
@@ -24,29 +24,6 @@ let args;
 let mcp;
 let proxy;
 let metricsBase;
-
-// An agent declared through the API, with numeric schema keywords and limits.
-export const richAgent = (toolUrl, id = 'rich') => `id: ${id}
-instructions: Use the tool, then answer in one line.
-min_tool_steps: 1
-answer_without_tools: true
-parallel_tool_calls: false
-sampling: { temperature: 0.5, seed: 3, top_k: 20, top_p: 0.9 }
-limits: { max_steps: 4, max_tokens_per_step: 96, token_budget: 50000, tool_timeout_ms: 4000 }
-tools:
-  - name: lookup
-    description: Look up a record
-    url: ${toolUrl}/lookup
-    timeout_ms: 3000
-    retries: 1
-    parameters:
-      type: object
-      properties:
-        record: { type: string, enum: [alpha, beta], maxLength: 5 }
-        count: { type: integer, enum: [1, 2, 3], minimum: 1, maximum: 3 }
-      required: [record, count]
-      additionalProperties: false
-`;
 
 const get = async (route, headers = {}) => {
   const r = await fetch(srv.base + route, { headers });

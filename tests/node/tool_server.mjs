@@ -9,7 +9,10 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const stored = new Map();   // key -> reply body
   const noKey = [];
   const secrets = [];
+  let inFlight = 0;
   const server = http.createServer((req, res) => {
+    inFlight++;
+    res.on('close', () => { inFlight--; });
     let body = '';
     req.on('data', (d) => { body += d; });
     req.on('end', () => {
@@ -82,6 +85,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   return {
     url: `http://127.0.0.1:${port}`,
     effects, replays, noKey, secrets,
+    inFlight: () => inFlight,
     close: () => new Promise((r) => server.close(r)),
   };
 }
