@@ -1,37 +1,57 @@
-// Crash test: 32 concurrent sessions of 3+ tool steps; the server is killed with SIGKILL at
+// Crash test: 32 concurrent sessions of an agent declared through the API (numeric schema
+// keywords, so its reload is exact) run 3 tool steps each; the server is killed with SIGKILL at
 // random moments at least 5 times and restarted on the same data dir. Every session must
-// complete, each tool call must have had exactly one effect, and every log must be whole.
+// complete, each tool call must have had exactly one effect, no call that had finished was sent
+// again, and every log must be whole.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { startServer, rawPost } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
-import { agentYaml, tempDir, writeAgents } from './agents.mjs';
+import { richAgent, tempDir } from './agents.mjs';
 import { getJson, assertCompleteLog, waitFor } from './session_helpers.mjs';
 
 const SESSIONS = 32;
 const KILLS = 5;
+const agent = (url, steps) => richAgent(url, 'worker').replace('min_tool_steps: 1', `min_tool_steps: ${steps}`)
+  .replace('max_steps: 4', `max_steps: ${steps + 3}`);
+
+// A repeated delivery is allowed only for a call that was outstanding at a kill: sent, and its
+// result not yet durable (the result's step was written after that kill).
+function assertNoFinishedCallRepeated(tools, sessions, kills) {
+  const resultAt = new Map();
+  for (const s of sessions) {
+    for (const st of s.steps.filter((x) => x.kind === 'tool_result')) resultAt.set(st.idempotency_key, st.ts_ms);
+  }
+  for (const [k, n] of tools.replays) {
+    const sent = tools.firstAt.get(k);
+    const done = resultAt.get(k);
+    assert.ok(kills.some((t) => sent <= t && t <= done),
+      `key ${k} was sent ${n + 1} times, but it had finished before any kill (sent ${sent}, result ${done}, kills ${kills})`);
+  }
+}
 
 test('32 sessions survive 5 SIGKILLs without losing or repeating a step', { timeout: 480000 }, async () => {
   const tools = await startToolServer({ minDelayMs: 50, maxDelayMs: 400 });
   const dir = tempDir('armada-crash-');
-  const args = ['--agents', writeAgents(dir, agentYaml(tools.url)), '--data-dir', path.join(dir, 'data'),
-    '--tool-allow', '127.0.0.1', '-np', '8', '-c', '16384'];
+  const args = ['--data-dir', path.join(dir, 'data'), '--tool-allow', '127.0.0.1', '-np', '8', '-c', '16384'];
   let srv = await startServer(args);
   const ids = [];
+  const kills = [];
   try {
+    const a = await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: agent(tools.url, 3) });
+    assert.equal(a.status, 200, await a.text());
     for (let i = 0; i < SESSIONS; i++) {
       const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: `task ${i}` });
       assert.equal(r.status, 200, r.text);
       ids.push(r.json.id);
     }
-    let kills = 0;
     let resumedTotal = 0;
-    while (kills < KILLS) {
+    while (kills.length < KILLS) {
       await new Promise((r) => setTimeout(r, 200 + Math.random() * 1200));
       srv.proc.kill('SIGKILL');
       await new Promise((r) => srv.proc.on('exit', r));
-      kills++;
+      kills.push(Date.now());
       srv = await startServer(args);
       const m = srv.stdout().match(/resumed (\d+) sessions/);
       resumedTotal += m ? Number(m[1]) : 0;
@@ -54,12 +74,18 @@ test('32 sessions survive 5 SIGKILLs without losing or repeating a step', { time
     for (const s of done.values()) {
       assert.equal(s.state, 'completed', `${s.id}: ${s.reason}`);
       assertCompleteLog(s, 3);
-      for (const st of s.steps.filter((x) => x.kind === 'tool_call')) keys.add(st.idempotency_key);
+      for (const st of s.steps.filter((x) => x.kind === 'tool_call')) {
+        keys.add(st.idempotency_key);
+        const args = JSON.parse(st.data.arguments);
+        assert.ok([1, 2, 3].includes(args.count), st.data.arguments);
+      }
     }
     assert.equal(keys.size, SESSIONS * 3);
     for (const k of keys) assert.equal(tools.effects.get(k), 1, `effects for ${k}`);
     for (const [k, n] of tools.effects) assert.equal(n, 1, `key ${k} had ${n} effects`);
     assert.deepEqual(tools.noKey, []);
+    assertNoFinishedCallRepeated(tools, done.values(), kills);
+    console.log(`replays of calls outstanding at a kill: ${[...tools.replays.values()].reduce((a, b) => a + b, 0)}`);
   } finally {
     await srv.stop();
     await tools.close();
@@ -73,9 +99,15 @@ test('a crash right after each checkpoint boundary, in turn, loses no acknowledg
   try {
     for (let n = 1; n < 60; n++) {
       tools.effects.clear();
+      tools.replays.clear();
+      tools.firstAt.clear();
       const dir = tempDir(`armada-boundary-${n}-`);
-      const args = ['--agents', writeAgents(dir, agentYaml(tools.url, { toolSteps: 2 })), '--data-dir',
-        path.join(dir, 'data'), '--tool-allow', '127.0.0.1', '-np', '2'];
+      const args = ['--data-dir', path.join(dir, 'data'), '--tool-allow', '127.0.0.1', '-np', '2'];
+      // The agent is declared through the API first, on a node without the crash hook.
+      const setup = await startServer(args);
+      const a = await fetch(`${setup.base}/v1/agents`, { method: 'POST', body: agent(tools.url, 2) });
+      assert.equal(a.status, 200, await a.text());
+      await setup.stop();
       let srv = await startServer(args, { env: { ARMADA_CRASH_AFTER_COMMITS: String(n) } });
       // The create may be the commit that crashes: then its answer never comes.
       const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'go' }).catch(() => null);
@@ -93,6 +125,7 @@ test('a crash right after each checkpoint boundary, in turn, loses no acknowledg
         break;
       }
       assert.match(srv.stderr(), /crashing after a commit/);
+      const killedAt = Date.now();
       boundaries++;
       srv = await startServer(args);
       try {
@@ -110,6 +143,7 @@ test('a crash right after each checkpoint boundary, in turn, loses no acknowledg
         assert.equal(s.state, 'completed', `crash at commit ${n}: ${s.reason}`);
         assertCompleteLog(s, 2);
         for (const [k, c] of tools.effects) assert.equal(c, 1, `crash at commit ${n}: key ${k} had ${c} effects`);
+        assertNoFinishedCallRepeated(tools, [s], [killedAt]);
       } finally {
         await srv.stop();
       }

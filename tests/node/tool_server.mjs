@@ -7,6 +7,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const effects = new Map();  // key -> count of effects
   const replays = new Map();  // key -> count of repeated deliveries
   const stored = new Map();   // key -> reply body
+  const firstAt = new Map();  // key -> when its first request arrived (ms)
   const noKey = [];
   const secrets = [];
   let inFlight = 0;
@@ -58,6 +59,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
         return;
       }
       if (!key) noKey.push(req.url);
+      if (key && !firstAt.has(key)) firstAt.set(key, Date.now());
       const delay = minDelayMs + Math.random() * (maxDelayMs - minDelayMs);
       setTimeout(() => {
         // Replies declare their length (Content-Length), as most servers do; /words, /gbk and
@@ -84,7 +86,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const { port } = server.address();
   return {
     url: `http://127.0.0.1:${port}`,
-    effects, replays, noKey, secrets,
+    effects, replays, noKey, secrets, firstAt,
     inFlight: () => inFlight,
     close: () => new Promise((r) => server.close(r)),
   };
