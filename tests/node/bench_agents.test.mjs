@@ -94,9 +94,15 @@ test('fault pre-test: the server is killed partway, restarted, and every session
   }
   const log = path.join(dir, 'restart.log');
   const pidFile = path.join(dir, 'restart.pid');
+  const serverPidFile = path.join(dir, 'restarted-server.pid');
   // The restart tries again while the port is still held by the dying process (exit code 1).
-  const restart = `(for i in $(seq 1 40); do ${bin} ${args.join(' ')} >>${log} 2>&1; [ $? -ne 1 ] && break; sleep 0.25; done) & echo $! >${pidFile}`;
-  cleanup.push(() => { spawnSync('pkill', ['-9', '-f', `port ${port} -np`]); });
+  // The loop and each server it starts write their PIDs, so cleanup kills exactly those.
+  const restart = `(for i in $(seq 1 40); do ${bin} ${args.join(' ')} >>${log} 2>&1 & echo $! >${serverPidFile}; wait $!; [ $? -ne 1 ] && break; sleep 0.25; done) & echo $! >${pidFile}`;
+  cleanup.push(() => {
+    for (const f of [pidFile, serverPidFile]) {
+      try { process.kill(Number(fs.readFileSync(f, 'utf8')), 'SIGKILL'); } catch { /* not started, or gone */ }
+    }
+  });
   const out = path.join(dir, 'fault');
   const r = await new Promise((res) => {
     const p = spawn(bin, ['bench', 'agents', '--no-progress', '--target', base, '--mode', 'sessions', '--sessions', '8',

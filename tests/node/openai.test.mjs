@@ -204,17 +204,23 @@ test('streamed tool call deltas carry index, id, type and name', async () => {
   for (const c of calls) assertValidCall(c, tools);
 });
 
-test('a tool result continues the conversation', async () => {
-  const r = await client.chat.completions.create({
+test('a tool result continues the conversation, and its output reaches the prompt', async () => {
+  const withTool = (content) => client.chat.completions.create({
     model,
     messages: [
       { role: 'user', content: 'weather in Paris?' },
       { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris","unit":"c"}' } }] },
-      { role: 'tool', tool_call_id: 'call_1', content: '21 C and sunny' },
+      { role: 'tool', tool_call_id: 'call_1', content },
     ],
     tools: [weatherTool], max_tokens: 8,
   });
-  assert.equal(r.choices[0].message.role, 'assistant');
+  const short = await withTool('21 C');
+  const long = await withTool('21 C and sunny, a light breeze from the west, no rain expected before the evening');
+  assert.equal(short.choices[0].message.role, 'assistant');
+  // The longer output makes a longer prompt by its own tokens: the tool's text is in the prompt.
+  const extra = (await client.completions.create({ model, prompt: ' and sunny, a light breeze from the west, no rain expected before the evening', max_tokens: 1 })).usage.prompt_tokens;
+  const grew = long.usage.prompt_tokens - short.usage.prompt_tokens;
+  assert.ok(Math.abs(grew - extra) <= 2, `prompt grew by ${grew} tokens for ${extra} tokens of tool output`);
 });
 
 test('response_format json_schema yields matching JSON', async () => {
@@ -328,11 +334,21 @@ test('hostile grammars and schemas are refused or served, never a crash', async 
   assert.equal((await fetch(srv.base + '/health')).status, 200);
 });
 
-test('max_tokens cut inside a multi-byte character still gives valid JSON', async () => {
+test('max_tokens cut inside a multi-byte character still gives valid UTF-8 and JSON', async () => {
+  const strict = new TextDecoder('utf-8', { fatal: true });
   for (let n = 1; n <= 6; n++) {
-    const r = await rawPost(srv.base, '/v1/completions', { prompt: '你好，世界', max_tokens: n, seed: n, temperature: 1.5 });
-    assert.equal(r.status, 200, r.text);
-    assert.ok(r.json, 'body must be valid JSON');
+    for (const stream of [false, true]) {
+      const res = await fetch(srv.base + '/v1/completions', {
+        method: 'POST', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ prompt: '你好，世界', max_tokens: n, seed: n, temperature: 1.5, stream }),
+      });
+      assert.equal(res.status, 200);
+      // The raw bytes: a decoder that replaces bad bytes (r.text()) would hide them.
+      const bytes = new Uint8Array(await res.arrayBuffer());
+      const text = strict.decode(bytes);
+      if (!stream) JSON.parse(text);
+      else for (const line of text.split('\n').filter((l) => l.startsWith('data: {'))) JSON.parse(line.slice(6));
+    }
   }
 });
 
@@ -403,7 +419,13 @@ test('a full queue answers 429 with Retry-After', async () => {
   try {
     const long = () => rawPost(s.base, '/v1/completions', { prompt: 'a', max_tokens: 400 });
     const inflight = [long(), long()];
-    await new Promise((r) => setTimeout(r, 200));
+    // Wait until one request holds the sequence and the other waits in the queue.
+    const gauge = async (name) => Number((await (await fetch(s.base + '/metrics')).text()).match(new RegExp(`^${name} (\\S+)`, 'm'))[1]);
+    for (let i = 0; i < 500 && !((await gauge('armada_sequences_active')) === 1 && (await gauge('armada_sequences_queued')) === 1); i++) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.equal(await gauge('armada_sequences_active'), 1);
+    assert.equal(await gauge('armada_sequences_queued'), 1);
     const refused = await long();
     assert.equal(refused.status, 429, refused.text);
     assert.ok(refused.headers.get('retry-after'));

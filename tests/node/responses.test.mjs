@@ -70,11 +70,17 @@ test('function tools round-trip through function_call_output', async () => {
   assert.ok(call, JSON.stringify(r.output));
   assert.equal(call.name, 'get_weather');
   assert.ok(['Paris', 'Lima'].includes(JSON.parse(call.arguments).city));
-  const next = await client.responses.create({
+  const send = (output) => client.responses.create({
     model: 'x', previous_response_id: r.id, tools: [weather], max_output_tokens: 16,
-    input: [{ type: 'function_call_output', call_id: call.call_id, output: '{"temp": 21}' }],
+    input: [{ type: 'function_call_output', call_id: call.call_id, output }],
   });
+  const next = await send('{"temp": 21}');
   assert.ok(['completed', 'incomplete'].includes(next.status));
+  // The function's output is in the next prompt: a longer output makes it longer by its tokens.
+  const longer = await send('{"temp": 21, "sky": "clear", "wind": "light breeze from the west", "rain": "none expected"}');
+  const extra = (await client.completions.create({ model: 'x', prompt: ', "sky": "clear", "wind": "light breeze from the west", "rain": "none expected"', max_tokens: 1 })).usage.prompt_tokens;
+  const grew = longer.usage.input_tokens - next.usage.input_tokens;
+  assert.ok(Math.abs(grew - extra) <= 2, `input grew by ${grew} tokens for ${extra} tokens of output`);
 });
 
 test('streaming events carry sequence numbers in order', async () => {
