@@ -276,7 +276,7 @@ test('512 SSE streams open at once all finish with [DONE]', async () => {
 test('per-key rate limits: requests and tokens per minute, each key on its own', async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'armada-rate-'));
   const keys = path.join(dir, 'keys');
-  fs.writeFileSync(keys, 'sk-default\nsk-few rpm=3\nsk-tokens tpm=40\nsk-free rpm=0 tpm=0\n');
+  fs.writeFileSync(keys, 'sk-default\nsk-few rpm=3\nsk-tokens tpm=40\nsk-free rpm=0 tpm=0 admin\n');
   const srv = await startServer(['--api-key-file', keys, '--rate-limit-rpm', '5']);
   const as = (k) => ({ Authorization: `Bearer ${k}` });
   try {
