@@ -1,11 +1,25 @@
 // Starts the real `armada serve` on port 0 and waits until /health says ready.
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import https from 'node:https';
 import path from 'node:path';
 
 export const modelDir = process.env.ARMADA_MODEL_DIR;
 export const tinyModel = path.join(modelDir ?? '', 'armada-tiny-q8_0.gguf');
 
-export async function startServer(args = [], { model = tinyModel, env = {} } = {}) {
+// GET over https, trusting `ca` (a PEM file); resolves with { status, text }.
+export function httpsGet(url, ca, headers = {}) {
+  return new Promise((resolve, reject) => {
+    https.get(url, { ca: fs.readFileSync(ca), headers }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (d) => { text += d; });
+      res.on('end', () => resolve({ status: res.statusCode, text }));
+    }).on('error', reject);
+  });
+}
+
+export async function startServer(args = [], { model = tinyModel, env = {}, ca = null } = {}) {
   const bin = process.env.ARMADA_BIN;
   if (!bin) throw new Error('ARMADA_BIN is not set');
   const proc = spawn(bin, ['serve', '-m', model, '--port', '0', '-c', '4096', '-np', '4', '-t', '2', ...args], {
@@ -29,7 +43,7 @@ export async function startServer(args = [], { model = tinyModel, env = {} } = {
   const deadline = Date.now() + 60000;
   for (;;) {
     if (proc.exitCode !== null) throw new Error(`armada exited with ${proc.exitCode}\n${stderr}`);
-    const r = await fetch(base + '/health').catch(() => null);
+    const r = await (ca ? httpsGet(base + '/health', ca) : fetch(base + '/health')).catch(() => null);
     if (r && r.status === 200) break;
     if (Date.now() > deadline) throw new Error('armada never became ready\n' + stderr);
     await new Promise((res) => setTimeout(res, 100));
