@@ -396,3 +396,47 @@ test('a client cannot make the server read its own environment or files', async 
   assert.match(resp.json.error.message, /expanded only in the operator's agent files/);
   assert.equal(tools.secrets.length, secrets, 'no request reached the tool');
 });
+
+test('redirects: the same origin keeps the headers, another origin gets none of them, follow_redirects: false stops', async () => {
+  const other = await startToolServer();
+  try {
+    const agent = (id, url, extra = '') => `id: ${id}
+min_tool_steps: 1
+answer_without_tools: true
+parallel_tool_calls: false
+limits: { max_steps: 3, max_tokens_per_step: 64 }
+tools:
+  - name: t
+    url: ${url}
+    headers: { Authorization: "Bearer tool-token", Cookie: "c=1", X-Token: "spec-header" }
+${extra}    parameters: { type: object, properties: { q: { type: boolean } }, required: [q] }
+`;
+    const run = async (id, yaml) => {
+      const a = await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: yaml });
+      assert.equal(a.status, 200, await a.text());
+      const r = await rawPost(srv.base, `/v1/agents/${id}/sessions`, { input: 'x' });
+      const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
+      return s.steps.find((x) => x.kind === 'tool_result').data;
+    };
+    const before = tools.seen.length;
+    const same = await run('hopsame', agent('hopsame', `${tools.url}/hop`));
+    assert.equal(same.is_error, false, same.content);
+    const got = tools.seen.slice(before);
+    assert.equal(got.length, 1);
+    assert.deepEqual([got[0].authorization, got[0].cookie, got[0].token, got[0].method], ['Bearer tool-token', 'c=1', 'spec-header', 'POST']);
+
+    const away = await run('hopaway', agent('hopaway', `${tools.url}/hop?to=${encodeURIComponent(other.url + '/headers')}`));
+    assert.equal(away.is_error, false, away.content);
+    assert.equal(other.seen.length, 1);
+    assert.deepEqual([other.seen[0].authorization, other.seen[0].cookie, other.seen[0].token], [null, null, null],
+      'another origin (another port) gets none of the credentials or spec headers');
+    assert.match(other.seen[0].key, /:\d+:\d+$/, 'the idempotency key still goes along');
+
+    const stay = await run('nohop', agent('nohop', `${tools.url}/hop`, '    follow_redirects: false\n'));
+    assert.equal(stay.is_error, true);
+    assert.match(stay.content, /answered HTTP 307 \(a redirect to http:\/\/127\.0\.0\.1:\d+\/headers\), and its follow_redirects is false/);
+    assert.equal(tools.seen.length, before + 1, 'the redirect was not followed');
+  } finally {
+    await other.close();
+  }
+});

@@ -196,6 +196,34 @@ test('MCP sessions are kept per tenant and per header set', async () => {
   for (const s of sessions(opB)) assert.ok(!sessions(opA).has(s), `operator agent: session ${s} served both tenants`);
 });
 
+test('an MCP call that is redirected to another origin leaves the headers behind', async () => {
+  // A front that sends every request on to the recording proxy, a different origin (port).
+  const http = await import('node:http');
+  const front = http.createServer((req, res) => {
+    req.resume();
+    res.writeHead(307, { Location: proxy.url });
+    res.end();
+  });
+  await new Promise((r) => front.listen(0, '127.0.0.1', r));
+  try {
+    const from = proxy.log.length;
+    const r = await rawPost(srv.base, '/v1/responses', {
+      input: 'Add two numbers', max_output_tokens: 64, tool_choice: 'required', parallel_tool_calls: false,
+      tools: [{ type: 'mcp', server_label: 'ev', server_url: `http://127.0.0.1:${front.address().port}/mcp`,
+        allowed_tools: ['get-sum'], headers: { Authorization: 'Bearer mcp-secret', 'X-Tenant-Token': 'spec' } }],
+    }, A1);
+    assert.equal(r.status, 200, r.text);
+    const got = proxy.log.slice(from);
+    assert.ok(got.length >= 2, 'the redirected requests reached the server');
+    for (const e of got) {
+      assert.equal(e.authorization, null);
+      assert.equal(e['x-tenant-token'], null);
+    }
+  } finally {
+    front.close();
+  }
+});
+
 test('MCP servers that never answer do not stall the node', { timeout: 120000 }, async () => {
   const silent = await startSilentServer();
   try {

@@ -11,6 +11,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const noKey = [];
   const secrets = [];
   let inFlight = 0;
+  const seen = [];
   const server = http.createServer((req, res) => {
     inFlight++;
     res.on('close', () => { inFlight--; });
@@ -23,6 +24,20 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
         // "你好，世界" in GBK, declared as such.
         res.writeHead(200, { 'Content-Type': 'text/plain; charset=GBK' });
         res.end(Buffer.from([0xc4, 0xe3, 0xba, 0xc3, 0xa3, 0xac, 0xca, 0xc0, 0xbd, 0xe7]));
+        return;
+      }
+      if (url.pathname === '/headers') {
+        // Records what a request carried, for the redirect tests.
+        seen.push({ authorization: req.headers.authorization ?? null, cookie: req.headers.cookie ?? null,
+          token: req.headers['x-token'] ?? null, key: req.headers['idempotency-key'] ?? null, method: req.method });
+        res.writeHead(200, { 'Content-Type': 'application/json' });
+        res.end('{"seen":true}');
+        return;
+      }
+      if (url.pathname === '/hop') {
+        // 307 keeps the method and body; `to` names where (default: /headers here).
+        res.writeHead(307, { Location: url.searchParams.get('to') ?? '/headers' });
+        res.end();
         return;
       }
       if (url.pathname === '/redirect-home') {
@@ -86,7 +101,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const { port } = server.address();
   return {
     url: `http://127.0.0.1:${port}`,
-    effects, replays, noKey, secrets, firstAt,
+    effects, replays, noKey, secrets, firstAt, seen,
     inFlight: () => inFlight,
     close: () => new Promise((r) => server.close(r)),
   };
