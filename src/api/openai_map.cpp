@@ -219,25 +219,26 @@ SamplingSpec parse_sampling(const json & body, int32_t n_vocab, const RequestLim
     if (body.contains("stream_options") && body["stream_options"].is_object()) {
         s.include_usage = get_bool(body["stream_options"], "include_usage", false);
     }
-    // Log-probabilities are not produced yet. Out-of-range values are refused as such (they once
-    // crashed other servers); in-range requests for them get a clear "not supported".
-    auto lp = body.find("logprobs");
-    if (lp != body.end() && lp->is_number()) {  // /v1/completions' legacy form: how many per token
-        const int64_t v = get_int(body, "logprobs", 0);
-        if (v < 0 || v > 20) throw ApiError(400, "'logprobs' must be between 0 and 20", "logprobs");
-        if (v > 0) throw ApiError(400, "'logprobs' is not supported by this server yet", "logprobs");
-    } else if (get_bool(body, "logprobs", false)) {
-        throw ApiError(400, "'logprobs' is not supported by this server yet", "logprobs");
-    }
-    for (const auto & [field, max] : {std::pair<const char *, int64_t>{"top_logprobs", 20}, {"n_probs", n_vocab}}) {
+    // Log-probabilities: chat asks with logprobs: true and top_logprobs: N; /v1/completions with
+    // logprobs: N (its legacy form); llama.cpp's n_probs is the same count. At most 20 (OpenAI's
+    // bound); out-of-range values are refused (they once crashed other servers).
+    auto count = [&](const char * field) -> std::optional<int64_t> {
         auto it = body.find(field);
-        if (it == body.end() || it->is_null()) continue;
+        if (it == body.end() || it->is_null() || it->is_boolean()) return std::nullopt;
         const int64_t v = get_int(body, field, 0);
-        if (v < 0 || v > max) {
-            throw ApiError(400, "'" + std::string(field) + "' must be between 0 and " + std::to_string(max), field);
-        }
-        if (v > 0) throw ApiError(400, "'" + std::string(field) + "' is not supported by this server yet", field);
-    }
+        if (v < 0 || v > 20) throw ApiError(400, "'" + std::string(field) + "' must be between 0 and 20", field);
+        return v;
+    };
+    auto lp = body.find("logprobs");
+    const bool want = lp != body.end() && ((lp->is_boolean() && lp->get<bool>()) || lp->is_number());
+    if (lp != body.end() && !lp->is_null() && !lp->is_boolean() && !lp->is_number())
+        throw ApiError(400, "'logprobs' must be true, false or a number", "logprobs");
+    const auto legacy = count("logprobs");
+    const auto top = count("top_logprobs");
+    const auto n_probs = count("n_probs");
+    if (top && !want) throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    if (want) s.logprobs = int32_t(top ? *top : legacy ? *legacy : 0);
+    if (n_probs && *n_probs > 0) s.logprobs = int32_t(*n_probs);
     s.grammar = get_string(body, "grammar");
     parse_response_format(body, s);
     return s;

@@ -2,6 +2,7 @@
 
 #include "api/errors.h"
 #include "api/sse.h"
+#include "text/utf8.h"
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
@@ -39,6 +40,44 @@ std::string sse(const json & j) {
 json tool_call_json(const common_chat_tool_call & c) {
     return {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
 }
+
+json bytes_of(const std::string & piece) {
+    json b = json::array();
+    for (unsigned char c : piece)
+        b.push_back(int(c));
+    return b;
+}
+
+// A token's text as JSON can carry it: a piece that splits a UTF-8 character shows U+FFFD here,
+// and its exact bytes in "bytes".
+std::string token_text(const std::string & piece) {
+    return text::utf8_sanitize(piece);
+}
+
+// One entry of chat's logprobs.content, OpenAI's shape.
+json chat_logprob(const engine::TokenLogprob & t) {
+    json top = json::array();
+    for (const auto & [piece, lp] : t.top)
+        top.push_back({{"token", token_text(piece)}, {"logprob", lp}, {"bytes", bytes_of(piece)}});
+    return {{"token", token_text(t.piece)}, {"logprob", t.logprob}, {"bytes", bytes_of(t.piece)}, {"top_logprobs", top}};
+}
+
+// The legacy completions form: parallel lists of tokens, their logprobs, the alternatives and
+// each token's offset in the text.
+json completion_logprobs(const std::vector<engine::TokenLogprob> & toks, size_t & offset) {
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (const auto & t : toks) {
+        tokens.push_back(token_text(t.piece));
+        lps.push_back(t.logprob);
+        json top = json::object();
+        for (const auto & [piece, lp] : t.top)
+            top[token_text(piece)] = lp;
+        tops.push_back(top);
+        offsets.push_back(offset);
+        offset += t.piece.size();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
 }  // namespace
 
 //! One HTTP request in flight: its choices, and how to render their events. Engine events are
@@ -54,10 +93,14 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
         int32_t n_prompt = 0, n_cached = 0, n_generated = 0;
         std::shared_ptr<std::atomic<bool>> cancelled;
         bool role_sent = false;
+        std::vector<engine::TokenLogprob> logprobs;  // every token, for the final answer
+        size_t lp_sent = 0;                          // how many went out in stream chunks
+        size_t lp_offset = 0;                        // completions' text_offset so far
     };
 
     bool is_chat = true;
     bool stream = false, include_usage = false;
+    bool want_logprobs = false;
     std::shared_ptr<engine::ChatTurn> turn;  // chat only
     const engine::ChatFormat * format = nullptr;
     std::string id, model;
@@ -123,6 +166,8 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
         Choice & c = choices[i];
         if (ev.kind == GenEvent::Kind::Text) {
             c.text += ev.text;
+            for (auto & t : ev.logprobs)
+                c.logprobs.push_back(std::move(t));
             if (stream) stream_delta(i, c, true);
             return;
         }
@@ -150,6 +195,18 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
         return j;
     }
 
+    //! The logprobs of tokens not yet sent in a chunk, in the route's shape; null when none.
+    json pending_logprobs(Choice & c) {
+        if (!want_logprobs || c.lp_sent == c.logprobs.size()) return nullptr;
+        const std::vector<engine::TokenLogprob> fresh(c.logprobs.begin() + std::ptrdiff_t(c.lp_sent), c.logprobs.end());
+        c.lp_sent = c.logprobs.size();
+        if (!is_chat) return completion_logprobs(fresh, c.lp_offset);
+        json content = json::array();
+        for (const auto & t : fresh)
+            content.push_back(chat_logprob(t));
+        return {{"content", content}, {"refusal", nullptr}};
+    }
+
     void emit_delta(size_t i, json delta) {
         json j = chunk_base();
         if (is_chat && !choices[i].role_sent) {
@@ -158,12 +215,13 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
             emit_delta(i, json{{"role", "assistant"}, {"content", ""}});
             if (delta.empty()) return;
         }
+        json lp = delta.contains("role") ? json(nullptr) : pending_logprobs(choices[i]);
         if (is_chat) {
             j["choices"] = json::array(
-                {{{"index", i}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+                {{{"index", i}, {"delta", std::move(delta)}, {"logprobs", lp}, {"finish_reason", nullptr}}});
         } else {
-            j["choices"] = json::array(
-                {{{"index", i}, {"text", delta["content"]}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+            j["choices"] =
+                json::array({{{"index", i}, {"text", delta["content"]}, {"logprobs", lp}, {"finish_reason", nullptr}}});
         }
         out->write(sse(j));
     }
@@ -199,14 +257,14 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
     void stream_finish(size_t i, Choice & c) {
         if (is_chat && !c.role_sent) emit_delta(i, json::object());
         json j = chunk_base();
+        // Tokens whose text added no delta (held back, or inside a tool call) come with the end.
+        const json lp = pending_logprobs(c);
         if (is_chat) {
-            j["choices"] = json::array({{{"index", i},
-                                         {"delta", json::object()},
-                                         {"logprobs", nullptr},
-                                         {"finish_reason", finish_reason(c)}}});
+            j["choices"] = json::array(
+                {{{"index", i}, {"delta", json::object()}, {"logprobs", lp}, {"finish_reason", finish_reason(c)}}});
         } else {
             j["choices"] =
-                json::array({{{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c)}}});
+                json::array({{{"index", i}, {"text", ""}, {"logprobs", lp}, {"finish_reason", finish_reason(c)}}});
         }
         out->write(sse(j));
     }
@@ -262,9 +320,9 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
         json arr = json::array();
         for (size_t i = 0; i < choices.size(); ++i) {
             Choice & c = choices[i];
+            const json lp = pending_logprobs(c);
             if (!is_chat) {
-                arr.push_back(
-                    {{"index", i}, {"text", c.text}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c)}});
+                arr.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", finish_reason(c)}});
                 continue;
             }
             c.parsed = parse(c, false);
@@ -278,7 +336,7 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
                 msg["tool_calls"] = calls;
             }
             if (!c.parsed.reasoning_content.empty()) msg["reasoning_content"] = c.parsed.reasoning_content;
-            arr.push_back({{"index", i}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c)}});
+            arr.push_back({{"index", i}, {"message", msg}, {"logprobs", lp}, {"finish_reason", finish_reason(c)}});
         }
         res["choices"] = arr;
         res["usage"] = usage();
@@ -344,6 +402,7 @@ void OpenAIService::chat(const json & body, const std::string & account, std::sh
 
     auto job = std::make_shared<Job>(io_);
     job->is_chat = true;
+    job->want_logprobs = spec.sampling.logprobs >= 0;
     job->stream = spec.sampling.stream;
     job->include_usage = spec.sampling.include_usage;
     job->id = random_id("chatcmpl-");
@@ -389,6 +448,7 @@ void OpenAIService::completion(const json & body, const std::string & account, s
     }
     auto job = std::make_shared<Job>(io_);
     job->is_chat = false;
+    job->want_logprobs = s.logprobs >= 0;
     job->stream = s.stream;
     job->include_usage = s.include_usage;
     job->id = random_id("cmpl-");

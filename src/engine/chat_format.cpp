@@ -44,6 +44,7 @@ std::unique_ptr<GenRequest> base(const Tokens & prompt, const SamplingOptions & 
     auto r = std::make_unique<GenRequest>();
     r->prompt = prompt;
     r->max_tokens = s.max_tokens;
+    r->logprobs = s.logprobs;
     r->stop = s.stop;
     return r;
 }

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
@@ -683,6 +684,35 @@ bool Engine::step() {
     return true;
 }
 
+TokenLogprob Engine::logprob(const float * logits, llama_token id, int32_t top) const {
+    const int32_t n = model_->n_vocab();
+    float mx = logits[0];
+    for (int32_t i = 1; i < n; ++i)
+        mx = std::max(mx, logits[i]);
+    double sum = 0;
+    for (int32_t i = 0; i < n; ++i)
+        sum += std::exp(double(logits[i] - mx));
+    const float norm = mx + float(std::log(sum));
+    TokenLogprob lp;
+    lp.id = id;
+    lp.piece = model_->piece(id, true);
+    lp.logprob = logits[id] - norm;
+    if (top > 0) {
+        std::vector<llama_token> best;
+        best.reserve(size_t(top) + 1);
+        for (int32_t i = 0; i < n; ++i) {
+            if (best.size() == size_t(top) && logits[i] <= logits[best.back()]) continue;
+            auto at = std::upper_bound(best.begin(), best.end(), i,
+                                       [&](llama_token a, llama_token b) { return logits[a] > logits[b]; });
+            best.insert(at, i);
+            if (best.size() > size_t(top)) best.pop_back();
+        }
+        for (llama_token t : best)
+            lp.top.emplace_back(model_->piece(t, true), logits[t] - norm);
+    }
+    return lp;
+}
+
 void Engine::sample(Slot & s) {
     GenRequest & r = *s.req;
     llama_token id;
@@ -713,9 +743,12 @@ void Engine::sample(Slot & s) {
         finish(s, FinishReason::Stop);
         return;
     }
+    if (r.logprobs >= 0) s.logprobs.push_back(logprob(llama_get_logits_ith(ctx_, s.i_batch), id, r.logprobs));
     s.input.assign(1, id);
     if (!emit(s, id)) return;
-    if (!r.gfast || !cfg_.jump_forward) return;
+    // Forced tokens have no logits of their own: a request that wants log-probabilities samples
+    // every token.
+    if (!r.gfast || !cfg_.jump_forward || r.logprobs >= 0) return;
     // What the grammar allows only one way is not sampled: its tokens go to the model together
     // in the next step, and their text to the caller now. At most what is left of max_tokens.
     const std::string text = r.gfast->forced(256);
@@ -735,9 +768,11 @@ bool Engine::emit(Slot & s, llama_token t) {
     const bool special =
         r.render_special || std::find(r.special_ok.begin(), r.special_ok.end(), t) != r.special_ok.end();
     std::string out = s.text->push(model_->piece(t, special));
-    if (!out.empty()) {
+    if (!out.empty() || !s.logprobs.empty()) {
         GenEvent ev;
         ev.text = std::move(out);
+        ev.logprobs = std::move(s.logprobs);
+        s.logprobs.clear();
         r.sink(std::move(ev));
     }
     if (s.text->stopped()) {
@@ -756,12 +791,14 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
     GenRequest & req = *s.req;
     if (r != FinishReason::Error && r != FinishReason::Cancelled) {
         std::string tail = s.text->finish();
-        if (!tail.empty()) {
+        if (!tail.empty() || !s.logprobs.empty()) {
             GenEvent ev;
             ev.text = std::move(tail);
+            ev.logprobs = std::move(s.logprobs);
             req.sink(std::move(ev));
         }
     }
+    s.logprobs.clear();
     GenEvent done;
     done.kind = GenEvent::Kind::Done;
     done.finish = r;

@@ -171,6 +171,7 @@ class Engine {
         std::chrono::steady_clock::time_point idle_since;
         double ttft_s = 0;
         std::chrono::steady_clock::time_point t_last_token;
+        std::vector<TokenLogprob> logprobs;  // generated, not yet sent with an event
     };
 
     void loop();
@@ -191,6 +192,8 @@ class Engine {
     void sample(Slot & s);
     //! Streams one generated token's text; false when that ended the request.
     bool emit(Slot & s, llama_token t);
+    //! The sampled token's log-probability and the best alternatives, from its logits row.
+    TokenLogprob logprob(const float * logits, llama_token id, int32_t top) const;
     void finish(Slot & s, FinishReason r, const std::string & error = {});
     void update_kv_stats();
     bool has_active() const;

@@ -25,10 +25,22 @@ struct SamplerDeleter {
 };
 using SamplerPtr = std::unique_ptr<common_sampler, SamplerDeleter>;
 
+//! One generated token with its log-probability under the model (raw logits, temperature 1)
+//! and the most likely alternatives at its position, when a request asked for them.
+struct TokenLogprob {
+    llama_token id = 0;
+    std::string piece;  // the token's bytes (may be part of a UTF-8 character)
+    float logprob = 0;
+    std::vector<std::pair<std::string, float>> top;  // best first
+};
+
 //! What the engine reports about a sequence. Text is always whole UTF-8 characters.
 struct GenEvent {
     enum class Kind { Text, Done } kind = Kind::Text;
     std::string text;  // Text: the new piece (after stop-string hold-back)
+    //! Text, when the request asked for log-probabilities: the tokens generated since the last
+    //! event (their text may still be held back; an event may carry tokens and no text).
+    std::vector<TokenLogprob> logprobs;
     FinishReason finish = FinishReason::Stop;
     std::string error;  // Done with FinishReason::Error
     int32_t n_prompt = 0, n_cached = 0, n_generated = 0;
@@ -48,6 +60,8 @@ struct GenRequest {
     std::unique_ptr<FastSampler> fast;    // when set, used instead of `sampler` (no grammar, no penalties)
     std::unique_ptr<GrammarFast> gfast;   // when set, used instead of `sampler` (tool-call grammar, no penalties)
     int32_t max_tokens = -1;              // -1: until the sequence's context is full
+    //! -1: no log-probabilities; 0..20: each token's, with that many alternatives.
+    int32_t logprobs = -1;
     std::vector<std::string> stop;        // stop strings, matched on generated text
     bool render_special = false;          // include control tokens in the text (tool-call markers)
     std::vector<llama_token> special_ok;  // tokens always rendered (preserved tokens)

@@ -26,6 +26,7 @@ struct SamplingOptions {
     std::optional<uint32_t> seed;
     std::vector<llama_logit_bias> logit_bias;
     int32_t max_tokens = -1;
+    int32_t logprobs = -1;  // -1: none; 0..20: each token's log-probability and that many alternatives
     std::vector<std::string> stop;
     int32_t n = 1;
     bool stream = false;

@@ -223,6 +223,57 @@ test('a tool result continues the conversation, and its output reaches the promp
   assert.ok(Math.abs(grew - extra) <= 2, `prompt grew by ${grew} tokens for ${extra} tokens of tool output`);
 });
 
+test('logprobs and top_logprobs on chat, streamed and not, in OpenAI\'s shape', async () => {
+  const r = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 8, temperature: 0,
+    logprobs: true, top_logprobs: 3,
+  });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, r.usage.completion_tokens);
+  const bytes = [];
+  for (const e of content) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(e.logprob <= 0 && Number.isFinite(e.logprob));
+    assert.equal(e.top_logprobs.length, 3);
+    const tops = e.top_logprobs.map((t) => t.logprob);
+    assert.deepEqual(tops, [...tops].sort((a, b) => b - a), 'alternatives best first');
+    assert.ok(tops.reduce((a, x) => a + Math.exp(x), 0) <= 1 + 1e-4, 'probabilities of a distribution');
+    // Greedy (temperature 0) takes the most likely token: it is the first alternative.
+    assert.deepEqual(e.top_logprobs[0].bytes, e.bytes);
+    assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-5);
+    bytes.push(...e.bytes);
+  }
+  // The tokens are the answer, byte for byte.
+  assert.equal(Buffer.from(bytes).toString('utf8'), r.choices[0].message.content);
+  // Without logprobs there are none.
+  const plain = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], max_tokens: 2 });
+  assert.equal(plain.choices[0].logprobs, null);
+
+  const stream = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 8, temperature: 0,
+    logprobs: true, top_logprobs: 1, stream: true, stream_options: { include_usage: true },
+  });
+  const streamed = [];
+  let usage;
+  for await (const c of stream) {
+    if (c.usage) usage = c.usage;
+    for (const e of c.choices[0]?.logprobs?.content ?? []) streamed.push(e);
+  }
+  assert.equal(streamed.length, usage.completion_tokens);
+  assert.deepEqual(streamed.map((e) => e.token), content.map((e) => e.token), 'the same greedy tokens');
+});
+
+test('logprobs on text completions, the legacy shape', async () => {
+  const r = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 6, temperature: 0, logprobs: 2 });
+  const lp = r.choices[0].logprobs;
+  const n = r.usage.completion_tokens;
+  for (const k of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset']) assert.equal(lp[k].length, n, k);
+  assert.ok(lp.token_logprobs.every((x) => x <= 0));
+  assert.ok(lp.top_logprobs.every((t) => Object.keys(t).length >= 1 && Object.keys(t).length <= 2));
+  assert.deepEqual(lp.text_offset, [...lp.text_offset].sort((a, b) => a - b));
+  assert.equal(lp.text_offset[0], 0);
+});
+
 test('response_format json_schema yields matching JSON', async () => {
   const schema = {
     type: 'object',
