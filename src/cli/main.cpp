@@ -60,6 +60,13 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
         ->capture_default_str();
     cmd->add_flag("--kv-unified", o.engine.kv_unified, "one KV buffer shared by all sequences")
         ->envname("ARMADA_KV_UNIFIED");
+    cmd->add_option("--cache-type-k", o.cache_type_k,
+                    "KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (also -ctk)")
+        ->envname("ARMADA_CACHE_TYPE_K")
+        ->capture_default_str();
+    cmd->add_option("--cache-type-v", o.cache_type_v, "KV cache type for V, as --cache-type-k (also -ctv)")
+        ->envname("ARMADA_CACHE_TYPE_V")
+        ->capture_default_str();
     cmd->add_flag("--jump-forward,!--no-jump-forward", o.engine.jump_forward,
                   "feed text a grammar allows only one way (the fixed parts of a tool call) without sampling it")
         ->envname("ARMADA_JUMP_FORWARD")
@@ -183,7 +190,8 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
 // llama-server spells some flags with one dash and two letters; CLI11 takes one-letter short
 // flags only, so those are rewritten to their long names before parsing.
 std::vector<std::string> normalise_args(int argc, char ** argv) {
-    static const std::pair<const char *, const char *> aliases[] = {{"-np", "--parallel"}, {"-ub", "--ubatch-size"}};
+    static const std::pair<const char *, const char *> aliases[] = {
+        {"-np", "--parallel"}, {"-ub", "--ubatch-size"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}};
     std::vector<std::string> out;
     for (int i = 0; i < argc; ++i) {
         std::string a = argv[i];

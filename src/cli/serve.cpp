@@ -185,6 +185,16 @@ int serve(const ServeOptions & opt) {
         fprintf(stderr, "error: --kv-disk '%s' is not a size (e.g. 64G)\n", opt.kv_disk.c_str());
         return 2;
     }
+    for (const auto & [flag, name, type] : {std::tuple{"--cache-type-k", &opt.cache_type_k, &ecfg.type_k},
+                                            std::tuple{"--cache-type-v", &opt.cache_type_v, &ecfg.type_v}}) {
+        const auto t = engine::parse_cache_type(*name);
+        if (!t) {
+            fprintf(stderr, "error: %s '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1\n", flag,
+                    name->c_str());
+            return 2;
+        }
+        *type = *t;
+    }
     ecfg.park = !opt.no_park;
     ecfg.kv_journal = !opt.no_kv_journal;
     if (ecfg.kv_dir.empty()) ecfg.kv_dir = opt.data_dir + "/kv";

@@ -37,6 +37,8 @@ struct ServeOptions {
     bool no_kv_journal = false;
     PlacementFlags place;
     bool no_pin = false;
+    std::string cache_type_k = "f16";
+    std::string cache_type_v = "f16";
     std::string numa_weights = "shared";  // shared: one mapped copy; copy: one private copy per memory node
     double rate_rpm = 0;                  // per API key; 0: unlimited
     double rate_tpm = 0;

@@ -22,6 +22,17 @@ int64_t steady_ms() {
         .count();
 }
 
+std::optional<ggml_type> parse_cache_type(const std::string & name) {
+    static const std::pair<const char *, ggml_type> types[] = {
+        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},     {"q8_0", GGML_TYPE_Q8_0},
+        {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1}, {"iq4_nl", GGML_TYPE_IQ4_NL}, {"q5_0", GGML_TYPE_Q5_0},
+        {"q5_1", GGML_TYPE_Q5_1}};
+    for (const auto & [n, t] : types) {
+        if (name == n) return t;
+    }
+    return std::nullopt;
+}
+
 const char * finish_reason_name(FinishReason r) {
     switch (r) {
         case FinishReason::Stop:
@@ -116,9 +127,14 @@ std::string Engine::start() {
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
     cp.kv_unified = cfg_.kv_unified;
+    cp.type_k = cfg_.type_k;
+    cp.type_v = cfg_.type_v;
     cp.no_perf = true;
     ctx_ = llama_init_from_model(model_->get(), cp);
-    if (!ctx_) return "llama.cpp could not create a context (n_ctx=" + std::to_string(cfg_.n_ctx) + ")";
+    if (!ctx_) {
+        return "llama.cpp could not create a context (n_ctx=" + std::to_string(cfg_.n_ctx) + ", cache types " +
+               ggml_type_name(cfg_.type_k) + "/" + ggml_type_name(cfg_.type_v) + ")";
+    }
     if (!cfg_.cpus.empty()) {
         // One compute thread per listed cpu, each held to its cpu (ggml's strict placement).
         auto tpp = ggml_threadpool_params_default(threads);
@@ -135,9 +151,9 @@ std::string Engine::start() {
     n_ctx_seq_ = int32_t(llama_n_ctx_seq(ctx_));
     batch_ = llama_batch_init(n_batch_, 0, 1);
 
-    const llama_model * m = model_->get();
-    const uint64_t head_dim = uint64_t(llama_model_n_embd(m) / std::max(1, llama_model_n_head(m)));
-    kv_bytes_per_cell_ = uint64_t(llama_model_n_layer(m)) * 2 * uint64_t(llama_model_n_head_kv(m)) * head_dim * 2;
+    // From the context's real cache types and the model's head sizes, not an f16 estimate: the
+    // budget, the metrics and every session's memory figures rest on it.
+    kv_bytes_per_cell_ = model_->kv_bytes_per_token(cfg_.type_k, cfg_.type_v);
 
     if (cfg_.warmup) {
         // ggml pins whichever thread runs a decode as compute thread 0. The warm-up runs on the
@@ -167,7 +183,11 @@ std::string Engine::start() {
     owners_.assign(size_t(cfg_.n_seq_max), {});
     slot_tokens_ = std::make_unique<std::atomic<int32_t>[]>(size_t(cfg_.n_seq_max));
 
-    fingerprint_ = kv_fingerprint(*model_, n_ctx_seq_, cfg_.kv_unified, cfg_.fingerprint_extra);
+    // Saved KV fits only a cache of the same element types.
+    std::string extra = cfg_.fingerprint_extra;
+    if (cfg_.type_k != GGML_TYPE_F16 || cfg_.type_v != GGML_TYPE_F16)
+        extra += std::string("|cache=") + ggml_type_name(cfg_.type_k) + "/" + ggml_type_name(cfg_.type_v);
+    fingerprint_ = kv_fingerprint(*model_, n_ctx_seq_, cfg_.kv_unified, extra);
     const uint64_t ctx_kv = kv_bytes_per_cell_ * uint64_t(llama_n_ctx(ctx_));
     kv_budget_ = cfg_.kv_budget;
     if (kv_budget_ == 0) {

@@ -42,6 +42,9 @@ struct EngineConfig {
     //! `armada-engine1`, ...).
     int index = 0;
     bool kv_unified = false;
+    //! KV cache element types (llama-server's --cache-type-k/-v): f16, or quantized (q8_0, …).
+    ggml_type type_k = GGML_TYPE_F16;
+    ggml_type type_v = GGML_TYPE_F16;
     bool warmup = true;
     //! Where a grammar allows only one continuation (the fixed parts of a tool call), feed that
     //! text to the model in one batch instead of sampling it token by token ("jump-forward").
@@ -94,6 +97,10 @@ struct EngineStats {
 
 //! Milliseconds on the steady clock.
 int64_t steady_ms();
+
+//! A KV cache type by llama-server's name (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0,
+//! q5_1); nullopt for anything else.
+std::optional<ggml_type> parse_cache_type(const std::string & name);
 
 //! One llama_context and the thread that owns it. Every llama.cpp call on the context happens on
 //! that thread; other threads only call `submit`, which hands the request over through a locked

@@ -90,3 +90,31 @@ std::string Model::piece(llama_token t, bool special) const {
 }
 
 }  // namespace armada::engine
+
+namespace armada::engine {
+
+std::string Model::meta(const std::string & key) const {
+    char buf[256];
+    const int32_t n = llama_model_meta_val_str(model_, key.c_str(), buf, sizeof buf);
+    return n < 0 ? std::string() : std::string(buf, size_t(std::min<int32_t>(n, int32_t(sizeof buf) - 1)));
+}
+
+uint64_t Model::kv_bytes_per_token(ggml_type type_k, ggml_type type_v) const {
+    const int64_t n_head = std::max(1, llama_model_n_head(model_));
+    const int64_t n_head_kv = std::max(1, llama_model_n_head_kv(model_));
+    const std::string arch = meta("general.architecture");
+    auto length = [&](const char * what, int64_t def) {
+        const std::string v = meta(arch + ".attention." + what);
+        try {
+            return v.empty() ? def : int64_t(std::stoll(v));
+        } catch (const std::exception &) {
+            return def;
+        }
+    };
+    const int64_t k_len = length("key_length", llama_model_n_embd(model_) / n_head);
+    const int64_t v_len = length("value_length", k_len);
+    const uint64_t per_layer = uint64_t(ggml_row_size(type_k, n_head_kv * k_len) + ggml_row_size(type_v, n_head_kv * v_len));
+    return per_layer * uint64_t(llama_model_n_layer(model_));
+}
+
+}  // namespace armada::engine

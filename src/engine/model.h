@@ -51,6 +51,12 @@ class Model {
     //! One token's text; `special` renders control tokens instead of dropping them.
     std::string piece(llama_token t, bool special) const;
     bool is_eog(llama_token t) const { return llama_vocab_is_eog(vocab_, t); }
+    //! A metadata value of the GGUF ("" when absent).
+    std::string meta(const std::string & key) const;
+    //! Bytes one token's KV takes in a context whose caches are `type_k` and `type_v`: every
+    //! layer's keys and values for the KV heads (grouped-query attention), with the model's own
+    //! key and value head sizes.
+    uint64_t kv_bytes_per_token(ggml_type type_k, ggml_type type_v) const;
 
   private:
     Model() = default;

@@ -437,3 +437,30 @@ TEST(KvJournal, StepsAreAppendedAndACrashedSessionResumesFromTheJournal) {
     e.journal()->flush();
     EXPECT_FALSE(e.journal()->contains("sess_j"));
 }
+
+// The KV size per token the node budgets and reports is the context's real one: its cache
+// types and the model's KV heads (grouped-query attention) and head sizes. Checked against the
+// size of a saved sequence, for f16 and a quantized cache.
+TEST(KvSize, BytesPerTokenAgreeWithTheSavedStateWithinFivePercent) {
+    ASSERT_TRUE(tiny());
+    uint64_t f16 = 0;
+    for (const auto & [k, v] : {std::pair{GGML_TYPE_F16, GGML_TYPE_F16}, std::pair{GGML_TYPE_Q8_0, GGML_TYPE_Q8_0},
+                                std::pair{GGML_TYPE_Q8_0, GGML_TYPE_F16}}) {
+        EngineConfig c = config(1);
+        c.type_k = k;
+        c.type_v = v;
+        Engine e(tiny(), c, nullptr);
+        ASSERT_EQ(e.start(), "") << ggml_type_name(k) << "/" << ggml_type_name(v);
+        run(e, tokens(1, 400), "sess_a", {}, 0, 1);
+        run(e, tokens(9, 20), "sess_b", {}, 0, 1);  // takes the sequence: sess_a is saved to RAM
+        const auto info = e.pool().info("sess_a");
+        ASSERT_TRUE(info);
+        const double measured = double(info->raw_bytes) / double(info->n_tokens);
+        const double reported = double(e.kv_bytes_per_cell());
+        EXPECT_NEAR(reported / measured, 1.0, 0.05)
+            << ggml_type_name(k) << "/" << ggml_type_name(v) << ": reported " << reported << " bytes per token, "
+            << "the saved state holds " << measured;
+        if (k == GGML_TYPE_F16 && v == GGML_TYPE_F16) f16 = e.kv_bytes_per_cell();
+        if (k == GGML_TYPE_Q8_0 && v == GGML_TYPE_Q8_0) EXPECT_LT(e.kv_bytes_per_cell(), f16 * 6 / 10);
+    }
+}
