@@ -471,6 +471,8 @@ int agents_bench(const AgentsBenchOptions & opt) {
     std::atomic<bool> running{true};
     std::vector<double> rss_samples;
     std::mutex rss_mu;
+    // The server's memory before the load: weights and runtime, what every session adds to.
+    const double rss_idle = opt.server_pid > 0 ? double(rss_of(opt.server_pid)) : 0;
     bench.reset_clock();
     std::thread sampler([&] {
         while (running) {
@@ -614,6 +616,7 @@ int agents_bench(const AgentsBenchOptions & opt) {
           {"generated_tokens_per_s", wall > 0 ? double(gt) / wall : 0},
           {"errors", kinds},
           {"chain_survival", opt.sessions > 0 ? double(completed) / opt.sessions : 0},
+          {"server_rss_idle_mb", rss_idle / 1048576.0},
           {"server_rss_peak_mb", rss_peak / 1048576.0},
           {"server_rss_mean_mb", rss_mean / 1048576.0},
           {"kv_bytes_per_session", completed > 0 ? double(kv) / completed : 0},
@@ -692,7 +695,7 @@ int plot_results(const std::vector<std::string> & files, const std::string & out
     return 0;
 }
 
-int plan_capacity(const std::string & file, double water_level, int64_t target_sessions) {
+int plan_capacity(const std::string & file, double water_level, int64_t target_sessions, uint64_t node_memory) {
     std::ifstream in(file);
     const json j = json::parse(in, nullptr, false);
     if (!j.is_object() || !j.contains("results")) {
@@ -711,15 +714,36 @@ int plan_capacity(const std::string & file, double water_level, int64_t target_s
         printf("warning: only %.1f%% of sessions completed at concurrency %d; plan from a run with none failing\n",
                survival * 100, measured);
     }
-    const int64_t per_node = int64_t(std::floor(measured * water_level));
     const double kv = r.value("kv_bytes_per_session", 0.0);
-    const double rss = r.value("server_rss_peak_mb", 0.0);
+    const double rss_idle = r.value("server_rss_idle_mb", 0.0) * 1048576.0;
+    const double rss_peak = r.value("server_rss_peak_mb", 0.0) * 1048576.0;
     printf("measured: %d concurrent sessions, %.1f sessions/min, p95 %.1f s (%s, %s)\n", measured,
            r.value("sessions_per_min", 0.0), r["completion_s"].value("p95", 0.0), j.value("label", "?").c_str(),
            j.value("date", "").c_str());
+    // Two limits: the concurrency the node served at that latency, and the memory its sessions
+    // need. Memory per session is the larger of its measured KV and what the server's RSS grew
+    // by per session under the load; the node's fixed part (weights, runtime) is the RSS before it.
+    const int64_t by_load = int64_t(std::floor(measured * water_level));
+    const double grown = rss_peak > rss_idle && rss_idle > 0 ? (rss_peak - rss_idle) / measured : 0;
+    const double per_session = std::max(kv, grown);
+    int64_t by_memory = -1;
+    if (per_session > 0 && node_memory > 0) {
+        const double usable = double(node_memory) * water_level - rss_idle;
+        by_memory = usable > 0 ? int64_t(std::floor(usable / per_session)) : 0;
+    }
+    const bool memory_binds = by_memory >= 0 && by_memory < by_load;
+    const int64_t per_node = memory_binds ? by_memory : by_load;
+    printf("memory per session: %.1f MiB (KV %.1f MiB, RSS growth %.1f MiB per session); node's fixed RSS %.0f MiB\n",
+           per_session / 1048576.0, kv / 1048576.0, grown / 1048576.0, rss_idle / 1048576.0);
+    printf("limits at water level %.2f: concurrency allows %lld sessions, ", water_level,
+           static_cast<long long>(by_load));
+    if (by_memory >= 0) {
+        printf("memory (%.1f GiB) allows %lld\n", double(node_memory) / (1ull << 30), static_cast<long long>(by_memory));
+    } else {
+        printf("memory not measured (run the bench with --server-pid)\n");
+    }
+    printf("binding limit: %s\n", memory_binds ? "memory" : "concurrency");
     printf("plan at water level %.2f: %lld sessions per node\n", water_level, static_cast<long long>(per_node));
-    if (kv > 0) printf("memory per session (KV, measured): %.1f MiB\n", kv / 1048576.0);
-    if (rss > 0) printf("server RSS at that load: %.0f MiB peak\n", rss);
     if (target_sessions > 0 && per_node > 0) {
         const int64_t nodes = (target_sessions + per_node - 1) / per_node;
         printf("for %lld concurrent sessions: %lld nodes\n", static_cast<long long>(target_sessions),

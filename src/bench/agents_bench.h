@@ -55,6 +55,8 @@ int agents_bench(const AgentsBenchOptions & opt);
 int plot_results(const std::vector<std::string> & files, const std::string & out_prefix);
 
 //! `armada bench plan`: sessions per node at a safe water level, and nodes for a target.
-int plan_capacity(const std::string & file, double water_level, int64_t target_sessions);
+//! Sessions per node at `water_level` from a result, by the two limits that can bind: the
+//! concurrency measured and the memory (`node_memory` bytes; KV and RSS per session measured).
+int plan_capacity(const std::string & file, double water_level, int64_t target_sessions, uint64_t node_memory);
 
 }  // namespace armada::bench

@@ -4,6 +4,7 @@
 #include "cli/bench_kv.h"
 #include "cli/mkmodel.h"
 #include "cli/serve.h"
+#include "engine/memory_budget.h"
 
 #include <CLI/CLI.hpp>
 
@@ -341,6 +342,8 @@ int main(int argc, char ** argv) {
     bpn->add_option("file", plan_file, "result JSON of `bench agents`")->required();
     bpn->add_option("--water-level", water, "share of the measured concurrency to plan for")->capture_default_str();
     bpn->add_option("--target-sessions", plan_target, "concurrent sessions the fleet must hold");
+    std::string node_memory;
+    bpn->add_option("--node-memory", node_memory, "memory of one node, e.g. 512G (default: this machine's, or its cgroup's)");
 
     std::vector<std::string> args = normalise_args(argc, argv);
     std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
@@ -389,7 +392,18 @@ int main(int argc, char ** argv) {
         return bench::agents_bench(ba);
     }
     if (bpl->parsed()) return bench::plot_results(plot_files, plot_out);
-    if (bpn->parsed()) return bench::plan_capacity(plan_file, water, plan_target);
+    if (bpn->parsed()) {
+        uint64_t mem = engine::memory_limit();
+        if (!node_memory.empty()) {
+            const auto v = engine::parse_size(node_memory);
+            if (!v || *v == 0) {
+                fprintf(stderr, "error: --node-memory '%s' is not a size (e.g. 512G)\n", node_memory.c_str());
+                return 2;
+            }
+            mem = *v;
+        }
+        return bench::plan_capacity(plan_file, water, plan_target, mem);
+    }
     if (bkv->parsed()) {
         bk.contexts = parse_list(contexts);
         bk.capacity_without_parking = !park_only;

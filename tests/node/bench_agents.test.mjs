@@ -120,3 +120,27 @@ test('fault pre-test: the server is killed partway, restarted, and every session
   assert.ok(j.results.retries > 0, 'the bench had to wait for the restarted server');
   assert.ok(j.results.completions_per_second.length > 2);
 });
+
+test('the plan takes the tighter of two limits: the concurrency measured and the memory sessions need', () => {
+  const file = path.join(dir, 'plan-input.json');
+  fs.writeFileSync(file, JSON.stringify({
+    label: 'hand-made', date: '2026-12-01', workload: { concurrency: 100 },
+    results: { chain_survival: 1, sessions_per_min: 60, completion_s: { p95: 9 }, kv_bytes_per_session: 64 * 2 ** 20,
+      server_rss_idle_mb: 1000, server_rss_peak_mb: 11000 },
+  }));
+  const plan = (mem) => spawnSync(bin, ['bench', 'plan', file, '--water-level', '0.5', '--node-memory', mem,
+    '--target-sessions', '1000'], { encoding: 'utf8' });
+  // 100 MiB per session (the RSS grew 10,000 MiB for 100 sessions; more than the 64 MiB of KV).
+  const roomy = plan('16G');  // (8192 - 1000) / 100 = 71 by memory, 50 by concurrency
+  assert.equal(roomy.status, 0, roomy.stderr);
+  assert.match(roomy.stdout, /memory per session: 100\.0 MiB \(KV 64\.0 MiB, RSS growth 100\.0 MiB per session\)/);
+  assert.match(roomy.stdout, /concurrency allows 50 sessions, memory \(16\.0 GiB\) allows 71/);
+  assert.match(roomy.stdout, /binding limit: concurrency/);
+  assert.match(roomy.stdout, /plan at water level 0.50: 50 sessions per node/);
+  assert.match(roomy.stdout, /for 1000 concurrent sessions: 20 nodes/);
+  const tight = plan('8G');  // (4096 - 1000) / 100 = 30 by memory
+  assert.match(tight.stdout, /memory \(8\.0 GiB\) allows 30/);
+  assert.match(tight.stdout, /binding limit: memory/);
+  assert.match(tight.stdout, /plan at water level 0.50: 30 sessions per node/);
+  assert.match(tight.stdout, /for 1000 concurrent sessions: 34 nodes/);
+});
