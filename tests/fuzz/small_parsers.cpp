@@ -1,0 +1,33 @@
+// The small parsers at the edge: Last-Event-ID, query strings, durations, KV cache types, URLs
+// and the Location of a redirect. None may crash, and what they accept must be consistent.
+#include "agent/session_manager.h"
+#include "api/http_server.h"
+#include "cli/serve.h"
+#include "engine/engine.h"
+#include "tools/http_tool.h"
+
+#include <cstdlib>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
+    const std::string text(reinterpret_cast<const char *>(data), size);
+    if (auto id = armada::agent::EventId::parse(text)) {
+        // An id that parses prints back to a form that parses to the same id.
+        auto again = armada::agent::EventId::parse(id->text());
+        if (!again || *again != *id) std::abort();
+    }
+    armada::api::HttpRequest req;
+    req.query = text;
+    (void)req.param("tenant");
+    (void)req.param("last_event_id");
+    (void)armada::cli::parse_duration_ms(text);
+    (void)armada::engine::parse_cache_type(text);
+    armada::tools::Url base;
+    if (armada::tools::parse_url("http://127.0.0.1:8080/a/b?c", base)) {
+        const std::string next = armada::tools::resolve_location(base, text);
+        armada::tools::Url u;
+        if (armada::tools::parse_url(next, u) && armada::tools::same_origin(base, u) && u.port != base.port) std::abort();
+    }
+    armada::tools::Url any;
+    if (armada::tools::parse_url(text, any) && any.host.empty()) std::abort();
+    return 0;
+}
