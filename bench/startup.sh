@@ -3,6 +3,7 @@
 # with an empty store and with N ended sessions (each a user input, three tool steps, an
 # answer and their state steps: 13 steps). Run:
 #   ARMADA=build/armada MODEL=~/.cache/armada/models/armada-tiny-q8_0.gguf N=100000 bench/startup.sh
+# PROBE=/health measures a build older than /readyz.
 set -euo pipefail
 armada="${ARMADA:-build/armada}"
 model="${MODEL:-$HOME/.cache/armada/models/armada-tiny-q8_0.gguf}"
@@ -20,7 +21,7 @@ measure() {
   local t0; t0="$(date +%s.%N)"
   "$armada" serve -m "$model" --port "$p" -c 2048 -np 2 --data-dir "$dir" >"$work/log" 2>&1 &
   local pid=$!
-  until curl -sf "http://127.0.0.1:$p/readyz" >/dev/null 2>&1; do
+  until curl -sf "http://127.0.0.1:$p${PROBE:-/readyz}" >/dev/null 2>&1; do
     kill -0 "$pid" 2>/dev/null || { cat "$work/log" >&2; exit 1; }
     sleep 0.02
   done
