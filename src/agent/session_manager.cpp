@@ -395,7 +395,8 @@ std::pair<std::string, int32_t> SessionManager::shared_prefix(const Session & s,
     // The agent's instructions and tool schemas render the same way for every session: find
     // those tokens once per agent and tool_choice, by rendering two different user messages and
     // keeping what they share.
-    const std::string ck = (a.from_operator ? std::string() : a.tenant) + "|" + a.id + "|" + std::to_string(int(choice));
+    const std::string ck =
+        (a.from_operator ? std::string() : a.tenant) + "|" + a.id + "|" + std::to_string(int(choice));
     auto it = prefixes_.find(ck);
     if (it == prefixes_.end()) {
         engine::Tokens common;
@@ -510,8 +511,8 @@ std::unique_ptr<SessionManager::Session> SessionManager::rebuild(const store::Se
             const int64_t kvt = p.value("kv_tokens", int64_t(0));
             s.kv_history.push_back({step_no, kvt, uint64_t(kvt) * engine_.kv_bytes_per_token()});
         } else if (step.kind == "tool_call") {
-            tools::ToolCall tc{s.id, p.value("id", ""), p.value("name", ""), p.value("arguments", ""),
-                               step.idempotency, s.owner};
+            tools::ToolCall tc{
+                s.id, p.value("id", ""), p.value("name", ""), p.value("arguments", ""), step.idempotency, s.owner};
             s.calls.push_back({tc, false, false});
         } else if (step.kind == "tool_result") {
             common_chat_msg m;
@@ -957,9 +958,8 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
     for (size_t i = 0; i < msg.tool_calls.size(); ++i) {
         auto & c = msg.tool_calls[i];
         c.id = "call_" + std::to_string(step) + "_" + std::to_string(i);
-        tools::ToolCall tc{s.id,        c.id,
-                           c.name,      c.arguments,
-                           s.id + ":" + std::to_string(step) + ":" + std::to_string(i), s.owner};
+        tools::ToolCall tc{
+            s.id, c.id, c.name, c.arguments, s.id + ":" + std::to_string(step) + ":" + std::to_string(i), s.owner};
         out["tool_calls"].push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments}});
         s.calls.push_back({tc, false, false});
     }

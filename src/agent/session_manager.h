@@ -29,7 +29,9 @@ namespace armada::agent {
 struct EventId {
     int64_t seq = 0;
     int32_t sub = 0;
-    std::string text() const { return sub == 0 ? std::to_string(seq) : std::to_string(seq) + "." + std::to_string(sub); }
+    std::string text() const {
+        return sub == 0 ? std::to_string(seq) : std::to_string(seq) + "." + std::to_string(sub);
+    }
     //! Parses "12" or "12.3"; nullopt for anything else.
     static std::optional<EventId> parse(const std::string & s);
     auto operator<=>(const EventId &) const = default;

@@ -60,8 +60,12 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
   public:
     template <class... Args>
     Session(const Shared & shared, Args &&... args)
-        : stream_(std::forward<Args>(args)...), cfg_(shared.cfg), handler_(shared.handler), count_(shared.count),
-          exchanges_(shared.exchanges), closing_(shared.closing) {
+        : stream_(std::forward<Args>(args)...),
+          cfg_(shared.cfg),
+          handler_(shared.handler),
+          count_(shared.count),
+          exchanges_(shared.exchanges),
+          closing_(shared.closing) {
         count_++;
     }
     ~Session() override {
@@ -121,11 +125,12 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
         auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
         writing_ = true;
         tcp().expires_never();
-        http::async_write_header(stream_, *sr, [self = this->shared_from_this(), res, sr](beast::error_code ec, size_t) {
-            self->writing_ = false;
-            if (ec) return self->fail();
-            self->pump();
-        });
+        http::async_write_header(stream_, *sr,
+                                 [self = this->shared_from_this(), res, sr](beast::error_code ec, size_t) {
+                                     self->writing_ = false;
+                                     if (ec) return self->fail();
+                                     self->pump();
+                                 });
     }
 
     void write(std::string chunk) override {
@@ -232,11 +237,12 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
         tcp().socket().shutdown(tcp::socket::shutdown_send, ec);
         tcp().expires_after(std::chrono::seconds(5));
         drain_buf_.resize(64 * 1024);
-        tcp().async_read_some(net::buffer(drain_buf_), [self = this->shared_from_this()](beast::error_code ec, size_t n) {
-            self->drained_ += n;
-            if (ec || self->drained_ > (64u << 20)) return self->fail();
-            self->linger_close();
-        });
+        tcp().async_read_some(net::buffer(drain_buf_),
+                              [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+                                  self->drained_ += n;
+                                  if (ec || self->drained_ > (64u << 20)) return self->fail();
+                                  self->linger_close();
+                              });
     }
 
     void pump() {
@@ -358,7 +364,8 @@ std::string HttpRequest::param(const std::string & name) const {
             for (size_t k = 0; k < raw.size(); ++k) {
                 if (raw[k] == '+') {
                     out += ' ';
-                } else if (raw[k] == '%' && k + 2 < raw.size() && std::isxdigit(static_cast<unsigned char>(raw[k + 1])) &&
+                } else if (raw[k] == '%' && k + 2 < raw.size() &&
+                           std::isxdigit(static_cast<unsigned char>(raw[k + 1])) &&
                            std::isxdigit(static_cast<unsigned char>(raw[k + 2]))) {
                     out += char(std::stoi(raw.substr(k + 1, 2), nullptr, 16));
                     k += 2;

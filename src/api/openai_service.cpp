@@ -59,7 +59,8 @@ json chat_logprob(const engine::TokenLogprob & t) {
     json top = json::array();
     for (const auto & [piece, lp] : t.top)
         top.push_back({{"token", token_text(piece)}, {"logprob", lp}, {"bytes", bytes_of(piece)}});
-    return {{"token", token_text(t.piece)}, {"logprob", t.logprob}, {"bytes", bytes_of(t.piece)}, {"top_logprobs", top}};
+    return {
+        {"token", token_text(t.piece)}, {"logprob", t.logprob}, {"bytes", bytes_of(t.piece)}, {"top_logprobs", top}};
 }
 
 // The legacy completions form: parallel lists of tokens, their logprobs, the alternatives and

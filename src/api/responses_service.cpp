@@ -1,10 +1,10 @@
 #include "api/responses_service.h"
 
+#include "agent/agent_spec.h"
 #include "api/errors.h"
 #include "api/openai_map.h"
 #include "api/openai_service.h"
 #include "api/sse.h"
-#include "agent/agent_spec.h"
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
@@ -128,8 +128,8 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     std::shared_ptr<engine::ChatTurn> turn;
     std::vector<common_chat_msg> conversation;  // without the system message
     json resp;                                  // the response object, filled as it goes
-    std::string owner;    // the tenant
-    std::string account;  // the key's rate-limit account
+    std::string owner;                          // the tenant
+    std::string account;                        // the key's rate-limit account
     std::string named_tool;
     bool stream = false, store_it = true;
     std::string text, msg_id;
@@ -314,9 +314,10 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         pending = int(msg.tool_calls.size());
         for (const auto & c : msg.tool_calls) {
             const auto & entry = mcp.at(c.name);
-            svc->run_mcp(owner, entry.second, c, [self = shared_from_this(), c, label = entry.first](tools::ToolResult r) {
-                net::post(self->strand, [self, c, label, r] { self->on_mcp_result(c, label, r); });
-            });
+            svc->run_mcp(owner, entry.second, c,
+                         [self = shared_from_this(), c, label = entry.first](tools::ToolResult r) {
+                             net::post(self->strand, [self, c, label, r] { self->on_mcp_result(c, label, r); });
+                         });
         }
         return true;
     }
@@ -616,7 +617,8 @@ std::pair<std::string, tools::McpServerSpec> ResponsesService::mcp_server(const 
     return {label, spec};
 }
 
-void ResponsesService::add_mcp_tools(Run & run, const std::string & label, const std::shared_ptr<tools::McpClient> & client,
+void ResponsesService::add_mcp_tools(Run & run, const std::string & label,
+                                     const std::shared_ptr<tools::McpClient> & client,
                                      const std::vector<tools::HttpToolSpec> & listed) {
     json list = json::array();
     for (const auto & l : listed) {
@@ -631,9 +633,8 @@ void ResponsesService::add_mcp_tools(Run & run, const std::string & label, const
 void ResponsesService::run_mcp(const std::string & tenant, const std::shared_ptr<tools::McpClient> & client,
                                const common_chat_tool_call & call, std::function<void(tools::ToolResult)> done) {
     auto shared_done = std::make_shared<std::function<void(tools::ToolResult)>>(std::move(done));
-    const bool queued = calls_.run(tenant, [client, call, shared_done] {
-        (*shared_done)(client->call_tool(call.name, call.arguments, call.id));
-    });
+    const bool queued = calls_.run(
+        tenant, [client, call, shared_done] { (*shared_done)(client->call_tool(call.name, call.arguments, call.id)); });
     if (!queued) {
         tools::ToolResult r;
         r.is_error = true;

@@ -161,7 +161,8 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
     const std::string & p = req.path;
     const bool get = req.method == "GET", post = req.method == "POST";
     if (probe(req, out, route_name)) return;
-    const ApiKeys::Key * key = keys_.enabled() ? keys_.check(req.header("authorization"), req.header("x-api-key")) : nullptr;
+    const ApiKeys::Key * key =
+        keys_.enabled() ? keys_.check(req.header("authorization"), req.header("x-api-key")) : nullptr;
     if (keys_.enabled() && !key) {
         route_name = "auth";
         throw ApiError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'", {}, "invalid_api_key");

@@ -17,7 +17,7 @@ namespace armada::api {
 //! Kubernetes-style probes. `live` says whether the process's loops turn; `ready` calls back
 //! with whether the node takes traffic now, and why not.
 struct Probes {
-    std::function<std::string()> live;  // "" when alive, else what is stuck
+    std::function<std::string()> live;                            // "" when alive, else what is stuck
     std::function<void(std::function<void(std::string)>)> ready;  // "" when ready, else why not
 };
 

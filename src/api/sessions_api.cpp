@@ -101,7 +101,8 @@ json agent_json(const agent::AgentSpec & a, bool with_spec) {
             tools.push_back(t.name);
             continue;
         }
-        json tj = {{"name", t.name}, {"description", t.description},
+        json tj = {{"name", t.name},
+                   {"description", t.description},
                    {"parameters", json::parse(t.parameters, nullptr, false)}};
         if (!t.mcp_url.empty()) tj["mcp_server"] = t.mcp_url;
         tools.push_back(tj);
@@ -191,8 +192,9 @@ bool SessionsApi::handle(const HttpRequest & req, const Caller & caller, const s
     if (p.size() == 4 && p[3] == "cancel") {
         route_name = "/v1/sessions/{id}/cancel";
         if (m != "POST") throw ApiError(405, "use POST to cancel");
-        mgr_.cancel(id, caller.tenant,
-                    [out](agent::Outcome o) { reply(out, o, json{{"id", o.id}, {"state", "cancelled"}}); });
+        mgr_.cancel(id, caller.tenant, [out](agent::Outcome o) {
+            reply(out, o, json{{"id", o.id}, {"state", "cancelled"}});
+        });
         return true;
     }
     if (p.size() == 4 && p[3] == "events") {
@@ -212,7 +214,8 @@ void SessionsApi::declare(const HttpRequest & req, const std::string & tenant, c
     if (specs.empty()) throw ApiError(400, "invalid agent: the body declares no agent");
     for (const auto & s : specs) {
         if (mgr_.is_operator_agent(s.id)) {
-            throw ApiError(403, "agent '" + s.id + "' is declared by the operator (--agents) and is read-only over the API");
+            throw ApiError(403,
+                           "agent '" + s.id + "' is declared by the operator (--agents) and is read-only over the API");
         }
     }
     // Each agent is completed (its MCP servers asked for their tools) off the I/O threads, then
@@ -244,7 +247,8 @@ void SessionsApi::declare(const HttpRequest & req, const std::string & tenant, c
     for (auto & s : specs) {
         auto store = [this, tenant, finish_one](std::string e, agent::AgentSpec done) {
             if (!e.empty()) return finish_one(400, "agent '" + done.id + "': " + e);
-            mgr_.declare_agent(std::move(done), tenant, [finish_one](agent::Outcome o) { finish_one(o.status, o.error); });
+            mgr_.declare_agent(std::move(done), tenant,
+                               [finish_one](agent::Outcome o) { finish_one(o.status, o.error); });
         };
         if (!prepare_ || s.mcp_servers.empty()) {
             store({}, std::move(s));
@@ -252,7 +256,8 @@ void SessionsApi::declare(const HttpRequest & req, const std::string & tenant, c
         }
         const std::string id = s.id;
         if (!prepare_(std::move(s), tenant, store)) {
-            finish_one(429, "agent '" + id + "': too many calls to MCP servers are in flight for this tenant; retry shortly");
+            finish_one(
+                429, "agent '" + id + "': too many calls to MCP servers are in flight for this tenant; retry shortly");
         }
     }
 }

@@ -738,7 +738,8 @@ int plan_capacity(const std::string & file, double water_level, int64_t target_s
     printf("limits at water level %.2f: concurrency allows %lld sessions, ", water_level,
            static_cast<long long>(by_load));
     if (by_memory >= 0) {
-        printf("memory (%.1f GiB) allows %lld\n", double(node_memory) / (1ull << 30), static_cast<long long>(by_memory));
+        printf("memory (%.1f GiB) allows %lld\n", double(node_memory) / (1ull << 30),
+               static_cast<long long>(by_memory));
     } else {
         printf("memory not measured (run the bench with --server-pid)\n");
     }

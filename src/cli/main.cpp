@@ -343,7 +343,8 @@ int main(int argc, char ** argv) {
     bpn->add_option("--water-level", water, "share of the measured concurrency to plan for")->capture_default_str();
     bpn->add_option("--target-sessions", plan_target, "concurrent sessions the fleet must hold");
     std::string node_memory;
-    bpn->add_option("--node-memory", node_memory, "memory of one node, e.g. 512G (default: this machine's, or its cgroup's)");
+    bpn->add_option("--node-memory", node_memory,
+                    "memory of one node, e.g. 512G (default: this machine's, or its cgroup's)");
 
     std::vector<std::string> args = normalise_args(argc, argv);
     std::vector<std::string> rev(args.rbegin(), args.rend() - 1);

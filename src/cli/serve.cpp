@@ -296,9 +296,10 @@ int serve(const ServeOptions & opt) {
         mc.threads = 1;
         mc.max_body = 4096;
         mc.max_connections = 64;
-        metrics_http = std::make_unique<api::HttpServer>(mc, [&router](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
-            router.dispatch_metrics(std::move(r), std::move(out));
-        });
+        metrics_http = std::make_unique<api::HttpServer>(
+            mc, [&router](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
+                router.dispatch_metrics(std::move(r), std::move(out));
+            });
         if (auto err = metrics_http->listen(); !err.empty()) {
             fprintf(stderr, "error: metrics listener: %s\n", err.c_str());
             return 1;
@@ -412,18 +413,16 @@ int serve(const ServeOptions & opt) {
         printf("armada: %zu agents declared through the API loaded from %s\n", declared, opt.data_dir.c_str());
     const size_t resumed = sessions.resume_all();
     if (resumed > 0) printf("armada: resumed %zu sessions from %s\n", resumed, opt.data_dir.c_str());
-    api::SessionsApi sessions_api(
-        sessions, [&](agent::AgentSpec a, const std::string & tenant,
-                      std::function<void(std::string, agent::AgentSpec)> done) {
-            auto spec = std::make_shared<agent::AgentSpec>(std::move(a));
-            return client_calls.try_run(tenant, [&, spec, done] {
-                auto e = tools::import_mcp_tools(spec->mcp_servers, spec->tools, guard, tool_tls.get(),
-                                                 opt.mcp_discover_ms);
-                done(e, std::move(*spec));
-            });
+    api::SessionsApi sessions_api(sessions, [&](agent::AgentSpec a, const std::string & tenant,
+                                                std::function<void(std::string, agent::AgentSpec)> done) {
+        auto spec = std::make_shared<agent::AgentSpec>(std::move(a));
+        return client_calls.try_run(tenant, [&, spec, done] {
+            auto e =
+                tools::import_mcp_tools(spec->mcp_servers, spec->tools, guard, tool_tls.get(), opt.mcp_discover_ms);
+            done(e, std::move(*spec));
         });
-    api::ResponsesService responses(model, eng, *st, http.executor(), mcp_clients, client_calls,
-                                    opt.mcp_discover_ms);
+    });
+    api::ResponsesService responses(model, eng, *st, http.executor(), mcp_clients, client_calls, opt.mcp_discover_ms);
 
     // Probes. Live: the engines' loops turn (a stuck decode for two minutes is not alive).
     // Ready: loaded and warm (set_service below), not draining, and a write reaches the store.

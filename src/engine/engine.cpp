@@ -24,9 +24,9 @@ int64_t steady_ms() {
 
 std::optional<ggml_type> parse_cache_type(const std::string & name) {
     static const std::pair<const char *, ggml_type> types[] = {
-        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},     {"q8_0", GGML_TYPE_Q8_0},
-        {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1}, {"iq4_nl", GGML_TYPE_IQ4_NL}, {"q5_0", GGML_TYPE_Q5_0},
-        {"q5_1", GGML_TYPE_Q5_1}};
+        {"f32", GGML_TYPE_F32},       {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},
+        {"q8_0", GGML_TYPE_Q8_0},     {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1},
+        {"iq4_nl", GGML_TYPE_IQ4_NL}, {"q5_0", GGML_TYPE_Q5_0}, {"q5_1", GGML_TYPE_Q5_1}};
     for (const auto & [n, t] : types) {
         if (name == n) return t;
     }

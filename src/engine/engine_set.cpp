@@ -73,9 +73,8 @@ std::optional<KvUsage> EngineSet::kv_usage(const std::string & session) const {
 }
 
 bool EngineSet::idle() const {
-    return std::all_of(engines_.begin(), engines_.end(), [](const Engine * e) {
-        return e->stats().active.load() == 0 && e->stats().queued.load() == 0;
-    });
+    return std::all_of(engines_.begin(), engines_.end(),
+                       [](const Engine * e) { return e->stats().active.load() == 0 && e->stats().queued.load() == 0; });
 }
 
 std::string EngineSet::stalled(int64_t max_ms) const {
@@ -83,7 +82,8 @@ std::string EngineSet::stalled(int64_t max_ms) const {
     for (size_t i = 0; i < engines_.size(); ++i) {
         const int64_t beat = engines_[i]->stats().beat_ms.load();
         if (beat > 0 && now - beat > max_ms)
-            return "engine " + std::to_string(i) + " has not turned its loop for " + std::to_string((now - beat) / 1000) + " s";
+            return "engine " + std::to_string(i) + " has not turned its loop for " +
+                   std::to_string((now - beat) / 1000) + " s";
     }
     return {};
 }

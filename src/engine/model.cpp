@@ -113,7 +113,8 @@ uint64_t Model::kv_bytes_per_token(ggml_type type_k, ggml_type type_v) const {
     };
     const int64_t k_len = length("key_length", llama_model_n_embd(model_) / n_head);
     const int64_t v_len = length("value_length", k_len);
-    const uint64_t per_layer = uint64_t(ggml_row_size(type_k, n_head_kv * k_len) + ggml_row_size(type_v, n_head_kv * v_len));
+    const uint64_t per_layer =
+        uint64_t(ggml_row_size(type_k, n_head_kv * k_len) + ggml_row_size(type_v, n_head_kv * v_len));
     return per_layer * uint64_t(llama_model_n_layer(model_));
 }
 

@@ -56,10 +56,10 @@ using GenSink = std::function<void(GenEvent &&)>;
 //! One generation request, built and validated on an API thread, then handed to the engine.
 struct GenRequest {
     Tokens prompt;
-    SamplerPtr sampler;                   // llama.cpp chain: grammar, penalties, logit bias, seed
-    std::unique_ptr<FastSampler> fast;    // when set, used instead of `sampler` (no grammar, no penalties)
-    std::unique_ptr<GrammarFast> gfast;   // when set, used instead of `sampler` (tool-call grammar, no penalties)
-    int32_t max_tokens = -1;              // -1: until the sequence's context is full
+    SamplerPtr sampler;                  // llama.cpp chain: grammar, penalties, logit bias, seed
+    std::unique_ptr<FastSampler> fast;   // when set, used instead of `sampler` (no grammar, no penalties)
+    std::unique_ptr<GrammarFast> gfast;  // when set, used instead of `sampler` (tool-call grammar, no penalties)
+    int32_t max_tokens = -1;             // -1: until the sequence's context is full
     //! -1: no log-probabilities; 0..20: each token's, with that many alternatives.
     int32_t logprobs = -1;
     std::vector<std::string> stop;        // stop strings, matched on generated text

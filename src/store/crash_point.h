@@ -26,6 +26,7 @@ class CrashAfterCommits : public ForwardingStore {
             done(s);
         });
     }
+
   private:
     std::atomic<long> left_;
 };

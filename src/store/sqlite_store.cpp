@@ -299,9 +299,10 @@ std::string placeholders(size_t n) {
 
 std::vector<SessionRecord> SqliteStore::sessions_not_in(const std::vector<std::string> & ended) {
     std::lock_guard lk(rmu_);
-    const std::string sql = "SELECT id,agent_id,owner,state,reason,data,created_ms,updated_ms FROM sessions" +
-                            (ended.empty() ? std::string() : " WHERE state NOT IN (" + placeholders(ended.size()) + ")") +
-                            " ORDER BY created_ms";
+    const std::string sql =
+        "SELECT id,agent_id,owner,state,reason,data,created_ms,updated_ms FROM sessions" +
+        (ended.empty() ? std::string() : " WHERE state NOT IN (" + placeholders(ended.size()) + ")") +
+        " ORDER BY created_ms";
     Stmt q(rdb_, sql.c_str());
     for (size_t i = 0; i < ended.size(); ++i)
         q.text(int(i) + 1, ended[i]);
@@ -345,8 +346,7 @@ std::vector<std::string> SqliteStore::expired(const std::vector<std::string> & s
     return out;
 }
 
-std::vector<Store::MinuteCount> SqliteStore::count_since(const std::vector<std::string> & states,
-                                                         int64_t since_ms) {
+std::vector<Store::MinuteCount> SqliteStore::count_since(const std::vector<std::string> & states, int64_t since_ms) {
     if (states.empty()) return {};
     std::lock_guard lk(rmu_);
     const std::string sql = "SELECT state, updated_ms / 60000, count(*) FROM sessions WHERE state IN (" +

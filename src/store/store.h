@@ -51,8 +51,8 @@ struct AgentRecord {
 struct Batch {
     std::vector<SessionRecord> sessions;
     std::vector<StepRecord> steps;
-    std::vector<std::string> erase;  // session ids to delete with their steps
-    std::vector<AgentRecord> agents;  // upserts
+    std::vector<std::string> erase;                                 // session ids to delete with their steps
+    std::vector<AgentRecord> agents;                                // upserts
     std::vector<std::pair<std::string, std::string>> erase_agents;  // (tenant, id)
     //! Writes a probe row and nothing else matters: readiness asks whether a write goes through.
     bool probe = false;
@@ -97,7 +97,9 @@ class Store {
 class ForwardingStore : public Store {
   public:
     explicit ForwardingStore(Store & inner) : inner_(inner) {}
-    void commit(Batch batch, std::function<void(Status)> done) override { inner_.commit(std::move(batch), std::move(done)); }
+    void commit(Batch batch, std::function<void(Status)> done) override {
+        inner_.commit(std::move(batch), std::move(done));
+    }
     std::optional<SessionRecord> session(const std::string & id) override { return inner_.session(id); }
     std::vector<StepRecord> steps(const std::string & id) override { return inner_.steps(id); }
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended) override {

@@ -105,7 +105,8 @@ HttpReply exchange(http::verb method, const Url & u, const std::vector<std::pair
             });
         });
     });
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     ioc.run_for(std::max(left, std::chrono::milliseconds(1)));
     if (!finished) {
         if (out.error.empty()) out.error = "no answer within " + std::to_string(opt.timeout_ms) + " ms";

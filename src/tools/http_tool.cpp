@@ -3,13 +3,13 @@
 #include "tools/charset.h"
 #include "tools/tls.h"
 
+#include <openssl/ssl.h>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
-#include <openssl/ssl.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -226,8 +226,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         tls_stream_->async_handshake(net::ssl::stream_base::client, [self = shared_from_this()](beast::error_code e) {
             if (e) {
                 // A certificate that does not verify will not verify on the next attempt either.
-                if (e.category() == net::error::get_ssl_category() || SSL_get_verify_result(self->tls_stream_->native_handle()) != X509_V_OK)
-                    return self->finish_error(tls_failure(e, self->tls_stream_->native_handle(), self->url_.host), false);
+                if (e.category() == net::error::get_ssl_category() ||
+                    SSL_get_verify_result(self->tls_stream_->native_handle()) != X509_V_OK)
+                    return self->finish_error(tls_failure(e, self->tls_stream_->native_handle(), self->url_.host),
+                                              false);
                 return self->retry_or_fail("TLS handshake with " + self->url_.host + " failed: " + e.message());
             }
             self->send();
@@ -376,8 +378,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
 }  // namespace
 
-void HttpToolTransport::call(const HttpToolSpec & spec, const ToolCall & call,
-                             std::function<void(ToolResult)> done) {
+void HttpToolTransport::call(const HttpToolSpec & spec, const ToolCall & call, std::function<void(ToolResult)> done) {
     std::make_shared<Exchange>(io_, guard_, tls_, spec, call, std::move(done))->start();
 }
 

@@ -180,7 +180,8 @@ std::string McpClient::protocol() {
 
 int McpClient::request_timeout_ms() const {
     if (!deadline_) return spec_.timeout_ms;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline_ - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(*deadline_ - std::chrono::steady_clock::now());
     return int(std::min<int64_t>(spec_.timeout_ms, left.count()));
 }
 

@@ -1,9 +1,9 @@
 #pragma once
 
-#include "tools/tool_spec.h"
 #include "tools/client_calls.h"
 #include "tools/ssrf.h"
 #include "tools/tenant_gate.h"
+#include "tools/tool_spec.h"
 #include "tools/tool_transport.h"
 
 #include <boost/asio/ssl/context.hpp>

@@ -114,8 +114,8 @@ std::string SsrfGuard::reason(const ip::address & a) const {
         for (const auto & [v4, form] : embedded_v4(n.to_v6())) {
             const char * kind = denied_kind(v4);
             if (kind && !allowed(v4)) {
-                return "address " + n.to_string() + " carries " + v4.to_string() + " inside (" + form +
-                       "), which is " + kind + ", and is not allow-listed";
+                return "address " + n.to_string() + " carries " + v4.to_string() + " inside (" + form + "), which is " +
+                       kind + ", and is not allow-listed";
             }
         }
     }

@@ -1,9 +1,9 @@
 #include "tools/tls.h"
 
-#include <boost/asio/ip/address.hpp>
 #include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 #include <openssl/x509_vfy.h>
+#include <openssl/x509v3.h>
+#include <boost/asio/ip/address.hpp>
 
 namespace armada::tools {
 

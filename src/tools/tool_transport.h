@@ -32,8 +32,7 @@ struct ToolResult {
 class ToolTransport {
   public:
     virtual ~ToolTransport() = default;
-    virtual void call(const HttpToolSpec & spec, const ToolCall & call,
-                      std::function<void(ToolResult)> done) = 0;
+    virtual void call(const HttpToolSpec & spec, const ToolCall & call, std::function<void(ToolResult)> done) = 0;
 };
 
 }  // namespace armada::tools

@@ -23,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
             }
             std::vector<armada::agent::AgentSpec> again;
             if (!armada::agent::parse_agents(a.source, again, {.from_operator = op}).empty()) std::abort();
-            if (again.size() != 1 || again[0].source != a.source || again[0].tools.size() != a.tools.size()) std::abort();
+            if (again.size() != 1 || again[0].source != a.source || again[0].tools.size() != a.tools.size())
+                std::abort();
             for (size_t i = 0; i < a.tools.size(); ++i) {
                 if (again[0].tools[i].parameters != a.tools[i].parameters) std::abort();
             }

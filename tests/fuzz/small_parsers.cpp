@@ -25,7 +25,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     if (armada::tools::parse_url("http://127.0.0.1:8080/a/b?c", base)) {
         const std::string next = armada::tools::resolve_location(base, text);
         armada::tools::Url u;
-        if (armada::tools::parse_url(next, u) && armada::tools::same_origin(base, u) && u.port != base.port) std::abort();
+        if (armada::tools::parse_url(next, u) && armada::tools::same_origin(base, u) && u.port != base.port)
+            std::abort();
     }
     armada::tools::Url any;
     if (armada::tools::parse_url(text, any) && any.host.empty()) std::abort();
