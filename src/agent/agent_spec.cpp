@@ -36,6 +36,10 @@ bool looks_like_number(const std::string & s) {
     return i == s.size() && s.size() <= 64;
 }
 
+// Set while reading an agent stored by earlier builds, which quoted every scalar: quotes
+// then say nothing about the type, so a quoted number is read as a number again.
+thread_local bool g_unquote = false;
+
 nlohmann::json to_json(const YAML::Node & n) {
     switch (n.Type()) {
         case YAML::NodeType::Map: {
@@ -52,7 +56,7 @@ nlohmann::json to_json(const YAML::Node & n) {
         }
         case YAML::NodeType::Scalar: {
             const std::string & s = n.Scalar();
-            if (n.Tag() == "!" || s.empty()) return s;  // quoted
+            if ((n.Tag() == "!" && !g_unquote) || s.empty()) return s;  // quoted
             if (s == "true") return true;
             if (s == "false") return false;
             if (s == "null" || s == "~") return nullptr;
@@ -307,6 +311,10 @@ bool has_secret_reference(const std::string & value) {
 }
 
 std::string parse_agents(const std::string & text, std::vector<AgentSpec> & out, const ParseOptions & opt) {
+    struct Unquote {
+        explicit Unquote(bool on) { g_unquote = on; }
+        ~Unquote() { g_unquote = false; }
+    } unquote(opt.legacy_quoted);
     try {
         YAML::Node root = YAML::Load(text);
         YAML::Node list = root;

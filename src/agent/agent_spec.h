@@ -61,6 +61,9 @@ struct AgentSpec {
 //! references; in anything a client sends they are refused.
 struct ParseOptions {
     bool from_operator = false;
+    //! The text is an agent stored by an older Armada, which wrote every scalar double-quoted:
+    //! scalars that read as numbers or booleans are taken as such despite their quotes.
+    bool legacy_quoted = false;
 };
 
 //! Parses agents from YAML (JSON is accepted too): either a list or a map with an `agents`

@@ -99,6 +99,42 @@ common_chat_msg model_message(const json & p) {
     return m;
 }
 
+// The tools an agent's MCP servers listed, as stored beside its declaration.
+std::string mcp_tools_json(const AgentSpec & a) {
+    json arr = json::array();
+    for (const auto & t : a.tools) {
+        if (t.mcp_url.empty()) continue;
+        arr.push_back({{"name", t.name}, {"description", t.description}, {"parameters", t.parameters},
+                       {"mcp_url", t.mcp_url}});
+    }
+    return arr.empty() ? std::string() : dump(arr);
+}
+
+// Puts the stored MCP tools back on the agent, with their server's settings. False when they do
+// not fit its servers any more (then the servers are asked again).
+bool restore_mcp_tools(AgentSpec & a, const std::string & text) {
+    const json arr = json::parse(text, nullptr, false);
+    if (!arr.is_array()) return false;
+    for (const auto & t : arr) {
+        if (!t.is_object()) return false;
+        const std::string url = t.value("mcp_url", "");
+        auto server = std::find_if(a.mcp_servers.begin(), a.mcp_servers.end(),
+                                   [&](const McpServerSpec & m) { return m.url == url; });
+        if (server == a.mcp_servers.end()) return false;
+        HttpToolSpec h;
+        h.name = t.value("name", "");
+        h.description = t.value("description", "");
+        h.parameters = t.value("parameters", "{}");
+        h.url = h.mcp_url = url;
+        h.headers = server->headers;
+        h.expand_secrets = server->expand_secrets;
+        h.follow_redirects = server->follow_redirects;
+        h.timeout_ms = server->timeout_ms;
+        a.tools.push_back(std::move(h));
+    }
+    return true;
+}
+
 int outcome_index(SessionState st) {
     return st == SessionState::Completed ? 0 : st == SessionState::Failed ? 1 : 2;
 }
@@ -282,6 +318,7 @@ std::shared_ptr<const AgentSpec> SessionManager::lookup_agent(const std::string 
                                                               const std::string & id) const {
     if (auto it = operator_agents_.find(id); it != operator_agents_.end()) return it->second;
     if (auto it = tenant_agents_.find({tenant, id}); it != tenant_agents_.end()) return it->second;
+    if (auto it = tenant_agents_.find({kSharedTenant, id}); it != tenant_agents_.end()) return it->second;
     return nullptr;
 }
 
@@ -298,7 +335,8 @@ std::vector<AgentSpec> SessionManager::agents(const std::string & tenant, bool a
     for (const auto & [id, a] : operator_agents_)
         out.push_back(*a);
     for (const auto & [key, a] : tenant_agents_) {
-        if (all_tenants || key.first == tenant) out.push_back(*a);
+        const bool shadowed = key.first == kSharedTenant && tenant_agents_.count({tenant, key.second});
+        if (all_tenants || key.first == tenant || (key.first == kSharedTenant && !shadowed)) out.push_back(*a);
     }
     return out;
 }
@@ -316,6 +354,7 @@ void SessionManager::declare_agent(AgentSpec spec, const std::string & tenant, s
     r.tenant = tenant;
     r.id = spec.id;
     r.spec = spec.source;
+    r.tools = mcp_tools_json(spec);
     r.created_ms = r.updated_ms = clock_.now_ms();
     b.agents.push_back(r);
     store_.commit(std::move(b), [this, alive = alive_, spec = std::move(spec), done](store::Status st) mutable {
@@ -362,27 +401,48 @@ void SessionManager::delete_agent(const std::string & tenant, const std::string 
 size_t SessionManager::load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare) {
     size_t n = 0;
     for (const auto & r : store_.agents()) {
+        // A declaration written before agents were stored as canonical JSON is YAML with every
+        // scalar quoted, from before tenants: it is read with its numbers as numbers again, and
+        // kept as an agent every tenant sees and only an admin may delete.
+        const bool legacy = r.tenant.empty() && !json::parse(r.spec, nullptr, false).is_object();
         std::vector<AgentSpec> specs;
-        if (auto e = parse_agents(r.spec, specs); !e.empty() || specs.size() != 1) {
+        if (auto e = parse_agents(r.spec, specs, {.legacy_quoted = legacy}); !e.empty() || specs.size() != 1) {
             spdlog::warn("stored agent {} is not valid any more: {}", r.id, e);
             continue;
         }
-        if (is_operator_agent(specs[0].id)) {
-            spdlog::info("agent '{}' comes from the agents file; the one declared through the API is ignored",
-                         specs[0].id);
+        AgentSpec & a = specs[0];
+        if (is_operator_agent(a.id)) {
+            spdlog::info("agent '{}' comes from the agents file; the one declared through the API is ignored", a.id);
             continue;
         }
-        if (prepare) {
-            if (auto e = prepare(specs[0]); !e.empty()) {
-                spdlog::warn("agent '{}': {}; not loaded", specs[0].id, e);
+        // The tools its MCP servers listed at declaration come back from the store, so a server
+        // that is down (or hangs) at a restart neither delays the start nor loses the agent.
+        const bool have_tools = !r.tools.empty() && restore_mcp_tools(a, r.tools);
+        if (!have_tools && !a.mcp_servers.empty() && prepare) {
+            if (auto e = prepare(a); !e.empty()) {
+                spdlog::warn("agent '{}': {}; not loaded", a.id, e);
                 continue;
             }
         }
-        specs[0].tenant = r.tenant;
-        const std::string id = specs[0].id;
+        a.tenant = legacy ? kSharedTenant : r.tenant;
+        if (legacy) {
+            spdlog::warn("agent '{}' was declared before tenants existed; every tenant sees it, read-only, and an "
+                         "admin key may delete it",
+                         a.id);
+            store::Batch b;
+            store::AgentRecord moved = r;
+            moved.tenant = kSharedTenant;
+            moved.spec = a.source;
+            moved.tools = mcp_tools_json(a);
+            b.agents.push_back(moved);
+            b.erase_agents.emplace_back(r.tenant, r.id);
+            if (auto st = store_.commit_sync(std::move(b)); !st.ok)
+                spdlog::warn("agent '{}': could not store it in its new form: {}", a.id, st.error);
+        }
+        const std::string id = a.id, tenant = a.tenant;
         {
             std::lock_guard lk(mu_);
-            tenant_agents_[{r.tenant, id}] = std::make_shared<const AgentSpec>(std::move(specs[0]));
+            tenant_agents_[{tenant, id}] = std::make_shared<const AgentSpec>(std::move(a));
         }
         ++n;
     }
@@ -1246,7 +1306,7 @@ size_t SessionManager::resume_all() {
         sync_memory_gauge();
         count_state(ps->state, +1);
         ++resumed;
-        emit_transient(*ps, "state", dump(json{{"state", state_name(ps->state)}, {"resumed", true}}));
+        emit_transient(*ps, "resumed", dump(json{{"state", state_name(ps->state)}}));
         if (!ps->agent) {
             spdlog::warn("session {}: its agent '{}' no longer exists", r.id, r.agent_id);
             fail(*ps, SessionEvent::Error, "its agent '" + r.agent_id + "' no longer exists");

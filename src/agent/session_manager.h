@@ -21,6 +21,10 @@
 
 namespace armada::agent {
 
+//! The tenant of agents that every tenant sees, read-only (declared before tenants existed);
+//! no caller is ever this tenant.
+inline constexpr const char * kSharedTenant = "*";
+
 //! Where an event sits in a session's stream. Durable events (message, tool_call, tool_result,
 //! state) are the steps of the log: their id is the step's `seq`, the same after any restart.
 //! Events that are not stored (token, compaction, error, a resume notice) come between two

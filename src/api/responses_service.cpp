@@ -521,12 +521,18 @@ void ResponsesService::create(const json & body, const Caller & caller, std::sha
     auto clients = std::make_shared<std::vector<std::pair<std::string, std::shared_ptr<tools::McpClient>>>>();
     for (const auto & [label, spec] : servers)
         clients->emplace_back(label, mcp_.get(caller.tenant, spec));
-    const bool started = calls_.try_run(caller.tenant, [this, run, clients] {
+    // One budget for every server the request names, counted from now (a busy pool's wait too).
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool started = calls_.try_run(caller.tenant, [this, run, clients, servers, t0] {
         std::string err;
         std::vector<std::pair<std::string, std::vector<tools::HttpToolSpec>>> listed;
-        for (const auto & [label, client] : *clients) {
-            listed.emplace_back(label, std::vector<tools::HttpToolSpec>{});
-            if (err.empty()) err = client->list_tools(listed.back().second, discover_budget_ms_);
+        for (size_t i = 0; i < clients->size(); ++i) {
+            listed.emplace_back((*clients)[i].first, std::vector<tools::HttpToolSpec>{});
+            const int left = discover_budget_ms_ - int(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                           std::chrono::steady_clock::now() - t0)
+                                                           .count());
+            if (err.empty() && left <= 0) err = "MCP servers: no answer within the time allowed";
+            if (err.empty()) err = (*clients)[i].second->list_tools(listed.back().second, servers[i].second.allowed_tools, left);
         }
         net::post(run->strand, [this, run, clients, listed = std::move(listed), err] {
             try {

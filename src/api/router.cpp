@@ -133,7 +133,12 @@ bool Router::probe(const HttpRequest & req, const std::shared_ptr<Responder> & o
     const std::string & p = req.path;
     if (p != "/health" && p != "/livez" && p != "/readyz") return false;
     route_name = p;
-    if (req.method != "GET" && req.method != "HEAD") throw ApiError(405, "use GET for " + p);
+    if (req.method != "GET") throw ApiError(405, "use GET for " + p);
+    Probes probes;
+    {
+        std::lock_guard lk(probes_mu_);
+        probes = probes_;
+    }
     auto answer = [this, out, route_name](const std::string & why, const char * ok_status) {
         const bool ok = why.empty();
         const json body = ok ? json{{"status", ok_status}} : json{{"status", "unavailable"}, {"reason", why}};
@@ -144,13 +149,13 @@ bool Router::probe(const HttpRequest & req, const std::shared_ptr<Responder> & o
         // llama-server's meaning: 200 once the model is loaded, 503 while loading.
         answer(svc_.load() ? "" : "loading", "ok");
     } else if (p == "/livez") {
-        answer(probes_.live ? probes_.live() : "", "alive");
+        answer(probes.live ? probes.live() : "", "alive");
     } else if (!svc_.load()) {
         answer("the model is loading", "ready");
     } else if (draining_.load()) {
         answer("draining", "ready");
-    } else if (probes_.ready) {
-        probes_.ready([answer](const std::string & why) { answer(why, "ready"); });
+    } else if (probes.ready) {
+        probes.ready([answer](const std::string & why) { answer(why, "ready"); });
     } else {
         answer("", "ready");
     }

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <memory>
 
 namespace armada::api {
@@ -31,7 +32,10 @@ class Router {
     //! Set once the model and engines are ready; until then every route but the probes is 503.
     void set_service(OpenAIService * svc, const engine::EngineSet * engines, SessionsApi * sessions = nullptr,
                      ResponsesService * responses = nullptr);
-    void set_probes(Probes p) { probes_ = std::move(p); }
+    void set_probes(Probes p) {
+        std::lock_guard lk(probes_mu_);
+        probes_ = std::move(p);
+    }
     //! From now on new requests get 503 with Retry-After; the probes and /metrics still answer.
     void set_draining() { draining_.store(true); }
     bool draining() const { return draining_.load(); }
@@ -57,7 +61,8 @@ class Router {
     std::atomic<const engine::EngineSet *> engines_{nullptr};
     std::atomic<SessionsApi *> sessions_{nullptr};
     std::atomic<ResponsesService *> responses_{nullptr};
-    Probes probes_;
+    std::mutex probes_mu_;
+    Probes probes_;  // guarded by probes_mu_ (set while I/O threads already answer)
     std::atomic<bool> draining_{false};
 };
 

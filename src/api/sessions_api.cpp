@@ -93,7 +93,7 @@ std::string acting_tenant(const HttpRequest & req, const Caller & caller) {
 
 }  // namespace
 
-json agent_json(const agent::AgentSpec & a, bool with_spec) {
+json agent_json(const agent::AgentSpec & a, bool with_spec, bool with_source) {
     // The list names the tools; one agent's page has their schemas too.
     json tools = json::array();
     for (const auto & t : a.tools) {
@@ -104,14 +104,14 @@ json agent_json(const agent::AgentSpec & a, bool with_spec) {
         json tj = {{"name", t.name},
                    {"description", t.description},
                    {"parameters", json::parse(t.parameters, nullptr, false)}};
-        if (!t.mcp_url.empty()) tj["mcp_server"] = t.mcp_url;
+        if (!t.mcp_url.empty() && with_source) tj["mcp_server"] = t.mcp_url;
         tools.push_back(tj);
     }
-    json j = {{"id", a.id},
-              {"object", "agent"},
-              {"owner", a.from_operator ? json("operator") : json(tenant_name(a.tenant))},
-              {"tools", tools}};
-    if (with_spec) j["spec"] = json::parse(a.source, nullptr, false);
+    const std::string owner = a.from_operator                    ? "operator"
+                              : a.tenant == agent::kSharedTenant ? "shared"
+                                                                 : tenant_name(a.tenant);
+    json j = {{"id", a.id}, {"object", "agent"}, {"owner", owner}, {"tools", tools}};
+    if (with_spec && with_source) j["spec"] = json::parse(a.source, nullptr, false);
     return j;
 }
 
@@ -127,7 +127,7 @@ bool SessionsApi::handle(const HttpRequest & req, const Caller & caller, const s
             const std::string tenant = acting_tenant(req, caller);
             json list = json::array();
             for (const auto & a : mgr_.agents(tenant, all))
-                list.push_back(agent_json(a, false));
+                list.push_back(agent_json(a, false, false));
             out->send(200, "application/json", dump(json{{"object", "list"}, {"data", list}}));
             return true;
         }
@@ -142,11 +142,17 @@ bool SessionsApi::handle(const HttpRequest & req, const Caller & caller, const s
         auto a = mgr_.agent(tenant, id);
         if (!a) throw agent_not_found(id);
         if (m == "GET") {
-            out->send(200, "application/json", dump(agent_json(*a, true)));
+            // The operator's file is the operator's: its URLs and literal values are shown to
+            // admins only; everyone sees the tools' names and schemas.
+            out->send(200, "application/json", dump(agent_json(*a, true, !a->from_operator || caller.admin)));
             return true;
         }
         if (m == "DELETE") {
-            mgr_.delete_agent(tenant, id, [out](agent::Outcome o) {
+            const bool shared = a->tenant == agent::kSharedTenant && !a->from_operator;
+            if (shared && !caller.admin) {
+                throw ApiError(403, "agent '" + id + "' is shared by every tenant; only an admin key may delete it");
+            }
+            mgr_.delete_agent(shared ? a->tenant : tenant, id, [out](agent::Outcome o) {
                 reply(out, o, json{{"id", o.id}, {"object", "agent"}, {"deleted", true}});
             });
             return true;

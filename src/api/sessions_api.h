@@ -34,7 +34,8 @@ class SessionsApi {
     Prepare prepare_;
 };
 
-//! The agent as `GET /v1/agents/{id}` shows it: its declaration (canonical JSON) and its tools.
-json agent_json(const agent::AgentSpec & a, bool with_spec);
+//! The agent as `GET /v1/agents/{id}` shows it: its tools with their schemas (`with_spec`), and
+//! its declaration (canonical JSON) and MCP server URLs when `with_source`.
+json agent_json(const agent::AgentSpec & a, bool with_spec, bool with_source);
 
 }  // namespace armada::api

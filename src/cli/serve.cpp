@@ -2,6 +2,7 @@
 
 #include "agent/session_manager.h"
 #include "api/openai_service.h"
+#include "api/readiness.h"
 #include "api/router.h"
 #include "api/sessions_api.h"
 #include "engine/engine_set.h"
@@ -426,30 +427,9 @@ int serve(const ServeOptions & opt) {
 
     // Probes. Live: the engines' loops turn (a stuck decode for two minutes is not alive).
     // Ready: loaded and warm (set_service below), not draining, and a write reaches the store.
-    auto io = http.executor();
+    api::StoreReadiness store_ready(*st, http.executor());
     router.set_probes({[&eng] { return eng.stalled(120000); },
-                       [st, io](std::function<void(std::string)> answer) {
-                           if (auto w = st->writable(); !w.ok) return answer(w.error);
-                           struct Once {
-                               std::atomic<bool> done{false};
-                               std::function<void(std::string)> answer;
-                               void operator()(const std::string & why) {
-                                   if (!done.exchange(true)) answer(why);
-                               }
-                           };
-                           auto once = std::make_shared<Once>();
-                           once->answer = std::move(answer);
-                           auto timer = std::make_shared<boost::asio::steady_timer>(io, std::chrono::seconds(2));
-                           timer->async_wait([once, timer](boost::system::error_code ec) {
-                               if (!ec) (*once)("the store did not take a write within 2 s");
-                           });
-                           store::Batch probe;
-                           probe.probe = true;
-                           st->commit(std::move(probe), [once, timer](store::Status s) {
-                               (*once)(s.ok ? "" : "the store refuses writes: " + s.error);
-                               timer->cancel();
-                           });
-                       }});
+                       [&store_ready](std::function<void(std::string)> answer) { store_ready.check(std::move(answer)); }});
     router.set_service(&svc, &eng, &sessions_api, &responses);
     printf("armada: ready, model %s, %d sequences x %d tokens%s\n", model->id().c_str(), opt.engine.n_seq_max,
            eng.n_ctx_seq(), n_engines > 1 ? (" on " + std::to_string(n_engines) + " engines").c_str() : "");
@@ -476,7 +456,7 @@ int serve(const ServeOptions & opt) {
         std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(opt.drain_timeout_s * 1000));
     bool drained = false;
     for (;;) {
-        if (sessions.quiet() && eng.idle() && http.exchanges() == 0) {
+        if (sessions.quiet() && eng.idle() && http.exchanges() == 0 && !client_calls.busy()) {
             drained = true;
             break;
         }
@@ -494,6 +474,8 @@ int serve(const ServeOptions & opt) {
     }
     spdlog::info("drained; stopping");
     router.set_service(nullptr, nullptr, nullptr);
+    // Calls to client-named servers finish before what they report to is destroyed.
+    client_calls.join();
     eng.stop();
     stop_listeners();
     return 0;

@@ -48,7 +48,7 @@ struct ServeOptions {
     double drain_timeout_s = 30;             // SIGTERM: how long running work may take to finish
     std::string session_ttl = "30d";         // ended sessions and stored responses are deleted after
     std::string tool_ca_file;                // a CA added to the system store for https tools
-    int mcp_workers = 16;                    // threads for calls to MCP servers
+    int mcp_workers = 64;                    // threads for calls to MCP servers
     int mcp_per_tenant = 4;                  // MCP calls one tenant may have running
     int tool_per_tenant = 64;                // HTTP tool calls one tenant may have in flight
     int mcp_discover_ms = 10000;             // budget for listing a server's tools

@@ -26,10 +26,10 @@ CREATE INDEX IF NOT EXISTS sessions_state ON sessions(state);
     // row for readiness.
     R"sql(
 CREATE TABLE agents (
-  tenant TEXT NOT NULL, id TEXT NOT NULL, spec TEXT NOT NULL, created_ms INTEGER NOT NULL,
+  tenant TEXT NOT NULL, id TEXT NOT NULL, spec TEXT NOT NULL, tools TEXT NOT NULL, created_ms INTEGER NOT NULL,
   updated_ms INTEGER NOT NULL, PRIMARY KEY (tenant, id));
-INSERT OR REPLACE INTO agents(tenant, id, spec, created_ms, updated_ms)
-  SELECT owner, substr(id, 7), data, created_ms, updated_ms FROM sessions WHERE agent_id = '@agent';
+INSERT OR REPLACE INTO agents(tenant, id, spec, tools, created_ms, updated_ms)
+  SELECT owner, substr(id, 7), data, '', created_ms, updated_ms FROM sessions WHERE agent_id = '@agent';
 DELETE FROM sessions WHERE agent_id = '@agent';
 DROP INDEX IF EXISTS sessions_state;
 CREATE INDEX sessions_state_updated ON sessions(state, updated_ms);
@@ -188,8 +188,9 @@ Status SqliteStore::apply(const std::vector<Batch *> & group) {
     Stmt del_steps(wdb_, "DELETE FROM steps WHERE session_id=?");
     Stmt del_sess(wdb_, "DELETE FROM sessions WHERE id=?");
     Stmt up_agent(wdb_,
-                  "INSERT INTO agents(tenant,id,spec,created_ms,updated_ms) VALUES(?,?,?,?,?) "
-                  "ON CONFLICT(tenant,id) DO UPDATE SET spec=excluded.spec, updated_ms=excluded.updated_ms");
+                  "INSERT INTO agents(tenant,id,spec,tools,created_ms,updated_ms) VALUES(?,?,?,?,?,?) "
+                  "ON CONFLICT(tenant,id) DO UPDATE SET spec=excluded.spec, tools=excluded.tools, "
+                  "updated_ms=excluded.updated_ms");
     Stmt del_agent(wdb_, "DELETE FROM agents WHERE tenant=? AND id=?");
     Stmt probe(wdb_, "INSERT OR REPLACE INTO meta(k,v) VALUES('probe', ?)");
     bool ok = up.s && ins.s && del_steps.s && del_sess.s && up_agent.s && del_agent.s && probe.s;
@@ -232,8 +233,9 @@ Status SqliteStore::apply(const std::vector<Batch *> & group) {
             up_agent.text(1, a.tenant);
             up_agent.text(2, a.id);
             up_agent.text(3, a.spec);
-            up_agent.i64(4, a.created_ms);
-            up_agent.i64(5, a.updated_ms);
+            up_agent.text(4, a.tools);
+            up_agent.i64(5, a.created_ms);
+            up_agent.i64(6, a.updated_ms);
             ok = sqlite3_step(up_agent.s) == SQLITE_DONE;
         }
         for (const auto & [tenant, id] : b->erase_agents) {
@@ -314,15 +316,16 @@ std::vector<SessionRecord> SqliteStore::sessions_not_in(const std::vector<std::s
 
 std::vector<AgentRecord> SqliteStore::agents() {
     std::lock_guard lk(rmu_);
-    Stmt q(rdb_, "SELECT tenant,id,spec,created_ms,updated_ms FROM agents ORDER BY updated_ms");
+    Stmt q(rdb_, "SELECT tenant,id,spec,tools,created_ms,updated_ms FROM agents ORDER BY updated_ms");
     std::vector<AgentRecord> out;
     while (sqlite3_step(q.s) == SQLITE_ROW) {
         AgentRecord a;
         a.tenant = q.col(0);
         a.id = q.col(1);
         a.spec = q.col(2);
-        a.created_ms = sqlite3_column_int64(q.s, 3);
-        a.updated_ms = sqlite3_column_int64(q.s, 4);
+        a.tools = q.col(3);
+        a.created_ms = sqlite3_column_int64(q.s, 4);
+        a.updated_ms = sqlite3_column_int64(q.s, 5);
         out.push_back(std::move(a));
     }
     return out;

@@ -38,11 +38,13 @@ struct StepRecord {
     int64_t ts_ms = 0;
 };
 
-//! An agent declared through the API: its canonical JSON, under its tenant.
+//! An agent declared through the API: its canonical JSON, under its tenant, and the tools its
+//! MCP servers listed when it was declared (JSON), so a restart needs no server to answer.
 struct AgentRecord {
     std::string tenant;
     std::string id;
     std::string spec;
+    std::string tools;
     int64_t created_ms = 0;
     int64_t updated_ms = 0;
 };

@@ -47,6 +47,11 @@ int ClientCalls::running(const std::string & tenant) const {
     return it == tenants_.end() ? 0 : it->second.running;
 }
 
+bool ClientCalls::busy() const {
+    std::lock_guard lk(mu_);
+    return !tenants_.empty();
+}
+
 void ClientCalls::start(const std::string & tenant, std::function<void()> fn) {
     boost::asio::post(pool_, [this, tenant, fn = std::move(fn)] {
         fn();

@@ -29,6 +29,8 @@ class ClientCalls {
     int per_tenant() const { return per_tenant_; }
     //! Calls running for `tenant` now (tests, metrics).
     int running(const std::string & tenant) const;
+    //! True while any call runs or waits.
+    bool busy() const;
     //! Stops taking calls and waits for the running ones.
     void join();
 

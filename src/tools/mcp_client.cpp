@@ -22,7 +22,7 @@ constexpr const char * kSession = "2025-11-25";
 }  // namespace
 
 json McpClient::post(const std::string & method, const json & msg, bool stateless, std::string & err, int & status,
-                     const std::string & name) {
+                     const std::string & name, const Deadline & dl) {
     std::vector<std::pair<std::string, std::string>> headers = {{"Content-Type", "application/json"},
                                                                 {"Accept", "application/json, text/event-stream"}};
     std::string version, session;
@@ -45,7 +45,7 @@ json McpClient::post(const std::string & method, const json & msg, bool stateles
         if (spec_.expand_secrets && !resolve_secret(v, resolved, err)) return json();
         headers.emplace_back(k, resolved);
     }
-    const int timeout = request_timeout_ms();
+    const int timeout = request_timeout_ms(dl);
     if (timeout <= 0) {
         err = "no answer within the time allowed";
         return json();
@@ -64,6 +64,13 @@ json McpClient::post(const std::string & method, const json & msg, bool stateles
         err = r.error;
         return json();
     }
+    if (r.status >= 300 && r.status < 400) {
+        auto loc = r.headers.find("location");
+        err = "the server answered HTTP " + std::to_string(r.status) +
+              (loc == r.headers.end() ? std::string() : " (a redirect to " + loc->second + ")") +
+              (spec_.follow_redirects ? "" : ", and its follow_redirects is false");
+        return json();
+    }
     if (!stateless && method == "initialize") {
         auto it = r.headers.find("mcp-session-id");
         std::lock_guard lk(mu_);
@@ -74,7 +81,7 @@ json McpClient::post(const std::string & method, const json & msg, bool stateles
     return mcp_answer(r.status, r.body, ct == r.headers.end() ? "" : ct->second, msg["id"], err);
 }
 
-bool McpClient::initialize(std::string & err) {
+bool McpClient::initialize(std::string & err, const Deadline & dl) {
     json msg = {{"jsonrpc", "2.0"},
                 {"id", 0},
                 {"method", "initialize"},
@@ -89,7 +96,7 @@ bool McpClient::initialize(std::string & err) {
         version_.clear();
     }
     int status = 0;
-    json res = post("initialize", msg, false, err, status, {});
+    json res = post("initialize", msg, false, err, status, {}, dl);
     const std::string version = mcp_protocol_version(res);
     if (version.empty()) {
         if (err.empty()) err = "initialize returned no protocolVersion";
@@ -101,12 +108,12 @@ bool McpClient::initialize(std::string & err) {
         stateless_ = false;
     }
     post("notifications/initialized", json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}, false, err,
-         status, {});
+         status, {}, dl);
     err.clear();
     return true;
 }
 
-bool McpClient::ready(std::string & err) {
+bool McpClient::ready(std::string & err, const Deadline & dl) {
     {
         std::lock_guard lk(mu_);
         if (!version_.empty()) return true;
@@ -126,7 +133,7 @@ bool McpClient::ready(std::string & err) {
     }
     int status = 0;
     std::string derr;
-    json res = post("server/discover", msg, true, derr, status, {});
+    json res = post("server/discover", msg, true, derr, status, {}, dl);
     if (res.is_object() && res.contains("supportedVersions") && res["supportedVersions"].is_array()) {
         for (const auto & v : res["supportedVersions"]) {
             if (v == kStateless) {
@@ -137,13 +144,14 @@ bool McpClient::ready(std::string & err) {
             }
         }
     }
-    return initialize(err);
+    return initialize(err, dl);
 }
 
-json McpClient::rpc(const std::string & method, json params, std::string & err, const std::string & name) {
+json McpClient::rpc(const std::string & method, json params, std::string & err, const Deadline & dl,
+                    const std::string & name) {
     for (int attempt = 0; attempt < 2; ++attempt) {
         err.clear();
-        if (!ready(err)) return json();
+        if (!ready(err, dl)) return json();
         bool stateless;
         bool had_session;
         json msg = {{"jsonrpc", "2.0"}, {"method", method}};
@@ -159,7 +167,7 @@ json McpClient::rpc(const std::string & method, json params, std::string & err, 
         }
         msg["params"] = params;
         int status = 0;
-        json res = post(method, msg, stateless, err, status, name);
+        json res = post(method, msg, stateless, err, status, name, dl);
         // The spec answers an expired session with 404; some servers (the reference one among
         // them) say 400 "no valid session". Either way: initialize again, then retry once.
         if (!stateless && had_session && (status == 404 || status == 400)) {
@@ -178,25 +186,23 @@ std::string McpClient::protocol() {
     return version_;
 }
 
-int McpClient::request_timeout_ms() const {
-    if (!deadline_) return spec_.timeout_ms;
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(*deadline_ - std::chrono::steady_clock::now());
+int McpClient::request_timeout_ms(const Deadline & dl) const {
+    if (!dl) return spec_.timeout_ms;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*dl - std::chrono::steady_clock::now());
     return int(std::min<int64_t>(spec_.timeout_ms, left.count()));
 }
 
-std::string McpClient::list_tools(std::vector<HttpToolSpec> & out, int budget_ms) {
-    struct Budget {
-        std::optional<std::chrono::steady_clock::time_point> & d;
-        ~Budget() { d.reset(); }
-    } budget{deadline_};
-    if (budget_ms > 0) deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(budget_ms);
+std::string McpClient::list_tools(std::vector<HttpToolSpec> & out, const std::vector<std::string> & only,
+                                  int budget_ms) {
+    // The deadline belongs to this call: other calls on the same client keep their own.
+    Deadline dl;
+    if (budget_ms > 0) dl = std::chrono::steady_clock::now() + std::chrono::milliseconds(budget_ms);
     std::string cursor, err;
-    std::set<std::string> allowed(spec_.allowed_tools.begin(), spec_.allowed_tools.end());
+    std::set<std::string> allowed(only.begin(), only.end());
     for (int page = 0; page < 100; ++page) {
         json params = json::object();
         if (!cursor.empty()) params["cursor"] = cursor;
-        json res = rpc("tools/list", params, err);
+        json res = rpc("tools/list", params, err, dl);
         if (!err.empty()) return "MCP server " + spec_.url + ": tools/list failed: " + err;
         const size_t first = out.size();
         mcp_tools_page(res, allowed, out, cursor);
@@ -221,7 +227,7 @@ ToolResult McpClient::call_tool(const std::string & name, const std::string & ar
     if (!args.is_object()) args = json::object();
     json params = {{"name", name}, {"arguments", args}, {"_meta", {{"io.armada/idempotencyKey", key}}}};
     std::string err;
-    json res = rpc("tools/call", params, err, name);
+    json res = rpc("tools/call", params, err, std::nullopt, name);
     r.latency_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!err.empty()) {
         r.is_error = true;
@@ -242,7 +248,7 @@ std::string import_mcp_tools(const std::vector<McpServerSpec> & servers, std::ve
     for (const auto & m : servers) {
         McpClient c(m, guard, tls);
         std::vector<HttpToolSpec> listed;
-        if (auto err = c.list_tools(listed, budget_ms); !err.empty()) return err;
+        if (auto err = c.list_tools(listed, m.allowed_tools, budget_ms); !err.empty()) return err;
         for (auto & t : listed) {
             if (!names.insert(t.name).second)
                 return "MCP server " + m.url + ": tool '" + t.name + "' clashes with another tool";
@@ -252,7 +258,11 @@ std::string import_mcp_tools(const std::vector<McpServerSpec> & servers, std::ve
     return {};
 }
 
-std::shared_ptr<McpClient> McpClients::get(const std::string & tenant, const McpServerSpec & spec) {
+std::shared_ptr<McpClient> McpClients::get(const std::string & tenant, const McpServerSpec & in) {
+    // Which tools a caller wants is its own business (list_tools takes it); the client is the
+    // connection and the MCP session, shared by calls of one tenant and one header set.
+    McpServerSpec spec = in;
+    spec.allowed_tools.clear();
     std::string key = tenant + '\n' + spec.url + '\n' + (spec.expand_secrets ? "1" : "0") +
                       (spec.follow_redirects ? "1" : "0") + std::to_string(spec.timeout_ms);
     for (const auto & [k, v] : spec.headers)

@@ -33,23 +33,27 @@ class McpClient {
     McpClient(McpServerSpec spec, const SsrfGuard & guard, boost::asio::ssl::context * tls = nullptr)
         : spec_(std::move(spec)), guard_(guard), tls_(tls) {}
 
-    //! Lists the server's tools, following `nextCursor` pages, all within `budget_ms` (0: each
-    //! request within the server's timeout). Returns an error message.
-    std::string list_tools(std::vector<HttpToolSpec> & out, int budget_ms = 0);
+    //! Lists the server's tools named in `allowed` (empty: all), following `nextCursor` pages,
+    //! all within `budget_ms` (0: each request within the server's timeout). Returns an error
+    //! message.
+    std::string list_tools(std::vector<HttpToolSpec> & out, const std::vector<std::string> & allowed,
+                           int budget_ms = 0);
     //! Calls one tool; failures come back as an error result for the model.
     ToolResult call_tool(const std::string & name, const std::string & arguments, const std::string & key);
     //! The protocol version in use ("" before the first request).
     std::string protocol();
 
   private:
-    nlohmann::json rpc(const std::string & method, nlohmann::json params, std::string & err,
+    //! When a whole operation (a listing) must end; each request also keeps the server's timeout.
+    using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+    nlohmann::json rpc(const std::string & method, nlohmann::json params, std::string & err, const Deadline & dl,
                        const std::string & name = {});
     nlohmann::json post(const std::string & method, const nlohmann::json & msg, bool stateless, std::string & err,
-                        int & status, const std::string & name);
+                        int & status, const std::string & name, const Deadline & dl);
     //! Milliseconds the next request may take: the server's timeout, within the deadline.
-    int request_timeout_ms() const;
-    bool ready(std::string & err);
-    bool initialize(std::string & err);
+    int request_timeout_ms(const Deadline & dl) const;
+    bool ready(std::string & err, const Deadline & dl);
+    bool initialize(std::string & err, const Deadline & dl);
 
     McpServerSpec spec_;
     const SsrfGuard & guard_;
@@ -59,8 +63,6 @@ class McpClient {
     std::string session_id_;  // guarded by mu_
     bool stateless_ = false;  // guarded by mu_
     int64_t next_id_ = 1;     // guarded by mu_
-    //! Set while list_tools runs under a budget (one caller at a time holds it).
-    std::optional<std::chrono::steady_clock::time_point> deadline_;
 };
 
 //! MCP clients by tenant, server and header set, so a connection (and an MCP session) opened

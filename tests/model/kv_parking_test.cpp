@@ -449,7 +449,8 @@ TEST(KvSize, BytesPerTokenAgreeWithTheSavedStateWithinFivePercent) {
         EngineConfig c = config(1);
         c.type_k = k;
         c.type_v = v;
-        Engine e(tiny(), c, nullptr);
+        armada::obs::Registry metrics;
+        Engine e(tiny(), c, &metrics);
         ASSERT_EQ(e.start(), "") << ggml_type_name(k) << "/" << ggml_type_name(v);
         run(e, tokens(1, 400), "sess_a", {}, 0, 1);
         run(e, tokens(9, 20), "sess_b", {}, 0, 1);  // takes the sequence: sess_a is saved to RAM
@@ -460,6 +461,9 @@ TEST(KvSize, BytesPerTokenAgreeWithTheSavedStateWithinFivePercent) {
         EXPECT_NEAR(reported / measured, 1.0, 0.05)
             << ggml_type_name(k) << "/" << ggml_type_name(v) << ": reported " << reported << " bytes per token, "
             << "the saved state holds " << measured;
+        // The capacity the node reports is that size times the context's cells.
+        const double total = metrics.gauge("armada_kv_bytes_total", "").value();
+        EXPECT_NEAR(total / (measured * c.n_ctx), 1.0, 0.05) << "armada_kv_bytes_total " << total;
         if (k == GGML_TYPE_F16 && v == GGML_TYPE_F16) f16 = e.kv_bytes_per_cell();
         if (k == GGML_TYPE_Q8_0 && v == GGML_TYPE_Q8_0) EXPECT_LT(e.kv_bytes_per_cell(), f16 * 6 / 10);
     }

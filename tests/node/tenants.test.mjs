@@ -88,6 +88,13 @@ test('an agent declared by one tenant is invisible to another; the operator\'s a
     const list = (await get('/v1/agents', h)).json.data;
     assert.ok(list.some((a) => a.id === 'worker' && a.owner === 'operator'));
   }
+  // Their declaration (URLs, literal header values) is the operator's: admins see it, tenants
+  // see the tools and schemas only.
+  const seen = await get('/v1/agents/worker', A1);
+  assert.equal(seen.status, 200);
+  assert.equal(seen.json.spec, undefined);
+  assert.equal(seen.json.tools[0].parameters.type, 'object');
+  assert.equal((await get('/v1/agents/worker', ADMIN)).json.spec.id, 'worker');
   const replace = await declare('id: worker\ninstructions: mine now\n', A1);
   assert.equal(replace.status, 403, await replace.text());
   assert.equal(await del('/v1/agents/worker', A1), 403);
@@ -182,6 +189,18 @@ test('MCP sessions are kept per tenant and per header set', async () => {
   for (const s of sessions(a3)) assert.ok(!sessions(a1).has(s) && !sessions(b1).has(s));
   assert.ok(a3.every((e) => e['x-tenant-token'] === 'other'));
 
+  // Which tools a request allows is its own, even on a client (and MCP session) it shares.
+  const only = async (allowed) => {
+    const r = await rawPost(srv.base, '/v1/responses', {
+      input: 'x', max_output_tokens: 4, tools: [{ type: 'mcp', server_label: 'ev', server_url: proxy.url, allowed_tools: allowed, headers: same }],
+    }, A1);
+    assert.equal(r.status, 200, r.text);
+    return r.json.output.find((o) => o.type === 'mcp_list_tools').tools.map((t) => t.name).sort();
+  };
+  assert.deepEqual(await only(['get-sum']), ['get-sum']);
+  assert.deepEqual(await only(['echo']), ['echo']);
+  assert.deepEqual(await only(['echo', 'get-sum']), ['echo', 'get-sum']);
+
   // The operator's agent with MCP tools: each tenant's sessions use an MCP session of their own.
   const run = async (h) => {
     const from = proxy.log.length;
@@ -224,6 +243,74 @@ test('an MCP call that is redirected to another origin leaves the headers behind
   }
 });
 
+test('an MCP call redirected within its origin keeps the headers; follow_redirects: false stops', async () => {
+  // One origin that answers /hop with a redirect to its own /mcp, which forwards to the server.
+  const http = await import('node:http');
+  const upstream = new URL(proxy.url);
+  const seenAuth = [];
+  const front = http.createServer((req, res) => {
+    if (req.url === '/hop') {
+      req.resume();
+      res.writeHead(307, { Location: '/mcp' });
+      res.end();
+      return;
+    }
+    seenAuth.push(req.headers.authorization ?? null);
+    const up = http.request({ host: upstream.hostname, port: upstream.port, path: '/mcp', method: req.method, headers: req.headers }, (r) => {
+      res.writeHead(r.statusCode, r.headers);
+      r.pipe(res);
+    });
+    req.pipe(up);
+  });
+  await new Promise((r) => front.listen(0, '127.0.0.1', r));
+  const hop = `http://127.0.0.1:${front.address().port}/hop`;
+  try {
+    const r = await rawPost(srv.base, '/v1/responses', {
+      input: 'x', max_output_tokens: 4,
+      tools: [{ type: 'mcp', server_label: 'ev', server_url: hop, allowed_tools: ['get-sum'], headers: { Authorization: 'Bearer same-origin' } }],
+    }, A1);
+    assert.equal(r.status, 200, r.text);
+    assert.ok(seenAuth.length >= 2 && seenAuth.every((a) => a === 'Bearer same-origin'), JSON.stringify(seenAuth));
+    const stay = await declare(`id: nohop\ntools:\n  - mcp: { url: "${hop}", follow_redirects: false }\n`, A1);
+    assert.equal(stay.status, 400);
+    assert.match((await stay.json()).error.message, /answered HTTP 307 \(a redirect to \/mcp\), and its follow_redirects is false/);
+  } finally {
+    front.close();
+  }
+});
+
+test('an agent declared before tenants existed comes back with its numbers, shared and read-only', async () => {
+  // What builds before this one stored: the YAML re-emitted with every scalar quoted, no tenant.
+  const { spawnSync } = await import('node:child_process');
+  const ldir = tempDir('armada-legacy-');
+  const data = path.join(ldir, 'data');
+  const first = await startServer(['--data-dir', data]);
+  await first.stop();
+  const old = `- "id": "legacy"\n  "min_tool_steps": "1"\n  "answer_without_tools": "true"\n  "limits":\n    "max_steps": "3"\n    "max_tokens_per_step": "64"\n  "tools":\n    - "name": "lookup"\n      "url": "${tools.url}/lookup"\n      "parameters":\n        "type": "object"\n        "properties":\n          "count":\n            "type": "integer"\n            "enum":\n              - "1"\n              - "2"\n            "maximum": "2"\n        "required":\n          - "count"\n`;
+  const py = spawnSync('python3', ['-c', `import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute("INSERT INTO agents VALUES('', 'legacy', ?, '', 1, 1)", (sys.argv[2],)); c.commit()`,
+    path.join(data, 'armada.db'), old], { encoding: 'utf8' });
+  assert.equal(py.status, 0, py.stderr);
+  const s2 = await startServer(['--data-dir', data, '--api-key-file', path.join(dir, 'keys'), '--tool-allow', '127.0.0.1', '-c', '8192']);
+  try {
+    const g = async (route, h) => { const r = await fetch(s2.base + route, { headers: h }); return { status: r.status, json: await r.json() }; };
+    for (const h of [A1, B]) {
+      const a = await g('/v1/agents/legacy', h);
+      assert.equal(a.status, 200);
+      assert.equal(a.json.owner, 'shared');
+      assert.deepEqual(a.json.tools[0].parameters.properties.count.enum, [1, 2]);
+      assert.equal(a.json.tools[0].parameters.properties.count.maximum, 2);
+    }
+    const r = await rawPost(s2.base, '/v1/agents/legacy/sessions', { input: 'x' }, B);
+    const s = await waitFor(s2.base, r.json.id, ['completed', 'failed'], { headers: B });
+    assert.equal(s.state, 'completed', s.reason);
+    assert.equal((await fetch(`${s2.base}/v1/agents/legacy`, { method: 'DELETE', headers: A1 })).status, 403);
+    assert.equal((await fetch(`${s2.base}/v1/agents/legacy`, { method: 'DELETE', headers: ADMIN })).status, 200);
+    assert.equal((await g('/v1/agents/legacy', A1)).status, 404);
+  } finally {
+    await s2.stop();
+  }
+});
+
 test('MCP servers that never answer do not stall the node', { timeout: 120000 }, async () => {
   const silent = await startSilentServer();
   try {
@@ -235,9 +322,10 @@ test('MCP servers that never answer do not stall the node', { timeout: 120000 },
     assert.equal((await chat()).status, 200);
     const usual = Date.now() - t0;
     // 16 Responses requests name the hung server at once.
+    const sent = Date.now();
     const hung = Array.from({ length: 16 }, () => rawPost(srv.base, '/v1/responses', {
       input: 'x', tools: [{ type: 'mcp', server_label: 'dead', server_url: silent.url }],
-    }, A1));
+    }, A1).then((r) => ({ ...r, ms: Date.now() - sent })));
     for (let i = 0; i < 200 && silent.accepted() === 0; i++) await new Promise((r) => setTimeout(r, 25));
     assert.ok(silent.accepted() > 0, 'the hung server was reached');
     const t1 = Date.now();
@@ -255,7 +343,12 @@ test('MCP servers that never answer do not stall the node', { timeout: 120000 },
     // At most 4 of one tenant's calls run at once (--mcp-per-tenant); the rest are refused at once.
     assert.equal(codes.filter((x) => x === 429).length, 12, codes.join(','));
     assert.equal(codes.filter((x) => x === 424).length, 4, codes.join(','));
-    for (const d of done.filter((x) => x.status === 424)) assert.match(d.json.error.message, /no answer within/);
+    for (const d of done.filter((x) => x.status === 424)) {
+      assert.match(d.json.error.message, /no answer within/);
+      // Within the discovery budget (--mcp-discover-ms 3000), whatever the server does.
+      assert.ok(d.ms < 3000 + 2000, `a hung discovery answered after ${d.ms} ms`);
+    }
+    for (const d of done.filter((x) => x.status === 429)) assert.ok(d.ms < 2000, `a refusal took ${d.ms} ms`);
   } finally {
     await silent.close();
   }
