@@ -9,27 +9,12 @@ import path from 'node:path';
 import { startServer, rawPost } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { richAgent, tempDir } from './agents.mjs';
-import { getJson, assertCompleteLog, waitFor } from './session_helpers.mjs';
+import { getJson, assertCompleteLog, assertNoFinishedCallRepeated, waitFor } from './session_helpers.mjs';
 
 const SESSIONS = 32;
 const KILLS = 5;
 const agent = (url, steps) => richAgent(url, 'worker').replace('min_tool_steps: 1', `min_tool_steps: ${steps}`)
   .replace('max_steps: 4', `max_steps: ${steps + 3}`);
-
-// A repeated delivery is allowed only for a call that was outstanding at a kill: sent, and its
-// result not yet durable (the result's step was written after that kill).
-function assertNoFinishedCallRepeated(tools, sessions, kills) {
-  const resultAt = new Map();
-  for (const s of sessions) {
-    for (const st of s.steps.filter((x) => x.kind === 'tool_result')) resultAt.set(st.idempotency_key, st.ts_ms);
-  }
-  for (const [k, n] of tools.replays) {
-    const sent = tools.firstAt.get(k);
-    const done = resultAt.get(k);
-    assert.ok(kills.some((t) => sent <= t && t <= done),
-      `key ${k} was sent ${n + 1} times, but it had finished before any kill (sent ${sent}, result ${done}, kills ${kills})`);
-  }
-}
 
 test('32 sessions survive 5 SIGKILLs without losing or repeating a step', { timeout: 480000 }, async () => {
   const tools = await startToolServer({ minDelayMs: 50, maxDelayMs: 400 });

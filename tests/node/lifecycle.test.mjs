@@ -7,7 +7,7 @@ import path from 'node:path';
 import { startServer, rawPost } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, richAgent, tempDir, writeAgents } from './agents.mjs';
-import { getJson, waitFor, assertCompleteLog } from './session_helpers.mjs';
+import { getJson, waitFor, assertCompleteLog, assertNoFinishedCallRepeated } from './session_helpers.mjs';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const exited = (proc) => new Promise((r) => {
@@ -150,6 +150,80 @@ test('SIGTERM drains: streams finish, the node exits 0, every session completes 
       await tools.close();
     }
   });
+
+test('a second SIGTERM, or the drain deadline, stops at once; the next start resumes the rest', { timeout: 300000 }, async () => {
+  // Tool calls of 2 to 3 s hold the drain open longer than the 1 s deadline.
+  const tools = await startToolServer({ minDelayMs: 2000, maxDelayMs: 3000 });
+  const dir = tempDir('armada-stop-');
+  for (const how of ['second signal', 'deadline']) {
+    for (const m of [tools.effects, tools.replays, tools.firstAt]) m.clear();
+    const args = ['--agents', writeAgents(dir, agentYaml(tools.url)), '--data-dir', path.join(dir, how.replace(' ', '-')),
+      '--tool-allow', '127.0.0.1', '-c', '8192', '--drain-timeout', how === 'deadline' ? '1' : '120'];
+    let srv = await startServer(args);
+    try {
+      const ids = [];
+      for (let i = 0; i < 4; i++) ids.push((await rawPost(srv.base, '/v1/agents/worker/sessions', { input: `t${i}` })).json.id);
+      for (let i = 0; i < 1000 && tools.inFlight() === 0; i++) await sleep(10);
+      assert.ok(tools.inFlight() > 0, 'tool calls are running');
+      const t0 = Date.now();
+      srv.proc.kill('SIGTERM');
+      if (how === 'second signal') {
+        for (let i = 0; i < 200 && (await fetch(srv.base + '/readyz').then((r) => r.status).catch(() => 0)) === 200; i++) await sleep(10);
+        srv.proc.kill('SIGTERM');
+      }
+      const { code } = await exited(srv.proc);
+      const stoppedAt = Date.now();
+      const took = stoppedAt - t0;
+      assert.equal(code, 1, `${how}: the stop is not a finished drain`);
+      assert.ok(took < (how === 'deadline' ? 10000 : 5000), `${how}: stopped after ${took} ms`);
+      assert.match(srv.stdout(), how === 'deadline' ? /stopping before the drain finished \(deadline\)/ : /stopping before the drain finished \(second signal\)/);
+      srv = await startServer(args);
+      const done = [];
+      for (const id of ids) {
+        const s = await waitFor(srv.base, id, ['completed', 'failed'], { timeoutMs: 120000 });
+        assert.equal(s.state, 'completed', `${how}: ${s.reason}`);
+        assertCompleteLog(s, 3);
+        done.push(s);
+      }
+      // Only the calls cut off by the stop went out again.
+      assertNoFinishedCallRepeated(tools, done, [stoppedAt]);
+    } finally {
+      await srv.stop();
+    }
+  }
+  await tools.close();
+});
+
+test('a session mid-run at a crash: its stream resumes by id and goes on to the end', { timeout: 300000 }, async () => {
+  const tools = await startToolServer({ minDelayMs: 400, maxDelayMs: 800 });
+  const dir = tempDir('armada-midrun-');
+  const args = ['--agents', writeAgents(dir, agentYaml(tools.url)), '--data-dir', path.join(dir, 'data'),
+    '--tool-allow', '127.0.0.1', '-c', '8192'];
+  let srv = await startServer(args);
+  try {
+    const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'go' });
+    // Follow it until its first tool result, then crash the node.
+    const before = await sse(`${srv.base}/v1/sessions/${r.json.id}/events`, {}, (e) => e.event === 'tool_result');
+    srv.proc.kill('SIGKILL');
+    await exited(srv.proc);
+    srv = await startServer(args);
+    const storedBefore = before.filter((e) => stored.has(e.event));
+    const last = storedBefore.at(-1).id;
+    // From the last event seen: nothing seen is sent again, and the rest arrives to the end.
+    const rest = await sse(`${srv.base}/v1/sessions/${r.json.id}/events`, { 'Last-Event-ID': last }, ended);
+    const restStored = rest.filter((e) => stored.has(e.event));
+    assert.ok(restStored.every((e) => Number(e.id) > Number(last)), JSON.stringify(restStored.map((e) => e.id)));
+    assert.equal(JSON.parse(restStored.at(-1).data).state, 'completed');
+    // And the whole stream now: what was seen before the crash, with the same ids, then the rest.
+    const all = (await sse(`${srv.base}/v1/sessions/${r.json.id}/events`, {}, ended)).filter((e) => stored.has(e.event));
+    assert.deepEqual(all.slice(0, storedBefore.length).map((e) => [e.id, e.event, e.data]),
+      storedBefore.map((e) => [e.id, e.event, e.data]));
+    assert.deepEqual(all.slice(storedBefore.length).map((e) => e.id), restStored.map((e) => e.id));
+  } finally {
+    await srv.stop();
+    await tools.close();
+  }
+});
 
 test('event ids come from the step log: after a crash every stored event returns with its id', { timeout: 300000 }, async () => {
   const tools = await startToolServer();

@@ -180,6 +180,9 @@ test('2,000 idle keep-alive connections are held and reused; past the cap, 503',
     // While they idle, a client on a new connection is served.
     const r = await rawPost(srv.base, '/v1/chat/completions', chat(8));
     assert.equal(r.status, 200, r.text);
+    // The connections stay idle for a while: idleness is what is tested here, not a wait for
+    // some state to arrive.
+    await sleep(1500);
     // Every connection is still open and usable: each answers a second request.
     const again = await Promise.all(socks.map((s) => new Promise((resolve) => {
       let got = '';

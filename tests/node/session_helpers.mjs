@@ -36,3 +36,19 @@ export function assertCompleteLog(s, toolSteps) {
   assert.equal(roles.filter((r) => r === 'tool').length, toolSteps);
 }
 
+
+// A repeated delivery is allowed only for a call that was outstanding at a kill: sent, and its
+// result not yet durable (the result's step was written after that kill).
+export function assertNoFinishedCallRepeated(tools, sessions, kills) {
+  const resultAt = new Map();
+  for (const s of sessions) {
+    for (const st of s.steps.filter((x) => x.kind === 'tool_result')) resultAt.set(st.idempotency_key, st.ts_ms);
+  }
+  for (const [k, n] of tools.replays) {
+    const sent = tools.firstAt.get(k);
+    const done = resultAt.get(k);
+    assert.ok(kills.some((t) => sent <= t && t <= done),
+      `key ${k} was sent ${n + 1} times, but it had finished before any kill (sent ${sent}, result ${done}, kills ${kills})`);
+  }
+}
+
