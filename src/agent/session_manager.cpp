@@ -553,6 +553,8 @@ std::unique_ptr<SessionManager::Session> SessionManager::rebuild(const store::Se
         s.model_steps = data.value("model_steps", 0);
         s.prompt_tokens = data.value("prompt_tokens", int64_t(0));
         s.completion_tokens = data.value("completion_tokens", int64_t(0));
+        s.compactions = data.value("compactions", 0);
+        s.dropped_tools = data.value("dropped_tools", 0);
     }
     // The context, rebuilt from the log: every durable step, in order, once.
     for (const auto & step : steps) {
@@ -602,7 +604,9 @@ store::SessionRecord SessionManager::record(const Session & s) const {
     r.reason = s.reason;
     r.data = dump(json{{"model_steps", s.model_steps},
                        {"prompt_tokens", s.prompt_tokens},
-                       {"completion_tokens", s.completion_tokens}});
+                       {"completion_tokens", s.completion_tokens},
+                       {"compactions", s.compactions},
+                       {"dropped_tools", s.dropped_tools}});
     r.created_ms = s.created_ms;
     r.updated_ms = clock_.now_ms();
     return r;
@@ -1241,6 +1245,7 @@ std::optional<SessionView> SessionManager::get(const std::string & id, const std
         v.completion_tokens = s->completion_tokens;
         v.created_ms = s->created_ms;
         v.kv_history = s->kv_history;
+        v.compactions = s->compactions;
         v.steps = std::move(steps);
     } else {
         v.steps = store_.steps(id);
