@@ -48,6 +48,15 @@ before(async () => {
     limits: { max_steps: 3, max_tokens_per_step: 96 }
     tools:
       - mcp: { url: "${proxy.url}", allowed_tools: [get-sum] }
+  - id: slowpoke
+    min_tool_steps: 1
+    answer_without_tools: true
+    limits: { max_steps: 3, max_tokens_per_step: 64 }
+    tools:
+      - name: wait
+        url: ${tools.url}/slow
+        timeout_ms: 10000
+        parameters: { type: object, properties: { q: { type: boolean } }, required: [q] }
 ` });
   args = ['--api-key-file', path.join(dir, 'keys'), '--agents', writeAgents(dir, opAgents), '--data-dir',
     path.join(dir, 'data'), '--tool-allow', '127.0.0.1', '-c', '8192', '--metrics-port', '0', '--mcp-discover-ms', '3000'];
@@ -107,6 +116,22 @@ test('an agent declared by one tenant is invisible to another; the operator\'s a
   assert.equal(await del('/v1/agents/rich?tenant=beta', ADMIN), 200);
   assert.equal((await get('/v1/agents/rich', B)).status, 404);
   assert.equal((await get('/v1/agents/rich', A1)).status, 200);
+});
+
+test('a live session is the tenant\'s too: another tenant cannot read, follow, message, cancel or delete it', async () => {
+  const r = await rawPost(srv.base, '/v1/agents/slowpoke/sessions', { input: 'go' }, A1);
+  assert.equal(r.status, 200, r.text);
+  const id = r.json.id;
+  await waitFor(srv.base, id, ['waiting_tool'], { headers: A2 });
+  for (const h of [B, SOLO]) {
+    assert.equal((await get(`/v1/sessions/${id}`, h)).status, 404);
+    assert.equal((await fetch(`${srv.base}/v1/sessions/${id}/events`, { headers: h })).status, 404);
+    assert.equal((await rawPost(srv.base, `/v1/sessions/${id}/messages`, { content: 'x' }, h)).status, 404);
+    assert.equal((await rawPost(srv.base, `/v1/sessions/${id}/cancel`, {}, h)).status, 404);
+    assert.equal(await del(`/v1/sessions/${id}`, h), 404);
+  }
+  assert.equal((await get(`/v1/sessions/${id}`, A1)).json.state, 'waiting_tool', 'untouched by the others');
+  assert.equal((await rawPost(srv.base, `/v1/sessions/${id}/cancel`, {}, A2)).status, 200, 'the tenant\'s other key may');
 });
 
 test('sessions, their events and stored responses belong to the tenant', async () => {
