@@ -104,8 +104,8 @@ std::string mcp_tools_json(const AgentSpec & a) {
     json arr = json::array();
     for (const auto & t : a.tools) {
         if (t.mcp_url.empty()) continue;
-        arr.push_back({{"name", t.name}, {"description", t.description}, {"parameters", t.parameters},
-                       {"mcp_url", t.mcp_url}});
+        arr.push_back(
+            {{"name", t.name}, {"description", t.description}, {"parameters", t.parameters}, {"mcp_url", t.mcp_url}});
     }
     return arr.empty() ? std::string() : dump(arr);
 }
@@ -426,9 +426,10 @@ size_t SessionManager::load_declared_agents(const std::function<std::string(Agen
         }
         a.tenant = legacy ? kSharedTenant : r.tenant;
         if (legacy) {
-            spdlog::warn("agent '{}' was declared before tenants existed; every tenant sees it, read-only, and an "
-                         "admin key may delete it",
-                         a.id);
+            spdlog::warn(
+                "agent '{}' was declared before tenants existed; every tenant sees it, read-only, and an "
+                "admin key may delete it",
+                a.id);
             store::Batch b;
             store::AgentRecord moved = r;
             moved.tenant = kSharedTenant;

@@ -528,11 +528,13 @@ void ResponsesService::create(const json & body, const Caller & caller, std::sha
         std::vector<std::pair<std::string, std::vector<tools::HttpToolSpec>>> listed;
         for (size_t i = 0; i < clients->size(); ++i) {
             listed.emplace_back((*clients)[i].first, std::vector<tools::HttpToolSpec>{});
-            const int left = discover_budget_ms_ - int(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                           std::chrono::steady_clock::now() - t0)
-                                                           .count());
+            const int left =
+                discover_budget_ms_ -
+                int(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+                        .count());
             if (err.empty() && left <= 0) err = "MCP servers: no answer within the time allowed";
-            if (err.empty()) err = (*clients)[i].second->list_tools(listed.back().second, servers[i].second.allowed_tools, left);
+            if (err.empty())
+                err = (*clients)[i].second->list_tools(listed.back().second, servers[i].second.allowed_tools, left);
         }
         net::post(run->strand, [this, run, clients, listed = std::move(listed), err] {
             try {

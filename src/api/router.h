@@ -10,8 +10,8 @@
 
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <memory>
+#include <mutex>
 
 namespace armada::api {
 

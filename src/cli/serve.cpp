@@ -428,8 +428,9 @@ int serve(const ServeOptions & opt) {
     // Probes. Live: the engines' loops turn (a stuck decode for two minutes is not alive).
     // Ready: loaded and warm (set_service below), not draining, and a write reaches the store.
     api::StoreReadiness store_ready(*st, http.executor());
-    router.set_probes({[&eng] { return eng.stalled(120000); },
-                       [&store_ready](std::function<void(std::string)> answer) { store_ready.check(std::move(answer)); }});
+    router.set_probes(
+        {[&eng] { return eng.stalled(120000); },
+         [&store_ready](std::function<void(std::string)> answer) { store_ready.check(std::move(answer)); }});
     router.set_service(&svc, &eng, &sessions_api, &responses);
     printf("armada: ready, model %s, %d sequences x %d tokens%s\n", model->id().c_str(), opt.engine.n_seq_max,
            eng.n_ctx_seq(), n_engines > 1 ? (" on " + std::to_string(n_engines) + " engines").c_str() : "");

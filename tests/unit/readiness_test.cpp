@@ -26,7 +26,8 @@ class SilentStore : public store::ForwardingStore {
 };
 
 struct Rig {
-    std::string dir = (std::filesystem::temp_directory_path() / ("armada-ready-" + std::to_string(::getpid()))).string();
+    std::string dir =
+        (std::filesystem::temp_directory_path() / ("armada-ready-" + std::to_string(::getpid()))).string();
     std::unique_ptr<store::SqliteStore> sqlite;
     boost::asio::io_context io;
     boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work = boost::asio::make_work_guard(io);
