@@ -61,7 +61,7 @@ nlohmann::json to_json(const YAML::Node & n) {
             if (s == "false") return false;
             if (s == "null" || s == "~") return nullptr;
             // Only what JSON would read as a number becomes one ("nan", "0x10" and "1_000" stay text).
-            const nlohmann::json num = looks_like_number(s) ? nlohmann::json::parse(s, nullptr, false) : nullptr;
+            nlohmann::json num = looks_like_number(s) ? nlohmann::json::parse(s, nullptr, false) : nullptr;
             if (num.is_number()) return num;
             return s;
         }
