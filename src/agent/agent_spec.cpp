@@ -40,18 +40,32 @@ bool looks_like_number(const std::string & s) {
 // then say nothing about the type, so a quoted number is read as a number again.
 thread_local bool g_unquote = false;
 
-nlohmann::json to_json(const YAML::Node & n) {
+// YAML aliases can make a node contain itself (`a: &x [*x]`): every walk over a node stops at
+// this depth instead of recursing forever.
+constexpr int kMaxDepth = 64;
+
+[[noreturn]] void too_deep(const std::string & where) {
+    throw SpecError{where + ": is nested deeper than " + std::to_string(kMaxDepth) +
+                    " levels (or an alias refers to itself)"};
+}
+
+nlohmann::json to_json(const YAML::Node & n, int depth = 0) {
+    if (depth > kMaxDepth) too_deep("agent");
     switch (n.Type()) {
         case YAML::NodeType::Map: {
             nlohmann::json j = nlohmann::json::object();
-            for (const auto & kv : n)
-                j[kv.first.as<std::string>()] = to_json(kv.second);
+            for (const auto & kv : n) {
+                const std::string key = kv.first.as<std::string>();
+                // A field named twice would be read one way here and the other way elsewhere.
+                if (j.contains(key)) throw SpecError{"agent: the key '" + key + "' appears twice in one map"};
+                j[key] = to_json(kv.second, depth + 1);
+            }
             return j;
         }
         case YAML::NodeType::Sequence: {
             nlohmann::json j = nlohmann::json::array();
             for (const auto & v : n)
-                j.push_back(to_json(v));
+                j.push_back(to_json(v, depth + 1));
             return j;
         }
         case YAML::NodeType::Scalar: {
@@ -146,7 +160,8 @@ bool boolean(const YAML::Node & n, const std::string & where, bool def) {
 
 // A client's agent is literal text: a secret reference in it would make the server read its
 // own environment or files on the client's say-so.
-void refuse_secret_references(const YAML::Node & n, const std::string & where) {
+void refuse_secret_references(const YAML::Node & n, const std::string & where, int depth = 0) {
+    if (depth > kMaxDepth) too_deep(where);
     if (n.IsScalar()) {
         if (has_secret_reference(n.Scalar())) {
             fail(where,
@@ -156,12 +171,12 @@ void refuse_secret_references(const YAML::Node & n, const std::string & where) {
     } else if (n.IsMap()) {
         for (const auto & kv : n) {
             const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "?";
-            refuse_secret_references(kv.first, where + "." + k);
-            refuse_secret_references(kv.second, where + "." + k);
+            refuse_secret_references(kv.first, where + "." + k, depth + 1);
+            refuse_secret_references(kv.second, where + "." + k, depth + 1);
         }
     } else if (n.IsSequence()) {
         for (size_t i = 0; i < n.size(); ++i)
-            refuse_secret_references(n[i], where + "[" + std::to_string(i) + "]");
+            refuse_secret_references(n[i], where + "[" + std::to_string(i) + "]", depth + 1);
     }
 }
 
@@ -180,7 +195,8 @@ HttpToolSpec parse_tool(const YAML::Node & n, const std::string & where) {
     t.description = str(n["description"], where + ".description", false);
     nlohmann::json params = n["parameters"] ? to_json(n["parameters"]) : nlohmann::json{{"type", "object"}};
     check_schema(params, where + ".parameters");
-    t.parameters = params.dump();
+    // Bytes that are not UTF-8 become U+FFFD (dump would throw on them).
+    t.parameters = params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     t.url = str(n["url"], where + ".url", true);
     if (t.url.rfind("http://", 0) != 0 && t.url.rfind("https://", 0) != 0)
         fail(where + ".url", "must be http:// or https://");
@@ -235,6 +251,7 @@ common_chat_tool_choice parse_choice(const YAML::Node & n, const std::string & w
 AgentSpec parse_agent(const YAML::Node & n, const std::string & where, const ParseOptions & opt) {
     if (!n.IsMap()) fail(where, "must be a map");
     if (!opt.from_operator) refuse_secret_references(n, where);
+    const nlohmann::json canonical = to_json(n);  // also refuses a key named twice
     check_keys(n, where,
                {"id", "model", "instructions", "tools", "sampling", "limits", "tool_choice", "min_tool_steps",
                 "answer_without_tools", "parallel_tool_calls"});
@@ -300,7 +317,7 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where, const Par
         t.expand_secrets = opt.from_operator;
     for (auto & m : a.mcp_servers)
         m.expand_secrets = opt.from_operator;
-    a.source = to_json(n).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    a.source = canonical.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     return a;
 }
 

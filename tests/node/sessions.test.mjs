@@ -257,6 +257,22 @@ test('invalid agents are refused with the field and the reason', async () => {
   const body = await bad.json();
   assert.match(body.error.message, /agent\.tools\[0\]\.parameters\.properties\.a\.type: 'wrong' is not a JSON Schema type/);
 
+  // Aliases that make a node contain itself, found by fuzzing: a clear 400, not a stack overflow.
+  for (const body of ['id: loop\nparameters: x\nx: &a [*a]\n',
+    'id: loop\ntools:\n  - name: t\n    url: http://a/\n    parameters: &p { type: object, properties: { n: *p } }\n']) {
+    const r = await fetch(`${srv.base}/v1/agents`, { method: 'POST', body });
+    assert.equal(r.status, 400, body);
+    assert.match((await r.json()).error.message, /nested deeper than 64 levels \(or an alias refers to itself\)/);
+  }
+  // Bytes that are not UTF-8 in a schema's key (also found by fuzzing) become U+FFFD, not a 500.
+  const bin = Buffer.concat([Buffer.from('{"id":"bytes","tools":[{"name":"t","url":"http://a/","parameters":{"type":"object","'),
+    Buffer.from([0x9a, 0x8d]), Buffer.from('":{"type":"string"}}}]}')]);
+  const rb = await fetch(`${srv.base}/v1/agents`, { method: 'POST', body: bin });
+  assert.equal(rb.status, 200, await rb.text());
+  const bytes = await (await fetch(`${srv.base}/v1/agents/bytes`)).json();
+  assert.deepEqual(Object.keys(bytes.tools[0].parameters.properties), ['\ufffd\ufffd']);
+  assert.equal((await fetch(srv.base + '/health')).status, 200);
+
   const d = tempDir('armada-badagent-');
   const file = writeAgents(d, 'agents:\n  - id: a\n    limits: { max_steps: -3 }\n');
   const out = spawnSync(process.env.ARMADA_BIN, ['serve', '-m', tinyModel, '--port', '0', '--agents', file,
