@@ -450,9 +450,8 @@ size_t SessionManager::load_declared_agents(const std::function<std::string(Agen
     return n;
 }
 
-std::pair<std::string, int32_t> SessionManager::shared_prefix(const Session & s, const AgentSpec & a,
-                                                              const std::vector<common_chat_tool> & tools,
-                                                              common_chat_tool_choice choice) {
+int32_t SessionManager::shared_prefix(const Session & s, const AgentSpec & a,
+                                      const std::vector<common_chat_tool> & tools, common_chat_tool_choice choice) {
     // The agent's instructions and tool schemas render the same way for every session: find
     // those tokens once per agent and tool_choice, by rendering two different user messages and
     // keeping what they share.
@@ -485,13 +484,11 @@ std::pair<std::string, int32_t> SessionManager::shared_prefix(const Session & s,
     const engine::Tokens & p = it->second;
     if (p.size() < 16 || !s.turn || s.turn->prompt.size() <= p.size() ||
         !std::equal(p.begin(), p.end(), s.turn->prompt.begin())) {
-        return {{}, 0};
+        return 0;
     }
-    // Keyed by the tenant too: a prefix is never shared across tenants (it would leak by timing).
-    char hex[20];
-    snprintf(hex, sizeof hex, "%016llx",
-             static_cast<unsigned long long>(engine::fnv1a64(p.data(), p.size() * sizeof(llama_token))));
-    return {"prefix|" + s.owner + "|" + a.id + "|" + hex, int32_t(p.size())};
+    // The engine's prompt cache keys it by content and tenant (req->tenant): never shared across
+    // tenants, since a hit would tell one tenant, by timing, what another sent.
+    return int32_t(p.size());
 }
 
 size_t SessionManager::live_sessions() const {
@@ -935,7 +932,8 @@ void SessionManager::model_step(Session & s) {
     }
     req->session = s.id;
     req->account = s.owner;
-    std::tie(req->prefix_key, req->prefix_len) = shared_prefix(s, a, tools, choice);
+    req->tenant = s.owner;
+    req->prefix_len = shared_prefix(s, a, tools, choice);
     const uint64_t gen = ++s.gen;
     s.gen_text.clear();
     s.gen_cancel = req->cancelled;

@@ -204,9 +204,8 @@ class SessionManager {
     void update_survival();
     //! Runs `fn` on `on` (default: the I/O pool) unless the manager is gone by then.
     void post(std::function<void()> fn, const boost::asio::any_io_executor & on = {});
-    std::pair<std::string, int32_t> shared_prefix(const Session & s, const AgentSpec & a,
-                                                  const std::vector<common_chat_tool> & tools,
-                                                  common_chat_tool_choice choice);
+    int32_t shared_prefix(const Session & s, const AgentSpec & a, const std::vector<common_chat_tool> & tools,
+                          common_chat_tool_choice choice);
     void after_ms(int ms, std::function<void()> fn);
 
     engine::ChatFormat & format_;

@@ -359,13 +359,14 @@ OpenAIService::OpenAIService(std::shared_ptr<engine::Model> model, engine::Engin
 OpenAIService::~OpenAIService() = default;
 
 void OpenAIService::submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs,
-                           const std::string & account) {
+                           const std::string & account, const std::string & tenant) {
     job->engine = &engine_;
     job->metrics = &metrics_;
     for (size_t i = 0; i < reqs.size(); ++i) {
         job->choices[i].cancelled = reqs[i]->cancelled;
         reqs[i]->sink = job->sink(i);
         reqs[i]->account = account;
+        reqs[i]->tenant = tenant;
     }
     // All choices or none: a partially accepted request would leave the client waiting.
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -392,7 +393,8 @@ void OpenAIService::submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr
     if (job->stream) job->out->start_stream(200);
 }
 
-void OpenAIService::chat(const json & body, const std::string & account, std::shared_ptr<Responder> out) {
+void OpenAIService::chat(const json & body, const std::string & account, const std::string & tenant,
+                         std::shared_ptr<Responder> out) {
     ChatSpec spec = parse_chat(body, model_->n_vocab(), limits_);
     if (!engine_.has_room(spec.sampling.n)) throw at_capacity();
     auto turn = std::make_shared<engine::ChatTurn>(
@@ -418,10 +420,11 @@ void OpenAIService::chat(const json & body, const std::string & account, std::sh
         reqs.push_back(
             format_.request(*turn, spec.sampling, engine_.n_ctx_seq(), engine::choice_seed(spec.sampling, i)));
     }
-    submit(job, std::move(reqs), account);
+    submit(job, std::move(reqs), account, tenant);
 }
 
-void OpenAIService::completion(const json & body, const std::string & account, std::shared_ptr<Responder> out) {
+void OpenAIService::completion(const json & body, const std::string & account, const std::string & tenant,
+                               std::shared_ptr<Responder> out) {
     SamplingSpec s = parse_sampling(body, model_->n_vocab(), limits_);
     if (!engine_.has_room(s.n)) throw at_capacity();
     engine::Tokens prompt;
@@ -460,7 +463,7 @@ void OpenAIService::completion(const json & body, const std::string & account, s
     for (int32_t i = 0; i < s.n; ++i) {
         reqs.push_back(engine::plain_request(*model_, prompt, s, engine_.n_ctx_seq(), engine::choice_seed(s, i)));
     }
-    submit(job, std::move(reqs), account);
+    submit(job, std::move(reqs), account, tenant);
 }
 
 json OpenAIService::models() const {

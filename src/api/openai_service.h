@@ -26,15 +26,18 @@ class OpenAIService {
     ~OpenAIService();
 
     //! `account` is the hashed API key the tokens are charged to.
-    void chat(const json & body, const std::string & account, std::shared_ptr<Responder> out);
-    void completion(const json & body, const std::string & account, std::shared_ptr<Responder> out);
+    //! `tenant`: whose KV this is (the prompt cache never crosses tenants); `account`: who pays.
+    void chat(const json & body, const std::string & account, const std::string & tenant,
+              std::shared_ptr<Responder> out);
+    void completion(const json & body, const std::string & account, const std::string & tenant,
+                    std::shared_ptr<Responder> out);
     json models() const;
     const std::string & model_id() const { return model_->id(); }
 
   private:
     struct Job;
     void submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs,
-                const std::string & account);
+                const std::string & account, const std::string & tenant);
 
     std::shared_ptr<engine::Model> model_;
     engine::EngineSet & engine_;

@@ -364,6 +364,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         }
         req->sink = [self = shared_from_this()](engine::GenEvent && ev) { self->push(std::move(ev)); };
         req->account = account;
+        req->tenant = owner;
         if (engine->submit(std::move(req)) != engine::SubmitStatus::Accepted) {
             engine::GenEvent ev;
             ev.finish = engine::FinishReason::Error;
@@ -579,6 +580,7 @@ void ResponsesService::begin(const std::shared_ptr<Run> & run) {
     auto req = format_.request(*run->turn, run->so, engine_.n_ctx_seq(), engine::choice_seed(run->so, 0));
     req->sink = [run](engine::GenEvent && ev) { run->push(std::move(ev)); };
     req->account = run->account;
+    req->tenant = run->owner;
     auto cancelled = req->cancelled;
     const auto st = engine_.submit(std::move(req));
     if (st == engine::SubmitStatus::QueueFull) throw at_capacity();

@@ -38,9 +38,67 @@ void Router::count(const std::string & route, int code) {
         .inc();
 }
 
+Router::CacheTotals Router::cache_totals() const {
+    CacheTotals t;
+    const auto * set = engines_.load();
+    if (!set) return t;
+    for (size_t i = 0; i < set->size(); ++i) {
+        const auto & e = set->at(i);
+        const auto * c = e.prefix_cache();
+        if (!c) continue;
+        t.enabled = true;
+        t.lookups += c->lookups.load();
+        t.hits += c->hits.load();
+        t.tokens_saved += c->tokens_saved.load();
+        t.saves += c->inserts.load();
+        const auto p = e.pool().stats();
+        t.ram_entries += p.cache_ram_entries;
+        t.disk_entries += p.cache_disk_entries;
+        t.ram_bytes += p.cache_ram_bytes;
+        t.disk_bytes += p.cache_disk_bytes;
+        t.evictions += p.cache_evicted;
+    }
+    return t;
+}
+
+std::string Router::cache_json() const {
+    const CacheTotals t = cache_totals();
+    const double rate = t.lookups ? double(t.hits) / double(t.lookups) : 0.0;
+    return dump(json{{"object", "prompt_cache"},
+                     {"enabled", t.enabled},
+                     {"block_tokens", engine::PrefixCache::kBlock},
+                     {"requests", t.lookups},
+                     {"hits", t.hits},
+                     {"hit_rate", rate},
+                     {"tokens_saved", t.tokens_saved},
+                     {"saves", t.saves},
+                     {"evictions", t.evictions},
+                     {"entries", {{"ram", t.ram_entries}, {"disk", t.disk_entries}}},
+                     {"bytes", {{"ram", t.ram_bytes}, {"disk", t.disk_bytes}}}});
+}
+
 std::string Router::render_metrics() {
     const auto * set = engines_.load();
     if (!set) return metrics_.render();
+    if (const CacheTotals t = cache_totals(); t.enabled) {
+        auto sync = [this](const char * name, const char * help, uint64_t v) {
+            auto & c = metrics_.counter(name, help);
+            if (v > c.value()) c.inc(v - c.value());
+        };
+        sync("armada_prompt_cache_requests_total", "Generation requests the prompt cache saw", t.lookups);
+        sync("armada_prompt_cache_hits_total", "Requests that reused at least one cached block of their prompt",
+             t.hits);
+        sync("armada_prompt_cache_tokens_saved_total", "Prompt tokens reused instead of computed", t.tokens_saved);
+        sync("armada_prompt_cache_evictions_total", "Prompt-cache entries evicted for room", t.evictions);
+        metrics_.gauge("armada_prompt_cache_hit_ratio", "Hits over requests since start")
+            .set(t.lookups ? double(t.hits) / double(t.lookups) : 0.0);
+        metrics_.gauge("armada_prompt_cache_entries", "Prompt-cache entries by tier", {{"tier", "ram"}})
+            .set(double(t.ram_entries));
+        metrics_.gauge("armada_prompt_cache_entries", "", {{"tier", "disk"}}).set(double(t.disk_entries));
+        metrics_.gauge("armada_prompt_cache_bytes", "Prompt-cache bytes by tier", {{"tier", "ram"}})
+            .set(double(t.ram_bytes));
+        metrics_.gauge("armada_prompt_cache_bytes", "", {{"tier", "disk"}}).set(double(t.disk_bytes));
+    }
     // Node totals over every engine, then a few gauges per engine.
     int64_t active = 0, queued = 0;
     double kv_used = 0, budget = 0;
@@ -184,6 +242,15 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         count(route_name, 200);
         return;
     }
+    if (p == "/v1/cache") {
+        route_name = p;
+        if (!get) throw ApiError(405, "use GET for /v1/cache");
+        // Node-wide figures over every tenant: an operator's view.
+        if (!caller.admin) throw ApiError(403, "/v1/cache needs an admin key", {}, "permission_denied");
+        out->send(200, "application/json", cache_json());
+        count(route_name, 200);
+        return;
+    }
     if (draining_.load()) {
         route_name = "draining";
         ApiError e(503, "the node is shutting down (draining); retry on another node or after its restart", {},
@@ -257,9 +324,9 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
     }
     const json body = parse_request_body(req.body);
     if (p == "/v1/chat/completions") {
-        svc->chat(body, caller.account, out);
+        svc->chat(body, caller.account, caller.tenant, out);
     } else {
-        svc->completion(body, caller.account, out);
+        svc->completion(body, caller.account, caller.tenant, out);
     }
 }
 

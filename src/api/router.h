@@ -51,6 +51,14 @@ class Router {
     //! Refuses with 429 when the key is over its requests or tokens per minute.
     void check_rate(const HttpRequest & req, const std::string & account);
     std::string render_metrics();
+    //! The prompt cache over every engine (GET /v1/cache, /metrics).
+    struct CacheTotals {
+        bool enabled = false;
+        uint64_t lookups = 0, hits = 0, tokens_saved = 0, saves = 0, evictions = 0;
+        uint64_t ram_entries = 0, disk_entries = 0, ram_bytes = 0, disk_bytes = 0;
+    };
+    CacheTotals cache_totals() const;
+    std::string cache_json() const;
     template <class F>
     void guarded(HttpRequest & req, const std::shared_ptr<Responder> & out, F && f);
 

@@ -333,7 +333,25 @@ class Bench {
         json messages = json::array(
             {{{"role", "system"}, {"content", instructions_}},
              {{"role", "user"}, {"content", "Task " + std::to_string(i) + ": " + words(12, opt_.seed + uint64_t(i))}}});
-        std::mt19937_64 rng(opt_.seed + uint64_t(i) * 7919);
+        const int turns = std::max(1, opt_.user_turns);
+        for (int turn = 0; turn < turns; ++turn) {
+            if (turn > 0) {
+                // A person reads the answer and writes the next message.
+                std::this_thread::sleep_for(std::chrono::duration<double>(opt_.think_s));
+                messages.push_back({{"role", "user"},
+                                    {"content", "Next " + std::to_string(turn) + ": " +
+                                                    words(12, opt_.seed + uint64_t(i) * 31 + uint64_t(turn))}});
+            }
+            if (!client_turn(res, messages, i)) return res;
+        }
+        res.end_s = now();
+        res.ok = true;
+        return res;
+    }
+
+    //! One user turn of a client-side conversation: tool steps, then the answer, which joins
+    //! `messages`. False when the run failed (res says why).
+    bool client_turn(SessionResult & res, json & messages, int i) {
         for (int step = 0; step <= opt_.steps; ++step) {
             const bool answer = step == opt_.steps;
             json req = {{"messages", messages}, {"max_tokens", answer ? opt_.answer_tokens : opt_.step_tokens},
@@ -385,12 +403,18 @@ class Bench {
                     args.clear();
                     t_first = -1;
                 });
-            if (r.status != 200) return fail(res, r);
+            if (r.status != 200) {
+                fail(res, r);
+                return false;
+            }
             res.step_s.push_back(now() - t_step);
             if (t_first >= 0) res.ttft_s.push_back(t_first - t_step);
             res.prompt_tokens += pt;
             res.gen_tokens += ct;
-            if (answer) break;
+            if (answer) {
+                messages.push_back({{"role", "assistant"}, {"content", content}});
+                break;
+            }
             // A step that did not produce a valid call is counted, and a stand-in call keeps the
             // token work of both targets the same.
             const json parsed = json::parse(args, nullptr, false);
@@ -410,12 +434,13 @@ class Bench {
                                                              {"function", {{"name", name}, {"arguments", args}}}}})}});
             const auto t = http_call("POST", tools_url_ + "/" + name, args, {{"Content-Type", "application/json"}},
                                      opt_.timeout_s * 1000);
-            if (t.status != 200) return fail(res, t, "tool");
+            if (t.status != 200) {
+                fail(res, t, "tool");
+                return false;
+            }
             messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", t.body}});
         }
-        res.end_s = now();
-        res.ok = true;
-        return res;
+        return true;
     }
 
     static SessionResult & fail(SessionResult & res, const HttpResult & r, const std::string & what = "server") {

@@ -27,6 +27,8 @@ struct AgentsBenchOptions {
     int concurrency = 16;  // closed loop: sessions in flight
     double rate = 0;       // > 0: open loop, new sessions per second (Poisson)
     int steps = 3;         // tool steps per session; then one answer
+    int user_turns = 1;    // chat mode: user messages per conversation, each followed by steps + answer
+    double think_s = 0;    // chat mode: the user's think time before each turn after the first
     int instruction_tokens = 700;
     int tools = 4;
     LatencyDist tool_latency;

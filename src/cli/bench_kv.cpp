@@ -66,8 +66,7 @@ class Runner {
     explicit Runner(Engine & e) : e_(e) {}
 
     std::unique_ptr<engine::GenRequest> make(const Tokens & prompt, const std::string & session,
-                                             const std::string & prefix_key = {}, int prefix_len = 0,
-                                             int max_tokens = 1) {
+                                             const std::string & tenant = {}, int prefix_len = 0, int max_tokens = 1) {
         auto r = std::make_unique<engine::GenRequest>();
         r->prompt = prompt;
         engine::FastSamplerParams sp;
@@ -75,7 +74,7 @@ class Runner {
         r->fast = std::make_unique<engine::FastSampler>(sp);
         r->max_tokens = max_tokens;
         r->session = session;
-        r->prefix_key = prefix_key;
+        r->tenant = tenant;
         r->prefix_len = prefix_len;
         return r;
     }
@@ -230,16 +229,17 @@ PrefixRow prefix(const std::shared_ptr<engine::Model> & m, const BenchKvOptions 
     const Tokens pfx = tokens(4242, opt.prefix_tokens);
     std::vector<double> with, without;
     for (bool shared : {false, true}) {
-        Engine e(m, base_config(opt, 2, n_ctx_seq, {}), nullptr);
+        auto cfg = base_config(opt, 2, n_ctx_seq, {});
+        cfg.prefix_cache = shared;
+        Engine e(m, cfg, nullptr);
         if (!e.start().empty()) return row;
         Runner r(e);
         for (int i = 0; i <= n; ++i) {
             const Tokens p = concat(pfx, tokens(500 + i, 40));
-            const std::string key = shared ? "prefix|bench" : "prefix|bench|" + std::to_string(i);
-            const GenEvent ev = r.one(r.make(p, "sess" + std::to_string(i), key, opt.prefix_tokens));
+            const GenEvent ev = r.one(r.make(p, "sess" + std::to_string(i), "bench", opt.prefix_tokens));
             if (i == 0) continue;  // the first session computes it in both runs
             (shared ? with : without).push_back(ev.ttft_s * 1000);
-            if (ev.kv_source == "prefix") ++row.hits;
+            if (ev.kv_source == "prefix" || ev.kv_source == "copy") ++row.hits;
         }
     }
     row.without_ms = median(without);
@@ -315,6 +315,54 @@ CapacityRow capacity(const std::shared_ptr<engine::Model> & m, const BenchKvOpti
     const auto ps = e.pool().stats();
     row.ram_bytes = ps.ram_bytes;
     row.disk_bytes = ps.disk_bytes;
+    return row;
+}
+
+struct FloodRow {
+    int requests = 0, errors = 0;
+    uint64_t rss_base = 0, rss_peak = 0, cache_ram = 0, evicted = 0, saves = 0, budget = 0;
+};
+
+// Prompt-cache flood: anonymous requests with distinct prompts, no disk tier. Every finished
+// request becomes a cache entry; eviction must keep them inside the KV budget.
+FloodRow cache_flood(const std::shared_ptr<engine::Model> & m, const BenchKvOptions & opt) {
+    FloodRow row;
+    EngineConfig c = base_config(opt, opt.seqs, ((opt.session_tokens + 64 + 255) / 256) * 256, {});
+    c.kv_budget = engine::parse_size(opt.budget).value_or(2ull << 30);
+    row.budget = c.kv_budget;
+    Engine e(m, c, nullptr);
+    if (auto err = e.start(); !err.empty()) {
+        fprintf(stderr, "engine: %s\n", err.c_str());
+        row.errors = 1;
+        return row;
+    }
+    row.rss_base = rss_bytes();
+    std::atomic<bool> sampling{true};
+    std::atomic<uint64_t> peak{row.rss_base};
+    std::thread sampler([&] {
+        while (sampling) {
+            peak = std::max<uint64_t>(peak, rss_bytes());
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    });
+    Runner r(e);
+    const int wave = opt.seqs * 8;
+    for (int base = 0; base < opt.cache_flood; base += wave) {
+        std::vector<std::unique_ptr<engine::GenRequest>> reqs;
+        for (int i = base; i < std::min(opt.cache_flood, base + wave); ++i)
+            reqs.push_back(r.make(tokens(100000 + i, opt.session_tokens), {}, "flood", 0, 2));
+        for (const auto & ev : r.all(std::move(reqs)))
+            (ev.finish == engine::FinishReason::Error ? row.errors : row.requests)++;
+        fprintf(stderr, "\rprompt-cache flood: %d/%d   ", row.requests, opt.cache_flood);
+    }
+    fputc('\n', stderr);
+    sampling = false;
+    sampler.join();
+    row.rss_peak = peak;
+    const auto ps = e.pool().stats();
+    row.cache_ram = ps.cache_ram_bytes;
+    row.evicted = ps.cache_evicted;
+    row.saves = e.prefix_cache() ? e.prefix_cache()->inserts.load() : 0;
     return row;
 }
 
@@ -404,6 +452,38 @@ int bench_kv(const BenchKvOptions & opt) {
             if (park && c.resumed_from_kv != c.created) {
                 fprintf(stderr, "error: %d of %d sessions re-prefilled although parking was on\n",
                         c.created - c.resumed_from_kv, c.created);
+                rc = 1;
+            }
+        }
+    }
+    if (opt.cache_flood > 0) {
+        const FloodRow f = cache_flood(m, opt);
+        std::ostringstream line;
+        line << "| " << f.requests << " | " << f.errors << " | " << f.saves << " | " << f.evicted << " | "
+             << mb(f.cache_ram) << " | " << mb(f.rss_base) << " | " << mb(f.rss_peak) << " | " << mb(f.budget) << " | "
+             << mb(m->size_bytes()) << " |\n";
+        md << "| cache flood requests | errors | entries saved | evicted | cache RAM MiB | RSS start MiB | RSS peak "
+              "MiB | budget MiB | weights MiB |\n|---|---|---|---|---|---|---|---|---|\n"
+           << line.str();
+        fputs(line.str().c_str(), stdout);
+        if (f.errors > 0) rc = 1;
+        // Every request left an entry behind; with no disk tier, only eviction keeps them in bounds.
+        if (f.saves + 2 * uint64_t(opt.seqs) < uint64_t(f.requests) || f.evicted == 0) {
+            fprintf(stderr,
+                    "error: the flood saved %llu entries and evicted %llu: the prompt cache was not exercised\n",
+                    static_cast<unsigned long long>(f.saves), static_cast<unsigned long long>(f.evicted));
+            rc = 1;
+        }
+        if (f.cache_ram > f.budget) {
+            fprintf(stderr, "error: the prompt cache holds %s MiB in RAM, over the %s MiB budget\n",
+                    mb(f.cache_ram).c_str(), mb(f.budget).c_str());
+            rc = 1;
+        }
+        if (opt.max_rss_overhead_mb > 0) {
+            const double limit = double(f.budget + m->size_bytes()) + opt.max_rss_overhead_mb * 1048576.0;
+            if (double(f.rss_peak) > limit) {
+                fprintf(stderr, "error: peak RSS %s MiB in the cache flood exceeds budget + weights + %.0f MiB\n",
+                        mb(f.rss_peak).c_str(), opt.max_rss_overhead_mb);
                 rc = 1;
             }
         }

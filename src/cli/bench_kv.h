@@ -21,8 +21,9 @@ struct BenchKvOptions {
     bool skip_latency = false, skip_prefix = false, skip_capacity = false;
     bool capacity_without_parking = true;  // also run the capacity phase with parking off
     double max_rss_overhead_mb = 0;        // > 0: fail if peak RSS > budget + weights + this
-    std::string dir;                       // spill directory (default: a temporary one)
-    std::string output;                    // Markdown report, optional
+    int cache_flood = 0;  // > 0: that many anonymous requests with distinct prompts fill the prompt cache
+    std::string dir;      // spill directory (default: a temporary one)
+    std::string output;   // Markdown report, optional
 };
 
 int bench_kv(const BenchKvOptions & opt);

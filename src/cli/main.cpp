@@ -172,6 +172,8 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
         ->capture_default_str();
     cmd->add_flag("--no-park", o.no_park, "keep no session KV between requests (re-prefill every step)")
         ->envname("ARMADA_NO_PARK");
+    cmd->add_flag("--no-prefix-cache", o.no_prefix_cache,
+                  "do not keep finished requests' KV for later requests with the same prompt prefix");
     cmd->add_flag("--no-kv-journal", o.no_kv_journal,
                   "do not write each session's KV to DATA_DIR/kv/journal after every step (a crash then "
                   "re-prefills)")
@@ -288,6 +290,9 @@ int main(int argc, char ** argv) {
     bkv->add_flag("--skip-latency", bk.skip_latency);
     bkv->add_flag("--skip-prefix", bk.skip_prefix);
     bkv->add_flag("--skip-capacity", bk.skip_capacity);
+    bkv->add_option("--cache-flood", bk.cache_flood,
+                    "then send this many anonymous requests with distinct prompts (no disk tier): the prompt "
+                    "cache must stay inside --kv-budget by evicting");
     bool park_only = false;
     bkv->add_flag("--parking-only", park_only, "capacity phase with parking on only");
     bkv->add_option("--dir", bk.dir, "spill directory (default: temporary)");
@@ -309,6 +314,11 @@ int main(int argc, char ** argv) {
     bag->add_option("--concurrency", ba.concurrency, "closed loop: sessions in flight")->capture_default_str();
     bag->add_option("--rate", ba.rate, "open loop: new sessions per second (overrides --concurrency)");
     bag->add_option("--steps", ba.steps, "tool steps per session (then one answer)")->capture_default_str();
+    bag->add_option("--user-turns", ba.user_turns,
+                    "chat mode: user messages per conversation, each answered after its tool steps")
+        ->capture_default_str();
+    bag->add_option("--think", ba.think_s, "chat mode: seconds a user thinks before each later turn")
+        ->capture_default_str();
     bag->add_option("--instruction-tokens", ba.instruction_tokens, "shared instruction length (about)")
         ->capture_default_str();
     bag->add_option("--tools", ba.tools, "tool schemas offered")->capture_default_str();

@@ -198,6 +198,7 @@ int serve(const ServeOptions & opt) {
     }
     ecfg.park = !opt.no_park;
     ecfg.kv_journal = !opt.no_kv_journal;
+    ecfg.prefix_cache = !opt.no_prefix_cache;
     if (ecfg.kv_dir.empty()) ecfg.kv_dir = opt.data_dir + "/kv";
 
     std::string store_err;

@@ -35,6 +35,7 @@ struct ServeOptions {
     std::string kv_disk = "64G";
     bool no_park = false;
     bool no_kv_journal = false;
+    bool no_prefix_cache = false;
     PlacementFlags place;
     bool no_pin = false;
     std::string cache_type_k = "f16";

@@ -205,6 +205,22 @@ std::string Engine::start() {
     pc.ram_low = kv_budget_ / 4 * 3 > ctx_kv ? kv_budget_ / 4 * 3 - ctx_kv : 0;
     pc.disk_limit = cfg_.kv_disk_limit;
     pc.fingerprint = fingerprint_;
+    if (cfg_.prefix_cache) cache_ = std::make_unique<PrefixCache>(fingerprint_);
+    // The pool owns the bytes; the cache's index follows it. Entries from an earlier run are
+    // indexed again when they were saved under this very fingerprint, and deleted otherwise.
+    pc.dropped = [c = cache_.get()](const std::string & key) {
+        if (c) c->erase(key);
+    };
+    auto foreign = std::make_shared<size_t>(0);
+    pc.found = [c = cache_.get(), fp = fingerprint_, foreign](const std::string & key, const std::string & file_fp,
+                                                              const Tokens & tokens) {
+        const auto scope = PrefixCache::scope_of(key);
+        if (!scope) return KvPoolConfig::Found::Keep;
+        if (file_fp != fp) ++*foreign;
+        const bool ok = c && file_fp == fp && !tokens.empty() && c->key_for(*scope, tokens) == key &&
+                        c->insert(key, *scope, tokens);
+        return ok ? KvPoolConfig::Found::Cache : KvPoolConfig::Found::Remove;
+    };
     if (cfg_.park && cfg_.kv_journal && !cfg_.kv_dir.empty()) {
         KvJournalConfig jc;
         jc.dir = (std::filesystem::path(cfg_.kv_dir) / "journal").string();
@@ -224,6 +240,13 @@ std::string Engine::start() {
     }
     pool_ = std::make_unique<KvPool>(pc);
     if (auto e = pool_->open(); !e.empty()) return e;
+    if (*foreign > 0) {
+        spdlog::info(
+            "kv: deleted {} prompt-cache files whose fingerprint differs (saved by another model, build or "
+            "context setting)",
+            *foreign);
+    }
+    if (cache_ && cache_->entries() > 0) spdlog::info("kv: {} prompt-cache entries found on disk", cache_->entries());
     if (metrics_) {
         metrics_->gauge("armada_kv_bytes_total", "KV cache capacity in bytes")
             .set(double(kv_bytes_per_cell_) * double(llama_n_ctx(ctx_)));
@@ -358,7 +381,7 @@ int Engine::pick_slot(const GenRequest & req) const {
         if (s.state != SlotState::Idle) continue;
         if (!req.session.empty() && s.owner == req.session) return s.id;
         const int cost = s.owner.empty() ? 0 : (s.pooled ? 1 : 2);
-        const size_t lcp = s.owner.empty() ? common_prefix(s.cache, req.prompt) : 0;
+        const size_t lcp = s.owner.empty() && s.scope == req.tenant ? common_prefix(s.cache, req.prompt) : 0;
         const bool better = best < 0 || cost < best_cost ||
                             (cost == best_cost && (lcp > best_lcp || (lcp == best_lcp && s.last_used < best_used)));
         if (better) {
@@ -446,21 +469,7 @@ bool Engine::restore(Slot & s, const std::string & key, bool keep) {
         }
         return false;
     }
-    llama_memory_t mem = llama_get_memory(ctx_);
-    const bool fits = !blob->tokens.empty() && int32_t(blob->tokens.size()) < n_ctx_seq_;
-    const size_t rc = fits ? llama_state_seq_set_data(ctx_, blob->data.data(), blob->data.size(), s.id) : 0;
-    // A restore must be checked: the sequence has to hold exactly positions 0..n-1 afterwards.
-    const bool ok = rc != 0 && llama_memory_seq_pos_min(mem, s.id) == 0 &&
-                    llama_memory_seq_pos_max(mem, s.id) == llama_pos(blob->tokens.size()) - 1;
-    if (!ok) {
-        stats_.restore_failures++;
-        spdlog::warn("kv: restoring {} into sequence {} failed verification (rc={}, {} tokens); re-prefilling", key,
-                     s.id, rc, blob->tokens.size());
-        llama_memory_seq_rm(mem, s.id, -1, -1);
-        s.cache.clear();
-        return false;
-    }
-    s.cache = std::move(blob->tokens);
+    if (!load_blob(s, std::move(*blob), key)) return false;
     s.kv_source = journaled ? "journal" : from == KvTier::Ram ? "ram" : "disk";
     (journaled ? stats_.restores_journal : from == KvTier::Ram ? stats_.restores_ram : stats_.restores_disk)++;
     const double took = seconds_since(t0);
@@ -469,27 +478,97 @@ bool Engine::restore(Slot & s, const std::string & key, bool keep) {
     return true;
 }
 
-void Engine::prepare_prefix(Slot & s, const GenRequest & req) {
-    const size_t p = size_t(std::max(0, req.prefix_len));
-    if (req.prefix_key.empty() || p == 0 || p >= req.prompt.size()) return;
-    if (common_prefix(s.cache, req.prompt) >= p) return;
-    if (pool_->contains(req.prefix_key)) {
-        Tokens before = s.cache;
-        if (restore(s, req.prefix_key, true)) {
-            if (common_prefix(s.cache, req.prompt) >= s.cache.size()) {
-                s.kv_source = "prefix";
-                stats_.prefix_hits++;
-                return;
-            }
-            // Same key, other tokens (should not happen): drop it and compute.
-            pool_->erase(req.prefix_key);
-            llama_memory_seq_rm(llama_get_memory(ctx_), s.id, -1, -1);
-            s.cache.clear();
+bool Engine::load_blob(Slot & s, KvBlob && blob, const std::string & what) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const bool fits = !blob.tokens.empty() && int32_t(blob.tokens.size()) < n_ctx_seq_;
+    const size_t rc = fits ? llama_state_seq_set_data(ctx_, blob.data.data(), blob.data.size(), s.id) : 0;
+    // A restore must be checked: the sequence has to hold exactly positions 0..n-1 afterwards.
+    const bool ok = rc != 0 && llama_memory_seq_pos_min(mem, s.id) == 0 &&
+                    llama_memory_seq_pos_max(mem, s.id) == llama_pos(blob.tokens.size()) - 1;
+    if (!ok) {
+        stats_.restore_failures++;
+        spdlog::warn("kv: restoring {} into sequence {} failed verification (rc={}, {} tokens); re-prefilling", what,
+                     s.id, rc, blob.tokens.size());
+        llama_memory_seq_rm(mem, s.id, -1, -1);
+        s.cache.clear();
+        return false;
+    }
+    s.cache = std::move(blob.tokens);
+    return true;
+}
+
+size_t Engine::reusable(const GenRequest & req, int exclude, int & live, std::optional<PrefixCache::Match> & m) const {
+    live = -1;
+    m.reset();
+    if (!cache_) return 0;
+    size_t best = 0;
+    m = cache_->longest(req.tenant, req.prompt);
+    if (m && pool_->contains(m->key)) {
+        best = m->common;
+    } else {
+        m.reset();
+    }
+    for (const auto & o : slots_) {
+        if (o.id == exclude || o.scope != req.tenant || o.cache.empty()) continue;
+        const size_t c = common_prefix(o.cache, req.prompt);
+        if (c > best) {
+            best = c;
+            live = o.id;
         }
     }
-    // Not there yet: this request computes it and saves it when its prompt reaches p tokens.
-    s.snap_key = req.prefix_key;
-    s.snap_at = p;
+    return best;
+}
+
+void Engine::prepare_prefix(Slot & s, const GenRequest & req) {
+    if (!cache_ || req.prompt.size() < 2) return;
+    // The last prompt token is always decoded (its logits start the answer).
+    const size_t usable = req.prompt.size() - 1;
+    const size_t have = std::min(common_prefix(s.cache, req.prompt), usable);
+    int live = -1;
+    std::optional<PrefixCache::Match> m;
+    const size_t could = std::min(reusable(req, s.id, live, m), usable);
+    // Worth it from one block on: a restore costs a copy of the saved KV, a block's prefill more.
+    if (could >= have + PrefixCache::kBlock) {
+        if (live >= 0) {
+            // Another sequence holds it (a burst sharing a prompt, or a turn whose slot went to
+            // someone else): copy its KV, then the prompt drops what differs.
+            KvBlob blob;
+            if (save_seq(slots_[size_t(live)], blob) && load_blob(s, std::move(blob), "a copy of a live sequence")) {
+                s.kv_source = "copy";
+                stats_.prefix_hits++;
+            }
+        } else if (m) {
+            if (restore(s, m->key, true)) {
+                s.kv_source = "prefix";
+                stats_.prefix_hits++;
+            } else {
+                cache_->erase(m->key);
+                pool_->erase(m->key);
+            }
+        }
+    }
+    // An agent's shared instructions nobody holds yet: saved as soon as they are computed, so
+    // the sessions arriving meanwhile restore them instead of computing them again.
+    const size_t p = size_t(std::max(0, req.prefix_len));
+    if (p >= PrefixCache::kBlock && p < req.prompt.size() && common_prefix(s.cache, req.prompt) < p) s.snap_at = p;
+}
+
+void Engine::cache_save(Slot & s) {
+    if (!cache_ || s.cache.size() < PrefixCache::kBlock) return;
+    const std::string key = cache_->key_for(s.scope, s.cache);
+    if (!cache_->contains(key) || !pool_->contains(key)) {
+        KvBlob blob;
+        if (!save_seq(s, blob)) return;
+        // Indexed first: if the pool has to drop it at once, its callback takes it out again.
+        cache_->insert(key, s.scope, s.cache);
+        pool_->put(key, std::move(blob), false, true);
+        stats_.prefix_saves++;
+    }
+    // An entry this one extends (the previous turn of the same conversation) is redundant now.
+    for (const auto & k : cache_->covered_by(s.scope, s.cache)) {
+        pool_->erase(k);
+        cache_->erase(k);
+    }
 }
 
 void Engine::park_idle() {
@@ -546,20 +625,33 @@ std::optional<KvUsage> Engine::kv_usage(const std::string & session) const {
 }
 
 bool Engine::prefix_pending(const GenRequest & r) const {
-    // A new session whose shared prefix another sequence is computing right now waits for it
-    // instead of computing the same tokens again (a burst of new sessions of one agent).
-    if (!cfg_.park || r.prefix_key.empty() || r.prefix_len <= 0 || pool_->contains(r.prefix_key)) return false;
+    // A request whose prompt shares a block or more with one another sequence is computing right
+    // now waits for those tokens instead of computing them again (a burst of conversations with
+    // one system prompt, or of new sessions of one agent), then copies or restores them.
+    if (!cache_ || r.prompt.size() < 2) return false;
     if (!r.session.empty() && (pool_->contains(r.session) || (journal_ && journal_->contains(r.session)))) return false;
-    bool pending = false;
     for (const auto & s : slots_) {
         if (!r.session.empty() && s.owner == r.session) return false;
-        pending = pending || (s.state == SlotState::Prompt && s.snap_key == r.prefix_key);
     }
-    return pending;
+    int live = -1;
+    std::optional<PrefixCache::Match> m;
+    const size_t have = reusable(r, -1, live, m);
+    for (const auto & s : slots_) {
+        if (s.state != SlotState::Prompt || s.scope != r.tenant) continue;
+        const size_t shared = std::min(common_prefix(s.req->prompt, r.prompt), r.prompt.size() - 1);
+        // Waiting costs a step or two; computing the same tokens twice costs more.
+        if (shared >= PrefixCache::kBlock && shared > have && s.n_past < shared) return true;
+    }
+    return false;
+}
+
+bool Engine::has_idle() const {
+    return std::any_of(slots_.begin(), slots_.end(), [](const Slot & s) { return s.state == SlotState::Idle; });
 }
 
 void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
     for (auto it = waiting.begin(); it != waiting.end();) {
+        if (!has_idle()) return;
         if (prefix_pending(**it)) {
             ++it;
             continue;
@@ -570,11 +662,22 @@ void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
         it = waiting.erase(it);
         stats_.queued--;
         Slot & s = slots_[size_t(id)];
+        if (s.unsaved && (s.scope != req->tenant || common_prefix(s.cache, req->prompt) < s.cache.size()))
+            cache_save(s);
+        s.unsaved = false;
         s.kv_source.clear();
-        s.snap_key.clear();
         s.snap_at = 0;
-        if (s.owner != req->session) {
-            evict(s);
+        const bool same_owner = s.owner == req->session;
+        if (!same_owner) evict(s);  // an owned sequence is parked and emptied first
+        // Another tenant's tokens are never reused, not even a common prefix.
+        if (s.scope != req->tenant) {
+            if (!s.cache.empty()) {
+                llama_memory_seq_rm(llama_get_memory(ctx_), s.id, -1, -1);
+                s.cache.clear();
+            }
+            s.scope = req->tenant;
+        }
+        if (!same_owner) {
             if (!req->session.empty()) {
                 if (cfg_.park) restore(s, req->session, false);
                 set_owner(s, req->session);
@@ -584,7 +687,7 @@ void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
             if (s.pooled) pool_->erase(s.owner);  // the slot's copy is the live one again
         }
         s.pooled = false;
-        if (cfg_.park) prepare_prefix(s, *req);
+        prepare_prefix(s, *req);
         start_slot(s, std::move(req));
     }
 }
@@ -600,6 +703,15 @@ void Engine::start_slot(Slot & s, std::unique_ptr<GenRequest> req) {
     s.cache.resize(keep);
     s.n_past = keep;
     s.n_cached = int32_t(keep);
+    if (cache_) {
+        // Counted for every request, wherever the reused tokens came from (its own sequence, the
+        // cache, or a copy): the rate clients see in usage.prompt_tokens_details.cached_tokens.
+        cache_->lookups++;
+        if (keep >= PrefixCache::kBlock) {
+            cache_->hits++;
+            cache_->tokens_saved += keep;
+        }
+    }
     s.n_decoded = 0;
     s.i_batch = -1;
     s.ttft_s = 0;
@@ -683,17 +795,8 @@ bool Engine::step() {
         return true;
     }
     for (auto & s : slots_) {
-        if (!s.snap_key.empty() && s.state == SlotState::Prompt && s.n_past == s.snap_at) {
-            KvBlob blob;
-            blob.tokens = s.cache;
-            blob.data.resize(llama_state_seq_get_size(ctx_, s.id));
-            const size_t n = llama_state_seq_get_data(ctx_, blob.data.data(), blob.data.size(), s.id);
-            if (n > 0 && n <= blob.data.size()) {
-                blob.data.resize(n);
-                pool_->put(s.snap_key, std::move(blob), false);
-                stats_.prefix_saves++;
-            }
-            s.snap_key.clear();
+        if (s.snap_at > 0 && s.state == SlotState::Prompt && s.n_past == s.snap_at) {
+            cache_save(s);
             s.snap_at = 0;
         }
         if (s.i_batch < 0) continue;
@@ -830,7 +933,6 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
     done.kv_tokens = int32_t(s.cache.size());
     done.kv_source = s.kv_source;
     s.idle_since = Clock::now();
-    s.snap_key.clear();
     s.snap_at = 0;
     if (usage_hook_) usage_hook_(req.account, int64_t(done.n_prompt) + done.n_generated);
     // Free before the caller hears of it, so its next request finds the sequence free.
@@ -842,9 +944,15 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
     s.state = SlotState::Idle;
     s.i_batch = -1;
     s.last_used = ++tick_;
-    // After the caller has its answer: the step's KV goes to the session's journal.
-    if (journal_ && !s.owner.empty() && !s.cache.empty() && (r == FinishReason::Stop || r == FinishReason::Length)) {
-        journal_step(s);
+    // After the caller has its answer: the step's KV goes to the session's journal. An
+    // anonymous request's KV stays in its sequence and goes to the prompt cache only when the
+    // sequence is wanted for other tokens: a next turn that lands here again costs no copy.
+    if (!s.cache.empty() && (r == FinishReason::Stop || r == FinishReason::Length)) {
+        if (s.owner.empty()) {
+            s.unsaved = cache_ != nullptr;  // saved when the sequence is wanted for other tokens
+        } else if (journal_) {
+            journal_step(s);
+        }
     }
 }
 

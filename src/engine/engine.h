@@ -3,6 +3,7 @@
 #include "engine/kv_journal.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
+#include "engine/prefix_cache.h"
 #include "engine/request.h"
 #include "engine/text_stream.h"
 #include "obs/metrics.h"
@@ -67,6 +68,10 @@ struct EngineConfig {
     //! crash or another node restores it instead of re-prefilling. Needs `park` and `kv_dir`.
     bool kv_journal = true;
     bool kv_journal_sync = false;  // fdatasync each record (survives power loss, not just a crash)
+    //! The prompt-prefix cache (prefix_cache.h): a request's KV is kept, by content and tenant,
+    //! when it ends, and any later request with the same prefix restores it instead of computing
+    //! it again. Lives in the pool with parked KV, under the same budget.
+    bool prefix_cache = true;
 };
 
 //! Where a session's KV is, and how big it is.
@@ -142,6 +147,8 @@ class Engine {
     const KvPool & pool() const { return *pool_; }
     //! Null when journaling is off.
     KvJournal * journal() const { return journal_.get(); }
+    //! Null when the prompt cache is off.
+    const PrefixCache * prefix_cache() const { return cache_.get(); }
     const std::string & fingerprint() const { return fingerprint_; }
 
     //! Tokens one sequence may hold (prompt + generated).
@@ -173,8 +180,9 @@ class Engine {
         std::string owner;      // session whose KV this sequence holds; empty: anonymous
         bool pooled = false;    // the pool holds a copy of exactly this KV (eviction is free)
         std::string kv_source;  // where this request's reused KV came from
-        std::string snap_key;   // shared prefix to save once the prompt reaches snap_at tokens
-        size_t snap_at = 0;
+        std::string scope;      // tenant whose tokens the KV holds; reused only for that tenant
+        size_t snap_at = 0;     // save the prompt to the cache once this many tokens are computed
+        bool unsaved = false;   // anonymous KV not in the prompt cache yet
         std::chrono::steady_clock::time_point idle_since;
         double ttft_s = 0;
         std::chrono::steady_clock::time_point t_last_token;
@@ -185,12 +193,20 @@ class Engine {
     void admit(std::deque<std::unique_ptr<GenRequest>> & waiting);
     int pick_slot(const GenRequest & req) const;
     bool prefix_pending(const GenRequest & r) const;
+    bool has_idle() const;
     void park(Slot & s);
     void journal_step(Slot & s);
     bool save_seq(const Slot & s, KvBlob & blob);
     void evict(Slot & s);
     bool restore(Slot & s, const std::string & key, bool keep);
+    //! Loads saved KV into the slot's sequence and checks it holds positions 0..n-1.
+    bool load_blob(Slot & s, KvBlob && blob, const std::string & what);
     void prepare_prefix(Slot & s, const GenRequest & req);
+    //! Tokens of `req`'s prompt some other holder could give it: a cache entry (`m`) or another
+    //! sequence's KV (`live`, -1 when none does better than the cache).
+    size_t reusable(const GenRequest & req, int exclude, int & live, std::optional<PrefixCache::Match> & m) const;
+    //! Keeps the slot's KV as a prompt-cache entry.
+    void cache_save(Slot & s);
     void park_idle();
     void set_owner(Slot & s, const std::string & owner);
     void start_slot(Slot & s, std::unique_ptr<GenRequest> req);
@@ -219,6 +235,7 @@ class Engine {
     std::vector<Slot> slots_;  // engine thread only
     std::unique_ptr<KvPool> pool_;
     std::unique_ptr<KvJournal> journal_;
+    std::unique_ptr<PrefixCache> cache_;
     std::string fingerprint_;
     mutable std::mutex owners_mu_;
     std::vector<std::string> owners_;                      // slot → owner, guarded by owners_mu_

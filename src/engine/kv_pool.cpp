@@ -98,8 +98,10 @@ bool read_file(const std::string & path, std::string & out) {
     return read_whole_file(path, out);
 }
 
-//! Reads just the header fields needed to index a file at start-up.
-bool read_header(const std::string & path, std::string & key, uint32_t & n_tokens, uint64_t & raw) {
+//! Reads just the header fields needed to index a file at start-up; `tokens` too when they fit
+//! in the first 64 KiB (about 16,000 tokens), otherwise it stays empty.
+bool read_header(const std::string & path, std::string & fingerprint, std::string & key, uint32_t & n_tokens,
+                 Tokens & tokens) {
     std::ifstream f(path, std::ios::binary);
     if (!f) return false;
     std::string head(64 * 1024, '\0');
@@ -110,11 +112,13 @@ bool read_header(const std::string & path, std::string & key, uint32_t & n_token
     for (char & c : magic)
         c = r.pod<char>();
     if (!r.ok || std::memcmp(magic, kMagic, 4) != 0 || r.pod<uint32_t>() != kVersion) return false;
-    r.str(4096);  // fingerprint: checked when the file is loaded
+    fingerprint = r.str(4096);  // checked again when the file is loaded
     key = r.str(4096);
     n_tokens = r.pod<uint32_t>();
-    // raw size follows the tokens, which may lie beyond the header window; estimate from the file
-    raw = 0;
+    if (r.ok && uint64_t(n_tokens) * sizeof(llama_token) <= head.size() - r.at) {
+        tokens.resize(n_tokens);
+        if (n_tokens > 0) std::memcpy(tokens.data(), head.data() + r.at, n_tokens * sizeof(llama_token));
+    }
     return r.ok;
 }
 }  // namespace
@@ -140,11 +144,17 @@ std::string KvPool::open() {
             continue;
         }
         if (p.extension() != ".kv") continue;
-        std::string key;
+        std::string fingerprint, key;
         uint32_t n = 0;
-        uint64_t raw = 0;
-        if (!read_header(p.string(), key, n, raw) || path_for(key) != p.string()) {
+        Tokens tokens;
+        if (!read_header(p.string(), fingerprint, key, n, tokens) || path_for(key) != p.string()) {
             spdlog::warn("kv: ignoring unreadable spill file {}", p.string());
+            continue;
+        }
+        const auto found = cfg_.found ? cfg_.found(key, fingerprint, tokens) : KvPoolConfig::Found::Keep;
+        if (found == KvPoolConfig::Found::Remove) {
+            fs::remove(p, ec);
+            ec.clear();
             continue;
         }
         Entry e;
@@ -154,9 +164,9 @@ std::string KvPool::open() {
         e.stored_bytes = uint64_t(de.file_size(ec));
         e.raw_bytes = e.stored_bytes;
         e.cold = true;
+        e.cache = found == KvPoolConfig::Found::Cache;
         e.used = ++tick_;
-        stats_.disk_bytes += e.stored_bytes;
-        stats_.disk_entries++;
+        count_locked(e, 1);
         entries_[key] = std::move(e);
     }
     if (ec) return "cannot list " + cfg_.dir + ": " + ec.message();
@@ -266,7 +276,7 @@ std::optional<KvBlob> KvPool::decode_file(const std::string & image, const std::
     return b;
 }
 
-void KvPool::put(const std::string & key, KvBlob blob, bool cold) {
+void KvPool::put(const std::string & key, KvBlob blob, bool cold, bool cache) {
     std::lock_guard lk(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) remove_locked(it);
@@ -277,10 +287,10 @@ void KvPool::put(const std::string & key, KvBlob blob, bool cold) {
     e.raw_bytes = blob.data.size();
     e.stored_bytes = e.raw_bytes + e.n_tokens * sizeof(llama_token);
     e.cold = cold;
+    e.cache = cache;
     e.used = ++tick_;
     e.blob = std::move(blob);
-    stats_.ram_bytes += e.stored_bytes;
-    stats_.ram_entries++;
+    count_locked(e, 1);
     entries_[key] = std::move(e);
     enforce_locked();
 }
@@ -310,7 +320,7 @@ std::optional<KvBlob> KvPool::get(const std::string & key, bool keep, KvTier & f
     }
     if (!b) {
         stats_.rejected++;
-        remove_locked(it);  // never try a bad file twice
+        drop_locked(it);  // never try a bad file twice
         return std::nullopt;
     }
     if (!keep) remove_locked(it);
@@ -344,8 +354,10 @@ void KvPool::set_ram_limit(uint64_t high, uint64_t low) {
 bool KvPool::pressured() const {
     std::lock_guard lk(mu_);
     auto * self = const_cast<KvPool *>(this);
-    if (!cfg_.dir.empty() && stats_.disk_bytes > cfg_.disk_limit / 10 * 9) self->pressured_ = true;
-    if (pressured_ && stats_.ram_bytes <= cfg_.ram_low && stats_.disk_bytes <= cfg_.disk_limit / 4 * 3 &&
+    // Prompt-cache entries on disk make way by themselves: only sessions' KV counts here.
+    const uint64_t disk = stats_.disk_bytes - stats_.cache_disk_bytes;
+    if (!cfg_.dir.empty() && disk > cfg_.disk_limit / 10 * 9) self->pressured_ = true;
+    if (pressured_ && stats_.ram_bytes <= cfg_.ram_low && disk <= cfg_.disk_limit / 4 * 3 &&
         cfg_.now() - last_drop_ >= std::chrono::milliseconds(cfg_.pressure_hold_ms)) {
         self->pressured_ = false;
     }
@@ -356,25 +368,41 @@ size_t KvPool::spill_all() {
     std::lock_guard lk(mu_);
     size_t n = 0;
     for (auto & [k, e] : entries_) {
-        if (e.tier != KvTier::Ram) continue;
+        if (e.tier != KvTier::Ram || e.cache) continue;
         // Saved when the journal has it, or once written to disk.
         if ((cfg_.durable && cfg_.durable(k, e.blob.tokens)) || spill_locked(e)) ++n;
     }
     return n;
 }
 
+void KvPool::count_locked(const Entry & e, int sign) {
+    const uint64_t bytes = e.stored_bytes;
+    auto add = [sign](auto & v, uint64_t n) { v = sign > 0 ? v + n : v - n; };
+    if (e.tier == KvTier::Ram) {
+        add(stats_.ram_bytes, bytes);
+        add(stats_.ram_entries, 1);
+        if (e.cache) add(stats_.cache_ram_bytes, bytes), add(stats_.cache_ram_entries, 1);
+    } else {
+        add(stats_.disk_bytes, bytes);
+        add(stats_.disk_entries, 1);
+        if (e.cache) add(stats_.cache_disk_bytes, bytes), add(stats_.cache_disk_entries, 1);
+    }
+}
+
 void KvPool::remove_locked(std::map<std::string, Entry>::iterator it) {
     Entry & e = it->second;
-    if (e.tier == KvTier::Ram) {
-        stats_.ram_bytes -= e.stored_bytes;
-        stats_.ram_entries--;
-    } else {
-        stats_.disk_bytes -= e.stored_bytes;
-        stats_.disk_entries--;
+    count_locked(e, -1);
+    if (e.tier == KvTier::Disk) {
         std::error_code ec;
         fs::remove(path_for(e.key), ec);
     }
     entries_.erase(it);
+}
+
+void KvPool::drop_locked(std::map<std::string, Entry>::iterator it) {
+    const std::string key = it->first;
+    remove_locked(it);
+    if (cfg_.dropped) cfg_.dropped(key);
 }
 
 bool KvPool::spill_locked(Entry & e) {
@@ -396,13 +424,11 @@ bool KvPool::spill_locked(Entry & e) {
     std::error_code ec;
     fs::rename(tmp, path, ec);
     if (ec) return false;
-    stats_.ram_bytes -= e.stored_bytes;
-    stats_.ram_entries--;
+    count_locked(e, -1);
     e.tier = KvTier::Disk;
     e.blob = {};
     e.stored_bytes = image.size();
-    stats_.disk_bytes += e.stored_bytes;
-    stats_.disk_entries++;
+    count_locked(e, 1);
     stats_.spilled++;
     (compressed ? stats_.compressed : stats_.stored_raw)++;
     return true;
@@ -414,12 +440,25 @@ void KvPool::enforce_locked() {
         for (auto & [k, e] : entries_) {
             if (e.tier == tier) v.push_back(&e);
         }
-        // Cold entries first, then least recently used.
-        std::sort(v.begin(), v.end(), [](const Entry * a, const Entry * b) {
-            if (a->cold != b->cold) return a->cold;
+        // Cold sessions first, then prompt-cache entries, then the least recently used session.
+        auto rank = [](const Entry * e) { return e->cache ? 1 : e->cold ? 0 : 2; };
+        std::sort(v.begin(), v.end(), [&](const Entry * a, const Entry * b) {
+            if (rank(a) != rank(b)) return rank(a) < rank(b);
             return a->used < b->used;
         });
         return v;
+    };
+    // Losing a prompt-cache entry costs one prefill later; losing a session's KV is what
+    // pressure (new sessions wait) is about.
+    auto drop = [&](Entry * e) {
+        if (e->cache) {
+            stats_.cache_evicted++;
+        } else {
+            stats_.dropped++;
+            pressured_ = true;
+            last_drop_ = cfg_.now();
+        }
+        drop_locked(entries_.find(e->key));
     };
     if (stats_.ram_bytes > cfg_.ram_limit) {
         for (Entry * e : victims(KvTier::Ram)) {
@@ -429,22 +468,14 @@ void KvPool::enforce_locked() {
                 remove_locked(entries_.find(e->key));
                 continue;
             }
-            if (!spill_locked(*e)) {
-                // No disk tier, or it failed: the entry is dropped and the session re-prefills.
-                stats_.dropped++;
-                pressured_ = true;
-                last_drop_ = cfg_.now();
-                remove_locked(entries_.find(e->key));
-            }
+            // No disk tier, or it failed: the entry is dropped and the session re-prefills.
+            if (!spill_locked(*e)) drop(e);
         }
     }
     if (stats_.disk_bytes > cfg_.disk_limit) {
         for (Entry * e : victims(KvTier::Disk)) {
             if (stats_.disk_bytes <= cfg_.disk_limit / 4 * 3) break;
-            stats_.dropped++;
-            pressured_ = true;
-            last_drop_ = cfg_.now();
-            remove_locked(entries_.find(e->key));
+            drop(e);
         }
     }
 }

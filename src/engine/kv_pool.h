@@ -35,6 +35,13 @@ struct KvPoolConfig {
     //! True when `key` with exactly these tokens is already safe on disk elsewhere (the session's
     //! KV journal): spilling it then just frees the RAM, with no write.
     std::function<bool(const std::string & key, const Tokens & tokens)> durable;
+    //! Called (under the pool's lock: do not call back into the pool) for every entry that leaves
+    //! without being asked to: dropped for room, or found bad when read.
+    std::function<void(const std::string & key)> dropped;
+    //! Called by `open` for each file found, with what its header says. Returning Remove deletes
+    //! the file; Cache indexes it as a prompt-cache entry.
+    enum class Found { Keep, Cache, Remove };
+    std::function<Found(const std::string & key, const std::string & fingerprint, const Tokens & tokens)> found;
     //! The clock the pressure hold is measured on (tests step a fake one).
     std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
 };
@@ -53,6 +60,11 @@ struct KvPoolStats {
     size_t ram_entries = 0, disk_entries = 0;
     uint64_t spilled = 0, dropped = 0, compressed = 0, stored_raw = 0, rejected = 0;
     uint64_t released = 0;  // spilled by freeing RAM only: the journal already held them
+    // Prompt-cache entries (see prefix_cache.h), also counted in the totals above. They make way
+    // before any session's KV and are dropped without pressure: losing one costs a prefill only.
+    uint64_t cache_ram_bytes = 0, cache_disk_bytes = 0;
+    size_t cache_ram_entries = 0, cache_disk_entries = 0;
+    uint64_t cache_evicted = 0;
 };
 
 //! Host-RAM pool of parked KV, spilling to files when over its RAM limit.
@@ -73,7 +85,8 @@ class KvPool {
     std::string open();
 
     //! Stores or replaces the entry for `key`, then spills whatever the RAM limit requires.
-    void put(const std::string & key, KvBlob blob, bool cold);
+    //! `cache`: a prompt-cache entry, evicted first and without pressure.
+    void put(const std::string & key, KvBlob blob, bool cold, bool cache = false);
     //! Returns the entry's blob, from RAM or disk. `keep` leaves the entry in place (a shared
     //! prefix); otherwise the entry leaves the pool. On a miss `why` says whether there was nothing
     //! or what was wrong with what was found (which is then deleted).
@@ -82,7 +95,8 @@ class KvPool {
     void erase(const std::string & key);
     //! Marks an entry as not expected back soon; spilled first.
     void set_cold(const std::string & key, bool cold);
-    //! Moves every RAM entry to disk (clean shutdown). Returns how many were written.
+    //! Moves every RAM entry except prompt-cache entries to disk (clean shutdown). Returns how
+    //! many were written.
     size_t spill_all();
 
     std::optional<KvEntryInfo> info(const std::string & key) const;
@@ -110,6 +124,7 @@ class KvPool {
         size_t n_tokens = 0;
         uint64_t raw_bytes = 0, stored_bytes = 0;
         bool cold = false;
+        bool cache = false;
         uint64_t used = 0;
     };
 
@@ -117,6 +132,8 @@ class KvPool {
     void enforce_locked();
     bool spill_locked(Entry & e);
     void remove_locked(std::map<std::string, Entry>::iterator it);
+    void count_locked(const Entry & e, int sign);
+    void drop_locked(std::map<std::string, Entry>::iterator it);
 
     KvPoolConfig cfg_;
     mutable std::mutex mu_;

@@ -68,9 +68,12 @@ struct GenRequest {
     GenSink sink;
     //! Session the KV belongs to: kept (and parked) between its requests. Empty: anonymous.
     std::string session;
-    //! Shared prefix: the first `prefix_len` prompt tokens are common to many sessions of one
-    //! agent and one API key; `prefix_key` names them (never shared across keys).
-    std::string prefix_key;
+    //! Whose KV this is: the prompt cache and prefix reuse never cross tenants (a hit would
+    //! leak, by timing, that another tenant sent the same text).
+    std::string tenant;
+    //! A hint: the first `prefix_len` prompt tokens are shared by many requests (an agent's
+    //! instructions and tools). When nobody holds them yet, they are saved to the prompt cache as
+    //! soon as they are computed, so requests arriving meanwhile reuse them.
     int32_t prefix_len = 0;
     //! Who pays for the tokens (the hashed API key); reported to the usage hook when done.
     std::string account;

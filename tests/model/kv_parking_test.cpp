@@ -29,7 +29,7 @@ struct Result {
 };
 
 //! Runs one greedy request to the end and returns its text and final event.
-Result run(Engine & e, const Tokens & prompt, const std::string & session = {}, const std::string & prefix_key = {},
+Result run(Engine & e, const Tokens & prompt, const std::string & session = {}, const std::string & tenant = {},
            int32_t prefix_len = 0, int max_tokens = 24) {
     const Model & m = e.model();
     auto r = std::make_unique<GenRequest>();
@@ -44,7 +44,7 @@ Result run(Engine & e, const Tokens & prompt, const std::string & session = {}, 
     r->max_tokens = max_tokens;
     r->render_special = true;
     r->session = session;
-    r->prefix_key = prefix_key;
+    r->tenant = tenant;
     r->prefix_len = prefix_len;
     std::mutex mu;
     std::condition_variable cv;
@@ -117,7 +117,7 @@ std::string scratch(const Tokens & prompt) {
 std::string computed_prefix(const Tokens & prompt, int32_t prefix_len) {
     Engine e(tiny(), config(1), nullptr);
     EXPECT_EQ(e.start(), "");
-    const Result r = run(e, prompt, "ref", "prefix|ref", prefix_len);
+    const Result r = run(e, prompt, "ref", "ref", prefix_len);
     EXPECT_EQ(r.done.n_cached, 0);
     return r.text;
 }
@@ -276,18 +276,19 @@ TEST(KvParking, SharedPrefixGivesTheSameTokens) {
 
     Engine e(tiny(), config(2), nullptr);
     ASSERT_EQ(e.start(), "");
-    const Result ra = run(e, a, "sess_1", "prefix|key1|agent", int32_t(prefix.size()));
+    const Result ra = run(e, a, "sess_1", "tenant1", int32_t(prefix.size()));
     EXPECT_EQ(e.stats().prefix_saves.load(), 1u);
     EXPECT_EQ(ra.done.n_cached, 0);
     EXPECT_EQ(ra.text, want_a);
-    const Result rb = run(e, b, "sess_2", "prefix|key1|agent", int32_t(prefix.size()));
+    const Result rb = run(e, b, "sess_2", "tenant1", int32_t(prefix.size()));
     EXPECT_EQ(rb.done.kv_source, "prefix");
     EXPECT_EQ(rb.done.n_cached, int32_t(prefix.size()));
     EXPECT_EQ(e.stats().prefix_hits.load(), 1u);
     EXPECT_EQ(rb.text, want_b);
-    // Another API key does not see it.
-    const Result rc = run(e, b, "sess_3", "prefix|key2|agent", int32_t(prefix.size()));
-    EXPECT_NE(rc.done.kv_source, "prefix");
+    // Another tenant does not see it, nor the sequences holding it.
+    const Result rc = run(e, b, "sess_3", "tenant2", int32_t(prefix.size()));
+    EXPECT_EQ(rc.done.kv_source, "");
+    EXPECT_EQ(rc.done.n_cached, 0);
     EXPECT_EQ(rc.text, want_b);
 }
 
@@ -327,7 +328,7 @@ TEST(KvParking, ABurstOfNewSessionsComputesTheSharedPrefixOnce) {
     std::vector<Result> rs(4);
     for (int i = 0; i < 4; ++i) {
         ts.emplace_back([&, i] {
-            rs[size_t(i)] = run(e, concat(prefix, tokens(80 + i, 20)), "burst" + std::to_string(i), "prefix|k|burst",
+            rs[size_t(i)] = run(e, concat(prefix, tokens(80 + i, 20)), "burst" + std::to_string(i), "tenant",
                                 int32_t(prefix.size()), 4);
         });
     }

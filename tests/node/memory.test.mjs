@@ -50,6 +50,12 @@ test('more sessions than sequences: KV is accounted, parked, restored and the pr
       assert.ok(s.memory.history.every((p) => p.kv_bytes > p.kv_tokens));
       const steps = modelSteps(s);
       sources.push(...steps.map((d) => d.kv_source ?? 'none'));
+      // Every session after the first starts from the agent's shared prefix: restored from the
+      // prompt cache, or copied from a sequence holding it.
+      if (ids.indexOf(id) > 0) {
+        assert.ok(['prefix', 'copy'].includes(steps[0].kv_source), JSON.stringify(steps[0]));
+        assert.ok(steps[0].cached_tokens > 64, JSON.stringify(steps[0]));
+      }
       // After the first step, every step reuses the session's own KV (slot, RAM or disk).
       for (const d of steps.slice(1)) {
         assert.ok(['slot', 'ram', 'disk'].includes(d.kv_source), JSON.stringify(d));
@@ -59,7 +65,6 @@ test('more sessions than sequences: KV is accounted, parked, restored and the pr
     // Two sequences, six sessions waiting on tools: some had to be parked and restored, and
     // sessions after the first started from the agent's shared prefix.
     assert.ok(sources.includes('ram') || sources.includes('disk'), sources.join(','));
-    assert.ok(sources.includes('prefix'), sources.join(','));
     assert.ok(await metric(srv.base, 'armada_kv_parks_total') > 0);
     assert.ok(await metric(srv.base, 'armada_kv_restores_total') > 0);
     assert.ok(await metric(srv.base, 'armada_kv_prefix_hits_total') > 0);
@@ -123,9 +128,11 @@ test('at the KV high watermark new sessions get 429 with Retry-After, and admiss
   const dir = tempDir('armada-wm-');
   const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 1 }));
   // The budget barely covers the context's own KV (4096 cells × 512 B = 2 MiB on the tiny
-  // model) and the disk tier is 1 byte: the first parked session must be dropped.
+  // model) and the disk tier is 1 byte: the first parked session must be dropped. (With a
+  // journal, a parked session only frees its RAM; and a prompt-cache entry, such as the agent's
+  // shared prefix, is evicted without pressure.)
   const srv = await startServer(['--agents', agents, '--data-dir', path.join(dir, 'data'), '--tool-allow',
-    '127.0.0.1', '-np', '2', '-c', '4096', '--kv-budget', '2100k', '--kv-disk', '1']);
+    '127.0.0.1', '-np', '2', '-c', '4096', '--kv-budget', '2100k', '--kv-disk', '1', '--no-kv-journal']);
   try {
     const first = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'one' });
     assert.equal(first.status, 200, first.text);
@@ -192,9 +199,8 @@ test('a session\'s KV survives a restart on disk; a changed fingerprint re-prefi
     const s = await waitFor(srv.base, ids[1], ['completed']);
     const last = modelSteps(s).at(-1);
     assert.equal(last.kv_source, undefined, JSON.stringify(last));
-    assert.match(srv.stderr() + srv.stdout(), /fingerprint differs/);
-    // The session's file and the agent's shared prefix file were both refused.
-    assert.ok(await metric(srv.base, 'armada_kv_restore_failures_total') >= 1);
+    // The session's journal, written under the old fingerprint, is not used.
+    assert.equal(last.cached_tokens, 0, JSON.stringify(last));
   } finally {
     await srv.stop();
   }

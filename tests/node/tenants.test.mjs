@@ -186,6 +186,35 @@ test('/metrics needs an admin key on the main port and none on the metrics liste
   assert.equal((await fetch(metricsBase + '/readyz')).status, 200);
 });
 
+test('the prompt cache is per tenant, and GET /v1/cache is for admins', async () => {
+  const system = Array.from({ length: 60 }, (_, i) => `Rule ${i}: answer in plain words about item ${i * 7}.`).join(' ');
+  const chat = async (headers) => {
+    const r = await fetch(srv.base + '/v1/chat/completions', {
+      method: 'POST', headers: { 'Content-Type': 'application/json', ...headers },
+      body: JSON.stringify({ messages: [{ role: 'system', content: system }, { role: 'user', content: 'Hello there' }], max_tokens: 4 }),
+    });
+    assert.equal(r.status, 200);
+    return (await r.json()).usage;
+  };
+  const first = await chat(A1);
+  assert.ok(first.prompt_tokens > 600, `a long prompt (${first.prompt_tokens} tokens)`);
+  // The same prompt from another tenant reuses nothing: no entry, no sequence of acme's.
+  assert.equal((await chat(B)).prompt_tokens_details.cached_tokens, 0);
+  assert.equal((await chat(SOLO)).prompt_tokens_details.cached_tokens, 0);
+  // Another key of the same tenant does.
+  const same = await chat(A2);
+  assert.ok(same.prompt_tokens_details.cached_tokens >= first.prompt_tokens - 64,
+    `acme's second key reused ${same.prompt_tokens_details.cached_tokens} of ${same.prompt_tokens}`);
+
+  assert.equal((await get('/v1/cache', A1)).status, 403);
+  const c = await get('/v1/cache', ADMIN);
+  assert.equal(c.status, 200);
+  assert.equal(c.json.enabled, true);
+  assert.ok(c.json.hits >= 1 && c.json.tokens_saved >= same.prompt_tokens_details.cached_tokens, JSON.stringify(c.json));
+  const m = await (await fetch(metricsBase + '/metrics')).text();
+  assert.match(m, /^armada_prompt_cache_hits_total [1-9]/m);
+});
+
 test('MCP sessions are kept per tenant and per header set', async () => {
   const tool = (headers) => [{ type: 'mcp', server_label: 'ev', server_url: proxy.url, allowed_tools: ['get-sum'], headers }];
   const ask = async (h, headers) => {

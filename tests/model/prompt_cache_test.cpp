@@ -1,0 +1,272 @@
+// The prompt-prefix cache on the real tiny model (label: model): anonymous requests (chat and
+// completions, no session) keep their KV by content and tenant, and a later request with the
+// same prefix restores it. Greedy output is compared with a run that computed the whole prompt,
+// split into the same chunks, so the tokens must match exactly.
+#include "engine/engine.h"
+#include "model/tiny_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+using namespace armada::engine;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+    std::string text;
+    GenEvent done;
+};
+
+std::unique_ptr<GenRequest> request(const Model & m, const Tokens & prompt, const std::string & tenant,
+                                    int max_tokens) {
+    auto r = std::make_unique<GenRequest>();
+    r->prompt = prompt;
+    common_params_sampling sp;
+    sp.temp = 0;
+    sp.no_perf = true;
+    for (llama_token t = 0; t < m.n_vocab(); ++t) {
+        if (m.is_eog(t)) sp.logit_bias.push_back({t, -INFINITY});
+    }
+    r->sampler.reset(common_sampler_init(m.get(), sp));
+    r->max_tokens = max_tokens;
+    r->render_special = true;
+    r->tenant = tenant;
+    return r;
+}
+
+//! Runs one greedy anonymous request to the end.
+Result run(Engine & e, const Tokens & prompt, const std::string & tenant, int max_tokens = 16) {
+    auto r = request(e.model(), prompt, tenant, max_tokens);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;
+    Result out;
+    r->sink = [&](GenEvent && ev) {
+        std::lock_guard lk(mu);
+        if (ev.kind == GenEvent::Kind::Text) {
+            out.text += ev.text;
+            return;
+        }
+        out.done = ev;
+        finished = true;
+        cv.notify_all();
+    };
+    EXPECT_EQ(e.submit(std::move(r)), SubmitStatus::Accepted);
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return finished; });
+    return out;
+}
+
+Tokens tokens(int seed, int len) {
+    Tokens p;
+    for (int k = 0; k < len; ++k)
+        p.push_back(llama_token(300 + (seed * 131 + k * 17) % 20000));
+    return p;
+}
+
+Tokens concat(Tokens a, const Tokens & b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+
+EngineConfig config(int n_seq, const std::string & dir = {}, int32_t n_ctx_seq = 1024) {
+    EngineConfig c;
+    c.n_seq_max = n_seq;
+    c.n_ctx = n_ctx_seq * n_seq;
+    c.n_threads = 2;
+    c.chunk = 128;
+    c.kv_dir = dir;
+    c.kv_budget = 256ull << 20;
+    c.park_grace_ms = 60000;
+    return c;
+}
+
+//! A budget that leaves the pool almost no RAM: every entry spills to disk when saved.
+uint64_t disk_only_budget(const EngineConfig & c) {
+    const uint64_t ctx_kv = armada::testing::tiny_model()->kv_bytes_per_token(c.type_k, c.type_v) * uint64_t(c.n_ctx);
+    return ctx_kv + ctx_kv / 8;
+}
+
+//! The whole prompt computed by an engine with no cache at all.
+std::string scratch(const Tokens & prompt) {
+    EngineConfig c = config(1);
+    c.prefix_cache = false;
+    c.park = false;
+    Engine e(armada::testing::tiny_model(), c, nullptr);
+    EXPECT_EQ(e.start(), "");
+    const Result r = run(e, prompt, "t");
+    EXPECT_EQ(r.done.n_cached, 0);
+    return r.text;
+}
+
+// 256 tokens, two whole chunks: the restored run computes [256, n) in one chunk, exactly as the
+// scratch run does after its first two.
+const Tokens kFirst = tokens(5, 256);
+
+std::string tmpdir(const std::string & name) {
+    const auto d = fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    return d.string();
+}
+
+}  // namespace
+
+TEST(PromptCache, RestoreFromRamIsTokenIdentical) {
+    ASSERT_TRUE(armada::testing::tiny_model());
+    const Tokens second = concat(kFirst, tokens(6, 40));
+    const std::string want = scratch(second);
+
+    Engine e(armada::testing::tiny_model(), config(1), nullptr);
+    ASSERT_EQ(e.start(), "");
+    // max_tokens 1: the answer's only token is sampled, never decoded, so the KV is the prompt.
+    EXPECT_EQ(run(e, kFirst, "t", 1).done.kv_tokens, 256);
+    // Another prompt takes the only sequence: the first one's KV goes to the cache first.
+    run(e, tokens(9, 100), "t", 1);
+    ASSERT_EQ(e.prefix_cache()->entries(), 1u);
+    const auto before = e.pool().stats();
+    EXPECT_EQ(before.cache_ram_entries, 1u);
+    const Result r = run(e, second, "t");
+    EXPECT_EQ(r.done.kv_source, "prefix");
+    EXPECT_EQ(r.done.n_cached, 256);
+    EXPECT_EQ(e.stats().restores_ram.load(), 1u);
+    EXPECT_EQ(r.text, want);
+    EXPECT_GE(e.prefix_cache()->tokens_saved.load(), 256u);
+}
+
+TEST(PromptCache, RestoreFromDiskIsTokenIdenticalAndSurvivesARestart) {
+    ASSERT_TRUE(armada::testing::tiny_model());
+    const Tokens second = concat(kFirst, tokens(6, 40));
+    const std::string want = scratch(second);
+    const std::string dir = tmpdir("armada-pcache-disk");
+    EngineConfig c = config(1, dir);
+    c.kv_budget = disk_only_budget(c);
+    {
+        Engine e(armada::testing::tiny_model(), c, nullptr);
+        ASSERT_EQ(e.start(), "");
+        run(e, kFirst, "t", 1);
+        run(e, tokens(9, 100), "t", 1);
+        const auto ps = e.pool().stats();
+        ASSERT_EQ(ps.cache_disk_entries, 1u);
+        EXPECT_EQ(ps.cache_ram_entries, 0u);
+        const Result r = run(e, second, "t");
+        EXPECT_EQ(r.done.kv_source, "prefix");
+        EXPECT_EQ(r.done.n_cached, 256);
+        EXPECT_EQ(e.stats().restores_disk.load(), 1u);
+        EXPECT_EQ(r.text, want);
+    }
+    // A restart finds the entry on disk and indexes it again.
+    Engine e(armada::testing::tiny_model(), c, nullptr);
+    ASSERT_EQ(e.start(), "");
+    EXPECT_GE(e.prefix_cache()->entries(), 1u);
+    const Result r = run(e, second, "t");
+    EXPECT_EQ(r.done.kv_source, "prefix");
+    EXPECT_EQ(r.done.n_cached, 256);
+    EXPECT_EQ(r.text, want);
+    fs::remove_all(dir);
+}
+
+TEST(PromptCache, TenantsNeverShareAnEntryOrASequence) {
+    ASSERT_TRUE(armada::testing::tiny_model());
+    const Tokens second = concat(kFirst, tokens(6, 40));
+    Engine e(armada::testing::tiny_model(), config(2), nullptr);
+    ASSERT_EQ(e.start(), "");
+    run(e, kFirst, "alice", 1);
+    // Same prompt from another tenant: not from the cache, not from alice's sequence.
+    const Result b = run(e, second, "bob");
+    EXPECT_EQ(b.done.n_cached, 0);
+    EXPECT_EQ(b.done.kv_source, "");
+    // bob's request took the other sequence; alice's next request finds her own KV.
+    const Result a = run(e, second, "alice");
+    EXPECT_GE(a.done.n_cached, 256);
+    // Push both out of the sequences: entries are per tenant.
+    run(e, tokens(30, 100), "carol", 1);
+    run(e, tokens(31, 100), "carol", 1);
+    const Result b2 = run(e, concat(second, tokens(7, 10)), "bob");
+    EXPECT_EQ(b2.done.kv_source, "prefix");
+    EXPECT_GE(b2.done.n_cached, int32_t(second.size()));  // bob's own entry, not alice's
+    const Result d = run(e, concat(second, tokens(7, 10)), "dave");
+    EXPECT_EQ(d.done.n_cached, 0);
+}
+
+TEST(PromptCache, AChangedContextSizeOrModelNeverRestoresAnOldEntry) {
+    ASSERT_TRUE(armada::testing::tiny_model());
+    const Tokens second = concat(kFirst, tokens(6, 40));
+    const std::string dir = tmpdir("armada-pcache-fp");
+    EngineConfig c = config(1, dir);
+    c.kv_budget = disk_only_budget(c);
+    {
+        Engine e(armada::testing::tiny_model(), c, nullptr);
+        ASSERT_EQ(e.start(), "");
+        run(e, kFirst, "t", 1);
+        run(e, tokens(9, 100), "t", 1);
+        ASSERT_EQ(e.pool().stats().cache_disk_entries, 1u);
+    }
+    // Another context size: the file is not indexed, and is deleted.
+    EngineConfig other = config(1, dir, 2048);
+    other.kv_budget = disk_only_budget(other);
+    {
+        Engine e(armada::testing::tiny_model(), other, nullptr);
+        ASSERT_EQ(e.start(), "");
+        EXPECT_EQ(e.prefix_cache()->entries(), 0u);
+        EXPECT_EQ(e.pool().stats().cache_disk_entries, 0u);
+        const Result r = run(e, second, "t");
+        EXPECT_EQ(r.done.n_cached, 0);
+    }
+    // Another model file (the fingerprint's extra part stands in for it): the same.
+    {
+        Engine e(armada::testing::tiny_model(), c, nullptr);
+        ASSERT_EQ(e.start(), "");
+        run(e, kFirst, "t", 1);
+        run(e, tokens(9, 100), "t", 1);
+        ASSERT_EQ(e.pool().stats().cache_disk_entries, 1u);
+    }
+    EngineConfig changed = c;
+    changed.fingerprint_extra = "another-model-file";
+    Engine e(armada::testing::tiny_model(), changed, nullptr);
+    ASSERT_EQ(e.start(), "");
+    EXPECT_EQ(e.prefix_cache()->entries(), 0u);
+    EXPECT_EQ(run(e, second, "t").done.n_cached, 0);
+    fs::remove_all(dir);
+}
+
+TEST(PromptCache, ABurstWithOneNewPrefixComputesItOnce) {
+    ASSERT_TRUE(armada::testing::tiny_model());
+    const Tokens shared = tokens(70, 320);
+    Engine e(armada::testing::tiny_model(), config(4), nullptr);
+    ASSERT_EQ(e.start(), "");
+    // Four requests arrive together with one system prompt nobody has computed: one computes it,
+    // the others wait for it and copy its KV.
+    std::vector<std::thread> ts;
+    std::vector<Result> rs(4);
+    for (int i = 0; i < 4; ++i)
+        ts.emplace_back([&, i] { rs[size_t(i)] = run(e, concat(shared, tokens(80 + i, 20)), "t", 4); });
+    for (auto & t : ts)
+        t.join();
+    int computed = 0, reused = 0;
+    for (const auto & r : rs) {
+        if (r.done.n_cached == 0) ++computed;
+        if (r.done.n_cached >= int32_t(shared.size())) ++reused;
+    }
+    EXPECT_EQ(computed, 1);
+    EXPECT_EQ(reused, 3);
+    // The prompt tokens the engine evaluated: one shared prefix, four suffixes.
+    EXPECT_EQ(e.prefix_cache()->tokens_saved.load(), 3 * shared.size());
+}
+
+TEST(PromptCache, OffMeansNoReuseAcrossSequences) {
+    ASSERT_TRUE(armada::testing::tiny_model());
+    EngineConfig c = config(1);
+    c.prefix_cache = false;
+    Engine e(armada::testing::tiny_model(), c, nullptr);
+    ASSERT_EQ(e.start(), "");
+    EXPECT_EQ(e.prefix_cache(), nullptr);
+    run(e, kFirst, "t", 1);
+    run(e, tokens(9, 100), "t", 1);
+    EXPECT_EQ(run(e, concat(kFirst, tokens(6, 40)), "t").done.n_cached, 0);
+}
