@@ -14,6 +14,9 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY BOTH)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE BOTH)
+# pkg-config (FindOpenSSL asks it first) must see the arm64 .pc files, not the host's.
+set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig")
+set(ENV{PKG_CONFIG_PATH} "")
 # Test binaries run under qemu (gtest discovery at build time, and ctest).
 if(DEFINED ENV{ARMADA_ARM_EMULATOR})
   string(REPLACE " " ";" _emu "$ENV{ARMADA_ARM_EMULATOR}")
