@@ -51,6 +51,8 @@ Router::CacheTotals Router::cache_totals() const {
         t.hits += c->hits.load();
         t.tokens_saved += c->tokens_saved.load();
         t.saves += c->inserts.load();
+        t.restored += c->restored.load();
+        t.copied += c->copied.load();
         const auto p = e.pool().stats();
         t.ram_entries += p.cache_ram_entries;
         t.disk_entries += p.cache_disk_entries;
@@ -72,6 +74,8 @@ std::string Router::cache_json() const {
                      {"hit_rate", rate},
                      {"tokens_saved", t.tokens_saved},
                      {"saves", t.saves},
+                     {"restored_from_entries", t.restored},
+                     {"copied_from_sequences", t.copied},
                      {"evictions", t.evictions},
                      {"entries", {{"ram", t.ram_entries}, {"disk", t.disk_entries}}},
                      {"bytes", {{"ram", t.ram_bytes}, {"disk", t.disk_bytes}}}});
@@ -90,6 +94,8 @@ std::string Router::render_metrics() {
              t.hits);
         sync("armada_prompt_cache_tokens_saved_total", "Prompt tokens reused instead of computed", t.tokens_saved);
         sync("armada_prompt_cache_evictions_total", "Prompt-cache entries evicted for room", t.evictions);
+        sync("armada_prompt_cache_restores_total", "Requests that restored a prompt-cache entry", t.restored);
+        sync("armada_prompt_cache_copies_total", "Requests that copied their prefix from another sequence", t.copied);
         metrics_.gauge("armada_prompt_cache_hit_ratio", "Hits over requests since start")
             .set(t.lookups ? double(t.hits) / double(t.lookups) : 0.0);
         metrics_.gauge("armada_prompt_cache_entries", "Prompt-cache entries by tier", {{"tier", "ram"}})

@@ -54,7 +54,7 @@ class Router {
     //! The prompt cache over every engine (GET /v1/cache, /metrics).
     struct CacheTotals {
         bool enabled = false;
-        uint64_t lookups = 0, hits = 0, tokens_saved = 0, saves = 0, evictions = 0;
+        uint64_t lookups = 0, hits = 0, tokens_saved = 0, saves = 0, evictions = 0, restored = 0, copied = 0;
         uint64_t ram_entries = 0, disk_entries = 0, ram_bytes = 0, disk_bytes = 0;
     };
     CacheTotals cache_totals() const;

@@ -216,9 +216,12 @@ std::string Engine::start() {
                                                               const Tokens & tokens) {
         const auto scope = PrefixCache::scope_of(key);
         if (!scope) return KvPoolConfig::Found::Keep;
+        // With the cache off (a comparison run), its files stay for the next run; they are
+        // evicted first if the disk tier needs room.
+        if (!c) return KvPoolConfig::Found::Cache;
         if (file_fp != fp) ++*foreign;
-        const bool ok = c && file_fp == fp && !tokens.empty() && c->key_for(*scope, tokens) == key &&
-                        c->insert(key, *scope, tokens);
+        const bool ok =
+            file_fp == fp && !tokens.empty() && c->key_for(*scope, tokens) == key && c->insert(key, *scope, tokens);
         return ok ? KvPoolConfig::Found::Cache : KvPoolConfig::Found::Remove;
     };
     if (cfg_.park && cfg_.kv_journal && !cfg_.kv_dir.empty()) {
@@ -320,6 +323,16 @@ void Engine::loop() {
         for (auto & op : ops)
             op();
         park_idle();
+        // Nothing to compute: the time is free for saving finished requests to the prompt
+        // cache, so a later admission does not pay for it.
+        if (cache_ && waiting.empty() && !has_active()) {
+            for (auto & s : slots_) {
+                if (s.unsaved) {
+                    cache_save(s);
+                    s.unsaved = false;
+                }
+            }
+        }
         reap_cancelled(waiting);
         admit(waiting);
         if (!step() && waiting.empty()) continue;
@@ -528,7 +541,10 @@ void Engine::prepare_prefix(Slot & s, const GenRequest & req) {
     std::optional<PrefixCache::Match> m;
     const size_t could = std::min(reusable(req, s.id, live, m), usable);
     // Worth it from one block on: a restore costs a copy of the saved KV, a block's prefill more.
-    if (could >= have + PrefixCache::kBlock) {
+    // Copying KV costs far less per token than computing it, but not nothing: a small gain from
+    // a very long entry (or sequence) is computed instead.
+    const size_t moved = live >= 0 ? slots_[size_t(live)].cache.size() : m ? m->n_tokens : 0;
+    if (could >= have + PrefixCache::kBlock && moved <= 32 * (could - have)) {
         if (live >= 0) {
             // Another sequence holds it (a burst sharing a prompt, or a turn whose slot went to
             // someone else): copy its KV, then the prompt drops what differs.
@@ -536,11 +552,13 @@ void Engine::prepare_prefix(Slot & s, const GenRequest & req) {
             if (save_seq(slots_[size_t(live)], blob) && load_blob(s, std::move(blob), "a copy of a live sequence")) {
                 s.kv_source = "copy";
                 stats_.prefix_hits++;
+                cache_->copied++;
             }
         } else if (m) {
             if (restore(s, m->key, true)) {
                 s.kv_source = "prefix";
                 stats_.prefix_hits++;
+                cache_->restored++;
             } else {
                 cache_->erase(m->key);
                 pool_->erase(m->key);
@@ -662,7 +680,8 @@ void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
         it = waiting.erase(it);
         stats_.queued--;
         Slot & s = slots_[size_t(id)];
-        if (s.unsaved && (s.scope != req->tenant || common_prefix(s.cache, req->prompt) < s.cache.size()))
+        if (s.unsaved &&
+            (s.scope != req->tenant || !req->session.empty() || common_prefix(s.cache, req->prompt) < s.cache.size()))
             cache_save(s);
         s.unsaved = false;
         s.kv_source.clear();
@@ -947,10 +966,11 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
     // After the caller has its answer: the step's KV goes to the session's journal. An
     // anonymous request's KV stays in its sequence and goes to the prompt cache only when the
     // sequence is wanted for other tokens: a next turn that lands here again costs no copy.
-    if (!s.cache.empty() && (r == FinishReason::Stop || r == FinishReason::Length)) {
+    if (!s.cache.empty() && r != FinishReason::Error) {
+        // A cancelled request's computed tokens are as good as a finished one's.
         if (s.owner.empty()) {
             s.unsaved = cache_ != nullptr;  // saved when the sequence is wanted for other tokens
-        } else if (journal_) {
+        } else if (journal_ && r != FinishReason::Cancelled) {
             journal_step(s);
         }
     }

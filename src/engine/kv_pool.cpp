@@ -115,11 +115,20 @@ bool read_header(const std::string & path, std::string & fingerprint, std::strin
     fingerprint = r.str(4096);  // checked again when the file is loaded
     key = r.str(4096);
     n_tokens = r.pod<uint32_t>();
-    if (r.ok && uint64_t(n_tokens) * sizeof(llama_token) <= head.size() - r.at) {
+    if (!r.ok) return false;
+    const uint64_t bytes = uint64_t(n_tokens) * sizeof(llama_token);
+    if (bytes <= head.size() - r.at) {
         tokens.resize(n_tokens);
-        if (n_tokens > 0) std::memcpy(tokens.data(), head.data() + r.at, n_tokens * sizeof(llama_token));
+        if (n_tokens > 0) std::memcpy(tokens.data(), head.data() + r.at, bytes);
+    } else if (n_tokens <= (1u << 24)) {
+        // A long entry: its tokens go on past the window.
+        tokens.resize(n_tokens);
+        f.clear();
+        f.seekg(std::streamoff(r.at));
+        f.read(reinterpret_cast<char *>(tokens.data()), std::streamsize(bytes));
+        if (f.gcount() != std::streamsize(bytes)) tokens.clear();
     }
-    return r.ok;
+    return true;
 }
 }  // namespace
 
@@ -357,7 +366,7 @@ bool KvPool::pressured() const {
     // Prompt-cache entries on disk make way by themselves: only sessions' KV counts here.
     const uint64_t disk = stats_.disk_bytes - stats_.cache_disk_bytes;
     if (!cfg_.dir.empty() && disk > cfg_.disk_limit / 10 * 9) self->pressured_ = true;
-    if (pressured_ && stats_.ram_bytes <= cfg_.ram_low && disk <= cfg_.disk_limit / 4 * 3 &&
+    if (pressured_ && stats_.ram_bytes - stats_.cache_ram_bytes <= cfg_.ram_low && disk <= cfg_.disk_limit / 4 * 3 &&
         cfg_.now() - last_drop_ >= std::chrono::milliseconds(cfg_.pressure_hold_ms)) {
         self->pressured_ = false;
     }
@@ -435,13 +444,18 @@ bool KvPool::spill_locked(Entry & e) {
 }
 
 void KvPool::enforce_locked() {
-    auto victims = [&](KvTier tier) {
+    // To spill: cold sessions first (not back soon), then prompt-cache entries, then the least
+    // recently used session. To drop: prompt-cache entries first, since losing one costs a
+    // prefill and losing a session's KV turns new sessions away.
+    auto victims = [&](KvTier tier, bool dropping) {
         std::vector<Entry *> v;
         for (auto & [k, e] : entries_) {
             if (e.tier == tier) v.push_back(&e);
         }
-        // Cold sessions first, then prompt-cache entries, then the least recently used session.
-        auto rank = [](const Entry * e) { return e->cache ? 1 : e->cold ? 0 : 2; };
+        auto rank = [dropping](const Entry * e) {
+            if (e->cache) return dropping ? 0 : 1;
+            return e->cold ? (dropping ? 1 : 0) : 2;
+        };
         std::sort(v.begin(), v.end(), [&](const Entry * a, const Entry * b) {
             if (rank(a) != rank(b)) return rank(a) < rank(b);
             return a->used < b->used;
@@ -461,7 +475,7 @@ void KvPool::enforce_locked() {
         drop_locked(entries_.find(e->key));
     };
     if (stats_.ram_bytes > cfg_.ram_limit) {
-        for (Entry * e : victims(KvTier::Ram)) {
+        for (Entry * e : victims(KvTier::Ram, cfg_.dir.empty())) {
             if (stats_.ram_bytes <= cfg_.ram_low) break;
             if (cfg_.durable && cfg_.durable(e->key, e->blob.tokens)) {
                 stats_.released++;
@@ -473,7 +487,7 @@ void KvPool::enforce_locked() {
         }
     }
     if (stats_.disk_bytes > cfg_.disk_limit) {
-        for (Entry * e : victims(KvTier::Disk)) {
+        for (Entry * e : victims(KvTier::Disk, true)) {
             if (stats_.disk_bytes <= cfg_.disk_limit / 4 * 3) break;
             drop(e);
         }

@@ -38,8 +38,8 @@ struct KvPoolConfig {
     //! Called (under the pool's lock: do not call back into the pool) for every entry that leaves
     //! without being asked to: dropped for room, or found bad when read.
     std::function<void(const std::string & key)> dropped;
-    //! Called by `open` for each file found, with what its header says. Returning Remove deletes
-    //! the file; Cache indexes it as a prompt-cache entry.
+    //! Called by `open` for each file found, with its key, fingerprint and tokens (empty when they
+    //! cannot be read). Returning Remove deletes the file; Cache keeps it as a prompt-cache entry.
     enum class Found { Keep, Cache, Remove };
     std::function<Found(const std::string & key, const std::string & fingerprint, const Tokens & tokens)> found;
     //! The clock the pressure hold is measured on (tests step a fake one).

@@ -120,7 +120,7 @@ std::optional<PrefixCache::Match> PrefixCache::longest(const std::string & scope
                 best_common = c;
             }
         }
-        if (best) return Match{*best_key, best->tokens, best_common};
+        if (best) return Match{*best_key, best->tokens.size(), best_common};
     }
     return std::nullopt;
 }

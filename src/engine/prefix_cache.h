@@ -29,8 +29,8 @@ class PrefixCache {
 
     struct Match {
         std::string key;
-        Tokens tokens;      // the entry's tokens
-        size_t common = 0;  // tokens it shares with the prompt
+        size_t n_tokens = 0;  // the entry's length (what a restore moves)
+        size_t common = 0;    // tokens it shares with the prompt
     };
 
     //! `salt`: the KV fingerprint (model file, context settings, cache types, llama.cpp build),
@@ -56,9 +56,11 @@ class PrefixCache {
     std::vector<std::string> covered_by(const std::string & scope, const Tokens & tokens) const;
     size_t entries() const;
 
-    // Counters for /metrics and GET /v1/cache: requests, requests that reused a block or more,
-    // prompt tokens not computed again, entries saved. Evictions are the pool's (cache_evicted).
-    std::atomic<uint64_t> lookups{0}, hits{0}, tokens_saved{0}, inserts{0};
+    // Counters for /metrics and GET /v1/cache: requests; requests that reused a block or more of
+    // their prompt, wherever it was (their own sequence, an entry, another sequence); prompt
+    // tokens they did not compute; entries saved; requests served from an entry (`restored`) or
+    // by copying another sequence (`copied`). Evictions are the pool's (cache_evicted).
+    std::atomic<uint64_t> lookups{0}, hits{0}, tokens_saved{0}, inserts{0}, restored{0}, copied{0};
 
   private:
     struct Entry {

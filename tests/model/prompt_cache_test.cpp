@@ -126,11 +126,11 @@ TEST(PromptCache, RestoreFromRamIsTokenIdentical) {
     ASSERT_EQ(e.start(), "");
     // max_tokens 1: the answer's only token is sampled, never decoded, so the KV is the prompt.
     EXPECT_EQ(run(e, kFirst, "t", 1).done.kv_tokens, 256);
-    // Another prompt takes the only sequence: the first one's KV goes to the cache first.
+    // Another prompt takes the only sequence: the first one's KV is in the cache by then (saved
+    // while the engine was idle, or when the sequence was wanted).
     run(e, tokens(9, 100), "t", 1);
-    ASSERT_EQ(e.prefix_cache()->entries(), 1u);
-    const auto before = e.pool().stats();
-    EXPECT_EQ(before.cache_ram_entries, 1u);
+    ASSERT_TRUE(e.prefix_cache()->contains(e.prefix_cache()->key_for("t", kFirst)));
+    EXPECT_GE(e.pool().stats().cache_ram_entries, 1u);
     const Result r = run(e, second, "t");
     EXPECT_EQ(r.done.kv_source, "prefix");
     EXPECT_EQ(r.done.n_cached, 256);
@@ -151,8 +151,9 @@ TEST(PromptCache, RestoreFromDiskIsTokenIdenticalAndSurvivesARestart) {
         ASSERT_EQ(e.start(), "");
         run(e, kFirst, "t", 1);
         run(e, tokens(9, 100), "t", 1);
+        ASSERT_TRUE(e.prefix_cache()->contains(e.prefix_cache()->key_for("t", kFirst)));
         const auto ps = e.pool().stats();
-        ASSERT_EQ(ps.cache_disk_entries, 1u);
+        EXPECT_GE(ps.cache_disk_entries, 1u);
         EXPECT_EQ(ps.cache_ram_entries, 0u);
         const Result r = run(e, second, "t");
         EXPECT_EQ(r.done.kv_source, "prefix");
@@ -160,37 +161,43 @@ TEST(PromptCache, RestoreFromDiskIsTokenIdenticalAndSurvivesARestart) {
         EXPECT_EQ(e.stats().restores_disk.load(), 1u);
         EXPECT_EQ(r.text, want);
     }
-    // A restart finds the entry on disk and indexes it again.
+    // A restart finds the entries on disk and indexes them again. (Which ones depends on whether
+    // the engine saved the second request before it stopped; both share kFirst with this one.)
+    const Tokens third = concat(kFirst, tokens(8, 40));
+    const std::string want3 = scratch(third);
     Engine e(armada::testing::tiny_model(), c, nullptr);
     ASSERT_EQ(e.start(), "");
     EXPECT_GE(e.prefix_cache()->entries(), 1u);
-    const Result r = run(e, second, "t");
+    const Result r = run(e, third, "t");
     EXPECT_EQ(r.done.kv_source, "prefix");
     EXPECT_EQ(r.done.n_cached, 256);
-    EXPECT_EQ(r.text, want);
+    EXPECT_EQ(r.text, want3);
     fs::remove_all(dir);
 }
 
 TEST(PromptCache, TenantsNeverShareAnEntryOrASequence) {
     ASSERT_TRUE(armada::testing::tiny_model());
     const Tokens second = concat(kFirst, tokens(6, 40));
-    Engine e(armada::testing::tiny_model(), config(2), nullptr);
+    const Tokens longer = concat(second, tokens(7, 10));
+    // One sequence: every request lands where the previous tenant's KV is.
+    Engine e(armada::testing::tiny_model(), config(1), nullptr);
     ASSERT_EQ(e.start(), "");
     run(e, kFirst, "alice", 1);
-    // Same prompt from another tenant: not from the cache, not from alice's sequence.
+    // The same prefix from another tenant, in the very sequence holding alice's KV: nothing reused.
     const Result b = run(e, second, "bob");
     EXPECT_EQ(b.done.n_cached, 0);
     EXPECT_EQ(b.done.kv_source, "");
-    // bob's request took the other sequence; alice's next request finds her own KV.
-    const Result a = run(e, second, "alice");
-    EXPECT_GE(a.done.n_cached, 256);
-    // Push both out of the sequences: entries are per tenant.
+    // alice gets hers back from her entry (bob's KV is in the sequence now).
+    const Result a = run(e, longer, "alice", 1);
+    EXPECT_EQ(a.done.kv_source, "prefix");
+    EXPECT_EQ(a.done.n_cached, 256);
     run(e, tokens(30, 100), "carol", 1);
-    run(e, tokens(31, 100), "carol", 1);
-    const Result b2 = run(e, concat(second, tokens(7, 10)), "bob");
+    // bob's own entry (second + his answer) shares all of `second` with this prompt; alice's
+    // (`longer`) would share 10 tokens more. He gets exactly his own.
+    const Result b2 = run(e, concat(longer, tokens(12, 5)), "bob");
     EXPECT_EQ(b2.done.kv_source, "prefix");
-    EXPECT_GE(b2.done.n_cached, int32_t(second.size()));  // bob's own entry, not alice's
-    const Result d = run(e, concat(second, tokens(7, 10)), "dave");
+    EXPECT_EQ(b2.done.n_cached, int32_t(second.size()));
+    const Result d = run(e, concat(longer, tokens(12, 5)), "dave");
     EXPECT_EQ(d.done.n_cached, 0);
 }
 
@@ -205,7 +212,7 @@ TEST(PromptCache, AChangedContextSizeOrModelNeverRestoresAnOldEntry) {
         ASSERT_EQ(e.start(), "");
         run(e, kFirst, "t", 1);
         run(e, tokens(9, 100), "t", 1);
-        ASSERT_EQ(e.pool().stats().cache_disk_entries, 1u);
+        ASSERT_GE(e.pool().stats().cache_disk_entries, 1u);
     }
     // Another context size: the file is not indexed, and is deleted.
     EngineConfig other = config(1, dir, 2048);
@@ -224,7 +231,7 @@ TEST(PromptCache, AChangedContextSizeOrModelNeverRestoresAnOldEntry) {
         ASSERT_EQ(e.start(), "");
         run(e, kFirst, "t", 1);
         run(e, tokens(9, 100), "t", 1);
-        ASSERT_EQ(e.pool().stats().cache_disk_entries, 1u);
+        ASSERT_GE(e.pool().stats().cache_disk_entries, 1u);
     }
     EngineConfig changed = c;
     changed.fingerprint_extra = "another-model-file";

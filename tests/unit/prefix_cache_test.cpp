@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <memory>
 #include <random>
 
 using namespace armada::engine;
@@ -103,11 +105,11 @@ TEST(PrefixCache, PoolEvictsCacheEntriesFirstAndWithoutPressure) {
         b.data.assign(n, 7);
         return b;
     };
-    pool.put("sess_a", blob(900), false);
+    pool.put("sess_a", blob(900), true);  // cold: a session waiting for its user
     pool.put("c/t/1", blob(900), false, true);
     pool.put("sess_b", blob(900), false);
     EXPECT_EQ(pool.stats().cache_ram_entries, 1u);
-    // Over the limit with no disk tier: the cache entry goes, although sess_a is older.
+    // Over the limit with no disk tier: the cache entry goes, although sess_a is older and cold.
     pool.put("sess_c", blob(900), false);
     EXPECT_EQ(dropped, std::vector<std::string>{"c/t/1"});
     EXPECT_TRUE(pool.contains("sess_a"));
@@ -117,6 +119,34 @@ TEST(PrefixCache, PoolEvictsCacheEntriesFirstAndWithoutPressure) {
     EXPECT_EQ(st.cache_ram_entries, 0u);
     EXPECT_EQ(st.cache_ram_bytes, 0u);
     EXPECT_FALSE(pool.pressured());  // new sessions are not turned away for a cache entry
+}
+
+TEST(PrefixCache, CacheEntriesInRamDoNotHoldPressureOn) {
+    KvPoolConfig pc;
+    pc.ram_limit = 3000;
+    pc.ram_low = 1000;
+    pc.fingerprint = "fp";
+    auto now = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+    pc.now = [now] { return *now; };
+    KvPool pool(pc);
+    ASSERT_EQ(pool.open(), "");
+    auto blob = [](size_t n) {
+        KvBlob b;
+        b.tokens = seq(0, 10);
+        b.data.assign(n, 7);
+        return b;
+    };
+    for (const char * k : {"s1", "s2", "s3", "s4"})
+        pool.put(k, blob(900), false);
+    ASSERT_TRUE(pool.pressured());  // sessions' KV was dropped for room
+    pool.erase("s4");
+    pool.put("c/t/1", blob(900), false, true);
+    pool.put("c/t/2", blob(900), false, true);
+    EXPECT_GT(pool.stats().ram_bytes, pc.ram_low);
+    // After the hold, only cache entries hold RAM above the low watermark: new sessions are
+    // welcome again.
+    *now += std::chrono::milliseconds(pc.pressure_hold_ms + 1);
+    EXPECT_FALSE(pool.pressured());
 }
 
 TEST(PrefixCache, PoolReportsFilesFoundAtOpenAndDeletesRefusedOnes) {
