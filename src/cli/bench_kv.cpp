@@ -247,6 +247,34 @@ PrefixRow prefix(const std::shared_ptr<engine::Model> & m, const BenchKvOptions 
     return row;
 }
 
+//! Samples the process's RSS every 20 ms from construction until `stop`, keeping the peak.
+class PeakRss {
+  public:
+    PeakRss() : base_(rss_bytes()), peak_(base_) {
+        thread_ = std::thread([this] {
+            while (on_) {
+                peak_ = std::max<uint64_t>(peak_, rss_bytes());
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
+        });
+    }
+    ~PeakRss() { stop(); }
+    PeakRss(const PeakRss &) = delete;
+    PeakRss & operator=(const PeakRss &) = delete;
+    uint64_t base() const { return base_; }
+    uint64_t stop() {
+        on_ = false;
+        if (thread_.joinable()) thread_.join();
+        return peak_;
+    }
+
+  private:
+    const uint64_t base_;
+    std::atomic<bool> on_{true};
+    std::atomic<uint64_t> peak_;
+    std::thread thread_;
+};
+
 struct CapacityRow {
     bool park = true;
     int created = 0, resumed_from_kv = 0, errors = 0;
@@ -271,15 +299,8 @@ CapacityRow capacity(const std::shared_ptr<engine::Model> & m, const BenchKvOpti
         fprintf(stderr, "engine: %s\n", err.c_str());
         return row;
     }
-    row.rss_base = rss_bytes();
-    std::atomic<bool> sampling{true};
-    std::atomic<uint64_t> peak{row.rss_base};
-    std::thread sampler([&] {
-        while (sampling) {
-            peak = std::max<uint64_t>(peak, rss_bytes());
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-    });
+    PeakRss rss;
+    row.rss_base = rss.base();
     Runner r(e);
     const int wave = opt.seqs * 8;
     auto t0 = std::chrono::steady_clock::now();
@@ -309,9 +330,7 @@ CapacityRow capacity(const std::shared_ptr<engine::Model> & m, const BenchKvOpti
     }
     fputc('\n', stderr);
     row.resume_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    sampling = false;
-    sampler.join();
-    row.rss_peak = peak;
+    row.rss_peak = rss.stop();
     const auto ps = e.pool().stats();
     row.ram_bytes = ps.ram_bytes;
     row.disk_bytes = ps.disk_bytes;
@@ -336,15 +355,8 @@ FloodRow cache_flood(const std::shared_ptr<engine::Model> & m, const BenchKvOpti
         row.errors = 1;
         return row;
     }
-    row.rss_base = rss_bytes();
-    std::atomic<bool> sampling{true};
-    std::atomic<uint64_t> peak{row.rss_base};
-    std::thread sampler([&] {
-        while (sampling) {
-            peak = std::max<uint64_t>(peak, rss_bytes());
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-    });
+    PeakRss rss;
+    row.rss_base = rss.base();
     Runner r(e);
     const int wave = opt.seqs * 8;
     for (int base = 0; base < opt.cache_flood; base += wave) {
@@ -356,9 +368,7 @@ FloodRow cache_flood(const std::shared_ptr<engine::Model> & m, const BenchKvOpti
         fprintf(stderr, "\rprompt-cache flood: %d/%d   ", row.requests, opt.cache_flood);
     }
     fputc('\n', stderr);
-    sampling = false;
-    sampler.join();
-    row.rss_peak = peak;
+    row.rss_peak = rss.stop();
     const auto ps = e.pool().stats();
     row.cache_ram = ps.cache_ram_bytes;
     row.evicted = ps.cache_evicted;

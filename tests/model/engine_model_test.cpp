@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 #include "engine/engine_set.h"
 #include "engine/grammar_fast.h"
+#include "model/greedy.h"
 
 #include <gtest/gtest.h>
 
@@ -62,17 +63,7 @@ struct Collector {
 };
 
 std::unique_ptr<GenRequest> greedy(const Model & m, Tokens prompt, int max_tokens, Collector & c) {
-    auto r = std::make_unique<GenRequest>();
-    r->prompt = std::move(prompt);
-    common_params_sampling sp;
-    sp.temp = 0;
-    sp.no_perf = true;
-    for (llama_token t = 0; t < m.n_vocab(); ++t) {
-        if (m.is_eog(t)) sp.logit_bias.push_back({t, -INFINITY});
-    }
-    r->sampler.reset(common_sampler_init(m.get(), sp));
-    r->max_tokens = max_tokens;
-    r->render_special = true;
+    auto r = armada::testing::greedy_request(m, std::move(prompt), max_tokens);
     r->sink = c.sink();
     return r;
 }

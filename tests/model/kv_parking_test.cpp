@@ -3,6 +3,7 @@
 // a run that computed the whole prompt from scratch.
 #include "engine/engine.h"
 #include "engine/kv_state.h"
+#include "model/greedy.h"
 #include "model/tiny_model.h"
 
 #include <gtest/gtest.h>
@@ -23,47 +24,17 @@ std::shared_ptr<Model> tiny() {
     return armada::testing::tiny_model();
 }
 
-struct Result {
-    std::string text;
-    GenEvent done;
-};
+using Result = armada::testing::GreedyResult;
+using armada::testing::concat;
 
 //! Runs one greedy request to the end and returns its text and final event.
 Result run(Engine & e, const Tokens & prompt, const std::string & session = {}, const std::string & tenant = {},
            int32_t prefix_len = 0, int max_tokens = 24) {
-    const Model & m = e.model();
-    auto r = std::make_unique<GenRequest>();
-    r->prompt = prompt;
-    common_params_sampling sp;
-    sp.temp = 0;
-    sp.no_perf = true;
-    for (llama_token t = 0; t < m.n_vocab(); ++t) {
-        if (m.is_eog(t)) sp.logit_bias.push_back({t, -INFINITY});
-    }
-    r->sampler.reset(common_sampler_init(m.get(), sp));
-    r->max_tokens = max_tokens;
-    r->render_special = true;
+    auto r = armada::testing::greedy_request(e.model(), prompt, max_tokens);
     r->session = session;
     r->tenant = tenant;
     r->prefix_len = prefix_len;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool finished = false;
-    Result out;
-    r->sink = [&](GenEvent && ev) {
-        std::lock_guard lk(mu);
-        if (ev.kind == GenEvent::Kind::Text) {
-            out.text += ev.text;
-            return;
-        }
-        out.done = ev;
-        finished = true;
-        cv.notify_all();
-    };
-    EXPECT_EQ(e.submit(std::move(r)), SubmitStatus::Accepted);
-    std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return finished; });
-    return out;
+    return armada::testing::run_to_end(e, std::move(r));
 }
 
 Tokens tokens(int seed, int len) {
@@ -71,11 +42,6 @@ Tokens tokens(int seed, int len) {
     for (int k = 0; k < len; ++k)
         p.push_back(llama_token(300 + (seed * 131 + k * 17) % 20000));
     return p;
-}
-
-Tokens concat(Tokens a, const Tokens & b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
 }
 
 EngineConfig config(int n_seq, const std::string & dir = {}) {
