@@ -43,8 +43,26 @@ size_t EngineSet::route(const std::string & session) const {
     return best;
 }
 
+std::optional<size_t> EngineSet::cached_on(const GenRequest & req) const {
+    // A request with no session (chat, completions, Responses) goes back to the engine whose
+    // prompt cache holds the longest part of its prompt, unless that engine is out of room.
+    if (engines_.size() == 1 || !req.session.empty()) return std::nullopt;
+    std::optional<size_t> best;
+    size_t best_common = 0;
+    for (size_t i = 0; i < engines_.size(); ++i) {
+        const auto * c = engines_[i]->prefix_cache();
+        if (!c || engines_[i]->kv_pressure() || !engines_[i]->has_room()) continue;
+        const auto m = c->longest(req.tenant, req.prompt);
+        if (m && m->common > best_common) {
+            best = i;
+            best_common = m->common;
+        }
+    }
+    return best;
+}
+
 SubmitStatus EngineSet::submit(std::unique_ptr<GenRequest> req) {
-    const size_t i = route(req->session);
+    const size_t i = cached_on(*req).value_or(route(req->session));
     return engines_[i]->submit(std::move(req));
 }
 

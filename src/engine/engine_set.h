@@ -33,6 +33,9 @@ class EngineSet {
     SubmitStatus submit(std::unique_ptr<GenRequest> req);
     //! Index of the engine a request of `session` would go to now.
     size_t route(const std::string & session) const;
+    //! The engine whose prompt cache holds the longest prefix of a session-less request, if any
+    //! has room for it.
+    std::optional<size_t> cached_on(const GenRequest & req) const;
     //! Whether some engine would take `n` more requests now (approximate, lock-free).
     bool has_room(int32_t n = 1) const;
     void wake();

@@ -359,3 +359,51 @@ TEST(EngineSetModel, SessionsStayOnTheEngineHoldingTheirKvOthersGoWhereThereIsRo
     EXPECT_FALSE(set.has_room(4 + 2 * 256 + 1));
     set.stop();
 }
+
+TEST(EngineSetModel, AChatFollowUpGoesToTheEngineWhoseCacheHoldsItsPrefix) {
+    auto m = tiny_model();
+    ASSERT_TRUE(m);
+    std::vector<std::unique_ptr<Engine>> engines;
+    for (int i = 0; i < 2; ++i) {
+        EngineConfig cfg;
+        cfg.n_seq_max = 2;
+        cfg.n_ctx = 2 * 256;
+        cfg.n_threads = 1;
+        cfg.index = i;
+        cfg.kv_budget = 64ull << 20;
+        engines.push_back(std::make_unique<Engine>(m, cfg, nullptr));
+        ASSERT_EQ(engines.back()->start(), "");
+    }
+    EngineSet set(std::move(engines));
+    auto run = [&](const Tokens & prompt) {
+        Collector c;
+        auto r = greedy(*m, prompt, 8, c);
+        r->tenant = "t";
+        EXPECT_EQ(set.submit(std::move(r)), SubmitStatus::Accepted);
+        c.wait();
+        return c.final;
+    };
+    const Tokens first = prompt_for(5, 150);
+    run(first);
+    // The idle engine saves the finished request to its prompt cache.
+    int holder = -1;
+    for (int i = 0; i < 500 && holder < 0; ++i) {
+        for (size_t k = 0; k < set.size(); ++k) {
+            if (set.at(k).prefix_cache()->entries() > 0) holder = int(k);
+        }
+        if (holder < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_GE(holder, 0);
+    // By load alone the follow-up would go to the other engine (more free KV); it goes to the
+    // one holding its prefix, and reuses it.
+    const auto ev = run(armada::testing::concat(first, prompt_for(9, 20)));
+    EXPECT_EQ(set.at(size_t(holder)).stats().requests.load(), 2u);
+    EXPECT_GE(ev.n_cached, 150);
+    // Another tenant's request is routed by load, and reuses nothing.
+    Collector c;
+    auto r = greedy(*m, armada::testing::concat(first, prompt_for(9, 20)), 8, c);
+    r->tenant = "u";
+    ASSERT_EQ(set.submit(std::move(r)), SubmitStatus::Accepted);
+    c.wait();
+    EXPECT_EQ(c.final.n_cached, 0);
+}
