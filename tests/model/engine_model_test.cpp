@@ -307,9 +307,8 @@ TEST(EngineModel, JumpForwardFeedsWhatTheGrammarForces) {
     }
 }
 
-TEST(EngineSetModel, SessionsStayOnTheEngineHoldingTheirKvOthersGoWhereThereIsRoom) {
-    auto m = tiny_model();
-    ASSERT_TRUE(m);
+//! Two started engines of 2 sequences × 256 tokens each, one compute thread each.
+std::vector<std::unique_ptr<Engine>> two_small_engines(const std::shared_ptr<Model> & m) {
     std::vector<std::unique_ptr<Engine>> engines;
     for (int i = 0; i < 2; ++i) {
         EngineConfig cfg;
@@ -319,9 +318,16 @@ TEST(EngineSetModel, SessionsStayOnTheEngineHoldingTheirKvOthersGoWhereThereIsRo
         cfg.index = i;
         cfg.kv_budget = 64ull << 20;
         engines.push_back(std::make_unique<Engine>(m, cfg, nullptr));
-        ASSERT_EQ(engines.back()->start(), "");
+        EXPECT_EQ(engines.back()->start(), "");
     }
-    EngineSet set(std::move(engines));
+    return engines;
+}
+
+TEST(EngineSetModel, SessionsStayOnTheEngineHoldingTheirKvOthersGoWhereThereIsRoom) {
+    auto m = tiny_model();
+    ASSERT_TRUE(m);
+    EngineSet set(two_small_engines(m));
+    ASSERT_EQ(set.size(), 2u);
     auto run = [&](const std::string & session, int first_token) {
         Collector c;
         auto r = greedy(*m, prompt_for(first_token, 24), 8, c);
@@ -363,18 +369,8 @@ TEST(EngineSetModel, SessionsStayOnTheEngineHoldingTheirKvOthersGoWhereThereIsRo
 TEST(EngineSetModel, AChatFollowUpGoesToTheEngineWhoseCacheHoldsItsPrefix) {
     auto m = tiny_model();
     ASSERT_TRUE(m);
-    std::vector<std::unique_ptr<Engine>> engines;
-    for (int i = 0; i < 2; ++i) {
-        EngineConfig cfg;
-        cfg.n_seq_max = 2;
-        cfg.n_ctx = 2 * 256;
-        cfg.n_threads = 1;
-        cfg.index = i;
-        cfg.kv_budget = 64ull << 20;
-        engines.push_back(std::make_unique<Engine>(m, cfg, nullptr));
-        ASSERT_EQ(engines.back()->start(), "");
-    }
-    EngineSet set(std::move(engines));
+    EngineSet set(two_small_engines(m));
+    ASSERT_EQ(set.size(), 2u);
     auto run = [&](const Tokens & prompt) {
         Collector c;
         auto r = greedy(*m, prompt, 8, c);

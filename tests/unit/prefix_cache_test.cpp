@@ -28,6 +28,14 @@ Tokens cat(Tokens a, const Tokens & b) {
 
 constexpr size_t B = PrefixCache::kBlock;
 
+//! A saved state of `n` bytes for ten tokens.
+KvBlob blob(size_t n) {
+    KvBlob b;
+    b.tokens = seq(0, 10);
+    b.data.assign(n, 7);
+    return b;
+}
+
 }  // namespace
 
 TEST(PrefixCache, BlockHashesAreChainedAndScoped) {
@@ -99,12 +107,6 @@ TEST(PrefixCache, PoolEvictsCacheEntriesFirstAndWithoutPressure) {
     pc.dropped = [&](const std::string & k) { dropped.push_back(k); };
     KvPool pool(pc);
     ASSERT_EQ(pool.open(), "");
-    auto blob = [](size_t n) {
-        KvBlob b;
-        b.tokens = seq(0, 10);
-        b.data.assign(n, 7);
-        return b;
-    };
     pool.put("sess_a", blob(900), true);  // cold: a session waiting for its user
     pool.put("c/t/1", blob(900), false, true);
     pool.put("sess_b", blob(900), false);
@@ -130,12 +132,6 @@ TEST(PrefixCache, CacheEntriesInRamDoNotHoldPressureOn) {
     pc.now = [now] { return *now; };
     KvPool pool(pc);
     ASSERT_EQ(pool.open(), "");
-    auto blob = [](size_t n) {
-        KvBlob b;
-        b.tokens = seq(0, 10);
-        b.data.assign(n, 7);
-        return b;
-    };
     for (const char * k : {"s1", "s2", "s3", "s4"})
         pool.put(k, blob(900), false);
     ASSERT_TRUE(pool.pressured());  // sessions' KV was dropped for room
