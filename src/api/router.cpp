@@ -84,27 +84,6 @@ std::string Router::cache_json() const {
 std::string Router::render_metrics() {
     const auto * set = engines_.load();
     if (!set) return metrics_.render();
-    if (const CacheTotals t = cache_totals(); t.enabled) {
-        auto sync = [this](const char * name, const char * help, uint64_t v) {
-            auto & c = metrics_.counter(name, help);
-            if (v > c.value()) c.inc(v - c.value());
-        };
-        sync("armada_prompt_cache_requests_total", "Generation requests the prompt cache saw", t.lookups);
-        sync("armada_prompt_cache_hits_total", "Requests that reused at least one cached block of their prompt",
-             t.hits);
-        sync("armada_prompt_cache_tokens_saved_total", "Prompt tokens reused instead of computed", t.tokens_saved);
-        sync("armada_prompt_cache_evictions_total", "Prompt-cache entries evicted for room", t.evictions);
-        sync("armada_prompt_cache_restores_total", "Requests that restored a prompt-cache entry", t.restored);
-        sync("armada_prompt_cache_copies_total", "Requests that copied their prefix from another sequence", t.copied);
-        metrics_.gauge("armada_prompt_cache_hit_ratio", "Hits over requests since start")
-            .set(t.lookups ? double(t.hits) / double(t.lookups) : 0.0);
-        metrics_.gauge("armada_prompt_cache_entries", "Prompt-cache entries by tier", {{"tier", "ram"}})
-            .set(double(t.ram_entries));
-        metrics_.gauge("armada_prompt_cache_entries", "", {{"tier", "disk"}}).set(double(t.disk_entries));
-        metrics_.gauge("armada_prompt_cache_bytes", "Prompt-cache bytes by tier", {{"tier", "ram"}})
-            .set(double(t.ram_bytes));
-        metrics_.gauge("armada_prompt_cache_bytes", "", {{"tier", "disk"}}).set(double(t.disk_bytes));
-    }
     // Node totals over every engine, then a few gauges per engine.
     int64_t active = 0, queued = 0;
     double kv_used = 0, budget = 0;
@@ -176,6 +155,23 @@ std::string Router::render_metrics() {
     sync("armada_kv_prefix_hits_total", "Sessions started from a shared prefix", prefix_hits);
     sync("armada_kv_spills_total", "Parked KV entries written to disk", ps.spilled);
     sync("armada_kv_dropped_total", "Parked KV entries dropped for lack of room", ps.dropped);
+    if (const CacheTotals t = cache_totals(); t.enabled) {
+        sync("armada_prompt_cache_requests_total", "Generation requests the prompt cache saw", t.lookups);
+        sync("armada_prompt_cache_hits_total", "Requests that reused at least one cached block of their prompt",
+             t.hits);
+        sync("armada_prompt_cache_tokens_saved_total", "Prompt tokens reused instead of computed", t.tokens_saved);
+        sync("armada_prompt_cache_evictions_total", "Prompt-cache entries evicted for room", t.evictions);
+        sync("armada_prompt_cache_restores_total", "Requests that restored a prompt-cache entry", t.restored);
+        sync("armada_prompt_cache_copies_total", "Requests that copied their prefix from another sequence", t.copied);
+        metrics_.gauge("armada_prompt_cache_hit_ratio", "Hits over requests since start")
+            .set(t.lookups ? double(t.hits) / double(t.lookups) : 0.0);
+        metrics_.gauge("armada_prompt_cache_entries", "Prompt-cache entries by tier", {{"tier", "ram"}})
+            .set(double(t.ram_entries));
+        metrics_.gauge("armada_prompt_cache_entries", "", {{"tier", "disk"}}).set(double(t.disk_entries));
+        metrics_.gauge("armada_prompt_cache_bytes", "Prompt-cache bytes by tier", {{"tier", "ram"}})
+            .set(double(t.ram_bytes));
+        metrics_.gauge("armada_prompt_cache_bytes", "", {{"tier", "disk"}}).set(double(t.disk_bytes));
+    }
     if (journal) {
         sync("armada_kv_journal_records_total", "Steps appended to session KV journals", js.records);
         sync("armada_kv_journal_bytes_total", "Bytes written to session KV journals", js.bytes_written);
