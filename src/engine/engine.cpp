@@ -88,6 +88,8 @@ Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * m
 
 Engine::~Engine() {
     stop();
+    // The pool's writer calls into the journal and the prompt cache: it stops before they go.
+    pool_.reset();
     if (batch_.token) llama_batch_free(batch_);
     if (ctx_) llama_free(ctx_);
     if (threadpool_) ggml_threadpool_free(threadpool_);

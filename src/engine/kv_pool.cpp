@@ -134,6 +134,15 @@ bool read_header(const std::string & path, std::string & fingerprint, std::strin
 
 KvPool::KvPool(KvPoolConfig cfg) : cfg_(std::move(cfg)) {}
 
+KvPool::~KvPool() {
+    {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+    }
+    work_cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+}
+
 std::string KvPool::path_for(const std::string & key) const {
     char name[32];
     snprintf(name, sizeof name, "%016llx.kv", static_cast<unsigned long long>(fnv1a64(key.data(), key.size())));
@@ -286,7 +295,7 @@ std::optional<KvBlob> KvPool::decode_file(const std::string & image, const std::
 }
 
 void KvPool::put(const std::string & key, KvBlob blob, bool cold, bool cache) {
-    std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) remove_locked(it);
     Entry e;
@@ -298,10 +307,13 @@ void KvPool::put(const std::string & key, KvBlob blob, bool cold, bool cache) {
     e.cold = cold;
     e.cache = cache;
     e.used = ++tick_;
-    e.blob = std::move(blob);
+    e.gen = e.used;
+    e.blob = std::make_shared<KvBlob>(std::move(blob));
     count_locked(e, 1);
     entries_[key] = std::move(e);
     enforce_locked();
+    // The writer is behind: wait for it rather than let RAM stay over the limit.
+    done_cv_.wait(lk, [&] { return stats_.ram_bytes <= cfg_.ram_limit || stats_.writing_entries == 0 || stop_; });
 }
 
 std::optional<KvBlob> KvPool::get(const std::string & key, bool keep, KvTier & from, std::string & why) {
@@ -315,8 +327,9 @@ std::optional<KvBlob> KvPool::get(const std::string & key, bool keep, KvTier & f
     from = e.tier;
     e.used = ++tick_;
     if (e.tier == KvTier::Ram) {
-        if (keep) return e.blob;
-        KvBlob b = std::move(e.blob);
+        if (keep) return *e.blob;
+        // While the writer holds the blob too, it gets a copy; otherwise the blob moves out.
+        KvBlob b = e.blob.use_count() == 1 ? std::move(*e.blob) : *e.blob;
         remove_locked(it);
         return b;
     }
@@ -374,14 +387,20 @@ bool KvPool::pressured() const {
 }
 
 size_t KvPool::spill_all() {
-    std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_);
+    done_cv_.wait(lk, [&] { return (queue_.empty() && !busy_) || stop_; });
     size_t n = 0;
     for (auto & [k, e] : entries_) {
         if (e.tier != KvTier::Ram || e.cache) continue;
         // Saved when the journal has it, or once written to disk.
-        if ((cfg_.durable && cfg_.durable(k, e.blob.tokens)) || spill_locked(e)) ++n;
+        if ((cfg_.durable && cfg_.durable(k, e.blob->tokens)) || spill_locked(e)) ++n;
     }
     return n;
+}
+
+void KvPool::flush() {
+    std::unique_lock lk(mu_);
+    done_cv_.wait(lk, [&] { return (queue_.empty() && !busy_) || stop_; });
 }
 
 void KvPool::count_locked(const Entry & e, int sign) {
@@ -401,6 +420,10 @@ void KvPool::count_locked(const Entry & e, int sign) {
 void KvPool::remove_locked(std::map<std::string, Entry>::iterator it) {
     Entry & e = it->second;
     count_locked(e, -1);
+    if (e.writing) {  // the writer finds it gone and discards its file
+        stats_.writing_entries--;
+        stats_.writing_bytes -= e.stored_bytes;
+    }
     if (e.tier == KvTier::Disk) {
         std::error_code ec;
         fs::remove(path_for(e.key), ec);
@@ -414,24 +437,28 @@ void KvPool::drop_locked(std::map<std::string, Entry>::iterator it) {
     if (cfg_.dropped) cfg_.dropped(key);
 }
 
+bool KvPool::write_file(const std::string & key, const std::string & image) const {
+    const std::string tmp = path_for(key) + ".tmp";
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(image.data(), std::streamsize(image.size()));
+    f.close();
+    if (!f) {
+        spdlog::warn("kv: cannot write {}", tmp);
+        std::error_code ec;
+        fs::remove(tmp, ec);
+        return false;
+    }
+    return true;
+}
+
 bool KvPool::spill_locked(Entry & e) {
     if (cfg_.dir.empty()) return false;
     bool compressed = false;
-    const std::string image = encode_file(cfg_, e.key, e.blob, compressed);
+    const std::string image = encode_file(cfg_, e.key, *e.blob, compressed);
     const std::string path = path_for(e.key);
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        f.write(image.data(), std::streamsize(image.size()));
-        if (!f) {
-            spdlog::warn("kv: cannot write {}; the entry stays in RAM", tmp);
-            std::error_code ec;
-            fs::remove(tmp, ec);
-            return false;
-        }
-    }
+    if (!write_file(e.key, image)) return false;
     std::error_code ec;
-    fs::rename(tmp, path, ec);
+    fs::rename(path + ".tmp", path, ec);
     if (ec) return false;
     count_locked(e, -1);
     e.tier = KvTier::Disk;
@@ -462,36 +489,103 @@ void KvPool::enforce_locked() {
         });
         return v;
     };
-    // Losing a prompt-cache entry costs one prefill later; losing a session's KV is what
-    // pressure (new sessions wait) is about.
-    auto drop = [&](Entry * e) {
-        if (e->cache) {
-            stats_.cache_evicted++;
-        } else {
-            stats_.dropped++;
-            pressured_ = true;
-            last_drop_ = cfg_.now();
-        }
-        drop_locked(entries_.find(e->key));
-    };
-    if (stats_.ram_bytes > cfg_.ram_limit) {
+    // RAM the writer is about to free counts as freed: it is not chosen twice.
+    auto ram = [&] { return stats_.ram_bytes - stats_.writing_bytes; };
+    if (ram() > cfg_.ram_limit) {
         for (Entry * e : victims(KvTier::Ram, cfg_.dir.empty())) {
-            if (stats_.ram_bytes <= cfg_.ram_low) break;
-            if (cfg_.durable && cfg_.durable(e->key, e->blob.tokens)) {
+            if (ram() <= cfg_.ram_low) break;
+            if (e->writing) continue;
+            if (cfg_.durable && cfg_.durable(e->key, e->blob->tokens)) {
                 stats_.released++;
                 remove_locked(entries_.find(e->key));
                 continue;
             }
+            if (!cfg_.dir.empty() && cfg_.background_writes) {
+                queue_write_locked(*e);
+                continue;
+            }
             // No disk tier, or it failed: the entry is dropped and the session re-prefills.
-            if (!spill_locked(*e)) drop(e);
+            if (!spill_locked(*e)) evict_locked(*e);
         }
     }
     if (stats_.disk_bytes > cfg_.disk_limit) {
         for (Entry * e : victims(KvTier::Disk, true)) {
             if (stats_.disk_bytes <= cfg_.disk_limit / 4 * 3) break;
-            drop(e);
+            evict_locked(*e);
         }
     }
+}
+
+void KvPool::evict_locked(Entry & e) {
+    // Losing a prompt-cache entry costs one prefill later; losing a session's KV is what
+    // pressure (new sessions wait) is about.
+    if (e.cache) {
+        stats_.cache_evicted++;
+    } else {
+        stats_.dropped++;
+        pressured_ = true;
+        last_drop_ = cfg_.now();
+    }
+    drop_locked(entries_.find(e.key));
+}
+
+void KvPool::queue_write_locked(Entry & e) {
+    e.writing = true;
+    stats_.writing_entries++;
+    stats_.writing_bytes += e.stored_bytes;
+    queue_.push_back({e.key, e.gen});
+    if (!thread_.joinable()) thread_ = std::thread([this] { writer(); });
+    work_cv_.notify_one();
+}
+
+void KvPool::writer() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+        work_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) break;
+        const WriteJob job = queue_.front();
+        queue_.pop_front();
+        auto it = entries_.find(job.key);
+        if (it == entries_.end() || it->second.gen != job.gen || !it->second.writing) continue;
+        const std::shared_ptr<KvBlob> blob = it->second.blob;
+        busy_ = true;
+        lk.unlock();
+        if (cfg_.before_write) cfg_.before_write(job.key);
+        bool compressed = false;
+        const std::string image = encode_file(cfg_, job.key, *blob, compressed);
+        const bool wrote = write_file(job.key, image);
+        lk.lock();
+        busy_ = false;
+        const std::string path = path_for(job.key);
+        std::error_code ec;
+        it = entries_.find(job.key);
+        if (it == entries_.end() || it->second.gen != job.gen || !it->second.writing) {
+            // Taken back, erased or replaced while it was written: the file is stale.
+            if (wrote) fs::remove(path + ".tmp", ec);
+        } else {
+            Entry & e = it->second;
+            e.writing = false;
+            stats_.writing_entries--;
+            stats_.writing_bytes -= e.stored_bytes;
+            if (wrote) fs::rename(path + ".tmp", path, ec);
+            if (!wrote || ec) {
+                if (wrote) fs::remove(path + ".tmp", ec);
+                spdlog::warn("kv: cannot spill {}; its KV is dropped", job.key);
+                evict_locked(e);
+            } else {
+                count_locked(e, -1);
+                e.tier = KvTier::Disk;
+                e.blob.reset();
+                e.stored_bytes = image.size();
+                count_locked(e, 1);
+                stats_.spilled++;
+                (compressed ? stats_.compressed : stats_.stored_raw)++;
+            }
+            enforce_locked();
+        }
+        done_cv_.notify_all();
+    }
+    done_cv_.notify_all();
 }
 
 std::optional<KvEntryInfo> KvPool::info(const std::string & key) const {

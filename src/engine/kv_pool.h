@@ -3,13 +3,16 @@
 #include "engine/model.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
-#include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace armada::engine {
@@ -42,6 +45,11 @@ struct KvPoolConfig {
     //! cannot be read). Returning Remove deletes the file; Cache keeps it as a prompt-cache entry.
     enum class Found { Keep, Cache, Remove };
     std::function<Found(const std::string & key, const std::string & fingerprint, const Tokens & tokens)> found;
+    //! Spill files are compressed and written by the pool's own writer thread, so the engine
+    //! thread that parks or saves is not held up by the disk. Off: written by the caller.
+    bool background_writes = true;
+    //! Test hook: called on the writer thread before each file is written.
+    std::function<void(const std::string & key)> before_write;
     //! The clock the pressure hold is measured on (tests step a fake one).
     std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
 };
@@ -65,6 +73,10 @@ struct KvPoolStats {
     uint64_t cache_ram_bytes = 0, cache_disk_bytes = 0;
     size_t cache_ram_entries = 0, cache_disk_entries = 0;
     uint64_t cache_evicted = 0;
+    // Entries chosen to spill whose file the writer has not finished yet (still in RAM, and
+    // counted there).
+    size_t writing_entries = 0;
+    uint64_t writing_bytes = 0;
 };
 
 //! Host-RAM pool of parked KV, spilling to files when over its RAM limit.
@@ -75,10 +87,18 @@ struct KvPoolStats {
 //! the key, the tokens, a checksum and the fingerprint; a file whose fingerprint differs from the
 //! running engine's, or whose checksum fails, is never loaded: the caller re-prefills instead.
 //!
+//! Writing a spill file (compressing it, the disk) happens on the pool's writer thread: an entry
+//! chosen to spill stays readable in RAM until its file is in place. A `put` that finds RAM over
+//! the high watermark while files are still being written waits for them, so RAM never stays
+//! above the limit because the disk is slow.
+//!
 //! Thread-safe: the engine thread parks and restores; API threads read `info` and `stats`.
 class KvPool {
   public:
     explicit KvPool(KvPoolConfig cfg);
+    ~KvPool();
+    KvPool(const KvPool &) = delete;
+    KvPool & operator=(const KvPool &) = delete;
 
     //! Creates the directory and indexes the files already in it (a restart finds them there).
     //! Returns an error message.
@@ -98,6 +118,8 @@ class KvPool {
     //! Moves every RAM entry except prompt-cache entries to disk (clean shutdown). Returns how
     //! many were written.
     size_t spill_all();
+    //! Waits until every spill the writer has been given is on disk (or failed).
+    void flush();
 
     std::optional<KvEntryInfo> info(const std::string & key) const;
     KvPoolStats stats() const;
@@ -120,17 +142,29 @@ class KvPool {
     struct Entry {
         std::string key;
         KvTier tier = KvTier::Ram;
-        KvBlob blob;  // RAM tier only
+        std::shared_ptr<KvBlob> blob;  // RAM tier only; shared with the writer while it writes
         size_t n_tokens = 0;
         uint64_t raw_bytes = 0, stored_bytes = 0;
         bool cold = false;
         bool cache = false;
+        bool writing = false;  // queued for, or being written by, the writer
         uint64_t used = 0;
+        uint64_t gen = 0;  // which put made it: a write finishing for an older one is discarded
+    };
+    struct WriteJob {
+        std::string key;
+        uint64_t gen = 0;
     };
 
     std::string path_for(const std::string & key) const;
     void enforce_locked();
     bool spill_locked(Entry & e);
+    void queue_write_locked(Entry & e);
+    void writer();
+    //! Writes `image` to `key`'s file through a temporary name; false (and nothing left) on failure.
+    bool write_file(const std::string & key, const std::string & image) const;
+    //! Makes room by losing `e`: a cache entry costs a prefill later, a session's KV raises pressure.
+    void evict_locked(Entry & e);
     void remove_locked(std::map<std::string, Entry>::iterator it);
     void count_locked(const Entry & e, int sign);
     void drop_locked(std::map<std::string, Entry>::iterator it);
@@ -142,6 +176,11 @@ class KvPool {
     KvPoolStats stats_;
     bool pressured_ = false;
     std::chrono::steady_clock::time_point last_drop_{};
+    std::deque<WriteJob> queue_;  // guarded by mu_
+    bool busy_ = false;           // the writer is between taking a job and finishing it
+    bool stop_ = false;
+    std::condition_variable work_cv_, done_cv_;
+    std::thread thread_;  // started by the first background write
 };
 
 //! A short, stable description of everything that makes saved KV valid: a sampled hash of the

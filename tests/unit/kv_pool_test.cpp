@@ -3,9 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -85,7 +88,8 @@ TEST(KvPoolTest, SpillsColdThenLeastRecentlyUsedAndRestoresFromDisk) {
     pool.put("a", blob(100000, 1), false);
     pool.put("b", blob(100000, 2), true);  // cold: waiting for its user
     EXPECT_EQ(pool.stats().spilled, 0u);
-    pool.put("c", blob(100000, 3), false);          // over 250 kB: spill down to 125 kB
+    pool.put("c", blob(100000, 3), false);  // over 250 kB: spill down to 125 kB
+    pool.flush();
     EXPECT_EQ(pool.info("b")->tier, KvTier::Disk);  // cold goes first
     EXPECT_EQ(pool.info("a")->tier, KvTier::Disk);  // then the least recently used
     EXPECT_EQ(pool.info("c")->tier, KvTier::Ram);
@@ -213,4 +217,100 @@ TEST(KvPoolTest, AFileClaimingAHugeUncompressedSizeIsRefusedBeforeAllocating) {
     std::memcpy(image.data() + at, &huge, sizeof huge);
     EXPECT_FALSE(KvPool::decode_file(image, c.fingerprint, "k", why));
     EXPECT_EQ(why, "malformed compressed KV file");
+}
+
+namespace {
+//! Holds the pool's writer inside its first write until opened, and says when it got there.
+struct WriterGate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool entered = false, open = false;
+    std::thread::id writer;
+    void enter() {
+        std::unique_lock lk(mu);
+        writer = std::this_thread::get_id();
+        entered = true;
+        cv.notify_all();
+        cv.wait(lk, [&] { return open; });
+    }
+    bool wait_entered() {
+        std::unique_lock lk(mu);
+        return cv.wait_for(lk, std::chrono::seconds(10), [&] { return entered; });
+    }
+    void release() {
+        std::lock_guard lk(mu);
+        open = true;
+        cv.notify_all();
+    }
+};
+
+size_t files_in(const fs::path & dir) {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto & de : fs::directory_iterator(dir))
+        ++n;
+    return n;
+}
+}  // namespace
+
+TEST(KvPoolTest, SpillFilesAreWrittenOffTheCallersThreadAndTheEntryStaysReadableMeanwhile) {
+    Dir d;
+    WriterGate gate;
+    KvPoolConfig c = cfg(d.p.string(), 150000);
+    c.ram_low = 120000;
+    c.before_write = [&](const std::string &) { gate.enter(); };
+    KvPool pool(c);
+    ASSERT_EQ(pool.open(), "");
+    pool.put("a", blob(100000, 1), false);
+    std::atomic<bool> returned{false};
+    std::thread::id caller;
+    std::thread t([&] {
+        caller = std::this_thread::get_id();
+        pool.put("b", blob(100000, 2), false);  // over 150 kB: "a" is chosen to spill
+        returned = true;
+    });
+    ASSERT_TRUE(gate.wait_entered());
+    // The write is under way on another thread; "a" is still in RAM and can be read.
+    EXPECT_EQ(pool.info("a")->tier, KvTier::Ram);
+    EXPECT_EQ(pool.stats().writing_entries, 1u);
+    KvTier from = KvTier::Disk;
+    std::string why;
+    auto got = pool.get("a", true, from, why);
+    ASSERT_TRUE(got) << why;
+    EXPECT_EQ(from, KvTier::Ram);
+    EXPECT_EQ(got->data, blob(100000, 1).data);
+    // RAM is over the limit until the file is in place: the caller waits for it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(returned);
+    gate.release();
+    t.join();
+    EXPECT_NE(gate.writer, caller);
+    EXPECT_EQ(pool.info("a")->tier, KvTier::Disk);
+    EXPECT_EQ(pool.info("b")->tier, KvTier::Ram);
+    EXPECT_EQ(pool.stats().writing_entries, 0u);
+    EXPECT_LE(pool.stats().ram_bytes, c.ram_limit);
+    got = pool.get("a", false, from, why);
+    ASSERT_TRUE(got) << why;
+    EXPECT_EQ(from, KvTier::Disk);
+    EXPECT_EQ(got->data, blob(100000, 1).data);
+}
+
+TEST(KvPoolTest, AnEntryErasedWhileItsFileIsWrittenLeavesNoFile) {
+    Dir d;
+    WriterGate gate;
+    KvPoolConfig c = cfg(d.p.string(), 150000);
+    c.ram_low = 120000;
+    c.before_write = [&](const std::string &) { gate.enter(); };
+    KvPool pool(c);
+    ASSERT_EQ(pool.open(), "");
+    pool.put("a", blob(100000, 1), false);
+    std::thread t([&] { pool.put("b", blob(100000, 2), false); });
+    ASSERT_TRUE(gate.wait_entered());
+    pool.erase("a");
+    gate.release();
+    t.join();
+    pool.flush();
+    EXPECT_FALSE(pool.contains("a"));
+    EXPECT_EQ(pool.stats().writing_entries, 0u);
+    EXPECT_EQ(pool.stats().disk_entries, 0u);
+    EXPECT_EQ(files_in(d.p), 0u);  // neither the file nor its temporary
 }
