@@ -23,6 +23,7 @@ debs=(
   libhwloc-dev libzstd-dev libssl-dev ca-certificates openssl libgtest-dev libgmock-dev libbenchmark-dev
   clang clang-format clang-tidy libclang-rt-14-dev
   gnuplot-nox python3 curl
+  etcd-server nats-server redis-server postgresql libpq-dev libhiredis-dev libnats-dev
 )
 
 install_debs() {

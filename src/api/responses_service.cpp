@@ -20,8 +20,6 @@ namespace net = boost::asio;
 
 namespace {
 
-constexpr const char * kResponseAgent = "@response";
-
 int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
@@ -272,16 +270,13 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         conversation.push_back(msg);
         if (!store_it) return deliver(output);
         // Stored responses are durable before the client hears of them.
-        store::SessionRecord r;
+        store::ResponseRecord r;
         r.id = resp["id"];
-        r.agent_id = kResponseAgent;
-        r.owner = owner;
-        r.state = "completed";
+        r.tenant = owner;
         r.data = dump(json{{"response", resp}, {"messages", msgs_to_json(conversation)}});
         r.created_ms = resp["created_at"].get<int64_t>() * 1000;
-        r.updated_ms = r.created_ms;
         store::Batch b;
-        b.sessions.push_back(r);
+        b.responses.push_back(r);
         store->commit(std::move(b), [self = shared_from_this(), output](store::Status st) {
             net::post(self->strand, [self, output, st] {
                 if (!st.ok) {
@@ -444,8 +439,8 @@ void ResponsesService::create(const json & body, const Caller & caller, std::sha
 
     const std::string prev = get_string(body, "previous_response_id");
     if (!prev.empty()) {
-        auto rec = store_.session(prev);
-        if (!rec || rec->agent_id != kResponseAgent || rec->owner != caller.tenant) {
+        auto rec = store_.response(prev);
+        if (!rec || rec->tenant != caller.tenant) {
             throw ApiError(404, "no stored response with id '" + prev + "'", "previous_response_id");
         }
         run->conversation = msgs_from_json(json::parse(rec->data).value("messages", json::array()));
@@ -654,8 +649,8 @@ void ResponsesService::run_mcp(const std::string & tenant, const std::shared_ptr
 }
 
 void ResponsesService::get(const std::string & id, const std::string & tenant, const std::shared_ptr<Responder> & out) {
-    auto rec = store_.session(id);
-    if (!rec || rec->agent_id != kResponseAgent || rec->owner != tenant) {
+    auto rec = store_.response(id);
+    if (!rec || rec->tenant != tenant) {
         throw ApiError(404, "no stored response with id '" + id + "'");
     }
     out->send(200, "application/json", dump(json::parse(rec->data)["response"]));
@@ -663,12 +658,12 @@ void ResponsesService::get(const std::string & id, const std::string & tenant, c
 
 void ResponsesService::erase(const std::string & id, const std::string & tenant,
                              const std::shared_ptr<Responder> & out) {
-    auto rec = store_.session(id);
-    if (!rec || rec->agent_id != kResponseAgent || rec->owner != tenant) {
+    auto rec = store_.response(id);
+    if (!rec || rec->tenant != tenant) {
         throw ApiError(404, "no stored response with id '" + id + "'");
     }
     store::Batch b;
-    b.erase.push_back(id);
+    b.erase_responses.push_back(id);
     store_.commit(std::move(b), [out, id](store::Status st) {
         if (!st.ok) {
             out->send(503, "application/json", error_body(503, "could not delete: " + st.error));

@@ -148,6 +148,11 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
         ->capture_default_str();
     cmd->add_option("--agents", o.agents_file, "YAML file declaring agents (validated at start)")
         ->envname("ARMADA_AGENTS");
+    cmd->add_option("--state", o.state,
+                    "checkpoint store: sqlite (in --data-dir, the default) or postgres://user@host:port/db, "
+                    "comma-separated to shard sessions over several databases");
+    cmd->add_option("--pg-pool", o.pg_pool, "PostgreSQL read connections per database, opened at start")
+        ->check(CLI::Range(1, 256));
     cmd->add_option("--data-dir", o.data_dir, "where session checkpoints live (SQLite, WAL)")
         ->envname("ARMADA_DATA_DIR")
         ->capture_default_str();

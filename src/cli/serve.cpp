@@ -10,6 +10,7 @@
 #include "engine/model.h"
 #include "obs/metrics.h"
 #include "store/crash_point.h"
+#include "store/postgres_store.h"
 #include "store/sqlite_store.h"
 #include "tools/client_calls.h"
 #include "tools/http_tool.h"
@@ -202,7 +203,21 @@ int serve(const ServeOptions & opt) {
     if (ecfg.kv_dir.empty()) ecfg.kv_dir = opt.data_dir + "/kv";
 
     std::string store_err;
-    auto store = store::SqliteStore::open(opt.data_dir, store_err);
+    std::unique_ptr<store::Store> store;
+    if (opt.state.empty() || opt.state == "sqlite") {
+        store = store::SqliteStore::open(opt.data_dir, store_err);
+    } else if (opt.state.rfind("postgres://", 0) == 0 || opt.state.rfind("postgresql://", 0) == 0) {
+        store::PostgresConfig pc;
+        for (size_t at = 0; at <= opt.state.size();) {
+            const size_t comma = std::min(opt.state.find(',', at), opt.state.size());
+            if (comma > at) pc.urls.push_back(opt.state.substr(at, comma - at));
+            at = comma + 1;
+        }
+        pc.read_connections = opt.pg_pool;
+        store = store::PostgresStore::open(pc, store_err);
+    } else {
+        store_err = "--state must be sqlite or postgres://… (a comma-separated list shards sessions)";
+    }
     if (!store) {
         fprintf(stderr, "error: %s\n", store_err.c_str());
         return 1;

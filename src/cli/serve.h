@@ -30,6 +30,8 @@ struct ServeOptions {
     std::string log_level = "info";
     std::string agents_file;
     std::string data_dir = "./armada-data";
+    std::string state;  // "" or "sqlite": SQLite in data_dir; postgres://…[,postgres://…]: PostgreSQL shards
+    int pg_pool = 8;    // read connections per PostgreSQL shard
     std::vector<std::string> tool_allow;  // CIDRs tools may reach despite the SSRF guard
     std::string kv_budget;                // size text, e.g. "8G"; empty: automatic
     std::string kv_disk = "64G";

@@ -35,6 +35,18 @@ DROP INDEX IF EXISTS sessions_state;
 CREATE INDEX sessions_state_updated ON sessions(state, updated_ms);
 CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 )sql",
+    // 3: stored responses get a table of their own (they were rows of `sessions` under agent
+    // "@response"); sessions carry their assignment (node, epoch) for fencing in a cluster.
+    R"sql(
+CREATE TABLE responses (
+  id TEXT PRIMARY KEY, tenant TEXT NOT NULL, data TEXT NOT NULL, created_ms INTEGER NOT NULL);
+INSERT OR REPLACE INTO responses(id, tenant, data, created_ms)
+  SELECT id, owner, data, created_ms FROM sessions WHERE agent_id = '@response';
+DELETE FROM steps WHERE session_id IN (SELECT id FROM sessions WHERE agent_id = '@response');
+DELETE FROM sessions WHERE agent_id = '@response';
+ALTER TABLE sessions ADD COLUMN node TEXT NOT NULL DEFAULT '';
+ALTER TABLE sessions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 
 bool migrate(sqlite3 * db, std::string & err) {
@@ -100,8 +112,12 @@ SessionRecord read_session(Stmt & q) {
     r.data = q.col(5);
     r.created_ms = sqlite3_column_int64(q.s, 6);
     r.updated_ms = sqlite3_column_int64(q.s, 7);
+    r.node = q.col(8);
+    r.epoch = sqlite3_column_int64(q.s, 9);
     return r;
 }
+
+constexpr const char * kSessionColumns = "id,agent_id,owner,state,reason,data,created_ms,updated_ms,node,epoch";
 }  // namespace
 
 std::unique_ptr<SqliteStore> SqliteStore::open(const std::string & dir, std::string & error) {
@@ -160,24 +176,25 @@ void SqliteStore::writer_loop() {
             sticky = sticky_;
         }
         Status st = sticky.empty() ? Status::Ok() : Status::Error("store failed earlier: " + sticky);
+        std::vector<Status> each(group.size());
         if (st.ok) {
             std::vector<Batch *> ptrs;
             for (auto & g : group)
                 ptrs.push_back(&g.first);
-            st = apply(ptrs);
+            st = apply(ptrs, each);
             last_group_ = group.size();
             if (!st.ok) {
                 std::lock_guard lk(mu_);
                 sticky_ = st.error;
             }
         }
-        for (auto & g : group) {
-            if (g.second) g.second(st);
+        for (size_t i = 0; i < group.size(); ++i) {
+            if (group[i].second) group[i].second(st.ok ? each[i] : st);
         }
     }
 }
 
-Status SqliteStore::apply(const std::vector<Batch *> & group) {
+Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status> & each) {
     std::string err;
     if (!exec(wdb_, "BEGIN IMMEDIATE", err)) return Status::Error("begin: " + err);
     Stmt up(wdb_,
@@ -192,67 +209,133 @@ Status SqliteStore::apply(const std::vector<Batch *> & group) {
                   "ON CONFLICT(tenant,id) DO UPDATE SET spec=excluded.spec, tools=excluded.tools, "
                   "updated_ms=excluded.updated_ms");
     Stmt del_agent(wdb_, "DELETE FROM agents WHERE tenant=? AND id=?");
+    Stmt up_resp(wdb_,
+                 "INSERT INTO responses(id,tenant,data,created_ms) VALUES(?,?,?,?) "
+                 "ON CONFLICT(id) DO UPDATE SET data=excluded.data");
+    Stmt del_resp(wdb_, "DELETE FROM responses WHERE id=?");
+    Stmt fence(wdb_, "SELECT 1 FROM sessions WHERE id=? AND node=? AND epoch=?");
+    Stmt assign(wdb_, "UPDATE sessions SET node=?, epoch=? WHERE id=? AND epoch<?");
     Stmt probe(wdb_, "INSERT OR REPLACE INTO meta(k,v) VALUES('probe', ?)");
-    bool ok = up.s && ins.s && del_steps.s && del_sess.s && up_agent.s && del_agent.s && probe.s;
-    for (const Batch * b : group) {
-        for (const auto & r : b->sessions) {
+    bool ok = up.s && ins.s && del_steps.s && del_sess.s && up_agent.s && del_agent.s && up_resp.s && del_resp.s &&
+              fence.s && assign.s && probe.s;
+    auto run = [&](Stmt & q) {
+        ok = ok && sqlite3_step(q.s) == SQLITE_DONE;
+        return ok;
+    };
+    for (size_t bi = 0; bi < group.size() && ok; ++bi) {
+        const Batch * b = group[bi];
+        // Each batch in its own savepoint: a fenced one is undone alone, the group goes on.
+        if (!exec(wdb_, "SAVEPOINT batch", err)) {
+            ok = false;
+            break;
+        }
+        std::string fenced;
+        for (const auto & f : b->fences) {
+            sqlite3_reset(fence.s);
+            fence.text(1, f.session_id);
+            fence.text(2, f.node);
+            fence.i64(3, f.epoch);
+            const int rc = sqlite3_step(fence.s);
+            if (rc == SQLITE_DONE) {
+                fenced = "session " + f.session_id + " is no longer held by " + f.node + " at epoch " +
+                         std::to_string(f.epoch);
+                break;
+            }
+            ok = rc == SQLITE_ROW;
             if (!ok) break;
-            sqlite3_reset(up.s);
-            up.text(1, r.id);
-            up.text(2, r.agent_id);
-            up.text(3, r.owner);
-            up.text(4, r.state);
-            up.text(5, r.reason);
-            up.text(6, r.data);
-            up.i64(7, r.created_ms);
-            up.i64(8, r.updated_ms);
-            ok = sqlite3_step(up.s) == SQLITE_DONE;
         }
-        for (const auto & st : b->steps) {
-            if (!ok) break;
-            sqlite3_reset(ins.s);
-            ins.text(1, st.session_id);
-            ins.i64(2, st.seq);
-            ins.text(3, st.kind);
-            ins.text(4, st.payload);
-            ins.text(5, st.idempotency);
-            ins.i64(6, st.ts_ms);
-            ok = sqlite3_step(ins.s) == SQLITE_DONE;
+        sqlite3_reset(fence.s);
+        if (ok && fenced.empty()) {
+            for (const auto & r : b->sessions) {
+                sqlite3_reset(up.s);
+                up.text(1, r.id);
+                up.text(2, r.agent_id);
+                up.text(3, r.owner);
+                up.text(4, r.state);
+                up.text(5, r.reason);
+                up.text(6, r.data);
+                up.i64(7, r.created_ms);
+                up.i64(8, r.updated_ms);
+                if (!run(up)) break;
+            }
+            for (const auto & a : b->assign) {
+                if (!ok || !fenced.empty()) break;
+                sqlite3_reset(assign.s);
+                assign.text(1, a.node);
+                assign.i64(2, a.epoch);
+                assign.text(3, a.session_id);
+                assign.i64(4, a.epoch);
+                if (run(assign) && sqlite3_changes(wdb_) == 0)
+                    fenced = "session " + a.session_id + " is missing or already at epoch " + std::to_string(a.epoch) +
+                             " or later";
+            }
+            for (const auto & st : b->steps) {
+                if (!ok || !fenced.empty()) break;
+                sqlite3_reset(ins.s);
+                ins.text(1, st.session_id);
+                ins.i64(2, st.seq);
+                ins.text(3, st.kind);
+                ins.text(4, st.payload);
+                ins.text(5, st.idempotency);
+                ins.i64(6, st.ts_ms);
+                run(ins);
+            }
+            for (const auto & id : b->erase) {
+                if (!ok || !fenced.empty()) break;
+                sqlite3_reset(del_steps.s);
+                del_steps.text(1, id);
+                sqlite3_reset(del_sess.s);
+                del_sess.text(1, id);
+                run(del_steps) && run(del_sess);
+            }
+            for (const auto & a : b->agents) {
+                if (!ok || !fenced.empty()) break;
+                sqlite3_reset(up_agent.s);
+                up_agent.text(1, a.tenant);
+                up_agent.text(2, a.id);
+                up_agent.text(3, a.spec);
+                up_agent.text(4, a.tools);
+                up_agent.i64(5, a.created_ms);
+                up_agent.i64(6, a.updated_ms);
+                run(up_agent);
+            }
+            for (const auto & [tenant, id] : b->erase_agents) {
+                if (!ok || !fenced.empty()) break;
+                sqlite3_reset(del_agent.s);
+                del_agent.text(1, tenant);
+                del_agent.text(2, id);
+                run(del_agent);
+            }
+            for (const auto & r : b->responses) {
+                if (!ok || !fenced.empty()) break;
+                sqlite3_reset(up_resp.s);
+                up_resp.text(1, r.id);
+                up_resp.text(2, r.tenant);
+                up_resp.text(3, r.data);
+                up_resp.i64(4, r.created_ms);
+                run(up_resp);
+            }
+            for (const auto & id : b->erase_responses) {
+                if (!ok || !fenced.empty()) break;
+                sqlite3_reset(del_resp.s);
+                del_resp.text(1, id);
+                run(del_resp);
+            }
+            if (ok && b->probe) {
+                sqlite3_reset(probe.s);
+                probe.text(1, std::to_string(time(nullptr)));
+                run(probe);
+            }
         }
-        for (const auto & id : b->erase) {
-            if (!ok) break;
-            sqlite3_reset(del_steps.s);
-            del_steps.text(1, id);
-            sqlite3_reset(del_sess.s);
-            del_sess.text(1, id);
-            ok = sqlite3_step(del_steps.s) == SQLITE_DONE && sqlite3_step(del_sess.s) == SQLITE_DONE;
+        if (!ok) break;
+        if (!fenced.empty()) {
+            each[bi] = Status::Fenced(fenced);
+            ok = exec(wdb_, "ROLLBACK TO batch", err);
         }
-        for (const auto & a : b->agents) {
-            if (!ok) break;
-            sqlite3_reset(up_agent.s);
-            up_agent.text(1, a.tenant);
-            up_agent.text(2, a.id);
-            up_agent.text(3, a.spec);
-            up_agent.text(4, a.tools);
-            up_agent.i64(5, a.created_ms);
-            up_agent.i64(6, a.updated_ms);
-            ok = sqlite3_step(up_agent.s) == SQLITE_DONE;
-        }
-        for (const auto & [tenant, id] : b->erase_agents) {
-            if (!ok) break;
-            sqlite3_reset(del_agent.s);
-            del_agent.text(1, tenant);
-            del_agent.text(2, id);
-            ok = sqlite3_step(del_agent.s) == SQLITE_DONE;
-        }
-        if (ok && b->probe) {
-            sqlite3_reset(probe.s);
-            probe.text(1, std::to_string(time(nullptr)));
-            ok = sqlite3_step(probe.s) == SQLITE_DONE;
-        }
+        ok = ok && exec(wdb_, "RELEASE batch", err);
     }
     if (!ok) {
-        std::string e = errmsg(wdb_, "write");
+        std::string e = err.empty() ? errmsg(wdb_, "write") : err;
         exec(wdb_, "ROLLBACK", err);
         return Status::Error(e);
     }
@@ -265,10 +348,18 @@ Status SqliteStore::apply(const std::vector<Batch *> & group) {
 
 std::optional<SessionRecord> SqliteStore::session(const std::string & id) {
     std::lock_guard lk(rmu_);
-    Stmt q(rdb_, "SELECT id,agent_id,owner,state,reason,data,created_ms,updated_ms FROM sessions WHERE id=?");
+    Stmt q(rdb_, (std::string("SELECT ") + kSessionColumns + " FROM sessions WHERE id=?").c_str());
     q.text(1, id);
     if (sqlite3_step(q.s) != SQLITE_ROW) return std::nullopt;
     return read_session(q);
+}
+
+std::optional<ResponseRecord> SqliteStore::response(const std::string & id) {
+    std::lock_guard lk(rmu_);
+    Stmt q(rdb_, "SELECT id,tenant,data,created_ms FROM responses WHERE id=?");
+    q.text(1, id);
+    if (sqlite3_step(q.s) != SQLITE_ROW) return std::nullopt;
+    return ResponseRecord{q.col(0), q.col(1), q.col(2), sqlite3_column_int64(q.s, 3)};
 }
 
 std::vector<StepRecord> SqliteStore::steps(const std::string & id) {
@@ -302,7 +393,7 @@ std::string placeholders(size_t n) {
 std::vector<SessionRecord> SqliteStore::sessions_not_in(const std::vector<std::string> & ended) {
     std::lock_guard lk(rmu_);
     const std::string sql =
-        "SELECT id,agent_id,owner,state,reason,data,created_ms,updated_ms FROM sessions" +
+        std::string("SELECT ") + kSessionColumns + " FROM sessions" +
         (ended.empty() ? std::string() : " WHERE state NOT IN (" + placeholders(ended.size()) + ")") +
         " ORDER BY created_ms";
     Stmt q(rdb_, sql.c_str());

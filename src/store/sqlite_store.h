@@ -23,6 +23,7 @@ class SqliteStore : public Store {
 
     void commit(Batch batch, std::function<void(Status)> done) override;
     std::optional<SessionRecord> session(const std::string & id) override;
+    std::optional<ResponseRecord> response(const std::string & id) override;
     std::vector<StepRecord> steps(const std::string & id) override;
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) override;
     std::vector<AgentRecord> agents() override;
@@ -37,7 +38,9 @@ class SqliteStore : public Store {
   private:
     SqliteStore() = default;
     void writer_loop();
-    Status apply(const std::vector<Batch *> & group);
+    //! Writes the group in one transaction. An error fails all of it; otherwise `each` says per
+    //! batch whether it was written or fenced.
+    Status apply(const std::vector<Batch *> & group, std::vector<Status> & each);
 
     sqlite3 * wdb_ = nullptr;
     sqlite3 * rdb_ = nullptr;

@@ -12,8 +12,12 @@ namespace armada::store {
 struct Status {
     bool ok = true;
     std::string error;
+    //! The batch was refused because a session it writes is no longer this writer's (another
+    //! node holds a newer epoch). Not a store failure: nothing becomes sticky.
+    bool fenced = false;
     static Status Ok() { return {}; }
     static Status Error(std::string e) { return {false, std::move(e)}; }
+    static Status Fenced(std::string e) { return {false, std::move(e), true}; }
 };
 
 //! The durable record of one session; the agent room owns the meaning of `state` and `data`.
@@ -26,6 +30,10 @@ struct SessionRecord {
     std::string data;    // agent-owned serialised extras (usage, limits in force)
     int64_t created_ms = 0;
     int64_t updated_ms = 0;
+    // The assignment: which node runs it, under which epoch. Written only by `Batch::assign`;
+    // an upsert of the record leaves them as they are. Empty and 0 on a single node.
+    std::string node;
+    int64_t epoch = 0;
 };
 
 //! One entry of a session's append-only step log.
@@ -49,6 +57,21 @@ struct AgentRecord {
     int64_t updated_ms = 0;
 };
 
+//! A response stored by the Responses API (`store: true`), under its tenant.
+struct ResponseRecord {
+    std::string id;
+    std::string tenant;
+    std::string data;  // the response and its conversation, JSON
+    int64_t created_ms = 0;
+};
+
+//! A session's assignment to a node under an epoch (a fencing token that only grows).
+struct Assignment {
+    std::string session_id;
+    std::string node;
+    int64_t epoch = 0;
+};
+
 //! What one commit writes atomically: session upserts plus step appends.
 struct Batch {
     std::vector<SessionRecord> sessions;
@@ -56,6 +79,15 @@ struct Batch {
     std::vector<std::string> erase;                                 // session ids to delete with their steps
     std::vector<AgentRecord> agents;                                // upserts
     std::vector<std::pair<std::string, std::string>> erase_agents;  // (tenant, id)
+    std::vector<ResponseRecord> responses;  // upserts
+    std::vector<std::string> erase_responses;
+    //! Fencing: the batch is written only if each of these sessions is still assigned to exactly
+    //! this node and epoch, checked under the session row's lock in the same transaction. If one
+    //! is not, nothing of the batch is written and the commit reports `Status::fenced`.
+    std::vector<Assignment> fences;
+    //! Moves sessions to a node under a new epoch; an assignment whose epoch is not greater than
+    //! the stored one is refused (fenced), so a late or repeated decision never goes backwards.
+    std::vector<Assignment> assign;
     //! Writes a probe row and nothing else matters: readiness asks whether a write goes through.
     bool probe = false;
 };
@@ -72,6 +104,7 @@ class Store {
     Status commit_sync(Batch batch);
 
     virtual std::optional<SessionRecord> session(const std::string & id) = 0;
+    virtual std::optional<ResponseRecord> response(const std::string & id) = 0;
     virtual std::vector<StepRecord> steps(const std::string & id) = 0;
     //! Sessions whose state is not one of `ended_states`, oldest first.
     virtual std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) = 0;
@@ -103,6 +136,7 @@ class ForwardingStore : public Store {
         inner_.commit(std::move(batch), std::move(done));
     }
     std::optional<SessionRecord> session(const std::string & id) override { return inner_.session(id); }
+    std::optional<ResponseRecord> response(const std::string & id) override { return inner_.response(id); }
     std::vector<StepRecord> steps(const std::string & id) override { return inner_.steps(id); }
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended) override {
         return inner_.sessions_not_in(ended);

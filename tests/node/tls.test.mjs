@@ -104,7 +104,7 @@ test('the node serves HTTPS; the official openai client talks to it', { timeout:
 });
 
 test('https tools are verified: a good certificate works, a wrong host, an expired one and an untrusted CA are refused',
-  { timeout: 300000 }, async () => {
+  { timeout: 300000 }, async (t) => {
     const urls = {
       good: await httpsTool(certs.good),
       wrong: await httpsTool(certs.wrongHost),
@@ -113,6 +113,8 @@ test('https tools are verified: a good certificate works, a wrong host, an expir
     };
     const port = await freePort();
     const mcp = await startEverything(port);
+    // However the test ends, the MCP server goes with it (a live child would keep node waiting).
+    t.after(() => mcp.kill('SIGKILL'));
     // An https front for the MCP server, with the good certificate.
     const front = https.createServer({ key: fs.readFileSync(certs.good.key), cert: fs.readFileSync(certs.good.cert) },
       (req, res) => {

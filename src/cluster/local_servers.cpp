@@ -1,0 +1,294 @@
+#include "cluster/local_servers.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <libpq-fe.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+namespace armada::cluster {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+int exit_code(int status) {
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return -1;
+}
+
+//! Gives `path` (recursively) to `user`, so a server started as that user can write there.
+void chown_tree(const std::string & path, uid_t uid, gid_t gid) {
+    std::error_code ec;
+    if (::chown(path.c_str(), uid, gid) != 0) return;
+    if (!fs::is_directory(path, ec)) return;
+    for (const auto & de : fs::recursive_directory_iterator(path, ec))
+        if (::lchown(de.path().c_str(), uid, gid) != 0) break;
+}
+
+}  // namespace
+
+std::optional<Child> Child::spawn(const std::vector<std::string> & argv, const std::string & log,
+                                  const std::string & as_user, std::string & error) {
+    if (argv.empty()) {
+        error = "no command";
+        return std::nullopt;
+    }
+    uid_t uid = 0;
+    gid_t gid = 0;
+    const bool switch_user = !as_user.empty() && ::geteuid() == 0;
+    if (switch_user) {
+        const passwd * pw = ::getpwnam(as_user.c_str());
+        if (!pw) {
+            error = "no user '" + as_user + "' to run " + argv[0] + " as";
+            return std::nullopt;
+        }
+        uid = pw->pw_uid;
+        gid = pw->pw_gid;
+    }
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        error = "cannot open " + log + ": " + std::strerror(errno);
+        return std::nullopt;
+    }
+    if (switch_user && ::fchown(fd, uid, gid) != 0) {
+        // Still usable: the child writes through the descriptor it inherits.
+    }
+    std::vector<char *> args;
+    for (const auto & a : argv)
+        args.push_back(const_cast<char *>(a.c_str()));
+    args.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        error = std::string("fork: ") + std::strerror(errno);
+        ::close(fd);
+        return std::nullopt;
+    }
+    if (pid == 0) {
+        // The child: its own process group, so a terminal's Ctrl-C reaches the parent only and
+        // servers stop in the order the parent chooses.
+        ::setpgid(0, 0);
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+        const int devnull = ::open("/dev/null", O_RDONLY);
+        if (devnull >= 0) ::dup2(devnull, 0);
+        if (switch_user) {
+            if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) _exit(126);
+        }
+        ::execv(args[0], args.data());
+        const std::string msg = std::string("exec ") + args[0] + ": " + std::strerror(errno) + "\n";
+        if (::write(2, msg.data(), msg.size()) < 0) _exit(127);
+        _exit(127);
+    }
+    ::close(fd);
+    Child c;
+    c.pid_ = pid;
+    return c;
+}
+
+Child::Child(Child && o) noexcept : pid_(o.pid_), status_(o.status_), exited_(o.exited_) {
+    o.pid_ = -1;
+}
+
+Child & Child::operator=(Child && o) noexcept {
+    std::swap(pid_, o.pid_);
+    std::swap(status_, o.status_);
+    std::swap(exited_, o.exited_);
+    return *this;
+}
+
+Child::~Child() {
+    if (pid_ > 0 && running()) stop(SIGKILL, 5000);
+}
+
+bool Child::running() {
+    if (pid_ <= 0 || exited_) return false;
+    int st = 0;
+    const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+        exited_ = true;
+        status_ = st;
+        return false;
+    }
+    return r == 0;
+}
+
+void Child::signal(int sig) const {
+    if (pid_ > 0 && !exited_) ::kill(pid_, sig);
+}
+
+int Child::wait(int wait_ms) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    while (running()) {
+        if (std::chrono::steady_clock::now() >= until) return -1;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return exited_ ? exit_code(status_) : -1;
+}
+
+int Child::stop(int sig, int wait_ms) {
+    if (!running()) return exited_ ? exit_code(status_) : -1;
+    signal(sig);
+    int code = wait(wait_ms);
+    if (code < 0 && running()) {
+        signal(SIGKILL);
+        code = wait(10000);
+    }
+    return code;
+}
+
+int run_command(const std::vector<std::string> & argv, const std::string & log, const std::string & as_user,
+                std::string & error) {
+    auto c = Child::spawn(argv, log, as_user, error);
+    if (!c) return -1;
+    return c->wait(600000);
+}
+
+int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0)
+        port = ntohs(a.sin_port);
+    ::close(fd);
+    return port;
+}
+
+std::string tail_of(const std::string & path, size_t n) {
+    std::ifstream f(path, std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(f)), {});
+    return s.size() > n ? s.substr(s.size() - n) : s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL
+
+namespace {
+constexpr const char * kPgUser = "postgres";  // the system user the Debian package creates
+constexpr const char * kPgRole = "armada";    // the database role the cluster connects as
+}  // namespace
+
+std::string LocalPostgres::bin_dir() {
+    if (const char * e = std::getenv("ARMADA_PG_BIN"); e && *e) return e;
+    std::string best;
+    int best_v = -1;
+    std::error_code ec;
+    for (const auto & de : fs::directory_iterator("/usr/lib/postgresql", ec)) {
+        const std::string name = de.path().filename().string();
+        const int v = std::atoi(name.c_str());
+        if (v > best_v && fs::exists(de.path() / "bin" / "postgres", ec)) {
+            best_v = v;
+            best = (de.path() / "bin").string();
+        }
+    }
+    return best;
+}
+
+LocalPostgres::~LocalPostgres() {
+    if (child_) stop();
+}
+
+std::string LocalPostgres::start(const std::string & dir, int port) {
+    const std::string bin = bin_dir();
+    if (bin.empty()) return "PostgreSQL server binaries not found (install the postgresql package, or set ARMADA_PG_BIN)";
+    dir_ = dir;
+    port_ = port > 0 ? port : free_port();
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) return "cannot create " + dir_ + ": " + ec.message();
+    const std::string data = dir_ + "/data";
+    if (::geteuid() == 0) {
+        const passwd * pw = ::getpwnam(kPgUser);
+        if (!pw) return "PostgreSQL refuses to run as root, and there is no 'postgres' user to run it as";
+        // The directory must sit where that user can reach it (a temporary directory can).
+        chown_tree(dir_, pw->pw_uid, pw->pw_gid);
+    }
+    if (!fs::exists(data + "/PG_VERSION", ec)) {
+        std::string err;
+        const int rc = run_command({bin + "/initdb", "-D", data, "-U", kPgRole, "-A", "trust", "-E", "UTF8",
+                                    "--locale=C", "--no-sync"},
+                                   dir_ + "/initdb.log", kPgUser, err);
+        if (rc != 0) return "initdb failed (" + (err.empty() ? std::to_string(rc) : err) + "): " + tail_of(dir_ + "/initdb.log");
+    }
+    return launch();
+}
+
+std::string LocalPostgres::launch() {
+    const std::string bin = bin_dir();
+    std::string err;
+    child_ = Child::spawn({bin + "/postgres", "-D", dir_ + "/data", "-p", std::to_string(port_), "-c",
+                           "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + dir_, "-c",
+                           "max_connections=300", "-c", "shared_buffers=64MB"},
+                          dir_ + "/postgres.log", kPgUser, err);
+    if (!child_) return "cannot start postgres: " + err;
+    const std::string conninfo =
+        "host=127.0.0.1 port=" + std::to_string(port_) + " user=" + kPgRole + " dbname=postgres connect_timeout=2";
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < until) {
+        if (!child_->running()) {
+            child_.reset();
+            return "postgres exited at start: " + tail_of(dir_ + "/postgres.log");
+        }
+        if (PQping(conninfo.c_str()) == PQPING_OK) return {};
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    child_->stop(SIGKILL, 5000);
+    child_.reset();
+    return "postgres did not accept connections within 60 s: " + tail_of(dir_ + "/postgres.log");
+}
+
+std::string LocalPostgres::stop() {
+    if (!child_) return {};
+    // SIGINT is PostgreSQL's fast shutdown: sessions are disconnected, the data is flushed.
+    const int code = child_->stop(SIGINT, 30000);
+    child_.reset();
+    return code == 0 ? std::string() : "postgres exited with " + std::to_string(code);
+}
+
+std::string LocalPostgres::restart() {
+    if (auto e = stop(); !e.empty()) return e;
+    return launch();
+}
+
+std::string LocalPostgres::create_database(const std::string & name) {
+    PGconn * c = PQconnectdb(url().c_str());
+    std::string err;
+    if (PQstatus(c) != CONNECTION_OK) {
+        err = PQerrorMessage(c);
+    } else {
+        char * quoted = PQescapeIdentifier(c, name.c_str(), name.size());
+        PGresult * r = PQexec(c, ("CREATE DATABASE " + std::string(quoted ? quoted : "")).c_str());
+        PQfreemem(quoted);
+        const char * state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK && !(state && std::string(state) == "42P04")) err = PQerrorMessage(c);
+        PQclear(r);
+    }
+    PQfinish(c);
+    return err;
+}
+
+std::string LocalPostgres::url(const std::string & db) const {
+    return std::string("postgres://") + kPgRole + "@127.0.0.1:" + std::to_string(port_) + "/" + db;
+}
+
+}  // namespace armada::cluster

@@ -1,0 +1,83 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace armada::cluster {
+
+//! A process this process started. It is signalled by its own PID only, and killed when the
+//! object goes if it still runs.
+class Child {
+  public:
+    //! Starts `argv` (argv[0] a path) with stdout and stderr appended to `log`. When this process
+    //! is root and `as_user` is set, the child runs as that user (servers such as PostgreSQL
+    //! refuse to run as root).
+    static std::optional<Child> spawn(const std::vector<std::string> & argv, const std::string & log,
+                                      const std::string & as_user, std::string & error);
+    Child(Child && o) noexcept;
+    Child & operator=(Child && o) noexcept;
+    Child(const Child &) = delete;
+    ~Child();
+
+    pid_t pid() const { return pid_; }
+    //! False once it has exited (its status is then kept).
+    bool running();
+    void signal(int sig) const;
+    //! Sends `sig`, waits up to `wait_ms`, then SIGKILL. Returns the exit code, or 128+signal.
+    int stop(int sig, int wait_ms);
+    //! Waits for it to exit by itself, up to `wait_ms`; the exit code or -1 on timeout.
+    int wait(int wait_ms);
+
+  private:
+    Child() = default;
+    pid_t pid_ = -1;
+    int status_ = 0;
+    bool exited_ = false;
+};
+
+//! Runs a command to completion (output to `log`); its exit code, or -1 if it could not start.
+int run_command(const std::vector<std::string> & argv, const std::string & log, const std::string & as_user,
+                std::string & error);
+
+//! A free TCP port on 127.0.0.1 at the time of asking.
+int free_port();
+
+//! The last `n` bytes of a file, for error messages.
+std::string tail_of(const std::string & path, size_t n = 2000);
+
+//! A PostgreSQL server from the Debian binaries, in a directory of its own, on a loopback port.
+//! Used by the tests, the benchmarks and `armada cluster up`. Trust authentication for user
+//! `armada` on 127.0.0.1 only: a development server, not a production one.
+class LocalPostgres {
+  public:
+    LocalPostgres() = default;
+    LocalPostgres(const LocalPostgres &) = delete;
+    ~LocalPostgres();
+
+    //! Creates the cluster in `dir` if it has none (initdb), then starts the server on `port` (0:
+    //! a free one) and waits until it accepts connections. Returns an error message.
+    std::string start(const std::string & dir, int port = 0);
+    //! Fast shutdown; waits for it to finish.
+    std::string stop();
+    //! Stops and starts again on the same directory and port.
+    std::string restart();
+    //! Creates a database (no error if it exists).
+    std::string create_database(const std::string & name);
+    std::string url(const std::string & db = "postgres") const;
+    int port() const { return port_; }
+    pid_t pid() const { return child_ ? child_->pid() : -1; }
+    bool running() { return child_ && child_->running(); }
+    //! Where the server binaries are: $ARMADA_PG_BIN, else the newest /usr/lib/postgresql/*/bin.
+    static std::string bin_dir();
+
+  private:
+    std::string launch();
+    std::string dir_;
+    int port_ = 0;
+    std::optional<Child> child_;
+};
+
+}  // namespace armada::cluster

@@ -1,0 +1,656 @@
+#include "store/postgres_store.h"
+
+#include <libpq-fe.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <map>
+
+namespace armada::store {
+
+namespace {
+
+// Versioned migrations, applied in order at open inside one transaction. A step is never edited
+// once released: a change is a new step.
+const char * kMigrations[] = {
+    // 1: sessions with their assignment, the step log, agents, responses, a probe row.
+    R"sql(
+CREATE TABLE sessions (
+  id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, owner TEXT NOT NULL, state TEXT NOT NULL,
+  reason TEXT NOT NULL, data TEXT NOT NULL, created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL,
+  node TEXT NOT NULL DEFAULT '', epoch BIGINT NOT NULL DEFAULT 0);
+CREATE INDEX sessions_state_updated ON sessions(state, updated_ms);
+CREATE TABLE steps (
+  session_id TEXT NOT NULL, seq BIGINT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
+  idempotency TEXT NOT NULL, ts_ms BIGINT NOT NULL, PRIMARY KEY (session_id, seq));
+CREATE TABLE agents (
+  tenant TEXT NOT NULL, id TEXT NOT NULL, spec TEXT NOT NULL, tools TEXT NOT NULL, created_ms BIGINT NOT NULL,
+  updated_ms BIGINT NOT NULL, PRIMARY KEY (tenant, id));
+CREATE TABLE responses (
+  id TEXT PRIMARY KEY, tenant TEXT NOT NULL, data TEXT NOT NULL, created_ms BIGINT NOT NULL);
+CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+)sql",
+};
+constexpr int kLatest = int(sizeof kMigrations / sizeof kMigrations[0]);
+// Taken for the length of a migration so that nodes starting together apply it once.
+constexpr const char * kMigrationLock = "SELECT pg_advisory_xact_lock(7152903114)";
+
+constexpr const char * kSessionColumns = "id,agent_id,owner,state,reason,data,created_ms,updated_ms,node,epoch";
+
+//! Owns a PGresult.
+struct Res {
+    PGresult * r = nullptr;
+    Res() = default;
+    explicit Res(PGresult * p) : r(p) {}
+    Res(Res && o) noexcept : r(o.r) { o.r = nullptr; }
+    Res & operator=(Res && o) noexcept {
+        std::swap(r, o.r);
+        return *this;
+    }
+    ~Res() { PQclear(r); }
+    bool ok() const {
+        const auto s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+        return s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK;
+    }
+    int rows() const { return r ? PQntuples(r) : 0; }
+    std::string text(int row, int col) const { return std::string(PQgetvalue(r, row, col), size_t(PQgetlength(r, row, col))); }
+    int64_t i64(int row, int col) const { return std::strtoll(PQgetvalue(r, row, col), nullptr, 10); }
+    int64_t affected() const { return r ? std::strtoll(PQcmdTuples(r), nullptr, 10) : 0; }
+};
+
+std::string trim(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+}
+
+std::string error_of(PGconn * c, const Res & r) {
+    std::string e = r.r ? PQresultErrorMessage(r.r) : "";
+    if (e.empty()) e = PQerrorMessage(c);
+    return trim(e);
+}
+
+//! Runs `sql` with text parameters.
+Res run(PGconn * c, const std::string & sql, const std::vector<std::string> & params = {}) {
+    std::vector<const char *> v;
+    v.reserve(params.size());
+    for (const auto & p : params)
+        v.push_back(p.c_str());
+    return Res(PQexecParams(c, sql.c_str(), int(v.size()), nullptr, v.data(), nullptr, nullptr, 0));
+}
+
+PGconn * connect(const std::string & url, int timeout_s) {
+    const std::string t = std::to_string(timeout_s);
+    const char * keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
+    const char * vals[] = {url.c_str(), t.c_str(), "armada", nullptr};
+    return PQconnectdbParams(keys, vals, 1);
+}
+
+//! A connection string with any password left out, for messages.
+std::string redact(const std::string & url) {
+    const auto scheme = url.find("://");
+    const auto at = url.find('@');
+    if (scheme == std::string::npos || at == std::string::npos || at < scheme) return url;
+    const auto colon = url.find(':', scheme + 3);
+    if (colon == std::string::npos || colon > at) return url;
+    return url.substr(0, colon) + ":***" + url.substr(at);
+}
+
+std::string in_list(size_t n, size_t first) {
+    std::string p;
+    for (size_t i = 0; i < n; ++i)
+        p += (i ? ",$" : "$") + std::to_string(first + i);
+    return p;
+}
+
+SessionRecord read_session(const Res & q, int row) {
+    SessionRecord r;
+    r.id = q.text(row, 0);
+    r.agent_id = q.text(row, 1);
+    r.owner = q.text(row, 2);
+    r.state = q.text(row, 3);
+    r.reason = q.text(row, 4);
+    r.data = q.text(row, 5);
+    r.created_ms = q.i64(row, 6);
+    r.updated_ms = q.i64(row, 7);
+    r.node = q.text(row, 8);
+    r.epoch = q.i64(row, 9);
+    return r;
+}
+
+std::string migrate(PGconn * c) {
+    auto step = [&](const std::string & sql) -> std::string {
+        Res r(PQexec(c, sql.c_str()));
+        return r.ok() ? std::string() : error_of(c, r);
+    };
+    std::string e = step("BEGIN");
+    if (e.empty()) e = step(kMigrationLock);
+    if (e.empty()) e = step("CREATE TABLE IF NOT EXISTS armada_schema (version INT NOT NULL)");
+    int version = 0;
+    if (e.empty()) {
+        Res r(PQexec(c, "SELECT version FROM armada_schema"));
+        if (!r.ok()) {
+            e = error_of(c, r);
+        } else if (r.rows() == 0) {
+            e = step("INSERT INTO armada_schema(version) VALUES (0)");
+        } else {
+            version = int(r.i64(0, 0));
+        }
+    }
+    if (e.empty() && version > kLatest) {
+        e = "the database was written by a newer Armada (schema " + std::to_string(version) + ", this build knows " +
+            std::to_string(kLatest) + ")";
+    }
+    for (int v = version; e.empty() && v < kLatest; ++v) {
+        e = step(kMigrations[v]);
+        if (e.empty()) e = step("UPDATE armada_schema SET version = " + std::to_string(v + 1));
+        if (!e.empty()) e = "schema migration " + std::to_string(v + 1) + ": " + e;
+    }
+    if (e.empty()) e = step("COMMIT");
+    if (!e.empty()) PQclear(PQexec(c, "ROLLBACK"));
+    return e;
+}
+
+}  // namespace
+
+struct PostgresStore::Shard {
+    size_t index = 0;
+    std::string url;
+    // The writer's connection: used by the writer thread, and by `recover` under `wmu`.
+    PGconn * wconn = nullptr;
+    std::mutex wmu;
+
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::pair<Batch, std::function<void(Status)>>> queue;  // guarded by mu
+    bool stop = false;                                                // guarded by mu
+    std::string sticky;                                               // guarded by mu
+    std::thread writer;
+
+    // The read pool.
+    mutable std::mutex pmu;
+    std::condition_variable pcv;
+    std::vector<PGconn *> all, free;  // guarded by pmu
+    PoolStats stats;                   // guarded by pmu
+
+    ~Shard() {
+        for (PGconn * c : all)
+            PQfinish(c);
+        if (wconn) PQfinish(wconn);
+    }
+};
+
+//! A read connection taken from a shard's pool, given back when it goes.
+class PostgresStore::Lease {
+  public:
+    Lease(Shard * s, PGconn * c) : s_(s), c_(c) {}
+    Lease(Lease && o) noexcept : s_(o.s_), c_(o.c_) { o.c_ = nullptr; }
+    Lease(const Lease &) = delete;
+    ~Lease() {
+        if (!c_) return;
+        {
+            std::lock_guard lk(s_->pmu);
+            s_->free.push_back(c_);
+            s_->stats.in_use--;
+        }
+        s_->pcv.notify_one();
+    }
+    PGconn * get() const { return c_; }
+    explicit operator bool() const { return c_ != nullptr; }
+    //! Runs a read, reconnecting once if the server went away since the connection was used.
+    Res query(const std::string & sql, const std::vector<std::string> & params = {}) {
+        Res r = run(c_, sql, params);
+        if (!r.ok() && PQstatus(c_) == CONNECTION_BAD) {
+            PQreset(c_);
+            {
+                std::lock_guard lk(s_->pmu);
+                s_->stats.reconnects++;
+            }
+            if (PQstatus(c_) == CONNECTION_OK) r = run(c_, sql, params);
+        }
+        if (!r.ok()) spdlog::warn("postgres shard {}: read failed: {}", s_->index, error_of(c_, r));
+        return r;
+    }
+
+  private:
+    Shard * s_;
+    PGconn * c_;
+};
+
+int PostgresStore::schema_version() {
+    return kLatest;
+}
+
+std::unique_ptr<PostgresStore> PostgresStore::open(const PostgresConfig & cfg, std::string & error) {
+    if (cfg.urls.empty()) {
+        error = "no PostgreSQL database given";
+        return nullptr;
+    }
+    if (cfg.read_connections < 1) {
+        error = "the PostgreSQL read pool needs at least one connection";
+        return nullptr;
+    }
+    std::unique_ptr<PostgresStore> s(new PostgresStore());
+    s->cfg_ = cfg;
+    for (size_t i = 0; i < cfg.urls.size(); ++i) {
+        auto sh = std::make_unique<Shard>();
+        sh->index = i;
+        sh->url = cfg.urls[i];
+        const std::string where = "PostgreSQL " + redact(sh->url);
+        sh->wconn = connect(sh->url, cfg.connect_timeout_s);
+        if (PQstatus(sh->wconn) != CONNECTION_OK) {
+            error = "cannot connect to " + where + ": " + trim(PQerrorMessage(sh->wconn));
+            return nullptr;
+        }
+        if (auto e = migrate(sh->wconn); !e.empty()) {
+            error = where + ": " + e;
+            return nullptr;
+        }
+        // The read pool is opened and checked now, not at the first request under load.
+        for (int k = 0; k < cfg.read_connections; ++k) {
+            PGconn * c = connect(sh->url, cfg.connect_timeout_s);
+            sh->all.push_back(c);
+            Res r(PQstatus(c) == CONNECTION_OK ? PQexec(c, "SELECT 1") : nullptr);
+            if (!r.ok()) {
+                error = "cannot open read connection " + std::to_string(k + 1) + " to " + where + ": " +
+                        trim(PQerrorMessage(c));
+                return nullptr;
+            }
+            sh->free.push_back(c);
+        }
+        sh->stats.size = sh->all.size();
+        s->shards_.push_back(std::move(sh));
+    }
+    for (auto & sh : s->shards_)
+        sh->writer = std::thread([p = s.get(), sh = sh.get()] { p->writer_loop(*sh); });
+    return s;
+}
+
+PostgresStore::~PostgresStore() {
+    for (auto & sh : shards_) {
+        {
+            std::lock_guard lk(sh->mu);
+            sh->stop = true;
+        }
+        sh->cv.notify_all();
+    }
+    for (auto & sh : shards_)
+        if (sh->writer.joinable()) sh->writer.join();
+}
+
+size_t PostgresStore::shard_of(const std::string & id) const {
+    if (shards_.size() <= 1) return 0;
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a: stable across builds and machines
+    for (unsigned char ch : id)
+        h = (h ^ ch) * 0x100000001b3ull;
+    return size_t(h % shards_.size());
+}
+
+PostgresStore::Lease PostgresStore::acquire(Shard & s) {
+    std::unique_lock lk(s.pmu);
+    s.stats.acquired++;
+    if (s.free.empty()) {
+        s.stats.waited++;
+        const auto t0 = std::chrono::steady_clock::now();
+        const bool got = s.pcv.wait_for(lk, std::chrono::milliseconds(cfg_.pool_wait_ms), [&] { return !s.free.empty(); });
+        s.stats.wait_us +=
+            uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+        if (!got) {
+            s.stats.timeouts++;
+            spdlog::warn("postgres shard {}: no read connection free after {} ms (pool of {})", s.index,
+                         cfg_.pool_wait_ms, s.all.size());
+            return Lease(&s, nullptr);
+        }
+    }
+    PGconn * c = s.free.back();
+    s.free.pop_back();
+    s.stats.in_use++;
+    return Lease(&s, c);
+}
+
+PoolStats PostgresStore::pool_stats() const {
+    PoolStats t;
+    for (const auto & sh : shards_) {
+        std::lock_guard lk(sh->pmu);
+        t.size += sh->stats.size;
+        t.in_use += sh->stats.in_use;
+        t.acquired += sh->stats.acquired;
+        t.waited += sh->stats.waited;
+        t.wait_us += sh->stats.wait_us;
+        t.timeouts += sh->stats.timeouts;
+        t.reconnects += sh->stats.reconnects;
+    }
+    return t;
+}
+
+void PostgresStore::commit(Batch batch, std::function<void(Status)> done) {
+    // Split by shard. Most batches concern one session and land on one shard.
+    std::map<size_t, Batch> parts;
+    for (auto & r : batch.sessions)
+        parts[shard_of(r.id)].sessions.push_back(std::move(r));
+    for (auto & r : batch.steps)
+        parts[shard_of(r.session_id)].steps.push_back(std::move(r));
+    for (auto & id : batch.erase)
+        parts[shard_of(id)].erase.push_back(std::move(id));
+    for (auto & a : batch.agents)
+        parts[0].agents.push_back(std::move(a));
+    for (auto & a : batch.erase_agents)
+        parts[0].erase_agents.push_back(std::move(a));
+    for (auto & r : batch.responses)
+        parts[shard_of(r.id)].responses.push_back(std::move(r));
+    for (auto & id : batch.erase_responses)
+        parts[shard_of(id)].erase_responses.push_back(std::move(id));
+    for (auto & f : batch.fences)
+        parts[shard_of(f.session_id)].fences.push_back(std::move(f));
+    for (auto & a : batch.assign)
+        parts[shard_of(a.session_id)].assign.push_back(std::move(a));
+    if (batch.probe) {
+        for (size_t i = 0; i < shards_.size(); ++i)
+            parts[i].probe = true;
+    }
+    if (parts.empty()) parts[0];
+
+    struct Join {
+        std::mutex mu;
+        size_t left = 0;
+        Status st;
+        std::function<void(Status)> done;
+    };
+    auto join = std::make_shared<Join>();
+    join->left = parts.size();
+    join->done = std::move(done);
+    for (auto & [i, part] : parts) {
+        Shard & sh = *shards_[i];
+        {
+            std::lock_guard lk(sh.mu);
+            sh.queue.emplace_back(std::move(part), [join](Status s) {
+                std::function<void(Status)> fire;
+                Status st;
+                {
+                    std::lock_guard lk(join->mu);
+                    // An error outranks a fence; the first of each kind is kept.
+                    if (!s.ok && (join->st.ok || (join->st.fenced && !s.fenced))) join->st = s;
+                    if (--join->left == 0) {
+                        fire = std::move(join->done);
+                        st = join->st;
+                    }
+                }
+                if (fire) fire(st);
+            });
+        }
+        sh.cv.notify_one();
+    }
+}
+
+void PostgresStore::writer_loop(Shard & s) {
+    for (;;) {
+        std::deque<std::pair<Batch, std::function<void(Status)>>> group;
+        std::string sticky;
+        {
+            std::unique_lock lk(s.mu);
+            s.cv.wait(lk, [&] { return s.stop || !s.queue.empty(); });
+            if (s.queue.empty() && s.stop) return;
+            group.swap(s.queue);
+            sticky = s.sticky;
+        }
+        Status st = sticky.empty() ? Status::Ok() : Status::Error("store failed earlier: " + sticky);
+        std::vector<Status> each(group.size());
+        if (st.ok) {
+            std::vector<Batch *> ptrs;
+            for (auto & g : group)
+                ptrs.push_back(&g.first);
+            std::string e;
+            {
+                std::lock_guard lk(s.wmu);
+                e = apply(s, ptrs, each);
+            }
+            if (s.index == 0) last_group_ = group.size();
+            if (!e.empty()) {
+                st = Status::Error("PostgreSQL shard " + std::to_string(s.index) + ": " + e);
+                spdlog::error("store: {}", st.error);
+                std::lock_guard lk(s.mu);
+                s.sticky = st.error;
+            }
+        }
+        for (size_t i = 0; i < group.size(); ++i) {
+            if (group[i].second) group[i].second(st.ok ? each[i] : st);
+        }
+    }
+}
+
+std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, std::vector<Status> & each) {
+    PGconn * c = s.wconn;
+    if (PQstatus(c) != CONNECTION_OK) {
+        PQreset(c);
+        if (PQstatus(c) != CONNECTION_OK) return "cannot reach the server: " + trim(PQerrorMessage(c));
+    }
+    std::string err;
+    auto exec = [&](const std::string & sql, const std::vector<std::string> & params = {}) -> Res {
+        Res r = run(c, sql, params);
+        if (!r.ok() && err.empty()) err = error_of(c, r);
+        return r;
+    };
+    exec("BEGIN");
+    for (size_t bi = 0; bi < group.size() && err.empty(); ++bi) {
+        const Batch & b = *group[bi];
+        exec("SAVEPOINT batch");
+        std::string fenced;
+        for (const auto & f : b.fences) {
+            if (!err.empty()) break;
+            // Locks the row until COMMIT: a newer assignment waits for this batch, or came first.
+            Res r = exec("SELECT 1 FROM sessions WHERE id=$1 AND node=$2 AND epoch=$3 FOR UPDATE",
+                         {f.session_id, f.node, std::to_string(f.epoch)});
+            if (err.empty() && r.rows() == 0) {
+                fenced = "session " + f.session_id + " is no longer held by " + f.node + " at epoch " +
+                         std::to_string(f.epoch);
+                break;
+            }
+        }
+        if (err.empty() && fenced.empty()) {
+            for (const auto & r : b.sessions) {
+                if (!err.empty()) break;
+                exec("INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms) "
+                     "VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (id) DO UPDATE SET state=EXCLUDED.state, "
+                     "reason=EXCLUDED.reason, data=EXCLUDED.data, updated_ms=EXCLUDED.updated_ms",
+                     {r.id, r.agent_id, r.owner, r.state, r.reason, r.data, std::to_string(r.created_ms),
+                      std::to_string(r.updated_ms)});
+            }
+            for (const auto & a : b.assign) {
+                if (!err.empty() || !fenced.empty()) break;
+                Res r = exec("UPDATE sessions SET node=$1, epoch=$2 WHERE id=$3 AND epoch<$2",
+                             {a.node, std::to_string(a.epoch), a.session_id});
+                if (err.empty() && r.affected() == 0)
+                    fenced = "session " + a.session_id + " is missing or already at epoch " + std::to_string(a.epoch) +
+                             " or later";
+            }
+            for (const auto & st : b.steps) {
+                if (!err.empty() || !fenced.empty()) break;
+                // A batch repeated after a COMMIT whose answer was lost finds its steps there:
+                // the same entry again is fine, a different one at that index never is.
+                Res r = exec("INSERT INTO steps(session_id,seq,kind,payload,idempotency,ts_ms) "
+                             "VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT (session_id, seq) DO NOTHING",
+                             {st.session_id, std::to_string(st.seq), st.kind, st.payload, st.idempotency,
+                              std::to_string(st.ts_ms)});
+                if (err.empty() && r.affected() == 0) {
+                    Res old = exec("SELECT kind, payload FROM steps WHERE session_id=$1 AND seq=$2",
+                                   {st.session_id, std::to_string(st.seq)});
+                    if (err.empty() && (old.rows() != 1 || old.text(0, 0) != st.kind || old.text(0, 1) != st.payload))
+                        err = "step " + std::to_string(st.seq) + " of session " + st.session_id +
+                              " already holds a different entry";
+                }
+            }
+            for (const auto & id : b.erase) {
+                if (!err.empty() || !fenced.empty()) break;
+                exec("DELETE FROM steps WHERE session_id=$1", {id});
+                exec("DELETE FROM sessions WHERE id=$1", {id});
+            }
+            for (const auto & a : b.agents) {
+                if (!err.empty() || !fenced.empty()) break;
+                exec("INSERT INTO agents(tenant,id,spec,tools,created_ms,updated_ms) VALUES($1,$2,$3,$4,$5,$6) "
+                     "ON CONFLICT (tenant,id) DO UPDATE SET spec=EXCLUDED.spec, tools=EXCLUDED.tools, "
+                     "updated_ms=EXCLUDED.updated_ms",
+                     {a.tenant, a.id, a.spec, a.tools, std::to_string(a.created_ms), std::to_string(a.updated_ms)});
+            }
+            for (const auto & [tenant, id] : b.erase_agents) {
+                if (!err.empty() || !fenced.empty()) break;
+                exec("DELETE FROM agents WHERE tenant=$1 AND id=$2", {tenant, id});
+            }
+            for (const auto & r : b.responses) {
+                if (!err.empty() || !fenced.empty()) break;
+                exec("INSERT INTO responses(id,tenant,data,created_ms) VALUES($1,$2,$3,$4) "
+                     "ON CONFLICT (id) DO UPDATE SET data=EXCLUDED.data",
+                     {r.id, r.tenant, r.data, std::to_string(r.created_ms)});
+            }
+            for (const auto & id : b.erase_responses) {
+                if (!err.empty() || !fenced.empty()) break;
+                exec("DELETE FROM responses WHERE id=$1", {id});
+            }
+            if (err.empty() && fenced.empty() && b.probe) {
+                exec("INSERT INTO meta(k,v) VALUES('probe',$1) ON CONFLICT (k) DO UPDATE SET v=EXCLUDED.v",
+                     {std::to_string(time(nullptr))});
+            }
+        }
+        if (!err.empty()) break;
+        if (!fenced.empty()) {
+            each[bi] = Status::Fenced(fenced);
+            exec("ROLLBACK TO SAVEPOINT batch");
+        }
+        exec("RELEASE SAVEPOINT batch");
+    }
+    if (err.empty()) exec("COMMIT");
+    if (!err.empty()) {
+        if (PQstatus(c) == CONNECTION_OK) PQclear(PQexec(c, "ROLLBACK"));
+        return err;
+    }
+    return {};
+}
+
+std::optional<SessionRecord> PostgresStore::session(const std::string & id) {
+    auto l = acquire(*shards_[shard_of(id)]);
+    if (!l) return std::nullopt;
+    Res r = l.query(std::string("SELECT ") + kSessionColumns + " FROM sessions WHERE id=$1", {id});
+    if (!r.ok() || r.rows() == 0) return std::nullopt;
+    return read_session(r, 0);
+}
+
+std::optional<ResponseRecord> PostgresStore::response(const std::string & id) {
+    auto l = acquire(*shards_[shard_of(id)]);
+    if (!l) return std::nullopt;
+    Res r = l.query("SELECT id,tenant,data,created_ms FROM responses WHERE id=$1", {id});
+    if (!r.ok() || r.rows() == 0) return std::nullopt;
+    return ResponseRecord{r.text(0, 0), r.text(0, 1), r.text(0, 2), r.i64(0, 3)};
+}
+
+std::vector<StepRecord> PostgresStore::steps(const std::string & id) {
+    auto l = acquire(*shards_[shard_of(id)]);
+    if (!l) return {};
+    Res r = l.query("SELECT seq,kind,payload,idempotency,ts_ms FROM steps WHERE session_id=$1 ORDER BY seq", {id});
+    std::vector<StepRecord> out;
+    if (!r.ok()) return out;
+    for (int i = 0; i < r.rows(); ++i) {
+        StepRecord s;
+        s.session_id = id;
+        s.seq = r.i64(i, 0);
+        s.kind = r.text(i, 1);
+        s.payload = r.text(i, 2);
+        s.idempotency = r.text(i, 3);
+        s.ts_ms = r.i64(i, 4);
+        out.push_back(std::move(s));
+    }
+    return out;
+}
+
+std::vector<SessionRecord> PostgresStore::sessions_not_in(const std::vector<std::string> & ended) {
+    const std::string sql = std::string("SELECT ") + kSessionColumns + " FROM sessions" +
+                            (ended.empty() ? std::string() : " WHERE state NOT IN (" + in_list(ended.size(), 1) + ")") +
+                            " ORDER BY created_ms";
+    std::vector<SessionRecord> out;
+    for (auto & sh : shards_) {
+        auto l = acquire(*sh);
+        if (!l) continue;
+        Res r = l.query(sql, ended);
+        for (int i = 0; r.ok() && i < r.rows(); ++i)
+            out.push_back(read_session(r, i));
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const SessionRecord & a, const SessionRecord & b) { return a.created_ms < b.created_ms; });
+    return out;
+}
+
+std::vector<AgentRecord> PostgresStore::agents() {
+    auto l = acquire(*shards_[0]);
+    if (!l) return {};
+    Res r = l.query("SELECT tenant,id,spec,tools,created_ms,updated_ms FROM agents ORDER BY updated_ms");
+    std::vector<AgentRecord> out;
+    for (int i = 0; r.ok() && i < r.rows(); ++i)
+        out.push_back({r.text(i, 0), r.text(i, 1), r.text(i, 2), r.text(i, 3), r.i64(i, 4), r.i64(i, 5)});
+    return out;
+}
+
+std::vector<std::string> PostgresStore::expired(const std::vector<std::string> & states, int64_t before_ms,
+                                                size_t limit) {
+    if (states.empty() || limit == 0) return {};
+    const std::string sql = "SELECT id FROM sessions WHERE state IN (" + in_list(states.size(), 1) +
+                            ") AND updated_ms < $" + std::to_string(states.size() + 1) + " LIMIT $" +
+                            std::to_string(states.size() + 2);
+    std::vector<std::string> params = states;
+    params.push_back(std::to_string(before_ms));
+    params.push_back(std::to_string(limit));
+    std::vector<std::string> out;
+    for (auto & sh : shards_) {
+        if (out.size() >= limit) break;
+        auto l = acquire(*sh);
+        if (!l) continue;
+        Res r = l.query(sql, params);
+        for (int i = 0; r.ok() && i < r.rows() && out.size() < limit; ++i)
+            out.push_back(r.text(i, 0));
+    }
+    return out;
+}
+
+std::vector<Store::MinuteCount> PostgresStore::count_since(const std::vector<std::string> & states,
+                                                           int64_t since_ms) {
+    if (states.empty()) return {};
+    const std::string sql = "SELECT state, updated_ms / 60000, count(*) FROM sessions WHERE state IN (" +
+                            in_list(states.size(), 1) + ") AND updated_ms >= $" + std::to_string(states.size() + 1) +
+                            " AND agent_id NOT LIKE '@%' GROUP BY state, updated_ms / 60000";
+    std::vector<std::string> params = states;
+    params.push_back(std::to_string(since_ms));
+    std::map<std::pair<std::string, int64_t>, int64_t> sum;
+    for (auto & sh : shards_) {
+        auto l = acquire(*sh);
+        if (!l) continue;
+        Res r = l.query(sql, params);
+        for (int i = 0; r.ok() && i < r.rows(); ++i)
+            sum[{r.text(i, 0), r.i64(i, 1)}] += r.i64(i, 2);
+    }
+    std::vector<MinuteCount> out;
+    for (const auto & [k, n] : sum)
+        out.push_back({k.first, k.second, n});
+    return out;
+}
+
+Status PostgresStore::writable() {
+    for (auto & sh : shards_) {
+        std::lock_guard lk(sh->mu);
+        if (!sh->sticky.empty()) return Status::Error("store failed: " + sh->sticky);
+    }
+    return Status::Ok();
+}
+
+Status PostgresStore::recover() {
+    for (auto & sh : shards_) {
+        std::lock_guard wl(sh->wmu);
+        if (PQstatus(sh->wconn) != CONNECTION_OK) PQreset(sh->wconn);
+        Res r(PQexec(sh->wconn, "SELECT count(*) FROM sessions"));
+        if (!r.ok()) return Status::Error("PostgreSQL shard " + std::to_string(sh->index) + ": " + error_of(sh->wconn, r));
+    }
+    for (auto & sh : shards_) {
+        std::lock_guard lk(sh->mu);
+        sh->sticky.clear();
+    }
+    return Status::Ok();
+}
+
+}  // namespace armada::store

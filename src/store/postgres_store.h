@@ -1,0 +1,85 @@
+#pragma once
+
+#include "store/store.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+struct pg_conn;
+
+namespace armada::store {
+
+struct PostgresConfig {
+    //! One connection string per shard (`postgres://user@host:port/db`); sessions, their steps
+    //! and responses are spread over them by a hash of their id, agents live on the first.
+    std::vector<std::string> urls;
+    int read_connections = 4;  // per shard, opened and checked at start
+    int pool_wait_ms = 5000;   // a read waits at most this long for a free connection
+    int connect_timeout_s = 5;
+};
+
+//! How the read pools have been waited on, summed over shards (for metrics).
+struct PoolStats {
+    size_t size = 0, in_use = 0;
+    uint64_t acquired = 0;  // reads that took a connection
+    uint64_t waited = 0;    // of which found none free and waited
+    uint64_t wait_us = 0;   // total time spent waiting
+    uint64_t timeouts = 0;  // gave up after `pool_wait_ms`
+    uint64_t reconnects = 0;
+};
+
+//! The cluster's store: PostgreSQL, with the same promise as SQLite (a commit's callback reports
+//! ok only after COMMIT returned). Per shard, one writer connection and thread take everything
+//! queued and commit it in one transaction (group commit); each batch sits in its own savepoint,
+//! so one that is fenced is undone alone. Reads use a pool of connections per shard.
+//!
+//! Fencing: a batch's `fences` are checked first, with `SELECT … FOR UPDATE` on the session row:
+//! the row stays locked until COMMIT, so an assignment to a new epoch either commits before
+//! (the batch is refused) or waits until after it.
+//!
+//! Schema migrations are versioned in `armada_schema` and applied at open under an advisory lock,
+//! so nodes starting together do not race. A batch that touches several shards is committed per
+//! shard (not atomically across them); the agent layer writes one session per batch.
+class PostgresStore : public Store {
+  public:
+    static std::unique_ptr<PostgresStore> open(const PostgresConfig & cfg, std::string & error);
+    ~PostgresStore() override;
+
+    void commit(Batch batch, std::function<void(Status)> done) override;
+    std::optional<SessionRecord> session(const std::string & id) override;
+    std::optional<ResponseRecord> response(const std::string & id) override;
+    std::vector<StepRecord> steps(const std::string & id) override;
+    std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) override;
+    std::vector<AgentRecord> agents() override;
+    std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms, size_t limit) override;
+    std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) override;
+    Status recover() override;
+    Status writable() override;
+
+    size_t shards() const { return shards_.size(); }
+    //! Which shard holds a session (or response) id.
+    size_t shard_of(const std::string & id) const;
+    PoolStats pool_stats() const;
+    //! Commits carried by the last transaction on shard 0 (for tests of group commit).
+    size_t last_group_size() const { return last_group_; }
+    //! The schema version this build writes.
+    static int schema_version();
+
+  private:
+    struct Shard;
+    class Lease;
+    PostgresStore() = default;
+    Lease acquire(Shard & s);
+    void writer_loop(Shard & s);
+    std::string apply(Shard & s, const std::vector<Batch *> & group, std::vector<Status> & each);
+
+    PostgresConfig cfg_;
+    std::vector<std::unique_ptr<Shard>> shards_;
+    std::atomic<size_t> last_group_{0};
+};
+
+}  // namespace armada::store
