@@ -82,6 +82,8 @@ std::string Router::cache_json() const {
 }
 
 std::string Router::render_metrics() {
+    for (auto & f : metric_sources_)
+        f(metrics_);
     const auto * set = engines_.load();
     if (!set) return metrics_.render();
     // Node totals over every engine, then a few gauges per engine.
@@ -125,8 +127,7 @@ std::string Router::render_metrics() {
             .set(st.active.load());
         metrics_.gauge("armada_engine_sequences_queued", "Requests waiting for a sequence, per engine", l)
             .set(st.queued.load());
-        auto & c = metrics_.counter("armada_engine_requests_total", "Requests each engine accepted", l);
-        if (st.requests.load() > c.value()) c.inc(st.requests.load() - c.value());
+        metrics_.sync_counter("armada_engine_requests_total", "Requests each engine accepted", st.requests.load(), l);
     }
     metrics_.gauge("armada_engines", "Engine instances on this node").set(double(set->size()));
     metrics_.gauge("armada_sequences_active", "Sequences being decoded").set(double(active));
@@ -134,8 +135,7 @@ std::string Router::render_metrics() {
     metrics_.gauge("armada_kv_bytes_used", "KV cache bytes holding tokens").set(kv_used);
     // Session memory: the engines keep running totals; counters catch up with them here.
     auto sync = [this](const char * name, const char * help, uint64_t v, const obs::Labels & l = {}) {
-        auto & c = metrics_.counter(name, help, l);
-        if (v > c.value()) c.inc(v - c.value());
+        metrics_.sync_counter(name, help, v, l);
     };
     metrics_.gauge("armada_kv_budget_bytes", "KV memory budget of the node (context + parked in RAM)").set(budget);
     metrics_.gauge("armada_kv_parked_bytes", "Parked KV bytes by tier", {{"tier", "ram"}}).set(double(ps.ram_bytes));

@@ -36,6 +36,9 @@ class Router {
         std::lock_guard lk(probes_mu_);
         probes_ = std::move(p);
     }
+    //! Adds gauges and counters that something else owns (the store's connection pools), brought
+    //! up to date each time /metrics is read. Call before serving.
+    void add_metrics_source(std::function<void(obs::Registry &)> f) { metric_sources_.push_back(std::move(f)); }
     //! From now on new requests get 503 with Retry-After; the probes and /metrics still answer.
     void set_draining() { draining_.store(true); }
     bool draining() const { return draining_.load(); }
@@ -51,6 +54,7 @@ class Router {
     //! Refuses with 429 when the key is over its requests or tokens per minute.
     void check_rate(const HttpRequest & req, const std::string & account);
     std::string render_metrics();
+    std::vector<std::function<void(obs::Registry &)>> metric_sources_;
     //! The prompt cache over every engine (GET /v1/cache, /metrics).
     struct CacheTotals {
         bool enabled = false;

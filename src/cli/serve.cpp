@@ -296,6 +296,24 @@ int serve(const ServeOptions & opt) {
         if (k.limits) limiter.set_limits(api::owner_of(k.key), *k.limits);
     }
     api::Router router(std::move(keys), metrics, &limiter);
+    if (store->pool_stats()) {
+        // PostgreSQL's read pools: exhausted pools are a classic outage, so their waits show.
+        router.add_metrics_source([s = store.get()](obs::Registry & m) {
+            const auto p = s->pool_stats();
+            if (!p) return;
+            m.gauge("armada_store_pool_connections", "Store read connections, opened at start").set(double(p->size));
+            m.gauge("armada_store_pool_in_use", "Store read connections taken now").set(double(p->in_use));
+            m.sync_counter("armada_store_pool_acquired_total", "Reads that took a store connection", p->acquired);
+            m.sync_counter("armada_store_pool_waits_total", "Reads that found no free store connection and waited",
+                           p->waited);
+            m.gauge("armada_store_pool_wait_seconds", "Time reads have spent waiting for a store connection")
+                .set(double(p->wait_us) / 1e6);
+            m.sync_counter("armada_store_pool_timeouts_total", "Reads that gave up waiting for a store connection",
+                           p->timeouts);
+            m.sync_counter("armada_store_reconnects_total", "Store connections opened again after the server went away",
+                           p->reconnects);
+        });
+    }
     api::HttpServer http(opt.http, [&router](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
         router.dispatch(std::move(r), std::move(out));
     });

@@ -1,5 +1,7 @@
 #include "cluster/local_servers.h"
 
+#include "cluster/etcd.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -210,7 +213,8 @@ LocalPostgres::~LocalPostgres() {
 
 std::string LocalPostgres::start(const std::string & dir, int port) {
     const std::string bin = bin_dir();
-    if (bin.empty()) return "PostgreSQL server binaries not found (install the postgresql package, or set ARMADA_PG_BIN)";
+    if (bin.empty())
+        return "PostgreSQL server binaries not found (install the postgresql package, or set ARMADA_PG_BIN)";
     dir_ = dir;
     port_ = port > 0 ? port : free_port();
     std::error_code ec;
@@ -225,10 +229,11 @@ std::string LocalPostgres::start(const std::string & dir, int port) {
     }
     if (!fs::exists(data + "/PG_VERSION", ec)) {
         std::string err;
-        const int rc = run_command({bin + "/initdb", "-D", data, "-U", kPgRole, "-A", "trust", "-E", "UTF8",
-                                    "--locale=C", "--no-sync"},
-                                   dir_ + "/initdb.log", kPgUser, err);
-        if (rc != 0) return "initdb failed (" + (err.empty() ? std::to_string(rc) : err) + "): " + tail_of(dir_ + "/initdb.log");
+        const int rc = run_command(
+            {bin + "/initdb", "-D", data, "-U", kPgRole, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"},
+            dir_ + "/initdb.log", kPgUser, err);
+        if (rc != 0)
+            return "initdb failed (" + (err.empty() ? std::to_string(rc) : err) + "): " + tail_of(dir_ + "/initdb.log");
     }
     return launch();
 }
@@ -236,10 +241,10 @@ std::string LocalPostgres::start(const std::string & dir, int port) {
 std::string LocalPostgres::launch() {
     const std::string bin = bin_dir();
     std::string err;
-    child_ = Child::spawn({bin + "/postgres", "-D", dir_ + "/data", "-p", std::to_string(port_), "-c",
-                           "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + dir_, "-c",
-                           "max_connections=300", "-c", "shared_buffers=64MB"},
-                          dir_ + "/postgres.log", kPgUser, err);
+    child_ = Child::spawn(
+        {bin + "/postgres", "-D", dir_ + "/data", "-p", std::to_string(port_), "-c", "listen_addresses=127.0.0.1", "-c",
+         "unix_socket_directories=" + dir_, "-c", "max_connections=300", "-c", "shared_buffers=64MB"},
+        dir_ + "/postgres.log", kPgUser, err);
     if (!child_) return "cannot start postgres: " + err;
     const std::string conninfo =
         "host=127.0.0.1 port=" + std::to_string(port_) + " user=" + kPgRole + " dbname=postgres connect_timeout=2";
@@ -289,6 +294,148 @@ std::string LocalPostgres::create_database(const std::string & name) {
 
 std::string LocalPostgres::url(const std::string & db) const {
     return std::string("postgres://") + kPgRole + "@127.0.0.1:" + std::to_string(port_) + "/" + db;
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd
+
+std::string LocalEtcd::binary() {
+    if (const char * e = std::getenv("ARMADA_ETCD_BIN"); e && *e) return e;
+    return "/usr/bin/etcd";
+}
+
+LocalEtcd::~LocalEtcd() {
+    if (child_) stop();
+}
+
+std::string LocalEtcd::start(const std::string & dir, int port) {
+    if (::access(binary().c_str(), X_OK) != 0) return "etcd not found at " + binary() + " (install etcd-server)";
+    dir_ = dir;
+    port_ = port > 0 ? port : free_port();
+    peer_port_ = free_port();
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) return "cannot create " + dir_ + ": " + ec.message();
+    return launch();
+}
+
+std::string LocalEtcd::launch() {
+    const std::string client = "http://127.0.0.1:" + std::to_string(port_);
+    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    std::string err;
+    child_ =
+        Child::spawn({binary(), "--name", "armada", "--data-dir", dir_ + "/data", "--listen-client-urls", client,
+                      "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls",
+                      peer, "--initial-cluster", "armada=" + peer, "--log-level", "warn", "--logger", "zap"},
+                     dir_ + "/etcd.log", "", err);
+    if (!child_) return "cannot start etcd: " + err;
+    EtcdClient c({endpoint()}, 500);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < until) {
+        if (!child_->running()) {
+            child_.reset();
+            return "etcd exited at start: " + tail_of(dir_ + "/etcd.log");
+        }
+        std::optional<EtcdKv> kv;
+        if (c.get("/armada/ping", kv).empty()) return {};
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    child_->stop(SIGKILL, 5000);
+    child_.reset();
+    return "etcd did not answer within 30 s: " + tail_of(dir_ + "/etcd.log");
+}
+
+std::string LocalEtcd::stop() {
+    if (!child_) return {};
+    const int code = child_->stop(SIGTERM, 20000);
+    child_.reset();
+    return code == 0 || code == 128 + SIGTERM ? std::string() : "etcd exited with " + std::to_string(code);
+}
+
+std::string LocalEtcd::restart() {
+    if (auto e = stop(); !e.empty()) return e;
+    return launch();
+}
+
+std::string LocalEtcd::endpoint() const {
+    return "127.0.0.1:" + std::to_string(port_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// NATS and Redis
+
+bool port_open(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
+    ::close(fd);
+    return ok;
+}
+
+LocalDaemon::~LocalDaemon() {
+    if (child_) stop();
+}
+
+std::string LocalDaemon::start(const std::string & dir, int port) {
+    dir_ = dir;
+    port_ = port > 0 ? port : free_port();
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) return "cannot create " + dir_ + ": " + ec.message();
+    return launch();
+}
+
+std::string LocalDaemon::launch() {
+    const bool nats = kind_ == Kind::Nats;
+    const char * env = std::getenv(nats ? "ARMADA_NATS_BIN" : "ARMADA_REDIS_BIN");
+    const std::string bin = env && *env ? env : nats ? "/usr/sbin/nats-server" : "/usr/bin/redis-server";
+    const char * what = nats ? "nats-server" : "redis-server";
+    if (::access(bin.c_str(), X_OK) != 0)
+        return std::string(what) + " not found at " + bin + " (install " + (nats ? "nats-server" : "redis-server") +
+               ")";
+    std::vector<std::string> argv;
+    if (nats) {
+        argv = {bin, "-js", "-sd", dir_ + "/jetstream", "-a", "127.0.0.1", "-p", std::to_string(port_)};
+    } else {
+        argv = {bin,      "--port", std::to_string(port_), "--bind", "127.0.0.1",   "--dir", dir_,
+                "--save", "",       "--appendonly",        "no",     "--daemonize", "no"};
+    }
+    std::string err;
+    child_ = Child::spawn(argv, dir_ + "/" + what + ".log", "", err);
+    if (!child_) return std::string("cannot start ") + what + ": " + err;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < until) {
+        if (!child_->running()) {
+            child_.reset();
+            return std::string(what) + " exited at start: " + tail_of(dir_ + "/" + what + ".log");
+        }
+        if (port_open(port_)) return {};
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    child_->stop(SIGKILL, 5000);
+    child_.reset();
+    return std::string(what) + " did not listen within 30 s";
+}
+
+std::string LocalDaemon::stop() {
+    if (!child_) return {};
+    // nats-server exits 0 on SIGINT (1 on SIGTERM); redis-server saves nothing and exits 0 on either.
+    const int code = child_->stop(SIGINT, 20000);
+    child_.reset();
+    return code == 0 || code == 128 + SIGTERM ? std::string() : "exited with " + std::to_string(code);
+}
+
+std::string LocalDaemon::restart() {
+    if (auto e = stop(); !e.empty()) return e;
+    return launch();
+}
+
+std::string LocalDaemon::url() const {
+    return (kind_ == Kind::Nats ? "nats://127.0.0.1:" : "127.0.0.1:") + std::to_string(port_);
 }
 
 }  // namespace armada::cluster

@@ -80,4 +80,56 @@ class LocalPostgres {
     std::optional<Child> child_;
 };
 
+//! A server that needs only a port and a directory, started from a Debian binary: NATS with
+//! JetStream (file storage in the directory) or Redis (no persistence: it holds only what can be
+//! rebuilt). Restarting keeps the port and, for NATS, the streams.
+class LocalDaemon {
+  public:
+    enum class Kind { Nats, Redis };
+    explicit LocalDaemon(Kind k) : kind_(k) {}
+    LocalDaemon(const LocalDaemon &) = delete;
+    ~LocalDaemon();
+    std::string start(const std::string & dir, int port = 0);
+    std::string stop();
+    std::string restart();
+    int port() const { return port_; }
+    pid_t pid() const { return child_ ? child_->pid() : -1; }
+    //! nats://127.0.0.1:PORT or 127.0.0.1:PORT.
+    std::string url() const;
+
+  private:
+    std::string launch();
+    Kind kind_;
+    std::string dir_;
+    int port_ = 0;
+    std::optional<Child> child_;
+};
+
+//! True when something accepts TCP connections on 127.0.0.1:port.
+bool port_open(int port);
+
+//! An etcd server (the Debian `etcd-server` binary), one member, in a directory of its own, on
+//! loopback ports. Restarting it on the same directory keeps every key and lease.
+class LocalEtcd {
+  public:
+    LocalEtcd() = default;
+    LocalEtcd(const LocalEtcd &) = delete;
+    ~LocalEtcd();
+    std::string start(const std::string & dir, int port = 0);
+    std::string stop();
+    std::string restart();
+    //! host:port of the client endpoint.
+    std::string endpoint() const;
+    int port() const { return port_; }
+    pid_t pid() const { return child_ ? child_->pid() : -1; }
+    //! $ARMADA_ETCD_BIN, else /usr/bin/etcd.
+    static std::string binary();
+
+  private:
+    std::string launch();
+    std::string dir_;
+    int port_ = 0, peer_port_ = 0;
+    std::optional<Child> child_;
+};
+
 }  // namespace armada::cluster

@@ -57,6 +57,12 @@ class Histogram {
 class Registry {
   public:
     Counter & counter(const std::string & name, const std::string & help, const Labels & labels = {});
+    //! Brings a counter up to `total`, a running total kept elsewhere (engines, stores): counters
+    //! only go up, so a smaller total changes nothing.
+    void sync_counter(const std::string & name, const std::string & help, uint64_t total, const Labels & labels = {}) {
+        auto & c = counter(name, help, labels);
+        if (total > c.value()) c.inc(total - c.value());
+    }
     Gauge & gauge(const std::string & name, const std::string & help, const Labels & labels = {});
     Histogram & histogram(const std::string & name, const std::string & help, const std::vector<double> & bounds,
                           const Labels & labels = {});

@@ -55,13 +55,16 @@ struct Res {
         return s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK;
     }
     int rows() const { return r ? PQntuples(r) : 0; }
-    std::string text(int row, int col) const { return std::string(PQgetvalue(r, row, col), size_t(PQgetlength(r, row, col))); }
+    std::string text(int row, int col) const {
+        return std::string(PQgetvalue(r, row, col), size_t(PQgetlength(r, row, col)));
+    }
     int64_t i64(int row, int col) const { return std::strtoll(PQgetvalue(r, row, col), nullptr, 10); }
     int64_t affected() const { return r ? std::strtoll(PQcmdTuples(r), nullptr, 10) : 0; }
 };
 
 std::string trim(std::string s) {
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+        s.pop_back();
     return s;
 }
 
@@ -172,7 +175,7 @@ struct PostgresStore::Shard {
     mutable std::mutex pmu;
     std::condition_variable pcv;
     std::vector<PGconn *> all, free;  // guarded by pmu
-    PoolStats stats;                   // guarded by pmu
+    PoolStats stats;                  // guarded by pmu
 
     ~Shard() {
         for (PGconn * c : all)
@@ -293,9 +296,10 @@ PostgresStore::Lease PostgresStore::acquire(Shard & s) {
     if (s.free.empty()) {
         s.stats.waited++;
         const auto t0 = std::chrono::steady_clock::now();
-        const bool got = s.pcv.wait_for(lk, std::chrono::milliseconds(cfg_.pool_wait_ms), [&] { return !s.free.empty(); });
-        s.stats.wait_us +=
-            uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+        const bool got =
+            s.pcv.wait_for(lk, std::chrono::milliseconds(cfg_.pool_wait_ms), [&] { return !s.free.empty(); });
+        s.stats.wait_us += uint64_t(
+            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
         if (!got) {
             s.stats.timeouts++;
             spdlog::warn("postgres shard {}: no read connection free after {} ms (pool of {})", s.index,
@@ -309,7 +313,7 @@ PostgresStore::Lease PostgresStore::acquire(Shard & s) {
     return Lease(&s, c);
 }
 
-PoolStats PostgresStore::pool_stats() const {
+std::optional<PoolStats> PostgresStore::pool_stats() const {
     PoolStats t;
     for (const auto & sh : shards_) {
         std::lock_guard lk(sh->pmu);
@@ -450,11 +454,12 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
         if (err.empty() && fenced.empty()) {
             for (const auto & r : b.sessions) {
                 if (!err.empty()) break;
-                exec("INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms) "
-                     "VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (id) DO UPDATE SET state=EXCLUDED.state, "
-                     "reason=EXCLUDED.reason, data=EXCLUDED.data, updated_ms=EXCLUDED.updated_ms",
-                     {r.id, r.agent_id, r.owner, r.state, r.reason, r.data, std::to_string(r.created_ms),
-                      std::to_string(r.updated_ms)});
+                exec(
+                    "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms) "
+                    "VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (id) DO UPDATE SET state=EXCLUDED.state, "
+                    "reason=EXCLUDED.reason, data=EXCLUDED.data, updated_ms=EXCLUDED.updated_ms",
+                    {r.id, r.agent_id, r.owner, r.state, r.reason, r.data, std::to_string(r.created_ms),
+                     std::to_string(r.updated_ms)});
             }
             for (const auto & a : b.assign) {
                 if (!err.empty() || !fenced.empty()) break;
@@ -468,10 +473,11 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
                 if (!err.empty() || !fenced.empty()) break;
                 // A batch repeated after a COMMIT whose answer was lost finds its steps there:
                 // the same entry again is fine, a different one at that index never is.
-                Res r = exec("INSERT INTO steps(session_id,seq,kind,payload,idempotency,ts_ms) "
-                             "VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT (session_id, seq) DO NOTHING",
-                             {st.session_id, std::to_string(st.seq), st.kind, st.payload, st.idempotency,
-                              std::to_string(st.ts_ms)});
+                Res r = exec(
+                    "INSERT INTO steps(session_id,seq,kind,payload,idempotency,ts_ms) "
+                    "VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT (session_id, seq) DO NOTHING",
+                    {st.session_id, std::to_string(st.seq), st.kind, st.payload, st.idempotency,
+                     std::to_string(st.ts_ms)});
                 if (err.empty() && r.affected() == 0) {
                     Res old = exec("SELECT kind, payload FROM steps WHERE session_id=$1 AND seq=$2",
                                    {st.session_id, std::to_string(st.seq)});
@@ -487,10 +493,11 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
             }
             for (const auto & a : b.agents) {
                 if (!err.empty() || !fenced.empty()) break;
-                exec("INSERT INTO agents(tenant,id,spec,tools,created_ms,updated_ms) VALUES($1,$2,$3,$4,$5,$6) "
-                     "ON CONFLICT (tenant,id) DO UPDATE SET spec=EXCLUDED.spec, tools=EXCLUDED.tools, "
-                     "updated_ms=EXCLUDED.updated_ms",
-                     {a.tenant, a.id, a.spec, a.tools, std::to_string(a.created_ms), std::to_string(a.updated_ms)});
+                exec(
+                    "INSERT INTO agents(tenant,id,spec,tools,created_ms,updated_ms) VALUES($1,$2,$3,$4,$5,$6) "
+                    "ON CONFLICT (tenant,id) DO UPDATE SET spec=EXCLUDED.spec, tools=EXCLUDED.tools, "
+                    "updated_ms=EXCLUDED.updated_ms",
+                    {a.tenant, a.id, a.spec, a.tools, std::to_string(a.created_ms), std::to_string(a.updated_ms)});
             }
             for (const auto & [tenant, id] : b.erase_agents) {
                 if (!err.empty() || !fenced.empty()) break;
@@ -498,9 +505,10 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
             }
             for (const auto & r : b.responses) {
                 if (!err.empty() || !fenced.empty()) break;
-                exec("INSERT INTO responses(id,tenant,data,created_ms) VALUES($1,$2,$3,$4) "
-                     "ON CONFLICT (id) DO UPDATE SET data=EXCLUDED.data",
-                     {r.id, r.tenant, r.data, std::to_string(r.created_ms)});
+                exec(
+                    "INSERT INTO responses(id,tenant,data,created_ms) VALUES($1,$2,$3,$4) "
+                    "ON CONFLICT (id) DO UPDATE SET data=EXCLUDED.data",
+                    {r.id, r.tenant, r.data, std::to_string(r.created_ms)});
             }
             for (const auto & id : b.erase_responses) {
                 if (!err.empty() || !fenced.empty()) break;
@@ -609,8 +617,7 @@ std::vector<std::string> PostgresStore::expired(const std::vector<std::string> &
     return out;
 }
 
-std::vector<Store::MinuteCount> PostgresStore::count_since(const std::vector<std::string> & states,
-                                                           int64_t since_ms) {
+std::vector<Store::MinuteCount> PostgresStore::count_since(const std::vector<std::string> & states, int64_t since_ms) {
     if (states.empty()) return {};
     const std::string sql = "SELECT state, updated_ms / 60000, count(*) FROM sessions WHERE state IN (" +
                             in_list(states.size(), 1) + ") AND updated_ms >= $" + std::to_string(states.size() + 1) +
@@ -644,7 +651,8 @@ Status PostgresStore::recover() {
         std::lock_guard wl(sh->wmu);
         if (PQstatus(sh->wconn) != CONNECTION_OK) PQreset(sh->wconn);
         Res r(PQexec(sh->wconn, "SELECT count(*) FROM sessions"));
-        if (!r.ok()) return Status::Error("PostgreSQL shard " + std::to_string(sh->index) + ": " + error_of(sh->wconn, r));
+        if (!r.ok())
+            return Status::Error("PostgreSQL shard " + std::to_string(sh->index) + ": " + error_of(sh->wconn, r));
     }
     for (auto & sh : shards_) {
         std::lock_guard lk(sh->mu);

@@ -22,16 +22,6 @@ struct PostgresConfig {
     int connect_timeout_s = 5;
 };
 
-//! How the read pools have been waited on, summed over shards (for metrics).
-struct PoolStats {
-    size_t size = 0, in_use = 0;
-    uint64_t acquired = 0;  // reads that took a connection
-    uint64_t waited = 0;    // of which found none free and waited
-    uint64_t wait_us = 0;   // total time spent waiting
-    uint64_t timeouts = 0;  // gave up after `pool_wait_ms`
-    uint64_t reconnects = 0;
-};
-
 //! The cluster's store: PostgreSQL, with the same promise as SQLite (a commit's callback reports
 //! ok only after COMMIT returned). Per shard, one writer connection and thread take everything
 //! queued and commit it in one transaction (group commit); each batch sits in its own savepoint,
@@ -63,7 +53,8 @@ class PostgresStore : public Store {
     size_t shards() const { return shards_.size(); }
     //! Which shard holds a session (or response) id.
     size_t shard_of(const std::string & id) const;
-    PoolStats pool_stats() const;
+    //! The read pools, summed over shards.
+    std::optional<PoolStats> pool_stats() const override;
     //! Commits carried by the last transaction on shard 0 (for tests of group commit).
     size_t last_group_size() const { return last_group_; }
     //! The schema version this build writes.

@@ -79,7 +79,7 @@ struct Batch {
     std::vector<std::string> erase;                                 // session ids to delete with their steps
     std::vector<AgentRecord> agents;                                // upserts
     std::vector<std::pair<std::string, std::string>> erase_agents;  // (tenant, id)
-    std::vector<ResponseRecord> responses;  // upserts
+    std::vector<ResponseRecord> responses;                          // upserts
     std::vector<std::string> erase_responses;
     //! Fencing: the batch is written only if each of these sessions is still assigned to exactly
     //! this node and epoch, checked under the session row's lock in the same transaction. If one
@@ -90,6 +90,16 @@ struct Batch {
     std::vector<Assignment> assign;
     //! Writes a probe row and nothing else matters: readiness asks whether a write goes through.
     bool probe = false;
+};
+
+//! How a store's connection pools have been waited on (PostgreSQL; SQLite has none).
+struct PoolStats {
+    size_t size = 0, in_use = 0;
+    uint64_t acquired = 0;  // reads that took a connection
+    uint64_t waited = 0;    // of which found none free and waited
+    uint64_t wait_us = 0;   // total time spent waiting
+    uint64_t timeouts = 0;  // gave up after the pool's wait limit
+    uint64_t reconnects = 0;
 };
 
 //! Checkpoint store. `commit` is durable when its callback reports ok: nothing is acknowledged
@@ -125,6 +135,8 @@ class Store {
     virtual Status recover() = 0;
     //! A sticky failure, if the store has one (cheap; readiness then commits a probe batch).
     virtual Status writable() = 0;
+    //! Its connection pools, if it has any.
+    virtual std::optional<PoolStats> pool_stats() const { return std::nullopt; }
 };
 
 //! A store that passes every call to another; wrappers (fault injection, crash hooks) override
@@ -151,6 +163,7 @@ class ForwardingStore : public Store {
     }
     Status recover() override { return inner_.recover(); }
     Status writable() override { return inner_.writable(); }
+    std::optional<PoolStats> pool_stats() const override { return inner_.pool_stats(); }
 
   protected:
     Store & inner_;

@@ -377,7 +377,7 @@ TEST(PostgresStore, SessionsAreShardedByIdOverSeveralDatabases) {
     int64_t total = 0;
     for (const auto & url : fx.urls) {
         const int64_t n = rows_in(url, "sessions");
-        EXPECT_GT(n, 0) << url;  // 30 ids over 3 databases: each holds some
+        EXPECT_GT(n, 0) << url;               // 30 ids over 3 databases: each holds some
         EXPECT_EQ(rows_in(url, "steps"), n);  // a session's steps live beside it
         total += n;
     }
@@ -455,7 +455,7 @@ TEST(PostgresStore, AServerRestartFailsWritesUntilItIsBackThenNothingIsLost) {
     ASSERT_TRUE(store->commit_sync(fenced_step("s1", 2, "", 0)).ok);
     const auto steps = store->steps("s1");  // the read pool reconnects too
     ASSERT_EQ(steps.size(), 2u);
-    EXPECT_GE(static_cast<PostgresStore *>(store.get())->pool_stats().reconnects, 1u);
+    EXPECT_GE(store->pool_stats()->reconnects, 1u);
 }
 
 TEST(PostgresStore, OpeningAnUnreachableServerSaysWhereWithoutThePassword) {

@@ -1,0 +1,142 @@
+#include "cluster/cell_brain.h"
+
+#include <algorithm>
+
+namespace armada::cluster {
+
+void CellBrain::node_up(const std::string & node) {
+    nodes_.try_emplace(node);
+}
+
+void CellBrain::node_down(const std::string & node) {
+    nodes_.erase(node);
+}
+
+void CellBrain::load(const NodeLoad & l, int64_t now_ms) {
+    auto it = nodes_.find(l.node);
+    if (it == nodes_.end()) return;  // no lease, no work: a report alone does not make a node live
+    it->second.load = l;
+    it->second.reported_ms = now_ms;
+    it->second.placed_since_report = 0;
+}
+
+void CellBrain::session_open(const std::string & id, const std::string & node, int64_t epoch) {
+    auto [it, fresh] = sessions_.try_emplace(id);
+    Session & s = it->second;
+    if (fresh) {
+        s.order = ++order_;
+        s.node = node;
+        s.epoch = epoch;
+        return;
+    }
+    // An older assignment heard late never overrides a newer one.
+    if (epoch >= s.epoch) {
+        s.node = node;
+        s.epoch = epoch;
+        s.held = false;
+        s.confirming = false;
+    }
+}
+
+void CellBrain::session_closed(const std::string & id) {
+    sessions_.erase(id);
+}
+
+void CellBrain::place_done(const std::string & id) {
+    if (auto it = sessions_.find(id); it != sessions_.end()) it->second.confirming = false;
+}
+
+void CellBrain::place_failed(const std::string & id) {
+    if (auto it = sessions_.find(id); it != sessions_.end()) {
+        it->second.confirming = false;
+        it->second.held = true;
+    }
+}
+
+void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::vector<OpenSession> & open) {
+    for (auto it = nodes_.begin(); it != nodes_.end();)
+        it = live_nodes.count(it->first) ? std::next(it) : nodes_.erase(it);
+    for (const auto & n : live_nodes)
+        nodes_.try_emplace(n);
+    std::map<std::string, Session> next;
+    for (const auto & o : open) {
+        Session s;
+        auto old = sessions_.find(o.id);
+        s.order = old != sessions_.end() ? old->second.order : ++order_;
+        s.node = o.node;
+        s.epoch = o.epoch;
+        // A decision still being written is newer than what the store showed when read.
+        if (old != sessions_.end() && old->second.confirming && old->second.epoch > o.epoch) s = old->second;
+        next[o.id] = s;
+    }
+    sessions_ = std::move(next);
+}
+
+const std::string * CellBrain::pick(int64_t now_ms) const {
+    const std::string * best = nullptr;
+    int best_free = 0;
+    int64_t best_kv = 0;
+    for (const auto & [name, n] : nodes_) {
+        if (!n.load || n.load->draining || now_ms - n.reported_ms > cfg_.report_ttl_ms) continue;
+        const int free = n.load->free_seqs - n.placed_since_report;
+        if (free <= 0) continue;
+        if (!best || free > best_free || (free == best_free && n.load->kv_headroom > best_kv)) {
+            best = &name;
+            best_free = free;
+            best_kv = n.load->kv_headroom;
+        }
+    }
+    return best;
+}
+
+std::vector<Place> CellBrain::decide(int64_t now_ms) {
+    if (tokens_ < 0) {
+        tokens_ = cfg_.burst;
+    } else if (now_ms > tokens_at_ms_) {
+        tokens_ = std::min(cfg_.burst, tokens_ + double(now_ms - tokens_at_ms_) * cfg_.moves_per_s / 1000.0);
+    }
+    tokens_at_ms_ = now_ms;
+
+    std::vector<std::pair<uint64_t, std::string>> todo;
+    for (const auto & [id, s] : sessions_) {
+        if (!s.held && !s.confirming && !live(s.node)) todo.emplace_back(s.order, id);
+    }
+    std::sort(todo.begin(), todo.end());
+    std::vector<Place> out;
+    for (const auto & [order, id] : todo) {
+        Session & s = sessions_[id];
+        const bool moved = !s.node.empty();
+        if (moved && tokens_ < 1) continue;  // new sessions may still go
+        const std::string * n = pick(now_ms);
+        if (!n) break;  // no room anywhere: they wait, in order
+        s.node = *n;
+        s.epoch += 1;
+        s.confirming = true;
+        nodes_[*n].placed_since_report++;
+        if (moved) tokens_ -= 1;
+        out.push_back({id, *n, s.epoch, moved});
+    }
+    return out;
+}
+
+size_t CellBrain::waiting() const {
+    size_t n = 0;
+    for (const auto & [id, s] : sessions_)
+        n += !live(s.node);
+    return n;
+}
+
+size_t CellBrain::sessions_on(const std::string & node) const {
+    size_t n = 0;
+    for (const auto & [id, s] : sessions_)
+        n += s.node == node;
+    return n;
+}
+
+std::optional<std::string> CellBrain::node_of(const std::string & session) const {
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return std::nullopt;
+    return it->second.node;
+}
+
+}  // namespace armada::cluster

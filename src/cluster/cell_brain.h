@@ -1,0 +1,113 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace armada::cluster {
+
+//! What a node reports about itself, about once a second.
+struct NodeLoad {
+    std::string node;
+    int free_seqs = 0;        // sequence slots not in use
+    int64_t kv_headroom = 0;  // bytes of KV budget left
+    int sessions = 0;         // sessions it runs
+    std::string version;      // Armada version
+    std::string fingerprint;  // model fingerprint (KV compatibility)
+    bool draining = false;
+};
+
+//! A decision: run `session` on `node` under `epoch` (greater than any it had). `moved` is set
+//! when the session had a node before (a re-placement after a failure).
+struct Place {
+    std::string session;
+    std::string node;
+    int64_t epoch = 0;
+    bool moved = false;
+    bool operator==(const Place &) const = default;
+};
+
+struct CellBrainConfig {
+    //! A load report older than this is not trusted for placement (the node may be hung).
+    int64_t report_ttl_ms = 5000;
+    //! Re-placements (sessions whose node died) are paced by a token bucket, so a lost node
+    //! does not turn into a stampede on the others: this many per second, bursts up to `burst`.
+    double moves_per_s = 200;
+    double burst = 100;
+};
+
+//! The cell brain's decision code: events in, decisions out. No I/O, clock, thread or socket:
+//! the caller passes the time, the adapters (etcd, NATS, PostgreSQL) feed it events and carry
+//! out its decisions, and the simulator drives the same class.
+//!
+//! It keeps a session on its node while that node's lease lives; places new sessions and those
+//! of dead nodes on the live, non-draining node with the most free sequences (then the most KV
+//! headroom), counting what it placed since that node's last report; never on a node whose lease
+//! is gone or whose report is stale. Level-triggered: `reconcile` replaces the whole view (a new
+//! leader, or the periodic check), and `decide` derives decisions from the view alone, so a lost
+//! or repeated event is corrected at the next reconcile.
+class CellBrain {
+  public:
+    explicit CellBrain(CellBrainConfig cfg = {}) : cfg_(cfg) {}
+
+    // --- events ---
+    //! A node's lease appeared (it joined) or is still there.
+    void node_up(const std::string & node);
+    //! A node's lease expired or was revoked: its sessions need another node.
+    void node_down(const std::string & node);
+    void load(const NodeLoad & l, int64_t now_ms);
+    //! A session the cell must run, with its current assignment ("" and 0 when never placed).
+    void session_open(const std::string & id, const std::string & node, int64_t epoch);
+    //! A session ended (or left the cell): nothing more to place.
+    void session_closed(const std::string & id);
+    //! A decision was carried out: the assignment is durable.
+    void place_done(const std::string & id);
+    //! Carrying out a decision failed (the store refused the assignment: someone moved it first).
+    //! The session is left alone until the next reconcile says where it is.
+    void place_failed(const std::string & id);
+    //! The whole truth, from etcd (live nodes) and PostgreSQL (open sessions with assignments).
+    //! Load reports of nodes still live are kept.
+    struct OpenSession {
+        std::string id, node;
+        int64_t epoch = 0;
+    };
+    void reconcile(const std::set<std::string> & live_nodes, const std::vector<OpenSession> & open);
+
+    // --- decisions ---
+    //! Placements to carry out now. Each is applied to the view at once (optimistically); a
+    //! failed one is reported back with `place_failed`.
+    std::vector<Place> decide(int64_t now_ms);
+
+    // --- views, for metrics and tests ---
+    size_t waiting() const;  // open sessions with no live node
+    size_t sessions_on(const std::string & node) const;
+    bool live(const std::string & node) const { return nodes_.count(node) > 0; }
+    std::optional<std::string> node_of(const std::string & session) const;
+
+  private:
+    struct Node {
+        std::optional<NodeLoad> load;
+        int64_t reported_ms = 0;
+        int placed_since_report = 0;  // sessions given to it since its last report
+    };
+    struct Session {
+        std::string node;
+        int64_t epoch = 0;
+        bool held = false;        // a decision failed: wait for reconcile
+        bool confirming = false;  // a decision is being carried out: the store may not show it yet
+        uint64_t order = 0;       // arrival, for first-come placement
+    };
+    const std::string * pick(int64_t now_ms) const;
+
+    CellBrainConfig cfg_;
+    std::map<std::string, Node> nodes_;        // live nodes (lease held)
+    std::map<std::string, Session> sessions_;  // open sessions
+    double tokens_ = -1;                       // re-placement bucket; -1: not started
+    int64_t tokens_at_ms_ = 0;
+    uint64_t order_ = 0;
+};
+
+}  // namespace armada::cluster

@@ -1,0 +1,119 @@
+#include "cluster/cluster_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+namespace armada::cluster {
+
+namespace {
+
+std::vector<std::string> list_of(const YAML::Node & n) {
+    std::vector<std::string> out;
+    if (n.IsScalar()) {
+        out.push_back(n.as<std::string>());
+    } else if (n.IsSequence()) {
+        for (const auto & v : n)
+            out.push_back(v.as<std::string>());
+    }
+    return out;
+}
+
+bool valid_name(const std::string & s) {
+    if (s.empty() || s.size() > 63) return false;
+    for (char c : s) {
+        if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std::string & error) {
+    error.clear();
+    ClusterConfig c;
+    try {
+        const YAML::Node root = YAML::Load(yaml);
+        if (!root.IsMap()) {
+            error = "the cluster file must be a map of settings";
+            return std::nullopt;
+        }
+        static const char * known[] = {"etcd",        "nats",      "redis",   "postgres",  "prefix",
+                                       "lease_ttl_s", "report_ms", "pg_pool", "redis_pool"};
+        for (const auto & kv : root) {
+            const std::string k = kv.first.as<std::string>();
+            if (std::find(std::begin(known), std::end(known), k) == std::end(known)) {
+                error = "unknown setting '" + k + "'";
+                return std::nullopt;
+            }
+        }
+        c.etcd = list_of(root["etcd"]);
+        if (root["nats"]) c.nats = root["nats"].as<std::string>();
+        if (root["redis"]) c.redis = root["redis"].as<std::string>();
+        c.postgres = list_of(root["postgres"]);
+        if (root["prefix"]) c.prefix = root["prefix"].as<std::string>();
+        if (root["lease_ttl_s"]) c.lease_ttl_s = root["lease_ttl_s"].as<int>();
+        if (root["report_ms"]) c.report_ms = root["report_ms"].as<int>();
+        if (root["pg_pool"]) c.pg_pool = root["pg_pool"].as<int>();
+        if (root["redis_pool"]) c.redis_pool = root["redis_pool"].as<int>();
+    } catch (const YAML::Exception & e) {
+        error = std::string("cluster file: ") + e.what();
+        return std::nullopt;
+    }
+    if (c.etcd.empty())
+        error = "etcd: at least one host:port is needed";
+    else if (c.postgres.empty())
+        error = "postgres: at least one postgres:// URL is needed";
+    else if (c.lease_ttl_s < 2 || c.lease_ttl_s > 60)
+        error = "lease_ttl_s: must be 2..60 seconds";
+    else if (c.report_ms < 100 || c.report_ms > c.lease_ttl_s * 1000 / 2)
+        error = "report_ms: must be 100 ms .. half the lease TTL";
+    else if (c.pg_pool < 1 || c.pg_pool > 256)
+        error = "pg_pool: must be 1..256";
+    else if (c.redis_pool < 1 || c.redis_pool > 256)
+        error = "redis_pool: must be 1..256";
+    else if (c.prefix.empty() || c.prefix[0] != '/' || c.prefix.back() == '/')
+        error = "prefix: must start with '/' and not end with one";
+    for (size_t i = 0; i < c.postgres.size() && error.empty(); ++i) {
+        const auto & u = c.postgres[i];
+        // Named by position: the URL may hold a password.
+        if (u.rfind("postgres://", 0) != 0 && u.rfind("postgresql://", 0) != 0)
+            error = "postgres[" + std::to_string(i) + "]: not a postgres:// URL";
+    }
+    if (!error.empty()) return std::nullopt;
+    return c;
+}
+
+std::optional<ClusterConfig> load_cluster_config(const std::string & path, std::string & error) {
+    std::ifstream f(path);
+    if (!f) {
+        error = "cannot read cluster file " + path;
+        return std::nullopt;
+    }
+    std::stringstream ss;
+    ss << f.rdbuf();
+    auto c = parse_cluster_config(ss.str(), error);
+    if (!c) error = path + ": " + error;
+    return c;
+}
+
+std::string node_key(const ClusterConfig & c, const std::string & cell, const std::string & node) {
+    return nodes_prefix(c, cell) + node;
+}
+
+std::string nodes_prefix(const ClusterConfig & c, const std::string & cell) {
+    return c.prefix + "/cells/" + cell + "/nodes/";
+}
+
+std::string brain_election(const ClusterConfig & c, const std::string & cell) {
+    return c.prefix + "/cells/" + cell + "/brain";
+}
+
+bool valid_cell_or_node_name(const std::string & s) {
+    return valid_name(s);
+}
+
+}  // namespace armada::cluster

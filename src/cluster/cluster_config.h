@@ -1,0 +1,41 @@
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace armada::cluster {
+
+//! Where a cluster's servers are, and its timings: one YAML file every process of the cluster
+//! reads (`--cluster FILE`).
+//!
+//!     etcd: [10.0.0.1:2379, 10.0.0.2:2379, 10.0.0.3:2379]
+//!     nats: nats://10.0.0.4:4222
+//!     redis: 10.0.0.5:6379
+//!     postgres: [postgres://armada@10.0.0.6/armada_0, postgres://armada@10.0.0.7/armada_1]
+//!     lease_ttl_s: 5
+struct ClusterConfig {
+    std::vector<std::string> etcd;      // host:port of each member
+    std::string nats;                   // nats://host:port
+    std::string redis;                  // host:port
+    std::vector<std::string> postgres;  // one URL per shard
+    std::string prefix = "/armada";     // etcd key prefix (several clusters can share an etcd)
+    int lease_ttl_s = 5;                // a process whose lease is not renewed for this long is gone
+    int report_ms = 1000;               // how often a node reports its load
+    int pg_pool = 8;                    // PostgreSQL read connections per shard, per process
+    int redis_pool = 8;
+};
+
+//! Reads and checks the file; nullopt with `error` naming the field that is wrong.
+std::optional<ClusterConfig> load_cluster_config(const std::string & path, std::string & error);
+//! The same from YAML text (tests, `cluster up`).
+std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std::string & error);
+
+//! etcd keys.
+std::string node_key(const ClusterConfig & c, const std::string & cell, const std::string & node);
+std::string nodes_prefix(const ClusterConfig & c, const std::string & cell);
+std::string brain_election(const ClusterConfig & c, const std::string & cell);
+//! Cell and node names: 1..63 of [A-Za-z0-9._-] (they become etcd keys and NATS subjects).
+bool valid_cell_or_node_name(const std::string & s);
+
+}  // namespace armada::cluster

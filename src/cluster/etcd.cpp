@@ -1,0 +1,402 @@
+#include "cluster/etcd.h"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+namespace armada::cluster {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+//! The gateway writes int64 as strings ("12"); accept numbers too.
+int64_t i64(const json & j, const char * k) {
+    auto it = j.find(k);
+    if (it == j.end()) return 0;
+    if (it->is_number_integer()) return it->get<int64_t>();
+    if (it->is_string()) return std::strtoll(it->get<std::string>().c_str(), nullptr, 10);
+    return 0;
+}
+
+EtcdKv kv_of(const json & j) {
+    EtcdKv kv;
+    kv.key = EtcdClient::unbase64(j.value("key", "")).value_or("");
+    kv.value = EtcdClient::unbase64(j.value("value", "")).value_or("");
+    kv.create_revision = i64(j, "create_revision");
+    kv.mod_revision = i64(j, "mod_revision");
+    kv.lease = i64(j, "lease");
+    return kv;
+}
+
+bool split_endpoint(const std::string & ep, std::string & host, std::string & port) {
+    std::string e = ep;
+    if (e.rfind("http://", 0) == 0) e = e.substr(7);
+    while (!e.empty() && e.back() == '/')
+        e.pop_back();
+    const auto colon = e.rfind(':');
+    if (colon == std::string::npos) return false;
+    host = e.substr(0, colon);
+    port = e.substr(colon + 1);
+    return !host.empty() && !port.empty();
+}
+
+//! The message of an error reply ({"error": "...", "code": N, "message": "..."}).
+std::string error_text(const std::string & body) {
+    auto j = json::parse(body, nullptr, false);
+    if (j.is_object()) {
+        if (j.contains("message") && j["message"].is_string()) return j["message"];
+        if (j.contains("error") && j["error"].is_string()) return j["error"];
+        if (j.contains("error") && j["error"].is_object()) return j["error"].value("message", body);
+    }
+    return body.substr(0, 300);
+}
+
+}  // namespace
+
+std::string EtcdClient::base64(const std::string & s) {
+    std::string out;
+    out.reserve((s.size() + 2) / 3 * 4);
+    size_t i = 0;
+    for (; i + 2 < s.size(); i += 3) {
+        const uint32_t v = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8) | uint8_t(s[i + 2]);
+        out += kB64[v >> 18];
+        out += kB64[(v >> 12) & 63];
+        out += kB64[(v >> 6) & 63];
+        out += kB64[v & 63];
+    }
+    if (i + 1 == s.size()) {
+        const uint32_t v = uint8_t(s[i]) << 16;
+        out += kB64[v >> 18];
+        out += kB64[(v >> 12) & 63];
+        out += "==";
+    } else if (i + 2 == s.size()) {
+        const uint32_t v = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8);
+        out += kB64[v >> 18];
+        out += kB64[(v >> 12) & 63];
+        out += kB64[(v >> 6) & 63];
+        out += '=';
+    }
+    return out;
+}
+
+std::optional<std::string> EtcdClient::unbase64(const std::string & s) {
+    std::string out;
+    uint32_t acc = 0;
+    int bits = 0;
+    size_t pad = 0;
+    for (char c : s) {
+        if (c == '=') {
+            ++pad;
+            continue;
+        }
+        if (pad) return std::nullopt;  // data after padding
+        const char * p = std::strchr(kB64, c);
+        if (!p || !c) return std::nullopt;
+        acc = (acc << 6) | uint32_t(p - kB64);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out += char((acc >> bits) & 0xff);
+        }
+    }
+    if (pad > 2) return std::nullopt;
+    return out;
+}
+
+std::string EtcdClient::prefix_end(const std::string & prefix) {
+    std::string end = prefix;
+    while (!end.empty()) {
+        if (uint8_t(end.back()) < 0xff) {
+            end.back() = char(uint8_t(end.back()) + 1);
+            return end;
+        }
+        end.pop_back();
+    }
+    return std::string(1, '\0');  // every key
+}
+
+EtcdClient::EtcdClient(std::vector<std::string> endpoints, int timeout_ms)
+    : endpoints_(std::move(endpoints)), timeout_ms_(timeout_ms) {}
+
+std::string EtcdClient::call(const std::string & path, const std::string & body, std::string & reply, int timeout_ms) {
+    std::string last = "no etcd endpoint given";
+    for (const auto & ep : endpoints_) {
+        std::string host, port;
+        if (!split_endpoint(ep, host, port)) {
+            last = "bad etcd endpoint '" + ep + "' (want host:port)";
+            continue;
+        }
+        net::io_context ioc;
+        tcp::resolver resolver(ioc);
+        beast::tcp_stream stream(ioc);
+        http::request<http::string_body> req{http::verb::post, path, 11};
+        req.set(http::field::host, host + ":" + port);
+        req.set(http::field::content_type, "application/json");
+        req.body() = body;
+        req.prepare_payload();
+        beast::flat_buffer buf;
+        http::response_parser<http::string_body> parser;
+        parser.body_limit(64 << 20);
+        beast::error_code result = net::error::timed_out;
+        resolver.async_resolve(host, port, [&](beast::error_code ec, tcp::resolver::results_type rs) {
+            if (ec) return void(result = ec);
+            stream.async_connect(rs, [&](beast::error_code ec2, const tcp::endpoint &) {
+                if (ec2) return void(result = ec2);
+                http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
+                    if (ec3) return void(result = ec3);
+                    http::async_read(stream, buf, parser, [&](beast::error_code ec4, size_t) { result = ec4; });
+                });
+            });
+        });
+        ioc.run_for(std::chrono::milliseconds(timeout_ms));
+        if (result) {
+            last = "etcd at " + ep + ": " +
+                   (result == net::error::timed_out ? std::string("no answer in time") : result.message());
+            continue;
+        }
+        const auto & res = parser.get();
+        if (res.result() != http::status::ok) {
+            // The server answered: another endpoint would say the same.
+            return "etcd " + std::to_string(res.result_int()) + ": " + error_text(res.body());
+        }
+        reply = res.body();
+        return {};
+    }
+    return last;
+}
+
+std::string EtcdClient::grant(int ttl_s, int64_t & lease) {
+    std::string r;
+    if (auto e = call("/v3/lease/grant", json{{"TTL", ttl_s}}.dump(), r, timeout_ms_); !e.empty()) return e;
+    auto j = json::parse(r, nullptr, false);
+    lease = j.is_object() ? i64(j, "ID") : 0;
+    if (lease == 0) return "etcd granted no lease: " + r.substr(0, 200);
+    return {};
+}
+
+std::string EtcdClient::keepalive(int64_t lease, int64_t & ttl) {
+    std::string r;
+    if (auto e = call("/v3/lease/keepalive", json{{"ID", std::to_string(lease)}}.dump(), r, timeout_ms_); !e.empty())
+        return e;
+    // A stream of one message: {"result": {"ID": …, "TTL": …}}; a lease that is gone has no TTL.
+    auto j = json::parse(r.substr(0, r.find('\n')), nullptr, false);
+    if (!j.is_object()) return "etcd keepalive: unreadable reply";
+    const json & res = j.contains("result") ? j["result"] : j;
+    if (j.contains("error")) return "etcd keepalive: " + error_text(r);
+    ttl = i64(res, "TTL");
+    return {};
+}
+
+std::string EtcdClient::revoke(int64_t lease) {
+    std::string r;
+    return call("/v3/lease/revoke", json{{"ID", std::to_string(lease)}}.dump(), r, timeout_ms_);
+}
+
+std::string EtcdClient::put(const std::string & key, const std::string & value, int64_t lease) {
+    json b{{"key", base64(key)}, {"value", base64(value)}};
+    if (lease) b["lease"] = std::to_string(lease);
+    std::string r;
+    return call("/v3/kv/put", b.dump(), r, timeout_ms_);
+}
+
+std::string EtcdClient::get(const std::string & key, std::optional<EtcdKv> & out) {
+    std::string r;
+    if (auto e = call("/v3/kv/range", json{{"key", base64(key)}}.dump(), r, timeout_ms_); !e.empty()) return e;
+    auto j = json::parse(r, nullptr, false);
+    out.reset();
+    if (j.is_object() && j.contains("kvs") && j["kvs"].is_array() && !j["kvs"].empty()) out = kv_of(j["kvs"][0]);
+    return {};
+}
+
+std::string EtcdClient::list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision) {
+    std::string r;
+    const json b{{"key", base64(prefix)}, {"range_end", base64(prefix_end(prefix))}};
+    if (auto e = call("/v3/kv/range", b.dump(), r, timeout_ms_); !e.empty()) return e;
+    auto j = json::parse(r, nullptr, false);
+    if (!j.is_object()) return "etcd range: unreadable reply";
+    out.clear();
+    if (j.contains("kvs") && j["kvs"].is_array()) {
+        for (const auto & kv : j["kvs"])
+            out.push_back(kv_of(kv));
+    }
+    revision = j.contains("header") ? i64(j["header"], "revision") : 0;
+    return {};
+}
+
+std::string EtcdClient::erase(const std::string & key) {
+    std::string r;
+    return call("/v3/kv/deleterange", json{{"key", base64(key)}}.dump(), r, timeout_ms_);
+}
+
+std::string EtcdClient::campaign(const std::string & name, const std::string & value, int64_t lease, int wait_ms,
+                                 EtcdLeader & out) {
+    std::string r;
+    const json b{{"name", base64(name)}, {"value", base64(value)}, {"lease", std::to_string(lease)}};
+    if (auto e = call("/v3/election/campaign", b.dump(), r, wait_ms); !e.empty()) {
+        if (e.find("no answer in time") != std::string::npos) return "not elected yet";
+        return e;
+    }
+    auto j = json::parse(r, nullptr, false);
+    if (!j.is_object() || !j.contains("leader")) return "etcd campaign: unreadable reply";
+    const json & l = j["leader"];
+    out.name = unbase64(l.value("name", "")).value_or("");
+    out.key = unbase64(l.value("key", "")).value_or("");
+    out.rev = i64(l, "rev");
+    out.lease = i64(l, "lease");
+    out.value = value;
+    return {};
+}
+
+std::string EtcdClient::leader(const std::string & name, EtcdLeader & out) {
+    std::string r;
+    if (auto e = call("/v3/election/leader", json{{"name", base64(name)}}.dump(), r, timeout_ms_); !e.empty()) {
+        if (e.find("no leader") != std::string::npos) return "no leader";
+        return e;
+    }
+    auto j = json::parse(r, nullptr, false);
+    if (!j.is_object() || !j.contains("kv")) return "no leader";
+    const EtcdKv kv = kv_of(j["kv"]);
+    out.name = name;
+    out.key = kv.key;
+    out.value = kv.value;
+    out.rev = kv.create_revision;
+    out.lease = kv.lease;
+    return {};
+}
+
+std::string EtcdClient::resign(const EtcdLeader & l) {
+    const json b{{"leader",
+                  {{"name", base64(l.name)},
+                   {"key", base64(l.key)},
+                   {"rev", std::to_string(l.rev)},
+                   {"lease", std::to_string(l.lease)}}}};
+    std::string r;
+    return call("/v3/election/resign", b.dump(), r, timeout_ms_);
+}
+
+std::string EtcdClient::watch(const std::string & prefix, int64_t start_revision,
+                              const std::function<bool(const std::vector<EtcdEvent> &, int64_t)> & on_events,
+                              const std::atomic<bool> & stop) {
+    std::string last = "no etcd endpoint given";
+    for (const auto & ep : endpoints_) {
+        std::string host, port;
+        if (!split_endpoint(ep, host, port)) continue;
+        net::io_context ioc;
+        tcp::resolver resolver(ioc);
+        beast::tcp_stream stream(ioc);
+        json create{{"key", base64(prefix)}, {"range_end", base64(prefix_end(prefix))}};
+        if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
+        http::request<http::string_body> req{http::verb::post, "/v3/watch", 11};
+        req.set(http::field::host, host + ":" + port);
+        req.set(http::field::content_type, "application/json");
+        req.body() = json{{"create_request", create}}.dump();
+        req.prepare_payload();
+
+        beast::flat_buffer buf;
+        http::response_parser<http::string_body> parser;
+        parser.body_limit(boost::none);
+        std::string pending;  // bytes of the stream not yet split into messages
+        std::string error;
+        bool done = false, connected = false;
+        // The gateway sends one JSON message per line, in chunks; each is handled as it comes.
+        auto on_chunk = [&](std::uint64_t, beast::string_view body, beast::error_code & ec) -> std::size_t {
+            pending.append(body.data(), body.size());
+            size_t nl;
+            while (!done && (nl = pending.find('\n')) != std::string::npos) {
+                auto j = json::parse(pending.substr(0, nl), nullptr, false);
+                pending.erase(0, nl + 1);
+                if (!j.is_object()) continue;
+                if (j.contains("error")) {
+                    error = "etcd watch: " + error_text(j.dump());
+                    done = true;
+                    break;
+                }
+                const json & res = j.contains("result") ? j["result"] : j;
+                if (res.value("canceled", false)) {
+                    error = "etcd watch canceled: " + res.value("cancel_reason", std::string("compacted"));
+                    done = true;
+                    break;
+                }
+                std::vector<EtcdEvent> evs;
+                if (res.contains("events") && res["events"].is_array()) {
+                    for (const auto & e : res["events"]) {
+                        EtcdEvent ev;
+                        ev.type = e.value("type", "PUT") == "DELETE" ? EtcdEvent::Type::Delete : EtcdEvent::Type::Put;
+                        if (e.contains("kv")) ev.kv = kv_of(e["kv"]);
+                        evs.push_back(std::move(ev));
+                    }
+                }
+                const int64_t rev = res.contains("header") ? i64(res["header"], "revision") : 0;
+                if (!evs.empty() && !on_events(evs, rev)) done = true;
+            }
+            if (done) ec = net::error::operation_aborted;
+            return body.size();
+        };
+        parser.on_chunk_body(on_chunk);
+        std::function<void()> read_more = [&] {
+            http::async_read_some(stream, buf, parser, [&](beast::error_code ec, size_t) {
+                if (ec) {
+                    if (!done && error.empty()) error = "etcd watch stream ended: " + ec.message();
+                    done = true;
+                    return;
+                }
+                if (parser.is_header_done() && parser.get().result() != http::status::ok) {
+                    error = "etcd watch: HTTP " + std::to_string(parser.get().result_int());
+                    done = true;
+                    return;
+                }
+                if (parser.is_done()) {
+                    if (error.empty()) error = "etcd watch stream ended";
+                    done = true;
+                    return;
+                }
+                read_more();
+            });
+        };
+        resolver.async_resolve(host, port, [&](beast::error_code ec, tcp::resolver::results_type rs) {
+            if (ec) return void((error = ec.message(), done = true));
+            stream.async_connect(rs, [&](beast::error_code ec2, const tcp::endpoint &) {
+                if (ec2) return void((error = ec2.message(), done = true));
+                connected = true;
+                http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
+                    if (ec3) return void((error = ec3.message(), done = true));
+                    read_more();
+                });
+            });
+        });
+        const auto connect_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+        while (!done && !stop.load()) {
+            ioc.run_for(std::chrono::milliseconds(100));
+            if (!connected && std::chrono::steady_clock::now() > connect_by) {
+                error = "no answer in time";
+                break;
+            }
+        }
+        beast::error_code ignored;
+        stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+        stream.close();
+        if (stop.load()) return {};
+        if (!connected) {
+            last = "etcd at " + ep + ": " + error;
+            continue;
+        }
+        return error;
+    }
+    return last;
+}
+
+}  // namespace armada::cluster

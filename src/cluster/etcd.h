@@ -1,0 +1,81 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace armada::cluster {
+
+//! One key of etcd, as the JSON gateway reports it (keys and values decoded from base64).
+struct EtcdKv {
+    std::string key, value;
+    int64_t create_revision = 0, mod_revision = 0, lease = 0;
+};
+
+struct EtcdEvent {
+    enum class Type { Put, Delete } type = Type::Put;
+    EtcdKv kv;
+};
+
+//! The holder of an election, as `campaign` and `leader` return it. `rev` (the leader key's
+//! creation revision) only grows from one leader to the next: it is the leader's fencing epoch.
+struct EtcdLeader {
+    std::string name, key, value;
+    int64_t rev = 0, lease = 0;
+};
+
+//! etcd v3 through its JSON gateway (`/v3/...`) over HTTP/1.1 with Beast: no gRPC. Every call
+//! blocks its thread for at most `timeout_ms` and returns an error message ("" on success);
+//! the adapters run it on threads of their own. Endpoints are tried in order, so a cluster of
+//! three etcd members keeps working while one is down.
+class EtcdClient {
+  public:
+    explicit EtcdClient(std::vector<std::string> endpoints, int timeout_ms = 5000);
+
+    // Leases.
+    std::string grant(int ttl_s, int64_t & lease);
+    //! Renews the lease; `ttl` comes back as what is left (0 or less: the lease is gone).
+    std::string keepalive(int64_t lease, int64_t & ttl);
+    std::string revoke(int64_t lease);
+
+    // Keys.
+    std::string put(const std::string & key, const std::string & value, int64_t lease = 0);
+    std::string get(const std::string & key, std::optional<EtcdKv> & out);
+    //! Every key under `prefix`, and the store's revision at the time (to watch from after it).
+    std::string list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision);
+    std::string erase(const std::string & key);
+
+    //! Streams the changes under `prefix` from `start_revision` (0: from now) to `on_events`,
+    //! each batch with its revision, until `stop` is set, `on_events` returns false, or the
+    //! stream breaks (the error says which; the caller lists again and watches from there).
+    std::string watch(const std::string & prefix, int64_t start_revision,
+                      const std::function<bool(const std::vector<EtcdEvent> &, int64_t revision)> & on_events,
+                      const std::atomic<bool> & stop);
+
+    // Elections (etcd's election API).
+    //! Joins the election `name` with `value`, under `lease`, and waits up to `wait_ms` to lead.
+    //! On timeout the error is "not elected yet" and the candidacy stays (campaign again with the
+    //! same lease to keep the place in line).
+    std::string campaign(const std::string & name, const std::string & value, int64_t lease, int wait_ms,
+                         EtcdLeader & out);
+    //! Who leads `name` now ("no leader" when nobody does).
+    std::string leader(const std::string & name, EtcdLeader & out);
+    std::string resign(const EtcdLeader & leader);
+
+    static std::string base64(const std::string & s);
+    static std::optional<std::string> unbase64(const std::string & s);
+    //! The smallest key greater than every key starting with `prefix` (etcd's range_end).
+    static std::string prefix_end(const std::string & prefix);
+
+  private:
+    //! POSTs `body` to `path` on the first endpoint that answers; fills `reply` with the JSON.
+    std::string call(const std::string & path, const std::string & body, std::string & reply, int timeout_ms);
+
+    std::vector<std::string> endpoints_;  // host:port
+    int timeout_ms_;
+};
+
+}  // namespace armada::cluster

@@ -1,0 +1,102 @@
+#include "cluster/membership.h"
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <random>
+
+namespace armada::cluster {
+
+using json = nlohmann::json;
+
+std::string encode_load(const NodeLoad & l) {
+    return json{{"free_seqs", l.free_seqs}, {"kv_headroom", l.kv_headroom}, {"sessions", l.sessions},
+                {"version", l.version},     {"fingerprint", l.fingerprint}, {"draining", l.draining}}
+        .dump();
+}
+
+std::optional<NodeLoad> decode_load(const std::string & node, const std::string & text) {
+    const auto j = json::parse(text, nullptr, false);
+    if (!j.is_object()) return std::nullopt;
+    NodeLoad l;
+    l.node = node;
+    try {
+        l.free_seqs = j.value("free_seqs", 0);
+        l.kv_headroom = j.value("kv_headroom", int64_t(0));
+        l.sessions = j.value("sessions", 0);
+        l.version = j.value("version", "");
+        l.fingerprint = j.value("fingerprint", "");
+        l.draining = j.value("draining", false);
+    } catch (const json::exception &) {
+        return std::nullopt;  // a field of the wrong type: not a report to trust
+    }
+    return l;
+}
+
+NodeMembership::NodeMembership(EtcdClient etcd, std::string key, int ttl_s, int report_ms,
+                               std::function<NodeLoad()> load)
+    : etcd_(std::move(etcd)), key_(std::move(key)), ttl_s_(ttl_s), report_ms_(report_ms), load_(std::move(load)) {}
+
+NodeMembership::~NodeMembership() {
+    stop();
+}
+
+void NodeMembership::start() {
+    thread_ = std::thread([this] { run(); });
+}
+
+void NodeMembership::stop() {
+    {
+        std::lock_guard lk(mu_);
+        if (stop_) return;
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);
+}
+
+bool NodeMembership::pause(int ms) {
+    std::unique_lock lk(mu_);
+    return !cv_.wait_for(lk, std::chrono::milliseconds(ms), [&] { return stop_; });
+}
+
+void NodeMembership::run() {
+    std::mt19937 rng(std::random_device{}());
+    // A random pause of 0.5..1.5 times `ms`, for every retry and re-registration.
+    auto jitter = [&](int ms) { return std::uniform_int_distribution<int>(ms / 2, ms + ms / 2)(rng); };
+    int backoff = 500;
+    for (;;) {
+        if (lease_.load() == 0) {
+            int64_t lease = 0;
+            std::string e = etcd_.grant(ttl_s_, lease);
+            if (e.empty()) e = etcd_.put(key_, encode_load(load_()), lease);
+            if (!e.empty()) {
+                spdlog::warn("cluster: cannot register {} in etcd: {}; retrying", key_, e);
+                if (!pause(jitter(backoff))) return;
+                backoff = std::min(backoff * 2, 8000);
+                continue;
+            }
+            backoff = 500;
+            lease_ = lease;
+            const int n = ++registrations_;
+            spdlog::info("cluster: {} {} (lease {:x}, ttl {} s)", n == 1 ? "joined as" : "joined again as", key_, lease,
+                         ttl_s_);
+        }
+        if (!pause(report_ms_)) return;
+        int64_t ttl = 0;
+        std::string e = etcd_.keepalive(lease_.load(), ttl);
+        if (e.empty() && ttl <= 0) {
+            spdlog::warn("cluster: lease of {} expired (the node was away longer than {} s); joining again", key_,
+                         ttl_s_);
+            lease_ = 0;
+            if (!pause(jitter(1000))) return;
+            continue;
+        }
+        if (e.empty()) e = etcd_.put(key_, encode_load(load_()), lease_.load());
+        if (!e.empty()) spdlog::warn("cluster: load report for {} failed: {}", key_, e);
+    }
+}
+
+}  // namespace armada::cluster

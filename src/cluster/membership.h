@@ -1,0 +1,52 @@
+#pragma once
+
+#include "cluster/cell_brain.h"
+#include "cluster/etcd.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace armada::cluster {
+
+//! A node's load as JSON (the value of its key in etcd) and back.
+std::string encode_load(const NodeLoad & l);
+std::optional<NodeLoad> decode_load(const std::string & node, const std::string & json_text);
+
+//! A node's membership of its cell: it holds a lease in etcd and keeps its key (its load, about
+//! once a second) under it. When the process dies or hangs, the lease expires, the key goes,
+//! and the cell brain's watch sees it. When the node finds its lease gone (it was stopped for
+//! longer than the TTL), it registers again with a new lease, after a random pause so that
+//! nodes coming back together do not arrive together. Runs on a thread of its own.
+class NodeMembership {
+  public:
+    NodeMembership(EtcdClient etcd, std::string key, int ttl_s, int report_ms, std::function<NodeLoad()> load);
+    ~NodeMembership();
+    void start();
+    //! Leaves: revokes the lease, so the brain knows at once (not after the TTL).
+    void stop();
+    //! The lease held now (0: none).
+    int64_t lease() const { return lease_.load(); }
+    //! How many times it registered (1 after the first; more after losing its lease).
+    int registrations() const { return registrations_.load(); }
+
+  private:
+    void run();
+    bool pause(int ms);  // false when stopping
+
+    EtcdClient etcd_;
+    std::string key_;
+    int ttl_s_, report_ms_;
+    std::function<NodeLoad()> load_;
+    std::atomic<int64_t> lease_{0};
+    std::atomic<int> registrations_{0};
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::thread thread_;
+};
+
+}  // namespace armada::cluster

@@ -1,0 +1,241 @@
+#include "cluster/queue.h"
+
+#include <nats/nats.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <random>
+
+namespace armada::cluster {
+
+namespace {
+
+constexpr int64_t kNsPerMs = 1000000;
+constexpr int64_t kMinute = 60 * 1000 * kNsPerMs;
+
+std::string status_text(natsStatus s, jsErrCode jerr = jsErrCode(0)) {
+    std::string t = natsStatus_GetText(s);
+    if (const char * last = nats_GetLastError(nullptr); last && *last) t = last;
+    if (jerr != 0) t += " (JetStream error " + std::to_string(int(jerr)) + ")";
+    return t;
+}
+
+//! Waits before each reconnect: 250 ms doubling to 4 s, times a random 0.5..1.5, so clients that
+//! lost the server together do not come back together.
+int64_t reconnect_delay(natsConnection *, int attempts, void *) {
+    thread_local std::mt19937 rng(std::random_device{}());
+    const int64_t base = std::min<int64_t>(4000, int64_t(250) << std::min(attempts, 4));
+    return std::uniform_int_distribution<int64_t>(base / 2, base + base / 2)(rng);
+}
+
+struct StreamDef {
+    const char * name;
+    const char * subjects;
+    bool work_queue;
+    int64_t max_age;
+};
+const StreamDef kStreams[] = {
+    {"ARMADA_PLACE", "armada.place.>", true, 0},
+    {"ARMADA_CMD", "armada.cmd.>", true, 0},
+    {"ARMADA_EVENT", "armada.event.>", false, 60 * kMinute},
+    {"ARMADA_DEAD", "armada.dead.>", false, 7 * 24 * 60 * kMinute},
+};
+
+}  // namespace
+
+std::string place_subject(const std::string & cell) {
+    return "armada.place." + cell;
+}
+std::string command_subject(const std::string & node) {
+    return "armada.cmd." + node;
+}
+std::string event_subject(const std::string & cell) {
+    return "armada.event." + cell;
+}
+
+// --- QueueMsg ---
+
+QueueMsg::QueueMsg(natsMsg * m) : m_(m) {
+    subject_ = natsMsg_GetSubject(m);
+    data_.assign(natsMsg_GetData(m), size_t(natsMsg_GetDataLength(m)));
+    jsMsgMetaData * meta = nullptr;
+    if (natsMsg_GetMetaData(&meta, m) == NATS_OK && meta) {
+        deliveries_ = meta->NumDelivered;
+        jsMsgMetaData_Destroy(meta);
+    }
+}
+
+QueueMsg::QueueMsg(QueueMsg && o) noexcept
+    : m_(o.m_), subject_(std::move(o.subject_)), data_(std::move(o.data_)), deliveries_(o.deliveries_) {
+    o.m_ = nullptr;
+}
+
+QueueMsg::~QueueMsg() {
+    if (m_) natsMsg_Destroy(m_);
+}
+
+std::string QueueMsg::ack() {
+    const natsStatus s = natsMsg_AckSync(m_, nullptr, nullptr);
+    return s == NATS_OK ? std::string() : "ack: " + status_text(s);
+}
+
+std::string QueueMsg::nak(int delay_ms) {
+    const natsStatus s = delay_ms > 0 ? natsMsg_NakWithDelay(m_, int64_t(delay_ms), nullptr) : natsMsg_Nak(m_, nullptr);
+    return s == NATS_OK ? std::string() : "nak: " + status_text(s);
+}
+
+std::string QueueMsg::term() {
+    const natsStatus s = natsMsg_Term(m_, nullptr);
+    return s == NATS_OK ? std::string() : "term: " + status_text(s);
+}
+
+// --- Consumer ---
+
+Consumer::~Consumer() {
+    if (sub_) natsSubscription_Destroy(sub_);
+}
+
+std::vector<QueueMsg> Consumer::fetch(int batch, int wait_ms, std::string & error) {
+    std::vector<QueueMsg> out;
+    natsMsgList list{};
+    const natsStatus s = natsSubscription_Fetch(&list, sub_, batch, int64_t(wait_ms), nullptr);
+    if (s == NATS_TIMEOUT) return out;  // nothing came
+    if (s != NATS_OK) {
+        error = "fetch: " + status_text(s);
+        return out;
+    }
+    for (int i = 0; i < list.Count; ++i) {
+        QueueMsg m(list.Msgs[i]);
+        list.Msgs[i] = nullptr;  // owned by `m` now
+        if (m.deliveries() > uint64_t(max_deliver_)) {
+            // Delivered too often without an ack: kept aside for a person, not retried forever.
+            const std::string dead = "armada.dead." + m.subject();
+            if (auto e = js_->publish(dead, m.data()); !e.empty()) {
+                spdlog::warn("queue: cannot move a message of {} to {}: {}", m.subject(), dead, e);
+                continue;  // not acked: it comes back, and the move is tried again
+            }
+            spdlog::warn("queue: a message of {} was delivered {} times; moved to {}", m.subject(), m.deliveries() - 1,
+                         dead);
+            m.term();
+            continue;
+        }
+        out.push_back(std::move(m));
+    }
+    natsMsgList_Destroy(&list);
+    return out;
+}
+
+// --- JetStream ---
+
+std::unique_ptr<JetStream> JetStream::connect(const std::string & url, std::string & error) {
+    std::unique_ptr<JetStream> j(new JetStream());
+    natsOptions * opts = nullptr;
+    natsStatus s = natsOptions_Create(&opts);
+    if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
+    if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
+    if (s == NATS_OK) s = natsOptions_SetCustomReconnectDelay(opts, reconnect_delay, nullptr);
+    if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 3000);
+    if (s == NATS_OK) s = natsConnection_Connect(&j->nc_, opts);
+    natsOptions_Destroy(opts);
+    if (s != NATS_OK) {
+        error = "cannot connect to NATS at " + url + ": " + status_text(s);
+        return nullptr;
+    }
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = 5000;
+    s = natsConnection_JetStream(&j->js_, j->nc_, &jo);
+    if (s != NATS_OK) {
+        error = "NATS at " + url + ": no JetStream context: " + status_text(s);
+        return nullptr;
+    }
+    if (auto e = j->ensure_streams(); !e.empty()) {
+        error = "NATS at " + url + ": " + e;
+        return nullptr;
+    }
+    return j;
+}
+
+JetStream::~JetStream() {
+    if (js_) jsCtx_Destroy(js_);
+    if (nc_) {
+        natsConnection_Close(nc_);
+        natsConnection_Destroy(nc_);
+    }
+}
+
+std::string JetStream::ensure_streams() {
+    for (const auto & d : kStreams) {
+        jsStreamConfig sc;
+        jsStreamConfig_Init(&sc);
+        const char * subjects[] = {d.subjects};
+        sc.Name = d.name;
+        sc.Subjects = subjects;
+        sc.SubjectsLen = 1;
+        sc.Storage = js_FileStorage;
+        sc.Retention = d.work_queue ? js_WorkQueuePolicy : js_LimitsPolicy;
+        sc.MaxAge = d.max_age;
+        sc.Duplicates = 2 * kMinute;
+        jsStreamInfo * si = nullptr;
+        jsErrCode jerr = jsErrCode(0);
+        natsStatus s = js_AddStream(&si, js_, &sc, nullptr, &jerr);
+        if (s != NATS_OK && jerr == JSStreamNameExistErr) {
+            // Created before (by another process, or an earlier start): bring it to these settings.
+            jerr = jsErrCode(0);
+            s = js_UpdateStream(&si, js_, &sc, nullptr, &jerr);
+        }
+        if (si) jsStreamInfo_Destroy(si);
+        if (s != NATS_OK) return std::string("cannot create stream ") + d.name + ": " + status_text(s, jerr);
+    }
+    return {};
+}
+
+std::string JetStream::publish(const std::string & subject, const std::string & data, const std::string & msg_id) {
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    if (!msg_id.empty()) po.MsgId = msg_id.c_str();
+    jsPubAck * ack = nullptr;
+    jsErrCode jerr = jsErrCode(0);
+    const natsStatus s = js_Publish(&ack, js_, subject.c_str(), data.data(), int(data.size()), &po, &jerr);
+    if (ack) jsPubAck_Destroy(ack);
+    return s == NATS_OK ? std::string() : "publish to " + subject + ": " + status_text(s, jerr);
+}
+
+std::unique_ptr<Consumer> JetStream::consumer(const std::string & stream, const std::string & durable,
+                                              const std::string & filter, int ack_wait_ms, int max_deliver,
+                                              std::string & error) {
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream.c_str();
+    so.Config.Durable = durable.c_str();
+    so.Config.AckPolicy = js_AckExplicit;
+    so.Config.AckWait = int64_t(ack_wait_ms) * kNsPerMs;
+    // One more than ours: the last delivery is the one `fetch` moves to the dead letters.
+    so.Config.MaxDeliver = max_deliver + 1;
+    so.Config.FilterSubject = filter.c_str();
+    std::unique_ptr<Consumer> c(new Consumer());
+    c->js_ = this;
+    c->max_deliver_ = max_deliver;
+    jsErrCode jerr = jsErrCode(0);
+    const natsStatus s = js_PullSubscribe(&c->sub_, js_, filter.c_str(), durable.c_str(), nullptr, &so, &jerr);
+    if (s != NATS_OK) {
+        error = "consumer " + durable + " on " + stream + ": " + status_text(s, jerr);
+        return nullptr;
+    }
+    return c;
+}
+
+int64_t JetStream::stream_messages(const std::string & stream, std::string & error) {
+    jsStreamInfo * si = nullptr;
+    jsErrCode jerr = jsErrCode(0);
+    const natsStatus s = js_GetStreamInfo(&si, js_, stream.c_str(), nullptr, &jerr);
+    if (s != NATS_OK) {
+        error = "stream " + stream + ": " + status_text(s, jerr);
+        return -1;
+    }
+    const int64_t n = int64_t(si->State.Msgs);
+    jsStreamInfo_Destroy(si);
+    return n;
+}
+
+}  // namespace armada::cluster

@@ -1,0 +1,101 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+// libnats' own type names, declared here so its header stays out of ours.
+struct __natsConnection;    // NOLINT(bugprone-reserved-identifier)
+struct __jsCtx;             // NOLINT(bugprone-reserved-identifier)
+struct __natsSubscription;  // NOLINT(bugprone-reserved-identifier)
+struct __natsMsg;           // NOLINT(bugprone-reserved-identifier)
+
+namespace armada::cluster {
+
+//! The subjects the levels of a cluster talk over, each carried by a JetStream stream with file
+//! storage:
+//!   armada.place.<cell>   gateway → cell brain: a session to place      (stream ARMADA_PLACE, work queue)
+//!   armada.cmd.<node>     cell brain → node: run this session           (stream ARMADA_CMD, work queue)
+//!   armada.event.<cell>   node → brain: a session ended, a node drains  (stream ARMADA_EVENT, kept 1 h)
+//!   armada.dead.<subject> what was delivered `max_deliver` times without an ack (ARMADA_DEAD, kept 7 d)
+std::string place_subject(const std::string & cell);
+std::string command_subject(const std::string & node);
+std::string event_subject(const std::string & cell);
+
+//! One delivered message of a pull consumer. It must be acked (done), nak'ed (deliver again
+//! later) or sent to the dead letters; if nothing is said before the consumer's ack wait, the
+//! server delivers it again.
+class QueueMsg {
+  public:
+    ~QueueMsg();
+    QueueMsg(QueueMsg &&) noexcept;
+    QueueMsg(const QueueMsg &) = delete;
+    const std::string & subject() const { return subject_; }
+    const std::string & data() const { return data_; }
+    //! 1 on the first delivery.
+    uint64_t deliveries() const { return deliveries_; }
+    std::string ack();
+    std::string nak(int delay_ms = 0);
+    //! Stops redelivery (the caller has put it in the dead letters).
+    std::string term();
+
+  private:
+    friend class Consumer;
+    explicit QueueMsg(__natsMsg * m);
+    __natsMsg * m_;
+    std::string subject_, data_;
+    uint64_t deliveries_ = 1;
+};
+
+class JetStream;
+
+//! A durable pull consumer on a subject filter: any number of processes can fetch from the same
+//! durable consumer (the cell's brains, whoever leads), and each message goes to one of them.
+class Consumer {
+  public:
+    ~Consumer();
+    //! Up to `batch` messages, waiting at most `wait_ms` for the first. Messages delivered more
+    //! than `max_deliver` times are moved to the dead letters here and not returned.
+    std::vector<QueueMsg> fetch(int batch, int wait_ms, std::string & error);
+
+  private:
+    friend class JetStream;
+    Consumer() = default;
+    JetStream * js_ = nullptr;
+    __natsSubscription * sub_ = nullptr;
+    int max_deliver_ = 5;
+};
+
+//! NATS JetStream through libnats. Reconnects by itself (forever, with jitter) when the server
+//! goes away; a publish made while disconnected fails with an error the caller retries.
+//! libnats runs its callbacks on its own threads: nothing here posts into Asio; callers use it
+//! from threads of their own.
+class JetStream {
+  public:
+    //! Connects (`nats://host:port`, comma-separated for a cluster) and creates the streams
+    //! (idempotent: an existing stream with the same settings is fine).
+    static std::unique_ptr<JetStream> connect(const std::string & url, std::string & error);
+    ~JetStream();
+    JetStream(const JetStream &) = delete;
+
+    //! Publishes and waits for the stream's ack. A non-empty `msg_id` deduplicates a repeated
+    //! publish within the stream's window (2 minutes).
+    std::string publish(const std::string & subject, const std::string & data, const std::string & msg_id = {});
+    //! A durable pull consumer on `stream` for `filter`, with explicit ack, `ack_wait_ms` before
+    //! redelivery and at most `max_deliver` deliveries.
+    std::unique_ptr<Consumer> consumer(const std::string & stream, const std::string & durable,
+                                       const std::string & filter, int ack_wait_ms, int max_deliver,
+                                       std::string & error);
+    //! Messages in a stream now (tests, metrics).
+    int64_t stream_messages(const std::string & stream, std::string & error);
+
+  private:
+    friend class Consumer;
+    JetStream() = default;
+    std::string ensure_streams();
+    __natsConnection * nc_ = nullptr;
+    __jsCtx * js_ = nullptr;
+};
+
+}  // namespace armada::cluster

@@ -1,0 +1,138 @@
+// The etcd client against a real etcd (the Debian binary), started once for this executable.
+#include "cluster/etcd.h"
+#include "cluster/local_servers.h"
+#include "servers.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+using namespace armada::cluster;
+namespace fs = std::filesystem;
+
+namespace {
+
+EtcdClient client() {
+    return EtcdClient({servers().etcd.endpoint()}, 3000);
+}
+
+}  // namespace
+
+TEST(EtcdCodec, Base64RoundTripsAndRefusesJunk) {
+    for (const std::string & s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
+        EXPECT_EQ(EtcdClient::unbase64(EtcdClient::base64(s)), s);
+    }
+    EXPECT_EQ(EtcdClient::base64("/armada/nodes/"), "L2FybWFkYS9ub2Rlcy8=");
+    EXPECT_FALSE(EtcdClient::unbase64("ab$d"));
+    EXPECT_FALSE(EtcdClient::unbase64("ab=c"));
+    EXPECT_EQ(EtcdClient::prefix_end("/a/"), "/a0");
+    EXPECT_EQ(EtcdClient::prefix_end(std::string("a\xff", 2)), "b");
+}
+
+TEST(Etcd, AKeyUnderALeaseGoesWhenTheLeaseIsNotKeptAliveAndTheWatchSaysSo) {
+    auto c = client();
+    int64_t lease = 0;
+    ASSERT_EQ(c.grant(2, lease), "");
+    ASSERT_EQ(c.put("/t1/nodes/n1", "{\"free\":3}", lease), "");
+    std::vector<EtcdKv> kvs;
+    int64_t rev = 0;
+    ASSERT_EQ(c.list("/t1/nodes/", kvs, rev), "");
+    ASSERT_EQ(kvs.size(), 1u);
+    EXPECT_EQ(kvs[0].value, "{\"free\":3}");
+    EXPECT_EQ(kvs[0].lease, lease);
+
+    std::mutex mu;
+    std::vector<EtcdEvent> seen;
+    std::atomic<bool> stop{false};
+    std::string werr;
+    std::thread w([&] {
+        auto wc = client();
+        werr = wc.watch(
+            "/t1/nodes/", rev + 1,
+            [&](const std::vector<EtcdEvent> & evs, int64_t) {
+                std::lock_guard lk(mu);
+                seen.insert(seen.end(), evs.begin(), evs.end());
+                return true;
+            },
+            stop);
+    });
+    // Nobody keeps the lease alive: within its TTL (and etcd's lease check), the key goes.
+    bool deleted = false;
+    for (int i = 0; i < 100 && !deleted; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::lock_guard lk(mu);
+        for (const auto & e : seen)
+            deleted |= e.type == EtcdEvent::Type::Delete && e.kv.key == "/t1/nodes/n1";
+    }
+    stop = true;
+    w.join();
+    EXPECT_TRUE(deleted);
+    EXPECT_EQ(werr, "");
+    std::optional<EtcdKv> kv;
+    ASSERT_EQ(c.get("/t1/nodes/n1", kv), "");
+    EXPECT_FALSE(kv);
+}
+
+TEST(Etcd, KeepaliveHoldsALeaseAndARevokedOneIsReportedGone) {
+    auto c = client();
+    int64_t lease = 0;
+    ASSERT_EQ(c.grant(2, lease), "");
+    ASSERT_EQ(c.put("/t2/n", "x", lease), "");
+    for (int i = 0; i < 8; ++i) {  // 4 s: twice the TTL
+        int64_t ttl = 0;
+        ASSERT_EQ(c.keepalive(lease, ttl), "");
+        EXPECT_GT(ttl, 0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    std::optional<EtcdKv> kv;
+    ASSERT_EQ(c.get("/t2/n", kv), "");
+    EXPECT_TRUE(kv);
+    ASSERT_EQ(c.revoke(lease), "");
+    int64_t ttl = 1;
+    ASSERT_EQ(c.keepalive(lease, ttl), "");
+    EXPECT_LE(ttl, 0);
+    ASSERT_EQ(c.get("/t2/n", kv), "");
+    EXPECT_FALSE(kv);
+}
+
+TEST(Etcd, OneCandidateLeadsAndTheNextLeadsWithAGreaterRevisionWhenItsLeaseGoes) {
+    auto c = client();
+    int64_t a = 0, b = 0;
+    ASSERT_EQ(c.grant(10, a), "");
+    ASSERT_EQ(c.grant(10, b), "");
+    EtcdLeader la, lb;
+    ASSERT_EQ(c.campaign("/t3/leader", "brain-a", a, 3000, la), "");
+    EXPECT_GT(la.rev, 0);
+    EXPECT_EQ(c.campaign("/t3/leader", "brain-b", b, 500, lb), "not elected yet");
+    EtcdLeader now;
+    ASSERT_EQ(c.leader("/t3/leader", now), "");
+    EXPECT_EQ(now.value, "brain-a");
+    EXPECT_EQ(now.rev, la.rev);
+    ASSERT_EQ(c.revoke(a), "");  // the leader dies: its lease goes
+    ASSERT_EQ(c.campaign("/t3/leader", "brain-b", b, 3000, lb), "");
+    EXPECT_GT(lb.rev, la.rev);  // the epoch only grows
+    ASSERT_EQ(c.leader("/t3/leader", now), "");
+    EXPECT_EQ(now.value, "brain-b");
+    ASSERT_EQ(c.resign(lb), "");
+    EXPECT_EQ(c.leader("/t3/leader", now), "no leader");
+}
+
+TEST(Etcd, KeysSurviveARestartOnTheSameDirectory) {
+    auto c = client();
+    ASSERT_EQ(c.put("/t4/cellmap", "v1"), "");
+    ASSERT_EQ(servers().etcd.restart(), "");
+    std::optional<EtcdKv> kv;
+    ASSERT_EQ(c.get("/t4/cellmap", kv), "");
+    ASSERT_TRUE(kv);
+    EXPECT_EQ(kv->value, "v1");
+}
+
+TEST(Etcd, AnUnreachableEndpointIsNamedInTheError) {
+    EtcdClient c({"127.0.0.1:" + std::to_string(free_port())}, 500);
+    std::optional<EtcdKv> kv;
+    const std::string e = c.get("/x", kv);
+    EXPECT_NE(e.find("etcd at 127.0.0.1:"), std::string::npos) << e;
+}

@@ -1,0 +1,89 @@
+// A node's membership of its cell, against a real etcd.
+#include "cluster/membership.h"
+#include "servers.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+using namespace armada::cluster;
+
+namespace {
+
+EtcdClient client() {
+    return EtcdClient({servers().etcd.endpoint()}, 3000);
+}
+
+//! Waits up to `ms` for `pred`.
+template <typename F>
+bool eventually(F pred, int ms = 10000) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < until) {
+        if (pred()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return pred();
+}
+
+std::optional<NodeLoad> reported(const std::string & key) {
+    std::optional<EtcdKv> kv;
+    if (!client().get(key, kv).empty() || !kv) return std::nullopt;
+    return decode_load("n", kv->value);
+}
+
+}  // namespace
+
+TEST(NodeLoadCodec, RoundTripsAndRefusesJunk) {
+    NodeLoad l;
+    l.node = "n1";
+    l.free_seqs = 17;
+    l.kv_headroom = 5ll << 30;
+    l.sessions = 40;
+    l.version = "0.5.0";
+    l.fingerprint = "model=abc";
+    l.draining = true;
+    auto back = decode_load("n1", encode_load(l));
+    ASSERT_TRUE(back);
+    EXPECT_EQ(back->free_seqs, 17);
+    EXPECT_EQ(back->kv_headroom, 5ll << 30);
+    EXPECT_EQ(back->sessions, 40);
+    EXPECT_EQ(back->fingerprint, "model=abc");
+    EXPECT_TRUE(back->draining);
+    EXPECT_FALSE(decode_load("n1", "not json"));
+    EXPECT_FALSE(decode_load("n1", "{\"free_seqs\":\"many\"}"));
+}
+
+TEST(NodeMembership, ANodeJoinsReportsItsLoadAndLeavesAtOnceWhenItStops) {
+    std::atomic<int> free{8};
+    const std::string key = "/m1/cells/c1/nodes/n1";
+    {
+        NodeMembership m(client(), key, 3, 200, [&] {
+            NodeLoad l;
+            l.free_seqs = free.load();
+            return l;
+        });
+        m.start();
+        ASSERT_TRUE(eventually([&] { return reported(key) && reported(key)->free_seqs == 8; }));
+        EXPECT_NE(m.lease(), 0);
+        free = 3;
+        EXPECT_TRUE(eventually([&] { return reported(key) && reported(key)->free_seqs == 3; }));
+        m.stop();
+        // Revoked on the way out: gone now, not a lease TTL later.
+        EXPECT_FALSE(reported(key));
+    }
+}
+
+TEST(NodeMembership, ANodeWhoseLeaseWentJoinsAgain) {
+    const std::string key = "/m2/cells/c1/nodes/n1";
+    NodeMembership m(client(), key, 3, 200, [] { return NodeLoad{}; });
+    m.start();
+    ASSERT_TRUE(eventually([&] { return m.registrations() == 1 && reported(key).has_value(); }));
+    // As if the node had been stopped past its TTL: the lease is gone, and with it the key.
+    const int64_t old = m.lease();
+    ASSERT_EQ(client().revoke(old), "");
+    EXPECT_FALSE(reported(key));
+    ASSERT_TRUE(eventually([&] { return m.registrations() == 2 && reported(key).has_value(); }));
+    EXPECT_NE(m.lease(), old);
+    m.stop();
+}

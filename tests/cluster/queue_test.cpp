@@ -1,0 +1,125 @@
+// The JetStream adapter against a real nats-server -js (the Debian binary).
+#include "cluster/queue.h"
+#include "cluster/local_servers.h"
+#include "servers.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+using namespace armada::cluster;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::unique_ptr<JetStream> connect() {
+    std::string err;
+    auto js = JetStream::connect(servers().nats.url(), err);
+    EXPECT_TRUE(js) << err;
+    return js;
+}
+
+//! Fetches until one message comes or `ms` pass.
+std::vector<QueueMsg> fetch_one(Consumer & c, int ms = 5000) {
+    std::string err;
+    auto got = c.fetch(1, ms, err);
+    EXPECT_EQ(err, "");
+    return got;
+}
+
+}  // namespace
+
+TEST(Queue, StreamsAreCreatedOnceWhoeverConnectsFirst) {
+    auto a = connect();
+    auto b = connect();  // the streams exist already: fine
+    ASSERT_TRUE(a && b);
+    std::string err;
+    EXPECT_GE(a->stream_messages("ARMADA_PLACE", err), 0) << err;
+    EXPECT_GE(a->stream_messages("ARMADA_DEAD", err), 0) << err;
+}
+
+TEST(Queue, APlaceRequestGoesToOneBrainAndLeavesTheQueueWhenAcked) {
+    auto js = connect();
+    ASSERT_TRUE(js);
+    std::string err;
+    auto brain_a = js->consumer("ARMADA_PLACE", "brain-c1", place_subject("c1"), 2000, 5, err);
+    ASSERT_TRUE(brain_a) << err;
+    auto brain_b = js->consumer("ARMADA_PLACE", "brain-c1", place_subject("c1"), 2000, 5, err);
+    ASSERT_TRUE(brain_b) << err;
+    ASSERT_EQ(js->publish(place_subject("c1"), "{\"session\":\"s1\"}"), "");
+    auto got = fetch_one(*brain_a);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].data(), "{\"session\":\"s1\"}");
+    EXPECT_EQ(got[0].deliveries(), 1u);
+    EXPECT_TRUE(brain_b->fetch(1, 300, err).empty());  // one brain gets it, not both
+    ASSERT_EQ(got[0].ack(), "");
+    EXPECT_EQ(js->stream_messages("ARMADA_PLACE", err), 0);  // a work queue: acked means gone
+}
+
+TEST(Queue, AMessageNotAckedInTimeComesBack) {
+    auto js = connect();
+    ASSERT_TRUE(js);
+    std::string err;
+    auto c = js->consumer("ARMADA_CMD", "node-n1", command_subject("n1"), 500, 5, err);
+    ASSERT_TRUE(c) << err;
+    ASSERT_EQ(js->publish(command_subject("n1"), "run s1"), "");
+    auto first = fetch_one(*c);
+    ASSERT_EQ(first.size(), 1u);  // taken, then the taker dies (no ack)
+    auto again = fetch_one(*c);
+    ASSERT_EQ(again.size(), 1u);
+    EXPECT_EQ(again[0].data(), "run s1");
+    EXPECT_EQ(again[0].deliveries(), 2u);
+    ASSERT_EQ(again[0].ack(), "");
+}
+
+TEST(Queue, AfterMaxDeliveriesAMessageGoesToTheDeadLetters) {
+    auto js = connect();
+    ASSERT_TRUE(js);
+    std::string err;
+    const int64_t dead_before = js->stream_messages("ARMADA_DEAD", err);
+    auto c = js->consumer("ARMADA_CMD", "node-n2", command_subject("n2"), 300, 2, err);
+    ASSERT_TRUE(c) << err;
+    ASSERT_EQ(js->publish(command_subject("n2"), "poison"), "");
+    for (int i = 0; i < 2; ++i) {
+        auto m = fetch_one(*c);
+        ASSERT_EQ(m.size(), 1u) << i;
+        ASSERT_EQ(m[0].nak(), "");
+    }
+    EXPECT_TRUE(c->fetch(1, 1500, err).empty());  // the third delivery is moved aside
+    EXPECT_EQ(js->stream_messages("ARMADA_DEAD", err), dead_before + 1);
+}
+
+TEST(Queue, APublishRepeatedWithItsIdIsStoredOnce) {
+    auto js = connect();
+    ASSERT_TRUE(js);
+    std::string err;
+    const int64_t before = js->stream_messages("ARMADA_EVENT", err);
+    ASSERT_EQ(js->publish(event_subject("c9"), "ended s1", "ended:s1"), "");
+    ASSERT_EQ(js->publish(event_subject("c9"), "ended s1", "ended:s1"), "");
+    EXPECT_EQ(js->stream_messages("ARMADA_EVENT", err), before + 1);
+}
+
+TEST(Queue, QueuedPlaceRequestsSurviveAServerRestart) {
+    auto js = connect();
+    ASSERT_TRUE(js);
+    for (int i = 0; i < 3; ++i)
+        ASSERT_EQ(js->publish(place_subject("c2"), "s" + std::to_string(i)), "");
+    ASSERT_EQ(servers().nats.restart(), "");
+    // The client reconnects by itself; publishing may fail until it has.
+    std::string err;
+    std::unique_ptr<Consumer> c;
+    for (int i = 0; i < 100 && !c; ++i) {
+        c = js->consumer("ARMADA_PLACE", "brain-c2", place_subject("c2"), 2000, 5, err);
+        if (!c) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(c) << err;
+    std::vector<std::string> got;
+    for (int i = 0; i < 3; ++i) {
+        auto m = fetch_one(*c);
+        ASSERT_EQ(m.size(), 1u) << i;
+        got.push_back(m[0].data());
+        ASSERT_EQ(m[0].ack(), "");
+    }
+    EXPECT_EQ(got, (std::vector<std::string>{"s0", "s1", "s2"}));
+}

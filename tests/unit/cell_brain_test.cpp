@@ -1,0 +1,191 @@
+// The cell brain's decisions, one test each. The brain is pure: events and times in, decisions out.
+#include "cluster/cell_brain.h"
+
+#include <gtest/gtest.h>
+
+using namespace armada::cluster;
+
+namespace {
+
+NodeLoad report(const std::string & node, int free, int64_t kv = 1 << 30, bool draining = false) {
+    NodeLoad l;
+    l.node = node;
+    l.free_seqs = free;
+    l.kv_headroom = kv;
+    l.draining = draining;
+    return l;
+}
+
+CellBrain with_nodes(std::initializer_list<NodeLoad> loads, int64_t now = 0, CellBrainConfig cfg = {}) {
+    CellBrain b(cfg);
+    for (const auto & l : loads) {
+        b.node_up(l.node);
+        b.load(l, now);
+    }
+    return b;
+}
+
+}  // namespace
+
+TEST(CellBrain, PlacesOnTheNodeWithTheMostFreeSequencesThenTheMostKvHeadroom) {
+    auto b = with_nodes({report("n1", 4), report("n2", 9), report("n3", 9, 2ll << 30)});
+    b.session_open("s1", "", 0);
+    const auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s1", "n3", 1, false}));
+}
+
+TEST(CellBrain, CountsWhatItPlacedSinceANodesLastReport) {
+    auto b = with_nodes({report("n1", 2), report("n2", 1)});
+    for (const char * s : {"s1", "s2", "s3", "s4"})
+        b.session_open(s, "", 0);
+    const auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 3u);  // 2 + 1 free: the fourth waits
+    EXPECT_EQ(b.sessions_on("n1"), 2u);
+    EXPECT_EQ(b.sessions_on("n2"), 1u);
+    EXPECT_EQ(b.waiting(), 1u);
+    b.load(report("n2", 1), 100);  // a fresh report: room again
+    const auto d2 = b.decide(100);
+    ASSERT_EQ(d2.size(), 1u);
+    EXPECT_EQ(d2[0].session, "s4");
+    EXPECT_EQ(d2[0].node, "n2");
+}
+
+TEST(CellBrain, NeverPlacesOnADrainingNode) {
+    auto b = with_nodes({report("n1", 50, 1 << 30, true), report("n2", 1)});
+    b.session_open("s1", "", 0);
+    b.session_open("s2", "", 0);
+    const auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].node, "n2");
+    EXPECT_EQ(b.waiting(), 1u);
+}
+
+TEST(CellBrain, NeverPlacesOnANodeWhoseLeaseIsGone) {
+    CellBrain b;
+    b.load(report("ghost", 50), 0);  // a report without a lease does not make a node live
+    b.node_up("n1");
+    b.load(report("n1", 50), 0);
+    b.node_down("n1");
+    b.session_open("s1", "", 0);
+    EXPECT_TRUE(b.decide(0).empty());
+    EXPECT_FALSE(b.live("ghost"));
+    EXPECT_EQ(b.waiting(), 1u);
+}
+
+TEST(CellBrain, NeverTrustsAStaleReport) {
+    CellBrainConfig cfg;
+    cfg.report_ttl_ms = 5000;
+    auto b = with_nodes({report("hung", 50), report("n2", 1)}, 0, cfg);
+    b.load(report("n2", 1), 9000);
+    b.session_open("s1", "", 0);
+    const auto d = b.decide(9000);  // "hung" last reported 9 s ago
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].node, "n2");
+}
+
+TEST(CellBrain, KeepsASessionOnItsNodeWhileThatNodeLives) {
+    auto b = with_nodes({report("n1", 0), report("n2", 60)});
+    b.session_open("s1", "n1", 3);
+    EXPECT_TRUE(b.decide(0).empty());  // n2 has more room, but n1 holds it and lives
+    EXPECT_EQ(b.node_of("s1"), "n1");
+}
+
+TEST(CellBrain, ADeadNodesSessionsMoveUnderANewEpoch) {
+    auto b = with_nodes({report("n1", 10), report("n2", 10)});
+    b.session_open("s1", "n1", 4);
+    b.session_open("s2", "n2", 1);
+    b.node_down("n1");
+    const auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 5, true}));
+    EXPECT_TRUE(b.decide(0).empty());  // decided once, not again
+}
+
+TEST(CellBrain, MassReplacementIsRateLimited) {
+    CellBrainConfig cfg;
+    cfg.moves_per_s = 200;
+    cfg.burst = 100;
+    auto b = with_nodes({report("n1", 1000), report("n2", 1000)}, 0, cfg);
+    for (int i = 0; i < 500; ++i)
+        b.session_open("s" + std::to_string(i), "n1", 1);
+    b.node_down("n1");
+    EXPECT_EQ(b.decide(0).size(), 100u);  // the burst
+    b.load(report("n2", 1000), 250);
+    EXPECT_EQ(b.decide(250).size(), 50u);  // 200/s for 250 ms
+    EXPECT_EQ(b.decide(250).size(), 0u);
+    EXPECT_EQ(b.waiting(), 350u);
+}
+
+TEST(CellBrain, NewSessionsAreNotHeldBehindTheMoveLimit) {
+    CellBrainConfig cfg;
+    cfg.burst = 1;
+    cfg.moves_per_s = 1;
+    auto b = with_nodes({report("n1", 1000), report("n2", 1000)}, 0, cfg);
+    b.session_open("old1", "n1", 1);
+    b.session_open("old2", "n1", 1);
+    b.node_down("n1");
+    b.session_open("new1", "", 0);
+    const auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_EQ(d[0].session, "old1");
+    EXPECT_EQ(d[1].session, "new1");
+}
+
+TEST(CellBrain, WhenNoNodeHasRoomSessionsWaitAndGoInArrivalOrder) {
+    auto b = with_nodes({report("n1", 0)});
+    for (const char * s : {"zz", "aa", "mm"})
+        b.session_open(s, "", 0);
+    EXPECT_TRUE(b.decide(0).empty());
+    b.load(report("n1", 2), 10);
+    const auto d = b.decide(10);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_EQ(d[0].session, "zz");
+    EXPECT_EQ(d[1].session, "aa");
+}
+
+TEST(CellBrain, AFailedPlacementWaitsForTheNextReconcile) {
+    auto b = with_nodes({report("n1", 10)});
+    b.session_open("s1", "", 0);
+    ASSERT_EQ(b.decide(0).size(), 1u);
+    b.place_failed("s1");  // someone else assigned it first
+    b.node_down("n1");
+    b.node_up("n2");
+    b.load(report("n2", 10), 0);
+    EXPECT_TRUE(b.decide(0).empty());  // held: the brain does not guess
+    b.reconcile({"n2"}, {{"s1", "n1", 7}});
+    const auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 8, true}));
+}
+
+TEST(CellBrain, AReconcileDoesNotUndoADecisionStillBeingWritten) {
+    auto b = with_nodes({report("n1", 10), report("n2", 10)});
+    b.session_open("s1", "", 0);
+    ASSERT_EQ(b.decide(0).size(), 1u);
+    // The store was read before the assignment landed: it still shows the session unplaced.
+    b.reconcile({"n1", "n2"}, {{"s1", "", 0}});
+    EXPECT_TRUE(b.decide(0).empty());  // no second placement
+    b.place_done("s1");
+    b.reconcile({"n1", "n2"}, {{"s1", "", 0}});  // confirmed, yet the store says otherwise: trust it
+    EXPECT_EQ(b.decide(0).size(), 1u);
+}
+
+TEST(CellBrain, ALateOlderAssignmentNeverOverridesANewerOne) {
+    auto b = with_nodes({report("n1", 10), report("n2", 10)});
+    b.session_open("s1", "n2", 5);
+    b.session_open("s1", "n1", 4);  // a late message
+    EXPECT_EQ(b.node_of("s1"), "n2");
+}
+
+TEST(CellBrain, ReconcileDropsEndedSessionsAndDeadNodes) {
+    auto b = with_nodes({report("n1", 10), report("n2", 10)});
+    b.session_open("s1", "n1", 1);
+    b.session_open("s2", "n1", 1);
+    b.reconcile({"n2"}, {{"s2", "n1", 1}});
+    EXPECT_FALSE(b.node_of("s1"));
+    EXPECT_FALSE(b.live("n1"));
+    const auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s2", "n2", 2, true}));
+}

@@ -1,0 +1,40 @@
+#include "cluster/cluster_config.h"
+
+#include <gtest/gtest.h>
+
+using namespace armada::cluster;
+
+TEST(ClusterConfig, ReadsEveryServerAndKeepsDefaults) {
+    std::string err;
+    auto c = parse_cluster_config(R"(
+etcd: [10.0.0.1:2379, 10.0.0.2:2379]
+nats: nats://10.0.0.4:4222
+redis: 10.0.0.5:6379
+postgres: [postgres://armada@10.0.0.6/a0, postgres://armada@10.0.0.7/a1]
+)",
+                                  err);
+    ASSERT_TRUE(c) << err;
+    EXPECT_EQ(c->etcd.size(), 2u);
+    EXPECT_EQ(c->postgres.size(), 2u);
+    EXPECT_EQ(c->nats, "nats://10.0.0.4:4222");
+    EXPECT_EQ(c->lease_ttl_s, 5);
+    EXPECT_EQ(node_key(*c, "c1", "n7"), "/armada/cells/c1/nodes/n7");
+    EXPECT_EQ(brain_election(*c, "c1"), "/armada/cells/c1/brain");
+}
+
+TEST(ClusterConfig, NamesTheSettingThatIsWrongAndNeverEchoesAPassword) {
+    std::string err;
+    EXPECT_FALSE(parse_cluster_config("etcd: [a:1]\npostgres: [postgres://x/y]\nleases: 3\n", err));
+    EXPECT_EQ(err, "unknown setting 'leases'");
+    EXPECT_FALSE(parse_cluster_config("postgres: [postgres://x/y]\n", err));
+    EXPECT_NE(err.find("etcd"), std::string::npos);
+    EXPECT_FALSE(parse_cluster_config("etcd: [a:1]\npostgres: [postgres://x/y]\nlease_ttl_s: 1\n", err));
+    EXPECT_NE(err.find("lease_ttl_s"), std::string::npos);
+    EXPECT_FALSE(parse_cluster_config("etcd: [a:1]\npostgres: [mysql://root:hunter2@db/x]\n", err));
+    EXPECT_EQ(err, "postgres[0]: not a postgres:// URL");
+    EXPECT_FALSE(parse_cluster_config("etcd: [a:1\n", err));  // not YAML
+    EXPECT_NE(err.find("cluster file"), std::string::npos);
+    EXPECT_TRUE(valid_cell_or_node_name("cell-1.eu_west"));
+    EXPECT_FALSE(valid_cell_or_node_name("a/b"));
+    EXPECT_FALSE(valid_cell_or_node_name(""));
+}
