@@ -1,0 +1,24 @@
+// What the cluster reads from elsewhere: its YAML config, a node's load report (JSON from etcd)
+// and etcd's base64. Any bytes must give a value or a reason, never a crash.
+#include "cluster/cluster_config.h"
+#include "cluster/etcd.h"
+#include "cluster/membership.h"
+
+#include <cstdlib>
+#include <string>
+
+using namespace armada::cluster;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
+    const std::string in(reinterpret_cast<const char *>(data), size);
+    std::string error;
+    if (!parse_cluster_config(in, error) && error.empty()) std::abort();  // a refusal says why
+    if (auto l = decode_load("n", in)) {
+        if (decode_load("n", encode_load(*l))->free_seqs != l->free_seqs) std::abort();
+    }
+    EtcdClient::unbase64(in);
+    if (EtcdClient::unbase64(EtcdClient::base64(in)) != in) std::abort();
+    const std::string end = EtcdClient::prefix_end(in);
+    if (!in.empty() && !(end > in) && end != std::string(1, '\0')) std::abort();
+    return 0;
+}
