@@ -1351,8 +1351,11 @@ bool SessionManager::quiet() const {
 size_t SessionManager::expire_old(size_t limit) {
     if (opt_.ttl_ms <= 0) return 0;
     auto ids = store_.expired(kEnded, clock_.now_ms() - opt_.ttl_ms, limit);
-    if (ids.empty()) return 0;
+    // Stored responses have a table of their own and the same retention.
+    auto responses = store_.expired_responses(clock_.now_ms() - opt_.ttl_ms, limit);
+    if (ids.empty() && responses.empty()) return 0;
     store::Batch b;
+    b.erase_responses = std::move(responses);
     {
         // A session someone is using right now (a stream, a new message) waits for the next sweep.
         std::lock_guard lk(mu_);
@@ -1361,24 +1364,26 @@ size_t SessionManager::expire_old(size_t limit) {
             b.erase.push_back(std::move(id));
         }
     }
-    const size_t n = b.erase.size();
+    const size_t n = b.erase.size() + b.erase_responses.size();
     if (n == 0) return 0;
     std::vector<std::string> gone = b.erase;
-    store_.commit(std::move(b), [this, alive = alive_, gone](store::Status st) {
+    const size_t responses_gone = b.erase_responses.size();
+    store_.commit(std::move(b), [this, alive = alive_, gone, responses_gone](store::Status st) {
         if (!*alive) return;
-        post([this, gone, st] {
+        post([this, gone, responses_gone, st] {
             std::lock_guard lk(mu_);
             for (const auto & id : gone)
                 expiring_.erase(id);
             if (!st.ok) {
-                spdlog::warn("retention: could not delete {} expired sessions: {}", gone.size(), st.error);
+                spdlog::warn("retention: could not delete {} expired sessions and responses: {}",
+                             gone.size() + responses_gone, st.error);
                 return;
             }
             for (const auto & id : gone)
                 engine_.release(id, true);  // their KV journals go too
             metrics_
                 .counter("armada_sessions_expired_total", "Ended sessions and stored responses deleted after the TTL")
-                .inc(gone.size());
+                .inc(gone.size() + responses_gone);
         });
     });
     return n;

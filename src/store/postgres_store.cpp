@@ -617,6 +617,20 @@ std::vector<std::string> PostgresStore::expired(const std::vector<std::string> &
     return out;
 }
 
+std::vector<std::string> PostgresStore::expired_responses(int64_t before_ms, size_t limit) {
+    std::vector<std::string> out;
+    for (auto & sh : shards_) {
+        if (out.size() >= limit) break;
+        auto l = acquire(*sh);
+        if (!l) continue;
+        Res r = l.query("SELECT id FROM responses WHERE created_ms < $1 LIMIT $2",
+                        {std::to_string(before_ms), std::to_string(limit)});
+        for (int i = 0; r.ok() && i < r.rows() && out.size() < limit; ++i)
+            out.push_back(r.text(i, 0));
+    }
+    return out;
+}
+
 std::vector<Store::MinuteCount> PostgresStore::count_since(const std::vector<std::string> & states, int64_t since_ms) {
     if (states.empty()) return {};
     const std::string sql = "SELECT state, updated_ms / 60000, count(*) FROM sessions WHERE state IN (" +

@@ -440,6 +440,17 @@ std::vector<std::string> SqliteStore::expired(const std::vector<std::string> & s
     return out;
 }
 
+std::vector<std::string> SqliteStore::expired_responses(int64_t before_ms, size_t limit) {
+    std::lock_guard lk(rmu_);
+    Stmt q(rdb_, "SELECT id FROM responses WHERE created_ms < ? LIMIT ?");
+    q.i64(1, before_ms);
+    q.i64(2, int64_t(limit));
+    std::vector<std::string> out;
+    while (sqlite3_step(q.s) == SQLITE_ROW)
+        out.push_back(q.col(0));
+    return out;
+}
+
 std::vector<Store::MinuteCount> SqliteStore::count_since(const std::vector<std::string> & states, int64_t since_ms) {
     if (states.empty()) return {};
     std::lock_guard lk(rmu_);

@@ -123,6 +123,8 @@ class Store {
     //! Ids of up to `limit` sessions in one of `states` last updated before `before_ms`.
     virtual std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,
                                              size_t limit) = 0;
+    //! Ids of up to `limit` stored responses created before `before_ms`.
+    virtual std::vector<std::string> expired_responses(int64_t before_ms, size_t limit) = 0;
     //! Sessions in one of `states` last updated at or after `since_ms`, counted per state and
     //! minute (`updated_ms / 60000`). Only agent sessions, not `@…` records (stored responses).
     struct MinuteCount {
@@ -157,6 +159,9 @@ class ForwardingStore : public Store {
     std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,
                                      size_t limit) override {
         return inner_.expired(states, before_ms, limit);
+    }
+    std::vector<std::string> expired_responses(int64_t before_ms, size_t limit) override {
+        return inner_.expired_responses(before_ms, limit);
     }
     std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) override {
         return inner_.count_since(states, since_ms);

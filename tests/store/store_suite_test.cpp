@@ -158,6 +158,8 @@ TEST_P(StoreSuite, AgentsSessionsAndResponsesHaveTablesOfTheirOwn) {
     const auto agents = store->agents();
     ASSERT_EQ(agents.size(), 1u);
     EXPECT_EQ(agents[0].id, "helper");
+    EXPECT_EQ(store->expired_responses(5001, 10), std::vector<std::string>{"resp_1"});  // retention
+    EXPECT_TRUE(store->expired_responses(5000, 10).empty());
 
     Batch del;
     del.erase_responses.push_back("resp_1");
