@@ -189,6 +189,36 @@ std::optional<SessionEventRecord> step_event(const store::StepRecord & step) {
     return ev;
 }
 
+std::string SessionManager::new_id() { return new_session_id(); }
+
+store::Batch SessionManager::new_session_batch(const std::string & id, const std::string & agent_id,
+                                               const std::string & tenant, const std::string & input,
+                                               const std::string & cell, int64_t now_ms) {
+    store::Batch b;
+    store::SessionRecord r;
+    r.id = id;
+    r.agent_id = agent_id;
+    r.owner = tenant;
+    r.state = state_name(input.empty() ? SessionState::WaitingInput : SessionState::Queued);
+    r.data = "{}";
+    r.created_ms = r.updated_ms = now_ms;
+    r.cell = cell;
+    b.sessions.push_back(r);
+    store::StepRecord st;
+    st.session_id = id;
+    st.seq = 1;
+    st.ts_ms = now_ms;
+    if (!input.empty()) {
+        st.kind = "user_input";
+        st.payload = dump(json{{"content", input}});
+    } else {
+        st.kind = "state";
+        st.payload = dump(json{{"state", r.state}});
+    }
+    b.steps.push_back(st);
+    return b;
+}
+
 struct SessionManager::PendingCall {
     tools::ToolCall call;
     bool started = false, done = false;
@@ -229,7 +259,13 @@ struct SessionManager::Session {
         store::Batch batch;
         std::function<void(Session &)> after;
         Durable snapshot;
+        std::function<void(Outcome)> reply;  // a caller waiting for this batch
     };
+    // Cluster mode: the assignment this node writes under. `claim` >= 0: the node takes the
+    // session over with its next batch (assignment epoch `claim` + 1), as for a message to a
+    // session whose node is gone.
+    int64_t epoch = 0;
+    int64_t claim = -1;
     std::deque<Pending> outbox;
     bool committing = false;
     int commit_failures = 0;
@@ -399,6 +435,10 @@ void SessionManager::delete_agent(const std::string & tenant, const std::string 
 }
 
 size_t SessionManager::load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare) {
+    {
+        std::lock_guard lk(mu_);
+        prepare_agent_ = prepare;
+    }
     size_t n = 0;
     for (const auto & r : store_.agents()) {
         // A declaration written before agents were stored as canonical JSON is YAML with every
@@ -524,6 +564,14 @@ SessionManager::Session * SessionManager::find_or_load(std::unique_lock<std::mut
     auto sp = rebuild(*rec, steps);
     if (!sp) return nullptr;
     sp->agent = lookup_agent(rec->owner, rec->agent_id);
+    if (!opt_.node.empty()) {
+        // Cluster mode: written under this node's assignment, or taken over with the next batch
+        // (the node it had is gone, or it ended elsewhere).
+        if (rec->node == opt_.node && rec->epoch > 0)
+            sp->epoch = rec->epoch;
+        else
+            sp->claim = rec->epoch;
+    }
     Session * s = sp.get();
     count_state(s->state, +1);
     sessions_[id] = std::move(sp);
@@ -622,7 +670,8 @@ store::StepRecord SessionManager::step_record(Session & s, const std::string & k
     return r;
 }
 
-void SessionManager::checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after) {
+void SessionManager::checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after,
+                                std::function<void(Outcome)> reply) {
     // Every change of state is a step too, so the log alone replays the session's events.
     if (s.state != s.logged) {
         json d = {{"state", state_name(s.state)}};
@@ -631,18 +680,27 @@ void SessionManager::checkpoint(Session & s, store::Batch b, std::function<void(
         s.logged = s.state;
     }
     b.sessions.push_back(record(s));
-    persist(s, std::move(b), std::move(after));
+    persist(s, std::move(b), std::move(after), std::move(reply));
 }
 
-void SessionManager::persist(Session & s, store::Batch b, std::function<void(Session &)> after) {
-    s.outbox.push_back({std::move(b), std::move(after), s.snapshot()});
+void SessionManager::persist(Session & s, store::Batch b, std::function<void(Session &)> after,
+                             std::function<void(Outcome)> reply) {
+    s.outbox.push_back({std::move(b), std::move(after), s.snapshot(), std::move(reply)});
     send_next(s);
 }
 
 void SessionManager::send_next(Session & s) {
     if (s.committing || s.outbox.empty()) return;
     s.committing = true;
-    store_.commit(s.outbox.front().batch, [this, alive = alive_, id = s.id](store::Status st) {
+    store::Batch b = s.outbox.front().batch;
+    if (!opt_.node.empty()) {
+        // Fencing: written only while the session is still this node's, under its epoch.
+        if (s.claim >= 0)
+            b.assign.push_back({s.id, opt_.node, s.claim + 1});
+        else
+            b.fences.push_back({s.id, opt_.node, s.epoch});
+    }
+    store_.commit(std::move(b), [this, alive = alive_, id = s.id](store::Status st) {
         // The store's thread: hand over, never touch sessions here.
         if (*alive) post([this, id, st] { on_committed(id, st); });
     });
@@ -654,6 +712,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
     if (it == sessions_.end()) return;
     Session & s = *it->second;
     s.committing = false;
+    if (st.fenced && !opt_.node.empty()) return drop_fenced(s, st.error);
     if (!st.ok) {
         // Nothing was acknowledged: say so, and write the same batch again after a pause.
         ++s.commit_failures;
@@ -669,6 +728,10 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
         return;
     }
     s.commit_failures = 0;
+    if (s.claim >= 0) {
+        s.epoch = s.claim + 1;
+        s.claim = -1;
+    }
     auto done = std::move(s.outbox.front());
     s.outbox.pop_front();
     s.durable = std::move(done.snapshot);
@@ -687,6 +750,26 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
         return;
     }
     maybe_evict(s);
+}
+
+void SessionManager::drop_fenced(Session & s, const std::string & why) {
+    spdlog::warn("session {}: fenced ({}); another node holds it now, so it stops here", s.id, why);
+    ++fenced_;
+    metrics_.counter("armada_sessions_fenced_total", "Sessions stopped because another node took them over").inc();
+    if (s.gen_cancel) {
+        s.gen_cancel->store(true);
+        engine_.wake();
+    }
+    engine_.release(s.id, true);
+    for (auto & p : s.outbox) {
+        if (p.reply) p.reply({409, "session '" + s.id + "' moved to another node; retry the request", s.id, 1});
+    }
+    s.outbox.clear();
+    end_subscribers(s);
+    count_state(s.state, -1);
+    const std::string id = s.id;
+    sessions_.erase(id);
+    sync_memory_gauge();
 }
 
 void SessionManager::maybe_evict(Session & s) {
@@ -1147,6 +1230,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
     s.agent = std::move(agent);
     s.owner = tenant;
     s.created_ms = clock_.now_ms();
+    if (!opt_.node.empty()) s.claim = 0;  // cluster mode: the new row is assigned to this node
     sessions_[s.id] = std::move(sp);
     sync_memory_gauge();
     count_state(s.state, +1);
@@ -1161,10 +1245,13 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
     } else {
         apply(s, SessionEvent::AwaitInput);
     }
-    checkpoint(s, std::move(b), [this, done](Session & ss) {
-        done({200, {}, ss.id});
-        if (ss.state == SessionState::Running) model_step(ss);
-    });
+    checkpoint(
+        s, std::move(b),
+        [this, done](Session & ss) {
+            done({200, {}, ss.id});
+            if (ss.state == SessionState::Running) model_step(ss);
+        },
+        done);
 }
 
 void SessionManager::add_message(const std::string & id, const std::string & tenant, const std::string & text,
@@ -1188,10 +1275,13 @@ void SessionManager::add_message(const std::string & id, const std::string & ten
     s->transcript.push_back(m);
     store::Batch b;
     b.steps.push_back(step_record(*s, "user_input", dump(json{{"content", text}})));
-    checkpoint(*s, std::move(b), [this, done](Session & ss) {
-        done({200, {}, ss.id});
-        model_step(ss);
-    });
+    checkpoint(
+        *s, std::move(b),
+        [this, done](Session & ss) {
+            done({200, {}, ss.id});
+            model_step(ss);
+        },
+        done);
 }
 
 std::optional<SessionView> SessionManager::get(const std::string & id, const std::string & tenant) {
@@ -1220,6 +1310,10 @@ std::optional<SessionView> SessionManager::get(const std::string & id, const std
                 if (p.step <= d.model_steps) v.kv_history.push_back(p);
             }
             v.compactions = s->compactions;
+            if (!opt_.node.empty() && s->claim < 0) {
+                v.node = opt_.node;
+                v.epoch = s->epoch;
+            }
         } else if (sessions_.count(id)) {
             return std::nullopt;  // another tenant's, or being deleted
         }
@@ -1245,6 +1339,8 @@ std::optional<SessionView> SessionManager::get(const std::string & id, const std
         v.created_ms = s->created_ms;
         v.kv_history = s->kv_history;
         v.compactions = s->compactions;
+        v.node = rec->node;
+        v.epoch = rec->epoch;
         v.steps = std::move(steps);
     } else {
         v.steps = store_.steps(id);
@@ -1267,7 +1363,7 @@ void SessionManager::cancel(const std::string & id, const std::string & tenant, 
         engine_.wake();
     }
     fail(*s, SessionEvent::Cancel, "cancelled by the client");
-    persist(*s, {}, [done](Session & ss) { done({200, {}, ss.id}); });
+    persist(*s, {}, [done](Session & ss) { done({200, {}, ss.id}); }, done);
 }
 
 void SessionManager::erase(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done) {
@@ -1285,10 +1381,13 @@ void SessionManager::erase(const std::string & id, const std::string & tenant, s
     s->erased = true;  // from now on it is not found; the delete below is the last batch
     store::Batch b;
     b.erase.push_back(id);
-    persist(*s, std::move(b), [this, done](Session & ss) {
-        end_subscribers(ss);
-        done({200, {}, ss.id});
-    });
+    persist(
+        *s, std::move(b),
+        [this, done](Session & ss) {
+            end_subscribers(ss);
+            done({200, {}, ss.id});
+        },
+        done);
 }
 
 // ---- recovery -----------------------------------------------------------------------------
@@ -1299,23 +1398,73 @@ size_t SessionManager::resume_all() {
     size_t resumed = 0;
     for (const auto & r : records) {
         if (r.agent_id.rfind('@', 0) == 0) continue;  // stored by another service (e.g. @response)
+        // Cluster mode: the others are other nodes' (the cell brain moves them if theirs died).
+        if (!opt_.node.empty() && (r.node != opt_.node || r.epoch <= 0)) continue;
         const auto steps = store_.steps(r.id);
         std::lock_guard lk(mu_);
         if (sessions_.count(r.id)) continue;
         auto sp = rebuild(r, steps);
         if (!sp) continue;
         sp->agent = lookup_agent(r.owner, r.agent_id);
+        sp->epoch = r.epoch;
         Session * ps = sp.get();
         sessions_[r.id] = std::move(sp);
         sync_memory_gauge();
         count_state(ps->state, +1);
         ++resumed;
-        emit_transient(*ps, "resumed", dump(json{{"state", state_name(ps->state)}}));
-        if (!ps->agent) {
-            spdlog::warn("session {}: its agent '{}' no longer exists", r.id, r.agent_id);
-            fail(*ps, SessionEvent::Error, "its agent '" + r.agent_id + "' no longer exists");
-            continue;
+        resume_loaded(*ps);
+    }
+    return resumed;
+}
+
+bool SessionManager::adopt(const std::string & id, int64_t epoch) {
+    auto rec = store_.session(id);
+    if (!rec || rec->node != opt_.node || rec->epoch != epoch || rec->agent_id.rfind('@', 0) == 0) return false;
+    const auto st = parse_state(rec->state);
+    if (!st || has_ended(*st)) return false;
+    bool known = false;
+    std::function<std::string(AgentSpec &)> prepare;
+    {
+        std::lock_guard lk(mu_);
+        known = lookup_agent(rec->owner, rec->agent_id) != nullptr;
+        prepare = prepare_agent_;
+    }
+    // An agent declared through another node since this one started is read from the store.
+    if (!known) load_declared_agents(prepare);
+    const auto steps = store_.steps(id);
+    std::lock_guard lk(mu_);
+    if (auto it = sessions_.find(id); it != sessions_.end()) {
+        // Already here (a repeated command, or it came back to this node): it goes on under the
+        // newer epoch.
+        Session & s = *it->second;
+        if (s.epoch < epoch) {
+            s.epoch = epoch;
+            s.claim = -1;
         }
+        return true;
+    }
+    auto sp = rebuild(*rec, steps);
+    if (!sp) return false;
+    sp->agent = lookup_agent(rec->owner, rec->agent_id);
+    sp->epoch = epoch;
+    Session * ps = sp.get();
+    sessions_[id] = std::move(sp);
+    sync_memory_gauge();
+    count_state(ps->state, +1);
+    resume_loaded(*ps);
+    return true;
+}
+
+void SessionManager::resume_loaded(Session & s) {
+    Session * ps = &s;
+    const std::string & agent_id = s.agent_id;
+    emit_transient(*ps, "resumed", dump(json{{"state", state_name(ps->state)}}));
+    if (!ps->agent) {
+        spdlog::warn("session {}: its agent '{}' no longer exists", s.id, agent_id);
+        fail(*ps, SessionEvent::Error, "its agent '" + agent_id + "' no longer exists");
+        return;
+    }
+    {
         if (ps->state == SessionState::WaitingTool) {
             // Completed calls keep their recorded results; the rest go out again with the same key.
             const bool all =
@@ -1333,7 +1482,6 @@ size_t SessionManager::resume_all() {
             model_step(*ps);
         }
     }
-    return resumed;
 }
 
 // ---- lifecycle ----------------------------------------------------------------------------

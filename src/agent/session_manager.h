@@ -11,6 +11,7 @@
 #include <boost/asio/any_io_executor.hpp>
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -73,6 +74,9 @@ struct SessionView {
     };
     std::vector<KvPoint> kv_history;
     int32_t compactions = 0;
+    //! Cluster mode: the node that holds it and under which epoch ("" and 0 on a single node).
+    std::string node;
+    int64_t epoch = 0;
 };
 
 //! Outcome of a request to the manager; `status` is an HTTP-like code (200, 400, 403, 404, 409,
@@ -91,6 +95,10 @@ struct SessionOptions {
     int64_t ttl_ms = 30LL * 24 * 3600 * 1000;
     //! Chain survival is measured over this window, rebuilt from the store at start.
     int64_t survival_window_ms = 3600 * 1000;
+    //! Cluster mode: this node's name. Every checkpoint is then fenced by the session's
+    //! assignment (this node, its epoch); a session whose write is refused stops here at once.
+    //! Empty on a single node: nothing is fenced.
+    std::string node;
 };
 
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change
@@ -150,8 +158,23 @@ class SessionManager {
     void unsubscribe(const std::string & id, uint64_t handle);
 
     //! Loads every session that had not ended and continues it from its last durable step.
-    //! Returns how many were resumed.
+    //! In cluster mode, only those assigned to this node. Returns how many were resumed.
     size_t resume_all();
+
+    // ---- cluster ----
+    //! The cell brain assigned session `id` to this node under `epoch`: load it from the store and
+    //! run it from its last checkpoint. Ignored (false) when the store says otherwise (a late or
+    //! repeated command) or the session has ended; true when it runs here now.
+    bool adopt(const std::string & id, int64_t epoch);
+    //! The row and first step of a new session, as a gateway writes them before any node holds
+    //! it: state queued (waiting_input without input), in `cell`. The node that adopts it starts
+    //! it as it starts a session resumed after a restart.
+    static store::Batch new_session_batch(const std::string & id, const std::string & agent_id,
+                                          const std::string & tenant, const std::string & input,
+                                          const std::string & cell, int64_t now_ms);
+    static std::string new_id();
+    //! Sessions whose writes were refused because another node holds them now.
+    size_t fenced_sessions() const { return fenced_.load(); }
 
     // ---- lifecycle ----
     //! Stops starting work: new sessions and messages get 503; a step that ends is checkpointed
@@ -184,8 +207,16 @@ class SessionManager {
     void on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r);
     //! Writes `b` with the session record (and a state step when the state changed), then runs
     //! `after`; the batch's steps become events once durable.
-    void checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after = {});
-    void persist(Session & s, store::Batch b, std::function<void(Session &)> after);
+    //! `reply`, if given, answers the caller waiting for this batch when the session is fenced
+    //! before it is written (`after` then never runs).
+    void checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after = {},
+                    std::function<void(Outcome)> reply = {});
+    void persist(Session & s, store::Batch b, std::function<void(Session &)> after,
+                 std::function<void(Outcome)> reply = {});
+    //! Another node holds the session now: stop it here without writing anything more.
+    void drop_fenced(Session & s, const std::string & why);
+    //! Continues a session loaded from the store (after a restart, or assigned by the brain).
+    void resume_loaded(Session & s);
     void send_next(Session & s);
     void on_committed(const std::string & id, store::Status st);
     //! An event that is not stored (token, error, …).
@@ -234,6 +265,10 @@ class SessionManager {
     };
     std::vector<Minute> window_;  // guarded by mu_
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+    std::atomic<size_t> fenced_{0};
+    //! How agents declared through the API are completed (their MCP tools), kept to load agents
+    //! that another node declared (cluster mode).
+    std::function<std::string(AgentSpec &)> prepare_agent_;
 };
 
 //! A tool's output as the model sees it: inside a `<tool_output … trust="untrusted">` envelope

@@ -41,7 +41,7 @@ json view_json(const agent::SessionView & v) {
         if (!s.idempotency.empty()) e["idempotency_key"] = s.idempotency;
         steps.push_back(e);
     }
-    return {{"id", v.id},
+    json j = {{"id", v.id},
             {"object", "session"},
             {"agent_id", v.agent_id},
             {"state", v.state},
@@ -55,6 +55,8 @@ json view_json(const agent::SessionView & v) {
               {"completion_tokens", v.completion_tokens},
               {"total_tokens", v.prompt_tokens + v.completion_tokens}}},
             {"memory", memory_json(v)}};
+    if (!v.node.empty()) j["placement"] = {{"node", v.node}, {"epoch", v.epoch}};
+    return j;
 }
 
 std::string text_input(const json & body) {

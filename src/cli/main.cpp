@@ -2,6 +2,9 @@
 #include "bench/agents_bench.h"
 #include "cli/bench_engine.h"
 #include "cli/bench_kv.h"
+#include "cli/cell.h"
+#include "cli/cluster_up.h"
+#include "gateway/gateway.h"
 #include "cli/mkmodel.h"
 #include "cli/serve.h"
 #include "engine/memory_budget.h"
@@ -193,6 +196,16 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
     cmd->add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
         ->envname("ARMADA_LOG_LEVEL")
         ->capture_default_str();
+    cmd->add_option("--cluster", o.cluster_file,
+                    "join a cluster: the YAML file naming its etcd, NATS, Redis and PostgreSQL (needs --cell)")
+        ->envname("ARMADA_CLUSTER");
+    cmd->add_option("--cell", o.cell, "the cell this node joins")->envname("ARMADA_CELL");
+    cmd->add_option("--node-name", o.node_name, "this node's name in its cell (default: HOSTNAME-PORT)")
+        ->envname("ARMADA_NODE_NAME");
+    cmd->add_option("--advertise", o.advertise, "the URL gateways reach this node at (default: http://HOST:PORT)");
+    cmd->add_option("--cluster-sessions", o.cluster_sessions, "sessions this node takes from its cell brain")
+        ->check(CLI::Range(1, 1000000))
+        ->capture_default_str();
 }
 
 // llama-server spells some flags with one dash and two letters; CLI11 takes one-letter short
@@ -235,6 +248,50 @@ int main(int argc, char ** argv) {
     cli::ServeOptions serve;
     auto * s = app.add_subcommand("serve", "run the node: load a model and serve the HTTP API");
     add_serve_flags(s, serve);
+
+    cli::CellOptions cell;
+    auto * ce = app.add_subcommand("cell", "run a cell brain: places the cell's sessions on its nodes (one leads)");
+    ce->add_option("--cluster", cell.cluster_file, "the cluster's YAML file")->required()->envname("ARMADA_CLUSTER");
+    ce->add_option("--cell", cell.cell, "the cell to run")->required()->envname("ARMADA_CELL");
+    ce->add_option("--name", cell.name, "this brain's name in the election (default: HOSTNAME-PID)");
+    ce->add_option("--reconcile-ms", cell.reconcile_ms, "how often the view is rebuilt from etcd and PostgreSQL")
+        ->check(CLI::Range(200, 600000))
+        ->capture_default_str();
+    ce->add_option("--log-level", cell.log_level, "trace, debug, info, warn, error")->capture_default_str();
+
+    gateway::GatewayOptions gwo;
+    gwo.http.port = 8080;
+    gwo.http.threads = 2;
+    auto * gw = app.add_subcommand("gateway", "run a gateway: the single entry of a cluster, with a node's API");
+    gw->add_option("--cluster", gwo.cluster_file, "the cluster's YAML file")->required()->envname("ARMADA_CLUSTER");
+    gw->add_option("--host", gwo.http.host, "address to bind")->capture_default_str();
+    gw->add_option("--port", gwo.http.port, "port to bind (0 = any free port)")->capture_default_str();
+    gw->add_option("--http-threads", gwo.http.threads, "HTTP I/O threads")->capture_default_str();
+    gw->add_option("--api-key", gwo.api_key, "API key clients must send (admin)")->envname("ARMADA_API_KEY");
+    gw->add_option("--api-key-file", gwo.api_key_file, "API keys with tenants, as for serve")
+        ->envname("ARMADA_API_KEY_FILE");
+    gw->add_option("--cell", gwo.cell, "cell for new sessions (default: the one with the most room)");
+    gw->add_option("--affinity-ttl", gwo.affinity_ttl_s, "seconds a conversation stays bound to its node")
+        ->capture_default_str();
+    gw->add_option("--log-level", gwo.log_level, "trace, debug, info, warn, error")->capture_default_str();
+
+    cli::ClusterUpOptions cuo;
+    auto * cl = app.add_subcommand("cluster", "a whole cluster on this machine, for trying and testing");
+    cl->require_subcommand(1);
+    auto * cup = cl->add_subcommand("up", "start PostgreSQL, etcd, NATS, Redis, cell brains, nodes and a gateway");
+    cup->add_option("--cells", cuo.cells, "cells")->capture_default_str();
+    cup->add_option("--nodes", cuo.nodes, "nodes per cell")->capture_default_str();
+    cup->add_option("--brains", cuo.brains, "cell brains per cell (one leads)")->capture_default_str();
+    cup->add_option("-m,--model", cuo.model, "GGUF model file for every node")->envname("ARMADA_MODEL");
+    cup->add_option("--data-dir", cuo.data_dir, "where the servers' data and every log go")->capture_default_str();
+    cup->add_option("--port", cuo.port, "the gateway's port (0 = any free port)")->capture_default_str();
+    cup->add_option("--agents", cuo.agents_file, "agents file for every node");
+    cup->add_option("--api-key-file", cuo.api_key_file, "API keys for the gateway and every node");
+    cup->add_option("--lease-ttl", cuo.lease_ttl_s, "seconds before a silent process counts as gone")
+        ->check(CLI::Range(1, 60))
+        ->capture_default_str();
+    cup->add_option("--node-arg", cuo.node_args, "an argument for every `armada serve` (repeat it)")
+        ->allow_extra_args(false);
 
     cli::MkModelOptions mk;
     auto * m =
@@ -370,6 +427,9 @@ int main(int argc, char ** argv) {
     }
 
     if (s->parsed()) return cli::serve(serve);
+    if (ce->parsed()) return cli::cell_command(cell);
+    if (gw->parsed()) return gateway::gateway_command(gwo);
+    if (cup->parsed()) return cli::cluster_up(cuo);
     if (tp->parsed()) return cli::topology_command(topo.synthetic, topo.xml, topo.place);
     if (m->parsed()) {
         const std::string err = cli::write_model(mk);

@@ -1,5 +1,7 @@
 #include "cli/serve.h"
 
+#include "cli/cluster_node.h"
+
 #include "agent/session_manager.h"
 #include "api/openai_service.h"
 #include "api/readiness.h"
@@ -202,9 +204,46 @@ int serve(const ServeOptions & opt) {
     ecfg.prefix_cache = !opt.no_prefix_cache;
     if (ecfg.kv_dir.empty()) ecfg.kv_dir = opt.data_dir + "/kv";
 
+    // Cluster mode: the cluster file names the servers; state lives in its PostgreSQL.
+    std::optional<cluster::ClusterConfig> ccfg;
+    std::string node_name = opt.node_name;
+    if (!opt.cluster_file.empty()) {
+        std::string cerr;
+        ccfg = cluster::load_cluster_config(opt.cluster_file, cerr);
+        if (!ccfg) {
+            fprintf(stderr, "error: --cluster %s: %s\n", opt.cluster_file.c_str(), cerr.c_str());
+            return 2;
+        }
+        if (!cluster::valid_cell_or_node_name(opt.cell)) {
+            fprintf(stderr, "error: --cluster needs --cell NAME (1..63 of A-Z a-z 0-9 . _ -)\n");
+            return 2;
+        }
+        if (node_name.empty()) {
+            char host[256] = {};
+            gethostname(host, sizeof host - 1);
+            node_name = std::string(host) + "-" + std::to_string(opt.http.port);
+        }
+        if (!cluster::valid_cell_or_node_name(node_name)) {
+            fprintf(stderr, "error: --node-name '%s' must be 1..63 of A-Z a-z 0-9 . _ -\n", node_name.c_str());
+            return 2;
+        }
+        if (ccfg->postgres.empty()) {
+            fprintf(stderr, "error: --cluster %s names no postgres database\n", opt.cluster_file.c_str());
+            return 2;
+        }
+        if (!opt.state.empty()) spdlog::warn("--state is ignored in cluster mode: state is in the cluster's PostgreSQL");
+    } else if (!opt.cell.empty() || !opt.node_name.empty()) {
+        fprintf(stderr, "error: --cell and --node-name need --cluster FILE\n");
+        return 2;
+    }
     std::string store_err;
     std::unique_ptr<store::Store> store;
-    if (opt.state.empty() || opt.state == "sqlite") {
+    if (ccfg) {
+        store::PostgresConfig pc;
+        pc.urls = ccfg->postgres;
+        pc.read_connections = ccfg->pg_pool;
+        store = store::PostgresStore::open(pc, store_err);
+    } else if (opt.state.empty() || opt.state == "sqlite") {
         store = store::SqliteStore::open(opt.data_dir, store_err);
     } else if (opt.state.rfind("postgres://", 0) == 0 || opt.state.rfind("postgresql://", 0) == 0) {
         store::PostgresConfig pc;
@@ -430,6 +469,7 @@ int serve(const ServeOptions & opt) {
     tools::RoutingTransport transport(http_tools, mcp_clients, client_calls, tool_gate);
     agent::SessionOptions sopt;
     sopt.ttl_ms = *ttl_ms;
+    if (ccfg) sopt.node = node_name;
     agent::SessionManager sessions(format, port, *st, transport, http.executor(), metrics, clock, sopt);
     for (auto & a : agents) {
         if (auto e = tools::import_mcp_tools(a.mcp_servers, a.tools, guard, tool_tls.get()); !e.empty()) {
@@ -470,6 +510,36 @@ int serve(const ServeOptions & opt) {
            eng.n_ctx_seq(), n_engines > 1 ? (" on " + std::to_string(n_engines) + " engines").c_str() : "");
     fflush(stdout);
 
+    // Cluster mode: join the cell (a lease and load reports in etcd) and take its commands.
+    std::unique_ptr<ClusterNode> cluster_node;
+    if (ccfg) {
+        const std::string url = !opt.advertise.empty()
+                                    ? opt.advertise
+                                    : std::string(http.tls() ? "https" : "http") + "://" +
+                                          (opt.http.host == "0.0.0.0" ? std::string("127.0.0.1") : opt.http.host) +
+                                          ":" + std::to_string(http.port());
+        const std::string fp = eng.size() > 0 ? eng.at(0).fingerprint() : std::string();
+        cluster_node = std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, [&, url, fp] {
+            cluster::NodeLoad l;
+            const int live = int(sessions.live_sessions());
+            l.sessions = live;
+            l.free_seqs = std::max(0, opt.cluster_sessions - live);
+            l.kv_headroom = eng.kv_pressure() ? 0 : 1;
+            l.version = ARMADA_VERSION;
+            l.fingerprint = fp;
+            l.draining = router.draining();
+            l.url = url;
+            return l;
+        });
+        if (auto e = cluster_node->start(); !e.empty()) {
+            fprintf(stderr, "error: cluster: %s\n", e.c_str());
+            fflush(nullptr);
+            std::_Exit(1);
+        }
+        printf("armada: node %s joined cell %s at %s\n", node_name.c_str(), opt.cell.c_str(), url.c_str());
+        fflush(stdout);
+    }
+
     // The main thread waits for a stop signal, and meanwhile deletes what outlived the TTL
     // (every minute, or more often for a short TTL).
     sessions.expire_old();
@@ -508,6 +578,7 @@ int serve(const ServeOptions & opt) {
         std::_Exit(1);
     }
     spdlog::info("drained; stopping");
+    if (cluster_node) cluster_node->stop();
     router.set_service(nullptr, nullptr, nullptr);
     // Calls to client-named servers finish before what they report to is destroyed.
     client_calls.join();

@@ -55,6 +55,12 @@ struct ServeOptions {
     int mcp_per_tenant = 4;                  // MCP calls one tenant may have running
     int tool_per_tenant = 64;                // HTTP tool calls one tenant may have in flight
     int mcp_discover_ms = 10000;             // budget for listing a server's tools
+    // Cluster mode (armada serve --cluster FILE --cell C)
+    std::string cluster_file;  // the cluster's servers and timings; empty: a single node
+    std::string cell;
+    std::string node_name;       // default: this host's name and port
+    std::string advertise;       // the URL gateways reach this node at; default http://HOST:PORT
+    int cluster_sessions = 256;  // sessions this node takes from its cell brain
 };
 
 //! "30d", "12h", "90m", "45s", or a number of seconds; "0" is forever. Milliseconds, or nullopt.

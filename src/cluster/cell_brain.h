@@ -18,6 +18,7 @@ struct NodeLoad {
     std::string version;      // Armada version
     std::string fingerprint;  // model fingerprint (KV compatibility)
     bool draining = false;
+    std::string url;  // where its HTTP API answers, for gateways
 };
 
 //! A decision: run `session` on `node` under `epoch` (greater than any it had). `moved` is set

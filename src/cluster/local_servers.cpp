@@ -224,7 +224,15 @@ std::string LocalPostgres::start(const std::string & dir, int port) {
     if (::geteuid() == 0) {
         const passwd * pw = ::getpwnam(kPgUser);
         if (!pw) return "PostgreSQL refuses to run as root, and there is no 'postgres' user to run it as";
-        // The directory must sit where that user can reach it (a temporary directory can).
+        // The directory must sit where that user can reach it: every directory above it must let
+        // other users through.
+        for (fs::path p = fs::absolute(dir_).parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
+            std::error_code sec;
+            const auto perms = fs::status(p, sec).permissions();
+            if (!sec && (perms & fs::perms::others_exec) == fs::perms::none)
+                return "the postgres user cannot reach " + dir_ + ": " + p.string() +
+                       " does not let other users through (chmod o+x it, or choose another directory)";
+        }
         chown_tree(dir_, pw->pw_uid, pw->pw_gid);
     }
     if (!fs::exists(data + "/PG_VERSION", ec)) {

@@ -94,6 +94,7 @@ class LocalDaemon {
     std::string restart();
     int port() const { return port_; }
     pid_t pid() const { return child_ ? child_->pid() : -1; }
+    bool running() { return child_ && child_->running(); }
     //! nats://127.0.0.1:PORT or 127.0.0.1:PORT.
     std::string url() const;
 
@@ -122,6 +123,7 @@ class LocalEtcd {
     std::string endpoint() const;
     int port() const { return port_; }
     pid_t pid() const { return child_ ? child_->pid() : -1; }
+    bool running() { return child_ && child_->running(); }
     //! $ARMADA_ETCD_BIN, else /usr/bin/etcd.
     static std::string binary();
 

@@ -12,7 +12,8 @@ using json = nlohmann::json;
 
 std::string encode_load(const NodeLoad & l) {
     return json{{"free_seqs", l.free_seqs}, {"kv_headroom", l.kv_headroom}, {"sessions", l.sessions},
-                {"version", l.version},     {"fingerprint", l.fingerprint}, {"draining", l.draining}}
+                {"version", l.version},     {"fingerprint", l.fingerprint}, {"draining", l.draining},
+                {"url", l.url}}
         .dump();
 }
 
@@ -28,6 +29,7 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
         l.version = j.value("version", "");
         l.fingerprint = j.value("fingerprint", "");
         l.draining = j.value("draining", false);
+        l.url = j.value("url", "");
     } catch (const json::exception &) {
         return std::nullopt;  // a field of the wrong type: not a report to trust
     }

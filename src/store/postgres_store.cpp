@@ -32,12 +32,17 @@ CREATE TABLE responses (
   id TEXT PRIMARY KEY, tenant TEXT NOT NULL, data TEXT NOT NULL, created_ms BIGINT NOT NULL);
 CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 )sql",
+    // 2: the cell a session belongs to; the cell brain reads its cell's open sessions.
+    R"sql(
+ALTER TABLE sessions ADD COLUMN cell TEXT NOT NULL DEFAULT '';
+CREATE INDEX sessions_cell_state ON sessions(cell, state);
+)sql",
 };
 constexpr int kLatest = int(sizeof kMigrations / sizeof kMigrations[0]);
 // Taken for the length of a migration so that nodes starting together apply it once.
 constexpr const char * kMigrationLock = "SELECT pg_advisory_xact_lock(7152903114)";
 
-constexpr const char * kSessionColumns = "id,agent_id,owner,state,reason,data,created_ms,updated_ms,node,epoch";
+constexpr const char * kSessionColumns = "id,agent_id,owner,state,reason,data,created_ms,updated_ms,node,epoch,cell";
 
 //! Owns a PGresult.
 struct Res {
@@ -87,7 +92,10 @@ PGconn * connect(const std::string & url, int timeout_s) {
     const std::string t = std::to_string(timeout_s);
     const char * keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
     const char * vals[] = {url.c_str(), t.c_str(), "armada", nullptr};
-    return PQconnectdbParams(keys, vals, 1);
+    PGconn * c = PQconnectdbParams(keys, vals, 1);
+    // Server notices ("relation already exists, skipping") are not errors: keep them out of logs.
+    if (c) PQsetNoticeProcessor(c, [](void *, const char *) {}, nullptr);
+    return c;
 }
 
 //! A connection string with any password left out, for messages.
@@ -119,6 +127,7 @@ SessionRecord read_session(const Res & q, int row) {
     r.updated_ms = q.i64(row, 7);
     r.node = q.text(row, 8);
     r.epoch = q.i64(row, 9);
+    r.cell = q.text(row, 10);
     return r;
 }
 
@@ -455,11 +464,11 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
             for (const auto & r : b.sessions) {
                 if (!err.empty()) break;
                 exec(
-                    "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms) "
-                    "VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (id) DO UPDATE SET state=EXCLUDED.state, "
+                    "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms,cell) "
+                    "VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (id) DO UPDATE SET state=EXCLUDED.state, "
                     "reason=EXCLUDED.reason, data=EXCLUDED.data, updated_ms=EXCLUDED.updated_ms",
                     {r.id, r.agent_id, r.owner, r.state, r.reason, r.data, std::to_string(r.created_ms),
-                     std::to_string(r.updated_ms)});
+                     std::to_string(r.updated_ms), r.cell});
             }
             for (const auto & a : b.assign) {
                 if (!err.empty() || !fenced.empty()) break;

@@ -47,6 +47,10 @@ DELETE FROM sessions WHERE agent_id = '@response';
 ALTER TABLE sessions ADD COLUMN node TEXT NOT NULL DEFAULT '';
 ALTER TABLE sessions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 4: the cell a session belongs to in a cluster ("" on a single node).
+    R"sql(
+ALTER TABLE sessions ADD COLUMN cell TEXT NOT NULL DEFAULT '';
+)sql",
 };
 
 bool migrate(sqlite3 * db, std::string & err) {
@@ -114,10 +118,11 @@ SessionRecord read_session(Stmt & q) {
     r.updated_ms = sqlite3_column_int64(q.s, 7);
     r.node = q.col(8);
     r.epoch = sqlite3_column_int64(q.s, 9);
+    r.cell = q.col(10);
     return r;
 }
 
-constexpr const char * kSessionColumns = "id,agent_id,owner,state,reason,data,created_ms,updated_ms,node,epoch";
+constexpr const char * kSessionColumns = "id,agent_id,owner,state,reason,data,created_ms,updated_ms,node,epoch,cell";
 }  // namespace
 
 std::unique_ptr<SqliteStore> SqliteStore::open(const std::string & dir, std::string & error) {
@@ -198,7 +203,8 @@ Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status
     std::string err;
     if (!exec(wdb_, "BEGIN IMMEDIATE", err)) return Status::Error("begin: " + err);
     Stmt up(wdb_,
-            "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms) VALUES(?,?,?,?,?,?,?,?) "
+            "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms,cell) "
+            "VALUES(?,?,?,?,?,?,?,?,?) "
             "ON CONFLICT(id) DO UPDATE SET state=excluded.state, reason=excluded.reason, data=excluded.data, "
             "updated_ms=excluded.updated_ms");
     Stmt ins(wdb_, "INSERT INTO steps(session_id,seq,kind,payload,idempotency,ts_ms) VALUES(?,?,?,?,?,?)");
@@ -256,6 +262,7 @@ Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status
                 up.text(6, r.data);
                 up.i64(7, r.created_ms);
                 up.i64(8, r.updated_ms);
+                up.text(9, r.cell);
                 if (!run(up)) break;
             }
             for (const auto & a : b->assign) {

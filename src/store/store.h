@@ -34,6 +34,9 @@ struct SessionRecord {
     // an upsert of the record leaves them as they are. Empty and 0 on a single node.
     std::string node;
     int64_t epoch = 0;
+    //! The cell it belongs to in a cluster ("" on a single node). Set when the row is first
+    //! written; an upsert of an existing row leaves it.
+    std::string cell;
 };
 
 //! One entry of a session's append-only step log.

@@ -1,0 +1,296 @@
+#include "cli/cell.h"
+
+#include "agent/session_manager.h"
+#include "cluster/cell_brain.h"
+#include "cluster/cluster_config.h"
+#include "cluster/etcd.h"
+#include "cluster/membership.h"
+#include "cluster/queue.h"
+#include "store/postgres_store.h"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <pthread.h>
+#include <unistd.h>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <thread>
+
+namespace armada::cli {
+
+namespace {
+
+using json = nlohmann::json;
+using namespace cluster;
+
+int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+const std::vector<std::string> kEndedStates = {"completed", "failed", "cancelled"};
+
+//! One brain process: its lease, its campaign, and while it leads, the brain's loop.
+class CellProcess {
+  public:
+    CellProcess(ClusterConfig cfg, CellOptions o, sigset_t stop_set)
+        : cfg_(std::move(cfg)), o_(std::move(o)), stop_set_(stop_set), etcd_(cfg_.etcd) {}
+
+    int run() {
+        store::PostgresConfig pc;
+        pc.urls = cfg_.postgres;
+        pc.read_connections = 2;
+        std::string err;
+        store_ = store::PostgresStore::open(pc, err);
+        if (!store_) return fail("PostgreSQL: " + err);
+        js_ = JetStream::connect(cfg_.nats, err);
+        if (!js_) return fail("NATS at " + cfg_.nats + ": " + err);
+        // Every brain of the cell shares one durable consumer: whoever leads fetches from it.
+        place_ = js_->consumer("ARMADA_PLACE", "cell-" + o_.cell, place_subject(o_.cell), 30000, 10, err);
+        if (!place_) return fail("NATS consumer: " + err);
+        keepalive_ = std::thread([this] { keep_lease(); });
+        printf("armada: cell brain %s of cell %s started\n", o_.name.c_str(), o_.cell.c_str());
+        fflush(stdout);
+        std::mt19937 rng(std::random_device{}());
+        while (!stopping()) {
+            if (lease_.load() == 0) {
+                int64_t l = 0;
+                if (auto e = etcd_.grant(cfg_.lease_ttl_s, l); !e.empty()) {
+                    spdlog::warn("cell {}: no lease from etcd: {}; retrying", o_.cell, e);
+                    if (wait_signal(std::uniform_int_distribution<int>(500, 1500)(rng))) break;
+                    continue;
+                }
+                lease_ = l;
+            }
+            EtcdLeader me;
+            const std::string e = etcd_.campaign(brain_election(cfg_, o_.cell), o_.name, lease_.load(), 1000, me);
+            if (e == "not elected yet") continue;
+            if (!e.empty()) {
+                spdlog::warn("cell {}: campaign: {}", o_.cell, e);
+                if (wait_signal(std::uniform_int_distribution<int>(500, 1500)(rng))) break;
+                continue;
+            }
+            if (!still_leader(me)) continue;
+            spdlog::info("cell {}: {} leads (epoch {})", o_.cell, o_.name, me.rev);
+            printf("armada: cell brain %s leads cell %s\n", o_.name.c_str(), o_.cell.c_str());
+            fflush(stdout);
+            lead(me);
+            if (!stopping()) spdlog::warn("cell {}: {} no longer leads; campaigning again", o_.cell, o_.name);
+        }
+        quit_ = true;
+        if (keepalive_.joinable()) keepalive_.join();
+        if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);  // a standby leads at once
+        spdlog::info("cell {}: brain {} stopped", o_.cell, o_.name);
+        return 0;
+    }
+
+  private:
+    int fail(const std::string & e) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return 1;
+    }
+    bool stopping() const { return quit_.load(); }
+    //! Waits up to `ms` for a stop signal; true when one came.
+    bool wait_signal(int ms) {
+        timespec t{ms / 1000, long(ms % 1000) * 1000000L};
+        if (sigtimedwait(&stop_set_, nullptr, &t) > 0) quit_ = true;
+        return quit_.load();
+    }
+
+    //! Keeps this brain's lease alive; when etcd says it is gone, the brain stops leading.
+    void keep_lease() {
+        const int every_ms = std::max(300, cfg_.lease_ttl_s * 1000 / 3);
+        while (!quit_.load()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
+            const int64_t l = lease_.load();
+            if (l == 0) continue;
+            int64_t ttl = 0;
+            const std::string e = etcd_.keepalive(l, ttl);
+            if (e.empty() && ttl <= 0) {
+                spdlog::warn("cell {}: the lease of brain {} expired", o_.cell, o_.name);
+                int64_t expect = l;
+                lease_.compare_exchange_strong(expect, 0);
+            } else if (!e.empty()) {
+                spdlog::warn("cell {}: lease keep-alive: {}", o_.cell, e);
+            }
+        }
+    }
+
+    bool still_leader(const EtcdLeader & me) {
+        if (lease_.load() != me.lease && me.lease != 0) return false;
+        EtcdLeader now;
+        if (!etcd_.leader(brain_election(cfg_, o_.cell), now).empty()) return false;
+        return now.key == me.key;
+    }
+
+    //! The brain's view rebuilt from the truth: live nodes (their keys in etcd) and the cell's
+    //! open sessions (PostgreSQL). Returns the etcd revision the node list was read at.
+    int64_t reconcile(CellBrain & brain) {
+        std::vector<EtcdKv> kvs;
+        int64_t rev = 0;
+        if (auto e = etcd_.list(nodes_prefix(cfg_, o_.cell), kvs, rev); !e.empty()) {
+            spdlog::warn("cell {}: cannot list nodes: {}", o_.cell, e);
+            return -1;
+        }
+        std::set<std::string> live;
+        std::vector<NodeLoad> loads;
+        const std::string prefix = nodes_prefix(cfg_, o_.cell);
+        for (const auto & kv : kvs) {
+            const std::string name = kv.key.substr(prefix.size());
+            live.insert(name);
+            if (auto l = decode_load(name, kv.value)) loads.push_back(*l);
+        }
+        std::vector<CellBrain::OpenSession> open;
+        for (const auto & r : store_->sessions_not_in(kEndedStates)) {
+            if (r.cell == o_.cell) open.push_back({r.id, r.node, r.epoch});
+        }
+        brain.reconcile(live, open);
+        const int64_t t = now_ms();
+        for (const auto & l : loads)
+            brain.load(l, t);
+        return rev;
+    }
+
+    void lead(const EtcdLeader & me) {
+        CellBrain brain;
+        std::mutex mu;
+        std::vector<EtcdEvent> events;  // guarded by mu
+        std::atomic<bool> watch_stop{false}, watch_broken{true};
+        std::thread watcher;
+        auto start_watch = [&](int64_t from) {
+            watch_stop = true;
+            if (watcher.joinable()) watcher.join();
+            watch_stop = false;
+            watch_broken = false;
+            watcher = std::thread([&, from] {
+                const std::string e = etcd_.watch(
+                    nodes_prefix(cfg_, o_.cell), from,
+                    [&](const std::vector<EtcdEvent> & evs, int64_t) {
+                        std::lock_guard lk(mu);
+                        events.insert(events.end(), evs.begin(), evs.end());
+                        return !watch_stop.load();
+                    },
+                    watch_stop);
+                if (!watch_stop.load()) spdlog::warn("cell {}: node watch ended: {}", o_.cell, e);
+                watch_broken = true;
+            });
+        };
+        int64_t last_reconcile = 0, last_check = now_ms();
+        const std::string prefix = nodes_prefix(cfg_, o_.cell);
+        while (!stopping()) {
+            int64_t t = now_ms();
+            if (watch_broken.load() || t - last_reconcile >= o_.reconcile_ms) {
+                const int64_t rev = reconcile(brain);
+                last_reconcile = t;
+                if (rev >= 0 && watch_broken.load()) start_watch(rev + 1);
+            }
+            std::vector<EtcdEvent> evs;
+            {
+                std::lock_guard lk(mu);
+                evs.swap(events);
+            }
+            for (const auto & ev : evs) {
+                if (ev.kv.key.rfind(prefix, 0) != 0) continue;
+                const std::string name = ev.kv.key.substr(prefix.size());
+                if (ev.type == EtcdEvent::Type::Delete) {
+                    if (brain.live(name))
+                        spdlog::warn("cell {}: node {} left (its lease is gone); {} sessions to move", o_.cell, name,
+                                     brain.sessions_on(name));
+                    brain.node_down(name);
+                } else {
+                    if (!brain.live(name)) spdlog::info("cell {}: node {} joined", o_.cell, name);
+                    brain.node_up(name);
+                    if (auto l = decode_load(name, ev.kv.value)) brain.load(*l, t);
+                }
+            }
+            std::string err;
+            for (auto & m : place_->fetch(64, 50, err)) {
+                const json j = json::parse(m.data(), nullptr, false);
+                if (j.is_object() && j.contains("session") && j["session"].is_string())
+                    brain.session_open(j["session"].get<std::string>(), "", 0);
+                m.ack();  // the row is durable before the message is sent: reconcile finds it anyway
+            }
+            if (!err.empty()) spdlog::warn("cell {}: fetching place requests: {}", o_.cell, err);
+            for (const auto & p : brain.decide(now_ms())) {
+                store::Batch b;
+                b.assign.push_back({p.session, p.node, p.epoch});
+                if (!store_->writable().ok) store_->recover();  // PostgreSQL came back
+                const auto st = store_->commit_sync(std::move(b));
+                if (!st.ok) {
+                    if (!st.fenced) spdlog::warn("cell {}: assigning {}: {}", o_.cell, p.session, st.error);
+                    brain.place_failed(p.session);
+                    continue;
+                }
+                const std::string cmd = json{{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}}.dump();
+                if (auto e = js_->publish(command_subject(p.node), cmd, p.session + ":" + std::to_string(p.epoch));
+                    !e.empty())
+                    spdlog::warn("cell {}: run command for {} to {}: {} (the node finds it at its next start)",
+                                 o_.cell, p.session, p.node, e);
+                brain.place_done(p.session);
+                if (p.moved)
+                    spdlog::info("cell {}: session {} moved to {} (epoch {})", o_.cell, p.session, p.node, p.epoch);
+                else
+                    spdlog::debug("cell {}: session {} placed on {} (epoch {})", o_.cell, p.session, p.node, p.epoch);
+                ++placed_;
+            }
+            if (t - last_check >= 1000) {
+                last_check = t;
+                if (!still_leader(me)) break;
+            }
+            if (wait_signal(0)) break;
+        }
+        watch_stop = true;
+        if (watcher.joinable()) watcher.join();
+    }
+
+    ClusterConfig cfg_;
+    CellOptions o_;
+    sigset_t stop_set_;
+    EtcdClient etcd_;
+    std::unique_ptr<store::Store> store_;
+    std::unique_ptr<JetStream> js_;
+    std::unique_ptr<Consumer> place_;
+    std::atomic<int64_t> lease_{0};
+    std::atomic<bool> quit_{false};
+    std::thread keepalive_;
+    uint64_t placed_ = 0;
+};
+
+}  // namespace
+
+int cell_command(const CellOptions & opt) {
+    sigset_t stop_set;
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
+    spdlog::set_level(spdlog::level::from_str(opt.log_level));
+    std::string err;
+    auto cfg = load_cluster_config(opt.cluster_file, err);
+    if (!cfg) {
+        fprintf(stderr, "error: --cluster %s: %s\n", opt.cluster_file.c_str(), err.c_str());
+        return 2;
+    }
+    CellOptions o = opt;
+    if (!valid_cell_or_node_name(o.cell)) {
+        fprintf(stderr, "error: --cell '%s' must be 1..63 of A-Z a-z 0-9 . _ -\n", o.cell.c_str());
+        return 2;
+    }
+    if (o.name.empty()) {
+        char host[256] = {};
+        gethostname(host, sizeof host - 1);
+        o.name = std::string(host) + "-" + std::to_string(getpid());
+    }
+    if (cfg->postgres.empty() || cfg->etcd.empty() || cfg->nats.empty()) {
+        fprintf(stderr, "error: --cluster %s must name etcd, nats and postgres\n", opt.cluster_file.c_str());
+        return 2;
+    }
+    return CellProcess(*cfg, o, stop_set).run();
+}
+
+}  // namespace armada::cli

@@ -1,0 +1,229 @@
+#include "cli/cluster_up.h"
+
+#include "cluster/local_servers.h"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <pthread.h>
+#include <unistd.h>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <thread>
+
+namespace armada::cli {
+
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+using cluster::Child;
+
+struct Proc {
+    std::string role, name, log, url;
+    std::vector<std::string> argv;
+    std::optional<Child> child;
+    bool reported_exit = false;
+};
+
+std::string self_exe() {
+    std::error_code ec;
+    auto p = fs::read_symlink("/proc/self/exe", ec);
+    return ec ? std::string("armada") : p.string();
+}
+
+bool http_ok(int port) {
+    // /health answers 200 once a process is ready; a bare TCP check is enough to wait for the
+    // listener, then the caller polls readiness through the process's own log.
+    return cluster::port_open(port);
+}
+
+}  // namespace
+
+int cluster_up(const ClusterUpOptions & o) {
+    sigset_t stop_set;
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
+    if (o.model.empty()) {
+        fprintf(stderr, "error: no model given; use -m FILE\n");
+        return 2;
+    }
+    if (o.cells < 1 || o.cells > 16 || o.nodes < 1 || o.nodes > 64 || o.brains < 1 || o.brains > 5) {
+        fprintf(stderr, "error: --cells 1..16, --nodes 1..64 and --brains 1..5\n");
+        return 2;
+    }
+    std::error_code ec;
+    fs::create_directories(o.data_dir + "/logs", ec);
+    if (ec) {
+        fprintf(stderr, "error: cannot create %s: %s\n", o.data_dir.c_str(), ec.message().c_str());
+        return 1;
+    }
+    const std::string dir = fs::absolute(o.data_dir).string();
+    const std::string logs = dir + "/logs/";
+
+    // The servers, each with one job (CLUSTER.md).
+    cluster::LocalPostgres pg;
+    cluster::LocalEtcd etcd;
+    cluster::LocalDaemon nats(cluster::LocalDaemon::Kind::Nats), redis(cluster::LocalDaemon::Kind::Redis);
+    auto up = [&](const char * what, const std::string & e) {
+        if (e.empty()) {
+            printf("armada: %s started\n", what);
+            fflush(stdout);
+            return true;
+        }
+        fprintf(stderr, "error: %s: %s\n", what, e.c_str());
+        return false;
+    };
+    if (!up("postgresql", pg.start(dir + "/postgres")) || !up("postgresql database", pg.create_database("armada")) ||
+        !up("etcd", etcd.start(dir + "/etcd")) || !up("nats", nats.start(dir + "/nats")) ||
+        !up("redis", redis.start(dir + "/redis")))
+        return 1;
+    const std::string cfg_path = dir + "/cluster.yaml";
+    {
+        std::ofstream f(cfg_path);
+        f << "# written by armada cluster up\n"
+          << "etcd: [" << etcd.endpoint() << "]\n"
+          << "nats: " << nats.url() << "\n"
+          << "redis: " << redis.url() << "\n"
+          << "postgres: [" << pg.url("armada") << "]\n"
+          << "lease_ttl_s: " << o.lease_ttl_s << "\n";
+    }
+
+    const std::string exe = self_exe();
+    std::vector<Proc> procs;
+    auto launch = [&](Proc & p) {
+        std::string err;
+        p.child = Child::spawn(p.argv, p.log, "", err);
+        if (!p.child) fprintf(stderr, "error: cannot start %s: %s\n", p.name.c_str(), err.c_str());
+        return p.child.has_value();
+    };
+    for (int c = 0; c < o.cells; ++c) {
+        const std::string cell = "cell" + std::to_string(c);
+        for (int b = 0; b < o.brains; ++b) {
+            Proc p;
+            p.role = "cell";
+            p.name = cell + "-brain" + std::to_string(b);
+            p.log = logs + p.name + ".log";
+            p.argv = {exe, "cell", "--cluster", cfg_path, "--cell", cell, "--name", p.name};
+            procs.push_back(std::move(p));
+        }
+        for (int n = 0; n < o.nodes; ++n) {
+            Proc p;
+            p.role = "node";
+            p.name = cell + "-node" + std::to_string(n);
+            p.log = logs + p.name + ".log";
+            const int port = cluster::free_port();
+            p.url = "http://127.0.0.1:" + std::to_string(port);
+            p.argv = {exe,        "serve",       "--cluster", cfg_path, "--cell", cell, "--node-name", p.name,
+                      "-m",       o.model,       "--port",    std::to_string(port), "--data-dir",
+                      dir + "/nodes/" + p.name, "--no-pin"};
+            if (!o.agents_file.empty()) p.argv.insert(p.argv.end(), {"--agents", o.agents_file});
+            if (!o.api_key_file.empty()) p.argv.insert(p.argv.end(), {"--api-key-file", o.api_key_file});
+            p.argv.insert(p.argv.end(), o.node_args.begin(), o.node_args.end());
+            procs.push_back(std::move(p));
+        }
+    }
+    {
+        Proc g;
+        g.role = "gateway";
+        g.name = "gateway";
+        g.log = logs + "gateway.log";
+        const int port = o.port > 0 ? o.port : cluster::free_port();
+        g.url = "http://127.0.0.1:" + std::to_string(port);
+        g.argv = {exe, "gateway", "--cluster", cfg_path, "--port", std::to_string(port)};
+        if (!o.api_key_file.empty()) g.argv.insert(g.argv.end(), {"--api-key-file", o.api_key_file});
+        procs.push_back(std::move(g));
+    }
+    auto write_status = [&] {
+        json ps = json::array();
+        for (auto & p : procs) {
+            ps.push_back({{"role", p.role},
+                          {"name", p.name},
+                          {"pid", p.child ? p.child->pid() : -1},
+                          {"url", p.url},
+                          {"log", p.log}});
+        }
+        json servers = {{"postgres", {{"pid", pg.pid()}, {"url", pg.url("armada")}}},
+                        {"etcd", {{"pid", etcd.pid()}, {"endpoint", etcd.endpoint()}}},
+                        {"nats", {{"pid", nats.pid()}, {"url", nats.url()}}},
+                        {"redis", {{"pid", redis.pid()}, {"url", redis.url()}}}};
+        const std::string tmp = dir + "/cluster.json.tmp";
+        std::ofstream(tmp) << json{{"gateway", procs.back().url}, {"config", cfg_path}, {"processes", ps},
+                                   {"servers", servers}}
+                                  .dump(2);
+        fs::rename(tmp, dir + "/cluster.json", ec);
+    };
+    bool ok = true;
+    for (auto & p : procs)
+        ok = ok && launch(p);
+    write_status();
+    int sig = 0;
+    if (ok) {
+        // Ready when the gateway listens; the nodes load their model meanwhile.
+        const int gport = std::stoi(procs.back().url.substr(procs.back().url.rfind(':') + 1));
+        for (int i = 0; i < 600 && !http_ok(gport); ++i) {
+            timespec t{0, 100 * 1000 * 1000};
+            if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
+            if (!procs.back().child->running()) break;
+        }
+        if (!http_ok(gport)) {
+            fprintf(stderr, "error: the gateway did not start; see %s:\n%s\n", procs.back().log.c_str(),
+                    cluster::tail_of(procs.back().log).c_str());
+            ok = false;
+        }
+    }
+    if (ok && sig <= 0) {
+        printf("armada: cluster up: %d cell%s x %d nodes; gateway at %s\n", o.cells, o.cells > 1 ? "s" : "", o.nodes,
+               procs.back().url.c_str());
+        printf("armada: processes and logs are listed in %s/cluster.json; Ctrl-C stops everything\n", dir.c_str());
+        fflush(stdout);
+        // Supervise: a server that dies comes back on the same directory and port (tests kill
+        // them on purpose); an Armada process that exits is reported, not restarted.
+        for (;;) {
+            timespec t{0, 200 * 1000 * 1000};
+            if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
+            bool changed = false;
+            auto revive = [&](const char * what, bool running, const std::function<std::string()> & restart) {
+                if (running) return;
+                spdlog::warn("cluster up: {} exited; starting it again", what);
+                if (auto e = restart(); !e.empty()) spdlog::error("cluster up: {}: {}", what, e);
+                changed = true;
+            };
+            revive("postgresql", pg.running(), [&] { return pg.restart(); });
+            revive("etcd", etcd.running(), [&] { return etcd.restart(); });
+            revive("nats", nats.running(), [&] { return nats.restart(); });
+            revive("redis", redis.running(), [&] { return redis.restart(); });
+            for (auto & p : procs) {
+                if (p.child && !p.reported_exit && !p.child->running()) {
+                    p.reported_exit = true;
+                    spdlog::warn("cluster up: {} exited; see {}", p.name, p.log);
+                }
+            }
+            if (changed) write_status();
+        }
+    }
+    printf("armada: stopping the cluster\n");
+    fflush(stdout);
+    // In order: the entry first, then the nodes (they drain), the brains, the servers.
+    for (const char * role : {"gateway", "node", "cell"}) {
+        for (auto & p : procs) {
+            if (p.role == role && p.child && p.child->running()) p.child->signal(SIGTERM);
+        }
+        for (auto & p : procs) {
+            if (p.role == role && p.child) p.child->stop(SIGTERM, 40000);
+        }
+    }
+    redis.stop();
+    nats.stop();
+    etcd.stop();
+    pg.stop();
+    return ok ? 0 : 1;
+}
+
+}  // namespace armada::cli

@@ -1,0 +1,28 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace armada::cli {
+
+struct ClusterUpOptions {
+    int cells = 1;
+    int nodes = 3;  // per cell
+    int brains = 2;  // per cell
+    std::string model;
+    std::string data_dir = "./armada-cluster";
+    int port = 8080;  // the gateway's; 0: a free one
+    std::string agents_file;
+    std::string api_key_file;
+    int lease_ttl_s = 5;
+    std::vector<std::string> node_args;  // passed to every `armada serve`
+};
+
+//! `armada cluster up`: a whole cluster on this machine, for trying and testing it. Starts
+//! PostgreSQL, etcd, NATS JetStream and Redis from the Debian binaries under one data directory,
+//! then the cell brains, the nodes and a gateway, and prints the gateway's URL. It restarts a
+//! server that dies (on the same directory and port), not an Armada process. Ctrl-C stops all,
+//! in order: gateway, nodes, brains, then the servers. DATA_DIR/cluster.json lists every process.
+int cluster_up(const ClusterUpOptions & o);
+
+}  // namespace armada::cli

@@ -1,0 +1,633 @@
+#include "gateway/gateway.h"
+
+#include "agent/session_manager.h"
+#include "api/auth.h"
+#include "api/errors.h"
+#include "cluster/cell_brain.h"
+#include "cluster/cluster_config.h"
+#include "cluster/etcd.h"
+#include "cluster/membership.h"
+#include "cluster/queue.h"
+#include "gateway/upstream.h"
+#include "store/postgres_store.h"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <pthread.h>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace armada::gateway {
+
+namespace {
+
+using json = nlohmann::json;
+using api::HttpRequest;
+using api::Responder;
+
+const std::vector<std::string> kEndedStates = {"completed", "failed", "cancelled"};
+
+int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+std::vector<std::string> split_path(const std::string & path) {
+    std::vector<std::string> parts;
+    size_t i = 1;
+    while (i <= path.size()) {
+        size_t j = path.find('/', i);
+        if (j == std::string::npos) j = path.size();
+        if (j > i) parts.push_back(path.substr(i, j - i));
+        i = j + 1;
+    }
+    return parts;
+}
+
+void send_error(const std::shared_ptr<Responder> & out, int status, const std::string & msg, int retry_after = 0,
+                const std::string & code = {}) {
+    api::Headers h;
+    if (retry_after > 0) h.emplace_back("Retry-After", std::to_string(retry_after));
+    out->send(status, "application/json", api::error_body(status, msg, {}, code), std::move(h));
+}
+
+uint64_t fnv1a(const std::string & s) {
+    uint64_t h = 1469598103934665603ULL;
+    for (unsigned char c : s) {
+        h ^= c;
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+struct NodeView {
+    std::string cell;
+    cluster::NodeLoad load;
+};
+
+class Gateway {
+  public:
+    Gateway(cluster::ClusterConfig cfg, GatewayOptions o, api::ApiKeys keys)
+        : cfg_(std::move(cfg)), o_(std::move(o)), keys_(std::move(keys)), etcd_(cfg_.etcd) {}
+
+    std::string start() {
+        std::string err;
+        store::PostgresConfig pc;
+        pc.urls = cfg_.postgres;
+        pc.read_connections = cfg_.pg_pool;
+        store_ = store::PostgresStore::open(pc, err);
+        if (!store_) return "PostgreSQL: " + err;
+        js_ = cluster::JetStream::connect(cfg_.nats, err);
+        if (!js_) return "NATS at " + cfg_.nats + ": " + err;
+        refresh();
+        watcher_ = std::thread([this] {
+            while (!stop_.load()) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(250));
+                refresh();
+            }
+        });
+        return {};
+    }
+    void stop() {
+        stop_ = true;
+        if (watcher_.joinable()) watcher_.join();
+    }
+    size_t in_flight() const { return in_flight_.load(); }
+
+    //! From an I/O thread: the work (blocking calls to nodes and the store) goes to a thread of
+    //! its own, so a slow node never holds an I/O thread.
+    void handle(HttpRequest && req, std::shared_ptr<Responder> out) {
+        ++in_flight_;
+        std::thread([this, req = std::move(req), out = std::move(out)]() mutable {
+            try {
+                route(req, out);
+            } catch (const std::exception & e) {
+                spdlog::error("gateway: {} {}: {}", req.method, req.path, e.what());
+                send_error(out, 500, "the gateway failed on this request");
+            }
+            --in_flight_;
+        }).detach();
+    }
+
+  private:
+    // ---- the cluster as etcd shows it ----
+    void refresh() {
+        std::vector<cluster::EtcdKv> kvs;
+        int64_t rev = 0;
+        const std::string prefix = cfg_.prefix + "/cells/";
+        if (auto e = etcd_.list(prefix, kvs, rev); !e.empty()) {
+            if (!etcd_warned_) spdlog::warn("gateway: cannot list nodes in etcd: {} (keeping the last view)", e);
+            etcd_warned_ = true;
+            return;
+        }
+        etcd_warned_ = false;
+        std::map<std::string, NodeView> next;
+        for (const auto & kv : kvs) {
+            // <prefix>/cells/<cell>/nodes/<node>
+            const std::string rest = kv.key.substr(prefix.size());
+            const size_t slash = rest.find("/nodes/");
+            if (slash == std::string::npos) continue;
+            const std::string cell = rest.substr(0, slash), node = rest.substr(slash + 7);
+            auto l = cluster::decode_load(node, kv.value);
+            if (!l || l->url.empty()) continue;
+            next[node] = {cell, *l};
+        }
+        std::lock_guard lk(mu_);
+        nodes_ = std::move(next);
+    }
+    std::optional<NodeView> node(const std::string & name) {
+        std::lock_guard lk(mu_);
+        auto it = nodes_.find(name);
+        if (it == nodes_.end()) return std::nullopt;
+        return it->second;
+    }
+    //! The live, non-draining node with the most room (round-robin among equals), or none.
+    std::optional<std::string> by_load(const std::string & cell = {}, const std::string & avoid = {}) {
+        std::lock_guard lk(mu_);
+        std::vector<std::string> best;
+        int best_free = -1;
+        for (const auto & [name, v] : nodes_) {
+            if (v.load.draining || name == avoid || (!cell.empty() && v.cell != cell)) continue;
+            if (v.load.free_seqs > best_free) {
+                best.clear();
+                best_free = v.load.free_seqs;
+            }
+            if (v.load.free_seqs == best_free) best.push_back(name);
+        }
+        if (best.empty()) return std::nullopt;
+        return best[rr_++ % best.size()];
+    }
+    std::string pick_cell() {
+        if (!o_.cell.empty()) return o_.cell;
+        std::lock_guard lk(mu_);
+        std::map<std::string, int64_t> room;
+        for (const auto & [name, v] : nodes_) {
+            if (!v.load.draining) room[v.cell] += v.load.free_seqs;
+        }
+        std::string best = "cell0";
+        int64_t most = -1;
+        for (const auto & [c, r] : room) {
+            if (r > most) {
+                best = c;
+                most = r;
+            }
+        }
+        return best;
+    }
+
+    // ---- forwarding ----
+    static HeaderList pass_headers(const HttpRequest & req) {
+        HeaderList h;
+        for (const auto & [k, v] : req.headers) {
+            if (k == "host" || k == "connection" || k == "content-length" || k == "transfer-encoding" ||
+                k == "keep-alive" || k == "te" || k == "upgrade" || k == "last-event-id")
+                continue;
+            h.emplace_back(k, v);
+        }
+        return h;
+    }
+    static std::string target_of(const HttpRequest & req) { return req.query.empty() ? req.path : req.path + "?" + req.query; }
+
+    //! Forwards to `node` and answers the client with what it said (streamed when it streams).
+    //! False when the node could not be reached (nothing was sent to the client).
+    bool relay(const std::string & node_name, const HttpRequest & req, const std::shared_ptr<Responder> & out,
+               int timeout_ms = 600000) {
+        auto v = node(node_name);
+        if (!v) return false;
+        bool streaming = false;
+        auto r = forward(
+            v->load.url, req.method, target_of(req), pass_headers(req), req.body, timeout_ms,
+            [&](const UpstreamReply & head) {
+                for (const auto & [k, val] : head.headers) {
+                    if (k.size() == 12 && strcasecmp(k.c_str(), "content-type") == 0 &&
+                        val.rfind("text/event-stream", 0) == 0)
+                        streaming = true;
+                }
+                if (streaming) {
+                    api::Headers h;
+                    for (const auto & [k, val] : head.headers) {
+                        if (strcasecmp(k.c_str(), "content-type") != 0) h.emplace_back(k, val);
+                    }
+                    out->start_stream(head.status, std::move(h));
+                }
+                return streaming;
+            },
+            [&](std::string_view chunk) {
+                if (out->closed()) return false;
+                out->write(std::string(chunk));
+                return true;
+            });
+        if (r.status == 0) {
+            if (streaming) {
+                out->end();  // the node went away mid-stream: the client sees the stream end
+                return true;
+            }
+            spdlog::warn("gateway: node {} did not answer {} {}: {}", node_name, req.method, req.path, r.error);
+            return false;
+        }
+        if (r.streamed) {
+            out->end();
+            return true;
+        }
+        std::string ctype = "application/json";
+        api::Headers h;
+        for (const auto & [k, val] : r.headers) {
+            if (strcasecmp(k.c_str(), "content-type") == 0)
+                ctype = val;
+            else
+                h.emplace_back(k, val);
+        }
+        out->send(r.status, ctype, std::move(r.body), std::move(h));
+        return true;
+    }
+    //! Forwards to the node with the most room, then to another if it does not answer.
+    void relay_by_load(const HttpRequest & req, const std::shared_ptr<Responder> & out,
+                       std::optional<std::string> first = std::nullopt) {
+        std::string tried;
+        for (int attempt = 0; attempt < 3; ++attempt) {
+            auto n = attempt == 0 && first ? first : by_load({}, tried);
+            if (!n) break;
+            if (relay(*n, req, out)) return;
+            tried = *n;
+            forget(*n);
+        }
+        send_error(out, 503, "no node of the cluster is ready to take this request; retry shortly", 2, "no_node");
+    }
+    void forget(const std::string & name) {
+        std::lock_guard lk(mu_);
+        nodes_.erase(name);  // until the next refresh says otherwise
+    }
+
+    // ---- routes ----
+    void route(HttpRequest & req, const std::shared_ptr<Responder> & out) {
+        const std::string & p = req.path;
+        if (p == "/health" || p == "/livez") {
+            out->send(200, "application/json", R"({"status":"ok"})");
+            return;
+        }
+        if (p == "/readyz") {
+            size_t n = 0;
+            {
+                std::lock_guard lk(mu_);
+                n = nodes_.size();
+            }
+            if (n == 0)
+                send_error(out, 503, "no node has joined the cluster yet");
+            else
+                out->send(200, "application/json", json{{"status", "ready"}, {"nodes", n}}.dump());
+            return;
+        }
+        const api::ApiKeys::Key * key =
+            keys_.enabled() ? keys_.check(req.header("authorization"), req.header("x-api-key")) : nullptr;
+        if (keys_.enabled() && !key) {
+            send_error(out, 401, "missing or invalid API key; send 'Authorization: Bearer <key>'", 0,
+                       "invalid_api_key");
+            return;
+        }
+        const api::Caller caller = keys_.caller(key);
+        const auto parts = split_path(p);
+        if (parts.size() == 4 && parts[0] == "v1" && parts[1] == "agents" && parts[3] == "sessions" &&
+            req.method == "POST")
+            return create_session(req, out, caller, parts[2]);
+        if (parts.size() >= 3 && parts[0] == "v1" && parts[1] == "sessions")
+            return session_route(req, out, caller, parts[2], parts.size() == 4 ? parts[3] : std::string());
+        if (p == "/v1/chat/completions" && req.method == "POST") return relay_by_load(req, out, affinity(req, caller));
+        relay_by_load(req, out);
+    }
+
+    //! Chat completions of one conversation go to the node that served its start, where its
+    //! prompt prefix is cached: a hash of the tenant and the first two messages picks it.
+    std::optional<std::string> affinity(const HttpRequest & req, const api::Caller & caller) {
+        const json body = json::parse(req.body, nullptr, false);
+        if (!body.is_object() || !body.contains("messages") || !body["messages"].is_array()) return std::nullopt;
+        std::string text = caller.tenant + "\x1f" + body.value("model", "");
+        size_t n = 0;
+        for (const auto & m : body["messages"]) {
+            if (n++ == 2) break;
+            text += "\x1f" + m.dump();
+        }
+        const uint64_t h = fnv1a(text);
+        const int64_t t = now_ms();
+        std::lock_guard lk(mu_);
+        auto it = affinity_.find(h);
+        if (it != affinity_.end() && it->second.second > t) {
+            auto nit = nodes_.find(it->second.first);
+            if (nit != nodes_.end() && !nit->second.load.draining && nit->second.load.free_seqs > 0) {
+                it->second.second = t + int64_t(o_.affinity_ttl_s) * 1000;
+                return it->second.first;
+            }
+        }
+        // New or its node is full or gone: by load, remembered for the next turns.
+        std::string best;
+        int best_free = -1;
+        for (const auto & [name, v] : nodes_) {
+            if (!v.load.draining && v.load.free_seqs > best_free) {
+                best = name;
+                best_free = v.load.free_seqs;
+            }
+        }
+        if (best.empty()) return std::nullopt;
+        if (affinity_.size() > 100000) affinity_.clear();
+        affinity_[h] = {best, t + int64_t(o_.affinity_ttl_s) * 1000};
+        return best;
+    }
+
+    void create_session(const HttpRequest & req, const std::shared_ptr<Responder> & out, const api::Caller & caller,
+                        const std::string & agent_id) {
+        std::string input;
+        if (!req.body.empty()) {
+            const json body = json::parse(req.body, nullptr, false);
+            if (!body.is_object()) return send_error(out, 400, "the body must be a JSON object");
+            for (const char * k : {"input", "content"}) {
+                if (body.contains(k) && !body[k].is_null()) {
+                    if (!body[k].is_string()) return send_error(out, 400, std::string("'") + k + "' must be a string");
+                    input = body[k].get<std::string>();
+                    break;
+                }
+            }
+        }
+        // The agent must exist for this caller: a node answers that as it would for itself.
+        HttpRequest probe;
+        probe.method = "GET";
+        probe.path = "/v1/agents/" + agent_id;
+        probe.headers = req.headers;
+        std::optional<UpstreamReply> seen;
+        std::string tried;
+        for (int attempt = 0; attempt < 3 && !seen; ++attempt) {
+            auto n = by_load({}, tried);
+            if (!n) break;
+            auto v = node(*n);
+            if (!v) break;
+            auto r = forward(v->load.url, "GET", probe.path, pass_headers(probe), "", 10000);
+            if (r.status != 0) {
+                seen = std::move(r);
+            } else {
+                tried = *n;
+                forget(*n);
+            }
+        }
+        if (!seen) return send_error(out, 503, "no node of the cluster is ready; retry shortly", 2, "no_node");
+        if (seen->status == 404) return send_error(out, 404, "no agent with id '" + agent_id + "'");
+        if (seen->status != 200) {
+            out->send(seen->status, "application/json", seen->body);
+            return;
+        }
+        const std::string cell = pick_cell();
+        const std::string id = agent::SessionManager::new_id();
+        auto b = agent::SessionManager::new_session_batch(
+            id, agent_id, caller.tenant, input, cell,
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count());
+        if (auto st = commit(std::move(b)); !st.ok)
+            return send_error(out, 503, "could not store the session: " + st.error, 2);
+        // The row is durable: the brain finds it at its next reconcile even if this is lost.
+        if (auto e = js_->publish(cluster::place_subject(cell), json{{"session", id}}.dump(), id); !e.empty())
+            spdlog::warn("gateway: place request for {} to {}: {} (the cell's reconcile places it)", id, cell, e);
+        out->send(201, "application/json", json{{"id", id}, {"object", "session"}}.dump());
+    }
+
+    //! Writes `b`, clearing an earlier failure of the store first (PostgreSQL restarted), and
+    //! tries once more after a pause if the write fails.
+    store::Status commit(store::Batch b) {
+        store::Status st;
+        for (int attempt = 0; attempt < 2; ++attempt) {
+            if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            if (!store_->writable().ok) store_->recover();
+            st = store_->commit_sync(b);
+            if (st.ok || st.fenced) return st;
+        }
+        return st;
+    }
+    //! The session's row; nullopt with `unavailable` set when the store cannot be read now (so
+    //! that a client is told to retry, not that its session does not exist).
+    std::optional<store::SessionRecord> lookup(const std::string & id, bool & unavailable) {
+        unavailable = false;
+        auto rec = store_->session(id);
+        if (rec) return rec;
+        store::Batch probe;
+        probe.probe = true;
+        if (!commit(std::move(probe)).ok) {
+            unavailable = true;
+            return std::nullopt;
+        }
+        return store_->session(id);
+    }
+
+    //! The node that holds session `rec` now, if it is live.
+    std::optional<std::string> holder(const store::SessionRecord & rec) {
+        if (rec.node.empty() || rec.epoch <= 0) return std::nullopt;
+        auto v = node(rec.node);
+        if (!v) return std::nullopt;
+        return rec.node;
+    }
+
+    void session_route(HttpRequest & req, const std::shared_ptr<Responder> & out, const api::Caller & caller,
+                       const std::string & id, const std::string & sub) {
+        bool unavailable = false;
+        auto rec = lookup(id, unavailable);
+        if (unavailable)
+            return send_error(out, 503, "the cluster's state store cannot be reached; retry shortly", 2, "store_unavailable");
+        if (!rec || rec->owner != caller.tenant || rec->agent_id.rfind('@', 0) == 0)
+            return send_error(out, 404, "no session with id '" + id + "'");
+        if (sub == "events" && req.method == "GET") return events(req, out, id);
+        // A request to a session goes to its node; one not placed yet, or whose node is gone,
+        // goes to any node, which answers from the store (or takes the session over).
+        for (int attempt = 0; attempt < 3; ++attempt) {
+            auto h = holder(*rec);
+            auto n = h ? h : by_load(rec->cell);
+            if (!n) n = by_load();
+            if (!n) break;
+            if (relay(*n, req, out)) return;
+            forget(*n);
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            auto again = lookup(id, unavailable);
+            if (again) rec = again;
+        }
+        send_error(out, 503, "no node of the cluster is ready to take this request; retry shortly", 2, "no_node");
+    }
+
+    //! The session's event stream, from whichever node holds it; when it moves (its node died or
+    //! was fenced) the stream goes on from the new node with Last-Event-ID. Only whole events
+    //! reach the client, so a reconnect never repeats or splits one.
+    void events(const HttpRequest & req, const std::shared_ptr<Responder> & out, const std::string & id) {
+        std::string last = req.header("last-event-id");
+        if (last.empty()) last = req.param("last_event_id");
+        bool started = false;
+        int64_t waiting_since = 0;
+        for (;;) {
+            if (out->closed()) return;
+            bool unavailable = false;
+            auto rec = lookup(id, unavailable);
+            if (unavailable) {
+                // The store is restarting: the stream waits for it.
+                std::this_thread::sleep_for(std::chrono::milliseconds(250));
+                continue;
+            }
+            if (!rec) {
+                if (started)
+                    out->end();
+                else
+                    send_error(out, 404, "no session with id '" + id + "'");
+                return;
+            }
+            const bool ended = std::find(kEndedStates.begin(), kEndedStates.end(), rec->state) != kEndedStates.end();
+            auto n = holder(*rec);
+            if (!n && ended) n = by_load();
+            if (!n) {
+                // Not placed yet, or its node died and the brain has not moved it yet.
+                if (waiting_since == 0) waiting_since = now_ms();
+                if (now_ms() - waiting_since > 120000) {
+                    if (started) out->end();
+                    else send_error(out, 503, "the session has no node yet; retry shortly", 2, "no_node");
+                    return;
+                }
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                continue;
+            }
+            waiting_since = 0;
+            auto v = node(*n);
+            if (!v) continue;
+            HeaderList h = pass_headers(req);
+            if (!last.empty()) h.emplace_back("Last-Event-ID", last);
+            std::string target = "/v1/sessions/" + id + "/events";
+            std::string buf;
+            bool refused = false;
+            auto r = forward(
+                v->load.url, "GET", target, h, "", 10000,
+                [&](const UpstreamReply & head) {
+                    if (head.status != 200) {
+                        refused = true;
+                        return false;
+                    }
+                    if (!started) {
+                        out->start_stream(200);
+                        out->long_lived();
+                        started = true;
+                    }
+                    return true;
+                },
+                [&](std::string_view chunk) {
+                    if (out->closed()) return false;
+                    buf.append(chunk);
+                    for (size_t end; (end = buf.find("\n\n")) != std::string::npos;) {
+                        std::string ev = buf.substr(0, end + 2);
+                        buf.erase(0, end + 2);
+                        // Its id line, if it has one, is where a reconnect starts from.
+                        for (size_t at = 0; at < ev.size();) {
+                            const size_t nl = ev.find('\n', at);
+                            const std::string line = ev.substr(at, nl - at);
+                            if (line.rfind("id:", 0) == 0) last = line.substr(line.size() > 3 && line[3] == ' ' ? 4 : 3);
+                            at = nl == std::string::npos ? ev.size() : nl + 1;
+                        }
+                        out->write(std::move(ev));
+                    }
+                    return true;
+                });
+            if (out->closed()) return;
+            if (refused && !started) {
+                // The node's own answer (404 after a delete, 400 for a bad Last-Event-ID…).
+                std::string ctype = "application/json";
+                for (const auto & [k, val] : r.headers) {
+                    if (strcasecmp(k.c_str(), "content-type") == 0) ctype = val;
+                }
+                if (r.status == 404 || r.status == 400 || r.status == 401 || r.status == 403) {
+                    out->send(r.status, ctype, r.body);
+                    return;
+                }
+            }
+            if (r.status == 0) forget(*n);
+            // The node ended the stream. If the session ended, so does the stream; otherwise it
+            // moved (or its node died): follow it.
+            bool gone = false;
+            auto now = lookup(id, gone);
+            const bool over = (!now && !gone) || std::find(kEndedStates.begin(), kEndedStates.end(), now->state) !=
+                                          kEndedStates.end();
+            if (over && r.status == 200 && !refused) {
+                out->end();
+                return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    }
+
+    cluster::ClusterConfig cfg_;
+    GatewayOptions o_;
+    api::ApiKeys keys_;
+    cluster::EtcdClient etcd_;
+    std::unique_ptr<store::Store> store_;
+    std::unique_ptr<cluster::JetStream> js_;
+    std::mutex mu_;
+    std::map<std::string, NodeView> nodes_;                            // guarded by mu_
+    std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;     // hash → (node, expiry); mu_
+    uint64_t rr_ = 0;                                                  // guarded by mu_
+    bool etcd_warned_ = false;                                         // the watcher thread's
+    std::atomic<bool> stop_{false};
+    std::atomic<size_t> in_flight_{0};
+    std::thread watcher_;
+};
+
+}  // namespace
+
+int gateway_command(const GatewayOptions & opt) {
+    sigset_t stop_set;
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
+    spdlog::set_level(spdlog::level::from_str(opt.log_level));
+    std::string err;
+    auto cfg = cluster::load_cluster_config(opt.cluster_file, err);
+    if (!cfg) {
+        fprintf(stderr, "error: --cluster %s: %s\n", opt.cluster_file.c_str(), err.c_str());
+        return 2;
+    }
+    if (cfg->postgres.empty() || cfg->etcd.empty() || cfg->nats.empty()) {
+        fprintf(stderr, "error: --cluster %s must name etcd, nats and postgres\n", opt.cluster_file.c_str());
+        return 2;
+    }
+    if (!opt.cell.empty() && !cluster::valid_cell_or_node_name(opt.cell)) {
+        fprintf(stderr, "error: --cell '%s' must be 1..63 of A-Z a-z 0-9 . _ -\n", opt.cell.c_str());
+        return 2;
+    }
+    api::ApiKeys keys;
+    keys.add(opt.api_key);
+    if (!opt.api_key_file.empty()) {
+        if (auto e = keys.load_file(opt.api_key_file); !e.empty()) {
+            fprintf(stderr, "error: %s\n", e.c_str());
+            return 2;
+        }
+    }
+    Gateway gw(*cfg, opt, std::move(keys));
+    if (auto e = gw.start(); !e.empty()) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return 1;
+    }
+    api::HttpServer http(opt.http, [&gw](HttpRequest && r, std::shared_ptr<Responder> out) {
+        gw.handle(std::move(r), std::move(out));
+    });
+    if (auto e = http.listen(); !e.empty()) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return 1;
+    }
+    http.run();
+    printf("armada: gateway listening on http://%s:%u\n", opt.http.host.c_str(), unsigned(http.port()));
+    fflush(stdout);
+    int sig = 0;
+    while ((sig = sigwaitinfo(&stop_set, nullptr)) <= 0) {
+    }
+    spdlog::info("gateway: signal {}: stopping (open streams end; clients reconnect to another gateway)", sig);
+    http.set_closing();
+    http.stop();
+    gw.stop();
+    // Requests still being forwarded are cut: their clients retry elsewhere.
+    fflush(nullptr);
+    std::_Exit(0);
+}
+
+}  // namespace armada::gateway

@@ -1,0 +1,27 @@
+#pragma once
+
+#include "api/http_server.h"
+
+#include <string>
+
+namespace armada::gateway {
+
+struct GatewayOptions {
+    std::string cluster_file;
+    api::HttpConfig http;
+    std::string api_key;
+    std::string api_key_file;
+    std::string cell;  // where new sessions go; "" picks the cell with the most room
+    std::string log_level = "info";
+    int affinity_ttl_s = 600;
+};
+
+//! `armada gateway`: the single entry of a cluster, with the API of a node. It checks API keys as a
+//! node does, writes new sessions to PostgreSQL and asks their cell to place them, and forwards
+//! everything else to a node: a session's requests and event stream to the node holding it
+//! (following it when it moves, with Last-Event-ID), chat completions by prompt-prefix affinity,
+//! the rest by load. It keeps no state of its own: run as many as needed. Runs until
+//! SIGINT/SIGTERM; returns the exit code.
+int gateway_command(const GatewayOptions & o);
+
+}  // namespace armada::gateway

@@ -1,0 +1,30 @@
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace armada::gateway {
+
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+//! The answer of a node to a forwarded request.
+struct UpstreamReply {
+    int status = 0;     // 0: no HTTP answer (see error)
+    std::string error;  // connect/send/read failure or timeout
+    HeaderList headers;  // the ones a client needs (content type, retry-after, request id)
+    std::string body;    // the whole body when no chunk callback was given
+    bool streamed = false;
+};
+
+//! Sends one request to a node (`base` is http://host:port) and reads its answer. `on_head` runs
+//! once the status and headers are in and says whether to stream the body: then `on_chunk` gets
+//! the body as it arrives (SSE) and may return false to stop. Blocking; run on a worker thread.
+UpstreamReply forward(const std::string & base, const std::string & method, const std::string & target,
+                      const HeaderList & headers, const std::string & body, int timeout_ms,
+                      const std::function<bool(const UpstreamReply &)> & on_head = {},
+                      const std::function<bool(std::string_view)> & on_chunk = {});
+
+}  // namespace armada::gateway
