@@ -1,6 +1,7 @@
 // armada: the node binary. Subcommands: serve, topology, mkmodel, bench.
 #include "bench/agents_bench.h"
 #include "cli/bench_engine.h"
+#include "cli/bench_gateway.h"
 #include "cli/bench_kv.h"
 #include "cli/cell.h"
 #include "cli/cluster_up.h"
@@ -321,6 +322,15 @@ int main(int argc, char ** argv) {
 
     auto * b = app.add_subcommand("bench", "benchmarks");
     b->require_subcommand(1);
+    cli::BenchGatewayOptions bg;
+    auto * bgw = b->add_subcommand("gateway", "latency a gateway adds: the same request to a node and through it");
+    bgw->add_option("--gateway", bg.gateway, "the gateway's URL")->required();
+    bgw->add_option("--node", bg.node, "a node's URL behind it")->required();
+    bgw->add_option("--route", bg.route, "the request's path")->capture_default_str();
+    bgw->add_option("--body", bg.body, "a JSON body to POST (default: GET)");
+    bgw->add_option("--api-key", bg.api_key, "API key for both")->envname("ARMADA_API_KEY");
+    bgw->add_option("-n,--requests", bg.requests, "requests to each side")->capture_default_str();
+
     cli::BenchEngineOptions be;
     std::string streams = "1,16,64";
     auto * bee = b->add_subcommand("engine", "aggregate decode tokens/s at several concurrent streams");
@@ -485,6 +495,7 @@ int main(int argc, char ** argv) {
         bk.capacity_without_parking = !park_only;
         return cli::bench_kv(bk);
     }
+    if (bgw->parsed()) return cli::bench_gateway(bg);
     if (bee->parsed()) {
         be.streams = parse_list(streams);
         return cli::bench_engine(be);
