@@ -10,7 +10,7 @@ PORT       ?= 8080
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
-.PHONY: setup build run test test-asan test-tsan test-arm fuzz lint bench models clean
+.PHONY: setup build run cluster test test-asan test-tsan test-arm fuzz lint bench models clean
 
 setup:
 	@bash scripts/setup.sh
@@ -27,6 +27,16 @@ models: build
 
 run: build models
 	@bash scripts/run.sh $(BUILD)/armada "$(MODEL)" $(MODEL_DIR) $(HOST) $(PORT)
+
+# A whole cluster on this machine (PostgreSQL, etcd, NATS, Redis, brains, nodes, a gateway on
+# PORT). CELLS and NODES set its size; the data and every log go to CLUSTER_DIR.
+CELLS       ?= 1
+NODES       ?= 3
+CLUSTER_DIR ?= /tmp/armada-cluster
+cluster: build models
+	@mkdir -p $(CLUSTER_DIR) && chmod o+x $(CLUSTER_DIR)
+	$(BUILD)/armada cluster up --cells $(CELLS) --nodes $(NODES) -m "$(or $(MODEL),$(MODEL_DIR)/armada-tiny-q8_0.gguf)" \
+	  --data-dir $(CLUSTER_DIR) --port $(PORT) --node-arg=-np --node-arg=8
 
 test: build models
 	cd $(BUILD) && ARMADA_MODEL_DIR=$(MODEL_DIR) ctest --output-on-failure -j 1 --timeout 900 $(CTEST_ARGS)

@@ -22,7 +22,7 @@ install_cross() {
   dpkg -s libspdlog-dev:arm64 >/dev/null 2>&1 || need=1
   dpkg -s libssl-dev:arm64 >/dev/null 2>&1 || need=1
   dpkg -s libpq-dev:arm64 >/dev/null 2>&1 || need=1
-  dpkg -s libnats-dev:arm64 >/dev/null 2>&1 || need=1
+  dpkg -s libnats-dev:arm64 libhiredis-dev:arm64 >/dev/null 2>&1 || need=1
   [ "$need" = 0 ] && return
   log "installing the aarch64 cross compiler, qemu-user-static and arm64 libraries (multiarch)"
   dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64
@@ -30,7 +30,7 @@ install_cross() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
     g++-aarch64-linux-gnu qemu-user-static libboost-dev:arm64 libspdlog-dev:arm64 libsqlite3-dev:arm64 \
     libhwloc-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64 libzstd-dev:arm64 libgomp1:arm64 \
-    libyaml-cpp0.7:arm64 libssl-dev:arm64 libpq-dev:arm64 libnats-dev:arm64 >/dev/null
+    libyaml-cpp0.7:arm64 libssl-dev:arm64 libpq-dev:arm64 libnats-dev:arm64 libhiredis-dev:arm64 >/dev/null
 }
 
 unpack_yaml_cpp() {

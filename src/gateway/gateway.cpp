@@ -8,6 +8,8 @@
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
+#include "cluster/redis.h"
+#include "obs/metrics.h"
 #include "gateway/upstream.h"
 #include "store/postgres_store.h"
 
@@ -66,6 +68,13 @@ uint64_t fnv1a(const std::string & s) {
     return h;
 }
 
+//! A refusal thrown inside a route and sent by `handle`.
+struct ApiErrorReply {
+    int status;
+    std::string message;
+    int retry_after_s;
+};
+
 struct NodeView {
     std::string cell;
     cluster::NodeLoad load;
@@ -85,6 +94,10 @@ class Gateway {
         if (!store_) return "PostgreSQL: " + err;
         js_ = cluster::JetStream::connect(cfg_.nats, err);
         if (!js_) return "NATS at " + cfg_.nats + ": " + err;
+        if (!cfg_.redis.empty()) {
+            redis_ = cluster::RedisPool::open(cfg_.redis, cfg_.redis_pool, 500, err);
+            if (!redis_) return "Redis: " + err;
+        }
         refresh();
         watcher_ = std::thread([this] {
             while (!stop_.load()) {
@@ -107,6 +120,8 @@ class Gateway {
         std::thread([this, req = std::move(req), out = std::move(out)]() mutable {
             try {
                 route(req, out);
+            } catch (const ApiErrorReply & e) {
+                send_error(out, e.status, e.message, e.retry_after_s);
             } catch (const std::exception & e) {
                 spdlog::error("gateway: {} {}: {}", req.method, req.path, e.what());
                 send_error(out, 500, "the gateway failed on this request");
@@ -291,6 +306,13 @@ class Gateway {
             return;
         }
         const api::Caller caller = keys_.caller(key);
+        if (p == "/metrics") {
+            if (!caller.admin) return send_error(out, 403, "/metrics needs an admin key");
+            out->send(200, "text/plain; version=0.0.4", render_metrics());
+            return;
+        }
+        if (key && key->limits && key->limits->requests_per_min > 0 && !within_quota(caller, *key->limits)) return;
+        ++requests_;
         const auto parts = split_path(p);
         if (parts.size() == 4 && parts[0] == "v1" && parts[1] == "agents" && parts[3] == "sessions" &&
             req.method == "POST")
@@ -299,6 +321,49 @@ class Gateway {
             return session_route(req, out, caller, parts[2], parts.size() == 4 ? parts[3] : std::string());
         if (p == "/v1/chat/completions" && req.method == "POST") return relay_by_load(req, out, affinity(req, caller));
         relay_by_load(req, out);
+    }
+
+    //! Requests per minute of a tenant, counted in Redis so that every gateway sees the same
+    //! count. Without Redis the count is not shared, and each node still limits its own share.
+    bool within_quota(const api::Caller & caller, const api::RateLimits & lim) {
+        if (!redis_) return true;
+        const auto wall = std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+        const std::string k = "armada:t:" + caller.tenant + ":acct:" + caller.account + ":rpm:" + std::to_string(wall / 60);
+        const auto n = redis_->incr(k, 120000);
+        if (!n || double(*n) <= lim.requests_per_min) return true;
+        ApiErrorReply e{429, "rate limit: more than " + std::to_string(int64_t(lim.requests_per_min)) +
+                                 " requests per minute for this key; retry after the minute",
+                        int(60 - wall % 60)};
+        quota_refused_++;
+        throw e;
+    }
+
+    std::string render_metrics() {
+        obs::Registry m;
+        {
+            std::lock_guard lk(mu_);
+            m.gauge("armada_gateway_nodes", "Live nodes the gateway sees in etcd").set(double(nodes_.size()));
+        }
+        m.sync_counter("armada_gateway_requests_total", "Requests the gateway took", requests_.load());
+        m.sync_counter("armada_gateway_quota_refused_total", "Requests refused by the shared per-key quota",
+                       quota_refused_.load());
+        m.sync_counter("armada_gateway_route_cache_hits_total", "Session reads routed from the Redis route cache",
+                       route_hits_.load());
+        auto pool = [&](const std::string & prefix, const store::PoolStats & p) {
+            m.gauge(prefix + "_connections", "Connections opened at start").set(double(p.size));
+            m.gauge(prefix + "_in_use", "Connections taken now").set(double(p.in_use));
+            m.sync_counter(prefix + "_acquired_total", "Calls that took a connection", p.acquired);
+            m.sync_counter(prefix + "_waits_total", "Calls that found no free connection and waited", p.waited);
+            m.gauge(prefix + "_wait_seconds", "Time calls have spent waiting for a connection").set(double(p.wait_us) / 1e6);
+            m.sync_counter(prefix + "_timeouts_total", "Calls that gave up waiting for a connection", p.timeouts);
+            m.sync_counter(prefix + "_reconnects_total", "Connections opened again after the server went away",
+                           p.reconnects);
+        };
+        if (auto p = store_->pool_stats()) pool("armada_store_pool", *p);
+        if (redis_) pool("armada_redis_pool", redis_->stats());
+        return m.render();
     }
 
     //! Chat completions of one conversation go to the node that served its start, where its
@@ -314,6 +379,20 @@ class Gateway {
         }
         const uint64_t h = fnv1a(text);
         const int64_t t = now_ms();
+        if (redis_) {
+            // Shared by every gateway, with a TTL: the conversation's node, while it has room.
+            char hex[17];
+            snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+            const std::string k = "armada:t:" + caller.tenant + ":affinity:" + hex;
+            if (auto n = redis_->get(k)) {
+                std::lock_guard lk(mu_);
+                auto nit = nodes_.find(*n);
+                if (nit != nodes_.end() && !nit->second.load.draining && nit->second.load.free_seqs > 0) return *n;
+            }
+            auto n = by_load();
+            if (n) redis_->set(k, *n, int64_t(o_.affinity_ttl_s) * 1000);
+            return n;
+        }
         std::lock_guard lk(mu_);
         auto it = affinity_.find(h);
         if (it != affinity_.end() && it->second.second > t) {
@@ -427,8 +506,21 @@ class Gateway {
         return rec.node;
     }
 
+    static std::string route_key(const api::Caller & caller, const std::string & id) {
+        return "armada:t:" + caller.tenant + ":session:" + id + ":route";
+    }
+
     void session_route(HttpRequest & req, const std::shared_ptr<Responder> & out, const api::Caller & caller,
                        const std::string & id, const std::string & sub) {
+        // Reads go to the node the route cache names (written after a PostgreSQL lookup for this
+        // tenant); changes always ask PostgreSQL, so a stale route never moves a session.
+        if (redis_ && req.method == "GET" && sub.empty()) {
+            if (auto n = redis_->get(route_key(caller, id)); n && node(*n)) {
+                ++route_hits_;
+                if (relay(*n, req, out)) return;
+                redis_->del(route_key(caller, id));
+            }
+        }
         bool unavailable = false;
         auto rec = lookup(id, unavailable);
         if (unavailable)
@@ -440,6 +532,7 @@ class Gateway {
         // goes to any node, which answers from the store (or takes the session over).
         for (int attempt = 0; attempt < 3; ++attempt) {
             auto h = holder(*rec);
+            if (h && redis_) redis_->set(route_key(caller, id), *h, 30000);
             auto n = h ? h : by_load(rec->cell);
             if (!n) n = by_load();
             if (!n) break;
@@ -562,6 +655,8 @@ class Gateway {
     cluster::EtcdClient etcd_;
     std::unique_ptr<store::Store> store_;
     std::unique_ptr<cluster::JetStream> js_;
+    std::unique_ptr<cluster::RedisPool> redis_;
+    std::atomic<uint64_t> requests_{0}, quota_refused_{0}, route_hits_{0};
     std::mutex mu_;
     std::map<std::string, NodeView> nodes_;                            // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;     // hash → (node, expiry); mu_

@@ -288,6 +288,47 @@ test('etcd restarted on its data directory: no session is moved', { timeout: 300
   for (const s of done.values()) assert.equal(s.placement?.epoch, 1, `${s.id} was moved`);
 });
 
+async function metric(name) {
+  const text = await fetch(gw + '/metrics').then((r) => r.text());
+  const m = text.match(new RegExp(`^${name} (\\S+)$`, 'm'));
+  return m ? Number(m[1]) : NaN;
+}
+
+test('Redis killed and restarted: clients see no error beyond one retry', { timeout: 300000 }, async () => {
+  const ids = await createSessions(8, 'redis');
+  await waitProgress(ids, 3);
+  const hitsBefore = await metric('armada_gateway_route_cache_hits_total');
+  assert.ok(hitsBefore > 0, `session reads were routed by the Redis cache (${hitsBefore})`);
+  let failures = 0;
+  let calls = 0;
+  const chat = async (i) => {
+    for (let attempt = 0; attempt < 2; attempt++) {
+      const r = await fetch(`${gw}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ messages: [{ role: 'user', content: `conversation ${i % 4}` }], max_tokens: 4 }) });
+      await r.text();
+      if (r.status === 200) return;
+    }
+    failures++;
+  };
+  const old = status().servers.redis.pid;
+  const load = (async () => {
+    const end = Date.now() + 6000;
+    for (let i = 0; Date.now() < end; i++) {
+      calls++;
+      await Promise.all([chat(i), get(`/v1/sessions/${ids[i % ids.length]}`).then((r) => {
+        if (r.status !== 200) failures++;
+      })]);
+    }
+  })();
+  await sleep(1500);
+  process.kill(old, 'SIGKILL');
+  await load;
+  assert.notEqual(status().servers.redis.pid, old, 'cluster up restarted Redis');
+  assert.ok(calls > 10, `requests were sent while Redis restarted (${calls})`);
+  assert.equal(failures, 0, 'no request failed beyond one retry');
+  checkAll(await waitAll(ids), allKills);
+});
+
 test('NATS restarted while place requests wait: they are placed after it', { timeout: 300000 }, async () => {
   const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
   for (const b of brains) process.kill(b.pid, 'SIGSTOP');
