@@ -1401,6 +1401,10 @@ size_t SessionManager::resume_all() {
         // Cluster mode: the others are other nodes' (the cell brain moves them if theirs died).
         if (!opt_.node.empty() && (r.node != opt_.node || r.epoch <= 0)) continue;
         const auto steps = store_.steps(r.id);
+        if (steps.empty()) {
+            spdlog::warn("session {}: no steps could be read; not resumed now", r.id);
+            continue;
+        }
         std::lock_guard lk(mu_);
         if (sessions_.count(r.id)) continue;
         auto sp = rebuild(r, steps);
@@ -1426,23 +1430,22 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch) {
     std::function<std::string(AgentSpec &)> prepare;
     {
         std::lock_guard lk(mu_);
+        if (running_here(id, epoch)) return true;
+    }
+    {
+        std::lock_guard lk(mu_);
         known = lookup_agent(rec->owner, rec->agent_id) != nullptr;
         prepare = prepare_agent_;
     }
     // An agent declared through another node since this one started is read from the store.
     if (!known) load_declared_agents(prepare);
     const auto steps = store_.steps(id);
+    // Every stored session has at least its first step: none means the read failed (the store
+    // is restarting). Rebuilding from nothing would write over step 1; the periodic
+    // `adopt_assigned` tries again.
+    if (steps.empty()) return false;
     std::lock_guard lk(mu_);
-    if (auto it = sessions_.find(id); it != sessions_.end()) {
-        // Already here (a repeated command, or it came back to this node): it goes on under the
-        // newer epoch.
-        Session & s = *it->second;
-        if (s.epoch < epoch) {
-            s.epoch = epoch;
-            s.claim = -1;
-        }
-        return true;
-    }
+    if (running_here(id, epoch)) return true;  // loaded meanwhile
     auto sp = rebuild(*rec, steps);
     if (!sp) return false;
     sp->agent = lookup_agent(rec->owner, rec->agent_id);
@@ -1453,6 +1456,36 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch) {
     count_state(ps->state, +1);
     resume_loaded(*ps);
     return true;
+}
+
+bool SessionManager::running_here(const std::string & id, int64_t epoch) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return false;
+    // Already here (a repeated command, or it came back to this node): it goes on under the
+    // newer epoch.
+    Session & s = *it->second;
+    if (s.epoch < epoch) {
+        s.epoch = epoch;
+        s.claim = -1;
+    }
+    return true;
+}
+
+size_t SessionManager::adopt_assigned() {
+    if (opt_.node.empty()) return 0;
+    size_t n = 0;
+    for (const auto & r : store_.sessions_not_in(kEnded)) {
+        if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
+        {
+            std::lock_guard lk(mu_);
+            if (sessions_.count(r.id) || draining_) continue;
+        }
+        if (adopt(r.id, r.epoch)) {
+            spdlog::info("session {}: assigned to this node (epoch {}) but not running here; started", r.id, r.epoch);
+            ++n;
+        }
+    }
+    return n;
 }
 
 void SessionManager::resume_loaded(Session & s) {

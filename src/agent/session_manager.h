@@ -166,6 +166,10 @@ class SessionManager {
     //! run it from its last checkpoint. Ignored (false) when the store says otherwise (a late or
     //! repeated command) or the session has ended; true when it runs here now.
     bool adopt(const std::string & id, int64_t epoch);
+    //! Level-triggered half of `adopt`: runs every open session the store assigns to this node
+    //! that is not running here (a command lost, or a read that failed while PostgreSQL
+    //! restarted). Returns how many it started.
+    size_t adopt_assigned();
     //! The row and first step of a new session, as a gateway writes them before any node holds
     //! it: state queued (waiting_input without input), in `cell`. The node that adopts it starts
     //! it as it starts a session resumed after a restart.
@@ -215,6 +219,8 @@ class SessionManager {
                  std::function<void(Outcome)> reply = {});
     //! Another node holds the session now: stop it here without writing anything more.
     void drop_fenced(Session & s, const std::string & why);
+    //! True when session `id` is in memory; it then writes under `epoch` if that is newer. mu_ held.
+    bool running_here(const std::string & id, int64_t epoch);
     //! Continues a session loaded from the store (after a restart, or assigned by the brain).
     void resume_loaded(Session & s);
     void send_next(Session & s);

@@ -42,7 +42,13 @@ void ClusterNode::stop() {
 }
 
 void ClusterNode::run_commands() {
+    auto last_check = std::chrono::steady_clock::now();
     while (!stop_.load()) {
+        // Level-triggered: what the store assigns to this node runs here, command or not.
+        if (std::chrono::steady_clock::now() - last_check > std::chrono::seconds(5)) {
+            last_check = std::chrono::steady_clock::now();
+            sm_.adopt_assigned();
+        }
         std::string err;
         auto msgs = cmds_->fetch(16, 500, err);
         if (!err.empty()) {

@@ -9,6 +9,9 @@
 #include <boost/beast/http.hpp>
 
 #include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
 
 namespace armada::gateway {
 
@@ -17,72 +20,131 @@ namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
+namespace {
+
+//! A kept-alive connection to a node, with the io_context its blocking calls run on.
+struct Conn {
+    net::io_context ioc;
+    beast::tcp_stream stream{ioc};
+};
+
+//! Idle connections by node: a request reuses one instead of paying for a TCP handshake.
+class Idle {
+  public:
+    std::unique_ptr<Conn> take(const std::string & base) {
+        std::lock_guard lk(mu_);
+        auto & v = idle_[base];
+        if (v.empty()) return nullptr;
+        auto c = std::move(v.back());
+        v.pop_back();
+        return c;
+    }
+    void give(const std::string & base, std::unique_ptr<Conn> c) {
+        std::lock_guard lk(mu_);
+        auto & v = idle_[base];
+        if (v.size() < 64) v.push_back(std::move(c));
+    }
+
+  private:
+    std::mutex mu_;
+    std::map<std::string, std::vector<std::unique_ptr<Conn>>> idle_;
+};
+
+Idle & idle() {
+    static Idle i;
+    return i;
+}
+
+}  // namespace
+
 UpstreamReply forward(const std::string & base, const std::string & method, const std::string & target,
                       const HeaderList & headers, const std::string & body, int timeout_ms,
                       const std::function<bool(const UpstreamReply &)> & on_head,
                       const std::function<bool(std::string_view)> & on_chunk) {
-    UpstreamReply out;
     tools::Url u;
     if (!tools::parse_url(base, u) || u.scheme != "http") {
+        UpstreamReply out;
         out.error = "not an http:// URL: " + base;
         return out;
     }
-    try {
-        net::io_context ioc;
-        tcp::resolver resolver(ioc);
-        beast::tcp_stream stream(ioc);
-        stream.expires_after(std::chrono::milliseconds(timeout_ms));
-        stream.connect(resolver.resolve(u.host, u.port));
-        http::request<http::string_body> req{http::string_to_verb(method), target, 11};
-        req.set(http::field::host, u.host + ":" + u.port);
-        req.set(http::field::connection, "close");
-        for (const auto & [k, v] : headers)
-            req.set(k, v);
-        if (!body.empty() || method == "POST") {
-            req.body() = body;
-            req.prepare_payload();
-        }
-        http::write(stream, req);
-        beast::flat_buffer buf;
-        http::response_parser<http::buffer_body> p;
-        p.body_limit(std::uint64_t(1) << 40);
-        http::read_header(stream, buf, p);
-        out.status = int(p.get().result_int());
-        for (const auto & f : p.get()) {
-            const std::string name(f.name_string());
-            std::string lower = name;
-            for (auto & c : lower)
-                c = char(std::tolower(static_cast<unsigned char>(c)));
-            if (lower == "content-type" || lower == "retry-after" || lower == "x-request-id" ||
-                lower.rfind("x-ratelimit", 0) == 0 || lower == "www-authenticate")
-                out.headers.emplace_back(name, std::string(f.value()));
-        }
-        const bool stream_body = on_head && on_chunk && on_head(out);
-        out.streamed = stream_body;
-        char tmp[16384];
-        bool reading = true;
-        // A stream (SSE) may be quiet for long: only the connect and the head have a deadline.
-        if (stream_body) stream.expires_never();
-        while (!p.is_done() && reading) {
-            p.get().body().data = tmp;
-            p.get().body().size = sizeof tmp;
-            beast::error_code ec;
-            http::read_some(stream, buf, p, ec);
-            if (ec == http::error::need_buffer) ec = {};
-            if (ec) throw beast::system_error(ec);
-            const size_t n = sizeof tmp - p.get().body().size;
-            if (n == 0) continue;
-            if (stream_body)
-                reading = on_chunk(std::string_view(tmp, n));
-            else
-                out.body.append(tmp, n);
-        }
-        beast::error_code ec;
-        stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-    } catch (const std::exception & e) {
-        out.error = e.what();
+    http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+    req.set(http::field::host, u.host + ":" + u.port);
+    req.keep_alive(true);
+    for (const auto & [k, v] : headers)
+        req.set(k, v);
+    if (!body.empty() || method == "POST") {
+        req.body() = body;
+        req.prepare_payload();
     }
-    return out;
+    for (int attempt = 0;; ++attempt) {
+        UpstreamReply out;
+        std::unique_ptr<Conn> c = attempt == 0 ? idle().take(base) : nullptr;
+        const bool reused = c != nullptr;
+        bool sent = false, got_head = false;
+        try {
+            if (!c) {
+                c = std::make_unique<Conn>();
+                c->stream.expires_after(std::chrono::milliseconds(timeout_ms));
+                tcp::resolver resolver(c->ioc);
+                c->stream.connect(resolver.resolve(u.host, u.port));
+            }
+            c->stream.expires_after(std::chrono::milliseconds(timeout_ms));
+            http::write(c->stream, req);
+            sent = true;
+            beast::flat_buffer buf;
+            http::response_parser<http::buffer_body> p;
+            p.body_limit(std::uint64_t(1) << 40);
+            http::read_header(c->stream, buf, p);
+            got_head = true;
+            out.status = int(p.get().result_int());
+            for (const auto & f : p.get()) {
+                const std::string name(f.name_string());
+                std::string lower = name;
+                for (auto & ch : lower)
+                    ch = char(std::tolower(static_cast<unsigned char>(ch)));
+                if (lower == "content-type" || lower == "retry-after" || lower == "x-request-id" ||
+                    lower.rfind("x-ratelimit", 0) == 0 || lower == "www-authenticate")
+                    out.headers.emplace_back(name, std::string(f.value()));
+            }
+            const bool stream_body = on_head && on_chunk && on_head(out);
+            out.streamed = stream_body;
+            char tmp[16384];
+            bool reading = true;
+            // A stream (SSE) may be quiet for long: only the connect and the head have a deadline.
+            if (stream_body) c->stream.expires_never();
+            while (!p.is_done() && reading) {
+                p.get().body().data = tmp;
+                p.get().body().size = sizeof tmp;
+                beast::error_code ec;
+                http::read_some(c->stream, buf, p, ec);
+                if (ec == http::error::need_buffer) ec = {};
+                if (ec) throw beast::system_error(ec);
+                const size_t n = sizeof tmp - p.get().body().size;
+                if (n == 0) continue;
+                if (stream_body)
+                    reading = on_chunk(std::string_view(tmp, n));
+                else
+                    out.body.append(tmp, n);
+            }
+            // A whole answer on a connection both sides keep: it serves the next request.
+            if (!stream_body && p.is_done() && p.keep_alive() && buf.size() == 0) {
+                idle().give(base, std::move(c));
+            } else {
+                beast::error_code ec;
+                c->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+            }
+            return out;
+        } catch (const std::exception & e) {
+            // A kept connection the node had closed (it restarted, or timed the connection out):
+            // try once on a new one, when the node cannot have acted on the request: it was not
+            // written, or it reads nothing (GET) and no answer had begun.
+            if (reused && !got_head && (!sent || method == "GET")) continue;
+            out.error = e.what();
+            out.status = got_head ? out.status : 0;
+            if (got_head && !out.streamed) out.status = 0;  // a cut answer is no answer
+            return out;
+        }
+    }
 }
 
 }  // namespace armada::gateway

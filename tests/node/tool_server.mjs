@@ -8,6 +8,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const replays = new Map();  // key -> count of repeated deliveries
   const stored = new Map();   // key -> reply body
   const firstAt = new Map();  // key -> when its first request arrived (ms)
+  const replayAt = new Map(); // key -> when its first repeat was answered (ms)
   const noKey = [];
   const secrets = [];
   let inFlight = 0;
@@ -85,6 +86,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
         };
         if (key && stored.has(key)) {
           replays.set(key, (replays.get(key) ?? 0) + 1);
+          if (!replayAt.has(key)) replayAt.set(key, Date.now());
           send(stored.get(key));
           return;
         }
@@ -101,7 +103,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const { port } = server.address();
   return {
     url: `http://127.0.0.1:${port}`,
-    effects, replays, noKey, secrets, firstAt, seen,
+    effects, replays, noKey, secrets, firstAt, replayAt, seen,
     inFlight: () => inFlight,
     close: () => new Promise((r) => server.close(r)),
   };
