@@ -189,7 +189,9 @@ std::optional<SessionEventRecord> step_event(const store::StepRecord & step) {
     return ev;
 }
 
-std::string SessionManager::new_id() { return new_session_id(); }
+std::string SessionManager::new_id() {
+    return new_session_id();
+}
 
 store::Batch SessionManager::new_session_batch(const std::string & id, const std::string & agent_id,
                                                const std::string & tenant, const std::string & input,
@@ -1363,7 +1365,12 @@ void SessionManager::cancel(const std::string & id, const std::string & tenant, 
         engine_.wake();
     }
     fail(*s, SessionEvent::Cancel, "cancelled by the client");
-    persist(*s, {}, [done](Session & ss) { done({200, {}, ss.id}); }, done);
+    persist(
+        *s, {},
+        [done](Session & ss) {
+            done({200, {}, ss.id});
+        },
+        done);
 }
 
 void SessionManager::erase(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done) {

@@ -42,19 +42,19 @@ json view_json(const agent::SessionView & v) {
         steps.push_back(e);
     }
     json j = {{"id", v.id},
-            {"object", "session"},
-            {"agent_id", v.agent_id},
-            {"state", v.state},
-            {"reason", v.reason.empty() ? json(nullptr) : json(v.reason)},
-            {"created_at", v.created_ms / 1000},
-            {"transcript", json::parse(v.transcript)},
-            {"steps", steps},
-            {"usage",
-             {{"model_steps", v.model_steps},
-              {"prompt_tokens", v.prompt_tokens},
-              {"completion_tokens", v.completion_tokens},
-              {"total_tokens", v.prompt_tokens + v.completion_tokens}}},
-            {"memory", memory_json(v)}};
+              {"object", "session"},
+              {"agent_id", v.agent_id},
+              {"state", v.state},
+              {"reason", v.reason.empty() ? json(nullptr) : json(v.reason)},
+              {"created_at", v.created_ms / 1000},
+              {"transcript", json::parse(v.transcript)},
+              {"steps", steps},
+              {"usage",
+               {{"model_steps", v.model_steps},
+                {"prompt_tokens", v.prompt_tokens},
+                {"completion_tokens", v.completion_tokens},
+                {"total_tokens", v.prompt_tokens + v.completion_tokens}}},
+              {"memory", memory_json(v)}};
     if (!v.node.empty()) j["placement"] = {{"node", v.node}, {"epoch", v.epoch}};
     return j;
 }

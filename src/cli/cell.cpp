@@ -8,8 +8,8 @@
 #include "cluster/queue.h"
 #include "store/postgres_store.h"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include <pthread.h>
 #include <unistd.h>
@@ -229,8 +229,8 @@ class CellProcess {
                 const std::string cmd = json{{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}}.dump();
                 if (auto e = js_->publish(command_subject(p.node), cmd, p.session + ":" + std::to_string(p.epoch));
                     !e.empty())
-                    spdlog::warn("cell {}: run command for {} to {}: {} (the node finds it at its next start)",
-                                 o_.cell, p.session, p.node, e);
+                    spdlog::warn("cell {}: run command for {} to {}: {} (the node finds it at its next start)", o_.cell,
+                                 p.session, p.node, e);
                 brain.place_done(p.session);
                 if (p.moved)
                     spdlog::info("cell {}: session {} moved to {} (epoch {})", o_.cell, p.session, p.node, p.epoch);

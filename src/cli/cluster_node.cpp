@@ -1,7 +1,7 @@
 #include "cli/cluster_node.h"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 namespace armada::cli {
 
@@ -23,13 +23,13 @@ std::string ClusterNode::start() {
     // waits for it; a command not acked in 30 s (the node hung) comes again.
     cmds_ = js_->consumer("ARMADA_CMD", "node-" + node_, cluster::command_subject(node_), 30000, 5, err);
     if (!cmds_) return "NATS consumer for " + node_ + ": " + err;
-    membership_ = std::make_unique<cluster::NodeMembership>(
-        cluster::EtcdClient(cfg_.etcd), cluster::node_key(cfg_, cell_, node_), cfg_.lease_ttl_s, cfg_.report_ms,
-        [this] {
-            auto l = load_();
-            l.node = node_;
-            return l;
-        });
+    membership_ =
+        std::make_unique<cluster::NodeMembership>(cluster::EtcdClient(cfg_.etcd), cluster::node_key(cfg_, cell_, node_),
+                                                  cfg_.lease_ttl_s, cfg_.report_ms, [this] {
+                                                      auto l = load_();
+                                                      l.node = node_;
+                                                      return l;
+                                                  });
     membership_->start();
     thread_ = std::thread([this] { run_commands(); });
     return {};

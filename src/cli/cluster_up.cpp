@@ -2,8 +2,8 @@
 
 #include "cluster/local_servers.h"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include <pthread.h>
 #include <unistd.h>
@@ -11,8 +11,8 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 namespace armada::cli {
@@ -120,11 +120,17 @@ int cluster_up(const ClusterUpOptions & o) {
             p.log = logs + p.name + ".log";
             const int port = cluster::free_port();
             p.url = "http://127.0.0.1:" + std::to_string(port);
-            p.argv = {exe,        "serve",       "--cluster", cfg_path, "--cell", cell, "--node-name", p.name,
-                      "-m",       o.model,       "--port",    std::to_string(port), "--data-dir",
-                      dir + "/nodes/" + p.name, "--no-pin"};
+            p.argv = {exe,           "serve",
+                      "--cluster",   cfg_path,
+                      "--cell",      cell,
+                      "--node-name", p.name,
+                      "-m",          o.model,
+                      "--port",      std::to_string(port),
+                      "--data-dir",  dir + "/nodes/" + p.name,
+                      "--no-pin"};
             if (!o.agents_file.empty()) p.argv.insert(p.argv.end(), {"--agents", o.agents_file});
             if (!o.api_key_file.empty()) p.argv.insert(p.argv.end(), {"--api-key-file", o.api_key_file});
+            if (!o.api_key.empty()) p.argv.insert(p.argv.end(), {"--api-key", o.api_key});
             p.argv.insert(p.argv.end(), o.node_args.begin(), o.node_args.end());
             procs.push_back(std::move(p));
         }
@@ -138,6 +144,7 @@ int cluster_up(const ClusterUpOptions & o) {
         g.url = "http://127.0.0.1:" + std::to_string(port);
         g.argv = {exe, "gateway", "--cluster", cfg_path, "--port", std::to_string(port)};
         if (!o.api_key_file.empty()) g.argv.insert(g.argv.end(), {"--api-key-file", o.api_key_file});
+        if (!o.api_key.empty()) g.argv.insert(g.argv.end(), {"--api-key", o.api_key});
         procs.push_back(std::move(g));
     }
     auto write_status = [&] {
@@ -154,9 +161,11 @@ int cluster_up(const ClusterUpOptions & o) {
                         {"nats", {{"pid", nats.pid()}, {"url", nats.url()}}},
                         {"redis", {{"pid", redis.pid()}, {"url", redis.url()}}}};
         const std::string tmp = dir + "/cluster.json.tmp";
-        std::ofstream(tmp) << json{{"gateway", procs.back().url}, {"config", cfg_path}, {"processes", ps},
-                                   {"servers", servers}}
-                                  .dump(2);
+        std::ofstream(tmp) << json{
+            {"gateway", procs.back().url},
+            {"config", cfg_path},
+            {"processes", ps},
+            {"servers", servers}}.dump(2);
         fs::rename(tmp, dir + "/cluster.json", ec);
     };
     bool ok = true;

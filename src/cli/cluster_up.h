@@ -7,13 +7,14 @@ namespace armada::cli {
 
 struct ClusterUpOptions {
     int cells = 1;
-    int nodes = 3;  // per cell
+    int nodes = 3;   // per cell
     int brains = 2;  // per cell
     std::string model;
     std::string data_dir = "./armada-cluster";
     int port = 8080;  // the gateway's; 0: a free one
     std::string agents_file;
     std::string api_key_file;
+    std::string api_key;
     int lease_ttl_s = 5;
     std::vector<std::string> node_args;  // passed to every `armada serve`
 };

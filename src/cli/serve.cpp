@@ -231,7 +231,8 @@ int serve(const ServeOptions & opt) {
             fprintf(stderr, "error: --cluster %s names no postgres database\n", opt.cluster_file.c_str());
             return 2;
         }
-        if (!opt.state.empty()) spdlog::warn("--state is ignored in cluster mode: state is in the cluster's PostgreSQL");
+        if (!opt.state.empty())
+            spdlog::warn("--state is ignored in cluster mode: state is in the cluster's PostgreSQL");
     } else if (!opt.cell.empty() || !opt.node_name.empty()) {
         fprintf(stderr, "error: --cell and --node-name need --cluster FILE\n");
         return 2;

@@ -11,8 +11,12 @@ namespace armada::cluster {
 using json = nlohmann::json;
 
 std::string encode_load(const NodeLoad & l) {
-    return json{{"free_seqs", l.free_seqs}, {"kv_headroom", l.kv_headroom}, {"sessions", l.sessions},
-                {"version", l.version},     {"fingerprint", l.fingerprint}, {"draining", l.draining},
+    return json{{"free_seqs", l.free_seqs},
+                {"kv_headroom", l.kv_headroom},
+                {"sessions", l.sessions},
+                {"version", l.version},
+                {"fingerprint", l.fingerprint},
+                {"draining", l.draining},
                 {"url", l.url}}
         .dump();
 }

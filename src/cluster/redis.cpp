@@ -69,8 +69,7 @@ RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv) {
         if (free_.empty()) {
             ++waited_;
             const auto t0 = std::chrono::steady_clock::now();
-            const bool got =
-                cv_.wait_for(lk, std::chrono::milliseconds(wait_ms_), [&] { return !free_.empty(); });
+            const bool got = cv_.wait_for(lk, std::chrono::milliseconds(wait_ms_), [&] { return !free_.empty(); });
             wait_us_ += uint64_t(
                 std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
             if (!got) {

@@ -9,12 +9,12 @@
 #include "cluster/membership.h"
 #include "cluster/queue.h"
 #include "cluster/redis.h"
-#include "obs/metrics.h"
 #include "gateway/upstream.h"
+#include "obs/metrics.h"
 #include "store/postgres_store.h"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include <pthread.h>
 #include <atomic>
@@ -207,7 +207,9 @@ class Gateway {
         }
         return h;
     }
-    static std::string target_of(const HttpRequest & req) { return req.query.empty() ? req.path : req.path + "?" + req.query; }
+    static std::string target_of(const HttpRequest & req) {
+        return req.query.empty() ? req.path : req.path + "?" + req.query;
+    }
 
     //! Forwards to `node` and answers the client with what it said (streamed when it streams).
     //! False when the node could not be reached (nothing was sent to the client).
@@ -327,14 +329,16 @@ class Gateway {
     //! count. Without Redis the count is not shared, and each node still limits its own share.
     bool within_quota(const api::Caller & caller, const api::RateLimits & lim) {
         if (!redis_) return true;
-        const auto wall = std::chrono::duration_cast<std::chrono::seconds>(
-                              std::chrono::system_clock::now().time_since_epoch())
-                              .count();
-        const std::string k = "armada:t:" + caller.tenant + ":acct:" + caller.account + ":rpm:" + std::to_string(wall / 60);
+        const auto wall =
+            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        const std::string k =
+            "armada:t:" + caller.tenant + ":acct:" + caller.account + ":rpm:" + std::to_string(wall / 60);
         const auto n = redis_->incr(k, 120000);
         if (!n || double(*n) <= lim.requests_per_min) return true;
-        ApiErrorReply e{429, "rate limit: more than " + std::to_string(int64_t(lim.requests_per_min)) +
-                                 " requests per minute for this key; retry after the minute",
+        ApiErrorReply e{429,
+                        "rate limit: more than " + std::to_string(int64_t(lim.requests_per_min)) +
+                            " requests per minute for this key; retry after the minute",
                         int(60 - wall % 60)};
         quota_refused_++;
         throw e;
@@ -356,7 +360,8 @@ class Gateway {
             m.gauge(prefix + "_in_use", "Connections taken now").set(double(p.in_use));
             m.sync_counter(prefix + "_acquired_total", "Calls that took a connection", p.acquired);
             m.sync_counter(prefix + "_waits_total", "Calls that found no free connection and waited", p.waited);
-            m.gauge(prefix + "_wait_seconds", "Time calls have spent waiting for a connection").set(double(p.wait_us) / 1e6);
+            m.gauge(prefix + "_wait_seconds", "Time calls have spent waiting for a connection")
+                .set(double(p.wait_us) / 1e6);
             m.sync_counter(prefix + "_timeouts_total", "Calls that gave up waiting for a connection", p.timeouts);
             m.sync_counter(prefix + "_reconnects_total", "Connections opened again after the server went away",
                            p.reconnects);
@@ -370,7 +375,9 @@ class Gateway {
     //! prompt prefix is cached: a hash of the tenant and the first two messages picks it.
     std::optional<std::string> affinity(const HttpRequest & req, const api::Caller & caller) {
         const json body = json::parse(req.body, nullptr, false);
+        // Anything malformed goes by load: the node answers it with its own 400.
         if (!body.is_object() || !body.contains("messages") || !body["messages"].is_array()) return std::nullopt;
+        if (body.contains("model") && !body["model"].is_string()) return std::nullopt;
         std::string text = caller.tenant + "\x1f" + body.value("model", "");
         size_t n = 0;
         for (const auto & m : body["messages"]) {
@@ -524,7 +531,8 @@ class Gateway {
         bool unavailable = false;
         auto rec = lookup(id, unavailable);
         if (unavailable)
-            return send_error(out, 503, "the cluster's state store cannot be reached; retry shortly", 2, "store_unavailable");
+            return send_error(out, 503, "the cluster's state store cannot be reached; retry shortly", 2,
+                              "store_unavailable");
         if (!rec || rec->owner != caller.tenant || rec->agent_id.rfind('@', 0) == 0)
             return send_error(out, 404, "no session with id '" + id + "'");
         if (sub == "events" && req.method == "GET") return events(req, out, id);
@@ -576,8 +584,10 @@ class Gateway {
                 // Not placed yet, or its node died and the brain has not moved it yet.
                 if (waiting_since == 0) waiting_since = now_ms();
                 if (now_ms() - waiting_since > 120000) {
-                    if (started) out->end();
-                    else send_error(out, 503, "the session has no node yet; retry shortly", 2, "no_node");
+                    if (started)
+                        out->end();
+                    else
+                        send_error(out, 503, "the session has no node yet; retry shortly", 2, "no_node");
                     return;
                 }
                 std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -615,7 +625,8 @@ class Gateway {
                         for (size_t at = 0; at < ev.size();) {
                             const size_t nl = ev.find('\n', at);
                             const std::string line = ev.substr(at, nl - at);
-                            if (line.rfind("id:", 0) == 0) last = line.substr(line.size() > 3 && line[3] == ' ' ? 4 : 3);
+                            if (line.rfind("id:", 0) == 0)
+                                last = line.substr(line.size() > 3 && line[3] == ' ' ? 4 : 3);
                             at = nl == std::string::npos ? ev.size() : nl + 1;
                         }
                         out->write(std::move(ev));
@@ -639,8 +650,8 @@ class Gateway {
             // moved (or its node died): follow it.
             bool gone = false;
             auto now = lookup(id, gone);
-            const bool over = (!now && !gone) || std::find(kEndedStates.begin(), kEndedStates.end(), now->state) !=
-                                          kEndedStates.end();
+            const bool over = (!now && !gone) ||
+                              std::find(kEndedStates.begin(), kEndedStates.end(), now->state) != kEndedStates.end();
             if (over && r.status == 200 && !refused) {
                 out->end();
                 return;
@@ -658,10 +669,10 @@ class Gateway {
     std::unique_ptr<cluster::RedisPool> redis_;
     std::atomic<uint64_t> requests_{0}, quota_refused_{0}, route_hits_{0};
     std::mutex mu_;
-    std::map<std::string, NodeView> nodes_;                            // guarded by mu_
-    std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;     // hash → (node, expiry); mu_
-    uint64_t rr_ = 0;                                                  // guarded by mu_
-    bool etcd_warned_ = false;                                         // the watcher thread's
+    std::map<std::string, NodeView> nodes_;                         // guarded by mu_
+    std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
+    uint64_t rr_ = 0;                                               // guarded by mu_
+    bool etcd_warned_ = false;                                      // the watcher thread's
     std::atomic<bool> stop_{false};
     std::atomic<size_t> in_flight_{0};
     std::thread watcher_;
@@ -703,9 +714,8 @@ int gateway_command(const GatewayOptions & opt) {
         fprintf(stderr, "error: %s\n", e.c_str());
         return 1;
     }
-    api::HttpServer http(opt.http, [&gw](HttpRequest && r, std::shared_ptr<Responder> out) {
-        gw.handle(std::move(r), std::move(out));
-    });
+    api::HttpServer http(
+        opt.http, [&gw](HttpRequest && r, std::shared_ptr<Responder> out) { gw.handle(std::move(r), std::move(out)); });
     if (auto e = http.listen(); !e.empty()) {
         fprintf(stderr, "error: %s\n", e.c_str());
         return 1;

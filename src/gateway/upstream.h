@@ -12,8 +12,8 @@ using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
 //! The answer of a node to a forwarded request.
 struct UpstreamReply {
-    int status = 0;     // 0: no HTTP answer (see error)
-    std::string error;  // connect/send/read failure or timeout
+    int status = 0;      // 0: no HTTP answer (see error)
+    std::string error;   // connect/send/read failure or timeout
     HeaderList headers;  // the ones a client needs (content type, retry-after, request id)
     std::string body;    // the whole body when no chunk callback was given
     bool streamed = false;

@@ -94,7 +94,9 @@ PGconn * connect(const std::string & url, int timeout_s) {
     const char * vals[] = {url.c_str(), t.c_str(), "armada", nullptr};
     PGconn * c = PQconnectdbParams(keys, vals, 1);
     // Server notices ("relation already exists, skipping") are not errors: keep them out of logs.
-    if (c) PQsetNoticeProcessor(c, [](void *, const char *) {}, nullptr);
+    if (c)
+        PQsetNoticeProcessor(
+            c, [](void *, const char *) {}, nullptr);
     return c;
 }
 

@@ -2,6 +2,7 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import https from 'node:https';
+import os from 'node:os';
 import path from 'node:path';
 
 export const modelDir = process.env.ARMADA_MODEL_DIR;
@@ -19,7 +20,70 @@ export function httpsGet(url, ca, headers = {}) {
   });
 }
 
+// ARMADA_VIA_GATEWAY=1 runs a suite against a cluster's gateway instead of a node: each
+// startServer is an `armada cluster up` of one node (its flags go to that node) and the suite
+// talks to the gateway. The one difference a suite sees: the gateway answers 201 to a new session.
+export const viaGateway = process.env.ARMADA_VIA_GATEWAY === '1';
+export const createdStatus = viaGateway ? 201 : 200;
+
+async function startCluster(args, { model, env }) {
+  const bin = process.env.ARMADA_BIN;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'armada-gw-'));
+  fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
+  const nodeArgs = ['-c', '4096', '-np', '4', '-t', '2'];
+  const upArgs = [];
+  for (let i = 0; i < args.length; i++) {
+    // Keys and agents go to the gateway too; --data-dir is the cluster's own.
+    if (args[i] === '--api-key' || args[i] === '--api-key-file' || args[i] === '--agents') {
+      upArgs.push(args[i], args[++i]);
+    } else if (args[i] === '--data-dir') {
+      i++;
+    } else {
+      nodeArgs.push(args[i]);
+    }
+  }
+  const proc = spawn(bin, ['cluster', 'up', '--nodes', '1', '--brains', '1', '-m', model, '--port', '0',
+    '--data-dir', path.join(dir, 'c'), ...upArgs, ...nodeArgs.map((a) => `--node-arg=${a}`)], {
+    stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env },
+  });
+  let out = '';
+  proc.stdout.on('data', (d) => { out += d; });
+  proc.stderr.on('data', (d) => { out += d; });
+  const base = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + out)), 120000);
+    proc.stdout.on('data', () => {
+      const m = out.match(/gateway at (http:\/\/[^\s]+)/);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`cluster up exited with ${code}\n${out}`)); });
+  });
+  const deadline = Date.now() + 120000;
+  for (;;) {
+    const r = await fetch(base + '/readyz').then((x) => x.json()).catch(() => null);
+    if (r?.nodes >= 1) break;
+    if (Date.now() > deadline) throw new Error('the cluster never had a node\n' + out);
+    await new Promise((res) => setTimeout(res, 100));
+  }
+  const logs = () => {
+    const d = path.join(dir, 'c', 'logs');
+    return fs.existsSync(d) ? fs.readdirSync(d).map((f) => fs.readFileSync(path.join(d, f), 'utf8')).join('') : '';
+  };
+  return {
+    base,
+    proc,
+    stderr: () => out + logs(),
+    stdout: () => out + logs(),
+    async stop() {
+      if (proc.exitCode !== null) return proc.exitCode;
+      const done = new Promise((res) => proc.on('exit', (code) => res(code)));
+      proc.kill('SIGINT');
+      return done;
+    },
+  };
+}
+
 export async function startServer(args = [], { model = tinyModel, env = {}, ca = null } = {}) {
+  if (viaGateway) return startCluster(args, { model, env });
   const bin = process.env.ARMADA_BIN;
   if (!bin) throw new Error('ARMADA_BIN is not set');
   const proc = spawn(bin, ['serve', '-m', model, '--port', '0', '-c', '4096', '-np', '4', '-t', '2', ...args], {
