@@ -218,6 +218,8 @@ class Gateway {
         auto v = node(node_name);
         if (!v) return false;
         bool streaming = false;
+        auto cancel = std::make_shared<CancelToken>();
+        out->on_close([cancel] { cancel->cancel(); });
         auto r = forward(
             v->load.url, req.method, target_of(req), pass_headers(req), req.body, timeout_ms,
             [&](const UpstreamReply & head) {
@@ -239,7 +241,8 @@ class Gateway {
                 if (out->closed()) return false;
                 out->write(std::string(chunk));
                 return true;
-            });
+            },
+            cancel);
         if (r.status == 0) {
             if (streaming) {
                 out->end();  // the node went away mid-stream: the client sees the stream end
@@ -601,6 +604,9 @@ class Gateway {
             std::string target = "/v1/sessions/" + id + "/events";
             std::string buf;
             bool refused = false;
+            // The client going away ends the node's stream too (even while it is quiet).
+            auto cancel = std::make_shared<CancelToken>();
+            out->on_close([cancel] { cancel->cancel(); });
             auto r = forward(
                 v->load.url, "GET", target, h, "", 10000,
                 [&](const UpstreamReply & head) {
@@ -632,7 +638,8 @@ class Gateway {
                         out->write(std::move(ev));
                     }
                     return true;
-                });
+                },
+                cancel);
             if (out->closed()) return;
             if (refused && !started) {
                 // The node's own answer (404 after a delete, 400 for a bad Last-Event-ID…).

@@ -8,6 +8,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <map>
 #include <memory>
@@ -57,10 +59,28 @@ Idle & idle() {
 
 }  // namespace
 
+void CancelToken::cancel() {
+    std::lock_guard lk(mu_);
+    cancelled_ = true;
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+bool CancelToken::cancelled() {
+    std::lock_guard lk(mu_);
+    return cancelled_;
+}
+
+void CancelToken::attach(int fd) {
+    std::lock_guard lk(mu_);
+    fd_ = fd;
+    if (cancelled_ && fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
 UpstreamReply forward(const std::string & base, const std::string & method, const std::string & target,
                       const HeaderList & headers, const std::string & body, int timeout_ms,
                       const std::function<bool(const UpstreamReply &)> & on_head,
-                      const std::function<bool(std::string_view)> & on_chunk) {
+                      const std::function<bool(std::string_view)> & on_chunk,
+                      const std::shared_ptr<CancelToken> & cancel) {
     tools::Url u;
     if (!tools::parse_url(base, u) || u.scheme != "http") {
         UpstreamReply out;
@@ -89,6 +109,7 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                 c->stream.connect(resolver.resolve(u.host, u.port));
             }
             c->stream.expires_after(std::chrono::milliseconds(timeout_ms));
+            if (cancel) cancel->attach(c->stream.socket().native_handle());
             http::write(c->stream, req);
             sent = true;
             beast::flat_buffer buf;
@@ -126,6 +147,7 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                 else
                     out.body.append(tmp, n);
             }
+            if (cancel) cancel->attach(-1);
             // A whole answer on a connection both sides keep: it serves the next request.
             if (!stream_body && p.is_done() && p.keep_alive() && buf.size() == 0) {
                 idle().give(base, std::move(c));
@@ -135,6 +157,7 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
             }
             return out;
         } catch (const std::exception & e) {
+            if (cancel) cancel->attach(-1);
             // A kept connection the node had closed (it restarted, or timed the connection out):
             // try once on a new one, when the node cannot have acted on the request: it was not
             // written, or it reads nothing (GET) and no answer had begun.

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -9,6 +11,21 @@
 namespace armada::gateway {
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+//! Lets another thread stop a forward that is blocked reading (its client went away while the
+//! node's stream is quiet): `cancel` shuts the socket down, which wakes the read.
+class CancelToken {
+  public:
+    void cancel();
+    bool cancelled();
+    //! Used by `forward`: the socket being read (-1: none now).
+    void attach(int fd);
+
+  private:
+    std::mutex mu_;
+    int fd_ = -1;
+    bool cancelled_ = false;
+};
 
 //! The answer of a node to a forwarded request.
 struct UpstreamReply {
@@ -25,6 +42,7 @@ struct UpstreamReply {
 UpstreamReply forward(const std::string & base, const std::string & method, const std::string & target,
                       const HeaderList & headers, const std::string & body, int timeout_ms,
                       const std::function<bool(const UpstreamReply &)> & on_head = {},
-                      const std::function<bool(std::string_view)> & on_chunk = {});
+                      const std::function<bool(std::string_view)> & on_chunk = {},
+                      const std::shared_ptr<CancelToken> & cancel = nullptr);
 
 }  // namespace armada::gateway

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { startServer, rawPost, tinyModel } from './harness.mjs';
+import { startServer, rawPost, tinyModel, createdStatus, viaGateway } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { getJson, waitFor, assertCompleteLog } from './session_helpers.mjs';
@@ -62,7 +62,7 @@ after(async () => {
 
 test('a session runs its tool steps, answers, and logs every step once', async () => {
   const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'Process record alpha' });
-  assert.equal(r.status, 200, r.text);
+  assert.equal(r.status, createdStatus, r.text);
   assert.match(r.json.id, /^sess_/);
   const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
   assert.equal(s.state, 'completed', s.reason);
@@ -295,7 +295,7 @@ test('sessions belong to the key that created them', async () => {
     const a = { Authorization: 'Bearer sk-a' };
     const b = { Authorization: 'Bearer sk-b' };
     const r = await rawPost(s.base, '/v1/agents/worker/sessions', { input: 'mine' }, a);
-    assert.equal(r.status, 200, r.text);
+    assert.equal(r.status, createdStatus, r.text);
     assert.equal((await getJson(s.base, `/v1/sessions/${r.json.id}`, a)).status, 200);
     assert.equal((await getJson(s.base, `/v1/sessions/${r.json.id}`, b)).status, 404);
     assert.equal((await rawPost(s.base, `/v1/sessions/${r.json.id}/cancel`, {}, b)).status, 404);
@@ -307,7 +307,9 @@ test('sessions belong to the key that created them', async () => {
   }
 });
 
-test('metrics count sessions, steps, tools and the chain survival rate', async () => {
+// Behind a gateway, /metrics is the gateway's own; the node's session metrics are scraped from it.
+test('metrics count sessions, steps, tools and the chain survival rate',
+  { skip: viaGateway && 'reads a node\'s session metrics from /metrics' }, async () => {
   const t = await (await fetch(srv.base + '/metrics')).text();
   assert.match(t, /armada_sessions_total\{outcome="completed"\} [1-9]/);
   assert.match(t, /armada_session_steps_total [1-9]/);
