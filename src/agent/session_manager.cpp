@@ -541,6 +541,15 @@ size_t SessionManager::live_sessions() const {
     return n;
 }
 
+std::map<std::string, int> SessionManager::live_by_state() const {
+    std::lock_guard lk(mu_);
+    std::map<std::string, int> out;
+    for (const auto & [id, s] : sessions_) {
+        if (!has_ended(s->state)) ++out[state_name(s->state)];
+    }
+    return out;
+}
+
 size_t SessionManager::sessions_in_memory() const {
     std::lock_guard lk(mu_);
     return sessions_.size();

@@ -192,6 +192,8 @@ class SessionManager {
 
     //! Counts for metrics and tests.
     size_t live_sessions() const;
+    //! Open sessions in memory by state (queued, running, waiting_tool, waiting_input).
+    std::map<std::string, int> live_by_state() const;
     size_t sessions_in_memory() const;
 
   private:

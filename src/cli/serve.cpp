@@ -522,8 +522,12 @@ int serve(const ServeOptions & opt) {
         const std::string fp = eng.size() > 0 ? eng.at(0).fingerprint() : std::string();
         cluster_node = std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, [&, url, fp] {
             cluster::NodeLoad l;
-            const int live = int(sessions.live_sessions());
+            l.by_state = sessions.live_by_state();
+            int live = 0;
+            for (const auto & [st, n] : l.by_state)
+                live += n;
             l.sessions = live;
+            l.engines = int(eng.size());
             l.free_seqs = std::max(0, opt.cluster_sessions - live);
             l.kv_headroom = eng.kv_pressure() ? 0 : 1;
             l.version = ARMADA_VERSION;

@@ -15,6 +15,8 @@ struct NodeLoad {
     int free_seqs = 0;        // sequence slots not in use
     int64_t kv_headroom = 0;  // bytes of KV budget left
     int sessions = 0;         // sessions it runs
+    std::map<std::string, int> by_state;  // of those, how many in each state
+    int engines = 0;                      // engine instances (NUMA nodes it serves from)
     std::string version;      // Armada version
     std::string fingerprint;  // model fingerprint (KV compatibility)
     bool draining = false;

@@ -25,6 +25,7 @@ constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 
 //! The gateway writes int64 as strings ("12"); accept numbers too.
 int64_t i64(const json & j, const char * k) {
+    if (!j.is_object()) return 0;
     auto it = j.find(k);
     if (it == j.end()) return 0;
     if (it->is_number_integer()) return it->get<int64_t>();
@@ -32,10 +33,18 @@ int64_t i64(const json & j, const char * k) {
     return 0;
 }
 
+//! A string field, or "" when absent or of another type (nothing from the wire may throw).
+std::string str(const json & j, const char * k) {
+    if (!j.is_object()) return {};
+    auto it = j.find(k);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 EtcdKv kv_of(const json & j) {
     EtcdKv kv;
-    kv.key = EtcdClient::unbase64(j.value("key", "")).value_or("");
-    kv.value = EtcdClient::unbase64(j.value("value", "")).value_or("");
+    if (!j.is_object()) return kv;
+    kv.key = EtcdClient::unbase64(str(j, "key")).value_or("");
+    kv.value = EtcdClient::unbase64(str(j, "value")).value_or("");
     kv.create_revision = i64(j, "create_revision");
     kv.mod_revision = i64(j, "mod_revision");
     kv.lease = i64(j, "lease");
@@ -60,7 +69,10 @@ std::string error_text(const std::string & body) {
     if (j.is_object()) {
         if (j.contains("message") && j["message"].is_string()) return j["message"];
         if (j.contains("error") && j["error"].is_string()) return j["error"];
-        if (j.contains("error") && j["error"].is_object()) return j["error"].value("message", body);
+        if (j.contains("error") && j["error"].is_object()) {
+            const std::string m = str(j["error"], "message");
+            return m.empty() ? body.substr(0, 300) : m;
+        }
     }
     return body.substr(0, 300);
 }
@@ -253,8 +265,8 @@ std::string EtcdClient::campaign(const std::string & name, const std::string & v
     auto j = json::parse(r, nullptr, false);
     if (!j.is_object() || !j.contains("leader")) return "etcd campaign: unreadable reply";
     const json & l = j["leader"];
-    out.name = unbase64(l.value("name", "")).value_or("");
-    out.key = unbase64(l.value("key", "")).value_or("");
+    out.name = unbase64(str(l, "name")).value_or("");
+    out.key = unbase64(str(l, "key")).value_or("");
     out.rev = i64(l, "rev");
     out.lease = i64(l, "lease");
     out.value = value;
@@ -288,6 +300,34 @@ std::string EtcdClient::resign(const EtcdLeader & l) {
     return call("/v3/election/resign", b.dump(), r, timeout_ms_);
 }
 
+bool EtcdClient::parse_watch_message(const std::string & line, std::vector<EtcdEvent> & events, int64_t & revision,
+                                     std::string & error) {
+    const auto j = json::parse(line, nullptr, false);
+    if (!j.is_object()) return true;  // not a message: skipped
+    if (j.contains("error")) {
+        error = "etcd watch: " + error_text(j.dump());
+        return false;
+    }
+    const json & res = j.contains("result") && j["result"].is_object() ? j["result"] : j;
+    auto canceled = res.find("canceled");
+    if (canceled != res.end() && canceled->is_boolean() && canceled->get<bool>()) {
+        const std::string why = str(res, "cancel_reason");
+        error = "etcd watch canceled: " + (why.empty() ? std::string("compacted") : why);
+        return false;
+    }
+    auto evs = res.find("events");
+    if (evs != res.end() && evs->is_array()) {
+        for (const auto & e : *evs) {
+            EtcdEvent ev;
+            ev.type = str(e, "type") == "DELETE" ? EtcdEvent::Type::Delete : EtcdEvent::Type::Put;
+            if (e.is_object() && e.contains("kv")) ev.kv = kv_of(e["kv"]);
+            events.push_back(std::move(ev));
+        }
+    }
+    revision = res.contains("header") ? i64(res["header"], "revision") : 0;
+    return true;
+}
+
 std::string EtcdClient::watch(const std::string & prefix, int64_t start_revision,
                               const std::function<bool(const std::vector<EtcdEvent> &, int64_t)> & on_events,
                               const std::atomic<bool> & stop) {
@@ -317,30 +357,14 @@ std::string EtcdClient::watch(const std::string & prefix, int64_t start_revision
             pending.append(body.data(), body.size());
             size_t nl;
             while (!done && (nl = pending.find('\n')) != std::string::npos) {
-                auto j = json::parse(pending.substr(0, nl), nullptr, false);
-                pending.erase(0, nl + 1);
-                if (!j.is_object()) continue;
-                if (j.contains("error")) {
-                    error = "etcd watch: " + error_text(j.dump());
-                    done = true;
-                    break;
-                }
-                const json & res = j.contains("result") ? j["result"] : j;
-                if (res.value("canceled", false)) {
-                    error = "etcd watch canceled: " + res.value("cancel_reason", std::string("compacted"));
-                    done = true;
-                    break;
-                }
                 std::vector<EtcdEvent> evs;
-                if (res.contains("events") && res["events"].is_array()) {
-                    for (const auto & e : res["events"]) {
-                        EtcdEvent ev;
-                        ev.type = e.value("type", "PUT") == "DELETE" ? EtcdEvent::Type::Delete : EtcdEvent::Type::Put;
-                        if (e.contains("kv")) ev.kv = kv_of(e["kv"]);
-                        evs.push_back(std::move(ev));
-                    }
+                int64_t rev = 0;
+                const bool go_on = parse_watch_message(pending.substr(0, nl), evs, rev, error);
+                pending.erase(0, nl + 1);
+                if (!go_on) {
+                    done = true;
+                    break;
                 }
-                const int64_t rev = res.contains("header") ? i64(res["header"], "revision") : 0;
                 if (!evs.empty() && !on_events(evs, rev)) done = true;
             }
             if (done) ec = net::error::operation_aborted;

@@ -65,6 +65,10 @@ class EtcdClient {
     std::string leader(const std::string & name, EtcdLeader & out);
     std::string resign(const EtcdLeader & leader);
 
+    //! One line of a watch stream: its events and revision appended; false (with `error`) when
+    //! the stream ends (an error, or the watch was cancelled). Any bytes are safe.
+    static bool parse_watch_message(const std::string & line, std::vector<EtcdEvent> & events, int64_t & revision,
+                                    std::string & error);
     static std::string base64(const std::string & s);
     static std::optional<std::string> unbase64(const std::string & s);
     //! The smallest key greater than every key starting with `prefix` (etcd's range_end).

@@ -1,5 +1,5 @@
-// What the cluster reads from elsewhere: its YAML config, a node's load report (JSON from etcd)
-// and etcd's base64. Any bytes must give a value or a reason, never a crash.
+// What the cluster reads from elsewhere: its YAML config, a node's load report (JSON from etcd),
+// a line of etcd's watch stream and etcd's base64. Any bytes must give a value or a reason, never a crash.
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
@@ -16,6 +16,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     if (auto l = decode_load("n", in)) {
         if (decode_load("n", encode_load(*l))->free_seqs != l->free_seqs) std::abort();
     }
+    std::vector<EtcdEvent> events;
+    int64_t revision = 0;
+    if (!EtcdClient::parse_watch_message(in, events, revision, error) && error.empty()) std::abort();
     EtcdClient::unbase64(in);
     if (EtcdClient::unbase64(EtcdClient::base64(in)) != in) std::abort();
     const std::string end = EtcdClient::prefix_end(in);
