@@ -268,6 +268,9 @@ struct SessionManager::Session {
     // session whose node is gone.
     int64_t epoch = 0;
     int64_t claim = -1;
+    // This node runs it (created, resumed, adopted or given a message here). A copy loaded only
+    // to be read or streamed is not started: `adopt` replaces it with the store's state.
+    bool started = false;
     std::deque<Pending> outbox;
     bool committing = false;
     int commit_failures = 0;
@@ -360,14 +363,37 @@ std::shared_ptr<const AgentSpec> SessionManager::lookup_agent(const std::string 
     return nullptr;
 }
 
-std::optional<AgentSpec> SessionManager::agent(const std::string & tenant, const std::string & id) const {
+void SessionManager::sync_agents(bool force) {
+    // Cluster mode: agents are declared through any node; the store has them all. Read again at
+    // most once a second (or at once for an id not known here). Deleted ones stay until restart.
+    if (opt_.node.empty()) return;
+    const int64_t now = clock_.now_ms();
+    if (!force && now - agents_synced_ms_.load() < 1000) return;
+    agents_synced_ms_ = now;
+    std::function<std::string(AgentSpec &)> prepare;
+    {
+        std::lock_guard lk(mu_);
+        prepare = prepare_agent_;
+    }
+    load_declared_agents(prepare);
+}
+
+std::optional<AgentSpec> SessionManager::agent(const std::string & tenant, const std::string & id) {
+    sync_agents(false);
+    {
+        std::lock_guard lk(mu_);
+        if (auto a = lookup_agent(tenant, id)) return *a;
+    }
+    if (opt_.node.empty()) return std::nullopt;
+    sync_agents(true);
     std::lock_guard lk(mu_);
     auto a = lookup_agent(tenant, id);
     if (!a) return std::nullopt;
     return *a;
 }
 
-std::vector<AgentSpec> SessionManager::agents(const std::string & tenant, bool all_tenants) const {
+std::vector<AgentSpec> SessionManager::agents(const std::string & tenant, bool all_tenants) {
+    sync_agents(false);
     std::lock_guard lk(mu_);
     std::vector<AgentSpec> out;
     for (const auto & [id, a] : operator_agents_)
@@ -666,6 +692,7 @@ store::SessionRecord SessionManager::record(const Session & s) const {
                        {"dropped_tools", s.dropped_tools}});
     r.created_ms = s.created_ms;
     r.updated_ms = clock_.now_ms();
+    r.cell = opt_.cell;  // kept by the store only when the row is first written
     return r;
 }
 
@@ -1242,6 +1269,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
     s.owner = tenant;
     s.created_ms = clock_.now_ms();
     if (!opt_.node.empty()) s.claim = 0;  // cluster mode: the new row is assigned to this node
+    s.started = true;
     sessions_[s.id] = std::move(sp);
     sync_memory_gauge();
     count_state(s.state, +1);
@@ -1280,6 +1308,7 @@ void SessionManager::add_message(const std::string & id, const std::string & ten
     }
     if (!s->agent) s->agent = lookup_agent(s->owner, s->agent_id);
     apply(*s, SessionEvent::UserMessage);
+    s->started = true;
     common_chat_msg m;
     m.role = "user";
     m.content = text;
@@ -1448,6 +1477,7 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch) {
         std::lock_guard lk(mu_);
         if (running_here(id, epoch)) return true;
     }
+    // (A copy in memory that is not running here is replaced below, from the store.)
     {
         std::lock_guard lk(mu_);
         known = lookup_agent(rec->owner, rec->agent_id) != nullptr;
@@ -1461,13 +1491,35 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch) {
     // `adopt_assigned` tries again.
     if (steps.empty()) return false;
     std::lock_guard lk(mu_);
-    if (running_here(id, epoch)) return true;  // loaded meanwhile
+    if (running_here(id, epoch)) return true;  // started meanwhile
     auto sp = rebuild(*rec, steps);
     if (!sp) return false;
     sp->agent = lookup_agent(rec->owner, rec->agent_id);
     sp->epoch = epoch;
     Session * ps = sp.get();
-    sessions_[id] = std::move(sp);
+    if (auto it = sessions_.find(id); it != sessions_.end()) {
+        // A copy loaded to be read or streamed (or one that ran here before the session moved
+        // away): the store is newer. Its subscribers stay, and get the steps written since.
+        Session & old = *it->second;
+        if (old.gen_cancel) {
+            old.gen_cancel->store(true);
+            engine_.wake();
+        }
+        ps->subs = std::move(old.subs);
+        ps->gen = old.gen + 1;  // late engine events of the old copy are ignored
+        const int64_t seen = old.last.seq;
+        count_state(old.state, -1);
+        it->second = std::move(sp);
+        for (const auto & step : steps) {
+            if (step.seq <= seen) continue;
+            if (auto ev = step_event(step)) {
+                for (auto & [h, sub] : ps->subs)
+                    sub.first(*ev);
+            }
+        }
+    } else {
+        sessions_[id] = std::move(sp);
+    }
     sync_memory_gauge();
     count_state(ps->state, +1);
     resume_loaded(*ps);
@@ -1476,7 +1528,9 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch) {
 
 bool SessionManager::running_here(const std::string & id, int64_t epoch) {
     auto it = sessions_.find(id);
-    if (it == sessions_.end()) return false;
+    // Not running here, or it ran here before another node held it (the epoch went past
+    // this node's next one): the store is newer than this copy.
+    if (it == sessions_.end() || !it->second->started || it->second->epoch + 1 < epoch) return false;
     // Already here (a repeated command, or it came back to this node): it goes on under the
     // newer epoch.
     Session & s = *it->second;
@@ -1494,7 +1548,8 @@ size_t SessionManager::adopt_assigned() {
         if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
         {
             std::lock_guard lk(mu_);
-            if (sessions_.count(r.id) || draining_) continue;
+            auto it = sessions_.find(r.id);
+            if ((it != sessions_.end() && it->second->started) || draining_) continue;
         }
         if (adopt(r.id, r.epoch)) {
             spdlog::info("session {}: assigned to this node (epoch {}) but not running here; started", r.id, r.epoch);
@@ -1505,6 +1560,7 @@ size_t SessionManager::adopt_assigned() {
 }
 
 void SessionManager::resume_loaded(Session & s) {
+    s.started = true;
     Session * ps = &s;
     const std::string & agent_id = s.agent_id;
     emit_transient(*ps, "resumed", dump(json{{"state", state_name(ps->state)}}));

@@ -99,6 +99,8 @@ struct SessionOptions {
     //! assignment (this node, its epoch); a session whose write is refused stops here at once.
     //! Empty on a single node: nothing is fenced.
     std::string node;
+    //! Cluster mode: this node's cell, written into the rows of sessions created here.
+    std::string cell;
 };
 
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change
@@ -133,9 +135,10 @@ class SessionManager {
     //! (MCP tools); returns how many.
     size_t load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare);
     //! The agents `tenant` sees: the operator's and its own. `all_tenants` (admin): every agent.
-    std::vector<AgentSpec> agents(const std::string & tenant, bool all_tenants = false) const;
+    //! In cluster mode both read agents declared through other nodes from the store first.
+    std::vector<AgentSpec> agents(const std::string & tenant, bool all_tenants = false);
     //! The agent `id` as `tenant` sees it.
-    std::optional<AgentSpec> agent(const std::string & tenant, const std::string & id) const;
+    std::optional<AgentSpec> agent(const std::string & tenant, const std::string & id);
     //! Whether `id` is an operator agent.
     bool is_operator_agent(const std::string & id) const;
 
@@ -277,6 +280,8 @@ class SessionManager {
     //! How agents declared through the API are completed (their MCP tools), kept to load agents
     //! that another node declared (cluster mode).
     std::function<std::string(AgentSpec &)> prepare_agent_;
+    std::atomic<int64_t> agents_synced_ms_{0};
+    void sync_agents(bool force);
 };
 
 //! A tool's output as the model sees it: inside a `<tool_output … trust="untrusted">` envelope

@@ -69,7 +69,10 @@ class CellProcess {
             }
             EtcdLeader me;
             const std::string e = etcd_.campaign(brain_election(cfg_, o_.cell), o_.name, lease_.load(), 1000, me);
-            if (e == "not elected yet") continue;
+            if (e == "not elected yet") {
+                if (wait_signal(0)) break;
+                continue;
+            }
             if (!e.empty()) {
                 spdlog::warn("cell {}: campaign: {}", o_.cell, e);
                 if (wait_signal(std::uniform_int_distribution<int>(500, 1500)(rng))) break;
@@ -209,13 +212,19 @@ class CellProcess {
                 }
             }
             std::string err;
-            for (auto & m : place_->fetch(64, 50, err)) {
+            auto msgs = place_->fetch(64, 50, err);
+            for (auto & m : msgs) {
                 const json j = json::parse(m.data(), nullptr, false);
                 if (j.is_object() && j.contains("session") && j["session"].is_string())
                     brain.session_open(j["session"].get<std::string>(), "", 0);
                 m.ack();  // the row is durable before the message is sent: reconcile finds it anyway
             }
-            if (!err.empty()) spdlog::warn("cell {}: fetching place requests: {}", o_.cell, err);
+            if (!msgs.empty()) spdlog::info("cell {}: {} place request(s) taken from the queue", o_.cell, msgs.size());
+            if (!err.empty()) {
+                // NATS is away (libnats reconnects by itself): do not spin on the error.
+                spdlog::warn("cell {}: fetching place requests: {}", o_.cell, err);
+                if (wait_signal(500)) break;
+            }
             for (const auto & p : brain.decide(now_ms())) {
                 store::Batch b;
                 b.assign.push_back({p.session, p.node, p.epoch});

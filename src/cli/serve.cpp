@@ -470,7 +470,10 @@ int serve(const ServeOptions & opt) {
     tools::RoutingTransport transport(http_tools, mcp_clients, client_calls, tool_gate);
     agent::SessionOptions sopt;
     sopt.ttl_ms = *ttl_ms;
-    if (ccfg) sopt.node = node_name;
+    if (ccfg) {
+        sopt.node = node_name;
+        sopt.cell = opt.cell;
+    }
     agent::SessionManager sessions(format, port, *st, transport, http.executor(), metrics, clock, sopt);
     for (auto & a : agents) {
         if (auto e = tools::import_mcp_tools(a.mcp_servers, a.tools, guard, tool_tls.get()); !e.empty()) {

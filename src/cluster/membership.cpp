@@ -17,7 +17,9 @@ std::string encode_load(const NodeLoad & l) {
                 {"version", l.version},
                 {"fingerprint", l.fingerprint},
                 {"draining", l.draining},
-                {"url", l.url},             {"by_state", l.by_state},       {"engines", l.engines}}
+                {"url", l.url},
+                {"by_state", l.by_state},
+                {"engines", l.engines}}
         .dump();
 }
 
@@ -35,7 +37,8 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
         l.draining = j.value("draining", false);
         l.url = j.value("url", "");
         l.engines = j.value("engines", 0);
-        if (j.contains("by_state") && j["by_state"].is_object()) l.by_state = j["by_state"].get<std::map<std::string, int>>();
+        if (j.contains("by_state") && j["by_state"].is_object())
+            l.by_state = j["by_state"].get<std::map<std::string, int>>();
     } catch (const json::exception &) {
         return std::nullopt;  // a field of the wrong type: not a report to trust
     }

@@ -249,6 +249,14 @@ class Gateway {
                 return true;
             }
             spdlog::warn("gateway: node {} did not answer {} {}: {}", node_name, req.method, req.path, r.error);
+            if (r.sent && req.method != "GET") {
+                // It may have acted on it: sending it to another node could do it twice.
+                send_error(out, 502,
+                           "the node did not answer; the request may or may not have taken effect (check before "
+                           "retrying)",
+                           0, "upstream_failed");
+                return true;
+            }
             return false;
         }
         if (r.streamed) {
@@ -657,8 +665,13 @@ class Gateway {
             // moved (or its node died): follow it.
             bool gone = false;
             auto now = lookup(id, gone);
-            const bool over = (!now && !gone) ||
-                              std::find(kEndedStates.begin(), kEndedStates.end(), now->state) != kEndedStates.end();
+            if (gone) {
+                // The store is restarting: look again in a moment.
+                std::this_thread::sleep_for(std::chrono::milliseconds(250));
+                continue;
+            }
+            const bool over =
+                !now || std::find(kEndedStates.begin(), kEndedStates.end(), now->state) != kEndedStates.end();
             if (over && r.status == 200 && !refused) {
                 out->end();
                 return;

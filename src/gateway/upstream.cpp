@@ -112,6 +112,7 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
             if (cancel) cancel->attach(c->stream.socket().native_handle());
             http::write(c->stream, req);
             sent = true;
+            out.sent = true;
             beast::flat_buffer buf;
             http::response_parser<http::buffer_body> p;
             p.body_limit(std::uint64_t(1) << 40);

@@ -34,6 +34,8 @@ struct UpstreamReply {
     HeaderList headers;  // the ones a client needs (content type, retry-after, request id)
     std::string body;    // the whole body when no chunk callback was given
     bool streamed = false;
+    //! The request reached the node (written whole): without an answer, it may have been acted on.
+    bool sent = false;
 };
 
 //! Sends one request to a node (`base` is http://host:port) and reads its answer. `on_head` runs
