@@ -1544,7 +1544,7 @@ bool SessionManager::running_here(const std::string & id, int64_t epoch) {
 size_t SessionManager::adopt_assigned() {
     if (opt_.node.empty()) return 0;
     size_t n = 0;
-    for (const auto & r : store_.sessions_not_in(kEnded)) {
+    for (const auto & r : store_.open_sessions(opt_.cell, opt_.node, kEnded)) {
         if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
         {
             std::lock_guard lk(mu_);

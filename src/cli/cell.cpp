@@ -44,7 +44,7 @@ class CellProcess {
     int run() {
         store::PostgresConfig pc;
         pc.urls = cfg_.postgres;
-        pc.read_connections = 2;
+        pc.read_connections = cfg_.pg_pool;
         std::string err;
         store_ = store::PostgresStore::open(pc, err);
         if (!store_) return fail("PostgreSQL: " + err);
@@ -149,9 +149,8 @@ class CellProcess {
             if (auto l = decode_load(name, kv.value)) loads.push_back(*l);
         }
         std::vector<CellBrain::OpenSession> open;
-        for (const auto & r : store_->sessions_not_in(kEndedStates)) {
-            if (r.cell == o_.cell) open.push_back({r.id, r.node, r.epoch});
-        }
+        for (const auto & r : store_->open_sessions(o_.cell, "", kEndedStates))
+            open.push_back({r.id, r.node, r.epoch});
         brain.reconcile(live, open);
         const int64_t t = now_ms();
         for (const auto & l : loads)

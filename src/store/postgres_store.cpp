@@ -581,14 +581,36 @@ std::vector<StepRecord> PostgresStore::steps(const std::string & id) {
 }
 
 std::vector<SessionRecord> PostgresStore::sessions_not_in(const std::vector<std::string> & ended) {
-    const std::string sql = std::string("SELECT ") + kSessionColumns + " FROM sessions" +
-                            (ended.empty() ? std::string() : " WHERE state NOT IN (" + in_list(ended.size(), 1) + ")") +
-                            " ORDER BY created_ms";
+    return select_open("", ended, {});
+}
+
+std::vector<SessionRecord> PostgresStore::open_sessions(const std::string & cell, const std::string & node,
+                                                        const std::vector<std::string> & ended) {
+    // The cell (and node) as parameters after the states; an index on (cell, state) serves it.
+    const size_t n = ended.size();
+    std::string where = " AND cell=$" + std::to_string(n + 1);
+    std::vector<std::string> extra{cell};
+    if (!node.empty()) {
+        where += " AND node=$" + std::to_string(n + 2);
+        extra.push_back(node);
+    }
+    return select_open(where, ended, extra);
+}
+
+std::vector<SessionRecord> PostgresStore::select_open(const std::string & and_where,
+                                                      const std::vector<std::string> & ended,
+                                                      const std::vector<std::string> & extra) {
+    // $1..$n are the ended states; `and_where` names the `extra` parameters after them.
+    std::vector<std::string> params = ended;
+    params.insert(params.end(), extra.begin(), extra.end());
+    const std::string sql = std::string("SELECT ") + kSessionColumns + " FROM sessions WHERE " +
+                            (ended.empty() ? std::string("TRUE") : "state NOT IN (" + in_list(ended.size(), 1) + ")") +
+                            and_where + " ORDER BY created_ms";
     std::vector<SessionRecord> out;
     for (auto & sh : shards_) {
         auto l = acquire(*sh);
         if (!l) continue;
-        Res r = l.query(sql, ended);
+        Res r = l.query(sql, params);
         for (int i = 0; r.ok() && i < r.rows(); ++i)
             out.push_back(read_session(r, i));
     }

@@ -121,6 +121,10 @@ class Store {
     virtual std::vector<StepRecord> steps(const std::string & id) = 0;
     //! Sessions whose state is not one of `ended_states`, oldest first.
     virtual std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) = 0;
+    //! The same, only those of `cell` and, if `node` is not empty, assigned to `node` (a cell
+    //! brain's reconcile, a node's own check). The default filters `sessions_not_in`.
+    virtual std::vector<SessionRecord> open_sessions(const std::string & cell, const std::string & node,
+                                                     const std::vector<std::string> & ended_states);
     //! Every agent declared through the API.
     virtual std::vector<AgentRecord> agents() = 0;
     //! Ids of up to `limit` sessions in one of `states` last updated before `before_ms`.
@@ -157,6 +161,10 @@ class ForwardingStore : public Store {
     std::vector<StepRecord> steps(const std::string & id) override { return inner_.steps(id); }
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended) override {
         return inner_.sessions_not_in(ended);
+    }
+    std::vector<SessionRecord> open_sessions(const std::string & cell, const std::string & node,
+                                             const std::vector<std::string> & ended) override {
+        return inner_.open_sessions(cell, node, ended);
     }
     std::vector<AgentRecord> agents() override { return inner_.agents(); }
     std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,

@@ -12,7 +12,9 @@
 #include <filesystem>
 #include <future>
 #include <random>
+#include <set>
 #include <thread>
+#include <tuple>
 
 using namespace armada;
 using namespace armada::store;
@@ -182,6 +184,35 @@ TEST_P(StoreSuite, AnUpsertLeavesTheAssignmentAlone) {
     EXPECT_EQ(r->state, "waiting_user");
     EXPECT_EQ(r->node, "node-1");
     EXPECT_EQ(r->epoch, 1);
+}
+
+TEST_P(StoreSuite, TheCellIsKeptFromTheFirstWriteAndSelectsOpenSessions) {
+    // Three open sessions in two cells, one ended; a later upsert names no cell.
+    Batch b;
+    for (const auto & [id, cell, state] : {std::tuple{"a", "c1", "running"}, std::tuple{"b", "c1", "waiting_tool"},
+                                           std::tuple{"c", "c2", "running"}, std::tuple{"d", "c1", "completed"}}) {
+        SessionRecord r = session(id, state);
+        r.cell = cell;
+        b.sessions.push_back(r);
+    }
+    ASSERT_TRUE(store->commit_sync(std::move(b)).ok);
+    ASSERT_TRUE(store->commit_sync(assign("a", "n1", 1)).ok);
+    ASSERT_TRUE(store->commit_sync(assign("b", "n2", 1)).ok);
+    Batch up;
+    up.sessions.push_back(session("a", "waiting_input"));  // no cell: the row keeps c1
+    ASSERT_TRUE(store->commit_sync(std::move(up)).ok);
+    EXPECT_EQ(store->session("a")->cell, "c1");
+    const std::vector<std::string> ended = {"completed", "failed", "cancelled"};
+    auto ids = [](const std::vector<SessionRecord> & v) {
+        std::set<std::string> s;
+        for (const auto & r : v)
+            s.insert(r.id);
+        return s;
+    };
+    EXPECT_EQ(ids(store->open_sessions("c1", "", ended)), (std::set<std::string>{"a", "b"}));
+    EXPECT_EQ(ids(store->open_sessions("c1", "n2", ended)), (std::set<std::string>{"b"}));
+    EXPECT_EQ(ids(store->open_sessions("c2", "", ended)), (std::set<std::string>{"c"}));
+    EXPECT_TRUE(store->open_sessions("c3", "", ended).empty());
 }
 
 TEST_P(StoreSuite, AWriteFromAnOldEpochIsFencedAndLeavesNothing) {
