@@ -1,5 +1,7 @@
 #include "cli/cell.h"
 
+#include "cli/stop_signals.h"
+
 #include "agent/session_manager.h"
 #include "cluster/cell_brain.h"
 #include "cluster/cluster_config.h"
@@ -272,16 +274,12 @@ class CellProcess {
 }  // namespace
 
 int cell_command(const CellOptions & opt) {
-    sigset_t stop_set;
-    sigemptyset(&stop_set);
-    sigaddset(&stop_set, SIGINT);
-    sigaddset(&stop_set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
+    const sigset_t stop_set = block_stop_signals();
     spdlog::set_level(spdlog::level::from_str(opt.log_level));
     std::string err;
-    auto cfg = load_cluster_config(opt.cluster_file, err);
+    auto cfg = load_cluster_config_for_service(opt.cluster_file, err);
     if (!cfg) {
-        fprintf(stderr, "error: --cluster %s: %s\n", opt.cluster_file.c_str(), err.c_str());
+        fprintf(stderr, "error: %s\n", err.c_str());
         return 2;
     }
     CellOptions o = opt;
@@ -293,10 +291,6 @@ int cell_command(const CellOptions & opt) {
         char host[256] = {};
         gethostname(host, sizeof host - 1);
         o.name = std::string(host) + "-" + std::to_string(getpid());
-    }
-    if (cfg->postgres.empty() || cfg->etcd.empty() || cfg->nats.empty()) {
-        fprintf(stderr, "error: --cluster %s must name etcd, nats and postgres\n", opt.cluster_file.c_str());
-        return 2;
     }
     return CellProcess(*cfg, o, stop_set).run();
 }

@@ -1,5 +1,7 @@
 #include "cli/cluster_up.h"
 
+#include "cli/stop_signals.h"
+
 #include "cluster/local_servers.h"
 
 #include <spdlog/spdlog.h>
@@ -45,11 +47,7 @@ bool http_ok(int port) {
 }  // namespace
 
 int cluster_up(const ClusterUpOptions & o) {
-    sigset_t stop_set;
-    sigemptyset(&stop_set);
-    sigaddset(&stop_set, SIGINT);
-    sigaddset(&stop_set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
+    const sigset_t stop_set = block_stop_signals();
     if (o.model.empty()) {
         fprintf(stderr, "error: no model given; use -m FILE\n");
         return 2;

@@ -1,5 +1,7 @@
 #include "cli/serve.h"
 
+#include "cli/stop_signals.h"
+
 #include "cli/cluster_node.h"
 
 #include "agent/session_manager.h"
@@ -108,13 +110,7 @@ int serve(const ServeOptions & opt) {
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-    // Block the stop signals before any thread starts, so every thread inherits the mask and
-    // only this thread receives them, through sigwait below.
-    sigset_t stop_set;
-    sigemptyset(&stop_set);
-    sigaddset(&stop_set, SIGINT);
-    sigaddset(&stop_set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
+    const sigset_t stop_set = block_stop_signals();
     spdlog::set_level(spdlog::level::from_str(opt.log_level));
     if (opt.log_level != "debug") llama_log_set(llama_log_quiet, nullptr);
     if (opt.model.empty()) {

@@ -100,6 +100,19 @@ std::optional<ClusterConfig> load_cluster_config(const std::string & path, std::
     return c;
 }
 
+std::optional<ClusterConfig> load_cluster_config_for_service(const std::string & path, std::string & error) {
+    auto cfg = load_cluster_config(path, error);
+    if (!cfg) {
+        error = "--cluster " + path + ": " + error;
+        return std::nullopt;
+    }
+    if (cfg->postgres.empty() || cfg->etcd.empty() || cfg->nats.empty()) {
+        error = "--cluster " + path + " must name etcd, nats and postgres";
+        return std::nullopt;
+    }
+    return cfg;
+}
+
 std::string node_key(const ClusterConfig & c, const std::string & cell, const std::string & node) {
     return nodes_prefix(c, cell) + node;
 }

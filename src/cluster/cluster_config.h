@@ -28,6 +28,9 @@ struct ClusterConfig {
 
 //! Reads and checks the file; nullopt with `error` naming the field that is wrong.
 std::optional<ClusterConfig> load_cluster_config(const std::string & path, std::string & error);
+//! `load_cluster_config` for a brain or gateway: etcd, NATS and PostgreSQL must be named too.
+//! The error names the file.
+std::optional<ClusterConfig> load_cluster_config_for_service(const std::string & path, std::string & error);
 //! The same from YAML text (tests, `cluster up`).
 std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std::string & error);
 

@@ -1,5 +1,7 @@
 #include "gateway/gateway.h"
 
+#include "cli/stop_signals.h"
+
 #include "agent/session_manager.h"
 #include "api/auth.h"
 #include "api/errors.h"
@@ -701,20 +703,12 @@ class Gateway {
 }  // namespace
 
 int gateway_command(const GatewayOptions & opt) {
-    sigset_t stop_set;
-    sigemptyset(&stop_set);
-    sigaddset(&stop_set, SIGINT);
-    sigaddset(&stop_set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
+    const sigset_t stop_set = cli::block_stop_signals();
     spdlog::set_level(spdlog::level::from_str(opt.log_level));
     std::string err;
-    auto cfg = cluster::load_cluster_config(opt.cluster_file, err);
+    auto cfg = cluster::load_cluster_config_for_service(opt.cluster_file, err);
     if (!cfg) {
-        fprintf(stderr, "error: --cluster %s: %s\n", opt.cluster_file.c_str(), err.c_str());
-        return 2;
-    }
-    if (cfg->postgres.empty() || cfg->etcd.empty() || cfg->nats.empty()) {
-        fprintf(stderr, "error: --cluster %s must name etcd, nats and postgres\n", opt.cluster_file.c_str());
+        fprintf(stderr, "error: %s\n", err.c_str());
         return 2;
     }
     if (!opt.cell.empty() && !cluster::valid_cell_or_node_name(opt.cell)) {
