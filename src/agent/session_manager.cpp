@@ -235,6 +235,7 @@ struct SessionManager::Session {
     std::vector<common_chat_msg> transcript;     // without the system message
     int32_t model_steps = 0;
     int32_t engine_retries = 0;
+    int64_t step_started_ms = 0;  // when this node began the model step under way (0: none)
     int64_t prompt_tokens = 0, completion_tokens = 0;
     int64_t created_ms = 0, next_seq = 1;
     std::vector<PendingCall> calls;  // calls of the current step
@@ -364,18 +365,36 @@ std::shared_ptr<const AgentSpec> SessionManager::lookup_agent(const std::string 
 }
 
 void SessionManager::sync_agents(bool force) {
-    // Cluster mode: agents are declared through any node; the store has them all. Read again at
-    // most once a second (or at once for an id not known here). Deleted ones stay until restart.
+    // Cluster mode: agents are declared and deleted through any node; the store has them all.
+    // Read again at most once a second (or at once for an id not known here); one deleted through
+    // another node is forgotten here too (its running sessions keep their spec).
     if (opt_.node.empty()) return;
     const int64_t now = clock_.now_ms();
-    if (!force && now - agents_synced_ms_.load() < 1000) return;
+    // Forced reads too are spaced (100 ms): requests naming unknown agents must not turn into one
+    // store read each.
+    if (now - agents_synced_ms_.load() < (force ? 100 : 1000)) return;
     agents_synced_ms_ = now;
     std::function<std::string(AgentSpec &)> prepare;
     {
         std::lock_guard lk(mu_);
         prepare = prepare_agent_;
     }
-    load_declared_agents(prepare);
+    std::set<std::pair<std::string, std::string>> present;
+    bool ok = false;
+    const uint64_t declared = agents_declared_.load();
+    load_declared_agents(prepare, &present, &ok);
+    std::lock_guard lk(mu_);
+    // An agent declared here while the store was read may be missing from what was read: the
+    // next sync prunes instead.
+    if (!ok || agents_declared_.load() != declared) return;
+    for (auto it = tenant_agents_.begin(); it != tenant_agents_.end();) {
+        if (present.count(it->first)) {
+            ++it;
+            continue;
+        }
+        spdlog::info("agent '{}' of tenant '{}' was deleted through another node", it->first.second, it->first.first);
+        it = tenant_agents_.erase(it);
+    }
 }
 
 std::optional<AgentSpec> SessionManager::agent(const std::string & tenant, const std::string & id) {
@@ -431,6 +450,7 @@ void SessionManager::declare_agent(AgentSpec spec, const std::string & tenant, s
                 std::erase_if(prefixes_,
                               [&](const auto & kv) { return kv.first.rfind(tenant + "|" + id + "|", 0) == 0; });
                 tenant_agents_[{tenant, id}] = std::make_shared<const AgentSpec>(std::move(spec));
+                ++agents_declared_;
             }
             done({200, {}, id});
         });
@@ -462,17 +482,26 @@ void SessionManager::delete_agent(const std::string & tenant, const std::string 
     });
 }
 
-size_t SessionManager::load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare) {
+size_t SessionManager::load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare,
+                                            std::set<std::pair<std::string, std::string>> * present, bool * read_ok) {
     {
         std::lock_guard lk(mu_);
         prepare_agent_ = prepare;
     }
     size_t n = 0;
-    for (const auto & r : store_.agents()) {
+    const auto rows = store_.agents();
+    if (read_ok) *read_ok = rows.has_value();
+    if (!rows) {
+        spdlog::warn("cannot read the declared agents from the store; keeping those known");
+        return 0;
+    }
+    for (const auto & r : *rows) {
         // A declaration written before agents were stored as canonical JSON is YAML with every
         // scalar quoted, from before tenants: it is read with its numbers as numbers again, and
         // kept as an agent every tenant sees and only an admin may delete.
         const bool legacy = r.tenant.empty() && !json::parse(r.spec, nullptr, false).is_object();
+        // Present even if it cannot be loaded now: a copy already known here stays.
+        if (present) present->emplace(legacy ? kSharedTenant : r.tenant, r.id);
         std::vector<AgentSpec> specs;
         if (auto e = parse_agents(r.spec, specs, {.legacy_quoted = legacy}); !e.empty() || specs.size() != 1) {
             spdlog::warn("stored agent {} is not valid any more: {}", r.id, e);
@@ -947,12 +976,14 @@ void SessionManager::count_outcome(const Session & s) {
         .counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", state_name(s.state)}})
         .inc();
     note_ended(s.state, clock_.now_ms());
+    if (opt_.on_ended) opt_.on_ended(s.id, state_name(s.state));
 }
 
 void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reason) {
     if (!apply(s, ev, reason)) return;
     if (s.gen_cancel) s.gen_cancel->store(true);
     s.gen_cancel.reset();
+    s.step_started_ms = 0;
     ++s.gen;  // late engine events of the old generation are ignored
     checkpoint(s, {}, [this](Session & ss) {
         count_outcome(ss);
@@ -1058,6 +1089,7 @@ void SessionManager::model_step(Session & s) {
     const uint64_t gen = ++s.gen;
     s.gen_text.clear();
     s.gen_cancel = req->cancelled;
+    if (s.step_started_ms == 0) s.step_started_ms = clock_.now_ms();  // a retry keeps the first try's time
     // The engine thread hands events over by posting. They go through one strand per step: on
     // the plain I/O pool, two pieces of text (or the last piece and Done) could run on two
     // threads in either order, and the step's text would be scrambled.
@@ -1136,7 +1168,9 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
                 {"finish_reason", engine::finish_reason_name(ev.finish)},
                 {"cached_tokens", ev.n_cached},
                 {"ttft_ms", ev.ttft_s * 1000},
+                {"started_ms", s.step_started_ms},
                 {"kv_tokens", ev.kv_tokens}};
+    s.step_started_ms = 0;
     if (!ev.kv_source.empty()) out["kv_source"] = ev.kv_source;
     s.calls.clear();
     for (size_t i = 0; i < msg.tool_calls.size(); ++i) {

@@ -101,6 +101,9 @@ struct SessionOptions {
     std::string node;
     //! Cluster mode: this node's cell, written into the rows of sessions created here.
     std::string cell;
+    //! Called once a session's final state is durable (id, state name), under the manager's lock:
+    //! it must only hand the news on (a cluster node queues an event for its brain).
+    std::function<void(const std::string &, const std::string &)> on_ended;
 };
 
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change
@@ -132,8 +135,11 @@ class SessionManager {
     //! Deletes `tenant`'s agent; its running sessions finish with the spec they started with.
     void delete_agent(const std::string & tenant, const std::string & id, std::function<void(Outcome)> done);
     //! Loads the agents declared through the API before the last stop. `prepare` completes each
-    //! (MCP tools); returns how many.
-    size_t load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare);
+    //! (MCP tools); returns how many. `present`, when given, receives (tenant, id) of every
+    //! stored agent, and is left empty with false returned through `read_ok` when the read failed.
+    size_t load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare,
+                                std::set<std::pair<std::string, std::string>> * present = nullptr,
+                                bool * read_ok = nullptr);
     //! The agents `tenant` sees: the operator's and its own. `all_tenants` (admin): every agent.
     //! In cluster mode both read agents declared through other nodes from the store first.
     std::vector<AgentSpec> agents(const std::string & tenant, bool all_tenants = false);
@@ -281,6 +287,7 @@ class SessionManager {
     //! that another node declared (cluster mode).
     std::function<std::string(AgentSpec &)> prepare_agent_;
     std::atomic<int64_t> agents_synced_ms_{0};
+    std::atomic<uint64_t> agents_declared_{0};  // declarations made here, so a sync never prunes one it did not read
     void sync_agents(bool force);
 };
 

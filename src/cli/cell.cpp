@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <mutex>
@@ -55,6 +56,8 @@ class CellProcess {
         // Every brain of the cell shares one durable consumer: whoever leads fetches from it.
         place_ = js_->consumer("ARMADA_PLACE", "cell-" + o_.cell, place_subject(o_.cell), 30000, 10, err);
         if (!place_) return fail("NATS consumer: " + err);
+        events_ = js_->consumer("ARMADA_EVENT", "cell-" + o_.cell + "-events", event_subject(o_.cell), 30000, 10, err);
+        if (!events_) return fail("NATS consumer: " + err);
         keepalive_ = std::thread([this] { keep_lease(); });
         printf("armada: cell brain %s of cell %s started\n", o_.name.c_str(), o_.cell.c_str());
         fflush(stdout);
@@ -160,6 +163,52 @@ class CellProcess {
         return rev;
     }
 
+    //! Node events: a session that ended leaves the view now (were its node to die before the
+    //! next reconcile, it is not moved); a node that drains gets nothing more.
+    void take_events(CellBrain & brain) {
+        std::string err;
+        for (auto & m : events_->fetch(256, 1, err)) {
+            const json j = json::parse(m.data(), nullptr, false);
+            const auto str = [&](const char * k) {
+                return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string();
+            };
+            const std::string op = str("op"), node = str("node"), session = str("session");
+            if (op == "ended" && !session.empty()) {
+                if (brain.node_of(session) == node) brain.session_closed(session);
+            } else if (op == "draining" && !node.empty()) {
+                spdlog::info("cell {}: node {} drains; nothing more goes to it", o_.cell, node);
+                brain.node_draining(node);
+            } else {
+                spdlog::warn("cell {}: unknown event on {}: {}", o_.cell, m.subject(), m.data().substr(0, 200));
+            }
+            m.ack();
+        }
+    }
+
+    //! Writes each decision as its own epoch-checked batch. They are handed to the store
+    //! together, so it groups them into one transaction (each batch keeps its own check): a lost
+    //! node's sessions are reassigned with one commit rather than one each.
+    std::vector<store::Status> assign(const std::vector<Place> & decisions) {
+        std::vector<store::Status> out(decisions.size());
+        if (decisions.empty()) return out;
+        if (!store_->writable().ok) store_->recover();  // PostgreSQL came back
+        std::mutex mu;
+        std::condition_variable cv;
+        size_t left = decisions.size();
+        for (size_t i = 0; i < decisions.size(); ++i) {
+            store::Batch b;
+            b.assign.push_back({decisions[i].session, decisions[i].node, decisions[i].epoch});
+            store_->commit(std::move(b), [&, i](store::Status st) {
+                std::lock_guard lk(mu);
+                out[i] = std::move(st);
+                if (--left == 0) cv.notify_all();
+            });
+        }
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return left == 0; });
+        return out;
+    }
+
     void lead(const EtcdLeader & me) {
         CellBrain brain;
         std::mutex mu;
@@ -225,12 +274,14 @@ class CellProcess {
                 // NATS is away (libnats reconnects by itself): do not spin on the error.
                 spdlog::warn("cell {}: fetching place requests: {}", o_.cell, err);
                 if (wait_signal(500)) break;
+            } else {
+                take_events(brain);
             }
-            for (const auto & p : brain.decide(now_ms())) {
-                store::Batch b;
-                b.assign.push_back({p.session, p.node, p.epoch});
-                if (!store_->writable().ok) store_->recover();  // PostgreSQL came back
-                const auto st = store_->commit_sync(std::move(b));
+            const auto decisions = brain.decide(now_ms());
+            const auto results = assign(decisions);
+            for (size_t i = 0; i < decisions.size(); ++i) {
+                const Place & p = decisions[i];
+                const store::Status & st = results[i];
                 if (!st.ok) {
                     if (!st.fenced) spdlog::warn("cell {}: assigning {}: {}", o_.cell, p.session, st.error);
                     brain.place_failed(p.session);
@@ -264,7 +315,7 @@ class CellProcess {
     EtcdClient etcd_;
     std::unique_ptr<store::Store> store_;
     std::unique_ptr<JetStream> js_;
-    std::unique_ptr<Consumer> place_;
+    std::unique_ptr<Consumer> place_, events_;
     std::atomic<int64_t> lease_{0};
     std::atomic<bool> quit_{false};
     std::thread keepalive_;

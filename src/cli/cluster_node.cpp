@@ -7,9 +7,43 @@ namespace armada::cli {
 
 using json = nlohmann::json;
 
+void NodeEvents::ended(const std::string & session, const std::string & state) {
+    push(json{{"op", "ended"}, {"session", session}, {"node", node_}, {"state", state}}.dump(), session + ":ended");
+}
+
+void NodeEvents::draining() {
+    push(json{{"op", "draining"}, {"node", node_}}.dump(), {});
+}
+
+void NodeEvents::push(std::string data, std::string msg_id) {
+    {
+        std::lock_guard lk(mu_);
+        if (q_.size() >= kMax) {
+            ++dropped_;
+            return;
+        }
+        q_.emplace_back(std::move(data), std::move(msg_id));
+    }
+    cv_.notify_one();
+}
+
+bool NodeEvents::pop(std::pair<std::string, std::string> & out, int wait_ms) {
+    std::unique_lock lk(mu_);
+    if (!cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [&] { return !q_.empty(); })) return false;
+    out = std::move(q_.front());
+    q_.pop_front();
+    return true;
+}
+
 ClusterNode::ClusterNode(const cluster::ClusterConfig & cfg, std::string cell, std::string node,
-                         agent::SessionManager & sm, std::function<cluster::NodeLoad()> load)
-    : cfg_(cfg), cell_(std::move(cell)), node_(std::move(node)), sm_(sm), load_(std::move(load)) {}
+                         agent::SessionManager & sm, std::function<cluster::NodeLoad()> load,
+                         std::shared_ptr<NodeEvents> events)
+    : cfg_(cfg),
+      cell_(std::move(cell)),
+      node_(std::move(node)),
+      sm_(sm),
+      load_(std::move(load)),
+      events_(events ? std::move(events) : std::make_shared<NodeEvents>(node_)) {}
 
 ClusterNode::~ClusterNode() {
     stop();
@@ -32,13 +66,37 @@ std::string ClusterNode::start() {
                                                   });
     membership_->start();
     thread_ = std::thread([this] { run_commands(); });
+    events_thread_ = std::thread([this] { publish_events(); });
     return {};
 }
 
 void ClusterNode::stop() {
     if (stop_.exchange(true)) return;
     if (thread_.joinable()) thread_.join();
+    if (events_thread_.joinable()) events_thread_.join();
     if (membership_) membership_->stop();
+}
+
+void ClusterNode::publish_events() {
+    const std::string subject = cluster::event_subject(cell_);
+    std::pair<std::string, std::string> ev;
+    for (;;) {
+        // At a stop, what is queued still goes out (a drain's event comes just before it), once.
+        const bool stopping = stop_.load();
+        if (!events_->pop(ev, stopping ? 0 : 200)) {
+            if (stopping) return;
+            continue;
+        }
+        // A few tries while NATS reconnects; then the event is dropped (the brain's reconcile
+        // learns the same from the store).
+        std::string e;
+        for (int attempt = 0; attempt < (stopping ? 1 : 3); ++attempt) {
+            e = js_->publish(subject, ev.first, ev.second);
+            if (e.empty()) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        }
+        if (!e.empty()) spdlog::warn("cluster: event {} not sent: {}", ev.first.substr(0, 200), e);
+    }
 }
 
 void ClusterNode::run_commands() {

@@ -6,12 +6,40 @@
 #include "cluster/queue.h"
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
 namespace armada::cli {
+
+//! Node → brain events (armada.event.<cell>) waiting to be published: a session that ended here,
+//! the node starting to drain. Filled from any thread without blocking (the session manager calls
+//! `push` under its lock); ClusterNode's publisher thread sends them. Bounded: they are hints that
+//! make the brain act sooner, and its reconcile finds the same facts in the store and etcd.
+class NodeEvents {
+  public:
+    explicit NodeEvents(std::string node) : node_(std::move(node)) {}
+    //! {"op":"ended","session","node","state"}, deduplicated by session in the stream.
+    void ended(const std::string & session, const std::string & state);
+    //! {"op":"draining","node"}.
+    void draining();
+    //! The next event, waiting up to `wait_ms`; false when none came.
+    bool pop(std::pair<std::string, std::string> & out, int wait_ms);
+    uint64_t dropped() const { return dropped_.load(); }
+
+  private:
+    void push(std::string data, std::string msg_id);
+    static constexpr size_t kMax = 10000;
+    std::string node_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::pair<std::string, std::string>> q_;  // (data, msg id)
+    std::atomic<uint64_t> dropped_{0};
+};
 
 //! A node's part in its cell (`armada serve --cluster FILE --cell C`): it holds a lease in etcd
 //! with its load report, and runs the sessions the cell brain sends it (`run` commands on
@@ -19,7 +47,7 @@ namespace armada::cli {
 class ClusterNode {
   public:
     ClusterNode(const cluster::ClusterConfig & cfg, std::string cell, std::string node, agent::SessionManager & sm,
-                std::function<cluster::NodeLoad()> load);
+                std::function<cluster::NodeLoad()> load, std::shared_ptr<NodeEvents> events);
     ~ClusterNode();
     //! Connects to NATS and etcd and starts reporting and taking commands; an error if it cannot.
     std::string start();
@@ -29,6 +57,7 @@ class ClusterNode {
 
   private:
     void run_commands();
+    void publish_events();
 
     cluster::ClusterConfig cfg_;
     std::string cell_, node_;
@@ -39,7 +68,8 @@ class ClusterNode {
     std::unique_ptr<cluster::NodeMembership> membership_;
     std::atomic<bool> stop_{false};
     std::atomic<uint64_t> commands_{0};
-    std::thread thread_;
+    std::shared_ptr<NodeEvents> events_;
+    std::thread thread_, events_thread_;
 };
 
 }  // namespace armada::cli

@@ -97,7 +97,10 @@ int cluster_up(const ClusterUpOptions & o) {
     std::vector<Proc> procs;
     auto launch = [&](Proc & p) {
         std::string err;
-        p.child = Child::spawn(p.argv, p.log, "", err);
+        // The admin key goes in the environment, not on the command line where `ps` shows it.
+        std::vector<std::string> env;
+        if (!o.api_key.empty() && p.role != "cell") env.push_back("ARMADA_API_KEY=" + o.api_key);
+        p.child = Child::spawn(p.argv, p.log, "", err, env);
         if (!p.child) fprintf(stderr, "error: cannot start %s: %s\n", p.name.c_str(), err.c_str());
         return p.child.has_value();
     };
@@ -128,7 +131,6 @@ int cluster_up(const ClusterUpOptions & o) {
                       "--no-pin"};
             if (!o.agents_file.empty()) p.argv.insert(p.argv.end(), {"--agents", o.agents_file});
             if (!o.api_key_file.empty()) p.argv.insert(p.argv.end(), {"--api-key-file", o.api_key_file});
-            if (!o.api_key.empty()) p.argv.insert(p.argv.end(), {"--api-key", o.api_key});
             p.argv.insert(p.argv.end(), o.node_args.begin(), o.node_args.end());
             procs.push_back(std::move(p));
         }
@@ -142,7 +144,6 @@ int cluster_up(const ClusterUpOptions & o) {
         g.url = "http://127.0.0.1:" + std::to_string(port);
         g.argv = {exe, "gateway", "--cluster", cfg_path, "--port", std::to_string(port)};
         if (!o.api_key_file.empty()) g.argv.insert(g.argv.end(), {"--api-key-file", o.api_key_file});
-        if (!o.api_key.empty()) g.argv.insert(g.argv.end(), {"--api-key", o.api_key});
         procs.push_back(std::move(g));
     }
     auto write_status = [&] {

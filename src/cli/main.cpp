@@ -288,7 +288,8 @@ int main(int argc, char ** argv) {
     cup->add_option("--port", cuo.port, "the gateway's port (0 = any free port)")->capture_default_str();
     cup->add_option("--agents", cuo.agents_file, "agents file for every node");
     cup->add_option("--api-key-file", cuo.api_key_file, "API keys for the gateway and every node");
-    cup->add_option("--api-key", cuo.api_key, "an admin API key for the gateway and every node");
+    cup->add_option("--api-key", cuo.api_key, "an admin API key for the gateway and every node")
+        ->envname("ARMADA_API_KEY");
     cup->add_option("--lease-ttl", cuo.lease_ttl_s, "seconds before a silent process counts as gone")
         ->check(CLI::Range(1, 60))
         ->capture_default_str();

@@ -466,9 +466,13 @@ int serve(const ServeOptions & opt) {
     tools::RoutingTransport transport(http_tools, mcp_clients, client_calls, tool_gate);
     agent::SessionOptions sopt;
     sopt.ttl_ms = *ttl_ms;
+    auto node_events = std::make_shared<NodeEvents>(node_name);
     if (ccfg) {
         sopt.node = node_name;
         sopt.cell = opt.cell;
+        sopt.on_ended = [node_events](const std::string & id, const std::string & state) {
+            node_events->ended(id, state);
+        };
     }
     agent::SessionManager sessions(format, port, *st, transport, http.executor(), metrics, clock, sopt);
     for (auto & a : agents) {
@@ -519,7 +523,7 @@ int serve(const ServeOptions & opt) {
                                           (opt.http.host == "0.0.0.0" ? std::string("127.0.0.1") : opt.http.host) +
                                           ":" + std::to_string(http.port());
         const std::string fp = eng.size() > 0 ? eng.at(0).fingerprint() : std::string();
-        cluster_node = std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, [&, url, fp] {
+        auto report = [&, url, fp] {
             cluster::NodeLoad l;
             l.by_state = sessions.live_by_state();
             int live = 0;
@@ -528,13 +532,14 @@ int serve(const ServeOptions & opt) {
             l.sessions = live;
             l.engines = int(eng.size());
             l.free_seqs = std::max(0, opt.cluster_sessions - live);
-            l.kv_headroom = eng.kv_pressure() ? 0 : 1;
+            l.kv_headroom = int64_t(eng.kv_headroom());
             l.version = ARMADA_VERSION;
             l.fingerprint = fp;
             l.draining = router.draining();
             l.url = url;
             return l;
-        });
+        };
+        cluster_node = std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, report, node_events);
         if (auto e = cluster_node->start(); !e.empty()) {
             fprintf(stderr, "error: cluster: %s\n", e.c_str());
             fflush(nullptr);
@@ -559,6 +564,8 @@ int serve(const ServeOptions & opt) {
     // running steps and completions finish, sessions between steps are already checkpointed.
     spdlog::info("signal {}: draining (at most {} s; a second signal stops at once)", sig, opt.drain_timeout_s);
     router.set_draining();
+    if (cluster_node)  // the brain stops placing here now, not at the next load report
+        node_events->draining();
     http.set_closing();
     sessions.drain();
     const auto deadline =

@@ -20,6 +20,11 @@ void CellBrain::load(const NodeLoad & l, int64_t now_ms) {
     it->second.placed_since_report = 0;
 }
 
+void CellBrain::node_draining(const std::string & node) {
+    auto it = nodes_.find(node);
+    if (it != nodes_.end() && it->second.load) it->second.load->draining = true;
+}
+
 void CellBrain::session_open(const std::string & id, const std::string & node, int64_t epoch) {
     auto [it, fresh] = sessions_.try_emplace(id);
     Session & s = it->second;

@@ -62,6 +62,9 @@ class CellBrain {
     //! A node's lease expired or was revoked: its sessions need another node.
     void node_down(const std::string & node);
     void load(const NodeLoad & l, int64_t now_ms);
+    //! A node said it drains (an event, ahead of its next report): nothing more goes to it until
+    //! a report says otherwise.
+    void node_draining(const std::string & node);
     //! A session the cell must run, with its current assignment ("" and 0 when never placed).
     void session_open(const std::string & id, const std::string & node, int64_t epoch);
     //! A session ended (or left the cell): nothing more to place.

@@ -24,6 +24,8 @@ std::vector<std::string> list_of(const YAML::Node & n) {
 
 bool valid_name(const std::string & s) {
     if (s.empty() || s.size() > 63) return false;
+    // A name is a part of NATS subjects: '.' separates their tokens, which may not be empty.
+    if (s.front() == '.' || s.back() == '.' || s.find("..") != std::string::npos) return false;
     for (char c : s) {
         if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) return false;
     }

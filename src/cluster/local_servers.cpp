@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 #include <thread>
 
 namespace armada::cluster {
@@ -46,7 +47,8 @@ void chown_tree(const std::string & path, uid_t uid, gid_t gid) {
 }  // namespace
 
 std::optional<Child> Child::spawn(const std::vector<std::string> & argv, const std::string & log,
-                                  const std::string & as_user, std::string & error) {
+                                  const std::string & as_user, std::string & error,
+                                  const std::vector<std::string> & env) {
     if (argv.empty()) {
         error = "no command";
         return std::nullopt;
@@ -75,6 +77,19 @@ std::optional<Child> Child::spawn(const std::vector<std::string> & argv, const s
     for (const auto & a : argv)
         args.push_back(const_cast<char *>(a.c_str()));
     args.push_back(nullptr);
+    // The environment is built before the fork: the child only calls async-signal-safe functions.
+    std::vector<char *> envp;
+    for (char ** e = environ; e && *e; ++e) {
+        const std::string_view kv(*e);
+        const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string & x) {
+            const size_t eq = x.find('=');
+            return eq != std::string::npos && kv.substr(0, eq + 1) == std::string_view(x).substr(0, eq + 1);
+        });
+        if (!replaced) envp.push_back(*e);
+    }
+    for (const auto & x : env)
+        envp.push_back(const_cast<char *>(x.c_str()));
+    envp.push_back(nullptr);
     const pid_t pid = ::fork();
     if (pid < 0) {
         error = std::string("fork: ") + std::strerror(errno);
@@ -92,7 +107,7 @@ std::optional<Child> Child::spawn(const std::vector<std::string> & argv, const s
         if (switch_user) {
             if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) _exit(126);
         }
-        ::execv(args[0], args.data());
+        ::execve(args[0], args.data(), envp.data());
         const std::string msg = std::string("exec ") + args[0] + ": " + std::strerror(errno) + "\n";
         if (::write(2, msg.data(), msg.size()) < 0) _exit(127);
         _exit(127);

@@ -14,9 +14,11 @@ class Child {
   public:
     //! Starts `argv` (argv[0] a path) with stdout and stderr appended to `log`. When this process
     //! is root and `as_user` is set, the child runs as that user (servers such as PostgreSQL
-    //! refuse to run as root).
+    //! refuse to run as root). `env` ("NAME=value") is added to the environment it inherits: a
+    //! secret passed there is not visible in `ps` as an argument would be.
     static std::optional<Child> spawn(const std::vector<std::string> & argv, const std::string & log,
-                                      const std::string & as_user, std::string & error);
+                                      const std::string & as_user, std::string & error,
+                                      const std::vector<std::string> & env = {});
     Child(Child && o) noexcept;
     Child & operator=(Child && o) noexcept;
     Child(const Child &) = delete;

@@ -97,13 +97,21 @@ Consumer::~Consumer() {
 
 std::vector<QueueMsg> Consumer::fetch(int batch, int wait_ms, std::string & error) {
     std::vector<QueueMsg> out;
+    // With Debian 12's libnats and nats-server this returns as soon as any message is there, not
+    // when the batch is full (a node acts on a command at once):
+    // Queue.AFetchReturnsWhenAMessageComesAndTakesWhatElseIsQueued holds them to that.
     natsMsgList list{};
-    const natsStatus s = natsSubscription_Fetch(&list, sub_, batch, int64_t(wait_ms), nullptr);
+    const natsStatus s = natsSubscription_Fetch(&list, sub_, batch, int64_t(std::max(wait_ms, 1)), nullptr);
     if (s == NATS_TIMEOUT) return out;  // nothing came
     if (s != NATS_OK) {
         error = "fetch: " + status_text(s);
         return out;
     }
+    take(list, out);
+    return out;
+}
+
+void Consumer::take(natsMsgList & list, std::vector<QueueMsg> & out) {
     for (int i = 0; i < list.Count; ++i) {
         QueueMsg m(list.Msgs[i]);
         list.Msgs[i] = nullptr;  // owned by `m` now
@@ -122,7 +130,6 @@ std::vector<QueueMsg> Consumer::fetch(int batch, int wait_ms, std::string & erro
         out.push_back(std::move(m));
     }
     natsMsgList_Destroy(&list);
-    return out;
 }
 
 // --- JetStream ---
@@ -204,10 +211,14 @@ std::string JetStream::publish(const std::string & subject, const std::string & 
 std::unique_ptr<Consumer> JetStream::consumer(const std::string & stream, const std::string & durable,
                                               const std::string & filter, int ack_wait_ms, int max_deliver,
                                               std::string & error) {
+    // A durable name may not hold '.', which node names (host names) do: it becomes '~', which no
+    // cell or node name holds, so two names never map to one consumer.
+    std::string name = durable;
+    std::replace(name.begin(), name.end(), '.', '~');
     jsSubOptions so;
     jsSubOptions_Init(&so);
     so.Stream = stream.c_str();
-    so.Config.Durable = durable.c_str();
+    so.Config.Durable = name.c_str();
     so.Config.AckPolicy = js_AckExplicit;
     so.Config.AckWait = int64_t(ack_wait_ms) * kNsPerMs;
     // One more than ours: the last delivery is the one `fetch` moves to the dead letters.
@@ -217,7 +228,7 @@ std::unique_ptr<Consumer> JetStream::consumer(const std::string & stream, const 
     c->js_ = this;
     c->max_deliver_ = max_deliver;
     jsErrCode jerr = jsErrCode(0);
-    const natsStatus s = js_PullSubscribe(&c->sub_, js_, filter.c_str(), durable.c_str(), nullptr, &so, &jerr);
+    const natsStatus s = js_PullSubscribe(&c->sub_, js_, filter.c_str(), name.c_str(), nullptr, &so, &jerr);
     if (s != NATS_OK) {
         error = "consumer " + durable + " on " + stream + ": " + status_text(s, jerr);
         return nullptr;

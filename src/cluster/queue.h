@@ -10,6 +10,7 @@ struct __natsConnection;    // NOLINT(bugprone-reserved-identifier)
 struct __jsCtx;             // NOLINT(bugprone-reserved-identifier)
 struct __natsSubscription;  // NOLINT(bugprone-reserved-identifier)
 struct __natsMsg;           // NOLINT(bugprone-reserved-identifier)
+struct natsMsgList;
 
 namespace armada::cluster {
 
@@ -62,6 +63,8 @@ class Consumer {
   private:
     friend class JetStream;
     Consumer() = default;
+    //! Moves `list`'s messages to `out`, sending those delivered too often to the dead letters.
+    void take(natsMsgList & list, std::vector<QueueMsg> & out);
     JetStream * js_ = nullptr;
     __natsSubscription * sub_ = nullptr;
     int max_deliver_ = 5;

@@ -14,6 +14,29 @@ EngineSet::EngineSet(std::vector<std::unique_ptr<Engine>> engines) : owned_(std:
 
 EngineSet::EngineSet(Engine & one) : engines_{&one} {}
 
+namespace {
+
+//! KV budget left on one engine: cells in use and parked RAM entries count against it; prompt
+//! cache entries do not (they make way for anything). None while the pool is pressured.
+uint64_t headroom(const Engine & e) {
+    if (e.kv_pressure()) return 0;
+    const auto & st = e.stats();
+    const auto pool = e.pool().stats();
+    const uint64_t used =
+        uint64_t(std::max<int64_t>(st.kv_cells_used.load(std::memory_order_relaxed), 0)) * e.kv_bytes_per_cell() +
+        (pool.ram_bytes - std::min(pool.ram_bytes, pool.cache_ram_bytes));
+    return e.kv_budget() > used ? e.kv_budget() - used : 0;
+}
+
+}  // namespace
+
+uint64_t EngineSet::kv_headroom() const {
+    uint64_t sum = 0;
+    for (const auto * e : engines_)
+        sum += headroom(*e);
+    return sum;
+}
+
 size_t EngineSet::route(const std::string & session) const {
     if (engines_.size() == 1) return 0;
     if (!session.empty()) {
@@ -25,11 +48,7 @@ size_t EngineSet::route(const std::string & session) const {
         const auto & st = e.stats();
         const int64_t free_seqs = int64_t(e.config().n_seq_max) - st.active.load(std::memory_order_relaxed) -
                                   st.queued.load(std::memory_order_relaxed);
-        const uint64_t used =
-            uint64_t(std::max<int64_t>(st.kv_cells_used.load(std::memory_order_relaxed), 0)) * e.kv_bytes_per_cell() +
-            e.pool().stats().ram_bytes;
-        const uint64_t budget = e.kv_budget();
-        return std::make_tuple(!e.kv_pressure(), free_seqs, budget > used ? budget - used : 0);
+        return std::make_tuple(!e.kv_pressure(), free_seqs, headroom(e));
     };
     size_t best = 0;
     auto best_score = score(*engines_[0]);

@@ -44,6 +44,8 @@ class EngineSet {
     std::optional<KvUsage> kv_usage(const std::string & session) const;
     //! True when every engine is past its KV high watermark: new sessions wait.
     bool kv_pressure() const;
+    //! KV budget left over all engines, in bytes (an engine under pressure counts none).
+    uint64_t kv_headroom() const;
     int32_t n_ctx_seq() const { return engines_.front()->n_ctx_seq(); }
     uint64_t kv_bytes_per_cell() const { return engines_.front()->kv_bytes_per_cell(); }
     //! No request running or waiting on any engine.

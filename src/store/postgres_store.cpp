@@ -619,12 +619,13 @@ std::vector<SessionRecord> PostgresStore::select_open(const std::string & and_wh
     return out;
 }
 
-std::vector<AgentRecord> PostgresStore::agents() {
+std::optional<std::vector<AgentRecord>> PostgresStore::agents() {
     auto l = acquire(*shards_[0]);
-    if (!l) return {};
+    if (!l) return std::nullopt;
     Res r = l.query("SELECT tenant,id,spec,tools,created_ms,updated_ms FROM agents ORDER BY updated_ms");
+    if (!r.ok()) return std::nullopt;
     std::vector<AgentRecord> out;
-    for (int i = 0; r.ok() && i < r.rows(); ++i)
+    for (int i = 0; i < r.rows(); ++i)
         out.push_back({r.text(i, 0), r.text(i, 1), r.text(i, 2), r.text(i, 3), r.i64(i, 4), r.i64(i, 5)});
     return out;
 }

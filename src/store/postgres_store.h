@@ -49,7 +49,7 @@ class PostgresStore : public Store {
     //! Sessions not in `ended` that match `and_where` too (naming `extra` as $n+1…), all shards.
     std::vector<SessionRecord> select_open(const std::string & and_where, const std::vector<std::string> & ended,
                                            const std::vector<std::string> & extra);
-    std::vector<AgentRecord> agents() override;
+    std::optional<std::vector<AgentRecord>> agents() override;
     std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms, size_t limit) override;
     std::vector<std::string> expired_responses(int64_t before_ms, size_t limit) override;
     std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) override;

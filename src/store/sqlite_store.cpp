@@ -412,11 +412,12 @@ std::vector<SessionRecord> SqliteStore::sessions_not_in(const std::vector<std::s
     return out;
 }
 
-std::vector<AgentRecord> SqliteStore::agents() {
+std::optional<std::vector<AgentRecord>> SqliteStore::agents() {
     std::lock_guard lk(rmu_);
     Stmt q(rdb_, "SELECT tenant,id,spec,tools,created_ms,updated_ms FROM agents ORDER BY updated_ms");
     std::vector<AgentRecord> out;
-    while (sqlite3_step(q.s) == SQLITE_ROW) {
+    int rc = SQLITE_ROW;
+    while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
         AgentRecord a;
         a.tenant = q.col(0);
         a.id = q.col(1);
@@ -426,6 +427,7 @@ std::vector<AgentRecord> SqliteStore::agents() {
         a.updated_ms = sqlite3_column_int64(q.s, 5);
         out.push_back(std::move(a));
     }
+    if (rc != SQLITE_DONE) return std::nullopt;
     return out;
 }
 

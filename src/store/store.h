@@ -125,8 +125,9 @@ class Store {
     //! brain's reconcile, a node's own check). The default filters `sessions_not_in`.
     virtual std::vector<SessionRecord> open_sessions(const std::string & cell, const std::string & node,
                                                      const std::vector<std::string> & ended_states);
-    //! Every agent declared through the API.
-    virtual std::vector<AgentRecord> agents() = 0;
+    //! Every agent declared through the API; nullopt when the read failed (an empty table is an
+    //! empty vector), so a caller never takes an outage for "every agent was deleted".
+    virtual std::optional<std::vector<AgentRecord>> agents() = 0;
     //! Ids of up to `limit` sessions in one of `states` last updated before `before_ms`.
     virtual std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,
                                              size_t limit) = 0;
@@ -166,7 +167,7 @@ class ForwardingStore : public Store {
                                              const std::vector<std::string> & ended) override {
         return inner_.open_sessions(cell, node, ended);
     }
-    std::vector<AgentRecord> agents() override { return inner_.agents(); }
+    std::optional<std::vector<AgentRecord>> agents() override { return inner_.agents(); }
     std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,
                                      size_t limit) override {
         return inner_.expired(states, before_ms, limit);

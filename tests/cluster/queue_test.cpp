@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
@@ -55,6 +56,50 @@ TEST(Queue, APlaceRequestGoesToOneBrainAndLeavesTheQueueWhenAcked) {
     EXPECT_TRUE(brain_b->fetch(1, 300, err).empty());  // one brain gets it, not both
     ASSERT_EQ(got[0].ack(), "");
     EXPECT_EQ(js->stream_messages("ARMADA_PLACE", err), 0);  // a work queue: acked means gone
+}
+
+TEST(Queue, AFetchReturnsWhenAMessageComesAndTakesWhatElseIsQueued) {
+    auto js = connect();
+    ASSERT_TRUE(js);
+    std::string err;
+    auto c = js->consumer("ARMADA_CMD", "node-f1", command_subject("f1"), 5000, 5, err);
+    ASSERT_TRUE(c) << err;
+    std::thread later([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        EXPECT_EQ(js->publish(command_subject("f1"), "one"), "");
+    });
+    // A batch of 16 and a long wait: one message is enough to return (well before the wait).
+    const auto t0 = std::chrono::steady_clock::now();
+    auto got = c->fetch(16, 30000, err);
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    later.join();
+    ASSERT_EQ(got.size(), 1u) << err;
+    EXPECT_LT(waited, std::chrono::seconds(15));
+    ASSERT_EQ(got[0].ack(), "");
+    for (int i = 0; i < 5; ++i)
+        ASSERT_EQ(js->publish(command_subject("f1"), "m" + std::to_string(i)), "");
+    got = c->fetch(16, 30000, err);
+    ASSERT_EQ(got.size(), 5u) << err;
+    for (int i = 0; i < 5; ++i) {
+        EXPECT_EQ(got[size_t(i)].data(), "m" + std::to_string(i));
+        EXPECT_EQ(got[size_t(i)].ack(), "");
+    }
+}
+
+TEST(Queue, NodeNamesWithDotsGetConsumersOfTheirOwn) {
+    auto js = connect();
+    ASSERT_TRUE(js);
+    std::string err;
+    auto dotted = js->consumer("ARMADA_CMD", "node-h1.example.com", command_subject("h1.example.com"), 5000, 5, err);
+    ASSERT_TRUE(dotted) << err;
+    auto plain = js->consumer("ARMADA_CMD", "node-h1", command_subject("h1"), 5000, 5, err);
+    ASSERT_TRUE(plain) << err;
+    ASSERT_EQ(js->publish(command_subject("h1.example.com"), "for the dotted one"), "");
+    auto got = fetch_one(*dotted);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].data(), "for the dotted one");
+    EXPECT_EQ(got[0].ack(), "");
+    EXPECT_TRUE(plain->fetch(1, 300, err).empty());
 }
 
 TEST(Queue, AMessageNotAckedInTimeComesBack) {

@@ -64,6 +64,16 @@ async function startCluster(args, { model, env }) {
     if (Date.now() > deadline) throw new Error('the cluster never had a node\n' + out);
     await new Promise((res) => setTimeout(res, 100));
   }
+  // An API key given to `cluster up` reaches its processes through their environment: it must
+  // not show in any command line (`ps` shows those to every user of the machine).
+  const key = upArgs[upArgs.indexOf('--api-key') + 1];
+  if (upArgs.includes('--api-key')) {
+    const status = JSON.parse(fs.readFileSync(path.join(dir, 'c', 'cluster.json'), 'utf8'));
+    for (const p of status.processes) {
+      const cmdline = fs.readFileSync(`/proc/${p.pid}/cmdline`, 'utf8');
+      if (cmdline.includes(key)) throw new Error(`the API key is on the command line of ${p.name}`);
+    }
+  }
   const logs = () => {
     const d = path.join(dir, 'c', 'logs');
     return fs.existsSync(d) ? fs.readdirSync(d).map((f) => fs.readFileSync(path.join(d, f), 'utf8')).join('') : '';

@@ -9,6 +9,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const stored = new Map();   // key -> reply body
   const firstAt = new Map();  // key -> when its first request arrived (ms)
   const replayAt = new Map(); // key -> when its first repeat was answered (ms)
+  const arrivals = new Map(); // key -> when each of its requests arrived (ms)
   const noKey = [];
   const secrets = [];
   let inFlight = 0;
@@ -76,6 +77,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
       }
       if (!key) noKey.push(req.url);
       if (key && !firstAt.has(key)) firstAt.set(key, Date.now());
+      if (key) arrivals.set(key, [...(arrivals.get(key) ?? []), Date.now()]);
       const delay = minDelayMs + Math.random() * (maxDelayMs - minDelayMs);
       setTimeout(() => {
         // Replies declare their length (Content-Length), as most servers do; /words, /gbk and
@@ -103,7 +105,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
   const { port } = server.address();
   return {
     url: `http://127.0.0.1:${port}`,
-    effects, replays, noKey, secrets, firstAt, replayAt, seen,
+    effects, replays, noKey, secrets, firstAt, replayAt, arrivals, seen,
     inFlight: () => inFlight,
     close: () => new Promise((r) => server.close(r)),
   };

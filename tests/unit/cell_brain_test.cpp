@@ -61,6 +61,32 @@ TEST(CellBrain, NeverPlacesOnADrainingNode) {
     EXPECT_EQ(b.waiting(), 1u);
 }
 
+TEST(CellBrain, ADrainEventStopsPlacementBeforeTheNextReportAndAReportUndoesIt) {
+    auto b = with_nodes({report("n1", 50), report("n2", 1)});
+    b.node_draining("n1");
+    b.session_open("s1", "", 0);
+    b.session_open("s2", "", 0);
+    auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].node, "n2");
+    // The node restarted and reports that it takes work again.
+    b.load(report("n1", 50), 100);
+    d = b.decide(100);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s2", "n1", 1, false}));
+}
+
+TEST(CellBrain, ASessionThatEndedIsNotMovedWhenItsNodeDies) {
+    auto b = with_nodes({report("n1", 10), report("n2", 10)});
+    b.session_open("s1", "n1", 1);
+    b.session_open("s2", "n1", 1);
+    b.session_closed("s1");  // the node's "ended" event, before the next reconcile
+    b.node_down("n1");
+    const auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s2", "n2", 2, true}));
+}
+
 TEST(CellBrain, NeverPlacesOnANodeWhoseLeaseIsGone) {
     CellBrain b;
     b.load(report("ghost", 50), 0);  // a report without a lease does not make a node live

@@ -36,5 +36,8 @@ TEST(ClusterConfig, NamesTheSettingThatIsWrongAndNeverEchoesAPassword) {
     EXPECT_NE(err.find("cluster file"), std::string::npos);
     EXPECT_TRUE(valid_cell_or_node_name("cell-1.eu_west"));
     EXPECT_FALSE(valid_cell_or_node_name("a/b"));
+    EXPECT_FALSE(valid_cell_or_node_name(".a"));
+    EXPECT_FALSE(valid_cell_or_node_name("a."));
+    EXPECT_FALSE(valid_cell_or_node_name("a..b"));
     EXPECT_FALSE(valid_cell_or_node_name(""));
 }
