@@ -1,0 +1,196 @@
+#include "cluster/global_brain.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+namespace armada::cluster {
+
+namespace {
+
+uint64_t fnv1a(const std::string & s) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : s) {
+        h ^= c;
+        h *= 1099511628211ull;
+    }
+    // A final mix: FNV's low bits follow the last bytes closely.
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+}  // namespace
+
+std::string pick_cell(const Shares & s, const std::string & tenant) {
+    if (auto it = s.tenant_home.find(tenant); it != s.tenant_home.end()) {
+        if (auto w = s.weight.find(it->second); w != s.weight.end() && w->second > 0) return it->second;
+    }
+    // Weighted rendezvous hashing: each cell scores -ln(u)/w with u uniform from (tenant, cell);
+    // the lowest wins. A cell wins with probability proportional to its weight, and removing one
+    // cell moves only the tenants that were on it.
+    std::string best;
+    double best_score = 0;
+    for (const auto & [cell, w] : s.weight) {
+        if (w <= 0) continue;
+        const double u = (double(fnv1a(tenant + '\n' + cell) >> 11) + 0.5) / 9007199254740992.0;  // 2^53
+        const double score = -std::log(u) / w;
+        if (best.empty() || score < best_score) {
+            best = cell;
+            best_score = score;
+        }
+    }
+    return best;
+}
+
+GlobalBrain::GlobalBrain(std::vector<CellSpec> cells, GlobalBrainConfig cfg) : cfg_(cfg) {
+    for (auto & c : cells) {
+        const std::string name = c.name;
+        cells_[name].spec = std::move(c);
+    }
+}
+
+void GlobalBrain::report(const CellReport & r, int64_t now_ms) {
+    auto it = cells_.find(r.cell);
+    if (it == cells_.end()) return;  // not in the config: not ours to split load over
+    Cell & c = it->second;
+    c.last = r;
+    c.reported_ms = now_ms;
+    c.taken = 0;
+    if (c.gone || !c.open.empty()) {
+        // Back: what was not handed over yet stays, and its own brain places it again.
+        c.gone = false;
+        c.open.clear();
+    }
+}
+
+void GlobalBrain::leases_gone(const std::string & cell) {
+    if (auto it = cells_.find(cell); it != cells_.end()) it->second.gone = true;
+}
+
+void GlobalBrain::open_in(const std::string & cell, const std::vector<OpenSession> & open) {
+    auto it = cells_.find(cell);
+    if (it == cells_.end()) return;
+    Cell & c = it->second;
+    c.open.clear();
+    for (const auto & o : open) {
+        if (!c.in_flight.count(o.id)) c.open[o.id] = o;
+    }
+}
+
+void GlobalBrain::rehome_done(const std::string & session) {
+    for (auto & [name, c] : cells_)
+        c.in_flight.erase(session);
+}
+
+bool GlobalBrain::lost(const std::string & cell, int64_t now_ms) const {
+    auto it = cells_.find(cell);
+    if (it == cells_.end()) return false;
+    const Cell & c = it->second;
+    return c.gone || (c.last && now_ms - c.reported_ms > cfg_.report_ttl_ms);
+}
+
+std::vector<std::string> GlobalBrain::lost_cells(int64_t now_ms) const {
+    std::vector<std::string> out;
+    for (const auto & [name, c] : cells_)
+        if (lost(name, now_ms)) out.push_back(name);
+    return out;
+}
+
+size_t GlobalBrain::waiting() const {
+    size_t n = 0;
+    for (const auto & [name, c] : cells_)
+        n += c.open.size();
+    return n;
+}
+
+int GlobalBrain::room(const Cell & c, int64_t now_ms) const {
+    if (!c.last || lost(c.spec.name, now_ms) || c.last->kv_headroom <= 0) return 0;
+    const int limit = int(std::floor(c.spec.water * double(c.last->capacity)));
+    return std::max(0, limit - c.last->live_sessions - c.taken);
+}
+
+Shares GlobalBrain::shares(int64_t now_ms) const {
+    Shares s;
+    // A cell whose steps are slower than the others' typical one gets less, in proportion (at
+    // most 4 times less): it is short of cores, or busier than its counts say.
+    std::vector<double> lat;
+    for (const auto & [name, c] : cells_)
+        if (room(c, now_ms) > 0 && c.last->step_ms > 0) lat.push_back(c.last->step_ms);
+    double typical = 0;
+    if (!lat.empty()) {
+        std::nth_element(lat.begin(), lat.begin() + long(lat.size() / 2), lat.end());
+        typical = lat[lat.size() / 2];
+    }
+    double sum = 0;
+    for (const auto & [name, c] : cells_) {
+        const int r = room(c, now_ms);
+        if (r <= 0) continue;
+        double w = double(r);
+        if (typical > 0 && c.last->step_ms > typical) w *= std::max(0.25, typical / c.last->step_ms);
+        s.weight[name] = w;
+        sum += w;
+    }
+    for (auto & [name, w] : s.weight)
+        w /= sum;
+    // A tenant's home: of the cells under water, the one holding most of its live sessions.
+    std::map<std::string, std::pair<int, std::string>> best;  // tenant → (sessions, cell)
+    for (const auto & [name, c] : cells_) {
+        if (!s.weight.count(name)) continue;
+        for (const auto & [tenant, n] : c.last->by_tenant) {
+            auto & b = best[tenant];
+            if (n > b.first) b = {n, name};
+        }
+    }
+    for (const auto & [tenant, b] : best)
+        if (b.first > 0) s.tenant_home[tenant] = b.second;
+    return s;
+}
+
+std::string GlobalBrain::target(const Cell & from, const std::string & tenant, int64_t now_ms) const {
+    // Best first: another fault domain than the lost cell's, then the cell holding most of this
+    // tenant's sessions, then the most room.
+    std::string best;
+    std::tuple<bool, int, int> best_key{false, 0, 0};
+    for (const auto & [name, c] : cells_) {
+        if (name == from.spec.name) continue;
+        const int r = room(c, now_ms);
+        if (r <= 0) continue;
+        const bool other_domain = from.spec.domain.empty() || c.spec.domain != from.spec.domain;
+        int mine = 0;
+        if (auto t = c.last->by_tenant.find(tenant); t != c.last->by_tenant.end()) mine = t->second;
+        const std::tuple<bool, int, int> key{other_domain, mine, r};
+        if (best.empty() || key > best_key) {
+            best = name;
+            best_key = key;
+        }
+    }
+    return best;
+}
+
+std::vector<Rehome> GlobalBrain::decide(int64_t now_ms) {
+    if (tokens_ < 0) {
+        tokens_ = cfg_.burst;
+    } else if (now_ms > tokens_at_ms_) {
+        tokens_ = std::min(cfg_.burst, tokens_ + double(now_ms - tokens_at_ms_) * cfg_.rehomes_per_s / 1000.0);
+    }
+    tokens_at_ms_ = now_ms;
+    std::vector<Rehome> out;
+    for (auto & [name, c] : cells_) {
+        if (!lost(name, now_ms)) continue;
+        for (auto it = c.open.begin(); it != c.open.end();) {
+            if (tokens_ < 1) return out;
+            const std::string to = target(c, it->second.tenant, now_ms);
+            if (to.empty()) return out;  // no room anywhere: they wait
+            out.push_back({it->first, name, to, it->second.epoch + 1});
+            cells_[to].taken++;
+            tokens_ -= 1;
+            c.in_flight.insert(it->first);
+            it = c.open.erase(it);
+        }
+    }
+    return out;
+}
+
+}  // namespace armada::cluster

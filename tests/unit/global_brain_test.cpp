@@ -1,0 +1,228 @@
+// The global brain's decisions, one test each. Like the cell brain it is pure: reports and times
+// in, shares and re-homes out.
+#include "cluster/global_brain.h"
+
+#include <gtest/gtest.h>
+
+using namespace armada::cluster;
+
+namespace {
+
+CellReport cell(const std::string & name, int capacity, int live, std::map<std::string, int> by_tenant = {},
+                double step_ms = 0) {
+    CellReport r;
+    r.cell = name;
+    r.nodes = 2;
+    r.capacity = capacity;
+    r.live_sessions = live;
+    r.free_seqs = capacity - live;
+    r.kv_headroom = 1ll << 30;
+    r.step_ms = step_ms;
+    r.by_tenant = std::move(by_tenant);
+    return r;
+}
+
+std::vector<CellSpec> specs(std::initializer_list<std::pair<const char *, const char *>> cells, double water = 0.5) {
+    std::vector<CellSpec> out;
+    for (const auto & [name, domain] : cells)
+        out.push_back({name, domain, water});
+    return out;
+}
+
+}  // namespace
+
+TEST(GlobalBrain, NewSessionsAreSplitByEachCellsRoomBelowItsWaterLevel) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}));
+    g.report(cell("a", 100, 10), 0);  // room 50 - 10 = 40
+    g.report(cell("b", 100, 40), 0);  // room 10
+    const auto s = g.shares(0);
+    ASSERT_EQ(s.weight.size(), 2u);
+    EXPECT_DOUBLE_EQ(s.weight.at("a"), 0.8);
+    EXPECT_DOUBLE_EQ(s.weight.at("b"), 0.2);
+}
+
+TEST(GlobalBrain, ACellAtItsWaterLevelGetsNoNewSessions) {
+    GlobalBrain g({{"a", "", 0.57}, {"b", "", 0.57}});
+    g.report(cell("a", 100, 57), 0);  // at 57%: full, though 43 slots are free
+    g.report(cell("b", 100, 90), 0);
+    EXPECT_TRUE(g.shares(0).weight.empty());
+    EXPECT_EQ(pick_cell(g.shares(0), "t1"), "");
+    g.report(cell("a", 100, 50), 1);
+    EXPECT_EQ(g.shares(1).weight, (std::map<std::string, double>{{"a", 1.0}}));
+}
+
+TEST(GlobalBrain, ACellUnderKvPressureGetsNoNewSessions) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}));
+    auto a = cell("a", 100, 0);
+    a.kv_headroom = 0;
+    g.report(a, 0);
+    g.report(cell("b", 100, 0), 0);
+    EXPECT_EQ(g.shares(0).weight, (std::map<std::string, double>{{"b", 1.0}}));
+}
+
+TEST(GlobalBrain, ACellWhoseStepsAreSlowGetsLessInProportion) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}, {"c", ""}}));
+    g.report(cell("a", 100, 0, {}, 100), 0);
+    g.report(cell("b", 100, 0, {}, 100), 0);
+    g.report(cell("c", 100, 0, {}, 200), 0);  // twice as slow: half the weight
+    const auto s = g.shares(0);
+    EXPECT_DOUBLE_EQ(s.weight.at("a"), 0.4);
+    EXPECT_DOUBLE_EQ(s.weight.at("c"), 0.2);
+}
+
+TEST(GlobalBrain, ATenantsNewSessionsStayInItsCellUntilItsWaterLevel) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}));
+    g.report(cell("a", 100, 30, {{"t1", 30}}), 0);
+    g.report(cell("b", 100, 2, {{"t1", 2}, {"t2", 2}}), 0);
+    auto s = g.shares(0);
+    EXPECT_EQ(pick_cell(s, "t1"), "a");  // though b has more room
+    EXPECT_EQ(pick_cell(s, "t2"), "b");
+    // a reaches its water level: t1 goes where it has its other sessions.
+    g.report(cell("a", 100, 50, {{"t1", 50}}), 1);
+    s = g.shares(1);
+    EXPECT_EQ(s.tenant_home.at("t1"), "b");
+    EXPECT_EQ(pick_cell(s, "t1"), "b");
+}
+
+TEST(GlobalBrain, ATenantNewToTheClusterGetsTheSameCellFromEveryGatewayInProportionToTheWeights) {
+    Shares s;
+    s.weight = {{"a", 0.75}, {"b", 0.25}};
+    int on_a = 0;
+    for (int i = 0; i < 10000; ++i) {
+        const std::string t = "tenant-" + std::to_string(i);
+        const std::string c = pick_cell(s, t);
+        EXPECT_EQ(c, pick_cell(s, t));  // another gateway, the same answer
+        on_a += c == "a";
+    }
+    EXPECT_GT(on_a, 7200);
+    EXPECT_LT(on_a, 7800);
+    // A cell that fills up moves only its own tenants.
+    Shares without_b;
+    without_b.weight = {{"a", 1.0}};
+    for (int i = 0; i < 200; ++i) {
+        const std::string t = "tenant-" + std::to_string(i);
+        if (pick_cell(s, t) == "a") EXPECT_EQ(pick_cell(without_b, t), "a");
+    }
+}
+
+TEST(GlobalBrain, ACellIsLostWhenItsReportsStopOrAtOnceWhenItsLeasesAreGone) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}), {.report_ttl_ms = 10000});
+    g.report(cell("a", 100, 0), 0);
+    g.report(cell("b", 100, 0), 0);
+    EXPECT_FALSE(g.lost("a", 10000));
+    EXPECT_TRUE(g.lost("a", 10001));
+    g.report(cell("a", 100, 0), 10001);
+    EXPECT_FALSE(g.lost("a", 10002));
+    g.leases_gone("b");
+    EXPECT_TRUE(g.lost("b", 10002));
+    EXPECT_EQ(g.lost_cells(10002), std::vector<std::string>{"b"});
+    EXPECT_EQ(g.shares(10002).weight, (std::map<std::string, double>{{"a", 1.0}}));
+    g.report(cell("b", 100, 0), 10003);  // back
+    EXPECT_FALSE(g.lost("b", 10003));
+}
+
+TEST(GlobalBrain, ALostCellsSessionsAreRehomedUnderAHigherEpochNeverToItself) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}));
+    g.report(cell("a", 100, 2), 0);
+    g.report(cell("b", 100, 0), 0);
+    g.leases_gone("a");
+    g.open_in("a", {{"s1", "t1", 3}, {"s2", "t1", 1}});
+    const auto d = g.decide(0);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_EQ(d[0], (Rehome{"s1", "a", "b", 4}));
+    EXPECT_EQ(d[1], (Rehome{"s2", "a", "b", 2}));
+    EXPECT_EQ(g.waiting(), 0u);
+}
+
+TEST(GlobalBrain, NoCellIsRehomedWhileItLives) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}));
+    g.report(cell("a", 100, 2), 0);
+    g.report(cell("b", 100, 0), 0);
+    g.open_in("a", {{"s1", "t1", 1}});
+    EXPECT_TRUE(g.decide(0).empty());
+}
+
+TEST(GlobalBrain, RehomingPrefersAnotherFaultDomain) {
+    GlobalBrain g(specs({{"a", "room1"}, {"b", "room1"}, {"c", "room2"}}));
+    g.report(cell("a", 100, 0), 0);
+    g.report(cell("b", 100, 0), 0);   // more room, but the same room as a
+    g.report(cell("c", 100, 40), 0);  // room 10
+    g.leases_gone("a");
+    g.open_in("a", {{"s1", "t1", 1}});
+    const auto d = g.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].to, "c");
+}
+
+TEST(GlobalBrain, RehomingKeepsATenantWithItsOtherSessions) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}, {"c", ""}}));
+    g.report(cell("a", 100, 0), 0);
+    g.report(cell("b", 100, 0), 0);
+    g.report(cell("c", 100, 20, {{"t9", 20}}), 0);  // less room, but t9 lives there
+    g.leases_gone("a");
+    g.open_in("a", {{"s1", "t9", 1}, {"s2", "t1", 1}});
+    const auto d = g.decide(0);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_EQ(d[0], (Rehome{"s1", "a", "c", 2}));
+    EXPECT_EQ(d[1].to, "b");
+}
+
+TEST(GlobalBrain, RehomingIsRateLimited) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}), {.rehomes_per_s = 10, .burst = 5});
+    g.report(cell("a", 1000, 0), 0);
+    g.report(cell("b", 1000, 0), 0);
+    g.leases_gone("a");
+    std::vector<GlobalBrain::OpenSession> open;
+    for (int i = 0; i < 20; ++i)
+        open.push_back({"s" + std::to_string(100 + i), "t", 1});
+    g.open_in("a", open);
+    EXPECT_EQ(g.decide(0).size(), 5u);    // the burst
+    EXPECT_EQ(g.decide(100).size(), 1u);  // then 10 a second
+    EXPECT_EQ(g.decide(1100).size(), 5u);
+    EXPECT_EQ(g.waiting(), 9u);
+}
+
+TEST(GlobalBrain, RehomingStopsAtTheOtherCellsWaterLevels) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}));
+    g.report(cell("a", 100, 0), 0);
+    g.report(cell("b", 10, 3), 0);  // room 5 - 3 = 2
+    g.leases_gone("a");
+    g.open_in("a", {{"s1", "t", 1}, {"s2", "t", 1}, {"s3", "t", 1}});
+    EXPECT_EQ(g.decide(0).size(), 2u);
+    EXPECT_EQ(g.waiting(), 1u);
+    EXPECT_TRUE(g.decide(1).empty());
+    g.report(cell("b", 10, 3), 2);  // its brain has placed them elsewhere: room again
+    EXPECT_EQ(g.decide(2).size(), 1u);
+}
+
+TEST(GlobalBrain, ARehomeDecidedIsNotDecidedAgainWhenTheStoreStillListsIt) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}));
+    g.report(cell("a", 100, 0), 0);
+    g.report(cell("b", 100, 0), 0);
+    g.leases_gone("a");
+    g.open_in("a", {{"s1", "t", 1}});
+    ASSERT_EQ(g.decide(0).size(), 1u);
+    g.open_in("a", {{"s1", "t", 1}});  // read before the write landed
+    EXPECT_TRUE(g.decide(1).empty());
+    g.rehome_done("s1");
+    g.open_in("a", {});
+    EXPECT_TRUE(g.decide(2).empty());
+}
+
+TEST(GlobalBrain, ACellThatComesBackKeepsWhatWasNotHandedOver) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}), {.rehomes_per_s = 0, .burst = 1});
+    g.report(cell("a", 100, 0), 0);
+    g.report(cell("b", 100, 0), 0);
+    g.leases_gone("a");
+    g.open_in("a", {{"s1", "t", 1}, {"s2", "t", 1}});
+    ASSERT_EQ(g.decide(0).size(), 1u);
+    g.report(cell("a", 100, 1), 1);
+    EXPECT_EQ(g.waiting(), 0u);
+    EXPECT_TRUE(g.decide(2).empty());
+}
+
+TEST(GlobalBrain, ReportsOfCellsNotInTheConfigAreIgnored) {
+    GlobalBrain g(specs({{"a", ""}}));
+    g.report(cell("x", 100, 0), 0);
+    EXPECT_EQ(g.shares(0).weight, (std::map<std::string, double>{}));
+}
