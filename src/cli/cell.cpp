@@ -1,5 +1,6 @@
 #include "cli/cell.h"
 
+#include "cli/elected.h"
 #include "cli/stop_signals.h"
 
 #include "agent/session_manager.h"
@@ -42,7 +43,10 @@ const std::vector<std::string> kEndedStates = {"completed", "failed", "cancelled
 class CellProcess {
   public:
     CellProcess(ClusterConfig cfg, CellOptions o, sigset_t stop_set)
-        : cfg_(std::move(cfg)), o_(std::move(o)), stop_set_(stop_set), etcd_(cfg_.etcd) {}
+        : cfg_(std::move(cfg)),
+          o_(std::move(o)),
+          etcd_(cfg_.etcd),
+          elected_(etcd_, cfg_.lease_ttl_s, "cell " + o_.cell, stop_set) {}
 
     int run() {
         store::PostgresConfig pc;
@@ -58,41 +62,13 @@ class CellProcess {
         if (!place_) return fail("NATS consumer: " + err);
         events_ = js_->consumer("ARMADA_EVENT", "cell-" + o_.cell + "-events", event_subject(o_.cell), 30000, 10, err);
         if (!events_) return fail("NATS consumer: " + err);
-        keepalive_ = std::thread([this] { keep_lease(); });
         printf("armada: cell brain %s of cell %s started\n", o_.name.c_str(), o_.cell.c_str());
         fflush(stdout);
-        std::mt19937 rng(std::random_device{}());
-        while (!stopping()) {
-            if (lease_.load() == 0) {
-                int64_t l = 0;
-                if (auto e = etcd_.grant(cfg_.lease_ttl_s, l); !e.empty()) {
-                    spdlog::warn("cell {}: no lease from etcd: {}; retrying", o_.cell, e);
-                    if (wait_signal(std::uniform_int_distribution<int>(500, 1500)(rng))) break;
-                    continue;
-                }
-                lease_ = l;
-            }
-            EtcdLeader me;
-            const std::string e = etcd_.campaign(brain_election(cfg_, o_.cell), o_.name, lease_.load(), 1000, me);
-            if (e == "not elected yet") {
-                if (wait_signal(0)) break;
-                continue;
-            }
-            if (!e.empty()) {
-                spdlog::warn("cell {}: campaign: {}", o_.cell, e);
-                if (wait_signal(std::uniform_int_distribution<int>(500, 1500)(rng))) break;
-                continue;
-            }
-            if (!still_leader(me)) continue;
-            spdlog::info("cell {}: {} leads (epoch {})", o_.cell, o_.name, me.rev);
+        elected_.run(brain_election(cfg_, o_.cell), o_.name, [this](const EtcdLeader & me) {
             printf("armada: cell brain %s leads cell %s\n", o_.name.c_str(), o_.cell.c_str());
             fflush(stdout);
             lead(me);
-            if (!stopping()) spdlog::warn("cell {}: {} no longer leads; campaigning again", o_.cell, o_.name);
-        }
-        quit_ = true;
-        if (keepalive_.joinable()) keepalive_.join();
-        if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);  // a standby leads at once
+        });
         spdlog::info("cell {}: brain {} stopped", o_.cell, o_.name);
         return 0;
     }
@@ -102,39 +78,9 @@ class CellProcess {
         fprintf(stderr, "error: %s\n", e.c_str());
         return 1;
     }
-    bool stopping() const { return quit_.load(); }
-    //! Waits up to `ms` for a stop signal; true when one came.
-    bool wait_signal(int ms) {
-        timespec t{ms / 1000, long(ms % 1000) * 1000000L};
-        if (sigtimedwait(&stop_set_, nullptr, &t) > 0) quit_ = true;
-        return quit_.load();
-    }
-
-    //! Keeps this brain's lease alive; when etcd says it is gone, the brain stops leading.
-    void keep_lease() {
-        const int every_ms = std::max(300, cfg_.lease_ttl_s * 1000 / 3);
-        while (!quit_.load()) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
-            const int64_t l = lease_.load();
-            if (l == 0) continue;
-            int64_t ttl = 0;
-            const std::string e = etcd_.keepalive(l, ttl);
-            if (e.empty() && ttl <= 0) {
-                spdlog::warn("cell {}: the lease of brain {} expired", o_.cell, o_.name);
-                int64_t expect = l;
-                lease_.compare_exchange_strong(expect, 0);
-            } else if (!e.empty()) {
-                spdlog::warn("cell {}: lease keep-alive: {}", o_.cell, e);
-            }
-        }
-    }
-
-    bool still_leader(const EtcdLeader & me) {
-        if (lease_.load() != me.lease && me.lease != 0) return false;
-        EtcdLeader now;
-        if (!etcd_.leader(brain_election(cfg_, o_.cell), now).empty()) return false;
-        return now.key == me.key;
-    }
+    bool stopping() const { return elected_.stopping(); }
+    bool wait_signal(int ms) { return elected_.wait_signal(ms); }
+    bool still_leader(const EtcdLeader & me) { return elected_.still_leader(me, brain_election(cfg_, o_.cell)); }
 
     //! The brain's view rebuilt from the truth: live nodes (their keys in etcd) and the cell's
     //! open sessions (PostgreSQL). Returns the etcd revision the node list was read at.
@@ -154,13 +100,35 @@ class CellProcess {
             if (auto l = decode_load(name, kv.value)) loads.push_back(*l);
         }
         std::vector<CellBrain::OpenSession> open;
-        for (const auto & r : store_->open_sessions(o_.cell, "", kEndedStates))
+        std::map<std::string, int> by_tenant;
+        for (const auto & r : store_->open_sessions(o_.cell, "", kEndedStates)) {
             open.push_back({r.id, r.node, r.epoch});
+            ++by_tenant[r.owner];
+        }
+        by_tenant_ = std::move(by_tenant);
         brain.reconcile(live, open);
         const int64_t t = now_ms();
         for (const auto & l : loads)
             brain.load(l, t);
         return rev;
+    }
+
+    //! The cell's aggregate for the global brain, under this brain's lease: it goes when no brain
+    //! of the cell leads any more.
+    void report(const CellBrain & brain, int64_t now) {
+        CellReport r;
+        r.cell = o_.cell;
+        for (const auto & l : brain.loads(now)) {
+            ++r.nodes;
+            r.live_sessions += l.sessions;
+            if (l.draining) continue;
+            r.capacity += l.free_seqs + l.sessions;
+            r.free_seqs += l.free_seqs;
+            r.kv_headroom += l.kv_headroom;
+        }
+        r.by_tenant = by_tenant_;
+        if (auto e = etcd_.put(cell_report_key(cfg_, o_.cell), encode_cell_report(r), elected_.lease()); !e.empty())
+            spdlog::warn("cell {}: cannot write its report: {}", o_.cell, e);
     }
 
     //! Node events: a session that ended leaves the view now (were its node to die before the
@@ -265,8 +233,11 @@ class CellProcess {
             auto msgs = place_->fetch(64, 50, err);
             for (auto & m : msgs) {
                 const json j = json::parse(m.data(), nullptr, false);
+                // A re-homed session comes with the epoch the global brain gave it (no node yet).
                 if (j.is_object() && j.contains("session") && j["session"].is_string())
-                    brain.session_open(j["session"].get<std::string>(), "", 0);
+                    brain.session_open(
+                        j["session"].get<std::string>(), "",
+                        j.contains("epoch") && j["epoch"].is_number_integer() ? j["epoch"].get<int64_t>() : 0);
                 m.ack();  // the row is durable before the message is sent: reconcile finds it anyway
             }
             if (!msgs.empty()) spdlog::info("cell {}: {} place request(s) taken from the queue", o_.cell, msgs.size());
@@ -302,6 +273,7 @@ class CellProcess {
             if (t - last_check >= 1000) {
                 last_check = t;
                 if (!still_leader(me)) break;
+                report(brain, t);
             }
             if (wait_signal(0)) break;
         }
@@ -311,15 +283,13 @@ class CellProcess {
 
     ClusterConfig cfg_;
     CellOptions o_;
-    sigset_t stop_set_;
     EtcdClient etcd_;
+    Elected elected_;
     std::unique_ptr<store::Store> store_;
     std::unique_ptr<JetStream> js_;
     std::unique_ptr<Consumer> place_, events_;
-    std::atomic<int64_t> lease_{0};
-    std::atomic<bool> quit_{false};
-    std::thread keepalive_;
     uint64_t placed_ = 0;
+    std::map<std::string, int> by_tenant_;  // open sessions per tenant, at the last reconcile
 };
 
 }  // namespace

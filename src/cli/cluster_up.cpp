@@ -90,7 +90,10 @@ int cluster_up(const ClusterUpOptions & o) {
           << "nats: " << nats.url() << "\n"
           << "redis: " << redis.url() << "\n"
           << "postgres: [" << pg.url("armada") << "]\n"
-          << "lease_ttl_s: " << o.lease_ttl_s << "\n";
+          << "lease_ttl_s: " << o.lease_ttl_s << "\n"
+          << "cells:\n";
+        for (int c = 0; c < o.cells; ++c)
+            f << "  - {name: cell" << c << "}\n";
     }
 
     const std::string exe = self_exe();
@@ -99,11 +102,21 @@ int cluster_up(const ClusterUpOptions & o) {
         std::string err;
         // The admin key goes in the environment, not on the command line where `ps` shows it.
         std::vector<std::string> env;
-        if (!o.api_key.empty() && p.role != "cell") env.push_back("ARMADA_API_KEY=" + o.api_key);
+        if (!o.api_key.empty() && (p.role == "node" || p.role == "gateway"))
+            env.push_back("ARMADA_API_KEY=" + o.api_key);
         p.child = Child::spawn(p.argv, p.log, "", err, env);
         if (!p.child) fprintf(stderr, "error: cannot start %s: %s\n", p.name.c_str(), err.c_str());
         return p.child.has_value();
     };
+    const int globals = o.globals >= 0 ? o.globals : (o.cells > 1 ? 2 : 0);
+    for (int g = 0; g < globals; ++g) {
+        Proc p;
+        p.role = "global";
+        p.name = "global" + std::to_string(g);
+        p.log = logs + p.name + ".log";
+        p.argv = {exe, "global", "--cluster", cfg_path, "--name", p.name};
+        procs.push_back(std::move(p));
+    }
     for (int c = 0; c < o.cells; ++c) {
         const std::string cell = "cell" + std::to_string(c);
         for (int b = 0; b < o.brains; ++b) {
@@ -219,7 +232,7 @@ int cluster_up(const ClusterUpOptions & o) {
     printf("armada: stopping the cluster\n");
     fflush(stdout);
     // In order: the entry first, then the nodes (they drain), the brains, the servers.
-    for (const char * role : {"gateway", "node", "cell"}) {
+    for (const char * role : {"gateway", "node", "cell", "global"}) {
         for (auto & p : procs) {
             if (p.role == role && p.child && p.child->running()) p.child->signal(SIGTERM);
         }

@@ -5,6 +5,7 @@
 #include "cli/bench_kv.h"
 #include "cli/cell.h"
 #include "cli/cluster_up.h"
+#include "cli/global.h"
 #include "cli/mkmodel.h"
 #include "cli/serve.h"
 #include "engine/memory_budget.h"
@@ -260,6 +261,19 @@ int main(int argc, char ** argv) {
         ->capture_default_str();
     ce->add_option("--log-level", cell.log_level, "trace, debug, info, warn, error")->capture_default_str();
 
+    cli::GlobalOptions glo;
+    auto * gl =
+        app.add_subcommand("global", "run a global brain: splits new sessions over cells, re-homes a lost cell");
+    gl->add_option("--cluster", glo.cluster_file, "the cluster's YAML file")->required()->envname("ARMADA_CLUSTER");
+    gl->add_option("--name", glo.name, "this brain's name in the election (default: HOSTNAME-PID)");
+    gl->add_option("--tick-ms", glo.tick_ms, "how often cells are read and lost ones handed over")
+        ->check(CLI::Range(100, 60000))
+        ->capture_default_str();
+    gl->add_option("--shares-ms", glo.shares_ms, "how often the split of new sessions is written")
+        ->check(CLI::Range(100, 600000))
+        ->capture_default_str();
+    gl->add_option("--log-level", glo.log_level, "trace, debug, info, warn, error")->capture_default_str();
+
     gateway::GatewayOptions gwo;
     gwo.http.port = 8080;
     gwo.http.threads = 2;
@@ -283,6 +297,7 @@ int main(int argc, char ** argv) {
     cup->add_option("--cells", cuo.cells, "cells")->capture_default_str();
     cup->add_option("--nodes", cuo.nodes, "nodes per cell")->capture_default_str();
     cup->add_option("--brains", cuo.brains, "cell brains per cell (one leads)")->capture_default_str();
+    cup->add_option("--globals", cuo.globals, "global brains (one leads); default 2 with several cells, else 0");
     cup->add_option("-m,--model", cuo.model, "GGUF model file for every node")->envname("ARMADA_MODEL");
     cup->add_option("--data-dir", cuo.data_dir, "where the servers' data and every log go")->capture_default_str();
     cup->add_option("--port", cuo.port, "the gateway's port (0 = any free port)")->capture_default_str();
@@ -440,6 +455,7 @@ int main(int argc, char ** argv) {
 
     if (s->parsed()) return cli::serve(serve);
     if (ce->parsed()) return cli::cell_command(cell);
+    if (gl->parsed()) return cli::global_command(glo);
     if (gw->parsed()) return gateway::gateway_command(gwo);
     if (cup->parsed()) return cli::cluster_up(cuo);
     if (tp->parsed()) return cli::topology_command(topo.synthetic, topo.xml, topo.place);

@@ -138,6 +138,13 @@ size_t CellBrain::sessions_on(const std::string & node) const {
     return n;
 }
 
+std::vector<NodeLoad> CellBrain::loads(int64_t now_ms) const {
+    std::vector<NodeLoad> out;
+    for (const auto & [name, n] : nodes_)
+        if (n.load && now_ms - n.reported_ms <= cfg_.report_ttl_ms) out.push_back(*n.load);
+    return out;
+}
+
 std::optional<std::string> CellBrain::node_of(const std::string & session) const {
     auto it = sessions_.find(session);
     if (it == sessions_.end()) return std::nullopt;

@@ -92,6 +92,8 @@ class CellBrain {
     size_t sessions_on(const std::string & node) const;
     bool live(const std::string & node) const { return nodes_.count(node) > 0; }
     std::optional<std::string> node_of(const std::string & session) const;
+    //! The fresh reports of live nodes (what the cell's aggregate sums).
+    std::vector<NodeLoad> loads(int64_t now_ms) const;
 
   private:
     struct Node {

@@ -43,8 +43,8 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
             error = "the cluster file must be a map of settings";
             return std::nullopt;
         }
-        static const char * known[] = {"etcd",        "nats",      "redis",   "postgres",  "prefix",
-                                       "lease_ttl_s", "report_ms", "pg_pool", "redis_pool"};
+        static const char * known[] = {"etcd",        "nats",      "redis",   "postgres",   "prefix",
+                                       "lease_ttl_s", "report_ms", "pg_pool", "redis_pool", "cells"};
         for (const auto & kv : root) {
             const std::string k = kv.first.as<std::string>();
             if (std::find(std::begin(known), std::end(known), k) == std::end(known)) {
@@ -61,6 +61,45 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
         if (root["report_ms"]) c.report_ms = root["report_ms"].as<int>();
         if (root["pg_pool"]) c.pg_pool = root["pg_pool"].as<int>();
         if (root["redis_pool"]) c.redis_pool = root["redis_pool"].as<int>();
+        if (const auto cells = root["cells"]) {
+            if (!cells.IsSequence()) {
+                error = "cells: must be a list of {name, domain, water}";
+                return std::nullopt;
+            }
+            for (size_t i = 0; i < cells.size(); ++i) {
+                const auto & n = cells[i];
+                CellConfig cc;
+                if (n.IsScalar()) {
+                    cc.name = n.as<std::string>();
+                } else if (n.IsMap()) {
+                    for (const auto & kv : n) {
+                        const std::string k = kv.first.as<std::string>();
+                        if (k != "name" && k != "domain" && k != "water") {
+                            error = "cells[" + std::to_string(i) + "]: unknown setting '" + k + "'";
+                            return std::nullopt;
+                        }
+                    }
+                    if (n["name"]) cc.name = n["name"].as<std::string>();
+                    if (n["domain"]) cc.domain = n["domain"].as<std::string>();
+                    if (n["water"]) cc.water = n["water"].as<double>();
+                }
+                if (!valid_name(cc.name)) {
+                    error = "cells[" + std::to_string(i) + "]: name must be 1..63 of A-Z a-z 0-9 . _ -";
+                    return std::nullopt;
+                }
+                if (!(cc.water > 0 && cc.water <= 1)) {
+                    error = "cells[" + std::to_string(i) + "]: water must be above 0 and at most 1";
+                    return std::nullopt;
+                }
+                for (const auto & o : c.cells) {
+                    if (o.name == cc.name) {
+                        error = "cells[" + std::to_string(i) + "]: '" + cc.name + "' is listed twice";
+                        return std::nullopt;
+                    }
+                }
+                c.cells.push_back(cc);
+            }
+        }
     } catch (const YAML::Exception & e) {
         error = std::string("cluster file: ") + e.what();
         return std::nullopt;
@@ -125,6 +164,22 @@ std::string nodes_prefix(const ClusterConfig & c, const std::string & cell) {
 
 std::string brain_election(const ClusterConfig & c, const std::string & cell) {
     return c.prefix + "/cells/" + cell + "/brain";
+}
+
+std::string cell_report_key(const ClusterConfig & c, const std::string & cell) {
+    return c.prefix + "/cells/" + cell + "/report";
+}
+
+std::string cells_prefix(const ClusterConfig & c) {
+    return c.prefix + "/cells/";
+}
+
+std::string global_election(const ClusterConfig & c) {
+    return c.prefix + "/global/brain";
+}
+
+std::string shares_key(const ClusterConfig & c) {
+    return c.prefix + "/global/shares";
 }
 
 bool valid_cell_or_node_name(const std::string & s) {

@@ -14,6 +14,13 @@ namespace armada::cluster {
 //!     redis: 10.0.0.5:6379
 //!     postgres: [postgres://armada@10.0.0.6/armada_0, postgres://armada@10.0.0.7/armada_1]
 //!     lease_ttl_s: 5
+//! A cell as the cluster file declares it (`cells:`), for the global brain.
+struct CellConfig {
+    std::string name;
+    std::string domain;   // fault domain: cells that may fail together (a rack, a room)
+    double water = 0.57;  // share of its capacity it may fill before it gets no new sessions
+};
+
 struct ClusterConfig {
     std::vector<std::string> etcd;      // host:port of each member
     std::string nats;                   // nats://host:port
@@ -24,6 +31,7 @@ struct ClusterConfig {
     int report_ms = 1000;               // how often a node reports its load
     int pg_pool = 8;                    // PostgreSQL read connections per shard, per process
     int redis_pool = 8;
+    std::vector<CellConfig> cells;  // empty: the global brain takes the cells it finds, with defaults
 };
 
 //! Reads and checks the file; nullopt with `error` naming the field that is wrong.
@@ -38,6 +46,12 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
 std::string node_key(const ClusterConfig & c, const std::string & cell, const std::string & node);
 std::string nodes_prefix(const ClusterConfig & c, const std::string & cell);
 std::string brain_election(const ClusterConfig & c, const std::string & cell);
+//! A cell's aggregate report, written by its leading brain under its lease.
+std::string cell_report_key(const ClusterConfig & c, const std::string & cell);
+std::string cells_prefix(const ClusterConfig & c);
+std::string global_election(const ClusterConfig & c);
+//! The global brain's split of new sessions (no lease: it outlives a global leader).
+std::string shares_key(const ClusterConfig & c);
 //! Cell and node names: 1..63 of [A-Za-z0-9._-] (they become etcd keys and NATS subjects).
 bool valid_cell_or_node_name(const std::string & s);
 

@@ -51,6 +51,11 @@ GlobalBrain::GlobalBrain(std::vector<CellSpec> cells, GlobalBrainConfig cfg) : c
     }
 }
 
+void GlobalBrain::add_cell(CellSpec spec) {
+    const std::string name = spec.name;
+    if (!cells_.count(name)) cells_[name].spec = std::move(spec);
+}
+
 void GlobalBrain::report(const CellReport & r, int64_t now_ms) {
     auto it = cells_.find(r.cell);
     if (it == cells_.end()) return;  // not in the config: not ours to split load over

@@ -68,6 +68,9 @@ class GlobalBrain {
   public:
     explicit GlobalBrain(std::vector<CellSpec> cells, GlobalBrainConfig cfg = {});
 
+    //! A cell not in the config, found running (defaults for the rest).
+    void add_cell(CellSpec spec);
+
     // --- events ---
     //! A cell's aggregate; a lost cell that reports again is back.
     void report(const CellReport & r, int64_t now_ms);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 namespace armada::cluster {
@@ -43,6 +44,59 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
         return std::nullopt;  // a field of the wrong type: not a report to trust
     }
     return l;
+}
+
+std::string encode_cell_report(const CellReport & r) {
+    return json{{"nodes", r.nodes},
+                {"cores", r.cores},
+                {"capacity", r.capacity},
+                {"free_seqs", r.free_seqs},
+                {"kv_headroom", r.kv_headroom},
+                {"live_sessions", r.live_sessions},
+                {"step_ms", r.step_ms},
+                {"by_tenant", r.by_tenant}}
+        .dump();
+}
+
+std::optional<CellReport> decode_cell_report(const std::string & cell, const std::string & text) {
+    const auto j = json::parse(text, nullptr, false);
+    if (!j.is_object()) return std::nullopt;
+    CellReport r;
+    r.cell = cell;
+    try {
+        r.nodes = j.value("nodes", 0);
+        r.cores = j.value("cores", 0);
+        r.capacity = j.value("capacity", 0);
+        r.free_seqs = j.value("free_seqs", 0);
+        r.kv_headroom = j.value("kv_headroom", int64_t(0));
+        r.live_sessions = j.value("live_sessions", 0);
+        r.step_ms = j.value("step_ms", 0.0);
+        if (j.contains("by_tenant") && j["by_tenant"].is_object())
+            r.by_tenant = j["by_tenant"].get<std::map<std::string, int>>();
+    } catch (const json::exception &) {
+        return std::nullopt;
+    }
+    if (r.capacity < 0 || r.live_sessions < 0 || !std::isfinite(r.step_ms)) return std::nullopt;
+    return r;
+}
+
+std::string encode_shares(const Shares & s) {
+    return json{{"weight", s.weight}, {"tenant_home", s.tenant_home}}.dump();
+}
+
+std::optional<Shares> decode_shares(const std::string & text) {
+    const auto j = json::parse(text, nullptr, false);
+    if (!j.is_object()) return std::nullopt;
+    Shares s;
+    try {
+        if (j.contains("weight")) s.weight = j["weight"].get<std::map<std::string, double>>();
+        if (j.contains("tenant_home")) s.tenant_home = j["tenant_home"].get<std::map<std::string, std::string>>();
+    } catch (const json::exception &) {
+        return std::nullopt;
+    }
+    for (const auto & [cell, w] : s.weight)
+        if (!std::isfinite(w) || w < 0) return std::nullopt;
+    return s;
 }
 
 NodeMembership::NodeMembership(EtcdClient etcd, std::string key, int ttl_s, int report_ms,

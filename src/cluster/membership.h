@@ -2,6 +2,7 @@
 
 #include "cluster/cell_brain.h"
 #include "cluster/etcd.h"
+#include "cluster/global_brain.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -15,6 +16,12 @@ namespace armada::cluster {
 //! A node's load as JSON (the value of its key in etcd) and back.
 std::string encode_load(const NodeLoad & l);
 std::optional<NodeLoad> decode_load(const std::string & node, const std::string & json_text);
+//! A cell's aggregate (its leading brain's key in etcd) as JSON and back.
+std::string encode_cell_report(const CellReport & r);
+std::optional<CellReport> decode_cell_report(const std::string & cell, const std::string & json_text);
+//! The global brain's split of new sessions (its key in etcd, read by gateways) as JSON and back.
+std::string encode_shares(const Shares & s);
+std::optional<Shares> decode_shares(const std::string & json_text);
 
 //! A node's membership of its cell: it holds a lease in etcd and keeps its key (its load, about
 //! once a second) under it. When the process dies or hangs, the lease expires, the key goes,

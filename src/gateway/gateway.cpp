@@ -155,8 +155,15 @@ class Gateway {
             if (!l || l->url.empty()) continue;
             next[node] = {cell, *l};
         }
+        // The global brain's split of new sessions, when there is one.
+        std::optional<cluster::Shares> shares;
+        if (etcd_.list(cluster::shares_key(cfg_), kvs, rev).empty()) {
+            for (const auto & kv : kvs)
+                if (kv.key == cluster::shares_key(cfg_)) shares = cluster::decode_shares(kv.value);
+        }
         std::lock_guard lk(mu_);
         nodes_ = std::move(next);
+        if (shares) shares_ = std::move(*shares);
     }
     std::optional<NodeView> node(const std::string & name) {
         std::lock_guard lk(mu_);
@@ -180,9 +187,12 @@ class Gateway {
         if (best.empty()) return std::nullopt;
         return best[rr_++ % best.size()];
     }
-    std::string pick_cell() {
+    //! The cell for a new session of `tenant`: --cell, else the global brain's split (the tenant's
+    //! home cell first), else the cell whose nodes report the most room.
+    std::string pick_cell(const std::string & tenant) {
         if (!o_.cell.empty()) return o_.cell;
         std::lock_guard lk(mu_);
+        if (std::string c = cluster::pick_cell(shares_, tenant); !c.empty()) return c;
         std::map<std::string, int64_t> room;
         for (const auto & [name, v] : nodes_) {
             if (!v.load.draining) room[v.cell] += v.load.free_seqs;
@@ -303,14 +313,17 @@ class Gateway {
         }
         if (p == "/readyz") {
             size_t n = 0;
+            std::map<std::string, double> weights;  // the split it follows (tenant homes stay private)
             {
                 std::lock_guard lk(mu_);
                 n = nodes_.size();
+                weights = shares_.weight;
             }
             if (n == 0)
                 send_error(out, 503, "no node has joined the cluster yet");
             else
-                out->send(200, "application/json", json{{"status", "ready"}, {"nodes", n}}.dump());
+                out->send(200, "application/json",
+                          json{{"status", "ready"}, {"nodes", n}, {"cell_weights", weights}}.dump());
             return;
         }
         const api::ApiKeys::Key * key =
@@ -477,7 +490,7 @@ class Gateway {
             out->send(seen->status, "application/json", seen->body);
             return;
         }
-        const std::string cell = pick_cell();
+        const std::string cell = pick_cell(caller.tenant);
         const std::string id = agent::SessionManager::new_id();
         auto b = agent::SessionManager::new_session_batch(
             id, agent_id, caller.tenant, input, cell,
@@ -692,6 +705,7 @@ class Gateway {
     std::atomic<uint64_t> requests_{0}, quota_refused_{0}, route_hits_{0};
     std::mutex mu_;
     std::map<std::string, NodeView> nodes_;                         // guarded by mu_
+    cluster::Shares shares_;                                        // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
     uint64_t rr_ = 0;                                               // guarded by mu_
     bool etcd_warned_ = false;                                      // the watcher thread's

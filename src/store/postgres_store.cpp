@@ -474,8 +474,10 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
             }
             for (const auto & a : b.assign) {
                 if (!err.empty() || !fenced.empty()) break;
-                Res r = exec("UPDATE sessions SET node=$1, epoch=$2 WHERE id=$3 AND epoch<$2",
-                             {a.node, std::to_string(a.epoch), a.session_id});
+                Res r = exec(
+                    "UPDATE sessions SET node=$1, epoch=$2, cell=COALESCE(NULLIF($4,''), cell) "
+                    "WHERE id=$3 AND epoch<$2",
+                    {a.node, std::to_string(a.epoch), a.session_id, a.cell});
                 if (err.empty() && r.affected() == 0)
                     fenced = "session " + a.session_id + " is missing or already at epoch " + std::to_string(a.epoch) +
                              " or later";

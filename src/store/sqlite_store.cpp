@@ -220,7 +220,8 @@ Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status
                  "ON CONFLICT(id) DO UPDATE SET data=excluded.data");
     Stmt del_resp(wdb_, "DELETE FROM responses WHERE id=?");
     Stmt fence(wdb_, "SELECT 1 FROM sessions WHERE id=? AND node=? AND epoch=?");
-    Stmt assign(wdb_, "UPDATE sessions SET node=?, epoch=? WHERE id=? AND epoch<?");
+    Stmt assign(wdb_,
+                "UPDATE sessions SET node=?, epoch=?, cell=CASE WHEN ?='' THEN cell ELSE ? END WHERE id=? AND epoch<?");
     Stmt probe(wdb_, "INSERT OR REPLACE INTO meta(k,v) VALUES('probe', ?)");
     bool ok = up.s && ins.s && del_steps.s && del_sess.s && up_agent.s && del_agent.s && up_resp.s && del_resp.s &&
               fence.s && assign.s && probe.s;
@@ -270,8 +271,10 @@ Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status
                 sqlite3_reset(assign.s);
                 assign.text(1, a.node);
                 assign.i64(2, a.epoch);
-                assign.text(3, a.session_id);
-                assign.i64(4, a.epoch);
+                assign.text(3, a.cell);
+                assign.text(4, a.cell);
+                assign.text(5, a.session_id);
+                assign.i64(6, a.epoch);
                 if (run(assign) && sqlite3_changes(wdb_) == 0)
                     fenced = "session " + a.session_id + " is missing or already at epoch " + std::to_string(a.epoch) +
                              " or later";

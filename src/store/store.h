@@ -73,6 +73,9 @@ struct Assignment {
     std::string session_id;
     std::string node;
     int64_t epoch = 0;
+    //! Non-empty in `Batch::assign`: the session is re-homed to this cell (a lost cell's sessions,
+    //! by the global brain), with `node` empty until that cell's brain places it.
+    std::string cell{};
 };
 
 //! What one commit writes atomically: session upserts plus step appends.

@@ -16,6 +16,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     if (auto l = decode_load("n", in)) {
         if (decode_load("n", encode_load(*l))->free_seqs != l->free_seqs) std::abort();
     }
+    if (auto r = decode_cell_report("c", in)) {
+        if (decode_cell_report("c", encode_cell_report(*r))->capacity != r->capacity) std::abort();
+    }
+    if (auto s = decode_shares(in)) {
+        if (decode_shares(encode_shares(*s))->weight != s->weight) std::abort();
+        pick_cell(*s, in);
+    }
     std::vector<EtcdEvent> events;
     int64_t revision = 0;
     if (!EtcdClient::parse_watch_message(in, events, revision, error) && error.empty()) std::abort();

@@ -217,6 +217,34 @@ TEST_P(StoreSuite, TheCellIsKeptFromTheFirstWriteAndSelectsOpenSessions) {
     EXPECT_TRUE(store->open_sessions("c3", "", ended).empty());
 }
 
+TEST_P(StoreSuite, AReHomeMovesASessionToAnotherCellUnderAHigherEpoch) {
+    Batch b;
+    SessionRecord r = session("s1", "running");
+    r.cell = "c1";
+    b.sessions.push_back(r);
+    ASSERT_TRUE(store->commit_sync(std::move(b)).ok);
+    ASSERT_TRUE(store->commit_sync(assign("s1", "n1", 1)).ok);
+    // The global brain moves it out of its lost cell: no node until c2's brain places it.
+    Batch move;
+    move.assign.push_back({"s1", "", 2, "c2"});
+    ASSERT_TRUE(store->commit_sync(std::move(move)).ok);
+    const std::vector<std::string> ended = {"completed", "failed", "cancelled"};
+    EXPECT_TRUE(store->open_sessions("c1", "", ended).empty());
+    const auto open = store->open_sessions("c2", "", ended);
+    ASSERT_EQ(open.size(), 1u);
+    EXPECT_EQ(open[0].id, "s1");
+    EXPECT_EQ(open[0].node, "");
+    EXPECT_EQ(open[0].epoch, 2);
+    // The old node's next write is fenced; the same re-home again is refused; c2's brain places it.
+    EXPECT_TRUE(store->commit_sync(fenced_step("s1", 2, "n1", 1)).fenced);
+    Batch again;
+    again.assign.push_back({"s1", "", 2, "c3"});
+    EXPECT_TRUE(store->commit_sync(std::move(again)).fenced);
+    ASSERT_TRUE(store->commit_sync(assign("s1", "n7", 3)).ok);
+    EXPECT_EQ(store->session("s1")->cell, "c2");
+    EXPECT_EQ(store->session("s1")->node, "n7");
+}
+
 TEST_P(StoreSuite, AWriteFromAnOldEpochIsFencedAndLeavesNothing) {
     Batch b;
     b.sessions.push_back(session("s1"));

@@ -34,6 +34,21 @@ TEST(ClusterConfig, NamesTheSettingThatIsWrongAndNeverEchoesAPassword) {
     EXPECT_EQ(err, "postgres[0]: not a postgres:// URL");
     EXPECT_FALSE(parse_cluster_config("etcd: [a:1\n", err));  // not YAML
     EXPECT_NE(err.find("cluster file"), std::string::npos);
+    EXPECT_FALSE(
+        parse_cluster_config("etcd: [a:1]\npostgres: [postgres://x/y]\ncells: [{name: c1, water: 1.5}]\n", err));
+    EXPECT_EQ(err, "cells[0]: water must be above 0 and at most 1");
+    EXPECT_FALSE(parse_cluster_config("etcd: [a:1]\npostgres: [postgres://x/y]\ncells: [c1, c1]\n", err));
+    EXPECT_EQ(err, "cells[1]: 'c1' is listed twice");
+    EXPECT_FALSE(parse_cluster_config("etcd: [a:1]\npostgres: [postgres://x/y]\ncells: [{name: c1, size: 3}]\n", err));
+    EXPECT_EQ(err, "cells[0]: unknown setting 'size'");
+    const auto cells = parse_cluster_config(
+        "etcd: [a:1]\npostgres: [postgres://x/y]\ncells:\n  - {name: c1, domain: room1, water: 0.6}\n  - c2\n", err);
+    ASSERT_TRUE(cells) << err;
+    ASSERT_EQ(cells->cells.size(), 2u);
+    EXPECT_EQ(cells->cells[0].domain, "room1");
+    EXPECT_DOUBLE_EQ(cells->cells[0].water, 0.6);
+    EXPECT_EQ(cells->cells[1].name, "c2");
+    EXPECT_DOUBLE_EQ(cells->cells[1].water, 0.57);
     EXPECT_TRUE(valid_cell_or_node_name("cell-1.eu_west"));
     EXPECT_FALSE(valid_cell_or_node_name("a/b"));
     EXPECT_FALSE(valid_cell_or_node_name(".a"));

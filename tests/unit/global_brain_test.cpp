@@ -1,6 +1,7 @@
 // The global brain's decisions, one test each. Like the cell brain it is pure: reports and times
 // in, shares and re-homes out.
 #include "cluster/global_brain.h"
+#include "cluster/membership.h"
 
 #include <gtest/gtest.h>
 
@@ -225,4 +226,23 @@ TEST(GlobalBrain, ReportsOfCellsNotInTheConfigAreIgnored) {
     GlobalBrain g(specs({{"a", ""}}));
     g.report(cell("x", 100, 0), 0);
     EXPECT_EQ(g.shares(0).weight, (std::map<std::string, double>{}));
+}
+
+TEST(GlobalBrain, ReportsAndSharesRoundTripThroughEtcdAndBadOnesAreRefused) {
+    const auto r = cell("a", 100, 30, {{"t1", 30}}, 120.5);
+    const auto back = decode_cell_report("a", encode_cell_report(r));
+    ASSERT_TRUE(back);
+    EXPECT_EQ(back->capacity, 100);
+    EXPECT_EQ(back->live_sessions, 30);
+    EXPECT_EQ(back->by_tenant, r.by_tenant);
+    EXPECT_DOUBLE_EQ(back->step_ms, 120.5);
+    EXPECT_FALSE(decode_cell_report("a", "{\"capacity\":\"lots\"}"));
+    EXPECT_FALSE(decode_cell_report("a", "{\"capacity\":-1}"));
+    EXPECT_FALSE(decode_cell_report("a", "[]"));
+    Shares s;
+    s.weight = {{"a", 0.25}, {"b", 0.75}};
+    s.tenant_home = {{"t1", "b"}};
+    EXPECT_EQ(decode_shares(encode_shares(s)), s);
+    EXPECT_FALSE(decode_shares("{\"weight\":{\"a\":-1}}"));
+    EXPECT_FALSE(decode_shares("{\"weight\":[1]}"));
 }

@@ -1,0 +1,86 @@
+#include "cli/elected.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+namespace armada::cli {
+
+Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set)
+    : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), stop_set_(stop_set) {}
+
+Elected::~Elected() {
+    quit_ = true;
+    if (keepalive_.joinable()) keepalive_.join();
+}
+
+bool Elected::wait_signal(int ms) {
+    timespec t{ms / 1000, long(ms % 1000) * 1000000L};
+    if (sigtimedwait(&stop_set_, nullptr, &t) > 0) quit_ = true;
+    return quit_.load();
+}
+
+void Elected::keep_lease() {
+    const int every_ms = std::max(300, ttl_s_ * 1000 / 3);
+    while (!quit_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
+        const int64_t l = lease_.load();
+        if (l == 0) continue;
+        int64_t ttl = 0;
+        const std::string e = etcd_.keepalive(l, ttl);
+        if (e.empty() && ttl <= 0) {
+            spdlog::warn("{}: the brain's lease expired", what_);
+            int64_t expect = l;
+            lease_.compare_exchange_strong(expect, 0);
+        } else if (!e.empty()) {
+            spdlog::warn("{}: lease keep-alive: {}", what_, e);
+        }
+    }
+}
+
+bool Elected::still_leader(const cluster::EtcdLeader & me, const std::string & election) {
+    if (lease_.load() != me.lease && me.lease != 0) return false;
+    cluster::EtcdLeader now;
+    if (!etcd_.leader(election, now).empty()) return false;
+    return now.key == me.key;
+}
+
+void Elected::run(const std::string & election, const std::string & name,
+                  const std::function<void(const cluster::EtcdLeader &)> & lead) {
+    keepalive_ = std::thread([this] { keep_lease(); });
+    std::mt19937 rng(std::random_device{}());
+    auto jitter = [&] { return std::uniform_int_distribution<int>(500, 1500)(rng); };
+    while (!stopping()) {
+        if (lease_.load() == 0) {
+            int64_t l = 0;
+            if (auto e = etcd_.grant(ttl_s_, l); !e.empty()) {
+                spdlog::warn("{}: no lease from etcd: {}; retrying", what_, e);
+                if (wait_signal(jitter())) break;
+                continue;
+            }
+            lease_ = l;
+        }
+        cluster::EtcdLeader me;
+        const std::string e = etcd_.campaign(election, name, lease_.load(), 1000, me);
+        if (e == "not elected yet") {
+            if (wait_signal(0)) break;
+            continue;
+        }
+        if (!e.empty()) {
+            spdlog::warn("{}: campaign: {}", what_, e);
+            if (wait_signal(jitter())) break;
+            continue;
+        }
+        if (!still_leader(me, election)) continue;
+        spdlog::info("{}: {} leads (epoch {})", what_, name, me.rev);
+        lead(me);
+        if (!stopping()) spdlog::warn("{}: {} no longer leads; campaigning again", what_, name);
+    }
+    quit_ = true;
+    if (keepalive_.joinable()) keepalive_.join();
+    if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);  // a standby leads at once
+}
+
+}  // namespace armada::cli

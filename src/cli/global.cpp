@@ -1,0 +1,228 @@
+#include "cli/global.h"
+
+#include "cli/elected.h"
+#include "cli/stop_signals.h"
+
+#include "cluster/cluster_config.h"
+#include "cluster/etcd.h"
+#include "cluster/global_brain.h"
+#include "cluster/membership.h"
+#include "cluster/queue.h"
+#include "store/postgres_store.h"
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+
+namespace armada::cli {
+
+namespace {
+
+using json = nlohmann::json;
+using namespace cluster;
+
+int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+const std::vector<std::string> kEndedStates = {"completed", "failed", "cancelled"};
+
+class GlobalProcess {
+  public:
+    GlobalProcess(ClusterConfig cfg, GlobalOptions o, sigset_t stop_set)
+        : cfg_(std::move(cfg)),
+          o_(std::move(o)),
+          etcd_(cfg_.etcd),
+          elected_(etcd_, cfg_.lease_ttl_s, "global", stop_set) {}
+
+    int run() {
+        store::PostgresConfig pc;
+        pc.urls = cfg_.postgres;
+        pc.read_connections = cfg_.pg_pool;
+        std::string err;
+        store_ = store::PostgresStore::open(pc, err);
+        if (!store_) return fail("PostgreSQL: " + err);
+        js_ = JetStream::connect(cfg_.nats, err);
+        if (!js_) return fail("NATS at " + cfg_.nats + ": " + err);
+        printf("armada: global brain %s started\n", o_.name.c_str());
+        fflush(stdout);
+        elected_.run(global_election(cfg_), o_.name, [this](const EtcdLeader & me) {
+            printf("armada: global brain %s leads\n", o_.name.c_str());
+            fflush(stdout);
+            lead(me);
+        });
+        spdlog::info("global: brain {} stopped", o_.name);
+        return 0;
+    }
+
+  private:
+    int fail(const std::string & e) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return 1;
+    }
+
+    //! The cells as etcd shows them: each one's report (if its brain writes one) and whether any
+    //! lease of it (brain or node) is there at all.
+    struct Seen {
+        std::map<std::string, CellReport> reports;
+        std::set<std::string> alive;  // cells with any key under a lease
+    };
+    bool look(Seen & out) {
+        std::vector<EtcdKv> kvs;
+        int64_t rev = 0;
+        const std::string prefix = cells_prefix(cfg_);
+        if (auto e = etcd_.list(prefix, kvs, rev); !e.empty()) {
+            spdlog::warn("global: cannot list the cells: {}", e);
+            return false;
+        }
+        for (const auto & kv : kvs) {
+            const std::string rest = kv.key.substr(prefix.size());
+            const size_t slash = rest.find('/');
+            if (slash == std::string::npos) continue;
+            const std::string cell = rest.substr(0, slash), what = rest.substr(slash + 1);
+            out.alive.insert(cell);
+            if (what == "report") {
+                if (auto r = decode_cell_report(cell, kv.value)) out.reports[cell] = *r;
+            }
+        }
+        return true;
+    }
+
+    //! Writes each re-home as its own epoch-checked batch (grouped into one transaction), then
+    //! asks the new cell's brain to place it.
+    void carry_out(GlobalBrain & brain, const std::vector<Rehome> & decisions) {
+        if (decisions.empty()) return;
+        if (!store_->writable().ok) store_->recover();
+        std::vector<store::Status> results(decisions.size());
+        std::mutex mu;
+        std::condition_variable cv;
+        size_t left = decisions.size();
+        for (size_t i = 0; i < decisions.size(); ++i) {
+            store::Batch b;
+            b.assign.push_back({decisions[i].session, "", decisions[i].epoch, decisions[i].to});
+            store_->commit(std::move(b), [&, i](store::Status st) {
+                std::lock_guard lk(mu);
+                results[i] = std::move(st);
+                if (--left == 0) cv.notify_all();
+            });
+        }
+        {
+            std::unique_lock lk(mu);
+            cv.wait(lk, [&] { return left == 0; });
+        }
+        std::map<std::pair<std::string, std::string>, int> moved;
+        for (size_t i = 0; i < decisions.size(); ++i) {
+            const Rehome & d = decisions[i];
+            brain.rehome_done(d.session);  // written or refused: the next read of the store says where it is
+            if (!results[i].ok) {
+                if (!results[i].fenced) spdlog::warn("global: re-homing {}: {}", d.session, results[i].error);
+                continue;
+            }
+            ++moved[{d.from, d.to}];
+            if (auto e = js_->publish(place_subject(d.to), json{{"session", d.session}, {"epoch", d.epoch}}.dump(),
+                                      d.session + ":" + std::to_string(d.epoch));
+                !e.empty())
+                spdlog::warn("global: place request for {} to {}: {} (its reconcile finds it)", d.session, d.to, e);
+        }
+        for (const auto & [ft, n] : moved)
+            spdlog::info("global: re-homed {} session(s) of lost cell {} to cell {}", n, ft.first, ft.second);
+    }
+
+    void lead(const EtcdLeader & me) {
+        std::vector<CellSpec> specs;
+        for (const auto & c : cfg_.cells)
+            specs.push_back({c.name, c.domain, c.water});
+        GlobalBrain brain(specs);
+        std::set<std::string> known;
+        for (const auto & c : specs)
+            known.insert(c.name);
+        std::set<std::string> was_lost;
+        std::string last_shares;
+        int64_t last_shares_ms = 0, last_check = now_ms();
+        while (!elected_.stopping()) {
+            const int64_t t = now_ms();
+            Seen seen;
+            if (look(seen)) {
+                for (const auto & [cell, r] : seen.reports) {
+                    if (cfg_.cells.empty() && known.insert(cell).second) brain.add_cell({cell, "", 0.57});
+                    brain.report(r, t);
+                }
+                for (const auto & cell : known)
+                    if (!seen.alive.count(cell)) brain.leases_gone(cell);
+            }
+            for (const auto & cell : brain.lost_cells(t)) {
+                std::vector<GlobalBrain::OpenSession> open;
+                for (const auto & r : store_->open_sessions(cell, "", kEndedStates))
+                    open.push_back({r.id, r.owner, r.epoch});
+                if (was_lost.insert(cell).second)
+                    spdlog::warn(
+                        "global: cell {} is lost (no report, or every lease gone); {} open session(s) to "
+                        "re-home",
+                        cell, open.size());
+                brain.open_in(cell, open);
+            }
+            for (auto it = was_lost.begin(); it != was_lost.end();) {
+                if (brain.lost(*it, t)) {
+                    ++it;
+                    continue;
+                }
+                spdlog::info("global: cell {} is back", *it);
+                it = was_lost.erase(it);
+            }
+            carry_out(brain, brain.decide(t));
+            if (t - last_shares_ms >= o_.shares_ms) {
+                // Written without a lease: a new leader finds the last split and gateways keep it.
+                const std::string s = encode_shares(brain.shares(t));
+                if (s != last_shares || t - last_shares_ms >= 30000) {
+                    if (auto e = etcd_.put(shares_key(cfg_), s, 0); e.empty())
+                        last_shares = s;
+                    else
+                        spdlog::warn("global: cannot write the shares: {}", e);
+                }
+                last_shares_ms = t;
+            }
+            if (t - last_check >= 1000) {
+                last_check = t;
+                if (!elected_.still_leader(me, global_election(cfg_))) break;
+            }
+            if (elected_.wait_signal(o_.tick_ms)) break;
+        }
+    }
+
+    ClusterConfig cfg_;
+    GlobalOptions o_;
+    EtcdClient etcd_;
+    Elected elected_;
+    std::unique_ptr<store::Store> store_;
+    std::unique_ptr<JetStream> js_;
+};
+
+}  // namespace
+
+int global_command(const GlobalOptions & opt) {
+    const sigset_t stop_set = block_stop_signals();
+    spdlog::set_level(spdlog::level::from_str(opt.log_level));
+    std::string err;
+    auto cfg = load_cluster_config_for_service(opt.cluster_file, err);
+    if (!cfg) {
+        fprintf(stderr, "error: %s\n", err.c_str());
+        return 2;
+    }
+    GlobalOptions o = opt;
+    if (o.name.empty()) {
+        char host[256] = {};
+        gethostname(host, sizeof host - 1);
+        o.name = std::string(host) + "-" + std::to_string(getpid());
+    }
+    return GlobalProcess(*cfg, o, stop_set).run();
+}
+
+}  // namespace armada::cli

@@ -1,0 +1,20 @@
+#pragma once
+
+#include <string>
+
+namespace armada::cli {
+
+struct GlobalOptions {
+    std::string cluster_file;
+    std::string name;      // in the election; default HOSTNAME-PID
+    int tick_ms = 1000;    // how often cells are read and lost ones handed over
+    int shares_ms = 5000;  // how often the split of new sessions is written
+    std::string log_level = "info";
+};
+
+//! `armada global`: the global brain. Every one campaigns in etcd; the leader reads the cells'
+//! aggregate reports, writes the split of new sessions that gateways follow, and re-homes the
+//! open sessions of a lost cell to the others. Runs until SIGINT/SIGTERM; returns the exit code.
+int global_command(const GlobalOptions & o);
+
+}  // namespace armada::cli

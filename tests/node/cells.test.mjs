@@ -1,0 +1,195 @@
+// Two cells of two nodes from `armada cluster up --cells 2` (real PostgreSQL, etcd, NATS and
+// Redis, one brain per cell, two global brains, a gateway), with the tiny model: a tenant's
+// sessions land in one cell; losing the global leader changes nothing; losing a whole cell
+// (kill -9 of its brain and nodes) re-homes its sessions to the other, where all of them finish.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { tinyModel } from './harness.mjs';
+import { startToolServer } from './tool_server.mjs';
+import { agentYaml, tempDir, writeAgents } from './agents.mjs';
+import { assertCompleteLog } from './session_helpers.mjs';
+
+const TTL_S = 3;
+const ENDED = ['completed', 'failed', 'cancelled'];
+let tools;
+let dir;
+let up;
+let upLog = '';
+let gw;
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
+const logOf = (name) => fs.readFileSync(status().processes.find((p) => p.name === name).log, 'utf8');
+const alive = (pid) => {
+  try {
+    return !/^\d+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, 'utf8'));
+  } catch {
+    return false;
+  }
+};
+const cellOf = (node) => node.replace(/-node\d+$/, '');
+
+async function etcdGet(key) {
+  const b64 = (s) => Buffer.from(s).toString('base64');
+  const r = await fetch(`http://${status().servers.etcd.endpoint.replace(/^https?:\/\//, '')}/v3/kv/range`, {
+    method: 'POST', body: JSON.stringify({ key: b64(key) }),
+  }).then((x) => x.json());
+  return r.kvs?.length ? Buffer.from(r.kvs[0].value, 'base64').toString() : null;
+}
+
+async function createSessions(n, label, pauseMs = 0) {
+  const ids = [];
+  for (let i = 0; i < n; i++) {
+    if (i > 0 && pauseMs) await sleep(pauseMs);
+    const r = await fetch(`${gw}/v1/agents/worker/sessions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ input: `${label} ${i}` }),
+    });
+    const text = await r.text();
+    assert.equal(r.status, 201, text);
+    ids.push(JSON.parse(text).id);
+  }
+  return ids;
+}
+
+async function sessionsNow(ids) {
+  const out = new Map();
+  await Promise.all(ids.map(async (id) => {
+    const r = await fetch(`${gw}/v1/sessions/${id}`);
+    if (r.status === 200) out.set(id, await r.json());
+  }));
+  return out;
+}
+
+async function waitAll(ids, timeoutMs = 240000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const now = await sessionsNow(ids);
+    const done = [...now.values()].filter((s) => ENDED.includes(s.state));
+    if (done.length === ids.length) return new Map(done.map((s) => [s.id, s]));
+    if (Date.now() > deadline) throw new Error(`only ${done.length} of ${ids.length} sessions ended`);
+    await sleep(500);
+  }
+}
+
+async function waitPlaced(ids, minSteps = 0) {
+  const deadline = Date.now() + 120000;
+  for (;;) {
+    const now = await sessionsNow(ids);
+    const placed = [...now.values()].filter((s) => s.placement?.node && s.steps.length >= minSteps);
+    if (placed.length === ids.length) return now;
+    if (Date.now() > deadline) throw new Error(`only ${placed.length} of ${ids.length} sessions were placed`);
+    await sleep(250);
+  }
+}
+
+function checkDone(done) {
+  for (const s of done.values()) {
+    assert.equal(s.state, 'completed', `${s.id}: ${s.reason}`);
+    assertCompleteLog(s, 3);
+    for (const st of s.steps.filter((x) => x.kind === 'tool_call'))
+      assert.equal(tools.effects.get(st.idempotency_key), 1, `effects of ${st.idempotency_key}`);
+  }
+  for (const [k, n] of tools.effects) assert.equal(n, 1, `key ${k} had ${n} effects`);
+}
+
+before(async () => {
+  tools = await startToolServer({ minDelayMs: 800, maxDelayMs: 1200 });
+  dir = tempDir('armada-cells-');
+  fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
+  const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 3, maxSteps: 6 }));
+  up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--cells', '2', '--nodes', '2', '--brains', '1', '-m', tinyModel,
+    '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', String(TTL_S),
+    '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
+    '--node-arg=16384', '--node-arg=-t', '--node-arg=1'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  up.stdout.on('data', (d) => { upLog += d; });
+  up.stderr.on('data', (d) => { upLog += d; });
+  gw = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000);
+    up.stdout.on('data', () => {
+      const m = upLog.match(/gateway at (http:\/\/[^\s]+)/);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    up.on('exit', (code) => { clearTimeout(timer); reject(new Error(`cluster up exited with ${code}\n${upLog}`)); });
+  });
+  dir = path.join(dir, 'c');
+  // Ready: four nodes, and the gateway follows a split of the global brain's that names both cells.
+  const deadline = Date.now() + 120000;
+  for (;;) {
+    const r = await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null);
+    if (r?.nodes >= 4 && Object.keys(r.cell_weights ?? {}).length === 2) break;
+    if (Date.now() > deadline) throw new Error(`the cluster never had 4 nodes and shares:\n${upLog}`);
+    await sleep(250);
+  }
+});
+
+after(async () => {
+  if (up && up.exitCode === null) {
+    const done = new Promise((r) => up.on('exit', r));
+    up.kill('SIGINT');
+    await done;
+  }
+  if (tools) await tools.close();
+});
+
+test('a tenant\'s new sessions land in one cell (its home while under water)', { timeout: 240000 }, async () => {
+  // Spaced out, so that nodes report the room each one takes: going by room alone, they would
+  // spread over both cells.
+  const ids = await createSessions(6, 'home', 1500);
+  const placed = await waitPlaced(ids);
+  const cells = new Set([...placed.values()].map((s) => cellOf(s.placement.node)));
+  assert.equal(cells.size, 1, `one cell, in creation order: ${ids.map((id) => cellOf(placed.get(id).placement.node))}`);
+  checkDone(await waitAll(ids));
+});
+
+test('kill -9 the leading global brain: a standby leads, the split stays, sessions go on', { timeout: 240000 }, async () => {
+  const globals = status().processes.filter((p) => p.role === 'global' && alive(p.pid));
+  assert.equal(globals.length, 2);
+  const leads = (g) => logOf(g.name).includes('leads');
+  const leader = globals.find(leads);
+  assert.ok(leader, 'a global brain leads');
+  const standby = globals.find((g) => g !== leader);
+  const before = await etcdGet('/armada/global/shares');
+  process.kill(leader.pid, 'SIGKILL');
+  const t0 = Date.now();
+  const ids = await createSessions(6, 'global');
+  while (!leads(standby) && Date.now() - t0 < 20000) await sleep(100);
+  assert.ok(leads(standby), 'the standby leads');
+  console.log(`kill -9 ${leader.name}: ${standby.name} leads after ${Date.now() - t0} ms`);
+  assert.ok(Date.now() - t0 <= TTL_S * 1000 + 2000, `within the TTL + 2 s: ${Date.now() - t0} ms`);
+  assert.ok(before, 'there was a split before');
+  assert.ok(await etcdGet('/armada/global/shares'), 'the split is still there');
+  checkDone(await waitAll(ids));
+});
+
+test('kill -9 every process of a cell: its sessions are re-homed to the other and all 64 complete', { timeout: 400000 }, async () => {
+  const ids = await createSessions(64, 'lose');
+  const placed = await waitPlaced(ids, 3);
+  const count = new Map();
+  for (const s of placed.values()) count.set(cellOf(s.placement.node), (count.get(cellOf(s.placement.node)) ?? 0) + 1);
+  const victim = [...count.entries()].sort((a, b) => b[1] - a[1])[0][0];
+  const theirs = [...placed.values()].filter((s) => cellOf(s.placement.node) === victim && !ENDED.includes(s.state))
+    .map((s) => s.id);
+  assert.ok(theirs.length > 0, 'the lost cell held open sessions');
+  const t0 = Date.now();
+  for (const p of status().processes.filter((x) => x.name.startsWith(`${victim}-`))) process.kill(p.pid, 'SIGKILL');
+  const done = await waitAll(ids);
+  checkDone(done);
+  // Each of its open sessions finished in the other cell, and its next step after the kill was
+  // taken there.
+  const next = [];
+  for (const id of theirs) {
+    const s = done.get(id);
+    assert.notEqual(cellOf(s.placement.node), victim, `${id} stayed in the lost cell`);
+    const after = s.steps.map((x) => x.data?.started_ms ?? x.ts_ms).filter((x) => x > t0 + 1000);
+    for (const [k, at] of tools.arrivals) if (k.startsWith(`${id}:`)) after.push(...at.filter((x) => x > t0 + 1000));
+    next.push(Math.min(...after) - t0);
+  }
+  next.sort((a, b) => a - b);
+  console.log(`kill -9 cell ${victim}: ${theirs.length} sessions re-homed; next step after ms p50 ` +
+    `${next[next.length >> 1]} max ${next.at(-1)}`);
+  const g = status().processes.filter((p) => p.role === 'global').map((p) => logOf(p.name)).join('');
+  assert.match(g, new RegExp(`re-homed \\d+ session\\(s\\) of lost cell ${victim}`));
+});
