@@ -339,7 +339,10 @@ class Gateway {
             out->send(200, "text/plain; version=0.0.4", render_metrics());
             return;
         }
-        if (key && key->limits && key->limits->requests_per_min > 0 && !within_quota(caller, *key->limits)) return;
+        // As on a node: requests that start work count, reads (GET, event streams) and deletes do not.
+        if (req.method == "POST" && key && key->limits && key->limits->requests_per_min > 0 &&
+            !within_quota(caller, *key->limits))
+            return;
         ++requests_;
         const auto parts = split_path(p);
         if (parts.size() == 4 && parts[0] == "v1" && parts[1] == "agents" && parts[3] == "sessions" &&

@@ -211,6 +211,10 @@ after(async () => {
     for (const p of status().processes) if (alive(p.pid)) process.kill(p.pid, 'SIGCONT');
     up.kill('SIGINT');
     await done;
+    // Ctrl-C stopped everything it started: no process and no server is left.
+    const st = status();
+    for (const p of [...st.processes, ...Object.entries(st.servers).map(([name, s]) => ({ name, pid: s.pid }))])
+      assert.ok(!alive(p.pid), `${p.name} (pid ${p.pid}) still runs after cluster up stopped`);
   }
   if (tools) await tools.close();
 });
@@ -287,6 +291,9 @@ test('kill -9 a node: its sessions take their next step elsewhere within the lea
   assert.equal(movedAt.size, theirs.length, 'every session of the dead node moved');
   const done = await waitAll(ids);
   checkAll(done, faults);
+  // Some of its calls were in flight: they were sent again, with their keys, by the new nodes.
+  assert.ok([...tools.replays.keys()].some((k) => theirs.some((id) => k.startsWith(`${id}:`))),
+    'a tool call in flight on the dead node was sent again');
   // The next step of each moved session, taken by its new node: its unfinished tool call sent
   // again (when it reaches the tool) or its model step begun (`started_ms`), whichever is first.
   // Only times past t0 + 1 s count: no other node can hold the session before the lease (3 s)
@@ -375,9 +382,12 @@ test('kill -9 the leading cell brain: a standby leads within the TTL + 1 s and p
   assert.ok(leader, 'a brain leads');
   const standby = brains.find((b) => b !== leader);
   const mark = logOf(standby.name).length;
+  // Sessions are running when it dies, and more come while no brain leads.
+  const running = await createSessions(16, 'brain');
+  await waitProgress(running, 6);
   process.kill(leader.pid, 'SIGKILL');
   const t0 = Date.now();
-  const ids = await createSessions(16, 'brain');
+  const ids = [...running, ...await createSessions(8, 'brain-after')];
   const ledAt = await waitLog(standby.name, /leads cell/, mark, 20000);
   console.log(`kill -9 brain ${leader.name}: ${standby.name} leads after ${ledAt - t0} ms`);
   assert.ok(ledAt - t0 <= TTL_S * 1000 + 1000, `a standby led within the TTL + 1 s: ${ledAt - t0} ms`);

@@ -1,6 +1,9 @@
 // Black-box tests of the OpenAI-compatible API with the official `openai` npm client.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import OpenAI from 'openai';
 import { startServer, rawPost, viaGateway } from './harness.mjs';
 
@@ -466,6 +469,26 @@ test('API key is required on every route but /health', async () => {
     assert.equal(r.choices.length, 1);
   } finally {
     await s.stop();
+  }
+});
+
+test('a key\'s requests-per-minute limit counts requests that start work, not reads', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'armada-rpm-'));
+  const keys = path.join(dir, 'keys');
+  fs.writeFileSync(keys, 'sk-few rpm=3\n');
+  const s = await startServer(['--api-key-file', keys]);
+  const as = { Authorization: 'Bearer sk-few' };
+  try {
+    // A client polling what it reads is not throttled for it (on a node, and through a gateway).
+    for (let i = 0; i < 10; i++) assert.equal((await fetch(s.base + '/v1/models', { headers: as })).status, 200);
+    const body = { messages: [{ role: 'user', content: 'x' }], max_tokens: 2 };
+    for (let i = 0; i < 3; i++) assert.equal((await rawPost(s.base, '/v1/chat/completions', body, as)).status, 200);
+    const r = await rawPost(s.base, '/v1/chat/completions', body, as);
+    assert.equal(r.status, 429, r.text);
+    assert.ok(Number(r.headers.get('retry-after')) >= 1);
+  } finally {
+    await s.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
   }
 });
 
