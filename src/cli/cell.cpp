@@ -18,7 +18,6 @@
 #include <unistd.h>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <mutex>
@@ -31,13 +30,6 @@ namespace {
 
 using json = nlohmann::json;
 using namespace cluster;
-
-int64_t now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-const std::vector<std::string> kEndedStates = {"completed", "failed", "cancelled"};
 
 //! One brain process: its lease, its campaign, and while it leads, the brain's loop.
 class CellProcess {
@@ -107,7 +99,7 @@ class CellProcess {
         }
         by_tenant_ = std::move(by_tenant);
         brain.reconcile(live, open);
-        const int64_t t = now_ms();
+        const int64_t t = brain_now_ms();
         for (const auto & l : loads)
             brain.load(l, t);
         return rev;
@@ -153,28 +145,13 @@ class CellProcess {
         }
     }
 
-    //! Writes each decision as its own epoch-checked batch. They are handed to the store
-    //! together, so it groups them into one transaction (each batch keeps its own check): a lost
-    //! node's sessions are reassigned with one commit rather than one each.
+    //! Each decision as its own epoch-checked batch, written in one grouped commit: a lost node's
+    //! sessions are reassigned with one transaction rather than one each.
     std::vector<store::Status> assign(const std::vector<Place> & decisions) {
-        std::vector<store::Status> out(decisions.size());
-        if (decisions.empty()) return out;
-        if (!store_->writable().ok) store_->recover();  // PostgreSQL came back
-        std::mutex mu;
-        std::condition_variable cv;
-        size_t left = decisions.size();
-        for (size_t i = 0; i < decisions.size(); ++i) {
-            store::Batch b;
-            b.assign.push_back({decisions[i].session, decisions[i].node, decisions[i].epoch});
-            store_->commit(std::move(b), [&, i](store::Status st) {
-                std::lock_guard lk(mu);
-                out[i] = std::move(st);
-                if (--left == 0) cv.notify_all();
-            });
-        }
-        std::unique_lock lk(mu);
-        cv.wait(lk, [&] { return left == 0; });
-        return out;
+        std::vector<store::Batch> batches(decisions.size());
+        for (size_t i = 0; i < decisions.size(); ++i)
+            batches[i].assign.push_back({decisions[i].session, decisions[i].node, decisions[i].epoch});
+        return commit_each(*store_, std::move(batches));
     }
 
     void lead(const EtcdLeader & me) {
@@ -201,10 +178,10 @@ class CellProcess {
                 watch_broken = true;
             });
         };
-        int64_t last_reconcile = 0, last_check = now_ms();
+        int64_t last_reconcile = 0, last_check = brain_now_ms();
         const std::string prefix = nodes_prefix(cfg_, o_.cell);
         while (!stopping()) {
-            int64_t t = now_ms();
+            int64_t t = brain_now_ms();
             if (watch_broken.load() || t - last_reconcile >= o_.reconcile_ms) {
                 const int64_t rev = reconcile(brain);
                 last_reconcile = t;
@@ -248,7 +225,7 @@ class CellProcess {
             } else {
                 take_events(brain);
             }
-            const auto decisions = brain.decide(now_ms());
+            const auto decisions = brain.decide(brain_now_ms());
             const auto results = assign(decisions);
             for (size_t i = 0; i < decisions.size(); ++i) {
                 const Place & p = decisions[i];

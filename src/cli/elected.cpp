@@ -4,9 +4,37 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 
 namespace armada::cli {
+
+int64_t brain_now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+const std::vector<std::string> kEndedStates = {"completed", "failed", "cancelled"};
+
+std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Batch> batches) {
+    std::vector<store::Status> out(batches.size());
+    if (batches.empty()) return out;
+    if (!st.writable().ok) st.recover();  // PostgreSQL came back
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t left = batches.size();
+    for (size_t i = 0; i < batches.size(); ++i) {
+        st.commit(std::move(batches[i]), [&, i](store::Status s) {
+            std::lock_guard lk(mu);
+            out[i] = std::move(s);
+            if (--left == 0) cv.notify_all();
+        });
+    }
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return left == 0; });
+    return out;
+}
 
 Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set)
     : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), stop_set_(stop_set) {}

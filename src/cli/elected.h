@@ -1,12 +1,14 @@
 #pragma once
 
 #include "cluster/etcd.h"
+#include "store/store.h"
 
 #include <atomic>
 #include <csignal>
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace armada::cli {
 
@@ -45,5 +47,14 @@ class Elected {
     std::atomic<bool> quit_{false};
     std::thread keepalive_;
 };
+
+//! What both brains share besides the election.
+//! Steady-clock milliseconds (the brains' decision time).
+int64_t brain_now_ms();
+//! The session states that end a session: the rest are open.
+extern const std::vector<std::string> kEndedStates;
+//! Commits each batch on its own (each keeps its own epoch check) but hands them to the store
+//! together, so it groups them into one transaction; returns each one's status, in order.
+std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Batch> batches);
 
 }  // namespace armada::cli

@@ -15,7 +15,6 @@
 
 #include <unistd.h>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -27,13 +26,6 @@ namespace {
 
 using json = nlohmann::json;
 using namespace cluster;
-
-int64_t now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-const std::vector<std::string> kEndedStates = {"completed", "failed", "cancelled"};
 
 class GlobalProcess {
   public:
@@ -100,24 +92,10 @@ class GlobalProcess {
     //! asks the new cell's brain to place it.
     void carry_out(GlobalBrain & brain, const std::vector<Rehome> & decisions) {
         if (decisions.empty()) return;
-        if (!store_->writable().ok) store_->recover();
-        std::vector<store::Status> results(decisions.size());
-        std::mutex mu;
-        std::condition_variable cv;
-        size_t left = decisions.size();
-        for (size_t i = 0; i < decisions.size(); ++i) {
-            store::Batch b;
-            b.assign.push_back({decisions[i].session, "", decisions[i].epoch, decisions[i].to});
-            store_->commit(std::move(b), [&, i](store::Status st) {
-                std::lock_guard lk(mu);
-                results[i] = std::move(st);
-                if (--left == 0) cv.notify_all();
-            });
-        }
-        {
-            std::unique_lock lk(mu);
-            cv.wait(lk, [&] { return left == 0; });
-        }
+        std::vector<store::Batch> batches(decisions.size());
+        for (size_t i = 0; i < decisions.size(); ++i)
+            batches[i].assign.push_back({decisions[i].session, "", decisions[i].epoch, decisions[i].to});
+        const auto results = commit_each(*store_, std::move(batches));
         std::map<std::pair<std::string, std::string>, int> moved;
         for (size_t i = 0; i < decisions.size(); ++i) {
             const Rehome & d = decisions[i];
@@ -146,9 +124,9 @@ class GlobalProcess {
             known.insert(c.name);
         std::set<std::string> was_lost;
         std::string last_shares;
-        int64_t last_shares_ms = 0, last_check = now_ms();
+        int64_t last_shares_ms = 0, last_check = brain_now_ms();
         while (!elected_.stopping()) {
-            const int64_t t = now_ms();
+            const int64_t t = brain_now_ms();
             Seen seen;
             if (look(seen)) {
                 for (const auto & [cell, r] : seen.reports) {
