@@ -264,6 +264,43 @@ test('an agent declared through one node is known to every node; deleted through
   assert.equal(r.status, 404, await r.text());
 });
 
+test('chat turns of one conversation go to the node that served its start (prompt-prefix affinity)', { timeout: 120000 }, async () => {
+  const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
+  const served = async () => Promise.all(nodes.map(async (p) => {
+    const text = await fetch(`${p.url}/metrics`).then((r) => r.text());
+    const m = text.match(/^armada_requests_total\{[^}]*route="\/v1\/chat\/completions"[^}]*code="200"[^}]*\} (\S+)$/m) ??
+      text.match(/^armada_requests_total\{[^}]*code="200"[^}]*route="\/v1\/chat\/completions"[^}]*\} (\S+)$/m);
+    return Number(m?.[1] ?? 0);
+  }));
+  // Which node answered one request, sent alone.
+  const turn = async (messages) => {
+    const before = await served();
+    const r = await fetch(`${gw}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ messages, max_tokens: 4 }) });
+    const body = await r.json();
+    assert.equal(r.status, 200, JSON.stringify(body));
+    const after = await served();
+    const took = nodes.filter((p, i) => after[i] === before[i] + 1);
+    assert.equal(took.length, 1, `one node answered: ${before} → ${after}`);
+    return { node: took[0].name, reply: body.choices[0].message.content };
+  };
+  const firsts = new Set();
+  for (let c = 0; c < 6; c++) {
+    const messages = [{ role: 'system', content: `You are assistant number ${c}.` }, { role: 'user', content: `Start ${c}` }];
+    const first = await turn(messages);
+    firsts.add(first.node);
+    let reply = first.reply;
+    for (let k = 0; k < 2; k++) {
+      messages.push({ role: 'assistant', content: reply }, { role: 'user', content: `Go on (${k})` });
+      const next = await turn(messages);
+      assert.equal(next.node, first.node, `turn ${k + 2} of conversation ${c}`);
+      reply = next.reply;
+    }
+  }
+  // Going by load alone spreads them (equal room, round-robin): affinity is what keeps each together.
+  assert.ok(firsts.size >= 2, `conversations started on ${[...firsts]}`);
+});
+
 test('kill -9 a node: its sessions take their next step elsewhere within the lease TTL + 2 s and all 64 complete', { timeout: 300000 }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   const ids = await createSessions(64, 'kill');
