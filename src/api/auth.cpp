@@ -42,7 +42,6 @@ void ApiKeys::add(const std::string & key, bool admin) {
     if (!key.empty()) keys_.push_back({key, owner_of(key), admin, std::nullopt});
 }
 
-namespace {
 bool valid_tenant_name(const std::string & n) {
     if (n.empty() || n.size() > 64) return false;
     for (char c : n) {
@@ -50,6 +49,17 @@ bool valid_tenant_name(const std::string & n) {
     }
     return true;
 }
+
+std::optional<Caller> acting_as(const std::string & id) {
+    if (id.rfind("t:", 0) != 0 || !valid_tenant_name(id.substr(2))) return std::nullopt;
+    Caller c;
+    c.tenant = id;
+    c.tenant_name = id.substr(2);
+    c.account = owner_of(id);  // no limits of its own here: the gateways hold the tenant's quotas
+    return c;
+}
+
+namespace {
 
 bool number(const std::string & text, double & v) {
     try {
@@ -97,12 +107,15 @@ std::string ApiKeys::load_file(const std::string & path) {
     return {};
 }
 
-const ApiKeys::Key * ApiKeys::check(const std::string & authorization, const std::string & x_api_key) const {
-    std::string presented = x_api_key;
+std::string presented_key(const std::string & authorization, const std::string & x_api_key) {
     static const std::string bearer = "Bearer ";
-    if (authorization.size() > bearer.size() && authorization.compare(0, bearer.size(), bearer) == 0) {
-        presented = authorization.substr(bearer.size());
-    }
+    if (authorization.size() > bearer.size() && authorization.compare(0, bearer.size(), bearer) == 0)
+        return authorization.substr(bearer.size());
+    return x_api_key;
+}
+
+const ApiKeys::Key * ApiKeys::check(const std::string & authorization, const std::string & x_api_key) const {
+    const std::string presented = presented_key(authorization, x_api_key);
     if (presented.empty()) return nullptr;
     const Key * match = nullptr;
     // Every key is compared, so timing does not reveal which one matched.

@@ -31,6 +31,17 @@ std::string tenant_id(const std::string & name);
 //! The name in a tenant id ("t:NAME" → NAME; a key's hash stays itself).
 std::string tenant_name(const std::string & id);
 
+//! The key a request presents: `Authorization: Bearer <key>`, else `x-api-key`; "" when none.
+std::string presented_key(const std::string & authorization, const std::string & x_api_key);
+
+//! A tenant's name: 1 to 64 letters, digits, '_', '-' or '.'.
+bool valid_tenant_name(const std::string & name);
+
+//! The caller an admin acts as when it sends `X-Armada-Tenant: t:NAME` (a gateway forwarding
+//! for a tenant whose key it checked): that tenant, not an admin. Nullopt when `tenant_id` is
+//! not of that form.
+std::optional<Caller> acting_as(const std::string & tenant_id);
+
 //! API keys accepted by the server. Empty means authentication is off.
 class ApiKeys {
   public:

@@ -232,7 +232,20 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         route_name = "auth";
         throw ApiError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'", {}, "invalid_api_key");
     }
-    const Caller caller = keys_.caller(key);
+    Caller caller = keys_.caller(key);
+    if (caller.admin) {
+        // A gateway forwarding for a tenant whose key it checked (tenants in PostgreSQL).
+        if (const std::string as = req.header("x-armada-tenant"); !as.empty()) {
+            auto acting = acting_as(as);
+            if (!acting) {
+                route_name = "auth";
+                throw ApiError(400,
+                               "X-Armada-Tenant must be 't:NAME' with a tenant name of 1 to 64 letters, digits, "
+                               "'_', '-' or '.'");
+            }
+            caller = std::move(*acting);
+        }
+    }
     if (p == "/metrics") {
         route_name = p;
         if (!get) throw ApiError(405, "use GET for /metrics");

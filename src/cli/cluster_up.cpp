@@ -148,17 +148,19 @@ int cluster_up(const ClusterUpOptions & o) {
             procs.push_back(std::move(p));
         }
     }
-    {
+    const size_t first_gateway = procs.size();
+    for (int i = 0; i < std::max(1, o.gateways); ++i) {
         Proc g;
         g.role = "gateway";
-        g.name = "gateway";
-        g.log = logs + "gateway.log";
-        const int port = o.port > 0 ? o.port : cluster::free_port();
+        g.name = i == 0 ? std::string("gateway") : "gateway" + std::to_string(i);
+        g.log = logs + g.name + ".log";
+        const int port = i == 0 && o.port > 0 ? o.port : cluster::free_port();
         g.url = "http://127.0.0.1:" + std::to_string(port);
-        g.argv = {exe, "gateway", "--cluster", cfg_path, "--port", std::to_string(port)};
+        g.argv = {exe, "gateway", "--cluster", cfg_path, "--port", std::to_string(port), "--name", g.name};
         if (!o.api_key_file.empty()) g.argv.insert(g.argv.end(), {"--api-key-file", o.api_key_file});
         procs.push_back(std::move(g));
     }
+    Proc & gateway = procs[first_gateway];
     auto write_status = [&] {
         json ps = json::array();
         for (auto & p : procs) {
@@ -168,13 +170,17 @@ int cluster_up(const ClusterUpOptions & o) {
                           {"url", p.url},
                           {"log", p.log}});
         }
+        json gateways = json::array();
+        for (size_t i = first_gateway; i < procs.size(); ++i)
+            gateways.push_back(procs[i].url);
         json servers = {{"postgres", {{"pid", pg.pid()}, {"url", pg.url("armada")}}},
                         {"etcd", {{"pid", etcd.pid()}, {"endpoint", etcd.endpoint()}}},
                         {"nats", {{"pid", nats.pid()}, {"url", nats.url()}}},
                         {"redis", {{"pid", redis.pid()}, {"url", redis.url()}}}};
         const std::string tmp = dir + "/cluster.json.tmp";
         std::ofstream(tmp) << json{
-            {"gateway", procs.back().url},
+            {"gateway", gateway.url},
+            {"gateways", gateways},
             {"config", cfg_path},
             {"processes", ps},
             {"servers", servers}}.dump(2);
@@ -187,21 +193,25 @@ int cluster_up(const ClusterUpOptions & o) {
     int sig = 0;
     if (ok) {
         // Ready when the gateway listens; the nodes load their model meanwhile.
-        const int gport = std::stoi(procs.back().url.substr(procs.back().url.rfind(':') + 1));
-        for (int i = 0; i < 600 && !http_ok(gport); ++i) {
-            timespec t{0, 100 * 1000 * 1000};
-            if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
-            if (!procs.back().child->running()) break;
-        }
-        if (!http_ok(gport)) {
-            fprintf(stderr, "error: the gateway did not start; see %s:\n%s\n", procs.back().log.c_str(),
-                    cluster::tail_of(procs.back().log).c_str());
-            ok = false;
+        for (size_t g = first_gateway; ok && sig <= 0 && g < procs.size(); ++g) {
+            const int gport = std::stoi(procs[g].url.substr(procs[g].url.rfind(':') + 1));
+            for (int i = 0; i < 600 && !http_ok(gport); ++i) {
+                timespec t{0, 100 * 1000 * 1000};
+                if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
+                if (!procs[g].child->running()) break;
+            }
+            if (!http_ok(gport)) {
+                fprintf(stderr, "error: %s did not start; see %s:\n%s\n", procs[g].name.c_str(), procs[g].log.c_str(),
+                        cluster::tail_of(procs[g].log).c_str());
+                ok = false;
+            }
         }
     }
     if (ok && sig <= 0) {
         printf("armada: cluster up: %d cell%s x %d nodes; gateway at %s\n", o.cells, o.cells > 1 ? "s" : "", o.nodes,
-               procs.back().url.c_str());
+               gateway.url.c_str());
+        for (size_t g = first_gateway + 1; g < procs.size(); ++g)
+            printf("armada: %s at %s\n", procs[g].name.c_str(), procs[g].url.c_str());
         printf("armada: processes and logs are listed in %s/cluster.json; Ctrl-C stops everything\n", dir.c_str());
         fflush(stdout);
         // Supervise: a server that dies comes back on the same directory and port (tests kill

@@ -7,9 +7,10 @@ namespace armada::cli {
 
 struct ClusterUpOptions {
     int cells = 1;
-    int nodes = 3;   // per cell
+    int nodes = 3;     // per cell
     int brains = 2;    // per cell
     int globals = -1;  // global brains; -1: 2 when there are several cells, else none
+    int gateways = 1;
     std::string model;
     std::string data_dir = "./armada-cluster";
     int port = 8080;  // the gateway's; 0: a free one

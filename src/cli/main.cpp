@@ -286,6 +286,7 @@ int main(int argc, char ** argv) {
     gw->add_option("--api-key-file", gwo.api_key_file, "API keys with tenants, as for serve")
         ->envname("ARMADA_API_KEY_FILE");
     gw->add_option("--cell", gwo.cell, "cell for new sessions (default: the one with the most room)");
+    gw->add_option("--name", gwo.name, "this gateway's name among the live ones (default: HOST-PORT)");
     gw->add_option("--affinity-ttl", gwo.affinity_ttl_s, "seconds a conversation stays bound to its node")
         ->capture_default_str();
     gw->add_option("--log-level", gwo.log_level, "trace, debug, info, warn, error")->capture_default_str();
@@ -298,6 +299,7 @@ int main(int argc, char ** argv) {
     cup->add_option("--nodes", cuo.nodes, "nodes per cell")->capture_default_str();
     cup->add_option("--brains", cuo.brains, "cell brains per cell (one leads)")->capture_default_str();
     cup->add_option("--globals", cuo.globals, "global brains (one leads); default 2 with several cells, else 0");
+    cup->add_option("--gateways", cuo.gateways, "gateways (any of them serves any request)")->capture_default_str();
     cup->add_option("-m,--model", cuo.model, "GGUF model file for every node")->envname("ARMADA_MODEL");
     cup->add_option("--data-dir", cuo.data_dir, "where the servers' data and every log go")->capture_default_str();
     cup->add_option("--port", cuo.port, "the gateway's port (0 = any free port)")->capture_default_str();

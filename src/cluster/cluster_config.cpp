@@ -182,6 +182,10 @@ std::string shares_key(const ClusterConfig & c) {
     return c.prefix + "/global/shares";
 }
 
+std::string gateways_prefix(const ClusterConfig & c) {
+    return c.prefix + "/gateways/";
+}
+
 bool valid_cell_or_node_name(const std::string & s) {
     return valid_name(s);
 }

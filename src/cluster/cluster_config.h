@@ -52,6 +52,8 @@ std::string cells_prefix(const ClusterConfig & c);
 std::string global_election(const ClusterConfig & c);
 //! The global brain's split of new sessions (no lease: it outlives a global leader).
 std::string shares_key(const ClusterConfig & c);
+//! Live gateways, each under its lease (they divide tenant quotas among them without Redis).
+std::string gateways_prefix(const ClusterConfig & c);
 //! Cell and node names: 1..63 of [A-Za-z0-9._-] (they become etcd keys and NATS subjects).
 bool valid_cell_or_node_name(const std::string & s);
 

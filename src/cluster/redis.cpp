@@ -1,6 +1,7 @@
 #include "cluster/redis.h"
 
 #include <hiredis/hiredis.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 
@@ -88,6 +89,7 @@ RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv) {
         lens.push_back(a.size());
     }
     Reply out;
+    bool answered = false;
     for (int attempt = 0; attempt < 2; ++attempt) {
         if (!c || c->err) {
             // The server went away (a restart): one new connection per call, no waiting loop.
@@ -103,10 +105,16 @@ RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv) {
         }
         auto * r = static_cast<redisReply *>(redisCommandArgv(c, int(args.size()), args.data(), lens.data()));
         if (!r) continue;  // c->err is set: reconnect and try once more
+        answered = true;
         out.ok = r->type != REDIS_REPLY_ERROR;
         out.nil = r->type == REDIS_REPLY_NIL;
-        if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) out.str.assign(r->str, r->len);
+        if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_ERROR)
+            out.str.assign(r->str, r->len);
         if (r->type == REDIS_REPLY_INTEGER) out.integer = r->integer;
+        if (r->type == REDIS_REPLY_ARRAY) {
+            for (size_t i = 0; i < r->elements; ++i)
+                out.ints.push_back(r->element[i]->type == REDIS_REPLY_INTEGER ? r->element[i]->integer : 0);
+        }
         freeReplyObject(r);
         break;
     }
@@ -114,6 +122,10 @@ RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv) {
         std::lock_guard lk(mu_);
         --in_use_;
         free_.push_back(c);  // null: the slot's next user connects again
+        // No answer (refused, or a server that accepts but does not reply): the next calls
+        // skip Redis for a second instead of each waiting out its timeout.
+        if (!answered) down_until_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        last_ok_ = answered;
     }
     cv_.notify_one();
     return out;
@@ -138,6 +150,24 @@ std::optional<int64_t> RedisPool::incr(const std::string & key, int64_t ttl_ms) 
     if (!r.ok) return std::nullopt;
     if (r.integer == 1) command({"PEXPIRE", key, std::to_string(ttl_ms)});
     return r.integer;
+}
+
+std::optional<std::vector<int64_t>> RedisPool::eval(const std::string & script, const std::vector<std::string> & keys,
+                                                    const std::vector<std::string> & args) {
+    std::vector<std::string> argv = {"EVAL", script, std::to_string(keys.size())};
+    argv.insert(argv.end(), keys.begin(), keys.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = command(argv);
+    if (!r.ok) {
+        if (!r.str.empty()) spdlog::warn("redis: script failed: {}", r.str);
+        return std::nullopt;
+    }
+    return r.ints;
+}
+
+bool RedisPool::reachable() const {
+    std::lock_guard lk(mu_);
+    return last_ok_ && std::chrono::steady_clock::now() >= down_until_;
 }
 
 store::PoolStats RedisPool::stats() const {

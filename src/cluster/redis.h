@@ -32,6 +32,12 @@ class RedisPool {
     bool del(const std::string & key);
     //! INCR, and an expiry when the key is new; the new value, or nullopt.
     std::optional<int64_t> incr(const std::string & key, int64_t ttl_ms);
+    //! EVAL of a Lua script whose reply is an array of integers; nullopt when Redis cannot be
+    //! reached or the script fails.
+    std::optional<std::vector<int64_t>> eval(const std::string & script, const std::vector<std::string> & keys,
+                                             const std::vector<std::string> & args);
+    //! False after a call found no Redis (for a second at least).
+    bool reachable() const;
     //! Waits for connections, as the store's pools report them (armada_redis_pool_* metrics).
     store::PoolStats stats() const;
 
@@ -44,6 +50,7 @@ class RedisPool {
         bool nil = false;
         std::string str;
         int64_t integer = 0;
+        std::vector<int64_t> ints;  // an array reply's integers
     };
     Reply command(const std::vector<std::string> & argv);
     redisContext * connect(std::string & error) const;
@@ -58,6 +65,7 @@ class RedisPool {
     size_t size_ = 0;
     uint64_t acquired_ = 0, waited_ = 0, wait_us_ = 0, timeouts_ = 0, reconnects_ = 0;  // mu_
     size_t in_use_ = 0;                                                                 // mu_
+    bool last_ok_ = true;                                                               // mu_
     std::chrono::steady_clock::time_point down_until_{};                                // mu_
 };
 

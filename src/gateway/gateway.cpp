@@ -10,15 +10,19 @@
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
+#include "cluster/quota.h"
 #include "cluster/redis.h"
 #include "gateway/upstream.h"
 #include "obs/metrics.h"
 #include "store/postgres_store.h"
 
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include <pthread.h>
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -70,6 +74,93 @@ uint64_t fnv1a(const std::string & s) {
     return h;
 }
 
+std::string hex_of(const unsigned char * p, size_t n) {
+    static const char * d = "0123456789abcdef";
+    std::string s;
+    for (size_t i = 0; i < n; ++i) {
+        s += d[p[i] >> 4];
+        s += d[p[i] & 15];
+    }
+    return s;
+}
+
+//! How API keys from PostgreSQL are looked up: their SHA-256, never the key.
+std::string sha256_hex(const std::string & s) {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_Digest(s.data(), s.size(), md, &n, EVP_sha256(), nullptr);
+    return hex_of(md, n);
+}
+
+std::string random_hex(size_t bytes) {
+    std::vector<unsigned char> b(bytes);
+    if (RAND_bytes(b.data(), int(bytes)) != 1) throw std::runtime_error("no randomness for a new key");
+    return hex_of(b.data(), bytes);
+}
+
+int64_t wall_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+//! The last `"total_tokens":N` in a reply, fed in pieces as it streams (a piece may split it).
+class UsageScan {
+  public:
+    void feed(std::string_view chunk) {
+        tail_.append(chunk);
+        static const std::string kKey = "\"total_tokens\":";
+        for (size_t at = 0; (at = tail_.find(kKey, at)) != std::string::npos; at += kKey.size()) {
+            size_t i = at + kKey.size();
+            while (i < tail_.size() && tail_[i] == ' ')
+                ++i;
+            const size_t start = i;
+            while (i < tail_.size() && std::isdigit(static_cast<unsigned char>(tail_[i])))
+                ++i;
+            if (i == tail_.size()) break;  // the number may go on in the next piece
+            if (i > start) total_ = std::strtoll(tail_.c_str() + start, nullptr, 10);
+        }
+        if (tail_.size() > 64) tail_.erase(0, tail_.size() - 64);
+    }
+    std::optional<int64_t> total() const { return total_; }
+
+  private:
+    std::string tail_;
+    std::optional<int64_t> total_;
+};
+
+//! Tenants and their keys as PostgreSQL had them at the last load (a short TTL).
+struct Directory {
+    std::map<std::string, store::TenantRecord> tenants;  // by name
+    std::map<std::string, store::KeyRecord> by_hash;
+};
+
+//! Who a request comes from, as the gateway checked it.
+struct Authed {
+    api::Caller caller;
+    const api::ApiKeys::Key * file_key = nullptr;  // --api-key / --api-key-file
+    bool from_directory = false;                   // a key from PostgreSQL
+    cluster::TenantQuota quota;                    // the tenant's, when PostgreSQL has the tenant
+};
+
+constexpr int64_t kDirectoryTtlMs = 2000;
+const char * const kQuotaFields[] = {"requests_per_minute", "tokens_per_minute", "live_sessions", "kv_bytes"};
+
+json tenant_json(const store::TenantRecord & t) {
+    return {{"object", "tenant"},
+            {"name", t.name},
+            {"requests_per_minute", t.rpm},
+            {"tokens_per_minute", t.tpm},
+            {"live_sessions", t.live_sessions},
+            {"kv_bytes", t.kv_bytes},
+            {"created_at", t.created_ms / 1000},
+            {"updated_at", t.updated_ms / 1000}};
+}
+
+json key_json(const store::KeyRecord & k) {
+    return {{"object", "api_key"}, {"id", k.id},       {"tenant", k.tenant},
+            {"prefix", k.prefix},  {"admin", k.admin}, {"created_at", k.created_ms / 1000}};
+}
+
 //! A refusal thrown inside a route and sent by `handle`.
 struct ApiErrorReply {
     int status;
@@ -100,18 +191,31 @@ class Gateway {
             redis_ = cluster::RedisPool::open(cfg_.redis, cfg_.redis_pool, 500, err);
             if (!redis_) return "Redis: " + err;
         }
+        quotas_ = std::make_unique<cluster::Quotas>(redis_.get(), [this] { return live_gateways_.load(); });
+        if (!load_directory())
+            spdlog::warn("gateway: cannot read tenants and keys from PostgreSQL yet; retrying every {} ms",
+                         kDirectoryTtlMs);
         refresh();
+        return {};
+    }
+    //! Joins the live gateways in etcd as `name` (at `url`) and starts following the cluster.
+    void announce(const std::string & name, const std::string & url) {
+        name_ = name;
+        url_ = url;
+        keep_announced();
         watcher_ = std::thread([this] {
             while (!stop_.load()) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(250));
                 refresh();
+                keep_announced();
+                if (now_ms() - directory_ms_ >= kDirectoryTtlMs) load_directory();
             }
         });
-        return {};
     }
     void stop() {
         stop_ = true;
         if (watcher_.joinable()) watcher_.join();
+        if (lease_ != 0) etcd_.revoke(lease_);  // the others' share of each quota grows at once
     }
     size_t in_flight() const { return in_flight_.load(); }
 
@@ -133,6 +237,103 @@ class Gateway {
     }
 
   private:
+    // ---- this gateway among the others ----
+    void keep_announced() {
+        const int64_t t = now_ms();
+        if (t - announced_ms_ < 1000) return;
+        announced_ms_ = t;
+        if (lease_ != 0) {
+            int64_t ttl = 0;
+            if (etcd_.keepalive(lease_, ttl).empty() && ttl > 0) return;
+            lease_ = 0;
+        }
+        int64_t lease = 0;
+        if (!etcd_.grant(cfg_.lease_ttl_s, lease).empty()) return;
+        if (!etcd_.put(cluster::gateways_prefix(cfg_) + name_, url_, lease).empty()) return;
+        lease_ = lease;
+    }
+
+    // ---- tenants and keys (PostgreSQL, cached) ----
+    bool load_directory() {
+        directory_ms_ = now_ms();
+        auto tenants = store_->tenants();
+        auto keys = tenants ? store_->keys() : std::nullopt;
+        if (!tenants || !keys) {
+            if (!directory_warned_)
+                spdlog::warn("gateway: cannot read tenants and keys from PostgreSQL; using the last ones read");
+            directory_warned_ = true;
+            return false;
+        }
+        directory_warned_ = false;
+        auto d = std::make_shared<Directory>();
+        for (auto & t : *tenants)
+            d->tenants[t.name] = std::move(t);
+        for (auto & k : *keys)
+            d->by_hash[k.hash] = std::move(k);
+        std::lock_guard lk(mu_);
+        directory_ = std::move(d);
+        return true;
+    }
+    std::shared_ptr<const Directory> directory() {
+        std::lock_guard lk(mu_);
+        return directory_;
+    }
+    //! The caller of `req`, or nullopt when authentication is on and its key is unknown.
+    std::optional<Authed> authenticate(const HttpRequest & req) {
+        auto dir = directory();
+        Authed a;
+        const std::string auth = req.header("authorization"), xkey = req.header("x-api-key");
+        if (keys_.enabled()) a.file_key = keys_.check(auth, xkey);
+        if (a.file_key) {
+            a.caller = keys_.caller(a.file_key);
+        } else if (dir && !dir->by_hash.empty()) {
+            const std::string presented = api::presented_key(auth, xkey);
+            auto it = presented.empty() ? dir->by_hash.end() : dir->by_hash.find(sha256_hex(presented));
+            if (it == dir->by_hash.end()) return std::nullopt;
+            a.caller.tenant = api::tenant_id(it->second.tenant);
+            a.caller.tenant_name = it->second.tenant;
+            a.caller.account = it->second.id;
+            a.caller.admin = it->second.admin;
+            a.from_directory = true;
+        } else if (keys_.enabled()) {
+            return std::nullopt;
+        } else {
+            a.caller = keys_.caller(nullptr);
+        }
+        // The tenant's quotas, whichever key it came with.
+        if (dir && a.caller.tenant.rfind("t:", 0) == 0) {
+            if (auto it = dir->tenants.find(a.caller.tenant_name); it != dir->tenants.end())
+                a.quota = {it->second.rpm, it->second.tpm, it->second.live_sessions, it->second.kv_bytes};
+        }
+        return a;
+    }
+    //! What the nodes see: a key from PostgreSQL is not theirs, so the gateway forwards under its
+    //! own (admin) key, acting as the tenant. Only an admin may name a tenant itself.
+    void rewrite_identity(HttpRequest & req, const Authed & a) {
+        if (!a.caller.admin || a.from_directory) req.headers.erase("x-armada-tenant");
+        if (!a.from_directory) return;
+        req.headers.erase("x-api-key");
+        req.headers.erase("authorization");
+        if (!o_.api_key.empty()) req.headers["authorization"] = "Bearer " + o_.api_key;
+        req.headers["x-armada-tenant"] = a.caller.tenant;
+    }
+
+    void refuse(const std::shared_ptr<Responder> & out, const api::Caller & caller, const cluster::QuotaRefusal & r) {
+        {
+            std::lock_guard lk(mu_);
+            refused_[r.quota]++;
+        }
+        const std::string who =
+            caller.tenant_name.empty() ? std::string("this key") : "tenant '" + caller.tenant_name + "'";
+        api::Headers h{{"Retry-After", std::to_string(r.retry_after_s)}};
+        out->send(429, "application/json",
+                  api::error_body(429,
+                                  who + " is over its " + r.quota + " quota (" + std::to_string(r.limit) +
+                                      "); retry after " + std::to_string(r.retry_after_s) + " s",
+                                  r.quota, "quota_exceeded"),
+                  std::move(h));
+    }
+
     // ---- the cluster as etcd shows it ----
     void refresh() {
         std::vector<cluster::EtcdKv> kvs;
@@ -161,6 +362,8 @@ class Gateway {
             for (const auto & kv : kvs)
                 if (kv.key == cluster::shares_key(cfg_)) shares = cluster::decode_shares(kv.value);
         }
+        // The live gateways (this one included): each one's share of a quota without Redis.
+        if (etcd_.list(cluster::gateways_prefix(cfg_), kvs, rev).empty()) live_gateways_ = std::max(1, int(kvs.size()));
         std::lock_guard lk(mu_);
         nodes_ = std::move(next);
         if (shares) shares_ = std::move(*shares);
@@ -226,7 +429,7 @@ class Gateway {
     //! Forwards to `node` and answers the client with what it said (streamed when it streams).
     //! False when the node could not be reached (nothing was sent to the client).
     bool relay(const std::string & node_name, const HttpRequest & req, const std::shared_ptr<Responder> & out,
-               int timeout_ms = 600000) {
+               UsageScan * usage = nullptr, int timeout_ms = 600000) {
         auto v = node(node_name);
         if (!v) return false;
         bool streaming = false;
@@ -251,6 +454,7 @@ class Gateway {
             },
             [&](std::string_view chunk) {
                 if (out->closed()) return false;
+                if (usage) usage->feed(chunk);
                 out->write(std::string(chunk));
                 return true;
             },
@@ -283,17 +487,18 @@ class Gateway {
             else
                 h.emplace_back(k, val);
         }
+        if (usage) usage->feed(r.body);
         out->send(r.status, ctype, std::move(r.body), std::move(h));
         return true;
     }
     //! Forwards to the node with the most room, then to another if it does not answer.
     void relay_by_load(const HttpRequest & req, const std::shared_ptr<Responder> & out,
-                       std::optional<std::string> first = std::nullopt) {
+                       std::optional<std::string> first = std::nullopt, UsageScan * usage = nullptr) {
         std::string tried;
         for (int attempt = 0; attempt < 3; ++attempt) {
             auto n = attempt == 0 && first ? first : by_load({}, tried);
             if (!n) break;
-            if (relay(*n, req, out)) return;
+            if (relay(*n, req, out, usage)) return;
             tried = *n;
             forget(*n);
         }
@@ -326,51 +531,76 @@ class Gateway {
                           json{{"status", "ready"}, {"nodes", n}, {"cell_weights", weights}}.dump());
             return;
         }
-        const api::ApiKeys::Key * key =
-            keys_.enabled() ? keys_.check(req.header("authorization"), req.header("x-api-key")) : nullptr;
-        if (keys_.enabled() && !key) {
+        auto authed = authenticate(req);
+        if (!authed) {
             send_error(out, 401, "missing or invalid API key; send 'Authorization: Bearer <key>'", 0,
                        "invalid_api_key");
             return;
         }
-        const api::Caller caller = keys_.caller(key);
+        const api::Caller & caller = authed->caller;
         if (p == "/metrics") {
             if (!caller.admin) return send_error(out, 403, "/metrics needs an admin key");
             out->send(200, "text/plain; version=0.0.4", render_metrics());
             return;
         }
-        // As on a node: requests that start work count, reads (GET, event streams) and deletes do not.
-        if (req.method == "POST" && key && key->limits && key->limits->requests_per_min > 0 &&
-            !within_quota(caller, *key->limits))
-            return;
-        ++requests_;
         const auto parts = split_path(p);
+        if (!parts.empty() && parts[0] == "admin") return admin(req, out, caller, parts);
+        rewrite_identity(req, *authed);
+        // As on a node: requests that start work count, reads (GET, event streams) and deletes do not.
+        if (req.method == "POST") {
+            // The tenant's quota (PostgreSQL), then a key's own (--api-key-file), both shared.
+            if (auto r = quotas_->request(caller.tenant, authed->quota.rpm)) return refuse(out, caller, *r);
+            const auto * key = authed->file_key;
+            if (key && key->limits && key->limits->requests_per_min > 0) {
+                if (auto r = quotas_->request(caller.tenant + ":acct:" + caller.account,
+                                              int64_t(key->limits->requests_per_min)))
+                    return refuse(out, caller, *r);
+            }
+        }
+        ++requests_;
         if (parts.size() == 4 && parts[0] == "v1" && parts[1] == "agents" && parts[3] == "sessions" &&
             req.method == "POST")
-            return create_session(req, out, caller, parts[2]);
+            return create_session(req, out, *authed, parts[2]);
         if (parts.size() >= 3 && parts[0] == "v1" && parts[1] == "sessions")
             return session_route(req, out, caller, parts[2], parts.size() == 4 ? parts[3] : std::string());
-        if (p == "/v1/chat/completions" && req.method == "POST") return relay_by_load(req, out, affinity(req, caller));
-        relay_by_load(req, out);
+        const bool generates =
+            req.method == "POST" && (p == "/v1/chat/completions" || p == "/v1/completions" || p == "/v1/responses");
+        Tokens tokens;
+        if (generates && authed->quota.tpm > 0) {
+            tokens.estimate = estimate_tokens(req.body);
+            if (auto r = quotas_->reserve_tokens(caller.tenant, authed->quota.tpm, tokens.estimate, tokens.at_s))
+                return refuse(out, caller, *r);
+            tokens.tenant = caller.tenant;
+        }
+        if (p == "/v1/chat/completions" && req.method == "POST")
+            relay_by_load(req, out, affinity(req, caller), &tokens.scan);
+        else
+            relay_by_load(req, out, std::nullopt, &tokens.scan);
+        // Settled with what the reply said it used (the estimate stands when it did not say).
+        if (!tokens.tenant.empty())
+            quotas_->settle_tokens(tokens.tenant, tokens.at_s, tokens.estimate,
+                                   tokens.scan.total().value_or(tokens.estimate));
     }
 
-    //! Requests per minute of a tenant, counted in Redis so that every gateway sees the same
-    //! count. Without Redis the count is not shared, and each node still limits its own share.
-    bool within_quota(const api::Caller & caller, const api::RateLimits & lim) {
-        if (!redis_) return true;
-        const auto wall =
-            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
-        const std::string k =
-            "armada:t:" + caller.tenant + ":acct:" + caller.account + ":rpm:" + std::to_string(wall / 60);
-        const auto n = redis_->incr(k, 120000);
-        if (!n || double(*n) <= lim.requests_per_min) return true;
-        ApiErrorReply e{429,
-                        "rate limit: more than " + std::to_string(int64_t(lim.requests_per_min)) +
-                            " requests per minute for this key; retry after the minute",
-                        int(60 - wall % 60)};
-        quota_refused_++;
-        throw e;
+    //! A reservation of model tokens for one request.
+    struct Tokens {
+        std::string tenant;  // "" when none was made
+        int64_t estimate = 0, at_s = 0;
+        UsageScan scan;
+    };
+    //! Tokens a request may use: its prompt (about 4 bytes a token) and what it may generate.
+    static int64_t estimate_tokens(const std::string & body_text) {
+        const json body = json::parse(body_text, nullptr, false);
+        int64_t out = 256;
+        if (body.is_object()) {
+            for (const char * k : {"max_completion_tokens", "max_tokens", "max_output_tokens"}) {
+                if (body.contains(k) && body[k].is_number_integer() && body[k].get<int64_t>() > 0) {
+                    out = body[k].get<int64_t>();
+                    break;
+                }
+            }
+        }
+        return int64_t(body_text.size() / 4) + out;
     }
 
     std::string render_metrics() {
@@ -380,8 +610,19 @@ class Gateway {
             m.gauge("armada_gateway_nodes", "Live nodes the gateway sees in etcd").set(double(nodes_.size()));
         }
         m.sync_counter("armada_gateway_requests_total", "Requests the gateway took", requests_.load());
-        m.sync_counter("armada_gateway_quota_refused_total", "Requests refused by the shared per-key quota",
-                       quota_refused_.load());
+        {
+            std::lock_guard lk(mu_);
+            for (const auto & [quota, n] : refused_)
+                m.sync_counter("armada_gateway_quota_refused_total", "Requests refused (429) by a quota", n,
+                               {{"quota", quota}});
+        }
+        m.gauge("armada_gateway_quota_local",
+                "1 while Redis cannot be reached and this gateway enforces its share of each quota alone")
+            .set(quotas_->local() ? 1 : 0);
+        m.sync_counter("armada_gateway_quota_local_decisions_total",
+                       "Quota decisions this gateway made alone (Redis unreachable)", quotas_->local_decisions());
+        m.gauge("armada_gateway_live_gateways", "Gateways live in etcd (each one's share of a quota without Redis)")
+            .set(live_gateways_.load());
         m.sync_counter("armada_gateway_route_cache_hits_total", "Session reads routed from the Redis route cache",
                        route_hits_.load());
         auto pool = [&](const std::string & prefix, const store::PoolStats & p) {
@@ -453,8 +694,164 @@ class Gateway {
         return best;
     }
 
-    void create_session(const HttpRequest & req, const std::shared_ptr<Responder> & out, const api::Caller & caller,
+    // ---- /admin: tenants and keys in PostgreSQL (admin keys only) ----
+    void admin(const HttpRequest & req, const std::shared_ptr<Responder> & out, const api::Caller & caller,
+               const std::vector<std::string> & parts) {
+        if (!caller.admin) return send_error(out, 403, "/admin needs an admin key", 0, "permission_denied");
+        const std::string & m = req.method;
+        if (parts.size() >= 2 && parts.size() <= 3 && parts[1] == "tenants") {
+            if (parts.size() == 2 && m == "GET") {
+                auto all = store_->tenants();
+                if (!all) return store_down(out);
+                json data = json::array();
+                for (const auto & t : *all)
+                    data.push_back(tenant_json(t));
+                return out->send(200, "application/json", json{{"object", "list"}, {"data", data}}.dump());
+            }
+            if (parts.size() == 2 && m == "POST") return put_tenant(req, out, std::nullopt);
+            if (parts.size() == 3 && (m == "PATCH" || m == "PUT")) return put_tenant(req, out, parts[2]);
+            if (parts.size() == 3 && m == "GET") {
+                auto all = store_->tenants();
+                if (!all) return store_down(out);
+                for (const auto & t : *all) {
+                    if (t.name == parts[2]) return out->send(200, "application/json", tenant_json(t).dump());
+                }
+                return send_error(out, 404, "no tenant named '" + parts[2] + "'", 0, "not_found");
+            }
+            if (parts.size() == 3 && m == "DELETE") {
+                auto r = store_->delete_tenant(parts[2]);
+                if (r == store::AdminResult::unavailable) return store_down(out);
+                if (r == store::AdminResult::missing)
+                    return send_error(out, 404, "no tenant named '" + parts[2] + "'", 0, "not_found");
+                load_directory();
+                spdlog::info("gateway: tenant '{}' deleted, with its keys", parts[2]);
+                return out->send(200, "application/json",
+                                 json{{"object", "tenant"}, {"name", parts[2]}, {"deleted", true}}.dump());
+            }
+        }
+        if (parts.size() >= 2 && parts.size() <= 3 && parts[1] == "keys") {
+            if (parts.size() == 2 && m == "GET") {
+                auto all = store_->keys();
+                if (!all) return store_down(out);
+                const std::string only = req.param("tenant");
+                json data = json::array();
+                for (const auto & k : *all) {
+                    if (only.empty() || k.tenant == only) data.push_back(key_json(k));
+                }
+                return out->send(200, "application/json", json{{"object", "list"}, {"data", data}}.dump());
+            }
+            if (parts.size() == 2 && m == "POST") return create_key(req, out);
+            if (parts.size() == 3 && m == "DELETE") {
+                auto r = store_->delete_key(parts[2]);
+                if (r == store::AdminResult::unavailable) return store_down(out);
+                if (r == store::AdminResult::missing)
+                    return send_error(out, 404, "no API key with id '" + parts[2] + "'", 0, "not_found");
+                load_directory();
+                spdlog::info("gateway: API key {} deleted", parts[2]);
+                return out->send(200, "application/json",
+                                 json{{"object", "api_key"}, {"id", parts[2]}, {"deleted", true}}.dump());
+            }
+        }
+        send_error(out, 404,
+                   "no admin route " + m + " " + req.path +
+                       "; there are /admin/tenants[/NAME] (GET, POST, PATCH, DELETE) and /admin/keys[/ID] (GET, POST, "
+                       "DELETE)",
+                   0, "not_found");
+    }
+    static void store_down(const std::shared_ptr<Responder> & out) {
+        send_error(out, 503, "the cluster's state store cannot be reached; retry shortly", 2, "store_unavailable");
+    }
+    //! POST /admin/tenants (a new one, `name` in the body) or PATCH /admin/tenants/NAME (its quotas).
+    void put_tenant(const HttpRequest & req, const std::shared_ptr<Responder> & out,
+                    const std::optional<std::string> & name) {
+        const json body = json::parse(req.body.empty() ? std::string("{}") : req.body, nullptr, false);
+        if (!body.is_object()) return send_error(out, 400, "the body must be a JSON object");
+        store::TenantRecord t;
+        if (name) {
+            auto all = store_->tenants();
+            if (!all) return store_down(out);
+            auto it = std::find_if(all->begin(), all->end(), [&](const auto & x) { return x.name == *name; });
+            if (it == all->end()) return send_error(out, 404, "no tenant named '" + *name + "'", 0, "not_found");
+            t = *it;
+        }
+        for (const auto & [k, v] : body.items()) {
+            if (k == "name") {
+                if (name) {
+                    if (v != *name) return send_error(out, 400, "a tenant's name cannot change");
+                    continue;
+                }
+                if (!v.is_string() || !api::valid_tenant_name(v.get<std::string>()))
+                    return send_error(out, 400, "'name' must be 1 to 64 letters, digits, '_', '-' or '.'", 0);
+                t.name = v.get<std::string>();
+                continue;
+            }
+            int64_t * field = k == kQuotaFields[0]   ? &t.rpm
+                              : k == kQuotaFields[1] ? &t.tpm
+                              : k == kQuotaFields[2] ? &t.live_sessions
+                              : k == kQuotaFields[3] ? &t.kv_bytes
+                                                     : nullptr;
+            if (!field)
+                return send_error(out, 400,
+                                  "unknown field '" + k +
+                                      "'; a tenant has name, requests_per_minute, tokens_per_minute, live_sessions "
+                                      "and kv_bytes");
+            if (!v.is_number_integer() || v.get<int64_t>() < 0)
+                return send_error(out, 400, "'" + k + "' must be a whole number, 0 or more (0 is unlimited)");
+            *field = v.get<int64_t>();
+        }
+        if (t.name.empty()) return send_error(out, 400, "'name' is required");
+        t.updated_ms = wall_ms();
+        if (!name) t.created_ms = t.updated_ms;
+        auto r = name ? store_->update_tenant(t) : store_->create_tenant(t);
+        if (r == store::AdminResult::unavailable) return store_down(out);
+        if (r == store::AdminResult::exists)
+            return send_error(out, 409, "a tenant named '" + t.name + "' exists already", 0, "conflict");
+        if (r == store::AdminResult::missing)
+            return send_error(out, 404, "no tenant named '" + t.name + "'", 0, "not_found");
+        load_directory();
+        spdlog::info("gateway: tenant '{}' {}: rpm {} tpm {} live sessions {} kv bytes {}", t.name,
+                     name ? "updated" : "created", t.rpm, t.tpm, t.live_sessions, t.kv_bytes);
+        out->send(name ? 200 : 201, "application/json", tenant_json(t).dump());
+    }
+    //! POST /admin/keys: a new key for a tenant; the key is in this answer only.
+    void create_key(const HttpRequest & req, const std::shared_ptr<Responder> & out) {
+        const json body = json::parse(req.body.empty() ? std::string("{}") : req.body, nullptr, false);
+        if (!body.is_object()) return send_error(out, 400, "the body must be a JSON object");
+        store::KeyRecord k;
+        for (const auto & [f, v] : body.items()) {
+            if (f == "tenant" && v.is_string()) {
+                k.tenant = v.get<std::string>();
+            } else if (f == "admin" && v.is_boolean()) {
+                k.admin = v.get<bool>();
+            } else {
+                return send_error(out, 400,
+                                  f == "tenant" || f == "admin"
+                                      ? "'" + f + "' must be a " + (f == "admin" ? "boolean" : "string")
+                                      : "unknown field '" + f + "'; a key has tenant and admin");
+            }
+        }
+        if (k.tenant.empty()) return send_error(out, 400, "'tenant' is required");
+        const std::string key = "sk-armada-" + random_hex(24);
+        k.id = "key_" + random_hex(8);
+        k.hash = sha256_hex(key);
+        k.prefix = key.substr(0, 14);
+        k.created_ms = wall_ms();
+        auto r = store_->create_key(k);
+        if (r == store::AdminResult::unavailable) return store_down(out);
+        if (r == store::AdminResult::missing)
+            return send_error(out, 404, "no tenant named '" + k.tenant + "'; create it first", 0, "not_found");
+        if (r != store::AdminResult::ok) return send_error(out, 500, "could not store the key; try again");
+        load_directory();
+        spdlog::info("gateway: API key {} ({}…) created for tenant '{}'{}", k.id, k.prefix, k.tenant,
+                     k.admin ? " (admin)" : "");
+        json j = key_json(k);
+        j["key"] = key;  // shown once: only its hash is kept
+        out->send(201, "application/json", j.dump());
+    }
+
+    void create_session(const HttpRequest & req, const std::shared_ptr<Responder> & out, const Authed & authed,
                         const std::string & agent_id) {
+        const api::Caller & caller = authed.caller;
         std::string input;
         if (!req.body.empty()) {
             const json body = json::parse(req.body, nullptr, false);
@@ -495,16 +892,34 @@ class Gateway {
         }
         const std::string cell = pick_cell(caller.tenant);
         const std::string id = agent::SessionManager::new_id();
+        if (auto r = quotas_->live_session(caller.tenant, id, authed.quota.live_sessions,
+                                           [&] { return open_sessions(caller.tenant); }))
+            return refuse(out, caller, *r);
         auto b = agent::SessionManager::new_session_batch(
             id, agent_id, caller.tenant, input, cell,
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
                 .count());
-        if (auto st = commit(std::move(b)); !st.ok)
+        if (auto st = commit(std::move(b)); !st.ok) {
+            quotas_->forget_session(caller.tenant, id);
             return send_error(out, 503, "could not store the session: " + st.error, 2);
+        }
         // The row is durable: the brain finds it at its next reconcile even if this is lost.
         if (auto e = js_->publish(cluster::place_subject(cell), json{{"session", id}}.dump(), id); !e.empty())
             spdlog::warn("gateway: place request for {} to {}: {} (the cell's reconcile places it)", id, cell, e);
         out->send(201, "application/json", json{{"id", id}, {"object", "session"}}.dump());
+    }
+
+    //! The ids of `tenant`'s sessions that have not ended, as PostgreSQL says now.
+    std::optional<std::vector<std::string>> open_sessions(const std::string & tenant) {
+        store::Batch probe;
+        probe.probe = true;
+        if (!commit(std::move(probe)).ok) return std::nullopt;
+        std::vector<std::string> ids;
+        for (const auto & r :
+             store_->select_open("owner = $" + std::to_string(kEndedStates.size() + 1) + " AND agent_id NOT LIKE '@%'",
+                                 kEndedStates, {tenant}))
+            ids.push_back(r.id);
+        return ids;
     }
 
     //! Writes `b`, clearing an earlier failure of the store first (PostgreSQL restarted), and
@@ -702,11 +1117,19 @@ class Gateway {
     GatewayOptions o_;
     api::ApiKeys keys_;
     cluster::EtcdClient etcd_;
-    std::unique_ptr<store::Store> store_;
+    std::unique_ptr<store::PostgresStore> store_;
     std::unique_ptr<cluster::JetStream> js_;
     std::unique_ptr<cluster::RedisPool> redis_;
-    std::atomic<uint64_t> requests_{0}, quota_refused_{0}, route_hits_{0};
+    std::atomic<uint64_t> requests_{0}, route_hits_{0};
+    std::unique_ptr<cluster::Quotas> quotas_;
+    std::atomic<int> live_gateways_{1};
+    std::string name_, url_;                // in etcd's gateways, under lease_
+    int64_t lease_ = 0, announced_ms_ = 0;  // the watcher thread's
+    std::atomic<int64_t> directory_ms_{0};  // the last load
+    std::atomic<bool> directory_warned_{false};
     std::mutex mu_;
+    std::shared_ptr<const Directory> directory_;                    // guarded by mu_
+    std::map<std::string, uint64_t> refused_;                       // quota → 429s; mu_
     std::map<std::string, NodeView> nodes_;                         // guarded by mu_
     cluster::Shares shares_;                                        // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
@@ -740,6 +1163,10 @@ int gateway_command(const GatewayOptions & opt) {
             return 2;
         }
     }
+    if (!opt.name.empty() && !cluster::valid_cell_or_node_name(opt.name)) {
+        fprintf(stderr, "error: --name '%s' must be 1..63 of A-Z a-z 0-9 . _ -\n", opt.name.c_str());
+        return 2;
+    }
     Gateway gw(*cfg, opt, std::move(keys));
     if (auto e = gw.start(); !e.empty()) {
         fprintf(stderr, "error: %s\n", e.c_str());
@@ -752,6 +1179,12 @@ int gateway_command(const GatewayOptions & opt) {
         return 1;
     }
     http.run();
+    {
+        char host[256] = "localhost";
+        gethostname(host, sizeof host - 1);
+        const std::string url = "http://" + opt.http.host + ":" + std::to_string(http.port());
+        gw.announce(opt.name.empty() ? std::string(host) + "-" + std::to_string(http.port()) : opt.name, url);
+    }
     printf("armada: gateway listening on http://%s:%u\n", opt.http.host.c_str(), unsigned(http.port()));
     fflush(stdout);
     int sig = 0;

@@ -12,6 +12,7 @@ struct GatewayOptions {
     std::string api_key;
     std::string api_key_file;
     std::string cell;  // where new sessions go; "" picks the cell with the most room
+    std::string name;  // among the live gateways in etcd; "" is HOST-PORT
     std::string log_level = "info";
     int affinity_ttl_s = 600;
 };
@@ -20,7 +21,9 @@ struct GatewayOptions {
 //! node does, writes new sessions to PostgreSQL and asks their cell to place them, and forwards
 //! everything else to a node: a session's requests and event stream to the node holding it
 //! (following it when it moves, with Last-Event-ID), chat completions by prompt-prefix affinity,
-//! the rest by load. It keeps no state of its own: run as many as needed. Runs until
+//! the rest by load. Tenants and their keys live in PostgreSQL (its /admin API); their quotas are
+//! enforced with the other gateways through Redis. It keeps no state of its own: run as many as
+//! needed. Runs until
 //! SIGINT/SIGTERM; returns the exit code.
 int gateway_command(const GatewayOptions & o);
 

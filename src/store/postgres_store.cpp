@@ -37,6 +37,16 @@ CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 ALTER TABLE sessions ADD COLUMN cell TEXT NOT NULL DEFAULT '';
 CREATE INDEX sessions_cell_state ON sessions(cell, state);
 )sql",
+    // 3: tenants with their quotas, and their API keys (hashed), managed through the gateways.
+    R"sql(
+CREATE TABLE tenants (
+  name TEXT PRIMARY KEY, rpm BIGINT NOT NULL, tpm BIGINT NOT NULL, live_sessions BIGINT NOT NULL,
+  kv_bytes BIGINT NOT NULL, created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL);
+CREATE TABLE api_keys (
+  id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, tenant TEXT NOT NULL REFERENCES tenants(name) ON DELETE CASCADE,
+  prefix TEXT NOT NULL, admin BOOLEAN NOT NULL, created_ms BIGINT NOT NULL);
+CREATE INDEX sessions_owner_state ON sessions(owner, state);
+)sql",
 };
 constexpr int kLatest = int(sizeof kMigrations / sizeof kMigrations[0]);
 // Taken for the length of a migration so that nodes starting together apply it once.
@@ -630,6 +640,81 @@ std::optional<std::vector<AgentRecord>> PostgresStore::agents() {
     for (int i = 0; i < r.rows(); ++i)
         out.push_back({r.text(i, 0), r.text(i, 1), r.text(i, 2), r.text(i, 3), r.i64(i, 4), r.i64(i, 5)});
     return out;
+}
+
+std::optional<std::vector<TenantRecord>> PostgresStore::tenants() {
+    auto l = acquire(*shards_[0]);
+    if (!l) return std::nullopt;
+    Res r = l.query("SELECT name,rpm,tpm,live_sessions,kv_bytes,created_ms,updated_ms FROM tenants ORDER BY name");
+    if (!r.ok()) return std::nullopt;
+    std::vector<TenantRecord> out;
+    for (int i = 0; i < r.rows(); ++i)
+        out.push_back({r.text(i, 0), r.i64(i, 1), r.i64(i, 2), r.i64(i, 3), r.i64(i, 4), r.i64(i, 5), r.i64(i, 6)});
+    return out;
+}
+
+std::optional<std::vector<KeyRecord>> PostgresStore::keys() {
+    auto l = acquire(*shards_[0]);
+    if (!l) return std::nullopt;
+    Res r = l.query("SELECT id,hash,tenant,prefix,admin,created_ms FROM api_keys ORDER BY tenant, created_ms");
+    if (!r.ok()) return std::nullopt;
+    std::vector<KeyRecord> out;
+    for (int i = 0; i < r.rows(); ++i)
+        out.push_back({r.text(i, 0), r.text(i, 1), r.text(i, 2), r.text(i, 3), r.text(i, 4) == "t", r.i64(i, 5)});
+    return out;
+}
+
+namespace {
+//! A change's result: `exists` on a unique violation, `missing` on a foreign key one or when no
+//! row matched.
+AdminResult admin_result(const Res & r, bool needs_row) {
+    if (r.ok()) return needs_row && r.affected() == 0 ? AdminResult::missing : AdminResult::ok;
+    const char * state = r.r ? PQresultErrorField(r.r, PG_DIAG_SQLSTATE) : nullptr;
+    if (state && std::string(state) == "23505") return AdminResult::exists;
+    if (state && std::string(state) == "23503") return AdminResult::missing;
+    return AdminResult::unavailable;
+}
+}  // namespace
+
+AdminResult PostgresStore::create_tenant(const TenantRecord & t) {
+    auto l = acquire(*shards_[0]);
+    if (!l) return AdminResult::unavailable;
+    return admin_result(
+        l.query("INSERT INTO tenants VALUES ($1,$2,$3,$4,$5,$6,$7)",
+                {t.name, std::to_string(t.rpm), std::to_string(t.tpm), std::to_string(t.live_sessions),
+                 std::to_string(t.kv_bytes), std::to_string(t.created_ms), std::to_string(t.updated_ms)}),
+        false);
+}
+
+AdminResult PostgresStore::update_tenant(const TenantRecord & t) {
+    auto l = acquire(*shards_[0]);
+    if (!l) return AdminResult::unavailable;
+    return admin_result(
+        l.query("UPDATE tenants SET rpm=$2, tpm=$3, live_sessions=$4, kv_bytes=$5, updated_ms=$6 WHERE name=$1",
+                {t.name, std::to_string(t.rpm), std::to_string(t.tpm), std::to_string(t.live_sessions),
+                 std::to_string(t.kv_bytes), std::to_string(t.updated_ms)}),
+        true);
+}
+
+AdminResult PostgresStore::delete_tenant(const std::string & name) {
+    auto l = acquire(*shards_[0]);
+    if (!l) return AdminResult::unavailable;
+    return admin_result(l.query("DELETE FROM tenants WHERE name=$1", {name}), true);
+}
+
+AdminResult PostgresStore::create_key(const KeyRecord & k) {
+    auto l = acquire(*shards_[0]);
+    if (!l) return AdminResult::unavailable;
+    return admin_result(
+        l.query("INSERT INTO api_keys VALUES ($1,$2,$3,$4,$5,$6)",
+                {k.id, k.hash, k.tenant, k.prefix, k.admin ? "true" : "false", std::to_string(k.created_ms)}),
+        false);
+}
+
+AdminResult PostgresStore::delete_key(const std::string & id) {
+    auto l = acquire(*shards_[0]);
+    if (!l) return AdminResult::unavailable;
+    return admin_result(l.query("DELETE FROM api_keys WHERE id=$1", {id}), true);
 }
 
 std::vector<std::string> PostgresStore::expired(const std::vector<std::string> & states, int64_t before_ms,

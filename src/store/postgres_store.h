@@ -22,6 +22,27 @@ struct PostgresConfig {
     int connect_timeout_s = 5;
 };
 
+//! A tenant, as the gateways' admin API manages it. A quota of 0 is unlimited.
+struct TenantRecord {
+    std::string name;
+    int64_t rpm = 0;            // requests per minute
+    int64_t tpm = 0;            // model tokens per minute
+    int64_t live_sessions = 0;  // sessions not yet ended
+    int64_t kv_bytes = 0;       // KV cache held on nodes
+    int64_t created_ms = 0, updated_ms = 0;
+};
+
+//! An API key of a tenant. Only the key's SHA-256 is stored; `id` and `prefix` name it in
+//! listings and logs.
+struct KeyRecord {
+    std::string id, hash, tenant, prefix;
+    bool admin = false;
+    int64_t created_ms = 0;
+};
+
+//! How a change to tenants or keys went.
+enum class AdminResult { ok, exists, missing, unavailable };
+
 //! The cluster's store: PostgreSQL, with the same promise as SQLite (a commit's callback reports
 //! ok only after COMMIT returned). Per shard, one writer connection and thread take everything
 //! queued and commit it in one transaction (group commit); each batch sits in its own savepoint,
@@ -55,6 +76,18 @@ class PostgresStore : public Store {
     std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) override;
     Status recover() override;
     Status writable() override;
+
+    // Tenants and their keys (on the first shard), for the gateways.
+    std::optional<std::vector<TenantRecord>> tenants();
+    std::optional<std::vector<KeyRecord>> keys();
+    AdminResult create_tenant(const TenantRecord & t);
+    //! Sets the quotas of an existing tenant.
+    AdminResult update_tenant(const TenantRecord & t);
+    //! Removes the tenant and its keys (its sessions stay until they expire).
+    AdminResult delete_tenant(const std::string & name);
+    //! `missing` when the tenant does not exist.
+    AdminResult create_key(const KeyRecord & k);
+    AdminResult delete_key(const std::string & id);
 
     size_t shards() const { return shards_.size(); }
     //! Which shard holds a session (or response) id.

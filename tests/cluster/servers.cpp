@@ -17,6 +17,7 @@ class Environment : public ::testing::Environment {
         g_servers->root = (fs::temp_directory_path() / ("armada-cluster-" + std::to_string(::getpid()))).string();
         ASSERT_EQ(g_servers->etcd.start(g_servers->root + "/etcd"), "");
         ASSERT_EQ(g_servers->nats.start(g_servers->root + "/nats"), "");
+        ASSERT_EQ(g_servers->redis.start(g_servers->root + "/redis"), "");
     }
     void TearDown() override {
         const std::string root = g_servers->root;

@@ -9,6 +9,7 @@
 struct ClusterServers {
     armada::cluster::LocalEtcd etcd;
     armada::cluster::LocalDaemon nats{armada::cluster::LocalDaemon::Kind::Nats};
+    armada::cluster::LocalDaemon redis{armada::cluster::LocalDaemon::Kind::Redis};
     std::string root;
 };
 ClusterServers & servers();
