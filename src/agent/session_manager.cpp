@@ -605,6 +605,15 @@ std::map<std::string, int> SessionManager::live_by_state() const {
     return out;
 }
 
+std::vector<std::pair<std::string, std::string>> SessionManager::live_owners() const {
+    std::lock_guard lk(mu_);
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto & [id, s] : sessions_) {
+        if (!has_ended(s->state)) out.emplace_back(id, s->owner);
+    }
+    return out;
+}
+
 size_t SessionManager::sessions_in_memory() const {
     std::lock_guard lk(mu_);
     return sessions_.size();

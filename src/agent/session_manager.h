@@ -203,6 +203,8 @@ class SessionManager {
     size_t live_sessions() const;
     //! Open sessions in memory by state (queued, running, waiting_tool, waiting_input).
     std::map<std::string, int> live_by_state() const;
+    //! Open sessions in memory: (id, tenant).
+    std::vector<std::pair<std::string, std::string>> live_owners() const;
     size_t sessions_in_memory() const;
 
   private:

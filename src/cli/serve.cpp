@@ -533,6 +533,10 @@ int serve(const ServeOptions & opt) {
             l.engines = int(eng.size());
             l.free_seqs = std::max(0, opt.cluster_sessions - live);
             l.kv_headroom = int64_t(eng.kv_headroom());
+            // What each tenant holds in memory (slots and RAM; KV parked on disk is not counted).
+            for (const auto & [id, tenant] : sessions.live_owners()) {
+                if (auto u = eng.kv_usage(id); u && u->where != "disk") l.kv_by_tenant[tenant] += int64_t(u->bytes);
+            }
             l.version = ARMADA_VERSION;
             l.fingerprint = fp;
             l.draining = router.draining();

@@ -12,13 +12,14 @@ namespace armada::cluster {
 //! What a node reports about itself, about once a second.
 struct NodeLoad {
     std::string node;
-    int free_seqs = 0;                    // sequence slots not in use
-    int64_t kv_headroom = 0;              // bytes of KV budget left
-    int sessions = 0;                     // sessions it runs
-    std::map<std::string, int> by_state;  // of those, how many in each state
-    int engines = 0;                      // engine instances (NUMA nodes it serves from)
-    std::string version;                  // Armada version
-    std::string fingerprint;              // model fingerprint (KV compatibility)
+    int free_seqs = 0;                            // sequence slots not in use
+    int64_t kv_headroom = 0;                      // bytes of KV budget left
+    int sessions = 0;                             // sessions it runs
+    std::map<std::string, int> by_state;          // of those, how many in each state
+    std::map<std::string, int64_t> kv_by_tenant;  // KV bytes their sessions hold in memory, by tenant
+    int engines = 0;                              // engine instances (NUMA nodes it serves from)
+    std::string version;                          // Armada version
+    std::string fingerprint;                      // model fingerprint (KV compatibility)
     bool draining = false;
     std::string url;  // where its HTTP API answers, for gateways
 };

@@ -20,7 +20,8 @@ std::string encode_load(const NodeLoad & l) {
                 {"draining", l.draining},
                 {"url", l.url},
                 {"by_state", l.by_state},
-                {"engines", l.engines}}
+                {"engines", l.engines},
+                {"kv_by_tenant", l.kv_by_tenant}}
         .dump();
 }
 
@@ -40,6 +41,8 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
         l.engines = j.value("engines", 0);
         if (j.contains("by_state") && j["by_state"].is_object())
             l.by_state = j["by_state"].get<std::map<std::string, int>>();
+        if (j.contains("kv_by_tenant") && j["kv_by_tenant"].is_object())
+            l.kv_by_tenant = j["kv_by_tenant"].get<std::map<std::string, int64_t>>();
     } catch (const json::exception &) {
         return std::nullopt;  // a field of the wrong type: not a report to trust
     }

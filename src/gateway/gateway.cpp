@@ -550,6 +550,7 @@ class Gateway {
         if (req.method == "POST") {
             // The tenant's quota (PostgreSQL), then a key's own (--api-key-file), both shared.
             if (auto r = quotas_->request(caller.tenant, authed->quota.rpm)) return refuse(out, caller, *r);
+            if (auto r = kv_held(*authed)) return refuse(out, caller, *r);
             const auto * key = authed->file_key;
             if (key && key->limits && key->limits->requests_per_min > 0) {
                 if (auto r = quotas_->request(caller.tenant + ":acct:" + caller.account,
@@ -580,6 +581,22 @@ class Gateway {
         if (!tokens.tenant.empty())
             quotas_->settle_tokens(tokens.tenant, tokens.at_s, tokens.estimate,
                                    tokens.scan.total().value_or(tokens.estimate));
+    }
+
+    //! Refuses new work of a tenant whose sessions hold its KV quota or more on the nodes (their
+    //! load reports in etcd, the same for every gateway).
+    std::optional<cluster::QuotaRefusal> kv_held(const Authed & a) {
+        if (a.quota.kv_bytes <= 0) return std::nullopt;
+        int64_t held = 0;
+        {
+            std::lock_guard lk(mu_);
+            for (const auto & [name, v] : nodes_) {
+                if (auto it = v.load.kv_by_tenant.find(a.caller.tenant); it != v.load.kv_by_tenant.end())
+                    held += it->second;
+            }
+        }
+        if (held < a.quota.kv_bytes) return std::nullopt;
+        return cluster::QuotaRefusal{"kv_bytes", a.quota.kv_bytes, 5, false};
     }
 
     //! A reservation of model tokens for one request.
