@@ -1179,6 +1179,11 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
                 {"ttft_ms", ev.ttft_s * 1000},
                 {"started_ms", s.step_started_ms},
                 {"kv_tokens", ev.kv_tokens}};
+    if (s.step_started_ms > 0) {
+        // A moving average over about the last 20 steps (queueing included: what a session waits).
+        const double took = double(clock_.now_ms() - s.step_started_ms), was = step_ms_.load();
+        step_ms_.store(was == 0 ? took : was + (took - was) / 20);
+    }
     s.step_started_ms = 0;
     if (!ev.kv_source.empty()) out["kv_source"] = ev.kv_source;
     s.calls.clear();

@@ -203,6 +203,8 @@ class SessionManager {
     size_t live_sessions() const;
     //! Open sessions in memory by state (queued, running, waiting_tool, waiting_input).
     std::map<std::string, int> live_by_state() const;
+    //! Model steps' recent latency on this node (a moving average, ms); 0 before the first.
+    double recent_step_ms() const { return step_ms_.load(std::memory_order_relaxed); }
     //! Open sessions in memory: (id, tenant).
     std::vector<std::pair<std::string, std::string>> live_owners() const;
     size_t sessions_in_memory() const;
@@ -285,6 +287,7 @@ class SessionManager {
     std::vector<Minute> window_;  // guarded by mu_
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     std::atomic<size_t> fenced_{0};
+    std::atomic<double> step_ms_{0};  // recent_step_ms()
     //! How agents declared through the API are completed (their MCP tools), kept to load agents
     //! that another node declared (cluster mode).
     std::function<std::string(AgentSpec &)> prepare_agent_;

@@ -110,14 +110,24 @@ class CellProcess {
     void report(const CellBrain & brain, int64_t now) {
         CellReport r;
         r.cell = o_.cell;
+        double step_sum = 0;
+        int step_n = 0;
         for (const auto & l : brain.loads(now)) {
             ++r.nodes;
             r.live_sessions += l.sessions;
+            r.cores += l.cores;
+            // The cell's step latency: the nodes' recent averages, weighted by the sessions they
+            // run (an idle node's last figure still counts, once).
+            if (l.step_ms > 0) {
+                step_sum += l.step_ms * (l.sessions + 1);
+                step_n += l.sessions + 1;
+            }
             if (l.draining) continue;
             r.capacity += l.free_seqs + l.sessions;
             r.free_seqs += l.free_seqs;
             r.kv_headroom += l.kv_headroom;
         }
+        if (step_n > 0) r.step_ms = step_sum / step_n;
         r.by_tenant = by_tenant_;
         if (auto e = etcd_.put(cell_report_key(cfg_, o_.cell), encode_cell_report(r), elected_.lease()); !e.empty())
             spdlog::warn("cell {}: cannot write its report: {}", o_.cell, e);

@@ -531,6 +531,13 @@ int serve(const ServeOptions & opt) {
                 live += n;
             l.sessions = live;
             l.engines = int(eng.size());
+            for (size_t i = 0; i < eng.size(); ++i) {
+                const auto & c = eng.at(i).config();
+                const int pinned = int(c.cpus.size());
+                l.cores += c.n_threads > 0 ? (pinned > 0 ? std::min(c.n_threads, pinned) : c.n_threads)
+                                           : (pinned > 0 ? pinned : int(std::thread::hardware_concurrency()));
+            }
+            l.step_ms = sessions.recent_step_ms();
             l.free_seqs = std::max(0, opt.cluster_sessions - live);
             l.kv_headroom = int64_t(eng.kv_headroom());
             // What each tenant holds in memory (slots and RAM; KV parked on disk is not counted).

@@ -18,6 +18,8 @@ struct NodeLoad {
     std::map<std::string, int> by_state;          // of those, how many in each state
     std::map<std::string, int64_t> kv_by_tenant;  // KV bytes their sessions hold in memory, by tenant
     int engines = 0;                              // engine instances (NUMA nodes it serves from)
+    int cores = 0;                                // compute threads over its engines
+    double step_ms = 0;                           // recent model-step latency; 0: not known
     std::string version;                          // Armada version
     std::string fingerprint;                      // model fingerprint (KV compatibility)
     bool draining = false;

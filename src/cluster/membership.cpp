@@ -21,6 +21,8 @@ std::string encode_load(const NodeLoad & l) {
                 {"url", l.url},
                 {"by_state", l.by_state},
                 {"engines", l.engines},
+                {"cores", l.cores},
+                {"step_ms", l.step_ms},
                 {"kv_by_tenant", l.kv_by_tenant}}
         .dump();
 }
@@ -39,6 +41,8 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
         l.draining = j.value("draining", false);
         l.url = j.value("url", "");
         l.engines = j.value("engines", 0);
+        l.cores = j.value("cores", 0);
+        l.step_ms = j.value("step_ms", 0.0);
         if (j.contains("by_state") && j["by_state"].is_object())
             l.by_state = j["by_state"].get<std::map<std::string, int>>();
         if (j.contains("kv_by_tenant") && j["kv_by_tenant"].is_object())

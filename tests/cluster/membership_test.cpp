@@ -44,6 +44,8 @@ TEST(NodeLoadCodec, RoundTripsAndRefusesJunk) {
     l.fingerprint = "model=abc";
     l.draining = true;
     l.kv_by_tenant = {{"t:acme", 123456789012}, {"0123abcd", 5}};
+    l.cores = 48;
+    l.step_ms = 212.5;
     auto back = decode_load("n1", encode_load(l));
     ASSERT_TRUE(back);
     EXPECT_EQ(back->free_seqs, 17);
@@ -52,6 +54,8 @@ TEST(NodeLoadCodec, RoundTripsAndRefusesJunk) {
     EXPECT_EQ(back->fingerprint, "model=abc");
     EXPECT_TRUE(back->draining);
     EXPECT_EQ(back->kv_by_tenant, l.kv_by_tenant);
+    EXPECT_EQ(back->cores, 48);
+    EXPECT_DOUBLE_EQ(back->step_ms, 212.5);
     EXPECT_FALSE(decode_load("n1", "not json"));
     EXPECT_FALSE(decode_load("n1", "{\"kv_by_tenant\":{\"t:a\":\"lots\"}}"));
     EXPECT_FALSE(decode_load("n1", "{\"free_seqs\":\"many\"}"));

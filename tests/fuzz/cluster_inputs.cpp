@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     std::string error;
     if (!parse_cluster_config(in, error) && error.empty()) std::abort();  // a refusal says why
     if (auto l = decode_load("n", in)) {
-        if (decode_load("n", encode_load(*l))->free_seqs != l->free_seqs) std::abort();
+        auto back = decode_load("n", encode_load(*l));
+        if (back->free_seqs != l->free_seqs || back->kv_by_tenant != l->kv_by_tenant) std::abort();
     }
     if (auto r = decode_cell_report("c", in)) {
         if (decode_cell_report("c", encode_cell_report(*r))->capacity != r->capacity) std::abort();

@@ -142,6 +142,12 @@ test('a tenant\'s new sessions land in one cell (its home while under water)', {
   const cells = new Set([...placed.values()].map((s) => cellOf(s.placement.node)));
   assert.equal(cells.size, 1, `one cell, in creation order: ${ids.map((id) => cellOf(placed.get(id).placement.node))}`);
   checkDone(await waitAll(ids));
+  // The cell's report, which the global brain splits by, has its cores and its step latency.
+  const home = [...cells][0];
+  const report = JSON.parse(await etcdGet(`/armada/cells/${home}/report`));
+  assert.equal(report.nodes, 2, JSON.stringify(report));
+  assert.equal(report.cores, 2, JSON.stringify(report));  // -t 1 on each node
+  assert.ok(report.step_ms > 0, JSON.stringify(report));
 });
 
 test('kill -9 the leading global brain: a standby leads, the split stays, sessions go on', { timeout: 240000 }, async () => {
@@ -152,15 +158,22 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
   assert.ok(leader, 'a global brain leads');
   const standby = globals.find((g) => g !== leader);
   const before = await etcdGet('/armada/global/shares');
+  // Sessions already running when the leader dies go on, as do new ones.
+  const running = await createSessions(4, 'running');
+  await waitPlaced(running, 1);
   process.kill(leader.pid, 'SIGKILL');
   const t0 = Date.now();
-  const ids = await createSessions(6, 'global');
+  const ids = [...running, ...await createSessions(6, 'global')];
   while (!leads(standby) && Date.now() - t0 < 20000) await sleep(100);
   assert.ok(leads(standby), 'the standby leads');
   console.log(`kill -9 ${leader.name}: ${standby.name} leads after ${Date.now() - t0} ms`);
   assert.ok(Date.now() - t0 <= TTL_S * 1000 + 2000, `within the TTL + 2 s: ${Date.now() - t0} ms`);
   assert.ok(before, 'there was a split before');
-  assert.ok(await etcdGet('/armada/global/shares'), 'the split is still there');
+  const cellsIn = (text) => Object.keys(JSON.parse(text).weight ?? {}).sort().join(',');
+  const afterText = await etcdGet('/armada/global/shares');
+  assert.ok(afterText, 'the split is still there');
+  assert.equal(cellsIn(afterText), cellsIn(before), 'the split names the same cells');
+  assert.equal(cellsIn(before), 'cell0,cell1');
   checkDone(await waitAll(ids));
 });
 
