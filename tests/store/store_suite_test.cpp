@@ -470,6 +470,38 @@ TEST(PostgresStore, ARepeatedCommitIsHarmlessButADifferentStepAtAnIndexIsRefused
     EXPECT_EQ(store->steps("s1").at(0).payload, "{\"a\":1}");
 }
 
+TEST(PostgresStore, TenantsAndTheirKeysAreKeptWithClearResults) {
+    Fixture fx = fresh("postgres");
+    PostgresConfig c;
+    c.urls = fx.urls;
+    std::string err;
+    auto store = PostgresStore::open(c, err);
+    ASSERT_TRUE(store) << err;
+    TenantRecord acme{"acme", 60, 1000, 5, 1 << 20, 1, 1};
+    EXPECT_EQ(store->create_tenant(acme), AdminResult::ok);
+    EXPECT_EQ(store->create_tenant(acme), AdminResult::exists);
+    acme.live_sessions = 9;
+    EXPECT_EQ(store->update_tenant(acme), AdminResult::ok);
+    EXPECT_EQ(store->update_tenant(TenantRecord{"nobody"}), AdminResult::missing);
+    EXPECT_EQ(store->create_key({"key_1", "hash1", "acme", "sk-armada-ab", false, 2}), AdminResult::ok);
+    EXPECT_EQ(store->create_key({"key_2", "hash2", "nobody", "sk-armada-cd", false, 2}), AdminResult::missing);
+    EXPECT_EQ(store->create_key({"key_3", "hash1", "acme", "sk-armada-ef", true, 2}), AdminResult::exists);
+    auto tenants = store->tenants();
+    ASSERT_TRUE(tenants);
+    ASSERT_EQ(tenants->size(), 1u);
+    EXPECT_EQ(tenants->at(0).live_sessions, 9);
+    EXPECT_EQ(tenants->at(0).rpm, 60);
+    auto keys = store->keys();
+    ASSERT_TRUE(keys);
+    ASSERT_EQ(keys->size(), 1u);
+    EXPECT_EQ(keys->at(0).hash, "hash1");
+    // A tenant's keys go with it.
+    EXPECT_EQ(store->delete_tenant("acme"), AdminResult::ok);
+    EXPECT_EQ(store->delete_tenant("acme"), AdminResult::missing);
+    EXPECT_TRUE(store->keys()->empty());
+    EXPECT_EQ(store->delete_key("key_1"), AdminResult::missing);
+}
+
 TEST(PostgresStore, MigrationsAreVersionedAndAppliedOnce) {
     Fixture fx = fresh("postgres");
     std::string err;
