@@ -331,6 +331,47 @@ bool EtcdClient::parse_watch_message(const std::string & line, std::vector<EtcdE
 std::string EtcdClient::watch(const std::string & prefix, int64_t start_revision,
                               const std::function<bool(const std::vector<EtcdEvent> &, int64_t)> & on_events,
                               const std::atomic<bool> & stop) {
+    json create{{"key", base64(prefix)}, {"range_end", base64(prefix_end(prefix))}};
+    if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
+    return stream(
+        "/v3/watch", json{{"create_request", create}}.dump(), "watch",
+        [&](const std::string & line, std::string & error) {
+            std::vector<EtcdEvent> evs;
+            int64_t rev = 0;
+            if (!parse_watch_message(line, evs, rev, error)) return false;
+            return evs.empty() || on_events(evs, rev);
+        },
+        stop);
+}
+
+std::string EtcdClient::observe(const std::string & name, const std::function<bool(const EtcdLeader &)> & on_leader,
+                                const std::atomic<bool> & stop) {
+    return stream(
+        "/v3/election/observe", json{{"name", base64(name)}}.dump(), "observe",
+        [&](const std::string & line, std::string & error) {
+            const auto j = json::parse(line, nullptr, false);
+            if (!j.is_object()) return true;
+            if (j.contains("error")) {
+                error = "etcd observe: " + error_text(j.dump());
+                return false;
+            }
+            const json & res = j.contains("result") && j["result"].is_object() ? j["result"] : j;
+            if (!res.contains("kv") || !res["kv"].is_object()) return true;
+            const EtcdKv kv = kv_of(res["kv"]);
+            EtcdLeader l;
+            l.name = name;
+            l.key = kv.key;
+            l.value = kv.value;
+            l.rev = kv.create_revision;
+            l.lease = kv.lease;
+            return on_leader(l);
+        },
+        stop);
+}
+
+std::string EtcdClient::stream(const std::string & path, const std::string & body, const char * what,
+                               const std::function<bool(const std::string &, std::string &)> & on_line,
+                               const std::atomic<bool> & stop) {
     std::string last = "no etcd endpoint given";
     for (const auto & ep : endpoints_) {
         std::string host, port;
@@ -338,12 +379,10 @@ std::string EtcdClient::watch(const std::string & prefix, int64_t start_revision
         net::io_context ioc;
         tcp::resolver resolver(ioc);
         beast::tcp_stream stream(ioc);
-        json create{{"key", base64(prefix)}, {"range_end", base64(prefix_end(prefix))}};
-        if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
-        http::request<http::string_body> req{http::verb::post, "/v3/watch", 11};
+        http::request<http::string_body> req{http::verb::post, path, 11};
         req.set(http::field::host, host + ":" + port);
         req.set(http::field::content_type, "application/json");
-        req.body() = json{{"create_request", create}}.dump();
+        req.body() = body;
         req.prepare_payload();
 
         beast::flat_buffer buf;
@@ -357,15 +396,9 @@ std::string EtcdClient::watch(const std::string & prefix, int64_t start_revision
             pending.append(body.data(), body.size());
             size_t nl;
             while (!done && (nl = pending.find('\n')) != std::string::npos) {
-                std::vector<EtcdEvent> evs;
-                int64_t rev = 0;
-                const bool go_on = parse_watch_message(pending.substr(0, nl), evs, rev, error);
+                const std::string line = pending.substr(0, nl);
                 pending.erase(0, nl + 1);
-                if (!go_on) {
-                    done = true;
-                    break;
-                }
-                if (!evs.empty() && !on_events(evs, rev)) done = true;
+                if (!on_line(line, error)) done = true;
             }
             if (done) ec = net::error::operation_aborted;
             return body.size();
@@ -374,17 +407,17 @@ std::string EtcdClient::watch(const std::string & prefix, int64_t start_revision
         std::function<void()> read_more = [&] {
             http::async_read_some(stream, buf, parser, [&](beast::error_code ec, size_t) {
                 if (ec) {
-                    if (!done && error.empty()) error = "etcd watch stream ended: " + ec.message();
+                    if (!done && error.empty()) error = std::string("etcd ") + what + " stream ended: " + ec.message();
                     done = true;
                     return;
                 }
                 if (parser.is_header_done() && parser.get().result() != http::status::ok) {
-                    error = "etcd watch: HTTP " + std::to_string(parser.get().result_int());
+                    error = std::string("etcd ") + what + ": HTTP " + std::to_string(parser.get().result_int());
                     done = true;
                     return;
                 }
                 if (parser.is_done()) {
-                    if (error.empty()) error = "etcd watch stream ended";
+                    if (error.empty()) error = std::string("etcd ") + what + " stream ended";
                     done = true;
                     return;
                 }

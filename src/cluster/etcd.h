@@ -64,6 +64,10 @@ class EtcdClient {
     //! Who leads `name` now ("no leader" when nobody does).
     std::string leader(const std::string & name, EtcdLeader & out);
     std::string resign(const EtcdLeader & leader);
+    //! Streams who leads `name` to `on_leader`: the leader now (if any), then each new one, until
+    //! `stop` is set, `on_leader` returns false, or the stream breaks (the error says which).
+    std::string observe(const std::string & name, const std::function<bool(const EtcdLeader &)> & on_leader,
+                        const std::atomic<bool> & stop);
 
     //! One line of a watch stream: its events and revision appended; false (with `error`) when
     //! the stream ends (an error, or the watch was cancelled). Any bytes are safe.
@@ -77,6 +81,11 @@ class EtcdClient {
   private:
     //! POSTs `body` to `path` on the first endpoint that answers; fills `reply` with the JSON.
     std::string call(const std::string & path, const std::string & body, std::string & reply, int timeout_ms);
+    //! POSTs `body` to a streaming `path` and hands each line of the reply to `on_line` (false
+    //! ends the stream, with `error` set when it is one). `what` names it in errors.
+    std::string stream(const std::string & path, const std::string & body, const char * what,
+                       const std::function<bool(const std::string &, std::string &)> & on_line,
+                       const std::atomic<bool> & stop);
 
     std::vector<std::string> endpoints_;  // host:port
     int timeout_ms_;

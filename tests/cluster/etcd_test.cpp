@@ -120,6 +120,57 @@ TEST(Etcd, OneCandidateLeadsAndTheNextLeadsWithAGreaterRevisionWhenItsLeaseGoes)
     EXPECT_EQ(c.leader("/t3/leader", now), "no leader");
 }
 
+TEST(Etcd, AnObserverSeesEachNewLeaderAsItComes) {
+    auto c = client();
+    std::mutex mu;
+    std::vector<std::string> seen;
+    std::atomic<bool> stop{false};
+    std::string observe_error = "not returned";
+    std::thread observer([&] {
+        observe_error = client().observe(
+            "/t5/leader",
+            [&](const EtcdLeader & l) {
+                std::lock_guard lk(mu);
+                seen.push_back(l.value + "@" + std::to_string(l.rev));
+                return true;
+            },
+            stop);
+    });
+    struct Joiner {
+        std::atomic<bool> & stop;
+        std::thread & t;
+        ~Joiner() {
+            stop = true;
+            if (t.joinable()) t.join();
+        }
+    } joiner{stop, observer};  // an assertion that returns early still ends the stream
+    auto saw = [&](size_t n) {
+        for (int i = 0; i < 100; ++i) {
+            {
+                std::lock_guard lk(mu);
+                if (seen.size() >= n) return true;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        return false;
+    };
+    int64_t a = 0, b = 0;
+    ASSERT_EQ(c.grant(10, a), "");
+    ASSERT_EQ(c.grant(10, b), "");
+    EtcdLeader la, lb;
+    ASSERT_EQ(c.campaign("/t5/leader", "brain-a", a, 3000, la), "");
+    ASSERT_TRUE(saw(1));
+    ASSERT_EQ(c.revoke(a), "");
+    ASSERT_EQ(c.campaign("/t5/leader", "brain-b", b, 3000, lb), "");
+    ASSERT_TRUE(saw(2));
+    stop = true;
+    observer.join();
+    EXPECT_EQ(observe_error, "");  // stopped, not broken
+    std::lock_guard lk(mu);
+    EXPECT_EQ(seen.at(0), "brain-a@" + std::to_string(la.rev));
+    EXPECT_EQ(seen.at(1), "brain-b@" + std::to_string(lb.rev));
+}
+
 TEST(Etcd, KeysSurviveARestartOnTheSameDirectory) {
     auto c = client();
     ASSERT_EQ(c.put("/t4/cellmap", "v1"), "");
