@@ -124,9 +124,14 @@ void Quotas::note_redis(bool reachable) {
             std::max(1, gateways_()));
 }
 
+void Quotas::redis_failed() {
+    if (!redis_ || !redis_->reachable()) note_redis(false);
+}
+
 std::optional<QuotaRefusal> Quotas::window(const std::string & tenant, const std::string & quota, int64_t limit,
-                                           int64_t cost, int64_t now_s) {
+                                           int64_t cost, int64_t now_s, bool & local) {
     const std::string key = window_key(tenant, quota);
+    local = false;
     if (redis_) {
         auto r =
             redis_->eval(kWindowScript, {key}, {std::to_string(now_s), std::to_string(limit), std::to_string(cost)});
@@ -136,7 +141,8 @@ std::optional<QuotaRefusal> Quotas::window(const std::string & tenant, const std
             return QuotaRefusal{quota, limit, int((*r)[2]), false};
         }
     }
-    note_redis(false);
+    redis_failed();
+    local = true;
     ++local_decisions_;
     // This gateway's share; never below one request (or token) a minute, so never all refused.
     const int64_t share = std::max<int64_t>(1, limit / std::max(1, gateways_()));
@@ -147,26 +153,28 @@ std::optional<QuotaRefusal> Quotas::window(const std::string & tenant, const std
 
 std::optional<QuotaRefusal> Quotas::request(const std::string & tenant, int64_t rpm) {
     if (rpm <= 0) return std::nullopt;
-    return window(tenant, "requests_per_minute", rpm, 1, wall_s());
+    bool local = false;
+    return window(tenant, "requests_per_minute", rpm, 1, wall_s(), local);
 }
 
 std::optional<QuotaRefusal> Quotas::reserve_tokens(const std::string & tenant, int64_t tpm, int64_t estimate,
-                                                   int64_t & at_s) {
-    at_s = wall_s();
+                                                   TokenHold & hold) {
+    hold.at_s = wall_s();
+    hold.estimate = std::max<int64_t>(1, estimate);
     if (tpm <= 0) return std::nullopt;
-    return window(tenant, "tokens_per_minute", tpm, std::max<int64_t>(1, estimate), at_s);
+    return window(tenant, "tokens_per_minute", tpm, hold.estimate, hold.at_s, hold.local);
 }
 
-void Quotas::settle_tokens(const std::string & tenant, int64_t at_s, int64_t estimate, int64_t actual) {
-    const int64_t delta = actual - std::max<int64_t>(1, estimate);
+void Quotas::settle_tokens(const std::string & tenant, const TokenHold & hold, int64_t actual) {
+    const int64_t delta = std::max<int64_t>(0, actual) - hold.estimate;
     if (delta == 0) return;
     const std::string key = window_key(tenant, "tokens_per_minute");
     const int64_t now = wall_s();
-    // Settled where it was reserved: in Redis when it answers, else here (either may be gone).
-    if (redis_ &&
-        redis_->eval(kSettleScript, {key}, {std::to_string(at_s), std::to_string(delta), std::to_string(now)}))
-        return;
-    local_window_.settle(key, at_s, delta, now);
+    // Settled where it was reserved (a Redis that went away since loses the correction).
+    if (hold.local)
+        local_window_.settle(key, hold.at_s, delta, now);
+    else if (redis_)
+        redis_->eval(kSettleScript, {key}, {std::to_string(hold.at_s), std::to_string(delta), std::to_string(now)});
 }
 
 std::optional<QuotaRefusal> Quotas::live_session(
@@ -179,24 +187,23 @@ std::optional<QuotaRefusal> Quotas::live_session(
         if (!r || r->size() != 2) break;
         note_redis(true);
         if ((*r)[0] == 1) return std::nullopt;
-        if (attempt > 0) break;
-        {
-            // Full: the sessions that ended since are still in the set; the store says which.
+        // Full. The sessions that ended since are still in the set: the store says which.
+        bool repair = attempt == 0;
+        if (repair) {
             std::lock_guard lk(mu_);
             int64_t & last = repaired_ms_[tenant];
-            if (wall_ms() - last < 1000) break;
-            last = wall_ms();
+            repair = wall_ms() - last >= 1000;  // at most once a second per tenant
+            if (repair) last = wall_ms();
         }
-        auto open = open_ids();
-        if (!open) break;
+        auto open = repair ? open_ids() : std::nullopt;
+        if (!open) return QuotaRefusal{"live_sessions", limit, 5, false};
         std::vector<std::string> args = {std::to_string(wall_ms() - repair_grace_ms_)};
         args.insert(args.end(), open->begin(), open->end());
         if (!redis_->eval(kRepairScript, {key}, args)) break;
     }
-    if (redis_ && redis_->reachable()) return QuotaRefusal{"live_sessions", limit, 5, false};
-    // No Redis: the store's count is every gateway's, so the whole quota applies (two gateways
-    // admitting at the same moment may pass it by one each).
-    note_redis(false);
+    // Redis failed: the store's count is every gateway's, so the whole quota applies (two
+    // gateways admitting at the same moment may pass it by one each).
+    redis_failed();
     ++local_decisions_;
     auto open = open_ids();
     if (!open || int64_t(open->size()) < limit) return std::nullopt;

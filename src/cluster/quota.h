@@ -59,11 +59,17 @@ class Quotas {
 
     //! One request; refused with the quota's name, or admitted.
     std::optional<QuotaRefusal> request(const std::string & tenant, int64_t rpm);
-    //! Reserves `estimate` tokens; `at_s` is set to the second to settle against.
+    //! Where a reservation of tokens was made, to settle it there.
+    struct TokenHold {
+        int64_t at_s = 0;
+        int64_t estimate = 0;
+        bool local = false;  // in this gateway's window (Redis was not used)
+    };
+    //! Reserves `estimate` tokens, filling `hold`.
     std::optional<QuotaRefusal> reserve_tokens(const std::string & tenant, int64_t tpm, int64_t estimate,
-                                               int64_t & at_s);
-    //! The request that reserved `estimate` at `at_s` used `actual`.
-    void settle_tokens(const std::string & tenant, int64_t at_s, int64_t estimate, int64_t actual);
+                                               TokenHold & hold);
+    //! The request that made `hold` used `actual` tokens.
+    void settle_tokens(const std::string & tenant, const TokenHold & hold, int64_t actual);
     //! Admits session `id` as live. When the set is full, `open_ids` (the tenant's sessions not
     //! ended, from the store) repairs it once, at most every second per tenant, and admission is
     //! tried again: sessions that ended leave it that way.
@@ -84,8 +90,12 @@ class Quotas {
     static std::string live_key(const std::string & tenant);
 
   private:
+    //! `local` says whether this gateway decided alone.
     std::optional<QuotaRefusal> window(const std::string & tenant, const std::string & quota, int64_t limit,
-                                       int64_t cost, int64_t now_s);
+                                       int64_t cost, int64_t now_s, bool & local);
+    //! After a Redis call failed: switches to per-gateway mode if Redis is down (not when it
+    //! answered but the call failed, e.g. every pooled connection was busy).
+    void redis_failed();
     void note_redis(bool reachable);
     static int64_t wall_s();
     static int64_t wall_ms();

@@ -58,7 +58,7 @@ redisContext * RedisPool::connect(std::string & error) const {
     return c;
 }
 
-RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv) {
+RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv, bool resend) {
     redisContext * c = nullptr;
     const auto now = std::chrono::steady_clock::now();
     {
@@ -90,7 +90,7 @@ RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv) {
     }
     Reply out;
     bool answered = false;
-    for (int attempt = 0; attempt < 2; ++attempt) {
+    for (int attempt = 0; attempt < (resend ? 2 : 1); ++attempt) {
         if (!c || c->err) {
             // The server went away (a restart): one new connection per call, no waiting loop.
             if (c) redisFree(c);
@@ -157,7 +157,7 @@ std::optional<std::vector<int64_t>> RedisPool::eval(const std::string & script, 
     std::vector<std::string> argv = {"EVAL", script, std::to_string(keys.size())};
     argv.insert(argv.end(), keys.begin(), keys.end());
     argv.insert(argv.end(), args.begin(), args.end());
-    auto r = command(argv);
+    auto r = command(argv, false);  // a script sent once may have run: never sent twice
     if (!r.ok) {
         if (!r.str.empty()) spdlog::warn("redis: script failed: {}", r.str);
         return std::nullopt;

@@ -52,7 +52,9 @@ class RedisPool {
         int64_t integer = 0;
         std::vector<int64_t> ints;  // an array reply's integers
     };
-    Reply command(const std::vector<std::string> & argv);
+    //! `resend`: send it again on a new connection if the first one broke (only for commands
+    //! that are safe to run twice).
+    Reply command(const std::vector<std::string> & argv, bool resend = true);
     redisContext * connect(std::string & error) const;
 
     std::string host_;

@@ -107,6 +107,10 @@ int64_t wall_ms() {
 class UsageScan {
   public:
     void feed(std::string_view chunk) {
+        for (char ch : chunk) {
+            if (ch == '\n' && newline_) ++events_;  // an event of a stream ends with a blank line
+            newline_ = ch == '\n';
+        }
         tail_.append(chunk);
         static const std::string kKey = "\"total_tokens\":";
         for (size_t at = 0; (at = tail_.find(kKey, at)) != std::string::npos; at += kKey.size()) {
@@ -122,10 +126,14 @@ class UsageScan {
         if (tail_.size() > 64) tail_.erase(0, tail_.size() - 64);
     }
     std::optional<int64_t> total() const { return total_; }
+    int64_t events() const { return events_; }
+    int status = 0;  // of the reply
 
   private:
     std::string tail_;
     std::optional<int64_t> total_;
+    int64_t events_ = 0;
+    bool newline_ = false;
 };
 
 //! Tenants and their keys as PostgreSQL had them at the last load (a short TTL).
@@ -139,6 +147,8 @@ struct Authed {
     api::Caller caller;
     const api::ApiKeys::Key * file_key = nullptr;  // --api-key / --api-key-file
     bool from_directory = false;                   // a key from PostgreSQL
+    bool acting = false;                           // an admin's X-Armada-Tenant, kept for the nodes
+    bool bad_tenant = false;                       // an admin's X-Armada-Tenant that is not t:NAME
     cluster::TenantQuota quota;                    // the tenant's, when PostgreSQL has the tenant
 };
 
@@ -176,7 +186,13 @@ struct NodeView {
 class Gateway {
   public:
     Gateway(cluster::ClusterConfig cfg, GatewayOptions o, api::ApiKeys keys)
-        : cfg_(std::move(cfg)), o_(std::move(o)), keys_(std::move(keys)), etcd_(cfg_.etcd) {}
+        : cfg_(std::move(cfg)), o_(std::move(o)), keys_(std::move(keys)), etcd_(cfg_.etcd) {
+        // The key requests with keys from PostgreSQL are forwarded under: the nodes know it.
+        forward_key_ = o_.api_key;
+        for (const auto & k : keys_.keys()) {
+            if (forward_key_.empty() && k.admin) forward_key_ = k.key;
+        }
+    }
 
     std::string start() {
         std::string err;
@@ -286,6 +302,16 @@ class Gateway {
         if (keys_.enabled()) a.file_key = keys_.check(auth, xkey);
         if (a.file_key) {
             a.caller = keys_.caller(a.file_key);
+            // An admin acting as a tenant is that tenant here too (owner, quotas), as on a node.
+            if (const std::string as = req.header("x-armada-tenant"); a.caller.admin && !as.empty()) {
+                auto acting = api::acting_as(as);
+                if (!acting) {
+                    a.bad_tenant = true;
+                    return a;
+                }
+                a.caller = std::move(*acting);
+                a.acting = true;
+            }
         } else if (dir && !dir->by_hash.empty()) {
             const std::string presented = api::presented_key(auth, xkey);
             auto it = presented.empty() ? dir->by_hash.end() : dir->by_hash.find(sha256_hex(presented));
@@ -310,11 +336,11 @@ class Gateway {
     //! What the nodes see: a key from PostgreSQL is not theirs, so the gateway forwards under its
     //! own (admin) key, acting as the tenant. Only an admin may name a tenant itself.
     void rewrite_identity(HttpRequest & req, const Authed & a) {
-        if (!a.caller.admin || a.from_directory) req.headers.erase("x-armada-tenant");
+        if (!a.acting) req.headers.erase("x-armada-tenant");
         if (!a.from_directory) return;
         req.headers.erase("x-api-key");
         req.headers.erase("authorization");
-        if (!o_.api_key.empty()) req.headers["authorization"] = "Bearer " + o_.api_key;
+        if (!forward_key_.empty()) req.headers["authorization"] = "Bearer " + forward_key_;
         req.headers["x-armada-tenant"] = a.caller.tenant;
     }
 
@@ -459,6 +485,7 @@ class Gateway {
                 return true;
             },
             cancel);
+        if (usage) usage->status = r.status != 0 ? r.status : (streaming ? 200 : 0);
         if (r.status == 0) {
             if (streaming) {
                 out->end();  // the node went away mid-stream: the client sees the stream end
@@ -531,7 +558,19 @@ class Gateway {
                           json{{"status", "ready"}, {"nodes", n}, {"cell_weights", weights}}.dump());
             return;
         }
+        if (!keys_.enabled() && !directory()) {
+            // Without keys of its own, whether callers need one depends on PostgreSQL's.
+            send_error(out, 503, "the gateway has not read its tenants and keys from PostgreSQL yet; retry shortly", 2,
+                       "store_unavailable");
+            return;
+        }
         auto authed = authenticate(req);
+        if (authed && authed->bad_tenant) {
+            send_error(
+                out, 400,
+                "X-Armada-Tenant must be 't:NAME' with a tenant name of 1 to 64 letters, digits, '_', '-' or '.'");
+            return;
+        }
         if (!authed) {
             send_error(out, 401, "missing or invalid API key; send 'Authorization: Bearer <key>'", 0,
                        "invalid_api_key");
@@ -548,9 +587,9 @@ class Gateway {
         rewrite_identity(req, *authed);
         // As on a node: requests that start work count, reads (GET, event streams) and deletes do not.
         if (req.method == "POST") {
-            // The tenant's quota (PostgreSQL), then a key's own (--api-key-file), both shared.
-            if (auto r = quotas_->request(caller.tenant, authed->quota.rpm)) return refuse(out, caller, *r);
+            // The tenant's quotas (PostgreSQL), then a key's own (--api-key-file), all shared.
             if (auto r = kv_held(*authed)) return refuse(out, caller, *r);
+            if (auto r = quotas_->request(caller.tenant, authed->quota.rpm)) return refuse(out, caller, *r);
             const auto * key = authed->file_key;
             if (key && key->limits && key->limits->requests_per_min > 0) {
                 if (auto r = quotas_->request(caller.tenant + ":acct:" + caller.account,
@@ -568,19 +607,27 @@ class Gateway {
             req.method == "POST" && (p == "/v1/chat/completions" || p == "/v1/completions" || p == "/v1/responses");
         Tokens tokens;
         if (generates && authed->quota.tpm > 0) {
-            tokens.estimate = estimate_tokens(req.body);
-            if (auto r = quotas_->reserve_tokens(caller.tenant, authed->quota.tpm, tokens.estimate, tokens.at_s))
+            int64_t prompt = 0;
+            const int64_t estimate = estimate_tokens(req.body, prompt);
+            if (auto r = quotas_->reserve_tokens(caller.tenant, authed->quota.tpm, estimate, tokens.hold))
                 return refuse(out, caller, *r);
             tokens.tenant = caller.tenant;
+            tokens.prompt = prompt;
         }
         if (p == "/v1/chat/completions" && req.method == "POST")
             relay_by_load(req, out, affinity(req, caller), &tokens.scan);
         else
             relay_by_load(req, out, std::nullopt, &tokens.scan);
-        // Settled with what the reply said it used (the estimate stands when it did not say).
-        if (!tokens.tenant.empty())
-            quotas_->settle_tokens(tokens.tenant, tokens.at_s, tokens.estimate,
-                                   tokens.scan.total().value_or(tokens.estimate));
+        // Settled with what the reply said it used; a stream that does not say is counted an
+        // event a token; a refusal used none.
+        if (!tokens.tenant.empty()) {
+            const UsageScan & s = tokens.scan;
+            const int64_t used = s.status == 0 || s.status >= 400 ? 0
+                                 : s.total()                      ? *s.total()
+                                 : s.events() > 0                 ? tokens.prompt + s.events()
+                                                                  : tokens.hold.estimate;
+            quotas_->settle_tokens(tokens.tenant, tokens.hold, used);
+        }
     }
 
     //! Refuses new work of a tenant whose sessions hold its KV quota or more on the nodes (their
@@ -602,22 +649,26 @@ class Gateway {
     //! A reservation of model tokens for one request.
     struct Tokens {
         std::string tenant;  // "" when none was made
-        int64_t estimate = 0, at_s = 0;
+        cluster::Quotas::TokenHold hold;
+        int64_t prompt = 0;  // of the estimate
         UsageScan scan;
     };
-    //! Tokens a request may use: its prompt (about 4 bytes a token) and what it may generate.
-    static int64_t estimate_tokens(const std::string & body_text) {
+    //! Tokens a request may use: its prompt (about 4 bytes a token, set in `prompt`) and what it
+    //! may generate.
+    static int64_t estimate_tokens(const std::string & body_text, int64_t & prompt) {
         const json body = json::parse(body_text, nullptr, false);
         int64_t out = 256;
         if (body.is_object()) {
             for (const char * k : {"max_completion_tokens", "max_tokens", "max_output_tokens"}) {
                 if (body.contains(k) && body[k].is_number_integer() && body[k].get<int64_t>() > 0) {
-                    out = body[k].get<int64_t>();
+                    // Far above any context: the node refuses it anyway.
+                    out = std::min<int64_t>(body[k].get<int64_t>(), int64_t(1) << 24);
                     break;
                 }
             }
         }
-        return int64_t(body_text.size() / 4) + out;
+        prompt = int64_t(body_text.size() / 4);
+        return prompt + out;
     }
 
     std::string render_metrics() {
@@ -715,6 +766,11 @@ class Gateway {
     void admin(const HttpRequest & req, const std::shared_ptr<Responder> & out, const api::Caller & caller,
                const std::vector<std::string> & parts) {
         if (!caller.admin) return send_error(out, 403, "/admin needs an admin key", 0, "permission_denied");
+        // Without an admin key of its own, the first key made here would lock everyone out.
+        if (forward_key_.empty())
+            return send_error(out, 403,
+                              "/admin needs the gateway to have an admin key of its own (--api-key or ARMADA_API_KEY)",
+                              0, "permission_denied");
         const std::string & m = req.method;
         if (parts.size() >= 2 && parts.size() <= 3 && parts[1] == "tenants") {
             if (parts.size() == 2 && m == "GET") {
@@ -928,15 +984,7 @@ class Gateway {
 
     //! The ids of `tenant`'s sessions that have not ended, as PostgreSQL says now.
     std::optional<std::vector<std::string>> open_sessions(const std::string & tenant) {
-        store::Batch probe;
-        probe.probe = true;
-        if (!commit(std::move(probe)).ok) return std::nullopt;
-        std::vector<std::string> ids;
-        for (const auto & r :
-             store_->select_open("owner = $" + std::to_string(kEndedStates.size() + 1) + " AND agent_id NOT LIKE '@%'",
-                                 kEndedStates, {tenant}))
-            ids.push_back(r.id);
-        return ids;
+        return store_->open_ids_of(tenant, kEndedStates);
     }
 
     //! Writes `b`, clearing an earlier failure of the store first (PostgreSQL restarted), and
@@ -1140,6 +1188,7 @@ class Gateway {
     std::atomic<uint64_t> requests_{0}, route_hits_{0};
     std::unique_ptr<cluster::Quotas> quotas_;
     std::atomic<int> live_gateways_{1};
+    std::string forward_key_;               // an admin key of the gateway's own
     std::string name_, url_;                // in etcd's gateways, under lease_
     int64_t lease_ = 0, announced_ms_ = 0;  // the watcher thread's
     std::atomic<int64_t> directory_ms_{0};  // the last load

@@ -642,6 +642,24 @@ std::optional<std::vector<AgentRecord>> PostgresStore::agents() {
     return out;
 }
 
+std::optional<std::vector<std::string>> PostgresStore::open_ids_of(const std::string & owner,
+                                                                   const std::vector<std::string> & ended) {
+    std::vector<std::string> params = {owner};
+    params.insert(params.end(), ended.begin(), ended.end());
+    std::string sql = "SELECT id FROM sessions WHERE owner = $1 AND agent_id NOT LIKE '@%'";
+    if (!ended.empty()) sql += " AND state NOT IN (" + in_list(ended.size(), 2) + ")";
+    std::vector<std::string> out;
+    for (auto & sh : shards_) {
+        auto l = acquire(*sh);
+        if (!l) return std::nullopt;
+        Res r = l.query(sql, params);
+        if (!r.ok()) return std::nullopt;
+        for (int i = 0; i < r.rows(); ++i)
+            out.push_back(r.text(i, 0));
+    }
+    return out;
+}
+
 std::optional<std::vector<TenantRecord>> PostgresStore::tenants() {
     auto l = acquire(*shards_[0]);
     if (!l) return std::nullopt;

@@ -77,6 +77,10 @@ class PostgresStore : public Store {
     Status recover() override;
     Status writable() override;
 
+    //! The ids of `owner`'s sessions not in `ended` (API sessions only: not those behind stored
+    //! responses), over every shard; nullopt when a shard cannot be read.
+    std::optional<std::vector<std::string>> open_ids_of(const std::string & owner,
+                                                        const std::vector<std::string> & ended);
     // Tenants and their keys (on the first shard), for the gateways.
     std::optional<std::vector<TenantRecord>> tenants();
     std::optional<std::vector<KeyRecord>> keys();

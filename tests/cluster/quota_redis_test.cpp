@@ -44,10 +44,11 @@ TEST(QuotasOnRedis, TwoGatewaysTogetherAdmitTheQuotaOnce) {
 TEST(QuotasOnRedis, ReservedTokensAreSettledWithWhatWasUsed) {
     auto ra = pool(), rb = pool();
     Quotas a(ra.get(), [] { return 2; }), b(rb.get(), [] { return 2; });
-    int64_t at = 0, at2 = 0;
+    Quotas::TokenHold at, at2;
     EXPECT_FALSE(a.reserve_tokens("t:tok", 1000, 900, at));
+    EXPECT_FALSE(at.local);
     EXPECT_TRUE(b.reserve_tokens("t:tok", 1000, 200, at2));  // 900 + 200 > 1000
-    a.settle_tokens("t:tok", at, 900, 100);                  // it used 100
+    a.settle_tokens("t:tok", at, 100);                       // it used 100
     EXPECT_FALSE(b.reserve_tokens("t:tok", 1000, 200, at2));
 }
 
@@ -107,5 +108,46 @@ TEST(QuotasOnRedis, WithRedisHungEachGatewayAdmitsItsShareAndSharesAgainAfter) {
     EXPECT_LT(took, 4000);
     std::this_thread::sleep_for(std::chrono::milliseconds(1100));
     EXPECT_FALSE(a.request("t:back", 20));
+    EXPECT_FALSE(a.local());
+}
+
+TEST(RedisPool, ACallThatFindsEveryConnectionTakenWaitsAndTheMetricsSaySo) {
+    std::string err;
+    auto p = RedisPool::open(servers().redis.url(), 1, 2000, err);
+    ASSERT_TRUE(p) << err;
+    // One call holds the only connection for about 300 ms (a script that spins on the clock).
+    std::thread busy([&] {
+        p->eval(R"lua(
+local t = redis.call('TIME'); local start = t[1] * 1000000 + t[2]
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > 300000
+return {1})lua",
+                {"armada:t:test:busy"}, {});
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(p->set("armada:t:test:k", "v", 10000));  // waits for the connection, then goes on
+    busy.join();
+    const auto s = p->stats();
+    EXPECT_EQ(s.size, 1u);
+    EXPECT_EQ(s.acquired, 2u);
+    EXPECT_EQ(s.waited, 1u);
+    EXPECT_GT(s.wait_us, 100000u);
+    EXPECT_EQ(s.timeouts, 0u);
+}
+
+TEST(QuotasOnRedis, WithRedisStoppedEachGatewayAdmitsItsShareAndSharesAgainWhenItIsBack) {
+    auto ra = pool(), rb = pool();
+    Quotas a(ra.get(), [] { return 2; }), b(rb.get(), [] { return 2; });
+    ASSERT_EQ(servers().redis.stop(), "");  // connections are refused
+    int from_a = 0, from_b = 0;
+    for (int i = 0; i < 40; ++i) {
+        from_a += a.request("t:stopped", 30) ? 0 : 1;
+        from_b += b.request("t:stopped", 30) ? 0 : 1;
+    }
+    ASSERT_EQ(servers().redis.restart(), "");
+    EXPECT_EQ(from_a, 15);
+    EXPECT_EQ(from_b, 15);
+    EXPECT_TRUE(a.local() && b.local());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    EXPECT_FALSE(a.request("t:stopped-back", 30));
     EXPECT_FALSE(a.local());
 }

@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
-import { agentYaml, tempDir, writeAgents } from './agents.mjs';
+import { agentYaml, richAgent, tempDir, writeAgents } from './agents.mjs';
 
 const ADMIN = 'admin-key-for-quota-tests';
 let tools;
@@ -163,11 +163,26 @@ test('/admin manages tenants and keys for every gateway; only admins reach it; k
   assert.equal(s.status, 201, s.text);
   assert.equal((await call(gws[1], 'GET', `/v1/sessions/${s.json.id}`, acme)).status, 200);
   assert.equal((await call(gws[1], 'GET', `/v1/sessions/${s.json.id}`, other)).status, 404);
-  // A tenant cannot pass itself off as another by naming it.
-  const r = await fetch(`${gws[0]}/v1/sessions/${s.json.id}`, {
+  // A tenant cannot pass itself off as another by naming it, on a route the gateway forwards.
+  const declared = await fetch(`${gws[0]}/v1/agents`, {
+    method: 'POST', body: richAgent(tools.url, 'acme-only'),
+    headers: { Authorization: `Bearer ${acme}`, 'Content-Type': 'application/yaml' },
+  });
+  assert.equal(declared.status, 200, await declared.text());
+  assert.equal((await call(gws[1], 'GET', '/v1/agents/acme-only', acme)).status, 200);
+  const spoof = await fetch(`${gws[1]}/v1/agents/acme-only`, {
     headers: { Authorization: `Bearer ${other}`, 'X-Armada-Tenant': 't:acme' },
   });
-  assert.equal(r.status, 404);
+  assert.equal(spoof.status, 404, await spoof.text());
+  // An admin acting as the tenant is that tenant on the gateway too: the session is acme's.
+  const acting = await fetch(`${gws[0]}/v1/agents/worker/sessions`, {
+    method: 'POST', body: '{}', headers: { Authorization: `Bearer ${ADMIN}`, 'X-Armada-Tenant': 't:acme', 'Content-Type': 'application/json' },
+  });
+  const actingText = await acting.text();
+  assert.equal(acting.status, 201, actingText);
+  const actingId = JSON.parse(actingText).id;
+  assert.equal((await call(gws[1], 'GET', `/v1/sessions/${actingId}`, acme)).status, 200);
+  assert.equal((await call(gws[1], 'GET', `/v1/sessions/${actingId}`, other)).status, 404);
   // A deleted key stops working on every gateway within the cache's TTL.
   const del = await call(gws[0], 'DELETE', `/admin/keys/${keys.json.data[0].id}`, ADMIN);
   assert.equal(del.status, 200, del.text);
@@ -180,12 +195,13 @@ test('/admin manages tenants and keys for every gateway; only admins reach it; k
   }
 });
 
-test('live sessions: over the quota is a 429 naming it; sessions that end make room', async () => {
+test('live sessions: over the quota is a 429 naming it while they are open; one that ends makes room', async () => {
   const key = await newTenant('few', { live_sessions: 2 });
   await waitKnown(key);
   const ids = [];
   for (let i = 0; i < 2; i++) {
-    const r = await call(gws[i], 'POST', '/v1/agents/worker/sessions', key, { input: `job ${i}` });
+    // No input: the session waits for it, open, for as long as the test needs.
+    const r = await call(gws[i], 'POST', '/v1/agents/worker/sessions', key, {});
     assert.equal(r.status, 201, r.text);
     ids.push(r.json.id);
   }
@@ -194,14 +210,16 @@ test('live sessions: over the quota is a 429 naming it; sessions that end make r
   assert.equal(over.json.error.param, 'live_sessions');
   assert.match(over.json.error.message, /tenant 'few' is over its live_sessions quota \(2\)/);
   assert.ok(Number(over.retryAfter) >= 1);
-  // Both end (three tool steps each); then a new one is admitted.
-  const deadline = Date.now() + 120000;
-  for (;;) {
-    const states = await Promise.all(ids.map((id) => call(gws[1], 'GET', `/v1/sessions/${id}`, key)));
-    if (states.every((s) => ['completed', 'failed', 'cancelled'].includes(s.json?.state))) break;
-    assert.ok(Date.now() < deadline, 'the sessions did not end');
-    await sleep(500);
+  // Past the 10 s a gateway spares sessions it has just admitted, PostgreSQL still says both
+  // are open: still refused, on either gateway.
+  await sleep(11000);
+  for (const gw of gws) {
+    const still = await call(gw, 'POST', '/v1/agents/worker/sessions', key, {});
+    assert.equal(still.status, 429, still.text);
   }
+  const cancel = await call(gws[1], 'POST', `/v1/sessions/${ids[0]}/cancel`, key, {});
+  assert.equal(cancel.status, 200, cancel.text);
+  const deadline = Date.now() + 30000;
   for (;;) {
     const r = await call(gws[1], 'POST', '/v1/agents/worker/sessions', key, { input: 'after' });
     if (r.status === 201) break;
@@ -273,6 +291,9 @@ test('requests per minute: two gateways together admit the quota in a minute; wi
   assert.ok(shared.refused > 100, `refused ${shared.refused}`);
 
   // Redis hung: it accepts connections and answers nothing.
+  // Redis answered every decision of that minute: neither gateway decided alone.
+  for (const gw of gws)
+    assert.match((await call(gw, 'GET', '/metrics', ADMIN)).text, /armada_gateway_quota_local_decisions_total 0\b/);
   const key2 = await newTenant('rpm2', { requests_per_minute: 60 });
   await waitKnown(key2);
   const redis = status().servers.redis.pid;

@@ -495,6 +495,20 @@ TEST(PostgresStore, TenantsAndTheirKeysAreKeptWithClearResults) {
     ASSERT_TRUE(keys);
     ASSERT_EQ(keys->size(), 1u);
     EXPECT_EQ(keys->at(0).hash, "hash1");
+    // A tenant's open sessions, for its live-sessions quota.
+    Batch b;
+    for (const char * id : {"o1", "o2", "o3"}) {
+        auto s = session(id);
+        s.owner = "t:acme";
+        b.sessions.push_back(s);
+    }
+    b.sessions[1].state = "completed";
+    b.sessions.push_back(session("theirs"));
+    ASSERT_TRUE(store->commit_sync(b).ok);
+    auto open = store->open_ids_of("t:acme", {"completed", "failed", "cancelled"});
+    ASSERT_TRUE(open);
+    std::sort(open->begin(), open->end());
+    EXPECT_EQ(*open, (std::vector<std::string>{"o1", "o3"}));
     // A tenant's keys go with it.
     EXPECT_EQ(store->delete_tenant("acme"), AdminResult::ok);
     EXPECT_EQ(store->delete_tenant("acme"), AdminResult::missing);

@@ -61,6 +61,16 @@ TEST(Quotas, WithoutRedisEachGatewayAdmitsItsShare) {
     EXPECT_FALSE(q.request("t:acme", 0));
 }
 
+TEST(Quotas, TokensReservedByThisGatewayAloneAreSettledHere) {
+    Quotas q(nullptr, [] { return 1; });
+    Quotas::TokenHold hold, other;
+    EXPECT_FALSE(q.reserve_tokens("t:a", 1000, 900, hold));
+    EXPECT_TRUE(hold.local);
+    EXPECT_TRUE(q.reserve_tokens("t:a", 1000, 200, other));
+    q.settle_tokens("t:a", hold, 100);
+    EXPECT_FALSE(q.reserve_tokens("t:a", 1000, 200, other));
+}
+
 TEST(Quotas, ATinyQuotaOverManyGatewaysStillAdmitsOneEach) {
     Quotas q(nullptr, [] { return 8; });
     EXPECT_FALSE(q.request("t:a", 3));  // 3 / 8 rounds to 0: never refuse everything
