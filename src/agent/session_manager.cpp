@@ -1165,6 +1165,7 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
     s.engine_retries = 0;
     const int32_t step = ++s.model_steps;
     s.prompt_tokens += ev.n_prompt;
+    if (opt_.on_tokens) opt_.on_tokens(s.owner, int64_t(ev.n_prompt) + ev.n_generated);
     s.completion_tokens += ev.n_generated;
     s.kv_history.push_back({step, ev.kv_tokens, uint64_t(ev.kv_tokens) * engine_.kv_bytes_per_token()});
     metrics_.counter("armada_session_steps_total", "Model steps taken by agent sessions").inc();

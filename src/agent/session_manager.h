@@ -104,6 +104,10 @@ struct SessionOptions {
     //! Called once a session's final state is durable (id, state name), under the manager's lock:
     //! it must only hand the news on (a cluster node queues an event for its brain).
     std::function<void(const std::string &, const std::string &)> on_ended;
+    //! Called after each model step with its tenant and the tokens it used (prompt and
+    //! generated), under the manager's lock: it must only hand the news on (a cluster node
+    //! charges them to the tenant's tokens-per-minute quota).
+    std::function<void(const std::string &, int64_t)> on_tokens;
 };
 
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change

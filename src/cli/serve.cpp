@@ -9,6 +9,8 @@
 #include "api/readiness.h"
 #include "api/router.h"
 #include "api/sessions_api.h"
+#include "cluster/quota.h"
+#include "cluster/redis.h"
 #include "engine/engine_set.h"
 #include "engine/memory_budget.h"
 #include "engine/model.h"
@@ -467,12 +469,28 @@ int serve(const ServeOptions & opt) {
     agent::SessionOptions sopt;
     sopt.ttl_ms = *ttl_ms;
     auto node_events = std::make_shared<NodeEvents>(node_name);
+    std::unique_ptr<cluster::RedisPool> token_redis;
+    std::unique_ptr<cluster::TokenCharger> token_charger;
     if (ccfg) {
         sopt.node = node_name;
         sopt.cell = opt.cell;
         sopt.on_ended = [node_events](const std::string & id, const std::string & state) {
             node_events->ended(id, state);
         };
+        if (!ccfg->redis.empty()) {
+            // Sessions' model tokens count against their tenants' tokens per minute, as the
+            // gateways see them. Redis is optional here: without it, they are not counted.
+            std::string rerr;
+            token_redis = cluster::RedisPool::open(ccfg->redis, 2, 500, rerr);
+            if (token_redis) {
+                token_charger = std::make_unique<cluster::TokenCharger>(*token_redis);
+                sopt.on_tokens = [c = token_charger.get()](const std::string & tenant, int64_t n) {
+                    c->add(tenant, n);
+                };
+            } else {
+                spdlog::warn("cluster: Redis: {} (session tokens are not charged to tenant quotas)", rerr);
+            }
+        }
     }
     agent::SessionManager sessions(format, port, *st, transport, http.executor(), metrics, clock, sopt);
     for (auto & a : agents) {

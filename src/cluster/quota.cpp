@@ -67,7 +67,55 @@ end
 return {removed, redis.call('ZCARD', KEYS[1])}
 )lua";
 
+// KEYS[1]: the window. ARGV: now_s, amount. Charges without admitting (work already done).
+constexpr const char * kChargeScript = R"lua(
+redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], 120)
+return {1}
+)lua";
+
 }  // namespace
+
+TokenCharger::TokenCharger(RedisPool & redis) : redis_(redis) {
+    thread_ = std::thread([this] {
+        std::unique_lock lk(mu_);
+        while (!stop_) {
+            cv_.wait_for(lk, std::chrono::milliseconds(250));
+            lk.unlock();
+            flush();
+            lk.lock();
+        }
+    });
+}
+
+TokenCharger::~TokenCharger() {
+    {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+    flush();
+}
+
+void TokenCharger::add(const std::string & tenant, int64_t tokens) {
+    if (tokens <= 0) return;
+    std::lock_guard lk(mu_);
+    pending_[tenant] += tokens;
+}
+
+void TokenCharger::flush() {
+    std::map<std::string, int64_t> batch;
+    {
+        std::lock_guard lk(mu_);
+        batch.swap(pending_);
+    }
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    for (const auto & [tenant, n] : batch)
+        redis_.eval(kChargeScript, {Quotas::window_key(tenant, "tokens_per_minute")},
+                    {std::to_string(now), std::to_string(n)});
+}
 
 LocalWindow::Decision LocalWindow::admit(const std::string & key, int64_t limit, int64_t cost, int64_t now_s) {
     std::lock_guard lk(mu_);

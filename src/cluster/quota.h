@@ -3,11 +3,13 @@
 #include "cluster/redis.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace armada::cluster {
@@ -31,6 +33,27 @@ class LocalWindow {
   private:
     std::mutex mu_;
     std::map<std::string, std::map<int64_t, int64_t>> windows_;  // key → second → amount; mu_
+};
+
+//! Charges the model tokens of agent sessions on a node to their tenants' tokens-per-minute
+//! windows in Redis, so the gateways count them too (sessions already running go on; a tenant
+//! over its quota gets no new work). Callers only add to a map; a thread of its own sends it
+//! every 250 ms, one script per tenant, and drops what Redis does not take.
+class TokenCharger {
+  public:
+    explicit TokenCharger(RedisPool & redis);
+    ~TokenCharger();
+    TokenCharger(const TokenCharger &) = delete;
+    void add(const std::string & tenant, int64_t tokens);
+
+  private:
+    void flush();
+    RedisPool & redis_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::map<std::string, int64_t> pending_;  // tenant → tokens; mu_
+    bool stop_ = false;                       // mu_
+    std::thread thread_;
 };
 
 //! A tenant's quotas, as its record in PostgreSQL sets them; 0 is unlimited.

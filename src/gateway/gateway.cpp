@@ -965,6 +965,13 @@ class Gateway {
         }
         const std::string cell = pick_cell(caller.tenant);
         const std::string id = agent::SessionManager::new_id();
+        // A tenant whose tokens of the minute are spent (its sessions' model steps count) gets no
+        // new session; the one token taken here stands for the request.
+        if (authed.quota.tpm > 0) {
+            cluster::Quotas::TokenHold hold;
+            if (auto r = quotas_->reserve_tokens(caller.tenant, authed.quota.tpm, 1, hold))
+                return refuse(out, caller, *r);
+        }
         if (auto r = quotas_->live_session(caller.tenant, id, authed.quota.live_sessions,
                                            [&] { return open_sessions(caller.tenant); }))
             return refuse(out, caller, *r);

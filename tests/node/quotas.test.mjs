@@ -281,6 +281,41 @@ test('tokens per minute: a request is charged what it may use when admitted', as
   assert.ok(Number(b.retryAfter) >= 1);
 });
 
+test('tokens per minute: the model steps of a tenant\'s sessions count, on every gateway', async () => {
+  const key = await newTenant('steps', { tokens_per_minute: 400 });
+  await waitKnown(key);
+  const chat = { model: 'tiny', max_tokens: 1, messages: [{ role: 'user', content: 'hi' }] };
+  // Nothing used yet: a small request fits.
+  const first = await call(gws[1], 'POST', '/v1/chat/completions', key, chat);
+  assert.equal(first.status, 200, first.text);
+  const s = await call(gws[0], 'POST', '/v1/agents/worker/sessions', key, { input: 'work' });
+  assert.equal(s.status, 201, s.text);
+  // Its first model step reads the agent's instructions and tools: a few hundred tokens.
+  const deadline = Date.now() + 60000;
+  for (;;) {
+    const r = await call(gws[0], 'GET', `/v1/sessions/${s.json.id}`, key);
+    const used = r.json.steps.filter((x) => x.kind === 'model_output')
+      .reduce((n, x) => n + x.data.prompt_tokens + x.data.completion_tokens, 0);
+    if (used >= 400) break;
+    assert.ok(Date.now() < deadline, `the session used ${used} tokens`);
+    await sleep(250);
+  }
+  // The node charges them within a quarter of a second. A few tries at most: the chats' own
+  // tokens (a few dozen each) cannot reach the quota by themselves.
+  let refused = null;
+  for (let i = 0; i < 5 && !refused; i++) {
+    const r = await call(gws[1], 'POST', '/v1/chat/completions', key, chat);
+    if (r.status === 429) refused = r;
+    else assert.equal(r.status, 200, r.text);
+    if (!refused) await sleep(500);
+  }
+  assert.ok(refused, 'the session\'s tokens were never counted');
+  assert.equal(refused.json.error.param, 'tokens_per_minute', refused.text);
+  const more = await call(gws[0], 'POST', '/v1/agents/worker/sessions', key, { input: 'more' });
+  assert.equal(more.status, 429, more.text);
+  assert.equal(more.json.error.param, 'tokens_per_minute');
+});
+
 test('requests per minute: two gateways together admit the quota in a minute; with Redis hung each admits its half', async () => {
   const key = await newTenant('rpm', { requests_per_minute: 60 });
   await waitKnown(key);
