@@ -11,6 +11,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
+import { alive, sleep } from './cluster_helpers.mjs';
 
 const TTL_S = 3;
 const ENDED = ['completed', 'failed', 'cancelled'];
@@ -20,16 +21,8 @@ let up;
 let upLog = '';
 let gw;
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
 const logOf = (name) => fs.readFileSync(status().processes.find((p) => p.name === name).log, 'utf8');
-const alive = (pid) => {
-  try {
-    return !/^\d+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, 'utf8'));
-  } catch {
-    return false;
-  }
-};
 const cellOf = (node) => node.replace(/-node\d+$/, '');
 
 async function etcdGet(key) {

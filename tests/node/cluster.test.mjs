@@ -14,6 +14,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
+import { alive, sleep } from './cluster_helpers.mjs';
 
 const TTL_S = 3;
 const ENDED = ['completed', 'failed', 'cancelled'];
@@ -23,18 +24,9 @@ let up;
 let upLog = '';
 let gw;
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
 const proc = (name) => status().processes.find((p) => p.name === name);
 const logOf = (name) => fs.readFileSync(proc(name).log, 'utf8');
-// Running, and not a zombie that `cluster up` has yet to reap.
-const alive = (pid) => {
-  try {
-    return !/^\d+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, 'utf8'));
-  } catch {
-    return false;
-  }
-};
 
 async function get(route) {
   const r = await fetch(gw + route);

@@ -10,6 +10,7 @@ import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, richAgent, tempDir, writeAgents } from './agents.mjs';
+import { sleep } from './cluster_helpers.mjs';
 
 const ADMIN = 'admin-key-for-quota-tests';
 let tools;
@@ -18,7 +19,6 @@ let up;
 let upLog = '';
 let gws = [];
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
 const logOf = (name) => fs.readFileSync(status().processes.find((p) => p.name === name).log, 'utf8');
 
