@@ -105,8 +105,9 @@ class CellProcess {
         return rev;
     }
 
-    //! The cell's aggregate for the global brain, under this brain's lease: it goes when no brain
-    //! of the cell leads any more.
+    //! The cell's aggregate for the global brains, by both paths: in etcd under this brain's
+    //! lease (it goes when no brain of the cell leads any more), and on NATS (pushed to every
+    //! global brain as it is made; nothing is kept).
     void report(const CellBrain & brain, int64_t now) {
         CellReport r;
         r.cell = o_.cell;
@@ -129,8 +130,11 @@ class CellProcess {
         }
         if (step_n > 0) r.step_ms = step_sum / step_n;
         r.by_tenant = by_tenant_;
-        if (auto e = etcd_.put(cell_report_key(cfg_, o_.cell), encode_cell_report(r), elected_.lease()); !e.empty())
+        const std::string encoded = encode_cell_report(r);
+        if (auto e = etcd_.put(cell_report_key(cfg_, o_.cell), encoded, elected_.lease()); !e.empty())
             spdlog::warn("cell {}: cannot write its report: {}", o_.cell, e);
+        if (auto e = js_->publish_now(report_subject(o_.cell), encoded); !e.empty())
+            spdlog::debug("cell {}: report not sent on NATS: {}", o_.cell, e);
     }
 
     //! Node events: a session that ended leaves the view now (were its node to die before the

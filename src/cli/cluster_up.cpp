@@ -30,6 +30,8 @@ struct Proc {
     std::vector<std::string> argv;
     std::optional<Child> child;
     bool reported_exit = false;
+    std::chrono::steady_clock::time_point restart_at{};  // when a crashed one starts again
+    int restarts = 0;
 };
 
 std::string self_exe() {
@@ -214,8 +216,15 @@ int cluster_up(const ClusterUpOptions & o) {
             printf("armada: %s at %s\n", procs[g].name.c_str(), procs[g].url.c_str());
         printf("armada: processes and logs are listed in %s/cluster.json; Ctrl-C stops everything\n", dir.c_str());
         fflush(stdout);
-        // Supervise: a server that dies comes back on the same directory and port (tests kill
-        // them on purpose); an Armada process that exits is reported, not restarted.
+        // Supervise: a server that dies comes back on the same directory and port at once (tests
+        // kill them on purpose). An Armada process that crashes comes back after a back-off of
+        // at least twice the lease TTL (10 s at least, doubling per restart up to 5 min, as a
+        // kubelet's): by then its lease has expired and its cell has moved its sessions, so the
+        // node that returns is an empty one that joins again. One that exits 0 stays down.
+        const auto backoff = [&](int restarts) {
+            const int base = std::max(10, 2 * o.lease_ttl_s);
+            return std::chrono::seconds(std::min(300, base << std::min(restarts, 5)));
+        };
         for (;;) {
             timespec t{0, 200 * 1000 * 1000};
             if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
@@ -230,10 +239,29 @@ int cluster_up(const ClusterUpOptions & o) {
             revive("etcd", etcd.running(), [&] { return etcd.restart(); });
             revive("nats", nats.running(), [&] { return nats.restart(); });
             revive("redis", redis.running(), [&] { return redis.restart(); });
+            const auto now = std::chrono::steady_clock::now();
             for (auto & p : procs) {
                 if (p.child && !p.reported_exit && !p.child->running()) {
                     p.reported_exit = true;
-                    spdlog::warn("cluster up: {} exited; see {}", p.name, p.log);
+                    const int code = p.child->exit_code();
+                    if (code == 0) {
+                        spdlog::warn("cluster up: {} exited; see {}", p.name, p.log);
+                        continue;
+                    }
+                    const auto wait = backoff(p.restarts);
+                    p.restart_at = now + wait;
+                    spdlog::warn("cluster up: {} {} {}; starting it again in {} s; see {}", p.name,
+                                 code > 128 ? "was killed by signal" : "exited with", code > 128 ? code - 128 : code,
+                                 wait.count(), p.log);
+                } else if (p.reported_exit && p.restart_at != std::chrono::steady_clock::time_point{} &&
+                           now >= p.restart_at) {
+                    p.restart_at = {};
+                    ++p.restarts;
+                    if (launch(p)) {
+                        p.reported_exit = false;
+                        spdlog::info("cluster up: {} started again (pid {})", p.name, p.child->pid());
+                    }
+                    changed = true;
                 }
             }
             if (changed) write_status();

@@ -24,7 +24,10 @@ struct ClusterUpOptions {
 //! `armada cluster up`: a whole cluster on this machine, for trying and testing it. Starts
 //! PostgreSQL, etcd, NATS JetStream and Redis from the Debian binaries under one data directory,
 //! then the cell brains, the nodes and a gateway, and prints the gateway's URL. It restarts a
-//! server that dies (on the same directory and port), not an Armada process. Ctrl-C stops all,
+//! server that dies (on the same directory and port) at once. An Armada process that crashes
+//! (killed by a signal, or a non-zero exit) is started again after a back-off, as a kubelet
+//! would: at least twice the lease TTL, so that its cell has failed it over first; one that
+//! exits 0 (it drained) stays down. Ctrl-C stops all,
 //! in order: gateway, nodes, brains, then the servers. DATA_DIR/cluster.json lists every process.
 int cluster_up(const ClusterUpOptions & o);
 

@@ -88,6 +88,37 @@ class GlobalProcess {
         return true;
     }
 
+    //! The cells' reports pushed on NATS since the last look, the newest per cell. A cell whose
+    //! brain cannot write to etcd still reports here, and a report here is fresher than the one
+    //! read back from etcd.
+    std::map<std::string, CellReport> pushed() {
+        std::map<std::string, CellReport> out;
+        if (!reports_) return out;
+        const std::string prefix = report_subject("");
+        for (;;) {
+            const auto msgs = reports_->take(4096, 1);
+            for (const auto & [subject, data] : msgs) {
+                if (subject.rfind(prefix, 0) != 0) continue;
+                const std::string cell = subject.substr(prefix.size());
+                if (auto r = decode_cell_report(cell, data)) out[cell] = *r;
+            }
+            if (msgs.size() < 4096) return out;
+        }
+    }
+
+    //! Says once per cell by which paths its reports come (etcd, NATS), and again when that changes.
+    void note_paths(const std::string & cell, bool etcd, bool nats) {
+        const int paths = (etcd ? 1 : 0) | (nats ? 2 : 0);
+        auto [it, fresh] = paths_.try_emplace(cell, -1);
+        if (it->second == paths) return;
+        it->second = paths;
+        if (paths == 0) return;  // lost: logged as such
+        spdlog::info("global: cell {} reports through {}", cell,
+                     paths == 3   ? "etcd and NATS"
+                     : paths == 1 ? "etcd only"
+                                  : "NATS only");
+    }
+
     //! Writes each re-home as its own epoch-checked batch (grouped into one transaction), then
     //! asks the new cell's brain to place it.
     void carry_out(GlobalBrain & brain, const std::vector<Rehome> & decisions) {
@@ -123,16 +154,34 @@ class GlobalProcess {
         for (const auto & c : specs)
             known.insert(c.name);
         std::set<std::string> was_lost;
+        // Subscribed while leading only: a standby would pile up reports it never reads.
+        std::string err;
+        reports_ = js_->subscribe(report_subject("*"), err);
+        if (!reports_) spdlog::warn("global: cell reports on NATS: {} (etcd's are read)", err);
+        last_pushed_.clear();
+        paths_.clear();
         std::string last_shares;
         int64_t last_shares_ms = 0, last_check = brain_now_ms();
         while (!elected_.stopping()) {
             const int64_t t = brain_now_ms();
             Seen seen;
-            if (look(seen)) {
-                for (const auto & [cell, r] : seen.reports) {
-                    if (cfg_.cells.empty() && known.insert(cell).second) brain.add_cell({cell, "", 0.57});
-                    brain.report(r, t);
-                }
+            const bool looked = look(seen);
+            auto nats = pushed();
+            for (const auto & [cell, r] : nats)
+                last_pushed_[cell] = t;
+            // A report counts from either path; one pushed on NATS is the newer of the two.
+            for (auto & [cell, r] : seen.reports)
+                nats.try_emplace(cell, r);
+            for (const auto & [cell, r] : nats) {
+                if (cfg_.cells.empty() && known.insert(cell).second) brain.add_cell({cell, "", 0.57});
+                brain.report(r, t);
+            }
+            for (const auto & cell : known) {
+                const auto p = last_pushed_.find(cell);
+                const bool on_nats = p != last_pushed_.end() && t - p->second <= 3000;
+                if (looked) note_paths(cell, seen.reports.count(cell) > 0, on_nats);
+            }
+            if (looked) {
                 for (const auto & cell : known)
                     if (!seen.alive.count(cell)) brain.leases_gone(cell);
             }
@@ -173,6 +222,7 @@ class GlobalProcess {
             }
             if (elected_.wait_signal(o_.tick_ms)) break;
         }
+        reports_.reset();
     }
 
     ClusterConfig cfg_;
@@ -181,6 +231,9 @@ class GlobalProcess {
     Elected elected_;
     std::unique_ptr<store::Store> store_;
     std::unique_ptr<JetStream> js_;
+    std::unique_ptr<Subscription> reports_;
+    std::map<std::string, int64_t> last_pushed_;  // cell → when its last NATS report came
+    std::map<std::string, int> paths_;            // cell → the paths last logged (bit 1 etcd, 2 NATS)
 };
 
 }  // namespace

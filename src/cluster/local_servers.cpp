@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int exit_code(int status) {
+int status_code(int status) {
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
     return -1;
@@ -145,6 +145,10 @@ bool Child::running() {
     return r == 0;
 }
 
+int Child::exit_code() const {
+    return exited_ ? status_code(status_) : -1;
+}
+
 void Child::signal(int sig) const {
     if (pid_ > 0 && !exited_) ::kill(pid_, sig);
 }
@@ -155,11 +159,11 @@ int Child::wait(int wait_ms) {
         if (std::chrono::steady_clock::now() >= until) return -1;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    return exited_ ? exit_code(status_) : -1;
+    return exited_ ? status_code(status_) : -1;
 }
 
 int Child::stop(int sig, int wait_ms) {
-    if (!running()) return exited_ ? exit_code(status_) : -1;
+    if (!running()) return exited_ ? status_code(status_) : -1;
     signal(sig);
     int code = wait(wait_ms);
     if (code < 0 && running()) {

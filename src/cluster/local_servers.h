@@ -27,6 +27,9 @@ class Child {
     pid_t pid() const { return pid_; }
     //! False once it has exited (its status is then kept).
     bool running();
+    //! After `running()` said false: how it ended, as a shell reports it (the exit code, or
+    //! 128 + the signal that killed it).
+    int exit_code() const;
     void signal(int sig) const;
     //! Sends `sig`, waits up to `wait_ms`, then SIGKILL. Returns the exit code, or 128+signal.
     int stop(int sig, int wait_ms);

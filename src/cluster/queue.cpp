@@ -53,6 +53,28 @@ std::string event_subject(const std::string & cell) {
     return "armada.event." + cell;
 }
 
+std::string report_subject(const std::string & cell) {
+    return "armada.report." + cell;
+}
+
+// --- Subscription ---
+
+Subscription::~Subscription() {
+    if (sub_) natsSubscription_Destroy(sub_);
+}
+
+std::vector<std::pair<std::string, std::string>> Subscription::take(int max, int wait_ms) {
+    std::vector<std::pair<std::string, std::string>> out;
+    while (int(out.size()) < max) {
+        natsMsg * m = nullptr;
+        if (natsSubscription_NextMsg(&m, sub_, out.empty() ? std::max(wait_ms, 1) : 1) != NATS_OK || !m) break;
+        const char * data = natsMsg_GetData(m);
+        out.emplace_back(natsMsg_GetSubject(m), std::string(data ? data : "", size_t(natsMsg_GetDataLength(m))));
+        natsMsg_Destroy(m);
+    }
+    return out;
+}
+
 // --- QueueMsg ---
 
 QueueMsg::QueueMsg(natsMsg * m) : m_(m) {
@@ -206,6 +228,21 @@ std::string JetStream::publish(const std::string & subject, const std::string & 
     const natsStatus s = js_Publish(&ack, js_, subject.c_str(), data.data(), int(data.size()), &po, &jerr);
     if (ack) jsPubAck_Destroy(ack);
     return s == NATS_OK ? std::string() : "publish to " + subject + ": " + status_text(s, jerr);
+}
+
+std::string JetStream::publish_now(const std::string & subject, const std::string & data) {
+    const natsStatus s = natsConnection_Publish(nc_, subject.c_str(), data.data(), int(data.size()));
+    return s == NATS_OK ? std::string() : "publish to " + subject + ": " + status_text(s);
+}
+
+std::unique_ptr<Subscription> JetStream::subscribe(const std::string & subject, std::string & error) {
+    std::unique_ptr<Subscription> sub(new Subscription());
+    const natsStatus s = natsConnection_SubscribeSync(&sub->sub_, nc_, subject.c_str());
+    if (s != NATS_OK) {
+        error = "subscribe to " + subject + ": " + status_text(s);
+        return nullptr;
+    }
+    return sub;
 }
 
 std::unique_ptr<Consumer> JetStream::consumer(const std::string & stream, const std::string & durable,

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 // libnats' own type names, declared here so its header stays out of ours.
@@ -20,9 +21,12 @@ namespace armada::cluster {
 //!   armada.cmd.<node>     cell brain → node: run this session           (stream ARMADA_CMD, work queue)
 //!   armada.event.<cell>   node → brain: a session ended, a node drains  (stream ARMADA_EVENT, kept 1 h)
 //!   armada.dead.<subject> what was delivered `max_deliver` times without an ack (ARMADA_DEAD, kept 7 d)
+//! and one carried by core NATS, not kept (a report missed is replaced by the next one):
+//!   armada.report.<cell>  cell brain → global brains: the cell's aggregate, about once a second
 std::string place_subject(const std::string & cell);
 std::string command_subject(const std::string & node);
 std::string event_subject(const std::string & cell);
+std::string report_subject(const std::string & cell);
 
 //! One delivered message of a pull consumer. It must be acked (done), nak'ed (deliver again
 //! later) or sent to the dead letters; if nothing is said before the consumer's ack wait, the
@@ -50,6 +54,22 @@ class QueueMsg {
 };
 
 class JetStream;
+
+//! A core NATS subscription (nothing kept, every subscriber gets every message); libnats
+//! subscribes again by itself after a reconnect.
+class Subscription {
+  public:
+    ~Subscription();
+    Subscription(const Subscription &) = delete;
+    //! What arrived since the last call as (subject, data), at most `max`, waiting up to
+    //! `wait_ms` for the first.
+    std::vector<std::pair<std::string, std::string>> take(int max, int wait_ms);
+
+  private:
+    friend class JetStream;
+    Subscription() = default;
+    __natsSubscription * sub_ = nullptr;
+};
 
 //! A durable pull consumer on a subject filter: any number of processes can fetch from the same
 //! durable consumer (the cell's brains, whoever leads), and each message goes to one of them.
@@ -90,6 +110,10 @@ class JetStream {
     std::unique_ptr<Consumer> consumer(const std::string & stream, const std::string & durable,
                                        const std::string & filter, int ack_wait_ms, int max_deliver,
                                        std::string & error);
+    //! Core NATS: sent to whoever subscribes now, without an ack and not kept.
+    std::string publish_now(const std::string & subject, const std::string & data);
+    //! A core NATS subscription to `subject` (wildcards allowed).
+    std::unique_ptr<Subscription> subscribe(const std::string & subject, std::string & error);
     //! Messages in a stream now (tests, metrics).
     int64_t stream_messages(const std::string & stream, std::string & error);
 

@@ -168,3 +168,51 @@ TEST(Queue, QueuedPlaceRequestsSurviveAServerRestart) {
     }
     EXPECT_EQ(got, (std::vector<std::string>{"s0", "s1", "s2"}));
 }
+
+TEST(Queue, AReportOnCoreNatsReachesEverySubscriberAndIsNotKept) {
+    auto brain = connect();
+    auto global_a = connect();
+    auto global_b = connect();
+    ASSERT_TRUE(brain && global_a && global_b);
+    std::string err;
+    // Sent before anyone listens: lost, as a report may be (the next one replaces it).
+    ASSERT_EQ(brain->publish_now(report_subject("r1"), "early"), "");
+    auto a = global_a->subscribe(report_subject("*"), err);
+    ASSERT_TRUE(a) << err;
+    auto b = global_b->subscribe(report_subject("*"), err);
+    ASSERT_TRUE(b) << err;
+    // A subscription is in place on the server once a round trip through it has been seen.
+    std::vector<std::pair<std::string, std::string>> seen_a, seen_b;
+    for (int i = 0; i < 50 && (seen_a.empty() || seen_b.empty()); ++i) {
+        ASSERT_EQ(brain->publish_now(report_subject("probe"), "p"), "");
+        for (auto [s, seen] : {std::pair{a.get(), &seen_a}, std::pair{b.get(), &seen_b}}) {
+            auto more = s->take(8, 100);
+            seen->insert(seen->end(), more.begin(), more.end());
+        }
+    }
+    for (auto * seen : {&seen_a, &seen_b}) {
+        ASSERT_FALSE(seen->empty());
+        for (const auto & [subject, data] : *seen)
+            EXPECT_EQ(data, "p") << subject;  // never the report sent before the subscription
+    }
+    a->take(64, 50);
+    b->take(64, 50);
+    ASSERT_EQ(brain->publish_now(report_subject("r1"), "{\"n\":1}"), "");
+    ASSERT_EQ(brain->publish_now(report_subject("r2"), "{\"n\":2}"), "");
+    for (auto * s : {a.get(), b.get()}) {
+        std::vector<std::pair<std::string, std::string>> got;
+        for (int i = 0; i < 20 && got.size() < 2; ++i) {
+            auto more = s->take(8, 250);
+            got.insert(got.end(), more.begin(), more.end());
+        }
+        ASSERT_EQ(got.size(), 2u);  // both subscribers get both, in order, and nothing else
+        EXPECT_EQ(got[0], std::make_pair(report_subject("r1"), std::string("{\"n\":1}")));
+        EXPECT_EQ(got[1], std::make_pair(report_subject("r2"), std::string("{\"n\":2}")));
+    }
+    // No stream keeps them.
+    for (const char * stream : {"ARMADA_PLACE", "ARMADA_CMD", "ARMADA_EVENT"}) {
+        const int64_t before = brain->stream_messages(stream, err);
+        ASSERT_EQ(brain->publish_now(report_subject("r3"), "x"), "");
+        EXPECT_EQ(brain->stream_messages(stream, err), before) << stream;
+    }
+}

@@ -141,6 +141,9 @@ test('a tenant\'s new sessions land in one cell (its home while under water)', {
   assert.equal(report.nodes, 2, JSON.stringify(report));
   assert.equal(report.cores, 2, JSON.stringify(report));  // -t 1 on each node
   assert.ok(report.step_ms > 0, JSON.stringify(report));
+  // The leading global brain hears each cell by both paths: etcd, and pushed on NATS.
+  const globals = status().processes.filter((p) => p.role === 'global').map((p) => logOf(p.name)).join('');
+  for (const c of ['cell0', 'cell1']) assert.match(globals, new RegExp(`cell ${c} reports through etcd and NATS`));
 });
 
 test('kill -9 the leading global brain: a standby leads, the split stays, sessions go on', { timeout: 240000 }, async () => {
