@@ -100,6 +100,11 @@ std::optional<Child> Child::spawn(const std::vector<std::string> & argv, const s
         // The child: its own process group, so a terminal's Ctrl-C reaches the parent only and
         // servers stop in the order the parent chooses.
         ::setpgid(0, 0);
+        // A parent that takes its stop signals with sigwait has them blocked, and a blocked mask
+        // survives exec: a server would never see the SIGINT that stops it.
+        sigset_t none;
+        sigemptyset(&none);
+        ::sigprocmask(SIG_SETMASK, &none, nullptr);
         ::dup2(fd, 1);
         ::dup2(fd, 2);
         const int devnull = ::open("/dev/null", O_RDONLY);
