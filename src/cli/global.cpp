@@ -65,7 +65,8 @@ class GlobalProcess {
     //! lease of it (brain or node) is there at all.
     struct Seen {
         std::map<std::string, CellReport> reports;
-        std::set<std::string> alive;  // cells with any key under a lease
+        std::map<std::string, int64_t> report_rev;  // each report's etcd mod_revision
+        std::set<std::string> alive;                // cells with any key under a lease
     };
     bool look(Seen & out) {
         std::vector<EtcdKv> kvs;
@@ -82,7 +83,10 @@ class GlobalProcess {
             const std::string cell = rest.substr(0, slash), what = rest.substr(slash + 1);
             out.alive.insert(cell);
             if (what == "report") {
-                if (auto r = decode_cell_report(cell, kv.value)) out.reports[cell] = *r;
+                if (auto r = decode_cell_report(cell, kv.value)) {
+                    out.reports[cell] = *r;
+                    out.report_rev[cell] = kv.mod_revision;
+                }
             }
         }
         return true;
@@ -94,7 +98,7 @@ class GlobalProcess {
     std::map<std::string, CellReport> pushed() {
         std::map<std::string, CellReport> out;
         if (!reports_) return out;
-        const std::string prefix = report_subject("");
+        const std::string prefix = report_subject("");  // a cell's name may hold dots
         for (;;) {
             const auto msgs = reports_->take(4096, 1);
             for (const auto & [subject, data] : msgs) {
@@ -155,32 +159,53 @@ class GlobalProcess {
             known.insert(c.name);
         std::set<std::string> was_lost;
         // Subscribed while leading only: a standby would pile up reports it never reads.
-        std::string err;
-        reports_ = js_->subscribe(report_subject("*"), err);
-        if (!reports_) spdlog::warn("global: cell reports on NATS: {} (etcd's are read)", err);
+        reports_.reset();
+        int64_t subscribe_at = 0;
         last_pushed_.clear();
+        last_written_.clear();
+        report_rev_.clear();
         paths_.clear();
+        // A path is live while a new report came through it within this window.
+        const int64_t fresh_ms = std::max<int64_t>(3000, int64_t(cfg_.lease_ttl_s) * 1000);
+        bool heard = false;  // a report has come since this brain leads: its split is worth writing
         std::string last_shares;
         int64_t last_shares_ms = 0, last_check = brain_now_ms();
         while (!elected_.stopping()) {
             const int64_t t = brain_now_ms();
+            if (!reports_ && t >= subscribe_at) {
+                std::string err;
+                reports_ = js_->subscribe(report_subject(">"), err);
+                if (!reports_) {
+                    spdlog::warn("global: cell reports on NATS: {} (etcd's are read; trying again in 5 s)", err);
+                    subscribe_at = t + 5000;
+                }
+            }
             Seen seen;
             const bool looked = look(seen);
-            auto nats = pushed();
-            for (const auto & [cell, r] : nats)
+            auto fresh = pushed();
+            for (const auto & [cell, r] : fresh)
                 last_pushed_[cell] = t;
-            // A report counts from either path; one pushed on NATS is the newer of the two.
-            for (auto & [cell, r] : seen.reports)
-                nats.try_emplace(cell, r);
-            for (const auto & [cell, r] : nats) {
+            // Only a new report counts: from NATS, or one whose etcd revision moved. A brain whose
+            // loop is stuck keeps its lease (another thread renews it) but writes nothing new, and
+            // once its aggregate stops for the brain's report TTL the cell is lost.
+            for (auto & [cell, r] : seen.reports) {
+                int64_t & rev = report_rev_[cell];
+                if (seen.report_rev[cell] == rev) continue;
+                rev = seen.report_rev[cell];
+                last_written_[cell] = t;
+                fresh.try_emplace(cell, r);  // one pushed on NATS is the newer of the two
+            }
+            for (const auto & [cell, r] : fresh) {
                 if (cfg_.cells.empty() && known.insert(cell).second) brain.add_cell({cell, "", 0.57});
                 brain.report(r, t);
+                heard = true;
             }
-            for (const auto & cell : known) {
-                const auto p = last_pushed_.find(cell);
-                const bool on_nats = p != last_pushed_.end() && t - p->second <= 3000;
-                if (looked) note_paths(cell, seen.reports.count(cell) > 0, on_nats);
-            }
+            const auto recent = [&](const std::map<std::string, int64_t> & at, const std::string & cell) {
+                const auto p = at.find(cell);
+                return p != at.end() && t - p->second <= fresh_ms;
+            };
+            for (const auto & cell : known)
+                note_paths(cell, recent(last_written_, cell), recent(last_pushed_, cell));
             if (looked) {
                 for (const auto & cell : known)
                     if (!seen.alive.count(cell)) brain.leases_gone(cell);
@@ -205,8 +230,9 @@ class GlobalProcess {
                 it = was_lost.erase(it);
             }
             carry_out(brain, brain.decide(t));
-            if (t - last_shares_ms >= o_.shares_ms) {
-                // Written without a lease: a new leader finds the last split and gateways keep it.
+            if (heard && t - last_shares_ms >= o_.shares_ms) {
+                // Written without a lease: gateways keep the last split while no brain leads, and
+                // a new leader writes nothing before it has heard from a cell.
                 const std::string s = encode_shares(brain.shares(t));
                 if (s != last_shares || t - last_shares_ms >= 30000) {
                     if (auto e = etcd_.put(shares_key(cfg_), s, 0); e.empty())
@@ -232,8 +258,10 @@ class GlobalProcess {
     std::unique_ptr<store::Store> store_;
     std::unique_ptr<JetStream> js_;
     std::unique_ptr<Subscription> reports_;
-    std::map<std::string, int64_t> last_pushed_;  // cell → when its last NATS report came
-    std::map<std::string, int> paths_;            // cell → the paths last logged (bit 1 etcd, 2 NATS)
+    std::map<std::string, int64_t> last_pushed_;   // cell → when its last NATS report came
+    std::map<std::string, int64_t> last_written_;  // cell → when its etcd report last changed
+    std::map<std::string, int64_t> report_rev_;    // cell → its etcd report's last mod_revision
+    std::map<std::string, int> paths_;             // cell → the paths last logged (bit 1 etcd, 2 NATS)
 };
 
 }  // namespace

@@ -131,7 +131,10 @@ Shares GlobalBrain::shares(int64_t now_ms) const {
     double sum = 0;
     for (const auto & [name, c] : cells_) {
         const int r = room(c, now_ms);
-        if (r <= 0) continue;
+        if (r <= 0) {
+            if (c.last && !lost(name, now_ms)) s.full.insert(name);
+            continue;
+        }
         double w = double(r);
         if (typical > 0 && c.last->step_ms > typical) w *= std::max(0.25, typical / c.last->step_ms);
         s.weight[name] = w;

@@ -46,6 +46,9 @@ struct GlobalBrainConfig {
 struct Shares {
     std::map<std::string, double> weight;            // sums to 1; empty: no cell takes sessions
     std::map<std::string, std::string> tenant_home;  // tenant → cell
+    //! Cells that report and are at or above their water level: no new session goes there, even
+    //! when no cell has a weight.
+    std::set<std::string> full;
     bool operator==(const Shares &) const = default;
 };
 

@@ -88,7 +88,7 @@ std::optional<CellReport> decode_cell_report(const std::string & cell, const std
 }
 
 std::string encode_shares(const Shares & s) {
-    return json{{"weight", s.weight}, {"tenant_home", s.tenant_home}}.dump();
+    return json{{"weight", s.weight}, {"tenant_home", s.tenant_home}, {"full", s.full}}.dump();
 }
 
 std::optional<Shares> decode_shares(const std::string & text) {
@@ -98,6 +98,7 @@ std::optional<Shares> decode_shares(const std::string & text) {
     try {
         if (j.contains("weight")) s.weight = j["weight"].get<std::map<std::string, double>>();
         if (j.contains("tenant_home")) s.tenant_home = j["tenant_home"].get<std::map<std::string, std::string>>();
+        if (j.contains("full")) s.full = j["full"].get<std::set<std::string>>();
     } catch (const json::exception &) {
         return std::nullopt;
     }

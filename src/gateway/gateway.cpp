@@ -417,21 +417,30 @@ class Gateway {
         return best[rr_++ % best.size()];
     }
     //! The cell for a new session of `tenant`: --cell, else the global brain's split (the tenant's
-    //! home cell first), else the cell whose nodes report the most room.
+    //! home cell first) over the cells with a live node, else the cell whose nodes report the most
+    //! room, one under its water level first. When every cell is at its water level the session
+    //! still goes to the one with most room: its session count is a bound the sources plan by, not
+    //! the node's limit (parked sessions hold no sequence), and refusing would turn a busy cluster
+    //! into a failing one.
     std::string pick_cell(const std::string & tenant) {
         if (!o_.cell.empty()) return o_.cell;
         std::lock_guard lk(mu_);
-        if (std::string c = cluster::pick_cell(shares_, tenant); !c.empty()) return c;
-        std::map<std::string, int64_t> room;
+        std::map<std::string, int64_t> room;  // cells with a live node that takes work
         for (const auto & [name, v] : nodes_) {
             if (!v.load.draining) room[v.cell] += v.load.free_seqs;
         }
-        std::string best = "cell0";
-        int64_t most = -1;
+        // The split may be older than the last node of a cell: a cell with none takes nothing.
+        cluster::Shares live = shares_;
+        std::erase_if(live.weight, [&](const auto & w) { return !room.count(w.first); });
+        if (std::string c = cluster::pick_cell(live, tenant); !c.empty()) return c;
+        if (room.empty()) return "cell0";  // no node known yet: the session waits in cell0's queue
+        std::string best;
+        std::pair<bool, int64_t> most{false, -1};  // (under water, room)
         for (const auto & [c, r] : room) {
-            if (r > most) {
+            const std::pair<bool, int64_t> key{!shares_.full.count(c), r};
+            if (key > most) {
                 best = c;
-                most = r;
+                most = key;
             }
         }
         return best;

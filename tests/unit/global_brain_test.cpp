@@ -48,8 +48,14 @@ TEST(GlobalBrain, ACellAtItsWaterLevelGetsNoNewSessions) {
     g.report(cell("b", 100, 90), 0);
     EXPECT_TRUE(g.shares(0).weight.empty());
     EXPECT_EQ(pick_cell(g.shares(0), "t1"), "");
+    // Both are named full, so a gateway falling back to room sends them nothing either.
+    EXPECT_EQ(g.shares(0).full, (std::set<std::string>{"a", "b"}));
     g.report(cell("a", 100, 50), 1);
     EXPECT_EQ(g.shares(1).weight, (std::map<std::string, double>{{"a", 1.0}}));
+    EXPECT_EQ(g.shares(1).full, (std::set<std::string>{"b"}));
+    // A lost cell is not full: it is not there (its sessions are re-homed).
+    g.leases_gone("b");
+    EXPECT_TRUE(g.shares(1).full.empty());
 }
 
 TEST(GlobalBrain, ACellUnderKvPressureGetsNoNewSessions) {
@@ -242,7 +248,9 @@ TEST(GlobalBrain, ReportsAndSharesRoundTripThroughEtcdAndBadOnesAreRefused) {
     Shares s;
     s.weight = {{"a", 0.25}, {"b", 0.75}};
     s.tenant_home = {{"t1", "b"}};
+    s.full = {"c"};
     EXPECT_EQ(decode_shares(encode_shares(s)), s);
+    EXPECT_EQ(decode_shares("{\"weight\":{\"a\":1}}")->full, std::set<std::string>{});  // an older leader's split
     EXPECT_FALSE(decode_shares("{\"weight\":{\"a\":-1}}"));
     EXPECT_FALSE(decode_shares("{\"weight\":[1]}"));
 }
