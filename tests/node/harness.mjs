@@ -78,8 +78,11 @@ async function startCluster(args, { model, env }) {
     const d = path.join(dir, 'c', 'logs');
     return fs.existsSync(d) ? fs.readdirSync(d).map((f) => fs.readFileSync(path.join(d, f), 'utf8')).join('') : '';
   };
+  const status = JSON.parse(fs.readFileSync(path.join(dir, 'c', 'cluster.json'), 'utf8'));
   return {
     base,
+    // The node's own address: its engine and session metrics are there, not on the gateway.
+    metricsBase: status.processes.find((p) => p.role === 'node').url,
     proc,
     stderr: () => out + logs(),
     stdout: () => out + logs(),
@@ -124,6 +127,7 @@ export async function startServer(args = [], { model = tinyModel, env = {}, ca =
   }
   return {
     base,
+    metricsBase: base,
     proc,
     stderr: () => stderr,
     stdout: () => stdout,

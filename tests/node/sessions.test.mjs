@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { startServer, rawPost, tinyModel, createdStatus, viaGateway } from './harness.mjs';
+import { startServer, rawPost, tinyModel, createdStatus } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { getJson, waitFor, assertCompleteLog } from './session_helpers.mjs';
@@ -307,10 +307,9 @@ test('sessions belong to the key that created them', async () => {
   }
 });
 
-// Behind a gateway, /metrics is the gateway's own; the node's session metrics are scraped from it.
-test('metrics count sessions, steps, tools and the chain survival rate',
-  { skip: viaGateway && 'reads a node\'s session metrics from /metrics' }, async () => {
-  const t = await (await fetch(srv.base + '/metrics')).text();
+// Behind a gateway, /metrics is the gateway's own; the node's session metrics are read from it.
+test('metrics count sessions, steps, tools and the chain survival rate', async () => {
+  const t = await (await fetch(srv.metricsBase + '/metrics')).text();
   assert.match(t, /armada_sessions_total\{outcome="completed"\} [1-9]/);
   assert.match(t, /armada_session_steps_total [1-9]/);
   assert.match(t, /armada_tool_calls_total\{tool="lookup",result="ok"\} [1-9]|armada_tool_calls_total\{tool="store",result="ok"\} [1-9]/);
