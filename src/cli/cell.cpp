@@ -193,13 +193,24 @@ class CellProcess {
             });
         };
         int64_t last_reconcile = 0, last_check = brain_now_ms();
+        // When etcd or PostgreSQL is away, the next try waits a random jitter that doubles up to
+        // 4 s: brains that lost it together do not come back in step.
+        int64_t retry_at = 0;
+        int backoff_ms = 250;
+        std::mt19937 rng(std::random_device{}());
         const std::string prefix = nodes_prefix(cfg_, o_.cell);
         while (!stopping()) {
             int64_t t = brain_now_ms();
-            if (watch_broken.load() || t - last_reconcile >= o_.reconcile_ms) {
+            if ((watch_broken.load() && t >= retry_at) || t - last_reconcile >= o_.reconcile_ms) {
                 const int64_t rev = reconcile(brain);
                 last_reconcile = t;
-                if (rev >= 0 && watch_broken.load()) start_watch(rev + 1);
+                if (rev >= 0) {
+                    backoff_ms = 250;
+                    if (watch_broken.load()) start_watch(rev + 1);
+                } else {
+                    retry_at = t + std::uniform_int_distribution<int>(backoff_ms / 2, backoff_ms * 3 / 2)(rng);
+                    backoff_ms = std::min(backoff_ms * 2, 4000);
+                }
             }
             std::vector<EtcdEvent> evs;
             {

@@ -11,7 +11,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, sleep } from './cluster_helpers.mjs';
+import { alive, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 const TTL_S = 3;
 const ENDED = ['completed', 'failed', 'cancelled'];
@@ -125,6 +125,7 @@ after(async () => {
     await done;
   }
   if (tools) await tools.close();
+  assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
 
 test('a tenant\'s new sessions land in one cell (its home while under water)', { timeout: 240000 }, async () => {

@@ -15,7 +15,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, sleep } from './cluster_helpers.mjs';
+import { alive, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 const TTL_S = 3;
 const SESSIONS = 64;
@@ -211,6 +211,7 @@ after(async () => {
       assert.ok(!alive(p.pid), `${p.name} (pid ${p.pid}) still runs after cluster up stopped`);
   }
   if (tools) await tools.close();
+  assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
 
 test('each node reports its load in etcd under its lease', { timeout: 60000 }, async () => {

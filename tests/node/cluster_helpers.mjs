@@ -11,3 +11,12 @@ export const alive = (pid) => {
     return false;
   }
 };
+
+// A sanitizer build reports to each process's stderr, which `cluster up` sends to its log, and
+// the process's exit code reaches no test: its reports are looked for in the logs instead.
+const SANITIZER_REPORT = /WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error: /;
+
+export function sanitizerReports(logsDir) {
+  if (!fs.existsSync(logsDir)) return [];
+  return fs.readdirSync(logsDir).filter((f) => SANITIZER_REPORT.test(fs.readFileSync(`${logsDir}/${f}`, 'utf8')));
+}

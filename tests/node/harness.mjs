@@ -4,6 +4,7 @@ import fs from 'node:fs';
 import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
+import { sanitizerReports } from './cluster_helpers.mjs';
 
 export const modelDir = process.env.ARMADA_MODEL_DIR;
 export const tinyModel = path.join(modelDir ?? '', 'armada-tiny-q8_0.gguf');
@@ -87,10 +88,17 @@ async function startCluster(args, { model, env }) {
     stderr: () => out + logs(),
     stdout: () => out + logs(),
     async stop() {
-      if (proc.exitCode !== null) return proc.exitCode;
-      const done = new Promise((res) => proc.on('exit', (code) => res(code)));
-      proc.kill('SIGINT');
-      return done;
+      const code = proc.exitCode !== null ? proc.exitCode : await new Promise((res) => {
+        proc.on('exit', (c) => res(c));
+        proc.kill('SIGINT');
+      });
+      // A sanitizer report in any process of the cluster fails the stop, as a node's exit code would.
+      const reports = sanitizerReports(path.join(dir, 'c', 'logs'));
+      if (reports.length) {
+        console.log(`sanitizer reports in ${reports.join(', ')}:\n${logs().slice(-6000)}`);
+        return 66;
+      }
+      return code;
     },
   };
 }

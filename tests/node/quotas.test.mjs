@@ -10,7 +10,7 @@ import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, richAgent, tempDir, writeAgents } from './agents.mjs';
-import { sleep } from './cluster_helpers.mjs';
+import { sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 const ADMIN = 'admin-key-for-quota-tests';
 let tools;
@@ -126,6 +126,7 @@ after(async () => {
     await new Promise((r) => up.once('exit', r));
   }
   await tools?.close();
+  assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
 
 test('/admin manages tenants and keys for every gateway; only admins reach it; keys are shown once', async () => {
