@@ -391,15 +391,59 @@ test('SIGSTOP a node past its lease: its sessions move, its late writes are fenc
   assert.ok(count.get(victim) > 0, 'the stopped node holds sessions');
   const mark = logOf(victim).length;
   const pid = proc(victim).pid;
+  const theirs = [...(await placements(ids)).entries()].filter(([, x]) => x.node === victim && !ENDED.includes(x.state))
+    .map(([id]) => id);
+  // Every step a client reads through the gateway from the stop until the end, by session and
+  // index: a session must never show two different steps at one index.
+  const seen = new Map();
+  let watching = true;
+  const watcher = (async () => {
+    while (watching) {
+      await Promise.all(ids.map(async (id) => {
+        const r = await get(`/v1/sessions/${id}`);
+        if (r.status !== 200) return;
+        for (const st of r.json.steps) {
+          const key = `${id}#${st.seq}`;
+          const was = seen.get(key);
+          if (was) assert.deepEqual(st, was, `${id} showed two different steps at index ${st.seq}`);
+          else seen.set(key, st);
+        }
+      }));
+      await sleep(300);
+    }
+  })();
   const t0 = Date.now();
   process.kill(pid, 'SIGSTOP');
-  await sleep((TTL_S + 3) * 1000);
-  process.kill(pid, 'SIGCONT');
-  faults.push([t0, Date.now()]);
-  const done = await waitAll(ids);
+  let done;
+  try {
+    await sleep((TTL_S + 3) * 1000);
+    process.kill(pid, 'SIGCONT');
+    faults.push([t0, Date.now()]);
+    done = await waitAll(ids);
+  } finally {
+    watching = false;
+    await watcher;
+  }
   checkAll(done, faults);
+  for (const [key, st] of seen) {
+    const [id, seq] = key.split('#');
+    assert.deepEqual(done.get(id).steps.find((x) => x.seq === Number(seq)), st, `${id} step ${seq} as seen, in the final log`);
+  }
+  // Its sessions moved: each open one it held at the stop ended under a later epoch elsewhere
+  // (unless it completed in the instant before the stop).
+  assert.ok(theirs.length > 0, 'the stopped node held open sessions');
+  for (const id of theirs) {
+    const s = done.get(id);
+    const endedBefore = s.steps.at(-1).ts_ms < t0 + 100;
+    assert.ok(endedBefore || (s.placement.epoch > 1 && s.placement.node !== victim),
+      `${id} moved off the stopped node: ${JSON.stringify(s.placement)}`);
+  }
   await waitLog(victim, /joined again/, mark, 20000);
   assert.match(logOf(victim).slice(mark), /fenced/, 'a write of the woken node was refused');
+  // The woken node stopped the sessions it lost, and counts them.
+  const fenced = (await fetch(`${proc(victim).url}/metrics`).then((r) => r.text()))
+    .match(/^armada_sessions_fenced_total (\S+)$/m);
+  assert.ok(fenced && Number(fenced[1]) >= 1, `the woken node counted fenced sessions: ${fenced?.[0]}`);
   // It takes new work again.
   await nodesReady(live.length);
   const more = await createSessions(12, 'after-stop');
