@@ -26,6 +26,7 @@
 
 #include <boost/asio/steady_timer.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -481,7 +482,8 @@ int serve(const ServeOptions & opt) {
             // Sessions' model tokens count against their tenants' tokens per minute, as the
             // gateways see them. Redis is optional here: without it, they are not counted.
             std::string rerr;
-            token_redis = cluster::RedisPool::open(ccfg->redis, 2, 500, rerr);
+            // One thread uses it (the charger, every 250 ms): the configured size, at most 2.
+            token_redis = cluster::RedisPool::open(ccfg->redis, std::min(2, ccfg->redis_pool), 500, rerr);
             if (token_redis) {
                 token_charger = std::make_unique<cluster::TokenCharger>(*token_redis);
                 sopt.on_tokens = [c = token_charger.get()](const std::string & tenant, int64_t n) {

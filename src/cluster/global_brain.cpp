@@ -128,6 +128,17 @@ Shares GlobalBrain::shares(int64_t now_ms) const {
         std::nth_element(lat.begin(), lat.begin() + long(lat.size() / 2), lat.end());
         typical = lat[lat.size() / 2];
     }
+    // Likewise a cell with fewer cores per session it can hold than the others' typical cell: its
+    // steps will be slow before its latency shows it (at most 4 times less).
+    std::vector<double> cps;
+    for (const auto & [name, c] : cells_)
+        if (room(c, now_ms) > 0 && c.last->cores > 0 && c.last->capacity > 0)
+            cps.push_back(double(c.last->cores) / c.last->capacity);
+    double typical_cps = 0;
+    if (!cps.empty()) {
+        std::nth_element(cps.begin(), cps.begin() + long(cps.size() / 2), cps.end());
+        typical_cps = cps[cps.size() / 2];
+    }
     double sum = 0;
     for (const auto & [name, c] : cells_) {
         const int r = room(c, now_ms);
@@ -137,6 +148,10 @@ Shares GlobalBrain::shares(int64_t now_ms) const {
         }
         double w = double(r);
         if (typical > 0 && c.last->step_ms > typical) w *= std::max(0.25, typical / c.last->step_ms);
+        if (typical_cps > 0 && c.last->cores > 0 && c.last->capacity > 0) {
+            const double mine = double(c.last->cores) / c.last->capacity;
+            if (mine < typical_cps) w *= std::max(0.25, mine / typical_cps);
+        }
         s.weight[name] = w;
         sum += w;
     }

@@ -77,6 +77,24 @@ TEST(GlobalBrain, ACellWhoseStepsAreSlowGetsLessInProportion) {
     EXPECT_DOUBLE_EQ(s.weight.at("c"), 0.2);
 }
 
+TEST(GlobalBrain, ACellWithFewerCoresForItsSessionsGetsLessInProportion) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}, {"c", ""}}));
+    auto with_cores = [](CellReport r, int cores) {
+        r.cores = cores;
+        return r;
+    };
+    g.report(with_cores(cell("a", 100, 0), 64), 0);  // 0.64 cores per session it can hold
+    g.report(with_cores(cell("b", 100, 0), 64), 0);
+    g.report(with_cores(cell("c", 100, 0), 32), 0);  // half the typical: half the weight
+    auto s = g.shares(0);
+    EXPECT_DOUBLE_EQ(s.weight.at("a") / s.weight.at("c"), 2.0);
+    EXPECT_DOUBLE_EQ(s.weight.at("a"), s.weight.at("b"));
+    // A cell that reports no cores (an older node) is taken at its room alone.
+    g.report(with_cores(cell("c", 100, 0), 0), 1);
+    s = g.shares(1);
+    EXPECT_DOUBLE_EQ(s.weight.at("a"), s.weight.at("c"));
+}
+
 TEST(GlobalBrain, ATenantsNewSessionsStayInItsCellUntilItsWaterLevel) {
     GlobalBrain g(specs({{"a", ""}, {"b", ""}}));
     g.report(cell("a", 100, 30, {{"t1", 30}}), 0);
