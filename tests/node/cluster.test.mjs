@@ -29,6 +29,14 @@ let gw;
 const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
 const proc = (name) => status().processes.find((p) => p.name === name);
 const logOf = (name) => fs.readFileSync(proc(name).log, 'utf8');
+// A brain leads when, since it last started (`cluster up` may have started it again after a
+// kill, appending to its log), it said it leads and has not said since that it stopped.
+function leadsNow(name) {
+  const t = logOf(name);
+  const since = t.slice(Math.max(0, t.lastIndexOf(`cell brain ${name} of cell`)));
+  const i = since.lastIndexOf('leads cell');
+  return i >= 0 && since.indexOf('no longer leads', i) < 0;
+}
 
 async function get(route) {
   const r = await fetch(gw + route);
@@ -456,13 +464,7 @@ test('kill -9 the leading cell brain: a standby leads within the TTL + 1 s and p
   const faults = [];  // this test's faults: [start, end] in ms
   const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
   assert.equal(brains.length, 2);
-  // The leader: a brain that said it leads and has not said since that it stopped.
-  const leads = (b) => {
-    const t = logOf(b.name);
-    const i = t.lastIndexOf('leads cell');
-    return i >= 0 && t.indexOf('no longer leads', i) < 0;
-  };
-  const leader = brains.find(leads);
+  const leader = brains.find((b) => leadsNow(b.name));
   assert.ok(leader, 'a brain leads');
   const standby = brains.find((b) => b !== leader);
   const mark = logOf(standby.name).length;
@@ -506,15 +508,25 @@ test('PostgreSQL killed and restarted: steps wait, then go on, nothing lost', { 
   process.kill(up.pid, 'SIGSTOP');
   let during1;
   let during2;
+  let created;  // a session asked for while PostgreSQL is down: { status, at } once answered
+  let createdBody = '';
   try {
     process.kill(old, 'SIGKILL');  // no tool call may be sent twice for it: a commit is retried, not the call
     await sleep(1000);  // a commit that was under way when it died is answered by now
     during1 = await look();
+    const asked = fetch(`${gw}/v1/agents/worker/sessions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ input: 'pg-down' }),
+    }).then(async (r) => { createdBody = await r.text(); created = { status: r.status, at: Date.now() }; });
+    created = null;
     await sleep(3000);
     during2 = await look();
+    created ??= { pending: asked };
   } finally {
     process.kill(up.pid, 'SIGCONT');
   }
+  // A new session is acknowledged (201) only once its row is durable: never while PostgreSQL is
+  // down. It is refused then, or answered once PostgreSQL is back.
+  if (!created.pending) assert.notEqual(created.status, 201, `a session was created while PostgreSQL was down: ${createdBody}`);
   // While PostgreSQL is down, no step is acknowledged: nothing a client can see moves.
   const both = ids.filter((id) => during1.has(id) && during2.has(id));
   assert.ok(both.length >= ids.length / 2, `sessions were readable through the gateway during the outage (${both.length})`);
@@ -522,6 +534,11 @@ test('PostgreSQL killed and restarted: steps wait, then go on, nothing lost', { 
   const deadline = Date.now() + 30000;
   while (status().servers.postgres.pid === old && Date.now() < deadline) await sleep(100);
   assert.notEqual(status().servers.postgres.pid, old, 'cluster up restarted PostgreSQL');
+  if (created.pending) {
+    await created.pending;
+    if (created.status === 201) ids.push(JSON.parse(createdBody).id);  // it runs like the others
+  }
+  if (created.status !== 201) assert.equal(created.status, 503, createdBody);
   const done = await waitAll(ids);
   checkAll(done, faults);
   // Nothing acknowledged was lost: every step seen at any time is in the final log, unchanged.
@@ -635,9 +652,10 @@ test('a chat completion whose node dies while answering gets 502 and is not sent
   };
   for (const p of nodes) assert.equal(await active(p), 0, `${p.name} is idle before the test`);
   // Long answers (no agent session runs now): each holds one sequence on the node that took it.
-  const calls = [0, 1, 2, 3].map((i) => fetch(`${gw}/v1/chat/completions`, {
+  const sent = [0, 1, 2, 3].map((i) => `long answer ${i} ${Date.now()}`);
+  const calls = sent.map((content) => fetch(`${gw}/v1/chat/completions`, {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ messages: [{ role: 'user', content: `long answer ${i} ${Date.now()}` }], max_tokens: 1800 }),
+    body: JSON.stringify({ messages: [{ role: 'user', content }], max_tokens: 1800 }),
   }).then(async (r) => ({ status: r.status, body: await r.text() })));
   // Once all four are being answered, the node holding the most of them is killed.
   let counts = [];
@@ -657,16 +675,24 @@ test('a chat completion whose node dies while answering gets 502 and is not sent
   assert.equal(failed.length, held, JSON.stringify(results.map((r) => [r.status, r.body.slice(0, 120)])));
   for (const r of failed) assert.match(r.body, /may or may not have taken effect/);
   for (const r of results.filter((x) => x.status !== 502)) assert.equal(r.status, 200, r.body);
+  // The conversations whose node died go on: their next request (same messages, so the same
+  // prefix-affinity key, naming the dead node) is answered by another node.
+  for (let i = 0; i < 4; i++) {
+    if (results[i].status !== 502) continue;
+    const again = await fetch(`${gw}/v1/chat/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ messages: [{ role: 'user', content: sent[i] }], max_tokens: 4 }),
+    });
+    assert.equal(again.status, 200, await again.text());
+  }
 });
 
 test('a node that drains tells the brain at once (an event on armada.event), then leaves', { timeout: 120000 }, async () => {
   const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
-  const leader = brains.find((b) => {
-    const t = logOf(b.name);
-    const i = t.lastIndexOf('leads cell');
-    return i >= 0 && t.indexOf('no longer leads', i) < 0;
-  });
-  assert.ok(leader, 'a brain leads');
+  // Exactly one: a brain killed earlier and started again does not count from its old log.
+  const leaders = brains.filter((b) => leadsNow(b.name));
+  assert.equal(leaders.length, 1, `one brain leads: ${leaders.map((b) => b.name)}`);
+  const leader = leaders[0];
   const node = status().processes.find((p) => p.role === 'node' && alive(p.pid));
   const mark = logOf(leader.name).length;
   process.kill(node.pid, 'SIGTERM');
