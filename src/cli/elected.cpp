@@ -42,6 +42,7 @@ Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset
 Elected::~Elected() {
     quit_ = true;
     if (keepalive_.joinable()) keepalive_.join();
+    if (observer_.joinable()) observer_.join();
 }
 
 bool Elected::wait_signal(int ms) {
@@ -68,8 +69,56 @@ void Elected::keep_lease() {
     }
 }
 
+void Elected::observe(const std::string & election) {
+    std::mt19937 rng(std::random_device{}());
+    while (!quit_.load()) {
+        const std::string e = etcd_.observe(
+            election,
+            [&](const cluster::EtcdLeader & l) {
+                std::lock_guard lk(seen_mu_);
+                observing_ = true;
+                if (l.key != seen_key_) spdlog::debug("{}: {} leads", what_, l.value);
+                seen_key_ = l.key;
+                return !quit_.load();
+            },
+            quit_);
+        {
+            std::lock_guard lk(seen_mu_);
+            observing_ = false;
+        }
+        if (quit_.load()) break;
+        if (!e.empty()) spdlog::debug("{}: observe: {}", what_, e);
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(std::uniform_int_distribution<int>(500, 1500)(rng));
+        while (!quit_.load() && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+}
+
+std::string Elected::campaign(const std::string & election, const std::string & name, cluster::EtcdLeader & me) {
+    // On a thread of its own, so that this one still takes stop signals; it ends early on a
+    // stop, or when the lease it stands under went (its key went with it).
+    const int64_t lease = lease_.load();
+    std::atomic<bool> give_up{false}, done{false};
+    std::string e;
+    std::thread t([&] {
+        e = etcd_.campaign(election, name, lease, kCampaignMs, me, &give_up);
+        done = true;
+    });
+    while (!done.load()) {
+        if (wait_signal(100) || lease_.load() != lease) give_up = true;
+    }
+    t.join();
+    return e;
+}
+
 bool Elected::still_leader(const cluster::EtcdLeader & me, const std::string & election) {
     if (lease_.load() != me.lease && me.lease != 0) return false;
+    {
+        std::lock_guard lk(seen_mu_);
+        if (observing_ && seen_key_ == me.key) return true;
+    }
+    // The observer is away, late, or has seen someone else: etcd says.
     cluster::EtcdLeader now;
     if (!etcd_.leader(election, now).empty()) return false;
     return now.key == me.key;
@@ -78,6 +127,7 @@ bool Elected::still_leader(const cluster::EtcdLeader & me, const std::string & e
 void Elected::run(const std::string & election, const std::string & name,
                   const std::function<void(const cluster::EtcdLeader &)> & lead) {
     keepalive_ = std::thread([this] { keep_lease(); });
+    observer_ = std::thread([this, election] { observe(election); });
     std::mt19937 rng(std::random_device{}());
     auto jitter = [&] { return std::uniform_int_distribution<int>(500, 1500)(rng); };
     while (!stopping()) {
@@ -91,11 +141,8 @@ void Elected::run(const std::string & election, const std::string & name,
             lease_ = l;
         }
         cluster::EtcdLeader me;
-        const std::string e = etcd_.campaign(election, name, lease_.load(), 1000, me);
-        if (e == "not elected yet") {
-            if (wait_signal(0)) break;
-            continue;
-        }
+        const std::string e = campaign(election, name, me);
+        if (e == "not elected yet") continue;  // a stop, a lost lease, or a long wait: stand again
         if (!e.empty()) {
             spdlog::warn("{}: campaign: {}", what_, e);
             if (wait_signal(jitter())) break;
@@ -104,11 +151,19 @@ void Elected::run(const std::string & election, const std::string & name,
         if (!still_leader(me, election)) continue;
         spdlog::info("{}: {} leads (epoch {})", what_, name, me.rev);
         lead(me);
-        if (!stopping()) spdlog::warn("{}: {} no longer leads; campaigning again", what_, name);
+        if (stopping()) {
+            if (auto r = etcd_.resign(me); r.empty())
+                spdlog::info("{}: {} resigned", what_, name);
+            else
+                spdlog::warn("{}: resign: {}", what_, r);
+        } else {
+            spdlog::warn("{}: {} no longer leads; campaigning again", what_, name);
+        }
     }
     quit_ = true;
     if (keepalive_.joinable()) keepalive_.join();
-    if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);  // a standby leads at once
+    if (observer_.joinable()) observer_.join();
+    if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);  // its candidacy goes too
 }
 
 }  // namespace armada::cli

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <csignal>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,10 +14,15 @@
 namespace armada::cli {
 
 //! A process that takes turns to lead through etcd's election (a cell brain, the global brain).
-//! It holds a lease, kept alive on a thread of its own, and campaigns with a short deadline again
-//! and again. The server-side campaign neither keeps the lease alive nor stops when it expires,
-//! so after winning it checks with `leader` that its key is the leader's; `lead` then runs, and
-//! should call `still_leader` about once a second and return when it is false or on a stop.
+//! It holds a lease, kept alive on a thread of its own, and observes the election on another
+//! (one held stream: who leads, and each change as it happens).
+//! - A standby's campaign is one call that waits in etcd until it leads: no polling. The server
+//!   neither keeps the lease alive nor notices when it expires, so the call is also given up when
+//!   the lease goes (and after a minute, or on a stop), and then made again.
+//! - A winner checks with `leader` that its key is the leader's; `lead` then runs, and should call
+//!   `still_leader` about once a second and return when it is false or on a stop. That check reads
+//!   what the observer saw, and asks etcd only when the observer is away or saw another leader.
+//! - On a stop the leader resigns, then revokes its lease, so a standby leads at once.
 class Elected {
   public:
     //! `what` names the role in logs ("cell cell0", "global").
@@ -37,7 +43,11 @@ class Elected {
     int64_t lease() const { return lease_.load(); }
 
   private:
+    static constexpr int kCampaignMs = 60000;
     void keep_lease();
+    void observe(const std::string & election);
+    //! One campaign under the lease held now: "" when this process leads (`me` says how).
+    std::string campaign(const std::string & election, const std::string & name, cluster::EtcdLeader & me);
 
     cluster::EtcdClient & etcd_;
     int ttl_s_;
@@ -46,6 +56,10 @@ class Elected {
     std::atomic<int64_t> lease_{0};
     std::atomic<bool> quit_{false};
     std::thread keepalive_;
+    std::thread observer_;
+    mutable std::mutex seen_mu_;
+    std::string seen_key_;    // the leader's key as the observer last saw it
+    bool observing_ = false;  // the observer's stream is up
 };
 
 //! What both brains share besides the election.

@@ -144,7 +144,8 @@ std::string EtcdClient::prefix_end(const std::string & prefix) {
 EtcdClient::EtcdClient(std::vector<std::string> endpoints, int timeout_ms)
     : endpoints_(std::move(endpoints)), timeout_ms_(timeout_ms) {}
 
-std::string EtcdClient::call(const std::string & path, const std::string & body, std::string & reply, int timeout_ms) {
+std::string EtcdClient::call(const std::string & path, const std::string & body, std::string & reply, int timeout_ms,
+                             const std::atomic<bool> * stop) {
     std::string last = "no etcd endpoint given";
     for (const auto & ep : endpoints_) {
         std::string host, port;
@@ -174,7 +175,12 @@ std::string EtcdClient::call(const std::string & path, const std::string & body,
                 });
             });
         });
-        ioc.run_for(std::chrono::milliseconds(timeout_ms));
+        // The context runs out of work once the reply is read (or a step failed).
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        for (auto now = std::chrono::steady_clock::now(); !ioc.stopped() && now < until && !(stop && stop->load());
+             now = std::chrono::steady_clock::now())
+            ioc.run_for(std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(100)));
+        if (result == net::error::timed_out && stop && stop->load()) return "etcd at " + ep + ": no answer in time";
         if (result) {
             last = "etcd at " + ep + ": " +
                    (result == net::error::timed_out ? std::string("no answer in time") : result.message());
@@ -255,10 +261,10 @@ std::string EtcdClient::erase(const std::string & key) {
 }
 
 std::string EtcdClient::campaign(const std::string & name, const std::string & value, int64_t lease, int wait_ms,
-                                 EtcdLeader & out) {
+                                 EtcdLeader & out, const std::atomic<bool> * give_up) {
     std::string r;
     const json b{{"name", base64(name)}, {"value", base64(value)}, {"lease", std::to_string(lease)}};
-    if (auto e = call("/v3/election/campaign", b.dump(), r, wait_ms); !e.empty()) {
+    if (auto e = call("/v3/election/campaign", b.dump(), r, wait_ms, give_up); !e.empty()) {
         if (e.find("no answer in time") != std::string::npos) return "not elected yet";
         return e;
     }

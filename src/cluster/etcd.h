@@ -56,11 +56,11 @@ class EtcdClient {
                       const std::atomic<bool> & stop);
 
     // Elections (etcd's election API).
-    //! Joins the election `name` with `value`, under `lease`, and waits up to `wait_ms` to lead.
-    //! On timeout the error is "not elected yet" and the candidacy stays (campaign again with the
-    //! same lease to keep the place in line).
+    //! Joins the election `name` with `value`, under `lease`, and waits up to `wait_ms` to lead,
+    //! or until `*give_up` is set. Either way the error is then "not elected yet", and the server
+    //! withdraws the candidacy (the call's end cancels it): campaign again to stand again.
     std::string campaign(const std::string & name, const std::string & value, int64_t lease, int wait_ms,
-                         EtcdLeader & out);
+                         EtcdLeader & out, const std::atomic<bool> * give_up = nullptr);
     //! Who leads `name` now ("no leader" when nobody does).
     std::string leader(const std::string & name, EtcdLeader & out);
     std::string resign(const EtcdLeader & leader);
@@ -80,7 +80,9 @@ class EtcdClient {
 
   private:
     //! POSTs `body` to `path` on the first endpoint that answers; fills `reply` with the JSON.
-    std::string call(const std::string & path, const std::string & body, std::string & reply, int timeout_ms);
+    //! `stop`, when given and set, ends the wait early as a timeout does.
+    std::string call(const std::string & path, const std::string & body, std::string & reply, int timeout_ms,
+                     const std::atomic<bool> * stop = nullptr);
     //! POSTs `body` to a streaming `path` and hands each line of the reply to `on_line` (false
     //! ends the stream, with `error` set when it is one). `what` names it in errors.
     std::string stream(const std::string & path, const std::string & body, const char * what,

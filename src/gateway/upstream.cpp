@@ -10,6 +10,7 @@
 
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -33,13 +34,20 @@ struct Conn {
 //! Idle connections by node: a request reuses one instead of paying for a TCP handshake.
 class Idle {
   public:
+    //! A kept connection the node has not closed, or null. One it closed (a restart, a crash, its
+    //! idle timeout) would take the request and answer nothing; the request would then count as
+    //! sent, and could not go to another node.
     std::unique_ptr<Conn> take(const std::string & base) {
         std::lock_guard lk(mu_);
         auto & v = idle_[base];
-        if (v.empty()) return nullptr;
-        auto c = std::move(v.back());
-        v.pop_back();
-        return c;
+        while (!v.empty()) {
+            auto c = std::move(v.back());
+            v.pop_back();
+            char b;
+            const ssize_t n = ::recv(c->stream.socket().native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return c;  // open, and quiet
+        }
+        return nullptr;
     }
     void give(const std::string & base, std::unique_ptr<Conn> c) {
         std::lock_guard lk(mu_);

@@ -702,3 +702,35 @@ test('a node that drains tells the brain at once (an event on armada.event), the
   while (alive(node.pid) && Date.now() < deadline) await sleep(100);
   assert.ok(!alive(node.pid), 'the drained node exited');
 });
+
+// Keys etcd has deleted so far. A campaign that gives up (a deadline, a dropped call) is
+// withdrawn by the server, which deletes the candidate's key; at rest nothing else of Armada's
+// deletes a key, so the count says how often a standby stands again.
+async function etcdDeletes() {
+  const text = await fetch(`http://${status().servers.etcd.endpoint.replace(/^https?:\/\//, '')}/metrics`).then((r) => r.text());
+  const m = text.match(/^etcd_mvcc_delete_total (\d+)/m);
+  assert.ok(m, 'etcd counts deletes');
+  return Number(m[1]);
+}
+
+test('a standby waits on observe, not by campaigning again; the leader resigns on SIGINT and the standby leads at once', { timeout: 120000 }, async () => {
+  const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
+  assert.equal(brains.length, 2);
+  const leader = brains.find((b) => leadsNow(b.name));
+  assert.ok(leader, 'a brain leads');
+  const standby = brains.find((b) => b !== leader);
+  const before = await etcdDeletes();
+  await sleep(5000);
+  const withdrawn = await etcdDeletes() - before;
+  // A standby that campaigned with a 1 s deadline, again and again, would be withdrawn about 5 times.
+  assert.ok(withdrawn <= 1, `${withdrawn} candidacies withdrawn in 5 s while the leader lived`);
+  const mark = logOf(standby.name).length;
+  const leaderMark = logOf(leader.name).length;
+  const t0 = Date.now();
+  process.kill(leader.pid, 'SIGINT');
+  const ledAt = await waitLog(standby.name, /leads cell/, mark, 10000);
+  console.log(`SIGINT ${leader.name}: ${standby.name} leads after ${ledAt - t0} ms`);
+  // Well inside the lease TTL: the key went with the resignation, not with the lease's expiry.
+  assert.ok(ledAt - t0 < 1500, `${standby.name} led after ${ledAt - t0} ms`);
+  await waitLog(leader.name, /resigned/, leaderMark, 5000);
+});

@@ -1,0 +1,74 @@
+// The gateway's forwarding to a node over kept-alive connections, against a plain socket server.
+#include "gateway/upstream.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+namespace {
+
+//! Reads one request head (and its Content-Length body) from `fd`; false on EOF.
+bool read_request(int fd) {
+    std::string in;
+    char b[4096];
+    for (;;) {
+        const size_t end = in.find("\r\n\r\n");
+        if (end != std::string::npos) {
+            size_t len = 0;
+            if (auto p = in.find("Content-Length: "); p != std::string::npos) len = std::stoul(in.substr(p + 16));
+            if (in.size() >= end + 4 + len) return true;
+        }
+        const ssize_t n = ::read(fd, b, sizeof b);
+        if (n <= 0) return false;
+        in.append(b, size_t(n));
+    }
+}
+
+TEST(Upstream, AKeptConnectionTheNodeClosedIsNotUsedSoAPostStillGoesThrough) {
+    const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(ls, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(ls, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    ASSERT_EQ(::listen(ls, 4), 0);
+    socklen_t al = sizeof a;
+    ASSERT_EQ(::getsockname(ls, reinterpret_cast<sockaddr *>(&a), &al), 0);
+    const std::string base = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+
+    // Each connection answers one request, keep-alive, and is then closed by the server (as a
+    // node that restarted or crashed between two requests would).
+    std::atomic<int> accepted{0}, closed{0};
+    std::thread server([&] {
+        for (int i = 0; i < 2; ++i) {
+            const int c = ::accept(ls, nullptr, nullptr);
+            if (c < 0) return;
+            ++accepted;
+            if (read_request(c)) {
+                const std::string r = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok";
+                (void)!::write(c, r.data(), r.size());
+            }
+            ::close(c);
+            ++closed;
+        }
+    });
+
+    auto first = armada::gateway::forward(base, "POST", "/v1/x", {}, "{}", 5000);
+    EXPECT_EQ(first.status, 200) << first.error;
+    while (closed.load() < 1)
+        std::this_thread::yield();
+    auto second = armada::gateway::forward(base, "POST", "/v1/x", {}, "{}", 5000);
+    EXPECT_EQ(second.status, 200) << second.error;
+    EXPECT_EQ(second.body, "ok");
+    EXPECT_EQ(accepted.load(), 2);
+    ::shutdown(ls, SHUT_RDWR);  // a server still waiting for a second connection stops
+    server.join();
+    ::close(ls);
+}
+
+}  // namespace
