@@ -7,6 +7,7 @@
 #include <chrono>
 #include <ctime>
 #include <map>
+#include <set>
 
 namespace armada::store {
 
@@ -461,27 +462,40 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
         const Batch & b = *group[bi];
         exec("SAVEPOINT batch");
         std::string fenced;
-        for (const auto & f : b.fences) {
-            if (!err.empty()) break;
-            // Locks the row until COMMIT: a newer assignment waits for this batch, or came first.
-            Res r = exec("SELECT 1 FROM sessions WHERE id=$1 AND node=$2 AND epoch=$3 FOR UPDATE",
-                         {f.session_id, f.node, std::to_string(f.epoch)});
-            if (err.empty() && r.rows() == 0) {
-                fenced = "session " + f.session_id + " is no longer held by " + f.node + " at epoch " +
-                         std::to_string(f.epoch);
-                break;
+        // Fencing: a fenced session's row and steps are each written by one statement that holds
+        // only while the row still names this node and epoch, and that locks the row until COMMIT
+        // (a newer assignment waits for this batch, or came first and the write does nothing).
+        std::map<std::string, const Assignment *> fence_of;
+        for (const auto & f : b.fences)
+            fence_of[f.session_id] = &f;
+        std::set<std::string> written;  // fenced sessions some statement of the batch checked
+        auto fence_failed = [&](const Assignment & f) {
+            fenced =
+                "session " + f.session_id + " is no longer held by " + f.node + " at epoch " + std::to_string(f.epoch);
+        };
+        if (err.empty()) {
+            for (const auto & r : b.sessions) {
+                if (!err.empty() || !fenced.empty()) break;
+                auto f = fence_of.find(r.id);
+                if (f == fence_of.end()) {
+                    exec(
+                        "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms,cell) "
+                        "VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (id) DO UPDATE SET state=EXCLUDED.state, "
+                        "reason=EXCLUDED.reason, data=EXCLUDED.data, updated_ms=EXCLUDED.updated_ms",
+                        {r.id, r.agent_id, r.owner, r.state, r.reason, r.data, std::to_string(r.created_ms),
+                         std::to_string(r.updated_ms), r.cell});
+                    continue;
+                }
+                Res u = exec(
+                    "UPDATE sessions SET state=$2, reason=$3, data=$4, updated_ms=$5 "
+                    "WHERE id=$1 AND node=$6 AND epoch=$7",
+                    {r.id, r.state, r.reason, r.data, std::to_string(r.updated_ms), f->second->node,
+                     std::to_string(f->second->epoch)});
+                written.insert(r.id);
+                if (err.empty() && u.affected() == 0) fence_failed(*f->second);
             }
         }
         if (err.empty() && fenced.empty()) {
-            for (const auto & r : b.sessions) {
-                if (!err.empty()) break;
-                exec(
-                    "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms,cell) "
-                    "VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (id) DO UPDATE SET state=EXCLUDED.state, "
-                    "reason=EXCLUDED.reason, data=EXCLUDED.data, updated_ms=EXCLUDED.updated_ms",
-                    {r.id, r.agent_id, r.owner, r.state, r.reason, r.data, std::to_string(r.created_ms),
-                     std::to_string(r.updated_ms), r.cell});
-            }
             for (const auto & a : b.assign) {
                 if (!err.empty() || !fenced.empty()) break;
                 Res r = exec(
@@ -496,11 +510,35 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
                 if (!err.empty() || !fenced.empty()) break;
                 // A batch repeated after a COMMIT whose answer was lost finds its steps there:
                 // the same entry again is fine, a different one at that index never is.
-                Res r = exec(
-                    "INSERT INTO steps(session_id,seq,kind,payload,idempotency,ts_ms) "
-                    "VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT (session_id, seq) DO NOTHING",
-                    {st.session_id, std::to_string(st.seq), st.kind, st.payload, st.idempotency,
-                     std::to_string(st.ts_ms)});
+                std::vector<std::string> params{st.session_id, std::to_string(st.seq), st.kind,
+                                                st.payload,    st.idempotency,         std::to_string(st.ts_ms)};
+                auto f = fence_of.find(st.session_id);
+                Res r;
+                if (f == fence_of.end()) {
+                    r = exec(
+                        "INSERT INTO steps(session_id,seq,kind,payload,idempotency,ts_ms) "
+                        "VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT (session_id, seq) DO NOTHING",
+                        params);
+                } else {
+                    // One statement: the step goes in only while its session is this writer's.
+                    params.push_back(f->second->node);
+                    params.push_back(std::to_string(f->second->epoch));
+                    r = exec(
+                        "INSERT INTO steps(session_id,seq,kind,payload,idempotency,ts_ms) "
+                        "SELECT $1,$2,$3,$4,$5,$6 FROM sessions WHERE id=$1 AND node=$7 AND epoch=$8 FOR UPDATE "
+                        "ON CONFLICT (session_id, seq) DO NOTHING",
+                        params);
+                    written.insert(st.session_id);
+                    if (err.empty() && r.affected() == 0) {
+                        // Refused, or that index holds an entry already (judged below).
+                        Res held = exec("SELECT 1 FROM sessions WHERE id=$1 AND node=$2 AND epoch=$3",
+                                        {st.session_id, f->second->node, std::to_string(f->second->epoch)});
+                        if (err.empty() && held.rows() == 0) {
+                            fence_failed(*f->second);
+                            break;
+                        }
+                    }
+                }
                 if (err.empty() && r.affected() == 0) {
                     Res old = exec("SELECT kind, payload FROM steps WHERE session_id=$1 AND seq=$2",
                                    {st.session_id, std::to_string(st.seq)});
@@ -508,6 +546,14 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
                         err = "step " + std::to_string(st.seq) + " of session " + st.session_id +
                               " already holds a different entry";
                 }
+            }
+            for (const auto & f : b.fences) {
+                if (!err.empty() || !fenced.empty()) break;
+                if (written.count(f.session_id)) continue;
+                // A fenced batch that writes nothing of its session: the check on its own.
+                Res r = exec("SELECT 1 FROM sessions WHERE id=$1 AND node=$2 AND epoch=$3 FOR UPDATE",
+                             {f.session_id, f.node, std::to_string(f.epoch)});
+                if (err.empty() && r.rows() == 0) fence_failed(f);
             }
             for (const auto & id : b.erase) {
                 if (!err.empty() || !fenced.empty()) break;
