@@ -336,23 +336,17 @@ int serve(const ServeOptions & opt) {
     }
     api::Router router(std::move(keys), metrics, &limiter);
     if (store->pool_stats()) {
-        // PostgreSQL's read pools: exhausted pools are a classic outage, so their waits show.
+        // PostgreSQL's read pools.
         router.add_metrics_source([s = store.get()](obs::Registry & m) {
-            const auto p = s->pool_stats();
-            if (!p) return;
-            m.gauge("armada_store_pool_connections", "Store read connections, opened at start").set(double(p->size));
-            m.gauge("armada_store_pool_in_use", "Store read connections taken now").set(double(p->in_use));
-            m.sync_counter("armada_store_pool_acquired_total", "Reads that took a store connection", p->acquired);
-            m.sync_counter("armada_store_pool_waits_total", "Reads that found no free store connection and waited",
-                           p->waited);
-            m.gauge("armada_store_pool_wait_seconds", "Time reads have spent waiting for a store connection")
-                .set(double(p->wait_us) / 1e6);
-            m.sync_counter("armada_store_pool_timeouts_total", "Reads that gave up waiting for a store connection",
-                           p->timeouts);
-            m.sync_counter("armada_store_reconnects_total", "Store connections opened again after the server went away",
-                           p->reconnects);
+            if (const auto p = s->pool_stats()) obs::pool_metrics(m, "armada_store_pool", *p);
         });
     }
+    // The node's Redis pool (cluster mode), opened later: it outlives the listeners.
+    std::unique_ptr<cluster::RedisPool> token_redis;
+    std::atomic<const cluster::RedisPool *> redis_for_metrics{nullptr};
+    router.add_metrics_source([&redis_for_metrics](obs::Registry & m) {
+        if (const auto * r = redis_for_metrics.load()) obs::pool_metrics(m, "armada_redis_pool", r->stats());
+    });
     api::HttpServer http(opt.http, [&router](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
         router.dispatch(std::move(r), std::move(out));
     });
@@ -470,7 +464,6 @@ int serve(const ServeOptions & opt) {
     agent::SessionOptions sopt;
     sopt.ttl_ms = *ttl_ms;
     auto node_events = std::make_shared<NodeEvents>(node_name);
-    std::unique_ptr<cluster::RedisPool> token_redis;
     std::unique_ptr<cluster::TokenCharger> token_charger;
     if (ccfg) {
         sopt.node = node_name;
@@ -485,6 +478,7 @@ int serve(const ServeOptions & opt) {
             // One thread uses it (the charger, every 250 ms): the configured size, at most 2.
             token_redis = cluster::RedisPool::open(ccfg->redis, std::min(2, ccfg->redis_pool), 500, rerr);
             if (token_redis) {
+                redis_for_metrics = token_redis.get();
                 token_charger = std::make_unique<cluster::TokenCharger>(*token_redis);
                 sopt.on_tokens = [c = token_charger.get()](const std::string & tenant, int64_t n) {
                     c->add(tenant, n);

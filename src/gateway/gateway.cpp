@@ -702,19 +702,8 @@ class Gateway {
             .set(live_gateways_.load());
         m.sync_counter("armada_gateway_route_cache_hits_total", "Session reads routed from the Redis route cache",
                        route_hits_.load());
-        auto pool = [&](const std::string & prefix, const store::PoolStats & p) {
-            m.gauge(prefix + "_connections", "Connections opened at start").set(double(p.size));
-            m.gauge(prefix + "_in_use", "Connections taken now").set(double(p.in_use));
-            m.sync_counter(prefix + "_acquired_total", "Calls that took a connection", p.acquired);
-            m.sync_counter(prefix + "_waits_total", "Calls that found no free connection and waited", p.waited);
-            m.gauge(prefix + "_wait_seconds", "Time calls have spent waiting for a connection")
-                .set(double(p.wait_us) / 1e6);
-            m.sync_counter(prefix + "_timeouts_total", "Calls that gave up waiting for a connection", p.timeouts);
-            m.sync_counter(prefix + "_reconnects_total", "Connections opened again after the server went away",
-                           p.reconnects);
-        };
-        if (auto p = store_->pool_stats()) pool("armada_store_pool", *p);
-        if (redis_) pool("armada_redis_pool", redis_->stats());
+        if (auto p = store_->pool_stats()) obs::pool_metrics(m, "armada_store_pool", *p);
+        if (redis_) obs::pool_metrics(m, "armada_redis_pool", redis_->stats());
         return m.render();
     }
 

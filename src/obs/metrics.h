@@ -81,6 +81,19 @@ class Registry {
     std::map<std::string, Family> families_;
 };
 
+//! A connection pool's figures as `<prefix>_*` metrics (PostgreSQL's read pools, Redis): an
+//! exhausted pool is a classic outage, so its waits show. `P` has the fields of store::PoolStats.
+template <class P>
+void pool_metrics(Registry & m, const std::string & prefix, const P & p) {
+    m.gauge(prefix + "_connections", "Connections opened at start").set(double(p.size));
+    m.gauge(prefix + "_in_use", "Connections taken now").set(double(p.in_use));
+    m.sync_counter(prefix + "_acquired_total", "Calls that took a connection", p.acquired);
+    m.sync_counter(prefix + "_waits_total", "Calls that found no free connection and waited", p.waited);
+    m.gauge(prefix + "_wait_seconds", "Time calls have spent waiting for a connection").set(double(p.wait_us) / 1e6);
+    m.sync_counter(prefix + "_timeouts_total", "Calls that gave up waiting for a connection", p.timeouts);
+    m.sync_counter(prefix + "_reconnects_total", "Connections opened again after the server went away", p.reconnects);
+}
+
 //! Renders labels as `{k="v",...}` with Prometheus escaping; empty for no labels.
 std::string format_labels(const Labels & labels);
 

@@ -244,6 +244,20 @@ test('each node reports its load in etcd under its lease', { timeout: 60000 }, a
     // KV headroom in bytes: at least a few sequences' worth of this small model's cache.
     assert.ok(load.kv_headroom > 1 << 20, `${key} KV headroom ${load.kv_headroom}`);
   }
+  // Their pools, sized by the config (pg_pool 8, redis_pool 8: a node's one Redis user takes 2),
+  // show in /metrics with their waits; so do the gateway's.
+  const metric = (text, name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))?.[1] ?? NaN);
+  for (const p of status().processes.filter((x) => x.role === 'node')) {
+    const text = await fetch(`${p.url}/metrics`).then((x) => x.text());
+    assert.equal(metric(text, 'armada_store_pool_connections'), 8, p.name);
+    assert.equal(metric(text, 'armada_redis_pool_connections'), 2, p.name);
+    for (const m of ['armada_store_pool_waits_total', 'armada_redis_pool_waits_total', 'armada_redis_pool_wait_seconds'])
+      assert.ok(metric(text, m) >= 0, `${p.name} ${m}`);
+  }
+  const gwText = await fetch(`${gw}/metrics`).then((x) => x.text());
+  assert.equal(metric(gwText, 'armada_store_pool_connections'), 8);
+  assert.equal(metric(gwText, 'armada_redis_pool_connections'), 8);
+  assert.ok(metric(gwText, 'armada_redis_pool_waits_total') >= 0, 'the gateway counts its Redis waits');
 });
 
 test('an agent declared through one node is known to every node; deleted through another, it is gone from all', { timeout: 60000 }, async () => {

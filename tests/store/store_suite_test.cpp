@@ -602,6 +602,54 @@ TEST(PostgresStore, AServerRestartFailsWritesUntilItIsBackThenNothingIsLost) {
     EXPECT_GE(store->pool_stats()->reconnects, 1u);
 }
 
+// A pool of one read connection, held by a read that waits on a table lock: the next read waits
+// for the pool (counted, timed), and one that waits past the pool's limit gives up (counted).
+TEST(PostgresStore, ReadsThatFindNoFreeConnectionWaitAndTheWaitsAreCounted) {
+    Fixture fx = fresh("postgres");
+    PostgresConfig c;
+    c.urls = fx.urls;
+    c.read_connections = 1;
+    c.pool_wait_ms = 1500;
+    std::string err;
+    auto store = PostgresStore::open(c, err);
+    ASSERT_TRUE(store) << err;
+    Batch b;
+    b.sessions.push_back(session("s1"));
+    ASSERT_TRUE(store->commit_sync(std::move(b)).ok);
+    ASSERT_EQ(store->pool_stats()->size, 1u);
+    ASSERT_EQ(store->pool_stats()->waited, 0u);
+
+    PGconn * locker = PQconnectdb(fx.urls[0].c_str());
+    ASSERT_EQ(PQstatus(locker), CONNECTION_OK);
+    auto exec = [&](const char * sql) { PQclear(PQexec(locker, sql)); };
+    exec("BEGIN");
+    exec("LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE");
+    auto poll = [&](auto pred) {
+        for (int i = 0; i < 2000 && !pred(*store->pool_stats()); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return pred(*store->pool_stats());
+    };
+    // The first read takes the only connection and blocks on the lock.
+    auto first = std::async(std::launch::async, [&] { return store->session("s1"); });
+    ASSERT_TRUE(poll([](const PoolStats & p) { return p.in_use == 1; }));
+    // The second finds none free and gives up after 1.5 s: a timeout, and no answer.
+    auto gave_up = std::async(std::launch::async, [&] { return store->session("s1"); });
+    EXPECT_FALSE(gave_up.get());
+    EXPECT_EQ(store->pool_stats()->timeouts, 1u);
+    // A third waits while the lock holds, and is served once it goes.
+    auto third = std::async(std::launch::async, [&] { return store->session("s1"); });
+    ASSERT_TRUE(poll([](const PoolStats & p) { return p.waited == 2; }));
+    exec("COMMIT");
+    EXPECT_TRUE(first.get());
+    EXPECT_TRUE(third.get());
+    PQfinish(locker);
+    const PoolStats p = *store->pool_stats();
+    EXPECT_EQ(p.waited, 2u);
+    EXPECT_EQ(p.timeouts, 1u);
+    EXPECT_GE(p.wait_us, 1500000u);  // the one that gave up waited its whole limit
+    EXPECT_EQ(p.in_use, 0u);
+}
+
 TEST(PostgresStore, OpeningAnUnreachableServerSaysWhereWithoutThePassword) {
     PostgresConfig c;
     c.urls = {"postgres://armada:s3cret@127.0.0.1:" + std::to_string(cluster::free_port()) + "/x"};
