@@ -13,7 +13,11 @@ import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
 import { alive, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
-const TTL_S = 3;
+// Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
+// processes from losing it without a fault, and time bounds are not judged there.
+const timing = process.env.ARMADA_TIMING !== '0';
+const SLOW = timing ? 1 : 4;
+const TTL_S = timing ? 3 : 8;
 const ENDED = ['completed', 'failed', 'cancelled'];
 let tools;
 let dir;
@@ -57,7 +61,7 @@ async function sessionsNow(ids) {
 }
 
 async function waitAll(ids, timeoutMs = 240000) {
-  const deadline = Date.now() + timeoutMs;
+  const deadline = Date.now() + timeoutMs * SLOW;
   for (;;) {
     const now = await sessionsNow(ids);
     const done = [...now.values()].filter((s) => ENDED.includes(s.state));
@@ -68,7 +72,7 @@ async function waitAll(ids, timeoutMs = 240000) {
 }
 
 async function waitPlaced(ids, minSteps = 0) {
-  const deadline = Date.now() + 120000;
+  const deadline = Date.now() + 120000 * SLOW;
   for (;;) {
     const now = await sessionsNow(ids);
     const placed = [...now.values()].filter((s) => s.placement?.node && s.steps.length >= minSteps);
@@ -100,7 +104,7 @@ before(async () => {
   up.stdout.on('data', (d) => { upLog += d; });
   up.stderr.on('data', (d) => { upLog += d; });
   gw = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000);
+    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000 * SLOW);
     up.stdout.on('data', () => {
       const m = upLog.match(/gateway at (http:\/\/[^\s]+)/);
       if (m) { clearTimeout(timer); resolve(m[1]); }
@@ -109,7 +113,7 @@ before(async () => {
   });
   dir = path.join(dir, 'c');
   // Ready: four nodes, and the gateway follows a split of the global brain's that names both cells.
-  const deadline = Date.now() + 120000;
+  const deadline = Date.now() + 120000 * SLOW;
   for (;;) {
     const r = await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null);
     if (r?.nodes >= 4 && Object.keys(r.cell_weights ?? {}).length === 2) break;
@@ -128,7 +132,7 @@ after(async () => {
   assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
 
-test('a tenant\'s new sessions land in one cell (its home while under water)', { timeout: 240000 }, async () => {
+test('a tenant\'s new sessions land in one cell (its home while under water)', { timeout: 240000 * SLOW }, async () => {
   // Spaced out, so that nodes report the room each one takes: going by room alone, they would
   // spread over both cells.
   const ids = await createSessions(6, 'home', 1500);
@@ -147,7 +151,7 @@ test('a tenant\'s new sessions land in one cell (its home while under water)', {
   for (const c of ['cell0', 'cell1']) assert.match(globals, new RegExp(`cell ${c} reports through etcd and NATS`));
 });
 
-test('kill -9 the leading global brain: a standby leads, the split stays, sessions go on', { timeout: 240000 }, async () => {
+test('kill -9 the leading global brain: a standby leads, the split stays, sessions go on', { timeout: 240000 * SLOW }, async () => {
   const globals = status().processes.filter((p) => p.role === 'global' && alive(p.pid));
   assert.equal(globals.length, 2);
   const leads = (g) => logOf(g.name).includes('leads');
@@ -161,10 +165,10 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
   process.kill(leader.pid, 'SIGKILL');
   const t0 = Date.now();
   const ids = [...running, ...await createSessions(6, 'global')];
-  while (!leads(standby) && Date.now() - t0 < 20000) await sleep(100);
+  while (!leads(standby) && Date.now() - t0 < 20000 * SLOW) await sleep(100);
   assert.ok(leads(standby), 'the standby leads');
   console.log(`kill -9 ${leader.name}: ${standby.name} leads after ${Date.now() - t0} ms`);
-  assert.ok(Date.now() - t0 <= TTL_S * 1000 + 2000, `within the TTL + 2 s: ${Date.now() - t0} ms`);
+  if (timing) assert.ok(Date.now() - t0 <= TTL_S * 1000 + 2000, `within the TTL + 2 s: ${Date.now() - t0} ms`);
   assert.ok(before, 'there was a split before');
   const cellsIn = (text) => Object.keys(JSON.parse(text).weight ?? {}).sort().join(',');
   const afterText = await etcdGet('/armada/global/shares');
@@ -174,7 +178,7 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
   checkDone(await waitAll(ids));
 });
 
-test('kill -9 every process of a cell: its sessions are re-homed to the other and all 64 complete', { timeout: 400000 }, async () => {
+test('kill -9 every process of a cell: its sessions are re-homed to the other and all 64 complete', { timeout: 400000 * SLOW }, async () => {
   const ids = await createSessions(64, 'lose');
   const placed = await waitPlaced(ids, 3);
   const count = new Map();

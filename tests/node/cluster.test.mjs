@@ -17,7 +17,11 @@ import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
 import { alive, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
-const TTL_S = 3;
+// Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
+// processes from losing it without a fault, and time bounds are not judged there.
+const timing = process.env.ARMADA_TIMING !== '0';
+const SLOW = timing ? 1 : 4;
+const TTL_S = timing ? 3 : 8;
 const SESSIONS = 64;
 const ENDED = ['completed', 'failed', 'cancelled'];
 let tools;
@@ -59,7 +63,7 @@ async function createSessions(n, label) {
 // Polls every session through the gateway until all have ended; returns id → final session.
 async function waitAll(ids, timeoutMs = 240000) {
   const done = new Map();
-  const deadline = Date.now() + timeoutMs;
+  const deadline = Date.now() + timeoutMs * SLOW;
   while (done.size < ids.length) {
     for (const id of ids) {
       if (done.has(id)) continue;
@@ -85,7 +89,7 @@ async function placements(ids) {
 }
 
 async function waitProgress(ids, minToolCalls) {
-  const deadline = Date.now() + 120000;
+  const deadline = Date.now() + 120000 * SLOW;
   for (;;) {
     const p = await placements(ids);
     const started = [...p.values()].filter((x) => x.steps >= 3).length;
@@ -163,7 +167,7 @@ async function collectEvents(id) {
 }
 
 async function waitLog(name, re, sinceLength, timeoutMs) {
-  const deadline = Date.now() + timeoutMs;
+  const deadline = Date.now() + timeoutMs * SLOW;
   for (;;) {
     const text = logOf(name).slice(sinceLength);
     if (re.test(text)) return Date.now();
@@ -173,7 +177,7 @@ async function waitLog(name, re, sinceLength, timeoutMs) {
 }
 
 async function nodesReady(n) {
-  const deadline = Date.now() + 120000;
+  const deadline = Date.now() + 120000 * SLOW;
   for (;;) {
     const r = await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null);
     if (r?.nodes >= n) return;
@@ -194,7 +198,7 @@ before(async () => {
   up.stdout.on('data', (d) => { upLog += d; });
   up.stderr.on('data', (d) => { upLog += d; });
   gw = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000);
+    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000 * SLOW);
     const look = () => {
       const m = upLog.match(/gateway at (http:\/\/[^\s]+)/);
       if (m) { clearTimeout(timer); resolve(m[1]); }
@@ -222,7 +226,7 @@ after(async () => {
   assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
 
-test('each node reports its load in etcd under its lease', { timeout: 60000 }, async () => {
+test('each node reports its load in etcd under its lease', { timeout: 60000 * SLOW }, async () => {
   const b64 = (s) => Buffer.from(s).toString('base64');
   const prefix = '/armada/cells/cell0/nodes/';
   const end = prefix.slice(0, -1) + String.fromCharCode(prefix.charCodeAt(prefix.length - 1) + 1);
@@ -260,7 +264,7 @@ test('each node reports its load in etcd under its lease', { timeout: 60000 }, a
   assert.ok(metric(gwText, 'armada_redis_pool_waits_total') >= 0, 'the gateway counts its Redis waits');
 });
 
-test('an agent declared through one node is known to every node; deleted through another, it is gone from all', { timeout: 60000 }, async () => {
+test('an agent declared through one node is known to every node; deleted through another, it is gone from all', { timeout: 60000 * SLOW }, async () => {
   const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
   assert.equal(nodes.length, 3);
   const declared = await fetch(`${nodes[0].url}/v1/agents`, {
@@ -272,7 +276,7 @@ test('an agent declared through one node is known to every node; deleted through
   const del = await fetch(`${nodes[1].url}/v1/agents/passing`, { method: 'DELETE' });
   assert.ok(del.ok, await del.text());
   for (const p of nodes) {
-    const deadline = Date.now() + 5000;
+    const deadline = Date.now() + 5000 * SLOW;
     let st;
     while ((st = (await fetch(`${p.url}/v1/agents/passing`)).status) === 200 && Date.now() < deadline) await sleep(100);
     assert.equal(st, 404, `${p.name} still knows the deleted agent`);
@@ -281,7 +285,7 @@ test('an agent declared through one node is known to every node; deleted through
   assert.equal(r.status, 404, await r.text());
 });
 
-test('chat turns of one conversation go to the node that served its start (prompt-prefix affinity)', { timeout: 120000 }, async () => {
+test('chat turns of one conversation go to the node that served its start (prompt-prefix affinity)', { timeout: 120000 * SLOW }, async () => {
   const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
   const served = async () => Promise.all(nodes.map(async (p) => {
     const text = await fetch(`${p.url}/metrics`).then((r) => r.text());
@@ -318,7 +322,7 @@ test('chat turns of one conversation go to the node that served its start (promp
   assert.ok(firsts.size >= 2, `conversations started on ${[...firsts]}`);
 });
 
-test('kill -9 a node: its sessions take their next step elsewhere within the lease TTL + 2 s and all 64 complete', { timeout: 300000 }, async () => {
+test('kill -9 a node: its sessions take their next step elsewhere within the lease TTL + 2 s and all 64 complete', { timeout: 300000 * SLOW }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   await nodesReady(3);
   const ids = await createSessions(SESSIONS, 'kill');
@@ -339,7 +343,7 @@ test('kill -9 a node: its sessions take their next step elsewhere within the lea
   faults.push([t0, t0]);
   // Each of its open sessions gets another node, seen through the gateway.
   const movedAt = new Map();
-  while (movedAt.size < theirs.length && Date.now() - t0 < 30000) {
+  while (movedAt.size < theirs.length && Date.now() - t0 < 30000 * SLOW) {
     const now = await placements(theirs.filter((id) => !movedAt.has(id)));
     for (const [id, p] of now) if (p.node && p.node !== victim) movedAt.set(id, Date.now() - t0);
     await sleep(100);
@@ -384,8 +388,10 @@ test('kill -9 a node: its sessions take their next step elsewhere within the lea
   console.log(`kill -9 ${victim}: ${theirs.length} sessions moved; re-placed after ms p50 ${moves[moves.length >> 1]} ` +
     `max ${moves.at(-1)}; next step begun after ms p50 ${nextStep[nextStep.length >> 1]} max ${nextStep.at(-1)}; ` +
     `written after ms p50 ${written.sort((a, b) => a - b)[written.length >> 1]} max ${written.at(-1)}`);
-  assert.ok(moves.at(-1) <= TTL_S * 1000 + 2000, `re-placed within the TTL + 2 s: ${moves.at(-1)} ms`);
-  assert.ok(nextStep.at(-1) <= TTL_S * 1000 + 2000, `every moved session took its next step within the TTL + 2 s: ${nextStep}`);
+  if (timing) {
+    assert.ok(moves.at(-1) <= TTL_S * 1000 + 2000, `re-placed within the TTL + 2 s: ${moves.at(-1)} ms`);
+    assert.ok(nextStep.at(-1) <= TTL_S * 1000 + 2000, `every moved session took its next step within the TTL + 2 s: ${nextStep}`);
+  }
   for (const id of theirs) assert.notEqual(done.get(id).placement?.node, victim);
   // `cluster up` starts the dead node again after its back-off (not before its sessions moved);
   // it joins the cell again, and the next tests have 3 nodes.
@@ -401,7 +407,7 @@ test('kill -9 a node: its sessions take their next step elsewhere within the lea
   }
 });
 
-test('SIGSTOP a node past its lease: its sessions move, its late writes are fenced, it rejoins', { timeout: 300000 }, async () => {
+test('SIGSTOP a node past its lease: its sessions move, its late writes are fenced, it rejoins', { timeout: 300000 * SLOW }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   await nodesReady(3);
   const ids = await createSessions(SESSIONS, 'stop');
@@ -474,7 +480,7 @@ test('SIGSTOP a node past its lease: its sessions move, its late writes are fenc
   checkAll(await waitAll(more), []);  // no fault since: nothing may repeat
 });
 
-test('kill -9 the leading cell brain: a standby leads within the TTL + 1 s and placement goes on', { timeout: 300000 }, async () => {
+test('kill -9 the leading cell brain: a standby leads within the TTL + 1 s and placement goes on', { timeout: 300000 * SLOW }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
   assert.equal(brains.length, 2);
@@ -491,14 +497,14 @@ test('kill -9 the leading cell brain: a standby leads within the TTL + 1 s and p
   const ids = [...running, ...await createSessions(16, 'brain-after')];
   const ledAt = await waitLog(standby.name, /leads cell/, mark, 20000);
   console.log(`kill -9 brain ${leader.name}: ${standby.name} leads after ${ledAt - t0} ms`);
-  assert.ok(ledAt - t0 <= TTL_S * 1000 + 1000, `a standby led within the TTL + 1 s: ${ledAt - t0} ms`);
+  if (timing) assert.ok(ledAt - t0 <= TTL_S * 1000 + 1000, `a standby led within the TTL + 1 s: ${ledAt - t0} ms`);
   const done = await waitAll(ids);
   checkAll(done, faults);
   // No node died meanwhile: each session was placed once, at epoch 1.
   for (const s of done.values()) assert.equal(s.placement?.epoch, 1, `${s.id} placed more than once`);
 });
 
-test('PostgreSQL killed and restarted: steps wait, then go on, nothing lost', { timeout: 300000 }, async () => {
+test('PostgreSQL killed and restarted: steps wait, then go on, nothing lost', { timeout: 300000 * SLOW }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   await nodesReady(3);
   const ids = await createSessions(SESSIONS, 'pg');
@@ -545,7 +551,7 @@ test('PostgreSQL killed and restarted: steps wait, then go on, nothing lost', { 
   const both = ids.filter((id) => during1.has(id) && during2.has(id));
   assert.ok(both.length >= ids.length / 2, `sessions were readable through the gateway during the outage (${both.length})`);
   for (const id of both) assert.equal(during2.get(id), during1.get(id), `${id} showed a step while PostgreSQL was down`);
-  const deadline = Date.now() + 30000;
+  const deadline = Date.now() + 30000 * SLOW;
   while (status().servers.postgres.pid === old && Date.now() < deadline) await sleep(100);
   assert.notEqual(status().servers.postgres.pid, old, 'cluster up restarted PostgreSQL');
   if (created.pending) {
@@ -562,7 +568,7 @@ test('PostgreSQL killed and restarted: steps wait, then go on, nothing lost', { 
   }
 });
 
-test('etcd restarted on its data directory: no session is moved', { timeout: 300000 }, async () => {
+test('etcd restarted on its data directory: no session is moved', { timeout: 300000 * SLOW }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   await nodesReady(3);
   const ids = await createSessions(SESSIONS, 'etcd');
@@ -571,7 +577,7 @@ test('etcd restarted on its data directory: no session is moved', { timeout: 300
   const marks = brains.map((b) => logOf(b.name).length);
   const old = status().servers.etcd.pid;
   process.kill(old, 'SIGKILL');
-  const deadline = Date.now() + 30000;
+  const deadline = Date.now() + 30000 * SLOW;
   while (status().servers.etcd.pid === old && Date.now() < deadline) await sleep(100);
   assert.notEqual(status().servers.etcd.pid, old, 'cluster up restarted etcd');
   const done = await waitAll(ids);
@@ -586,7 +592,7 @@ async function metric(name) {
   return m ? Number(m[1]) : NaN;
 }
 
-test('Redis killed and restarted: clients see no error beyond one retry', { timeout: 300000 }, async () => {
+test('Redis killed and restarted: clients see no error beyond one retry', { timeout: 300000 * SLOW }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   await nodesReady(3);
   const ids = await createSessions(SESSIONS, 'redis');
@@ -613,7 +619,7 @@ test('Redis killed and restarted: clients see no error beyond one retry', { time
   let killedAt = 0;
   let afterKill = 0;
   const load = (async () => {
-    const end = Date.now() + 60000;
+    const end = Date.now() + 60000 * SLOW;
     for (let i = 0; Date.now() < end; i++) {
       if (killedAt && Date.now() > killedAt + 4000 && afterKill >= 8) break;
       calls++;
@@ -633,7 +639,7 @@ test('Redis killed and restarted: clients see no error beyond one retry', { time
   checkAll(await waitAll(ids), faults);
 });
 
-test('NATS restarted while place requests wait: they are placed after it', { timeout: 300000 }, async () => {
+test('NATS restarted while place requests wait: they are placed after it', { timeout: 300000 * SLOW }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   await nodesReady(3);
   const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
@@ -644,7 +650,7 @@ test('NATS restarted while place requests wait: they are placed after it', { tim
     ids = await createSessions(SESSIONS, 'nats');
     const old = status().servers.nats.pid;
     process.kill(old, 'SIGKILL');
-    const deadline = Date.now() + 30000;
+    const deadline = Date.now() + 30000 * SLOW;
     while (status().servers.nats.pid === old && Date.now() < deadline) await sleep(100);
     assert.notEqual(status().servers.nats.pid, old, 'cluster up restarted NATS');
   } finally {
@@ -658,7 +664,7 @@ test('NATS restarted while place requests wait: they are placed after it', { tim
   assert.ok(taken >= ids.length, `the ${ids.length} queued place requests were taken after the restart (${taken})`);
 });
 
-test('a chat completion whose node dies while answering gets 502 and is not sent to another node', { timeout: 120000 }, async () => {
+test('a chat completion whose node dies while answering gets 502 and is not sent to another node', { timeout: 120000 * SLOW }, async () => {
   const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
   const active = async (p) => {
     const text = await fetch(`${p.url}/metrics`).then((r) => r.text());
@@ -673,7 +679,7 @@ test('a chat completion whose node dies while answering gets 502 and is not sent
   }).then(async (r) => ({ status: r.status, body: await r.text() })));
   // Once all four are being answered, the node holding the most of them is killed.
   let counts = [];
-  const deadline = Date.now() + 20000;
+  const deadline = Date.now() + 20000 * SLOW;
   while (Date.now() < deadline) {
     counts = await Promise.all(nodes.map(active));
     if (counts.reduce((a, b) => a + b, 0) === 4) break;
@@ -701,7 +707,7 @@ test('a chat completion whose node dies while answering gets 502 and is not sent
   }
 });
 
-test('a node that drains tells the brain at once (an event on armada.event), then leaves', { timeout: 120000 }, async () => {
+test('a node that drains tells the brain at once (an event on armada.event), then leaves', { timeout: 120000 * SLOW }, async () => {
   const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
   // Exactly one: a brain killed earlier and started again does not count from its old log.
   const leaders = brains.filter((b) => leadsNow(b.name));
@@ -712,7 +718,7 @@ test('a node that drains tells the brain at once (an event on armada.event), the
   process.kill(node.pid, 'SIGTERM');
   // Only the event path logs this (a load report saying "draining" is taken silently).
   await waitLog(leader.name, new RegExp(`node ${node.name} drains`), mark, 10000);
-  const deadline = Date.now() + 60000;
+  const deadline = Date.now() + 60000 * SLOW;
   while (alive(node.pid) && Date.now() < deadline) await sleep(100);
   assert.ok(!alive(node.pid), 'the drained node exited');
 });
@@ -727,7 +733,7 @@ async function etcdDeletes() {
   return Number(m[1]);
 }
 
-test('a standby waits on observe, not by campaigning again; the leader resigns on SIGINT and the standby leads at once', { timeout: 120000 }, async () => {
+test('a standby waits on observe, not by campaigning again; the leader resigns on SIGINT and the standby leads at once', { timeout: 120000 * SLOW }, async () => {
   const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
   assert.equal(brains.length, 2);
   const leader = brains.find((b) => leadsNow(b.name));
@@ -745,6 +751,6 @@ test('a standby waits on observe, not by campaigning again; the leader resigns o
   const ledAt = await waitLog(standby.name, /leads cell/, mark, 10000);
   console.log(`SIGINT ${leader.name}: ${standby.name} leads after ${ledAt - t0} ms`);
   // Well inside the lease TTL: the key went with the resignation, not with the lease's expiry.
-  assert.ok(ledAt - t0 < 1500, `${standby.name} led after ${ledAt - t0} ms`);
+  assert.ok(ledAt - t0 < (timing ? 1500 : TTL_S * 1000), `${standby.name} led after ${ledAt - t0} ms`);
   await waitLog(leader.name, /resigned/, leaderMark, 5000);
 });
