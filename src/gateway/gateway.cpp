@@ -29,6 +29,9 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <random>
+#include <set>
 #include <thread>
 
 namespace armada::gateway {
@@ -211,7 +214,7 @@ class Gateway {
         if (!load_directory())
             spdlog::warn("gateway: cannot read tenants and keys from PostgreSQL yet; retrying every {} ms",
                          kDirectoryTtlMs);
-        refresh();
+        start_rev_ = refresh();
         return {};
     }
     //! Joins the live gateways in etcd as `name` (at `url`) and starts following the cluster.
@@ -219,10 +222,10 @@ class Gateway {
         name_ = name;
         url_ = url;
         keep_announced();
+        follower_ = std::thread([this] { follow(); });
         watcher_ = std::thread([this] {
             while (!stop_.load()) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(250));
-                refresh();
                 keep_announced();
                 if (now_ms() - directory_ms_ >= kDirectoryTtlMs) load_directory();
             }
@@ -231,6 +234,7 @@ class Gateway {
     void stop() {
         stop_ = true;
         if (watcher_.joinable()) watcher_.join();
+        if (follower_.joinable()) follower_.join();
         if (lease_ != 0) etcd_.revoke(lease_);  // the others' share of each quota grows at once
     }
     size_t in_flight() const { return in_flight_.load(); }
@@ -361,38 +365,92 @@ class Gateway {
     }
 
     // ---- the cluster as etcd shows it ----
-    void refresh() {
+    //! Reads the cluster's keys once (nodes, the split, the live gateways) and replaces the view
+    //! with them; the etcd revision they were read at, or -1.
+    int64_t refresh() {
         std::vector<cluster::EtcdKv> kvs;
         int64_t rev = 0;
-        const std::string prefix = cfg_.prefix + "/cells/";
-        if (auto e = etcd_.list(prefix, kvs, rev); !e.empty()) {
-            if (!etcd_warned_) spdlog::warn("gateway: cannot list nodes in etcd: {} (keeping the last view)", e);
+        if (auto e = etcd_.list(cfg_.prefix + "/", kvs, rev); !e.empty()) {
+            if (!etcd_warned_) spdlog::warn("gateway: cannot list the cluster in etcd: {} (keeping the last view)", e);
             etcd_warned_ = true;
-            return;
+            return -1;
         }
         etcd_warned_ = false;
         std::map<std::string, NodeView> next;
-        for (const auto & kv : kvs) {
-            // <prefix>/cells/<cell>/nodes/<node>
-            const std::string rest = kv.key.substr(prefix.size());
-            const size_t slash = rest.find("/nodes/");
-            if (slash == std::string::npos) continue;
-            const std::string cell = rest.substr(0, slash), node = rest.substr(slash + 7);
-            auto l = cluster::decode_load(node, kv.value);
-            if (!l || l->url.empty()) continue;
-            next[node] = {cell, *l};
-        }
-        // The global brain's split of new sessions, when there is one.
         std::optional<cluster::Shares> shares;
-        if (etcd_.list(cluster::shares_key(cfg_), kvs, rev).empty()) {
-            for (const auto & kv : kvs)
-                if (kv.key == cluster::shares_key(cfg_)) shares = cluster::decode_shares(kv.value);
-        }
-        // The live gateways (this one included): each one's share of a quota without Redis.
-        if (etcd_.list(cluster::gateways_prefix(cfg_), kvs, rev).empty()) live_gateways_ = std::max(1, int(kvs.size()));
+        gateways_.clear();
+        for (const auto & kv : kvs)
+            apply_key(kv.key, &kv.value, next, shares);
+        live_gateways_ = std::max(1, int(gateways_.size()));
         std::lock_guard lk(mu_);
         nodes_ = std::move(next);
         if (shares) shares_ = std::move(*shares);
+        return rev;
+    }
+    //! One key of the cluster put (`value`) or deleted (null) into `nodes` and `shares`, or into
+    //! the live gateways; keys the gateway does not follow (reports, elections) change nothing.
+    void apply_key(const std::string & key, const std::string * value, std::map<std::string, NodeView> & nodes,
+                   std::optional<cluster::Shares> & shares) {
+        const std::string cells = cluster::cells_prefix(cfg_), gws = cluster::gateways_prefix(cfg_);
+        if (key.rfind(cells, 0) == 0) {
+            // <prefix>/cells/<cell>/nodes/<node>
+            const std::string rest = key.substr(cells.size());
+            const size_t slash = rest.find("/nodes/");
+            if (slash == std::string::npos) return;
+            const std::string cell = rest.substr(0, slash), node = rest.substr(slash + 7);
+            auto l = value ? cluster::decode_load(node, *value) : std::nullopt;
+            if (l && !l->url.empty())
+                nodes[node] = {cell, *l};
+            else
+                nodes.erase(node);
+        } else if (key == cluster::shares_key(cfg_)) {
+            // The global brain's split of new sessions: kept when deleted (no brain leads now).
+            if (value) shares = cluster::decode_shares(*value);
+        } else if (key.rfind(gws, 0) == 0) {
+            // The live gateways (this one included): each one's share of a quota without Redis.
+            if (value)
+                gateways_.insert(key);
+            else
+                gateways_.erase(key);
+        }
+    }
+    //! Follows the cluster: a list, then a watch from the revision after it, applying each change
+    //! as it comes; when the watch breaks (etcd restarted, compacted), the same again after a
+    //! random pause that doubles up to 4 s.
+    void follow() {
+        std::mt19937 rng(std::random_device{}());
+        int backoff_ms = 250;
+        int64_t rev = start_rev_;  // the first list's, at start
+        while (!stop_.load()) {
+            if (rev < 0) rev = refresh();
+            if (rev >= 0) {
+                const std::string e = etcd_.watch(
+                    cfg_.prefix + "/", rev + 1,
+                    [&](const std::vector<cluster::EtcdEvent> & evs, int64_t) {
+                        std::optional<cluster::Shares> shares;
+                        {
+                            std::lock_guard lk(mu_);
+                            for (const auto & ev : evs)
+                                apply_key(ev.kv.key, ev.type == cluster::EtcdEvent::Type::Put ? &ev.kv.value : nullptr,
+                                          nodes_, shares);
+                            if (shares) shares_ = std::move(*shares);
+                        }
+                        live_gateways_ = std::max(1, int(gateways_.size()));
+                        backoff_ms = 250;
+                        return !stop_.load();
+                    },
+                    stop_);
+                if (stop_.load()) break;
+                spdlog::warn("gateway: etcd watch ended: {}; listing again", e);
+            }
+            rev = -1;
+            const auto until =
+                std::chrono::steady_clock::now() +
+                std::chrono::milliseconds(std::uniform_int_distribution<int>(backoff_ms / 2, backoff_ms * 3 / 2)(rng));
+            backoff_ms = std::min(backoff_ms * 2, 4000);
+            while (!stop_.load() && std::chrono::steady_clock::now() < until)
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
     }
     std::optional<NodeView> node(const std::string & name) {
         std::lock_guard lk(mu_);
@@ -1205,10 +1263,13 @@ class Gateway {
     cluster::Shares shares_;                                        // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
     uint64_t rr_ = 0;                                               // guarded by mu_
-    bool etcd_warned_ = false;                                      // the watcher thread's
+    bool etcd_warned_ = false;                                      // the follower's (after start)
+    int64_t start_rev_ = -1;                                        // the revision read at start
+    std::set<std::string> gateways_;                                // the follower's (after start)
     std::atomic<bool> stop_{false};
     std::atomic<size_t> in_flight_{0};
-    std::thread watcher_;
+    std::thread watcher_;   // keeps this gateway announced, reloads tenants and keys
+    std::thread follower_;  // follows the cluster in etcd (`follow`)
 };
 
 }  // namespace

@@ -48,9 +48,10 @@ enum class AdminResult { ok, exists, missing, unavailable };
 //! queued and commit it in one transaction (group commit); each batch sits in its own savepoint,
 //! so one that is fenced is undone alone. Reads use a pool of connections per shard.
 //!
-//! Fencing: a batch's `fences` are checked first, with `SELECT … FOR UPDATE` on the session row:
-//! the row stays locked until COMMIT, so an assignment to a new epoch either commits before
-//! (the batch is refused) or waits until after it.
+//! Fencing: each write of a session named in the batch's `fences` is one conditional statement
+//! (the row's `UPDATE … WHERE node AND epoch`; each step `INSERT … SELECT FROM sessions WHERE node
+//! AND epoch FOR UPDATE`). The row stays locked until COMMIT, so an assignment to a new epoch
+//! either commits before (the write does nothing and the batch is refused) or waits until after.
 //!
 //! Schema migrations are versioned in `armada_schema` and applied at open under an advisory lock,
 //! so nodes starting together do not race. A batch that touches several shards is committed per

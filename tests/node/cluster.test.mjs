@@ -723,14 +723,18 @@ test('a node that drains tells the brain at once (an event on armada.event), the
   assert.ok(!alive(node.pid), 'the drained node exited');
 });
 
-// Keys etcd has deleted so far. A campaign that gives up (a deadline, a dropped call) is
-// withdrawn by the server, which deletes the candidate's key; at rest nothing else of Armada's
-// deletes a key, so the count says how often a standby stands again.
-async function etcdDeletes() {
+// Keys etcd has deleted and reads it has served so far. A campaign that gives up (a deadline, a
+// dropped call) is withdrawn by the server, which deletes the candidate's key; at rest nothing
+// else of Armada's deletes a key, so the deletes say how often a standby stands again. Reads at
+// rest come from processes that poll instead of watching.
+async function etcdCounts() {
   const text = await fetch(`http://${status().servers.etcd.endpoint.replace(/^https?:\/\//, '')}/metrics`).then((r) => r.text());
-  const m = text.match(/^etcd_mvcc_delete_total (\d+)/m);
-  assert.ok(m, 'etcd counts deletes');
-  return Number(m[1]);
+  const count = (name) => {
+    const m = text.match(new RegExp(`^${name} (\\d+)`, 'm'));
+    assert.ok(m, `etcd reports ${name}`);
+    return Number(m[1]);
+  };
+  return { deletes: count('etcd_mvcc_delete_total'), ranges: count('etcd_mvcc_range_total') };
 }
 
 test('a standby waits on observe, not by campaigning again; the leader resigns on SIGINT and the standby leads at once', { timeout: 120000 * SLOW }, async () => {
@@ -739,11 +743,17 @@ test('a standby waits on observe, not by campaigning again; the leader resigns o
   const leader = brains.find((b) => leadsNow(b.name));
   assert.ok(leader, 'a brain leads');
   const standby = brains.find((b) => b !== leader);
-  const before = await etcdDeletes();
+  const before = await etcdCounts();
   await sleep(5000);
-  const withdrawn = await etcdDeletes() - before;
+  const after = await etcdCounts();
+  const withdrawn = after.deletes - before.deletes;
   // A standby that campaigned with a 1 s deadline, again and again, would be withdrawn about 5 times.
   assert.ok(withdrawn <= 1, `${withdrawn} candidacies withdrawn in 5 s while the leader lived`);
+  // Brains and the gateway watch and observe: a few reads (reconciles) in 5 s at rest. A gateway
+  // listing the cluster every 250 ms, or a leader asking etcd who leads every second, would
+  // make dozens.
+  const reads = after.ranges - before.ranges;
+  assert.ok(reads <= 10, `${reads} etcd reads in 5 s at rest`);
   const mark = logOf(standby.name).length;
   const leaderMark = logOf(leader.name).length;
   const t0 = Date.now();
