@@ -90,10 +90,13 @@ void ClusterNode::publish_events() {
         // A few tries while NATS reconnects; then the event is dropped (the brain's reconcile
         // learns the same from the store).
         std::string e;
+        int pause_ms = 300;
         for (int attempt = 0; attempt < (stopping ? 1 : 3); ++attempt) {
             e = js_->publish(subject, ev.first, ev.second);
             if (e.empty()) break;
-            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            // A random pause that doubles: nodes that lost NATS together do not retry in step.
+            std::this_thread::sleep_for(std::chrono::milliseconds(cluster::jittered_ms(pause_ms)));
+            pause_ms *= 2;
         }
         if (!e.empty()) spdlog::warn("cluster: event {} not sent: {}", ev.first.substr(0, 200), e);
     }

@@ -1,5 +1,7 @@
 #include "cli/elected.h"
 
+#include "cluster/cluster_config.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -70,7 +72,6 @@ void Elected::keep_lease() {
 }
 
 void Elected::observe(const std::string & election) {
-    std::mt19937 rng(std::random_device{}());
     while (!quit_.load()) {
         const std::string e = etcd_.observe(
             election,
@@ -88,8 +89,7 @@ void Elected::observe(const std::string & election) {
         }
         if (quit_.load()) break;
         if (!e.empty()) spdlog::debug("{}: observe: {}", what_, e);
-        const auto until = std::chrono::steady_clock::now() +
-                           std::chrono::milliseconds(std::uniform_int_distribution<int>(500, 1500)(rng));
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(cluster::jittered_ms(1000));
         while (!quit_.load() && std::chrono::steady_clock::now() < until)
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -128,8 +128,7 @@ void Elected::run(const std::string & election, const std::string & name,
                   const std::function<void(const cluster::EtcdLeader &)> & lead) {
     keepalive_ = std::thread([this] { keep_lease(); });
     observer_ = std::thread([this, election] { observe(election); });
-    std::mt19937 rng(std::random_device{}());
-    auto jitter = [&] { return std::uniform_int_distribution<int>(500, 1500)(rng); };
+    auto jitter = [] { return cluster::jittered_ms(1000); };
     while (!stopping()) {
         if (lease_.load() == 0) {
             int64_t l = 0;

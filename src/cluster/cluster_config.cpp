@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace armada::cluster {
@@ -152,6 +153,11 @@ std::optional<ClusterConfig> load_cluster_config_for_service(const std::string &
         return std::nullopt;
     }
     return cfg;
+}
+
+int jittered_ms(int ms) {
+    thread_local std::mt19937 rng(std::random_device{}());
+    return std::uniform_int_distribution<int>(ms / 2, ms + ms / 2)(rng);
 }
 
 std::string node_key(const ClusterConfig & c, const std::string & cell, const std::string & node) {

@@ -1,5 +1,7 @@
 #include "cluster/redis.h"
 
+#include "cluster/cluster_config.h"
+
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
 
@@ -99,7 +101,7 @@ RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv, bool 
             std::lock_guard lk(mu_);
             ++reconnects_;
             if (!c) {
-                down_until_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+                down_until_ = std::chrono::steady_clock::now() + down_pause();
                 break;
             }
         }
@@ -123,12 +125,16 @@ RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv, bool 
         --in_use_;
         free_.push_back(c);  // null: the slot's next user connects again
         // No answer (refused, or a server that accepts but does not reply): the next calls
-        // skip Redis for a second instead of each waiting out its timeout.
-        if (!answered) down_until_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        // skip Redis for about a second instead of each waiting out its timeout.
+        if (!answered) down_until_ = std::chrono::steady_clock::now() + down_pause();
         last_ok_ = answered;
     }
     cv_.notify_one();
     return out;
+}
+
+std::chrono::milliseconds RedisPool::down_pause() {
+    return std::chrono::milliseconds(jittered_ms(1000));
 }
 
 std::optional<std::string> RedisPool::get(const std::string & key) {

@@ -56,6 +56,8 @@ class RedisPool {
     //! that are safe to run twice).
     Reply command(const std::vector<std::string> & argv, bool resend = true);
     redisContext * connect(std::string & error) const;
+    //! How long calls skip Redis after one found it away: about a second, jittered.
+    static std::chrono::milliseconds down_pause();
 
     std::string host_;
     int port_ = 0;

@@ -418,7 +418,6 @@ class Gateway {
     //! as it comes; when the watch breaks (etcd restarted, compacted), the same again after a
     //! random pause that doubles up to 4 s.
     void follow() {
-        std::mt19937 rng(std::random_device{}());
         int backoff_ms = 250;
         int64_t rev = start_rev_;  // the first list's, at start
         while (!stop_.load()) {
@@ -445,8 +444,7 @@ class Gateway {
             }
             rev = -1;
             const auto until =
-                std::chrono::steady_clock::now() +
-                std::chrono::milliseconds(std::uniform_int_distribution<int>(backoff_ms / 2, backoff_ms * 3 / 2)(rng));
+                std::chrono::steady_clock::now() + std::chrono::milliseconds(cluster::jittered_ms(backoff_ms));
             backoff_ms = std::min(backoff_ms * 2, 4000);
             while (!stop_.load() && std::chrono::steady_clock::now() < until)
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));

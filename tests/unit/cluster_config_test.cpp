@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 using namespace armada::cluster;
 
 TEST(ClusterConfig, ReadsEveryServerAndKeepsDefaults) {
@@ -55,4 +57,17 @@ TEST(ClusterConfig, NamesTheSettingThatIsWrongAndNeverEchoesAPassword) {
     EXPECT_FALSE(valid_cell_or_node_name("a."));
     EXPECT_FALSE(valid_cell_or_node_name("a..b"));
     EXPECT_FALSE(valid_cell_or_node_name(""));
+}
+
+TEST(ClusterConfig, RetryPausesAreSpreadOverHalfToOneAndAHalfTimes) {
+    std::set<int> seen;
+    for (int i = 0; i < 400; ++i) {
+        const int ms = jittered_ms(1000);
+        ASSERT_GE(ms, 500);
+        ASSERT_LE(ms, 1500);
+        seen.insert(ms / 100);
+    }
+    // Spread over the range, not one value for everyone: every 100 ms band from 500 to 1500 is hit.
+    for (int band = 5; band < 15; ++band)
+        EXPECT_TRUE(seen.count(band)) << band * 100;
 }
