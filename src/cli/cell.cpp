@@ -233,16 +233,20 @@ class CellProcess {
             }
             std::string err;
             auto msgs = place_->fetch(64, 50, err);
+            std::string taken;  // the sessions, for the log
             for (auto & m : msgs) {
                 const json j = json::parse(m.data(), nullptr, false);
                 // A re-homed session comes with the epoch the global brain gave it (no node yet).
-                if (j.is_object() && j.contains("session") && j["session"].is_string())
+                if (j.is_object() && j.contains("session") && j["session"].is_string()) {
+                    const std::string id = j["session"].get<std::string>();
                     brain.session_open(
-                        j["session"].get<std::string>(), "",
-                        j.contains("epoch") && j["epoch"].is_number_integer() ? j["epoch"].get<int64_t>() : 0);
+                        id, "", j.contains("epoch") && j["epoch"].is_number_integer() ? j["epoch"].get<int64_t>() : 0);
+                    taken += " " + id;
+                }
                 m.ack();  // the row is durable before the message is sent: reconcile finds it anyway
             }
-            if (!msgs.empty()) spdlog::info("cell {}: {} place request(s) taken from the queue", o_.cell, msgs.size());
+            if (!msgs.empty())
+                spdlog::info("cell {}: {} place request(s) taken from the queue:{}", o_.cell, msgs.size(), taken);
             if (!err.empty()) {
                 // NATS is away (libnats reconnects by itself): do not spin on the error.
                 spdlog::warn("cell {}: fetching place requests: {}", o_.cell, err);
