@@ -98,6 +98,58 @@ TEST(ServeOnPostgres, ASessionIsCheckpointedInPostgresAndSurvivesAKill) {
     EXPECT_EQ(node->stop(SIGTERM, 30000), 0);
 }
 
+// `--state URL1,URL2`: sessions are spread by id over both databases, each with its own steps.
+TEST(ServeOnPostgres, TwoStateUrlsShardSessionsOverBothDatabases) {
+    const char * bin = std::getenv("ARMADA_BIN");
+    const char * models = std::getenv("ARMADA_MODEL_DIR");
+    ASSERT_TRUE(bin && models) << "ctest sets ARMADA_BIN and ARMADA_MODEL_DIR";
+    const std::string root = servers().root + "/serve-shards";
+    cluster::LocalPostgres pg;
+    ASSERT_EQ(pg.start(root + "/pg"), "");
+    ASSERT_EQ(pg.create_database("shard0"), "");
+    ASSERT_EQ(pg.create_database("shard1"), "");
+    const std::vector<std::string> dbs = {pg.url("shard0"), pg.url("shard1")};
+    const std::string agents = root + "/agents.yaml";
+    std::ofstream(agents) << "agents:\n  - id: plain\n    instructions: Say hello.\n"
+                             "    limits: { max_steps: 1, max_tokens_per_step: 4 }\n";
+    const int port = cluster::free_port();
+    const std::string base = "http://127.0.0.1:" + std::to_string(port);
+    std::string err;
+    auto node = cluster::Child::spawn(
+        {bin, "serve", "-m", std::string(models) + "/armada-tiny-q8_0.gguf", "--port", std::to_string(port), "--state",
+         dbs[0] + "," + dbs[1], "--data-dir", root + "/data", "--agents", agents, "-c", "2048", "-np", "2", "-t", "2"},
+        root + "/serve.log", "", err);
+    ASSERT_TRUE(node) << err;
+    bool ready = false;
+    for (int i = 0; i < 1200 && !ready && node->running(); ++i) {
+        ready = http("GET", base + "/readyz").status == 200;
+        if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(ready) << cluster::tail_of(root + "/serve.log");
+    // 16 sessions: all on one shard by chance would be 1 in 2^15.
+    std::vector<std::string> ids;
+    for (int i = 0; i < 16; ++i) {
+        const auto created = http("POST", base + "/v1/agents/plain/sessions", R"({"input":"hi"})");
+        ASSERT_EQ(created.status, 200) << created.body;
+        ids.push_back(json::parse(created.body)["id"]);
+    }
+    int64_t total = 0;
+    for (const auto & db : dbs) {
+        const int64_t n = count_rows(db, "SELECT count(*) FROM sessions");
+        EXPECT_GT(n, 0) << db;
+        total += n;
+        // Each session's steps are in its own database (the input is step 1, committed with the row).
+        EXPECT_EQ(count_rows(db, "SELECT count(*) FROM steps WHERE session_id NOT IN (SELECT id FROM sessions)"), 0)
+            << db;
+        EXPECT_GE(count_rows(db, "SELECT count(DISTINCT session_id) FROM steps"), n) << db;
+    }
+    EXPECT_EQ(total, 16);
+    // Every session reads back through the node, whichever database holds it.
+    for (const auto & id : ids)
+        EXPECT_EQ(http("GET", base + "/v1/sessions/" + id).status, 200) << id;
+    EXPECT_EQ(node->stop(SIGTERM, 30000), 0);
+}
+
 TEST(ServeOnPostgres, AnUnreachableDatabaseStopsTheStartWithItsAddressNotItsPassword) {
     const char * bin = std::getenv("ARMADA_BIN");
     const char * models = std::getenv("ARMADA_MODEL_DIR");
