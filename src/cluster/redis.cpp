@@ -137,8 +137,8 @@ std::chrono::milliseconds RedisPool::down_pause() {
     return std::chrono::milliseconds(jittered_ms(1000));
 }
 
-std::optional<std::string> RedisPool::get(const std::string & key) {
-    auto r = command({"GET", key});
+std::optional<std::string> RedisPool::get(const std::string & key, int64_t renew_ttl_ms) {
+    auto r = renew_ttl_ms > 0 ? command({"GETEX", key, "PX", std::to_string(renew_ttl_ms)}) : command({"GET", key});
     if (!r.ok || r.nil) return std::nullopt;
     return r.str;
 }

@@ -27,7 +27,9 @@ class RedisPool {
     ~RedisPool();
     RedisPool(const RedisPool &) = delete;
 
-    std::optional<std::string> get(const std::string & key);
+    //! The value, or nullopt; with `renew_ttl_ms`, the key's TTL starts again (GETEX) when it is
+    //! there.
+    std::optional<std::string> get(const std::string & key, int64_t renew_ttl_ms = 0);
     bool set(const std::string & key, const std::string & value, int64_t ttl_ms);
     bool del(const std::string & key);
     //! INCR, and an expiry when the key is new; the new value, or nullopt.

@@ -779,11 +779,12 @@ class Gateway {
         const uint64_t h = fnv1a(text);
         const int64_t t = now_ms();
         if (redis_) {
-            // Shared by every gateway, with a TTL: the conversation's node, while it has room.
+            // Shared by every gateway, with a TTL that each turn starts again: the conversation's
+            // node, while it has room.
             char hex[17];
             snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
             const std::string k = "armada:t:" + caller.tenant + ":affinity:" + hex;
-            if (auto n = redis_->get(k)) {
+            if (auto n = redis_->get(k, int64_t(o_.affinity_ttl_s) * 1000)) {
                 std::lock_guard lk(mu_);
                 auto nit = nodes_.find(*n);
                 if (nit != nodes_.end() && !nit->second.load.draining && nit->second.load.free_seqs > 0) return *n;

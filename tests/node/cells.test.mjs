@@ -11,7 +11,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { alive, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -97,7 +97,7 @@ before(async () => {
   dir = tempDir('armada-cells-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
   const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 3, maxSteps: 6 }));
-  up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--cells', '2', '--nodes', '2', '--brains', '1', '-m', tinyModel,
+  up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--cells', '2', '--nodes', '2', '--brains', '1', '--gateways', '2', '-m', tinyModel,
     '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', String(TTL_S),
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
     '--node-arg=16384', '--node-arg=-t', '--node-arg=1'], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -115,8 +115,8 @@ before(async () => {
   // Ready: four nodes, and the gateway follows a split of the global brain's that names both cells.
   const deadline = Date.now() + 120000 * SLOW;
   for (;;) {
-    const r = await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null);
-    if (r?.nodes >= 4 && Object.keys(r.cell_weights ?? {}).length === 2) break;
+    const r = await Promise.all(status().gateways.map((g) => fetch(g + '/readyz').then((x) => x.json()).catch(() => null)));
+    if (r.length === 2 && r.every((x) => x?.nodes >= 4 && Object.keys(x.cell_weights ?? {}).length === 2)) break;
     if (Date.now() > deadline) throw new Error(`the cluster never had 4 nodes and shares:\n${upLog}`);
     await sleep(250);
   }
@@ -130,6 +130,57 @@ after(async () => {
   }
   if (tools) await tools.close();
   assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
+});
+
+test('chat turns of one conversation stay on one node through either gateway; the binding is in Redis and each turn renews its TTL', { timeout: 120000 * SLOW }, async () => {
+  const gws = status().gateways;
+  assert.equal(gws.length, 2);
+  const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
+  assert.equal(nodes.length, 4);
+  const served = async () => Promise.all(nodes.map(async (p) => {
+    const text = await fetch(`${p.url}/metrics`).then((r) => r.text());
+    return [...text.matchAll(/^armada_requests_total\{([^}]*)\} (\S+)$/gm)]
+      .filter((m) => m[1].includes('route="/v1/chat/completions"') && m[1].includes('code="200"'))
+      .reduce((n, m) => n + Number(m[2]), 0);
+  }));
+  // Which node answered one request, sent alone through gateway `g`.
+  const turn = async (g, messages) => {
+    const before = await served();
+    const r = await fetch(`${g}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ messages, max_tokens: 4 }) });
+    const body = await r.json();
+    assert.equal(r.status, 200, JSON.stringify(body));
+    const after = await served();
+    const took = nodes.filter((p, i) => after[i] === before[i] + 1);
+    assert.equal(took.length, 1, `one node answered: ${before} → ${after}`);
+    return { node: took[0].name, reply: body.choices[0].message.content };
+  };
+  const redis = status().servers.redis.url;
+  const bindings = async () => new Set(await redisCommand(redis, 'KEYS', 'armada:t:*:affinity:*'));
+  const firsts = new Set();
+  for (let c = 0; c < 6; c++) {
+    const messages = [{ role: 'system', content: `You are assistant ${c} of the cells test.` },
+      { role: 'user', content: `Begin ${c}` }];
+    const known = await bindings();
+    const first = await turn(gws[c % 2], messages);
+    firsts.add(first.node);
+    // One new key in Redis binds the conversation; its TTL is the gateways' (600 s by default).
+    const key = [...await bindings()].filter((k) => !known.has(k));
+    assert.equal(key.length, 1, `one binding for conversation ${c}: ${key}`);
+    assert.ok(key[0].startsWith('armada:t:'), key[0]);
+    const ttl1 = await redisCommand(redis, 'PTTL', key[0]);
+    assert.ok(ttl1 > 0 && ttl1 <= 600000, `TTL ${ttl1}`);
+    await sleep(2000);
+    // The next turn goes through the other gateway, to the same node, and starts the TTL again.
+    messages.push({ role: 'assistant', content: first.reply }, { role: 'user', content: 'Go on' });
+    const next = await turn(gws[(c + 1) % 2], messages);
+    assert.equal(next.node, first.node, `turn 2 of conversation ${c}, through the other gateway`);
+    const ttl2 = await redisCommand(redis, 'PTTL', key[0]);
+    // Unrenewed, it would have lost the 2 s waited since; renewed, about what the turn took.
+    assert.ok(ttl2 > ttl1 - 1000, `the turn renewed the binding: ${ttl1} then ${ttl2} ms`);
+  }
+  // By load alone four nodes of equal room spread them: the binding is what keeps each together.
+  assert.ok(firsts.size >= 2, `conversations started on ${[...firsts]}`);
 });
 
 test('a tenant\'s new sessions land in one cell (its home while under water)', { timeout: 240000 * SLOW }, async () => {

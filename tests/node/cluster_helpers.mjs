@@ -1,5 +1,6 @@
 // Helpers shared by the tests that start a cluster with `armada cluster up`.
 import fs from 'node:fs';
+import net from 'node:net';
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -19,4 +20,51 @@ const SANITIZER_REPORT = /WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR
 export function sanitizerReports(logsDir) {
   if (!fs.existsSync(logsDir)) return [];
   return fs.readdirSync(logsDir).filter((f) => SANITIZER_REPORT.test(fs.readFileSync(`${logsDir}/${f}`, 'utf8')));
+}
+
+// One command to Redis at `addr` (host:port) over its own protocol (RESP), as a test reads what
+// the gateways keep there: an integer, a string (null when nil) or an array of strings.
+export function redisCommand(addr, ...args) {
+  const [host, port] = addr.split(':');
+  return new Promise((resolve, reject) => {
+    const sock = net.createConnection({ host, port: Number(port) });
+    let buf = '';
+    sock.setTimeout(5000, () => { sock.destroy(); reject(new Error('Redis did not answer')); });
+    sock.on('error', reject);
+    sock.on('data', (d) => {
+      buf += d.toString('utf8');
+      const parsed = parseResp(buf, 0);
+      if (parsed) { sock.end(); resolve(parsed.value); }
+    });
+    sock.write(`*${args.length}\r\n` + args.map((a) => `$${Buffer.byteLength(String(a))}\r\n${a}\r\n`).join(''));
+  });
+}
+
+// A whole RESP reply at `at` in `s`, or null while more is to come.
+function parseResp(s, at) {
+  const nl = s.indexOf('\r\n', at);
+  if (nl < 0) return null;
+  const type = s[at];
+  const head = s.slice(at + 1, nl);
+  if (type === '+') return { value: head, end: nl + 2 };
+  if (type === '-') throw new Error(`Redis: ${head}`);
+  if (type === ':') return { value: Number(head), end: nl + 2 };
+  if (type === '$') {
+    const n = Number(head);
+    if (n < 0) return { value: null, end: nl + 2 };
+    if (s.length < nl + 2 + n + 2) return null;
+    return { value: s.slice(nl + 2, nl + 2 + n), end: nl + 2 + n + 2 };
+  }
+  if (type === '*') {
+    const out = [];
+    let pos = nl + 2;
+    for (let i = 0; i < Number(head); i++) {
+      const item = parseResp(s, pos);
+      if (!item) return null;
+      out.push(item.value);
+      pos = item.end;
+    }
+    return { value: out, end: pos };
+  }
+  throw new Error(`Redis: unreadable reply ${JSON.stringify(s.slice(at, at + 40))}`);
 }
