@@ -169,7 +169,8 @@ class GlobalProcess {
         const int64_t fresh_ms = std::max<int64_t>(3000, int64_t(cfg_.lease_ttl_s) * 1000);
         bool heard = false;  // a report has come since this brain leads: its split is worth writing
         std::string last_shares;
-        int64_t last_shares_ms = 0, last_check = brain_now_ms();
+        std::set<std::string> last_full;  // the cells the split last named full
+        int64_t last_shares_ms = 0, last_written_ms = 0, last_check = brain_now_ms();
         while (!elected_.stopping()) {
             const int64_t t = brain_now_ms();
             if (!reports_ && t >= subscribe_at) {
@@ -230,16 +231,22 @@ class GlobalProcess {
                 it = was_lost.erase(it);
             }
             carry_out(brain, brain.decide(t));
-            if (heard && t - last_shares_ms >= o_.shares_ms) {
-                // Written without a lease: gateways keep the last split while no brain leads, and
-                // a new leader writes nothing before it has heard from a cell.
-                const std::string s = encode_shares(brain.shares(t));
-                if (s != last_shares || t - last_shares_ms >= 30000) {
-                    if (auto e = etcd_.put(shares_key(cfg_), s, 0); e.empty())
+            // The split every --shares-ms; and at once when a cell reaches its water level or
+            // falls back under it, so that a burst of new sessions does not overshoot it by what
+            // comes in one period. Written without a lease: gateways keep the last split while no
+            // brain leads, and a new leader writes nothing before it has heard from a cell.
+            const Shares split = heard ? brain.shares(t) : Shares{};
+            if (heard && (split.full != last_full || t - last_shares_ms >= o_.shares_ms)) {
+                const std::string s = encode_shares(split);
+                if (s != last_shares || t - last_written_ms >= 30000) {
+                    if (auto e = etcd_.put(shares_key(cfg_), s, 0); e.empty()) {
                         last_shares = s;
-                    else
+                        last_written_ms = t;
+                    } else {
                         spdlog::warn("global: cannot write the shares: {}", e);
+                    }
                 }
+                last_full = split.full;
                 last_shares_ms = t;
             }
             if (t - last_check >= 1000) {

@@ -8,7 +8,8 @@ export function tempDir(prefix) {
 }
 
 // An agent that must call a tool on each of its first `toolSteps` steps, then answers.
-export function agentYaml(toolUrl, { id = 'worker', toolSteps = 3, maxSteps = 8, extra = '' } = {}) {
+// `toolTimeoutMs` bounds each tool attempt (sanitizer builds, several times slower, pass more).
+export function agentYaml(toolUrl, { id = 'worker', toolSteps = 3, maxSteps = 8, extra = '', toolTimeoutMs = 3000 } = {}) {
   return `agents:
   - id: ${id}
     instructions: You are a careful worker. Use the tools, then answer.
@@ -16,12 +17,12 @@ export function agentYaml(toolUrl, { id = 'worker', toolSteps = 3, maxSteps = 8,
     answer_without_tools: true
     parallel_tool_calls: false
     sampling: { temperature: 0.7, seed: 7 }
-    limits: { max_steps: ${maxSteps}, max_tokens_per_step: 96, tool_timeout_ms: 5000 }
+    limits: { max_steps: ${maxSteps}, max_tokens_per_step: 96, tool_timeout_ms: ${toolTimeoutMs + 2000} }
     tools:
       - name: lookup
         description: Look up a record
         url: ${toolUrl}/lookup
-        timeout_ms: 3000
+        timeout_ms: ${toolTimeoutMs}
         retries: 2
         parameters:
           type: object
@@ -32,7 +33,7 @@ export function agentYaml(toolUrl, { id = 'worker', toolSteps = 3, maxSteps = 8,
       - name: store
         description: Store a value
         url: ${toolUrl}/store
-        timeout_ms: 3000
+        timeout_ms: ${toolTimeoutMs}
         retries: 2
         parameters:
           type: object

@@ -96,7 +96,7 @@ before(async () => {
   tools = await startToolServer({ minDelayMs: 800, maxDelayMs: 1200 });
   dir = tempDir('armada-cells-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
-  const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 3, maxSteps: 6 }));
+  const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 3, maxSteps: 6, toolTimeoutMs: 3000 * SLOW }));
   up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--cells', '2', '--nodes', '2', '--brains', '1', '--gateways', '2', '-m', tinyModel,
     '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', String(TTL_S),
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
