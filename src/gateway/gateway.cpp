@@ -156,6 +156,8 @@ struct Authed {
 };
 
 constexpr int64_t kDirectoryTtlMs = 2000;
+//! How long the gateway follows one etcd watch before it lists the cluster afresh.
+constexpr int64_t kRelistMs = 30000;
 const char * const kQuotaFields[] = {"requests_per_minute", "tokens_per_minute", "live_sessions", "kv_bytes"};
 
 json tenant_json(const store::TenantRecord & t) {
@@ -228,11 +230,16 @@ class Gateway {
                 std::this_thread::sleep_for(std::chrono::milliseconds(250));
                 keep_announced();
                 if (now_ms() - directory_ms_ >= kDirectoryTtlMs) load_directory();
+                // A watch over a connection that died without a word would keep an old view:
+                // the follower lists afresh every so often, as a brain's reconcile does.
+                const int64_t since = watch_since_ms_.load();
+                if (since > 0 && now_ms() - since >= kRelistMs) rewatch_ = true;
             }
         });
     }
     void stop() {
         stop_ = true;
+        rewatch_ = true;  // after stop_: see follow()
         if (watcher_.joinable()) watcher_.join();
         if (follower_.joinable()) follower_.join();
         if (lease_ != 0) etcd_.revoke(lease_);  // the others' share of each quota grows at once
@@ -420,9 +427,13 @@ class Gateway {
     void follow() {
         int backoff_ms = 250;
         int64_t rev = start_rev_;  // the first list's, at start
-        while (!stop_.load()) {
+        for (;;) {
+            // Cleared before stop_ is read: a stop() after the read sets it again.
+            rewatch_ = false;
+            if (stop_.load()) break;
             if (rev < 0) rev = refresh();
             if (rev >= 0) {
+                watch_since_ms_ = now_ms();
                 const std::string e = etcd_.watch(
                     cfg_.prefix + "/", rev + 1,
                     [&](const std::vector<cluster::EtcdEvent> & evs, int64_t) {
@@ -436,10 +447,15 @@ class Gateway {
                         }
                         live_gateways_ = std::max(1, int(gateways_.size()));
                         backoff_ms = 250;
-                        return !stop_.load();
+                        return !rewatch_.load();
                     },
-                    stop_);
+                    rewatch_);
+                watch_since_ms_ = 0;
                 if (stop_.load()) break;
+                if (rewatch_.load()) {
+                    rev = -1;  // the periodic fresh list
+                    continue;
+                }
                 spdlog::warn("gateway: etcd watch ended: {}; listing again", e);
             }
             rev = -1;
@@ -1264,7 +1280,9 @@ class Gateway {
     uint64_t rr_ = 0;                                               // guarded by mu_
     bool etcd_warned_ = false;                                      // the follower's (after start)
     int64_t start_rev_ = -1;                                        // the revision read at start
-    std::set<std::string> gateways_;                                // the follower's (after start)
+    std::atomic<bool> rewatch_{false};        // ends the follower's watch (a fresh list, or a stop)
+    std::atomic<int64_t> watch_since_ms_{0};  // when the current watch began (0: none)
+    std::set<std::string> gateways_;          // the follower's (after start)
     std::atomic<bool> stop_{false};
     std::atomic<size_t> in_flight_{0};
     std::thread watcher_;   // keeps this gateway announced, reloads tenants and keys

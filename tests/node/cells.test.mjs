@@ -11,7 +11,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { alive, chatTurn, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -137,24 +137,7 @@ test('chat turns of one conversation stay on one node through either gateway; th
   assert.equal(gws.length, 2);
   const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
   assert.equal(nodes.length, 4);
-  const served = async () => Promise.all(nodes.map(async (p) => {
-    const text = await fetch(`${p.url}/metrics`).then((r) => r.text());
-    return [...text.matchAll(/^armada_requests_total\{([^}]*)\} (\S+)$/gm)]
-      .filter((m) => m[1].includes('route="/v1/chat/completions"') && m[1].includes('code="200"'))
-      .reduce((n, m) => n + Number(m[2]), 0);
-  }));
-  // Which node answered one request, sent alone through gateway `g`.
-  const turn = async (g, messages) => {
-    const before = await served();
-    const r = await fetch(`${g}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ messages, max_tokens: 4 }) });
-    const body = await r.json();
-    assert.equal(r.status, 200, JSON.stringify(body));
-    const after = await served();
-    const took = nodes.filter((p, i) => after[i] === before[i] + 1);
-    assert.equal(took.length, 1, `one node answered: ${before} → ${after}`);
-    return { node: took[0].name, reply: body.choices[0].message.content };
-  };
+  const turn = (g, messages) => chatTurn(g, nodes, messages);
   const redis = status().servers.redis.url;
   const bindings = async () => new Set(await redisCommand(redis, 'KEYS', 'armada:t:*:affinity:*'));
   const firsts = new Set();

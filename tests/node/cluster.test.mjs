@@ -15,7 +15,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { alive, chatTurn, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -287,24 +287,7 @@ test('an agent declared through one node is known to every node; deleted through
 
 test('chat turns of one conversation go to the node that served its start (prompt-prefix affinity)', { timeout: 120000 * SLOW }, async () => {
   const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
-  const served = async () => Promise.all(nodes.map(async (p) => {
-    const text = await fetch(`${p.url}/metrics`).then((r) => r.text());
-    const m = text.match(/^armada_requests_total\{[^}]*route="\/v1\/chat\/completions"[^}]*code="200"[^}]*\} (\S+)$/m) ??
-      text.match(/^armada_requests_total\{[^}]*code="200"[^}]*route="\/v1\/chat\/completions"[^}]*\} (\S+)$/m);
-    return Number(m?.[1] ?? 0);
-  }));
-  // Which node answered one request, sent alone.
-  const turn = async (messages) => {
-    const before = await served();
-    const r = await fetch(`${gw}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ messages, max_tokens: 4 }) });
-    const body = await r.json();
-    assert.equal(r.status, 200, JSON.stringify(body));
-    const after = await served();
-    const took = nodes.filter((p, i) => after[i] === before[i] + 1);
-    assert.equal(took.length, 1, `one node answered: ${before} → ${after}`);
-    return { node: took[0].name, reply: body.choices[0].message.content };
-  };
+  const turn = (messages) => chatTurn(gw, nodes, messages);
   const firsts = new Set();
   for (let c = 0; c < 6; c++) {
     const messages = [{ role: 'system', content: `You are assistant number ${c}.` }, { role: 'user', content: `Start ${c}` }];

@@ -1,6 +1,7 @@
 // Helpers shared by the tests that start a cluster with `armada cluster up`.
 import fs from 'node:fs';
 import net from 'node:net';
+import assert from 'node:assert/strict';
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -67,4 +68,27 @@ function parseResp(s, at) {
     return { value: out, end: pos };
   }
   throw new Error(`Redis: unreadable reply ${JSON.stringify(s.slice(at, at + 40))}`);
+}
+
+// Chat completions each node of `nodes` has answered with 200, from its /metrics.
+async function chatsServed(nodes) {
+  return Promise.all(nodes.map(async (p) => {
+    const text = await fetch(`${p.url}/metrics`).then((r) => r.text());
+    return [...text.matchAll(/^armada_requests_total\{([^}]*)\} (\S+)$/gm)]
+      .filter((m) => m[1].includes('route="/v1/chat/completions"') && m[1].includes('code="200"'))
+      .reduce((n, m) => n + Number(m[2]), 0);
+  }));
+}
+
+// One chat turn sent alone through gateway `gw`: which of `nodes` answered it, and the reply.
+export async function chatTurn(gw, nodes, messages) {
+  const before = await chatsServed(nodes);
+  const r = await fetch(`${gw}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ messages, max_tokens: 4 }) });
+  const body = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(body));
+  const after = await chatsServed(nodes);
+  const took = nodes.filter((p, i) => after[i] === before[i] + 1);
+  assert.equal(took.length, 1, `one node answered: ${before} → ${after}`);
+  return { node: took[0].name, reply: body.choices[0].message.content };
 }
