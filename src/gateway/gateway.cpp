@@ -12,6 +12,7 @@
 #include "cluster/queue.h"
 #include "cluster/quota.h"
 #include "cluster/redis.h"
+#include "gateway/routing.h"
 #include "gateway/upstream.h"
 #include "obs/metrics.h"
 #include "store/postgres_store.h"
@@ -181,11 +182,6 @@ struct ApiErrorReply {
     int status;
     std::string message;
     int retry_after_s;
-};
-
-struct NodeView {
-    std::string cell;
-    cluster::NodeLoad load;
 };
 
 class Gateway {
@@ -383,7 +379,7 @@ class Gateway {
             return -1;
         }
         etcd_warned_ = false;
-        std::map<std::string, NodeView> next;
+        NodeViews next;
         std::optional<cluster::Shares> shares;
         gateways_.clear();
         for (const auto & kv : kvs)
@@ -396,7 +392,7 @@ class Gateway {
     }
     //! One key of the cluster put (`value`) or deleted (null) into `nodes` and `shares`, or into
     //! the live gateways; keys the gateway does not follow (reports, elections) change nothing.
-    void apply_key(const std::string & key, const std::string * value, std::map<std::string, NodeView> & nodes,
+    void apply_key(const std::string & key, const std::string * value, NodeViews & nodes,
                    std::optional<cluster::Shares> & shares) {
         const std::string cells = cluster::cells_prefix(cfg_), gws = cluster::gateways_prefix(cfg_);
         if (key.rfind(cells, 0) == 0) {
@@ -475,16 +471,7 @@ class Gateway {
     //! The live, non-draining node with the most room (round-robin among equals), or none.
     std::optional<std::string> by_load(const std::string & cell = {}, const std::string & avoid = {}) {
         std::lock_guard lk(mu_);
-        std::vector<std::string> best;
-        int best_free = -1;
-        for (const auto & [name, v] : nodes_) {
-            if (v.load.draining || name == avoid || (!cell.empty() && v.cell != cell)) continue;
-            if (v.load.free_seqs > best_free) {
-                best.clear();
-                best_free = v.load.free_seqs;
-            }
-            if (v.load.free_seqs == best_free) best.push_back(name);
-        }
+        const auto best = most_room(nodes_, cell, avoid);
         if (best.empty()) return std::nullopt;
         return best[rr_++ % best.size()];
     }
@@ -627,16 +614,19 @@ class Gateway {
         if (p == "/readyz") {
             size_t n = 0;
             std::map<std::string, double> weights;  // the split it follows (tenant homes stay private)
+            std::set<std::string> full;
             {
                 std::lock_guard lk(mu_);
                 n = nodes_.size();
                 weights = shares_.weight;
+                full = shares_.full;
             }
             if (n == 0)
                 send_error(out, 503, "no node has joined the cluster yet");
             else
-                out->send(200, "application/json",
-                          json{{"status", "ready"}, {"nodes", n}, {"cell_weights", weights}}.dump());
+                out->send(
+                    200, "application/json",
+                    json{{"status", "ready"}, {"nodes", n}, {"cell_weights", weights}, {"full_cells", full}}.dump());
             return;
         }
         if (!keys_.enabled() && !directory()) {
@@ -787,9 +777,9 @@ class Gateway {
         if (!body.is_object() || !body.contains("messages") || !body["messages"].is_array()) return std::nullopt;
         if (body.contains("model") && !body["model"].is_string()) return std::nullopt;
         std::string text = caller.tenant + "\x1f" + body.value("model", "");
-        size_t n = 0;
+        size_t first = 0;
         for (const auto & m : body["messages"]) {
-            if (n++ == 2) break;
+            if (first++ == 2) break;
             text += "\x1f" + m.dump();
         }
         const uint64_t h = fnv1a(text);
@@ -800,37 +790,24 @@ class Gateway {
             char hex[17];
             snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
             const std::string k = "armada:t:" + caller.tenant + ":affinity:" + hex;
-            if (auto n = redis_->get(k, int64_t(o_.affinity_ttl_s) * 1000)) {
+            const auto bound = redis_->get(k, int64_t(o_.affinity_ttl_s) * 1000);
+            std::optional<std::string> n;
+            {
                 std::lock_guard lk(mu_);
-                auto nit = nodes_.find(*n);
-                if (nit != nodes_.end() && !nit->second.load.draining && nit->second.load.free_seqs > 0) return *n;
+                n = chat_route(nodes_, bound, rr_++);
             }
-            auto n = by_load();
-            if (n) redis_->set(k, *n, int64_t(o_.affinity_ttl_s) * 1000);
+            // New, or its node is full, draining or gone: the one by load is remembered.
+            if (n && n != bound) redis_->set(k, *n, int64_t(o_.affinity_ttl_s) * 1000);
             return n;
         }
         std::lock_guard lk(mu_);
-        auto it = affinity_.find(h);
-        if (it != affinity_.end() && it->second.second > t) {
-            auto nit = nodes_.find(it->second.first);
-            if (nit != nodes_.end() && !nit->second.load.draining && nit->second.load.free_seqs > 0) {
-                it->second.second = t + int64_t(o_.affinity_ttl_s) * 1000;
-                return it->second.first;
-            }
-        }
-        // New or its node is full or gone: by load, remembered for the next turns.
-        std::string best;
-        int best_free = -1;
-        for (const auto & [name, v] : nodes_) {
-            if (!v.load.draining && v.load.free_seqs > best_free) {
-                best = name;
-                best_free = v.load.free_seqs;
-            }
-        }
-        if (best.empty()) return std::nullopt;
+        std::optional<std::string> bound;
+        if (auto it = affinity_.find(h); it != affinity_.end() && it->second.second > t) bound = it->second.first;
+        auto n = chat_route(nodes_, bound, rr_++);
+        if (!n) return std::nullopt;
         if (affinity_.size() > 100000) affinity_.clear();
-        affinity_[h] = {best, t + int64_t(o_.affinity_ttl_s) * 1000};
-        return best;
+        affinity_[h] = {*n, t + int64_t(o_.affinity_ttl_s) * 1000};
+        return n;
     }
 
     // ---- /admin: tenants and keys in PostgreSQL (admin keys only) ----
@@ -1274,7 +1251,7 @@ class Gateway {
     std::mutex mu_;
     std::shared_ptr<const Directory> directory_;                    // guarded by mu_
     std::map<std::string, uint64_t> refused_;                       // quota → 429s; mu_
-    std::map<std::string, NodeView> nodes_;                         // guarded by mu_
+    NodeViews nodes_;                                               // guarded by mu_
     cluster::Shares shares_;                                        // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
     uint64_t rr_ = 0;                                               // guarded by mu_

@@ -3,7 +3,11 @@
 // and has no new effect. It counts both, so tests can prove each key had exactly one effect.
 import http from 'node:http';
 
-export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}) {
+// With `hold`, keyed tool calls wait (after their arrival is recorded) until `release()`: a
+// test can keep sessions open at a tool call for as long as it needs, with no timing guess.
+export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200, hold = false } = {}) {
+  let release = () => {};
+  const gate = hold ? new Promise((r) => { release = r; }) : null;
   const effects = new Map();  // key -> count of effects
   const replays = new Map();  // key -> count of repeated deliveries
   const stored = new Map();   // key -> reply body
@@ -79,7 +83,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
       if (key && !firstAt.has(key)) firstAt.set(key, Date.now());
       if (key) arrivals.set(key, [...(arrivals.get(key) ?? []), Date.now()]);
       const delay = minDelayMs + Math.random() * (maxDelayMs - minDelayMs);
-      setTimeout(() => {
+      const answer = () => setTimeout(() => {
         // Replies declare their length (Content-Length), as most servers do; /words, /gbk and
         // the others are sent chunked, so both ways of ending a body are exercised.
         const send = (text) => {
@@ -99,6 +103,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
         }
         send(reply);
       }, delay);
+      if (gate) gate.then(answer); else answer();
     });
   });
   await new Promise((r) => server.listen(0, '127.0.0.1', r));
@@ -107,6 +112,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200 } = {}
     url: `http://127.0.0.1:${port}`,
     effects, replays, noKey, secrets, firstAt, replayAt, arrivals, seen,
     inFlight: () => inFlight,
+    release: () => release(),
     close: () => new Promise((r) => server.close(r)),
   };
 }

@@ -1,0 +1,30 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster/cell_brain.h"
+
+namespace armada::gateway {
+
+//! A node as the gateway sees it in etcd: its cell and its last load report.
+struct NodeView {
+    std::string cell;
+    cluster::NodeLoad load;
+};
+using NodeViews = std::map<std::string, NodeView>;
+
+//! The live, non-draining nodes with the most free sequences (all of them on a tie), in one cell
+//! when `cell` is given, never `avoid`.
+std::vector<std::string> most_room(const NodeViews & nodes, const std::string & cell = {},
+                                   const std::string & avoid = {});
+
+//! Where a chat turn goes: the node its conversation is bound to while that node is live, not
+//! draining and has a free sequence; else the node with most room (`rr` picks among equals);
+//! none when no node takes work.
+std::optional<std::string> chat_route(const NodeViews & nodes, const std::optional<std::string> & bound, uint64_t rr);
+
+}  // namespace armada::gateway
