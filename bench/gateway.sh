@@ -12,7 +12,9 @@ trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null || true; rm -rf "$dir"' EX
 for _ in $(seq 1 600); do grep -q "gateway at" "$dir/up.log" && break; sleep 0.2; done
 gw=$(python3 -c "import json;print(json.load(open('$dir/c/cluster.json'))['gateway'])")
 node=$(python3 -c "import json;print([p['url'] for p in json.load(open('$dir/c/cluster.json'))['processes'] if p['role']=='node'][0])")
-for _ in $(seq 1 600); do curl -sf "$gw/readyz" > /dev/null && break; sleep 0.2; done
+for u in "$gw" "$node"; do
+  for _ in $(seq 1 600); do curl -sf "$u/readyz" > /dev/null && break; sleep 0.2; done
+done
 echo "+ $armada bench gateway --gateway $gw --node $node -n $n"
 "$armada" bench gateway --gateway "$gw" --node "$node" -n "$n"
 echo "+ $armada bench gateway --gateway $gw --node $node -n $n --route /v1/chat/completions (max_tokens 1)"
