@@ -109,27 +109,7 @@ class CellProcess {
     //! lease (it goes when no brain of the cell leads any more), and on NATS (pushed to every
     //! global brain as it is made; nothing is kept).
     void report(const CellBrain & brain, int64_t now) {
-        CellReport r;
-        r.cell = o_.cell;
-        double step_sum = 0;
-        int step_n = 0;
-        for (const auto & l : brain.loads(now)) {
-            ++r.nodes;
-            r.live_sessions += l.sessions;
-            r.cores += l.cores;
-            // The cell's step latency: the nodes' recent averages, weighted by the sessions they
-            // run (an idle node's last figure still counts, once).
-            if (l.step_ms > 0) {
-                step_sum += l.step_ms * (l.sessions + 1);
-                step_n += l.sessions + 1;
-            }
-            if (l.draining) continue;
-            r.capacity += l.free_seqs + l.sessions;
-            r.free_seqs += l.free_seqs;
-            r.kv_headroom += l.kv_headroom;
-        }
-        if (step_n > 0) r.step_ms = step_sum / step_n;
-        r.by_tenant = by_tenant_;
+        const CellReport r = cell_report(o_.cell, brain.loads(now), by_tenant_);
         const std::string encoded = encode_cell_report(r);
         if (auto e = etcd_.put(cell_report_key(cfg_, o_.cell), encoded, elected_.lease()); !e.empty())
             spdlog::warn("cell {}: cannot write its report: {}", o_.cell, e);

@@ -4,12 +4,24 @@
 
 namespace armada::cluster {
 
+void CellBrain::index(const std::string & id, const Session & s) {
+    if (!s.held && !s.confirming && !live(s.node))
+        todo_.emplace(s.order, id);
+    else
+        todo_.erase({s.order, id});
+}
+
+void CellBrain::index_node(const std::string & node) {
+    for (const auto & [id, s] : sessions_)
+        if (s.node == node) index(id, s);
+}
+
 void CellBrain::node_up(const std::string & node) {
-    nodes_.try_emplace(node);
+    if (nodes_.try_emplace(node).second) index_node(node);
 }
 
 void CellBrain::node_down(const std::string & node) {
-    nodes_.erase(node);
+    if (nodes_.erase(node)) index_node(node);
 }
 
 void CellBrain::load(const NodeLoad & l, int64_t now_ms) {
@@ -32,29 +44,35 @@ void CellBrain::session_open(const std::string & id, const std::string & node, i
         s.order = ++order_;
         s.node = node;
         s.epoch = epoch;
-        return;
-    }
-    // An older assignment heard late never overrides a newer one.
-    if (epoch >= s.epoch) {
+    } else if (epoch >= s.epoch) {
+        // An older assignment heard late never overrides a newer one.
         s.node = node;
         s.epoch = epoch;
         s.held = false;
         s.confirming = false;
     }
+    index(id, s);
 }
 
 void CellBrain::session_closed(const std::string & id) {
-    sessions_.erase(id);
+    if (auto it = sessions_.find(id); it != sessions_.end()) {
+        todo_.erase({it->second.order, id});
+        sessions_.erase(it);
+    }
 }
 
 void CellBrain::place_done(const std::string & id) {
-    if (auto it = sessions_.find(id); it != sessions_.end()) it->second.confirming = false;
+    if (auto it = sessions_.find(id); it != sessions_.end()) {
+        it->second.confirming = false;
+        index(id, it->second);
+    }
 }
 
 void CellBrain::place_failed(const std::string & id) {
     if (auto it = sessions_.find(id); it != sessions_.end()) {
         it->second.confirming = false;
         it->second.held = true;
+        index(id, it->second);
     }
 }
 
@@ -75,6 +93,9 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
         next[o.id] = s;
     }
     sessions_ = std::move(next);
+    todo_.clear();
+    for (const auto & [id, s] : sessions_)
+        index(id, s);
 }
 
 const std::string * CellBrain::pick(int64_t now_ms) const {
@@ -102,16 +123,15 @@ std::vector<Place> CellBrain::decide(int64_t now_ms) {
     }
     tokens_at_ms_ = now_ms;
 
-    std::vector<std::pair<uint64_t, std::string>> todo;
-    for (const auto & [id, s] : sessions_) {
-        if (!s.held && !s.confirming && !live(s.node)) todo.emplace_back(s.order, id);
-    }
-    std::sort(todo.begin(), todo.end());
     std::vector<Place> out;
-    for (const auto & [order, id] : todo) {
+    for (auto it = todo_.begin(); it != todo_.end();) {
+        const std::string & id = it->second;
         Session & s = sessions_[id];
         const bool moved = !s.node.empty();
-        if (moved && tokens_ < 1) continue;  // new sessions may still go
+        if (moved && tokens_ < 1) {  // new sessions may still go
+            ++it;
+            continue;
+        }
         const std::string * n = pick(now_ms);
         if (!n) break;  // no room anywhere: they wait, in order
         s.node = *n;
@@ -120,6 +140,7 @@ std::vector<Place> CellBrain::decide(int64_t now_ms) {
         nodes_[*n].placed_since_report++;
         if (moved) tokens_ -= 1;
         out.push_back({id, *n, s.epoch, moved});
+        it = todo_.erase(it);
     }
     return out;
 }

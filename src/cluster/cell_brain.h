@@ -112,11 +112,18 @@ class CellBrain {
         uint64_t order = 0;       // arrival, for first-come placement
     };
     const std::string * pick(int64_t now_ms) const;
+    //! Keeps `todo_` right for one session after any change to it or to its node's liveness.
+    void index(const std::string & id, const Session & s);
+    //! Re-indexes the sessions assigned to `node` (it joined or left).
+    void index_node(const std::string & node);
 
     CellBrainConfig cfg_;
     std::map<std::string, Node> nodes_;        // live nodes (lease held)
     std::map<std::string, Session> sessions_;  // open sessions
-    double tokens_ = -1;                       // re-placement bucket; -1: not started
+    //! The sessions `decide` looks at (no live node, no decision pending or held), by arrival:
+    //! it costs what there is to place, not what the cell runs.
+    std::set<std::pair<uint64_t, std::string>> todo_;
+    double tokens_ = -1;  // re-placement bucket; -1: not started
     int64_t tokens_at_ms_ = 0;
     uint64_t order_ = 0;
 };

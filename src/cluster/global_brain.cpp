@@ -23,6 +23,32 @@ uint64_t fnv1a(const std::string & s) {
 
 }  // namespace
 
+CellReport cell_report(const std::string & cell, const std::vector<NodeLoad> & loads,
+                       const std::map<std::string, int> & by_tenant) {
+    CellReport r;
+    r.cell = cell;
+    double step_sum = 0;
+    int step_n = 0;
+    for (const auto & l : loads) {
+        ++r.nodes;
+        r.live_sessions += l.sessions;
+        r.cores += l.cores;
+        // The cell's step latency: the nodes' recent averages, weighted by the sessions they run
+        // (an idle node's last figure still counts, once).
+        if (l.step_ms > 0) {
+            step_sum += l.step_ms * (l.sessions + 1);
+            step_n += l.sessions + 1;
+        }
+        if (l.draining) continue;
+        r.capacity += l.free_seqs + l.sessions;
+        r.free_seqs += l.free_seqs;
+        r.kv_headroom += l.kv_headroom;
+    }
+    if (step_n > 0) r.step_ms = step_sum / step_n;
+    r.by_tenant = by_tenant;
+    return r;
+}
+
 std::string pick_cell(const Shares & s, const std::string & tenant) {
     if (auto it = s.tenant_home.find(tenant); it != s.tenant_home.end()) {
         if (auto w = s.weight.find(it->second); w != s.weight.end() && w->second > 0) return it->second;

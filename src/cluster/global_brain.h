@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "cluster/cell_brain.h"
+
 namespace armada::cluster {
 
 //! A cell's aggregate, written by its leading brain every few seconds: what the global brain
@@ -22,6 +24,11 @@ struct CellReport {
     double step_ms = 0;                    // recent model-step latency (p50); 0: not known
     std::map<std::string, int> by_tenant;  // live sessions per tenant
 };
+
+//! A cell's aggregate from its live nodes' fresh reports (`CellBrain::loads`) and its open
+//! sessions per tenant: what its leading brain writes, and the simulator's cells too.
+CellReport cell_report(const std::string & cell, const std::vector<NodeLoad> & loads,
+                       const std::map<std::string, int> & by_tenant);
 
 //! A cell as the config declares it.
 struct CellSpec {

@@ -794,7 +794,7 @@ class Gateway {
             std::optional<std::string> n;
             {
                 std::lock_guard lk(mu_);
-                n = chat_route(nodes_, bound, rr_++);
+                n = chat_route(nodes_, bound, rr_);
             }
             // New, or its node is full, draining or gone: the one by load is remembered.
             if (n && n != bound) redis_->set(k, *n, int64_t(o_.affinity_ttl_s) * 1000);
@@ -803,7 +803,7 @@ class Gateway {
         std::lock_guard lk(mu_);
         std::optional<std::string> bound;
         if (auto it = affinity_.find(h); it != affinity_.end() && it->second.second > t) bound = it->second.first;
-        auto n = chat_route(nodes_, bound, rr_++);
+        auto n = chat_route(nodes_, bound, rr_);
         if (!n) return std::nullopt;
         if (affinity_.size() > 100000) affinity_.clear();
         affinity_[h] = {*n, t + int64_t(o_.affinity_ttl_s) * 1000};

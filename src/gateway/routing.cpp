@@ -16,14 +16,15 @@ std::vector<std::string> most_room(const NodeViews & nodes, const std::string & 
     return best;
 }
 
-std::optional<std::string> chat_route(const NodeViews & nodes, const std::optional<std::string> & bound, uint64_t rr) {
+std::optional<std::string> chat_route(const NodeViews & nodes, const std::optional<std::string> & bound,
+                                      uint64_t & rr) {
     if (bound) {
         auto it = nodes.find(*bound);
         if (it != nodes.end() && !it->second.load.draining && it->second.load.free_seqs > 0) return *bound;
     }
     const auto best = most_room(nodes);
     if (best.empty()) return std::nullopt;
-    return best[rr % best.size()];
+    return best[rr++ % best.size()];
 }
 
 }  // namespace armada::gateway

@@ -23,8 +23,9 @@ std::vector<std::string> most_room(const NodeViews & nodes, const std::string & 
                                    const std::string & avoid = {});
 
 //! Where a chat turn goes: the node its conversation is bound to while that node is live, not
-//! draining and has a free sequence; else the node with most room (`rr` picks among equals);
-//! none when no node takes work.
-std::optional<std::string> chat_route(const NodeViews & nodes, const std::optional<std::string> & bound, uint64_t rr);
+//! draining and has a free sequence; else the node with most room, round-robin among equals (`rr`
+//! is the gateway's counter, advanced only by such a pick: turns that stay do not skew the next
+//! new conversation's pick); none when no node takes work.
+std::optional<std::string> chat_route(const NodeViews & nodes, const std::optional<std::string> & bound, uint64_t & rr);
 
 }  // namespace armada::gateway

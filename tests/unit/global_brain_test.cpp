@@ -272,3 +272,32 @@ TEST(GlobalBrain, ReportsAndSharesRoundTripThroughEtcdAndBadOnesAreRefused) {
     EXPECT_FALSE(decode_shares("{\"weight\":{\"a\":-1}}"));
     EXPECT_FALSE(decode_shares("{\"weight\":[1]}"));
 }
+
+TEST(CellReport, SumsTheNodesAndLeavesADrainingNodesRoomOut) {
+    NodeLoad a;
+    a.node = "a";
+    a.free_seqs = 6;
+    a.sessions = 2;
+    a.cores = 4;
+    a.kv_headroom = 100;
+    a.step_ms = 50;
+    NodeLoad b = a;
+    b.node = "b";
+    b.sessions = 0;
+    b.step_ms = 110;
+    NodeLoad d = a;
+    d.node = "d";
+    d.draining = true;
+    d.sessions = 5;
+    d.step_ms = 0;  // not known: left out of the latency
+    const auto r = cell_report("c", {a, b, d}, {{"t1", 7}});
+    EXPECT_EQ(r.cell, "c");
+    EXPECT_EQ(r.nodes, 3);
+    EXPECT_EQ(r.cores, 12);
+    EXPECT_EQ(r.live_sessions, 7);
+    EXPECT_EQ(r.capacity, 14);  // a: 6 + 2, b: 6 + 0; the draining node takes nothing
+    EXPECT_EQ(r.free_seqs, 12);
+    EXPECT_EQ(r.kv_headroom, 200);
+    EXPECT_DOUBLE_EQ(r.step_ms, (50.0 * 3 + 110.0 * 1) / 4);  // weighted by sessions + 1
+    EXPECT_EQ(r.by_tenant, (std::map<std::string, int>{{"t1", 7}}));
+}

@@ -18,35 +18,55 @@ NodeViews three() {
 
 TEST(ChatRoute, AConversationStaysOnItsNodeWhileItHasRoom) {
     const auto n = three();
+    uint64_t rr = 0;
     // "a" has less room than the others: only the binding sends the turn there.
-    for (uint64_t rr = 0; rr < 4; ++rr)
+    for (int turn = 0; turn < 4; ++turn)
         EXPECT_EQ(chat_route(n, std::string("a"), rr), "a");
+    EXPECT_EQ(rr, 0u);  // turns that stay do not move the round-robin
+}
+
+TEST(ChatRoute, NewConversationsTakeTurnsAmongEqualNodesWhateverTheirFollowUpTurns) {
+    const auto n = three();
+    uint64_t rr = 0;
+    std::vector<std::string> firsts;
+    for (int c = 0; c < 4; ++c) {
+        const auto first = chat_route(n, std::nullopt, rr);
+        ASSERT_TRUE(first);
+        firsts.push_back(*first);
+        for (int turn = 0; turn < 2; ++turn)
+            EXPECT_EQ(chat_route(n, first, rr), *first);
+    }
+    EXPECT_EQ(firsts, (std::vector<std::string>{"b", "c", "b", "c"}));
 }
 
 TEST(ChatRoute, AFullNodeSendsTheTurnByLoad) {
     auto n = three();
     n["a"].load.free_seqs = 0;
-    EXPECT_EQ(chat_route(n, std::string("a"), 0), "b");
-    EXPECT_EQ(chat_route(n, std::string("a"), 1), "c");
+    uint64_t rr = 0;
+    EXPECT_EQ(chat_route(n, std::string("a"), rr), "b");
+    EXPECT_EQ(chat_route(n, std::string("a"), rr), "c");
 }
 
 TEST(ChatRoute, ADrainingOrGoneNodeSendsTheTurnByLoad) {
     auto n = three();
     n["b"].load.draining = true;
-    EXPECT_EQ(chat_route(n, std::string("b"), 0), "c");
+    uint64_t rr = 0;
+    EXPECT_EQ(chat_route(n, std::string("b"), rr), "c");
     const auto live = three();
-    EXPECT_EQ(chat_route(live, std::string("gone"), 0), "b");
-    EXPECT_EQ(chat_route(live, std::string("gone"), 1), "c");
+    rr = 0;
+    EXPECT_EQ(chat_route(live, std::string("gone"), rr), "b");
+    EXPECT_EQ(chat_route(live, std::string("gone"), rr), "c");
 }
 
 TEST(ChatRoute, ANewConversationGoesToTheNodeWithMostRoomAndNoneWithoutNodes) {
     auto n = three();
     n["c"].load.free_seqs = 9;
-    EXPECT_EQ(chat_route(n, std::nullopt, 0), "c");
-    EXPECT_EQ(chat_route({}, std::nullopt, 0), std::nullopt);
+    uint64_t rr = 0;
+    EXPECT_EQ(chat_route(n, std::nullopt, rr), "c");
+    EXPECT_EQ(chat_route({}, std::nullopt, rr), std::nullopt);
     for (auto & [_, v] : n)
         v.load.draining = true;
-    EXPECT_EQ(chat_route(n, std::string("a"), 0), std::nullopt);
+    EXPECT_EQ(chat_route(n, std::string("a"), rr), std::nullopt);
 }
 
 TEST(MostRoom, KeepsToTheCellAndAvoidsTheNodeTried) {
