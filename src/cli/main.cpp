@@ -8,6 +8,7 @@
 #include "cli/global.h"
 #include "cli/mkmodel.h"
 #include "cli/serve.h"
+#include "cli/sim_command.h"
 #include "engine/memory_budget.h"
 #include "gateway/gateway.h"
 
@@ -447,6 +448,17 @@ int main(int argc, char ** argv) {
     bpn->add_option("--node-memory", node_memory,
                     "memory of one node, e.g. 512G (default: this machine's, or its cgroup's)");
 
+    cli::SimCommandOptions simo;
+    auto * sm =
+        app.add_subcommand("sim", "run a scenario on the real cell and global brains in a deterministic simulator");
+    sm->add_option("scenario", simo.scenario, "the scenario's YAML file")->required();
+    sm->add_option("--seed", simo.seed, "the random seed (the same seed replays the same run)")->capture_default_str();
+    sm->add_option("--seeds", simo.seeds, "a sweep: this many seeds from --seed, checking the invariants")
+        ->check(CLI::Range(1, 1000000))
+        ->capture_default_str();
+    sm->add_option("--out", simo.out, "directory for result.json, result.md and plot.svg");
+    sm->add_option("--trace", simo.trace, "file for the event trace");
+
     std::vector<std::string> args = normalise_args(argc, argv);
     std::vector<std::string> rev(args.rbegin(), args.rend() - 1);
     try {
@@ -460,6 +472,7 @@ int main(int argc, char ** argv) {
     if (gl->parsed()) return cli::global_command(glo);
     if (gw->parsed()) return gateway::gateway_command(gwo);
     if (cup->parsed()) return cli::cluster_up(cuo);
+    if (sm->parsed()) return cli::sim_command(simo);
     if (tp->parsed()) return cli::topology_command(topo.synthetic, topo.xml, topo.place);
     if (m->parsed()) {
         const std::string err = cli::write_model(mk);

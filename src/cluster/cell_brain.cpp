@@ -27,9 +27,11 @@ void CellBrain::node_down(const std::string & node) {
 void CellBrain::load(const NodeLoad & l, int64_t now_ms) {
     auto it = nodes_.find(l.node);
     if (it == nodes_.end()) return;  // no lease, no work: a report alone does not make a node live
-    it->second.load = l;
-    it->second.reported_ms = now_ms;
-    it->second.placed_since_report = 0;
+    Node & n = it->second;
+    if (l.seq != 0 && n.load && n.load->seq == l.seq) return;  // read again: nothing new
+    n.load = l;
+    n.reported_ms = now_ms;
+    std::erase_if(n.pending, [&](int64_t at) { return at <= now_ms - cfg_.settle_ms; });
 }
 
 void CellBrain::node_draining(const std::string & node) {
@@ -104,7 +106,7 @@ const std::string * CellBrain::pick(int64_t now_ms) const {
     int64_t best_kv = 0;
     for (const auto & [name, n] : nodes_) {
         if (!n.load || n.load->draining || now_ms - n.reported_ms > cfg_.report_ttl_ms) continue;
-        const int free = n.load->free_seqs - n.placed_since_report;
+        const int free = n.load->free_seqs - int(n.pending.size());
         if (free <= 0) continue;
         if (!best || free > best_free || (free == best_free && n.load->kv_headroom > best_kv)) {
             best = &name;
@@ -137,7 +139,7 @@ std::vector<Place> CellBrain::decide(int64_t now_ms) {
         s.node = *n;
         s.epoch += 1;
         s.confirming = true;
-        nodes_[*n].placed_since_report++;
+        nodes_[*n].pending.push_back(now_ms);
         if (moved) tokens_ -= 1;
         out.push_back({id, *n, s.epoch, moved});
         it = todo_.erase(it);

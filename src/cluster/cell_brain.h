@@ -24,6 +24,9 @@ struct NodeLoad {
     std::string fingerprint;                      // model fingerprint (KV compatibility)
     bool draining = false;
     std::string url;  // where its HTTP API answers, for gateways
+    //! The report's number, counting from a random start in each node process: the same report
+    //! read again (a reconcile re-reads etcd) is not news. 0: not numbered.
+    int64_t seq = 0;
 };
 
 //! A decision: run `session` on `node` under `epoch` (greater than any it had). `moved` is set
@@ -43,6 +46,9 @@ struct CellBrainConfig {
     //! does not turn into a stampede on the others: this many per second, bursts up to `burst`.
     double moves_per_s = 200;
     double burst = 100;
+    //! A placement younger than this when a report arrives is taken to be missing from it (its
+    //! run command may still be on the way), so the node's free sequences still count it.
+    int64_t settle_ms = 1000;
 };
 
 //! The cell brain's decision code: events in, decisions out. No I/O, clock, thread or socket:
@@ -102,7 +108,7 @@ class CellBrain {
     struct Node {
         std::optional<NodeLoad> load;
         int64_t reported_ms = 0;
-        int placed_since_report = 0;  // sessions given to it since its last report
+        std::vector<int64_t> pending;  // when sessions were given to it that its report may not show
     };
     struct Session {
         std::string node;

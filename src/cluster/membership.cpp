@@ -23,7 +23,8 @@ std::string encode_load(const NodeLoad & l) {
                 {"engines", l.engines},
                 {"cores", l.cores},
                 {"step_ms", l.step_ms},
-                {"kv_by_tenant", l.kv_by_tenant}}
+                {"kv_by_tenant", l.kv_by_tenant},
+                {"seq", l.seq}}
         .dump();
 }
 
@@ -43,6 +44,7 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
         l.engines = j.value("engines", 0);
         l.cores = j.value("cores", 0);
         l.step_ms = j.value("step_ms", 0.0);
+        l.seq = j.value("seq", int64_t(0));
         if (j.contains("by_state") && j["by_state"].is_object())
             l.by_state = j["by_state"].get<std::map<std::string, int>>();
         if (j.contains("kv_by_tenant") && j["kv_by_tenant"].is_object())
@@ -50,6 +52,13 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
     } catch (const json::exception &) {
         return std::nullopt;  // a field of the wrong type: not a report to trust
     }
+    return l;
+}
+
+NodeLoad NodeMembership::numbered() {
+    if (seq_ == 0) seq_ = int64_t(std::random_device{}() & 0x3fffffff) << 20;
+    NodeLoad l = load_();
+    l.seq = ++seq_;
     return l;
 }
 
@@ -144,7 +153,7 @@ void NodeMembership::run() {
         if (lease_.load() == 0) {
             int64_t lease = 0;
             std::string e = etcd_.grant(ttl_s_, lease);
-            if (e.empty()) e = etcd_.put(key_, encode_load(load_()), lease);
+            if (e.empty()) e = etcd_.put(key_, encode_load(numbered()), lease);
             if (!e.empty()) {
                 spdlog::warn("cluster: cannot register {} in etcd: {}; retrying", key_, e);
                 if (!pause(jitter(backoff))) return;
@@ -167,7 +176,7 @@ void NodeMembership::run() {
             if (!pause(jitter(1000))) return;
             continue;
         }
-        if (e.empty()) e = etcd_.put(key_, encode_load(load_()), lease_.load());
+        if (e.empty()) e = etcd_.put(key_, encode_load(numbered()), lease_.load());
         if (!e.empty()) spdlog::warn("cluster: load report for {} failed: {}", key_, e);
     }
 }

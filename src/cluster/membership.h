@@ -48,6 +48,10 @@ class NodeMembership {
     std::string key_;
     int ttl_s_, report_ms_;
     std::function<NodeLoad()> load_;
+    //! The last report's number; starts at random, so a restarted node's reports are new.
+    int64_t seq_ = 0;
+    //! The node's load, numbered.
+    NodeLoad numbered();
     std::atomic<int64_t> lease_{0};
     std::atomic<int> registrations_{0};
     std::mutex mu_;

@@ -44,11 +44,35 @@ TEST(CellBrain, CountsWhatItPlacedSinceANodesLastReport) {
     EXPECT_EQ(b.sessions_on("n1"), 2u);
     EXPECT_EQ(b.sessions_on("n2"), 1u);
     EXPECT_EQ(b.waiting(), 1u);
-    b.load(report("n2", 1), 100);  // a fresh report: room again
-    const auto d2 = b.decide(100);
+    // A report right after the placements may not show them (their run commands may still be on
+    // the way): they still count against its room.
+    b.load(report("n2", 1), 100);
+    EXPECT_TRUE(b.decide(100).empty());
+    // A report a settling time later shows them: room again.
+    b.load(report("n2", 1), 1500);
+    const auto d2 = b.decide(1500);
     ASSERT_EQ(d2.size(), 1u);
     EXPECT_EQ(d2[0].session, "s4");
     EXPECT_EQ(d2[0].node, "n2");
+}
+
+TEST(CellBrain, TheSameReportReadAgainDoesNotGiveRoomAgain) {
+    CellBrain b;
+    b.node_up("n1");
+    auto r = report("n1", 2);
+    r.seq = 41;
+    b.load(r, 0);
+    for (const char * s : {"s1", "s2", "s3"})
+        b.session_open(s, "", 0);
+    ASSERT_EQ(b.decide(0).size(), 2u);
+    // A reconcile reads the node's key again, long after: the report it finds is the one whose
+    // room was used.
+    b.load(r, 5000);
+    EXPECT_TRUE(b.decide(5000).empty());
+    r.seq = 42;
+    r.free_seqs = 1;
+    b.load(r, 5100);
+    EXPECT_EQ(b.decide(5100).size(), 1u);
 }
 
 TEST(CellBrain, NeverPlacesOnADrainingNode) {

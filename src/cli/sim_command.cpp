@@ -1,0 +1,201 @@
+#include "cli/sim_command.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "sim/sim.h"
+
+namespace armada::cli {
+
+namespace {
+
+using json = nlohmann::json;
+
+double pct(std::vector<double> v, double p) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
+}
+
+template <class T>
+T peak(const std::vector<T> & v) {
+    return v.empty() ? T{} : *std::max_element(v.begin(), v.end());
+}
+
+//! The mean over the second half of the run (the steady state, after the start's burst).
+template <class T>
+double steady(const std::vector<T> & v) {
+    if (v.empty()) return 0;
+    double sum = 0;
+    for (size_t i = v.size() / 2; i < v.size(); ++i)
+        sum += double(v[i]);
+    return sum / double(v.size() - v.size() / 2);
+}
+
+std::string hex(uint64_t h) {
+    char b[17];
+    snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
+    return b;
+}
+
+json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) {
+    json faults = json::array();
+    for (const auto & f : r.faults)
+        faults.push_back({{"what", f.what},
+                          {"at_s", f.at_s},
+                          {"sessions_hit", f.sessions_hit},
+                          {"resumed", f.resumed},
+                          {"last_resume_s", f.last_resume_s},
+                          {"peak_moves_per_s", f.peak_moves_per_s}});
+    json violations = json::array();
+    for (const auto & v : r.violations)
+        violations.push_back({{"t_ms", v.t_ms}, {"what", v.what}});
+    const double ended = double(r.sessions_completed + r.sessions_stranded);
+    return {
+        {"scenario", sc.name},
+        {"seed", seed},
+        {"cells", sc.cells},
+        {"nodes", sc.cells * sc.nodes_per_cell},
+        {"simulated_s", sc.duration_s},
+        {"wall_s", r.wall_s},
+        {"events", r.events},
+        {"trace_hash", hex(r.trace_hash)},
+        {"placement_us", {{"calls", r.place_us.size()}, {"p50", pct(r.place_us, 0.5)}, {"p99", pct(r.place_us, 0.99)}}},
+        {"split_us", {{"calls", r.split_us.size()}, {"p50", pct(r.split_us, 0.5)}, {"p99", pct(r.split_us, 0.99)}}},
+        {"etcd_writes_per_s", {{"steady", steady(r.etcd_writes)}, {"peak", peak(r.etcd_writes)}}},
+        {"nats_msgs_per_s", {{"steady", steady(r.nats_msgs)}, {"peak", peak(r.nats_msgs)}}},
+        {"pg_commits_per_s", {{"steady", steady(r.pg_commits)}, {"peak", peak(r.pg_commits)}}},
+        {"live_sessions", {{"steady", steady(r.live)}, {"peak", peak(r.live)}}},
+        {"balance_max_over_mean", {{"steady", steady(r.balance)}, {"peak", peak(r.balance)}}},
+        {"sessions",
+         {{"started", r.sessions_started},
+          {"completed", r.sessions_completed},
+          {"queued", r.sessions_queued},
+          {"stranded", r.sessions_stranded}}},
+        {"chain_survival", ended > 0 ? double(r.sessions_completed) / ended : 1.0},
+        {"steps", r.steps},
+        {"slo_2s", r.steps > 0 ? double(r.steps_in_slo) / double(r.steps) : 1.0},
+        {"fenced_writes", r.fenced_writes},
+        {"faults", faults},
+        {"violations", violations}};
+}
+
+std::string markdown(const json & j) {
+    std::ostringstream m;
+    m << "## " << j["scenario"].get<std::string>() << " (seed " << j["seed"] << ")\n\n";
+    m << "| figure | value |\n|---|---|\n";
+    m << "| cells × nodes | " << j["cells"] << " cells, " << j["nodes"] << " nodes |\n";
+    m << "| simulated / wall | " << j["simulated_s"] << " s / " << j["wall_s"].get<double>() << " s |\n";
+    m << "| events, trace hash | " << j["events"] << ", " << j["trace_hash"].get<std::string>() << " |\n";
+    m << "| placement decision (CellBrain::decide) p50 / p99 µs | " << j["placement_us"]["p50"].get<double>() << " / "
+      << j["placement_us"]["p99"].get<double>() << " |\n";
+    m << "| global split (GlobalBrain) p50 / p99 µs | " << j["split_us"]["p50"].get<double>() << " / "
+      << j["split_us"]["p99"].get<double>() << " |\n";
+    for (const char * k : {"etcd_writes_per_s", "nats_msgs_per_s", "pg_commits_per_s"})
+        m << "| " << k << " steady / peak | " << j[k]["steady"].get<double>() << " / " << j[k]["peak"] << " |\n";
+    m << "| live sessions steady / peak | " << j["live_sessions"]["steady"].get<double>() << " / "
+      << j["live_sessions"]["peak"] << " |\n";
+    m << "| node load max/mean, steady | " << j["balance_max_over_mean"]["steady"].get<double>() << " |\n";
+    m << "| steps, within 2 s | " << j["steps"] << ", " << j["slo_2s"].get<double>() << " |\n";
+    m << "| sessions started / completed / queued / stranded | " << j["sessions"]["started"] << " / "
+      << j["sessions"]["completed"] << " / " << j["sessions"]["queued"] << " / " << j["sessions"]["stranded"] << " |\n";
+    m << "| chain survival | " << j["chain_survival"].get<double>() << " |\n";
+    m << "| fenced writes | " << j["fenced_writes"] << " |\n";
+    for (const auto & f : j["faults"])
+        m << "| " << f["what"].get<std::string>() << " at " << f["at_s"].get<double>() << " s | " << f["resumed"]
+          << " of " << f["sessions_hit"] << " resumed, the last " << f["last_resume_s"].get<double>()
+          << " s after; peak " << f["peak_moves_per_s"] << " moves/s |\n";
+    m << "\nInvariants: " << (j["violations"].empty() ? std::string("all held") : j["violations"].dump()) << "\n";
+    return m.str();
+}
+
+//! Four series over simulated time, each scaled to its own panel.
+std::string svg(const sim::SimResult & r) {
+    struct Series {
+        const char * name;
+        std::vector<double> v;
+    };
+    auto d = [](const auto & v) { return std::vector<double>(v.begin(), v.end()); };
+    const std::vector<Series> all = {{"live sessions", d(r.live)},
+                                     {"moves per second", d(r.moves)},
+                                     {"etcd writes per second", d(r.etcd_writes)},
+                                     {"node load max/mean", r.balance}};
+    const int w = 800, h = 150;
+    std::ostringstream s;
+    s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h * int(all.size())
+      << "' font-family='sans-serif' font-size='12'>\n";
+    for (size_t i = 0; i < all.size(); ++i) {
+        const auto & v = all[i].v;
+        const double top = std::max(1e-9, v.empty() ? 1.0 : *std::max_element(v.begin(), v.end()));
+        const int y0 = int(i) * h;
+        s << "<rect x='40' y='" << y0 + 20 << "' width='" << w - 50 << "' height='" << h - 40
+          << "' fill='none' stroke='#ccc'/>\n";
+        s << "<text x='45' y='" << y0 + 15 << "'>" << all[i].name << " (max " << top << ")</text>\n";
+        s << "<polyline fill='none' stroke='#1f77b4' points='";
+        for (size_t k = 0; k < v.size(); ++k) {
+            const double x = 40 + double(w - 50) * double(k) / double(std::max<size_t>(1, v.size() - 1));
+            const double y = y0 + 20 + double(h - 40) * (1 - v[k] / top);
+            s << x << ',' << y << ' ';
+        }
+        s << "'/>\n";
+    }
+    s << "</svg>\n";
+    return s.str();
+}
+
+}  // namespace
+
+int sim_command(const SimCommandOptions & o) {
+    std::ifstream in(o.scenario);
+    if (!in) {
+        fprintf(stderr, "error: cannot read the scenario %s\n", o.scenario.c_str());
+        return 2;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string err;
+    const auto sc = sim::parse_scenario(text.str(), err);
+    if (!sc) {
+        fprintf(stderr, "error: %s: %s\n", o.scenario.c_str(), err.c_str());
+        return 2;
+    }
+    if (o.seeds > 1) {
+        int failed = 0;
+        for (int i = 0; i < o.seeds; ++i) {
+            const uint64_t seed = o.seed + uint64_t(i);
+            const auto r = sim::run(*sc, {seed, false});
+            if (r.violations.empty()) continue;
+            ++failed;
+            printf("seed %llu: %s (t=%lld ms)%s\n  replay: armada sim %s --seed %llu\n",
+                   static_cast<unsigned long long>(seed), r.violations[0].what.c_str(),
+                   static_cast<long long>(r.violations[0].t_ms),
+                   r.violations.size() > 1 ? (" and " + std::to_string(r.violations.size() - 1) + " more").c_str() : "",
+                   o.scenario.c_str(), static_cast<unsigned long long>(seed));
+        }
+        printf("%s: %d of %d seeds held every invariant\n", sc->name.c_str(), o.seeds - failed, o.seeds);
+        return failed ? 1 : 0;
+    }
+    const auto r = sim::run(*sc, {o.seed, !o.trace.empty()});
+    const json j = to_json(*sc, o.seed, r);
+    const std::string md = markdown(j);
+    fputs(md.c_str(), stdout);
+    if (!o.trace.empty()) std::ofstream(o.trace) << r.trace;
+    if (!o.out.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(o.out, ec);
+        std::ofstream(o.out + "/result.json") << j.dump(2) << "\n";
+        std::ofstream(o.out + "/result.md") << md;
+        std::ofstream(o.out + "/plot.svg") << svg(r);
+    }
+    if (!r.violations.empty()) {
+        printf("replay: armada sim %s --seed %llu\n", o.scenario.c_str(), static_cast<unsigned long long>(o.seed));
+        return 1;
+    }
+    return 0;
+}
+
+}  // namespace armada::cli

@@ -1,0 +1,144 @@
+#include "sim/scenario.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <string_view>
+
+namespace armada::sim {
+
+namespace {
+
+//! Reads the keys of a YAML map, refusing any not in `known`: a typo must not go unnoticed.
+struct MapReader {
+    const YAML::Node & n;
+    std::string where;
+    std::string & error;
+
+    bool check(std::initializer_list<std::string_view> known) {
+        if (!n.IsMap()) {
+            error = where + ": must be a map";
+            return false;
+        }
+        for (const auto & kv : n) {
+            const std::string k = kv.first.as<std::string>();
+            if (std::find(known.begin(), known.end(), k) == known.end()) {
+                error = where + ": unknown setting '" + k + "'";
+                return false;
+            }
+        }
+        return true;
+    }
+    //! Sets `out` from key `k` if present, within [lo, hi]; false (with `error`) otherwise.
+    template <class T>
+    bool get(const char * k, T & out, double lo, double hi) {
+        if (!n[k]) return true;
+        const T v = n[k].as<T>();
+        if (!(double(v) >= lo && double(v) <= hi)) {
+            error = where + "." + k + ": must be between " + std::to_string(lo) + " and " + std::to_string(hi);
+            return false;
+        }
+        out = v;
+        return true;
+    }
+};
+
+std::optional<Fault::Kind> fault_kind(const std::string & s) {
+    if (s == "node_crash") return Fault::Kind::NodeCrash;
+    if (s == "node_hang") return Fault::Kind::NodeHang;
+    if (s == "cell_lost") return Fault::Kind::CellLost;
+    if (s == "brain_crash") return Fault::Kind::BrainCrash;
+    if (s == "etcd_restart") return Fault::Kind::EtcdRestart;
+    if (s == "restart_storm") return Fault::Kind::RestartStorm;
+    return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<Scenario> parse_scenario(const std::string & text, std::string & error) {
+    error.clear();
+    Scenario s;
+    try {
+        const YAML::Node root = YAML::Load(text);
+        MapReader r{root, "scenario", error};
+        if (!r.check({"name", "cells", "nodes_per_cell", "water", "domains", "node", "tenants", "faults", "duration_s",
+                      "lease_ttl_ms", "report_ms", "cell_tick_ms", "global_tick_ms", "shares_ms", "reconcile_ms",
+                      "commit_ms", "nats_ms", "watch_ms", "buggify"}))
+            return std::nullopt;
+        if (root["name"]) s.name = root["name"].as<std::string>();
+        if (!r.get("cells", s.cells, 1, 1024) || !r.get("nodes_per_cell", s.nodes_per_cell, 1, 1024) ||
+            !r.get("water", s.water, 0.01, 1) || !r.get("domains", s.domains, 0, 1024) ||
+            !r.get("duration_s", s.duration_s, 1, 86400) || !r.get("lease_ttl_ms", s.lease_ttl_ms, 100, 600000) ||
+            !r.get("report_ms", s.report_ms, 10, 600000) || !r.get("cell_tick_ms", s.cell_tick_ms, 1, 60000) ||
+            !r.get("global_tick_ms", s.global_tick_ms, 1, 600000) || !r.get("shares_ms", s.shares_ms, 1, 3600000) ||
+            !r.get("reconcile_ms", s.reconcile_ms, 100, 3600000) || !r.get("commit_ms", s.commit_ms, 0, 60000) ||
+            !r.get("nats_ms", s.nats_ms, 0, 60000) || !r.get("watch_ms", s.watch_ms, 0, 60000))
+            return std::nullopt;
+        if (root["buggify"]) s.buggify = root["buggify"].as<bool>();
+        if (const YAML::Node n = root["node"]) {
+            MapReader nr{n, "node", error};
+            if (!nr.check({"sessions", "tokens_per_s", "seq_tokens_per_s", "step_tokens", "restore_ms", "cores"}) ||
+                !nr.get("sessions", s.node.sessions, 1, 100000) ||
+                !nr.get("tokens_per_s", s.node.tokens_per_s, 0.01, 1e7) ||
+                !nr.get("seq_tokens_per_s", s.node.seq_tokens_per_s, 0.01, 1e6) ||
+                !nr.get("step_tokens", s.node.step_tokens, 1, 100000) ||
+                !nr.get("restore_ms", s.node.restore_ms, 0, 600000) || !nr.get("cores", s.node.cores, 1, 4096))
+                return std::nullopt;
+        }
+        if (const YAML::Node ts = root["tenants"]) {
+            if (!ts.IsSequence()) {
+                error = "tenants: must be a list";
+                return std::nullopt;
+            }
+            for (size_t i = 0; i < ts.size(); ++i) {
+                TenantLoad t;
+                t.name = "t" + std::to_string(i);
+                MapReader tr{ts[i], "tenants[" + std::to_string(i) + "]", error};
+                if (!tr.check({"name", "rate_per_s", "steps", "tool_ms", "think_ms", "initial"}) ||
+                    !tr.get("rate_per_s", t.rate_per_s, 0, 1e6) || !tr.get("steps", t.steps, 1, 10000) ||
+                    !tr.get("tool_ms", t.tool_ms, 0, 3600000) || !tr.get("think_ms", t.think_ms, 0, 3600000) ||
+                    !tr.get("initial", t.initial, 0, 10000000))
+                    return std::nullopt;
+                if (ts[i]["name"]) t.name = ts[i]["name"].as<std::string>();
+                s.tenants.push_back(t);
+            }
+        }
+        if (const YAML::Node fs = root["faults"]) {
+            if (!fs.IsSequence()) {
+                error = "faults: must be a list";
+                return std::nullopt;
+            }
+            for (size_t i = 0; i < fs.size(); ++i) {
+                Fault f;
+                const std::string where = "faults[" + std::to_string(i) + "]";
+                MapReader fr{fs[i], where, error};
+                if (!fr.check({"kind", "at_s", "cell", "node", "for_s", "jitter"})) return std::nullopt;
+                const auto k = fault_kind(fs[i]["kind"] ? fs[i]["kind"].as<std::string>() : "");
+                if (!k) {
+                    error = where +
+                            ".kind: must be node_crash, node_hang, cell_lost, brain_crash, etcd_restart or "
+                            "restart_storm";
+                    return std::nullopt;
+                }
+                f.kind = *k;
+                if (!fr.get("at_s", f.at_s, 0, 86400) || !fr.get("cell", f.cell, 0, s.cells - 1) ||
+                    !fr.get("node", f.node, 0, s.nodes_per_cell - 1) || !fr.get("for_s", f.for_s, 0, 86400))
+                    return std::nullopt;
+                if (fs[i]["jitter"]) f.jitter = fs[i]["jitter"].as<bool>();
+                s.faults.push_back(f);
+            }
+        }
+    } catch (const YAML::Exception & e) {
+        error = std::string("not a valid scenario: ") + e.what();
+        return std::nullopt;
+    }
+    if (s.tenants.empty()) {
+        error = "tenants: at least one is needed";
+        return std::nullopt;
+    }
+    return s;
+}
+
+}  // namespace armada::sim

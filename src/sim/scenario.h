@@ -1,0 +1,71 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace armada::sim {
+
+//! One tenant's workload: sessions arrive at `rate_per_s` (Poisson), each takes `steps` model
+//! steps (uniform 1..2×steps-1, so the mean is `steps`), each step waits for a tool call of about
+//! `tool_ms` (exponential) and `think_ms` of the user's time.
+struct TenantLoad {
+    std::string name;
+    double rate_per_s = 1;
+    int steps = 6;
+    int tool_ms = 1000;
+    int think_ms = 0;
+    int initial = 0;  // sessions already live when the run starts
+};
+
+//! A fault injected at `at_s` (simulated seconds).
+struct Fault {
+    enum class Kind { NodeCrash, NodeHang, CellLost, BrainCrash, EtcdRestart, RestartStorm };
+    Kind kind = Kind::NodeCrash;
+    double at_s = 0;
+    int cell = 0;
+    int node = 0;        // within the cell
+    double for_s = 0;    // hang or outage length
+    bool jitter = true;  // restarts: reconnects spread over a random delay, or all at once
+};
+
+//! The measured single-node figures the simulated nodes run by (docs/BENCHMARKS.md).
+struct NodeModel {
+    int sessions = 256;            // sessions a node takes (--cluster-sessions)
+    double tokens_per_s = 55;      // generated tokens per second over all its sequences
+    double seq_tokens_per_s = 20;  // one sequence alone
+    int step_tokens = 64;          // tokens generated per step
+    int restore_ms = 150;          // a moved session's KV restored from its checkpoint
+    int cores = 2;
+};
+
+//! A simulated cluster and what happens to it: read from YAML by `parse_scenario`.
+struct Scenario {
+    std::string name = "scenario";
+    int cells = 2;
+    int nodes_per_cell = 4;
+    double water = 0.57;
+    int domains = 0;  // fault domains the cells are spread over (0: none)
+    NodeModel node;
+    std::vector<TenantLoad> tenants;
+    std::vector<Fault> faults;
+    double duration_s = 60;
+    int lease_ttl_ms = 3000;
+    int report_ms = 1000;       // node load reports
+    int cell_tick_ms = 100;     // a cell brain's loop
+    int global_tick_ms = 1000;  // the global brain's loop
+    int shares_ms = 5000;       // the split is written at least this often
+    int reconcile_ms = 10000;   // a cell brain rebuilds its view from etcd and PostgreSQL
+    int commit_ms = 4;          // PostgreSQL commit latency
+    int nats_ms = 2;            // NATS delivery latency
+    int watch_ms = 5;           // etcd watch delivery latency
+    //! FoundationDB-style fault injection at the adapter seams: messages delayed, lost, duplicated
+    //! or reordered, and commits slowed, at random (from the seed).
+    bool buggify = false;
+};
+
+//! The scenario in `text`, or nullopt with `error` set (it names the field).
+std::optional<Scenario> parse_scenario(const std::string & text, std::string & error);
+
+}  // namespace armada::sim

@@ -1,0 +1,840 @@
+#include "sim/sim.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <queue>
+#include <set>
+#include <unordered_map>
+
+#include "cluster/cell_brain.h"
+#include "cluster/global_brain.h"
+
+namespace armada::sim {
+
+namespace {
+
+//! splitmix64: small, fast and the same on every machine (std's distributions are not).
+struct Rng {
+    uint64_t s;
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    double uniform() { return double(next() >> 11) / 9007199254740992.0; }  // [0, 1)
+    double exp(double mean) { return -std::log(1.0 - uniform()) * mean; }
+    int64_t range(int64_t lo, int64_t hi) { return lo + int64_t(next() % uint64_t(hi - lo + 1)); }
+    bool chance(double p) { return uniform() < p; }
+};
+
+enum Kind : uint8_t {
+    kArrive,     // a: tenant
+    kPlaceMsg,   // a: session, b: cell, c: epoch (a place request reaches the cell's queue)
+    kRunMsg,     // a: session, b: node, c: epoch (a run command reaches the node)
+    kClosedMsg,  // a: session, b: cell (a node's "ended" event reaches the cell)
+    kEnd,        // a: session, b: run counter (its last step is done)
+    kReport,     // a: node
+    kCellTick,   // a: cell
+    kGlobalTick,
+    kLeaseCheck,  // a: node, b: lease generation (its last keepalive + TTL)
+    kFault,       // a: fault index
+    kWake,        // a: node (a hang ends)
+    kRestart,     // a: node (a crashed node starts again)
+    kBrainUp,     // a: cell (a standby leads)
+    kCellBack,    // a: cell (a lost cell's processes start again)
+    kEtcdUp,
+    kSecond,
+};
+
+struct Ev {
+    int64_t t;
+    uint64_t seq;
+    Kind kind;
+    uint32_t a, b;
+    int64_t c;
+};
+struct Later {
+    bool operator()(const Ev & x, const Ev & y) const { return x.t != y.t ? x.t > y.t : x.seq > y.seq; }
+};
+
+constexpr int32_t kNone = -1;
+constexpr int64_t kGraceMs = 60000;  // an open session with no runner for longer is stranded
+
+struct Session {
+    uint32_t tenant = 0;
+    int32_t steps = 0, done = 0, tool_ms = 0;
+    // Its row in PostgreSQL.
+    int32_t cell = 0, row_node = kNone;
+    int64_t epoch = 0;
+    bool open = true;
+    // Its runner.
+    int32_t node = kNone;
+    int64_t run_epoch = 0, seg_start = 0;
+    int32_t period = 1, gen_ms = 0;
+    uint32_t seg = 0;
+    bool paused = false;        // its node hangs
+    int64_t waiting_since = 0;  // -1 while it runs
+    int32_t fault = kNone;      // the fault that took its runner, until it runs again
+};
+
+struct Node {
+    int32_t cell = 0;
+    std::string name;
+    bool up = true, hung = false, lease = true;
+    uint32_t lease_gen = 0;
+    int32_t phase = 0;  // keepalive and report phase, ms
+    std::set<uint32_t> sessions;
+    std::vector<std::pair<uint32_t, int64_t>> held_runs;  // run commands that arrived while hung
+    cluster::NodeLoad last;
+    int64_t report_seq = 0;
+    bool reported = false;
+};
+
+struct Cell {
+    std::string name;
+    std::unique_ptr<cluster::CellBrain> brain;  // null: no brain leads
+    std::vector<std::pair<uint32_t, int64_t>> inbox;
+    std::vector<uint32_t> closed;
+    std::set<uint32_t> open;  // open sessions whose row names this cell
+    std::map<std::string, int> by_tenant;
+    int64_t last_report = 0, last_reconcile = -1;
+    bool lost = false;  // its processes are down (a fault)
+};
+
+std::string sid(uint32_t i) {
+    return "s" + std::to_string(i);
+}
+
+class World {
+  public:
+    World(const Scenario & s, const SimOptions & o) : s_(s), o_(o), rng_{o.seed * 0x2545f4914f6cdd1dull + 1} {}
+
+    SimResult run() {
+        const auto wall0 = std::chrono::steady_clock::now();
+        setup();
+        const int64_t end = int64_t(s_.duration_s * 1000);
+        while (!q_.empty() && q_.top().t <= end) {
+            const Ev e = q_.top();
+            q_.pop();
+            now_ = e.t;
+            trace(e.t, e.kind, e.a, e.b, e.c);
+            handle(e);
+        }
+        now_ = end;
+        finish();
+        r_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+        return std::move(r_);
+    }
+
+  private:
+    // ---- plumbing ----
+    void at(int64_t t, Kind k, uint32_t a = 0, uint32_t b = 0, int64_t c = 0) { q_.push({t, seq_++, k, a, b, c}); }
+    void trace(int64_t t, int kind, int64_t a, int64_t b, int64_t c) {
+        for (int64_t v : {t, int64_t(kind), a, b, c}) {
+            for (int i = 0; i < 8; ++i) {
+                hash_ ^= uint64_t(v >> (8 * i)) & 0xff;
+                hash_ *= 1099511628211ull;
+            }
+        }
+        ++r_.events;
+        if (o_.keep_trace) {
+            r_.trace += std::to_string(t) + ' ' + std::to_string(kind) + ' ' + std::to_string(a) + ' ' +
+                        std::to_string(b) + ' ' + std::to_string(c) + '\n';
+        }
+    }
+    size_t sec(int64_t t) const { return size_t(std::max<int64_t>(0, t) / 1000); }
+    void count(std::vector<int64_t> & v, int64_t t, int64_t n = 1) {
+        const size_t i = sec(t);
+        if (v.size() <= i) v.resize(i + 1);
+        v[i] += n;
+    }
+    void violation(const std::string & what) {
+        if (r_.violations.size() < 100) r_.violations.push_back({now_, what});
+    }
+    //! A message's delivery delay on NATS: with buggify, some are late, delivered twice (and so
+    //! out of order), and a place request is now and then redelivered after the ack wait (its
+    //! brain lost leadership before acking). A run command reaches a live node, which acks it.
+    void send(int64_t base_ms, Kind k, uint32_t a, uint32_t b, int64_t c) {
+        count(r_.nats_msgs, now_);
+        int64_t d = now_ + base_ms;
+        if (s_.buggify) {
+            if (rng_.chance(0.05)) d += rng_.range(0, 500);
+            if (k == kPlaceMsg && rng_.chance(0.01)) d += 5000;
+            if (rng_.chance(0.01)) at(d + rng_.range(0, 200), k, a, b, c);
+        }
+        at(d, k, a, b, c);
+    }
+    int64_t commit_delay() {
+        int64_t d = s_.commit_ms;
+        if (s_.buggify && rng_.chance(0.05)) d += rng_.range(0, 200);
+        return d;
+    }
+    //! A cell's nodes are numbered together.
+    std::vector<int32_t> nodes_of(int cell) const {
+        std::vector<int32_t> out(size_t(s_.nodes_per_cell));
+        for (int i = 0; i < s_.nodes_per_cell; ++i)
+            out[size_t(i)] = cell * s_.nodes_per_cell + i;
+        return out;
+    }
+    int32_t node_index(const std::string & name) const { return by_name_.at(name); }
+    uint32_t session_index(const std::string & id) const { return uint32_t(std::stoul(id.substr(1))); }
+
+    // ---- the node model ----
+    //! Milliseconds of model work per step on a node running `n` sessions: its tokens per second
+    //! are shared by the sessions generating at once (those not waiting on tools or users).
+    int32_t gen_ms(size_t n, int32_t wait_ms) const {
+        const double seq = s_.node.seq_tokens_per_s, all = s_.node.tokens_per_s, tok = s_.node.step_tokens;
+        double g = tok * 1000.0 / seq;
+        for (int i = 0; i < 4; ++i) {  // the generating share depends on the step time: a few rounds
+            const double gen_now = double(n) * g / (g + wait_ms);
+            const double rate = std::min(seq, all / std::max(1.0, gen_now));
+            g = tok * 1000.0 / rate;
+        }
+        return int32_t(g);
+    }
+
+    void start_run(uint32_t id, int32_t ni, int64_t epoch, bool restore) {
+        Session & s = sessions_[id];
+        Node & n = nodes_[ni];
+        if (s.node != kNone && s.node != ni) {
+            Node & old = nodes_[size_t(s.node)];
+            if (old.up && !old.hung && old.sessions.count(id)) {
+                if (s.run_epoch == epoch)
+                    violation("session " + sid(id) + " runs on two live nodes in epoch " + std::to_string(epoch) +
+                              ": " + old.name + " and " + n.name);
+                // The old runner (it woke after the move) is refused at its next write and stops.
+                stop_run(id);
+                old.sessions.erase(id);
+                ++r_.fenced_writes;
+            }
+            // A hung node keeps it until it wakes and is fenced.
+        }
+        if (int(n.sessions.size()) >= s_.node.sessions)
+            violation("node " + n.name + " placed past its capacity (" + std::to_string(s_.node.sessions) +
+                      "): " + sid(id) + " epoch " + std::to_string(epoch));
+        n.sessions.insert(id);
+        s.node = ni;
+        s.run_epoch = epoch;
+        s.paused = false;
+        const int32_t wait = s.tool_ms + think_[s.tenant];
+        s.gen_ms = gen_ms(n.sessions.size(), wait);
+        s.period = std::max(1, s.gen_ms + wait);
+        s.seg_start = now_ + (restore ? s_.node.restore_ms : 0);
+        ++s.seg;
+        s.waiting_since = -1;
+        if (s.fault != kNone) {
+            FaultOutcome & f = r_.faults[size_t(s.fault)];
+            ++f.resumed;
+            f.last_resume_s = std::max(f.last_resume_s, double(s.seg_start) / 1000.0 - f.at_s);
+            s.fault = kNone;
+        }
+        at(s.seg_start + int64_t(s.steps - s.done) * s.period, kEnd, id, s.seg);
+    }
+
+    //! The steps a run finished by now become durable (each a commit); the run stops.
+    void stop_run(uint32_t id) {
+        Session & s = sessions_[id];
+        if (s.node == kNone || s.paused) return;
+        const int64_t ran = now_ - s.seg_start;
+        const int32_t k = ran <= 0 ? 0 : int32_t(std::min<int64_t>(ran / s.period, s.steps - s.done));
+        for (int32_t i = 0; i < k; ++i)
+            count(r_.pg_commits, s.seg_start + int64_t(i + 1) * s.period);
+        r_.steps += k;
+        if (s.gen_ms <= 2000) r_.steps_in_slo += k;
+        s.done += k;
+        ++s.seg;  // its pending end is stale
+    }
+
+    // ---- set-up ----
+    void setup() {
+        const int nc = s_.cells, nn = s_.nodes_per_cell;
+        std::vector<cluster::CellSpec> specs;
+        for (int c = 0; c < nc; ++c) {
+            Cell cell;
+            cell.name = "cell" + std::to_string(c);
+            cell.brain = std::make_unique<cluster::CellBrain>();
+            cells_.push_back(std::move(cell));
+            specs.push_back({cells_.back().name, s_.domains > 0 ? "d" + std::to_string(c % s_.domains) : "", s_.water});
+        }
+        global_ = std::make_unique<cluster::GlobalBrain>(specs);
+        for (int c = 0; c < nc; ++c) {
+            for (int i = 0; i < nn; ++i) {
+                Node n;
+                n.cell = c;
+                n.name = cells_[size_t(c)].name + "-n" + std::to_string(i);
+                n.phase = int32_t(rng_.range(0, s_.report_ms - 1));
+                by_name_[n.name] = int32_t(nodes_.size());
+                nodes_.push_back(std::move(n));
+            }
+        }
+        for (size_t t = 0; t < s_.tenants.size(); ++t)
+            think_.push_back(s_.tenants[t].think_ms);
+        // Sessions already live: homed by tenant, spread over their cell's nodes, part-way through.
+        std::vector<size_t> next_node(size_t(nc), 0);
+        for (size_t t = 0; t < s_.tenants.size(); ++t) {
+            const int cell = int(t % size_t(nc));
+            for (int k = 0; k < s_.tenants[t].initial; ++k) {
+                const uint32_t id = new_session(uint32_t(t), cell);
+                Session & s = sessions_[id];
+                s.done = int32_t(rng_.range(0, s.steps - 1));
+                // Round-robin over the cell's nodes that have room.
+                for (int tries = 0; tries < nn; ++tries) {
+                    const int32_t ni = int32_t(size_t(cell * nn) + next_node[size_t(cell)]++ % size_t(nn));
+                    if (int(nodes_[size_t(ni)].sessions.size()) < s_.node.sessions) {
+                        s.row_node = ni;
+                        s.epoch = 1;
+                        start_run(id, ni, 1, false);
+                        // Part-way through its current step too.
+                        sessions_[id].seg_start -= rng_.range(0, sessions_[id].period - 1);
+                        break;
+                    }
+                }
+            }
+        }
+        for (size_t t = 0; t < s_.tenants.size(); ++t)
+            if (s_.tenants[t].rate_per_s > 0)
+                at(int64_t(rng_.exp(1000.0 / s_.tenants[t].rate_per_s)), kArrive, uint32_t(t));
+        for (size_t i = 0; i < nodes_.size(); ++i)
+            at(nodes_[i].phase, kReport, uint32_t(i));
+        for (int c = 0; c < nc; ++c)
+            at(rng_.range(0, s_.cell_tick_ms - 1), kCellTick, uint32_t(c));
+        at(s_.global_tick_ms, kGlobalTick);
+        for (size_t f = 0; f < s_.faults.size(); ++f) {
+            at(int64_t(s_.faults[f].at_s * 1000), kFault, uint32_t(f));
+            r_.faults.push_back({fault_name(s_.faults[f]), s_.faults[f].at_s});
+        }
+        at(1000, kSecond);
+    }
+
+    std::string fault_name(const Fault & f) const {
+        const std::string cell = "cell" + std::to_string(f.cell), node = cell + "-n" + std::to_string(f.node);
+        switch (f.kind) {
+            case Fault::Kind::NodeCrash:
+                return "node crash " + node;
+            case Fault::Kind::NodeHang:
+                return "node hang " + node;
+            case Fault::Kind::CellLost:
+                return "cell lost " + cell;
+            case Fault::Kind::BrainCrash:
+                return "brain crash " + cell;
+            case Fault::Kind::EtcdRestart:
+                return std::string("etcd restart") + (f.jitter ? "" : " (no jitter)");
+            case Fault::Kind::RestartStorm:
+                return std::string("restart storm") + (f.jitter ? "" : " (no jitter)");
+        }
+        return "fault";
+    }
+
+    uint32_t new_session(uint32_t tenant, int cell) {
+        const TenantLoad & tl = s_.tenants[tenant];
+        Session s;
+        s.tenant = tenant;
+        s.steps = int32_t(rng_.range(1, std::max(1, 2 * tl.steps - 1)));
+        s.tool_ms = int32_t(std::clamp(rng_.exp(tl.tool_ms), tl.tool_ms / 10.0, tl.tool_ms * 5.0));
+        s.cell = cell;
+        s.waiting_since = now_;
+        sessions_.push_back(s);
+        const auto id = uint32_t(sessions_.size() - 1);
+        cells_[size_t(cell)].open.insert(id);
+        ++open_;
+        ++r_.sessions_started;
+        count(r_.pg_commits, now_);
+        return id;
+    }
+
+    // ---- events ----
+    void handle(const Ev & e) {
+        switch (e.kind) {
+            case kArrive:
+                return arrive(e.a);
+            case kPlaceMsg:
+                return place_msg(e.a, e.b, e.c);
+            case kRunMsg:
+                return run_msg(e.a, int32_t(e.b), e.c);
+            case kClosedMsg:
+                if (cells_[e.b].brain) cells_[e.b].brain->session_closed(sid(e.a));
+                return;
+            case kEnd:
+                return end(e.a, e.b);
+            case kReport:
+                return report(int32_t(e.a));
+            case kCellTick:
+                return cell_tick(e.a);
+            case kGlobalTick:
+                return global_tick();
+            case kLeaseCheck:
+                return lease_check(int32_t(e.a), e.b);
+            case kFault:
+                return fault(s_.faults[e.a], int32_t(e.a));
+            case kWake:
+                return wake(int32_t(e.a));
+            case kRestart:
+                return restart(int32_t(e.a));
+            case kBrainUp:
+                return brain_up(e.a);
+            case kCellBack:
+                return cell_back(e.a);
+            case kEtcdUp:
+                return etcd_up();
+            case kSecond:
+                return second();
+        }
+    }
+
+    void arrive(uint32_t tenant) {
+        // The gateway: the split it follows, else the cell whose brain last reported most room.
+        std::string cell = cluster::pick_cell(gw_shares_, s_.tenants[tenant].name);
+        int c = 0;
+        if (!cell.empty()) {
+            c = std::stoi(cell.substr(4));
+        } else {
+            int best = -1;
+            for (size_t i = 0; i < cells_.size(); ++i) {
+                if (cell_free_.size() > i && cell_free_[i] > best) {
+                    best = cell_free_[i];
+                    c = int(i);
+                }
+            }
+        }
+        const uint32_t id = new_session(tenant, c);
+        send(commit_delay() + s_.nats_ms, kPlaceMsg, id, uint32_t(c), 0);
+        at(now_ + std::max<int64_t>(1, int64_t(rng_.exp(1000.0 / s_.tenants[tenant].rate_per_s))), kArrive, tenant);
+    }
+
+    void place_msg(uint32_t id, uint32_t cell, int64_t epoch) {
+        // A request for a cell the session has left since is stale; the queue holds it until a
+        // brain leads.
+        if (!sessions_[id].open || sessions_[id].cell != int32_t(cell)) return;
+        cells_[cell].inbox.emplace_back(id, epoch);
+    }
+
+    void run_msg(uint32_t id, int32_t ni, int64_t epoch) {
+        Session & s = sessions_[id];
+        Node & n = nodes_[size_t(ni)];
+        if (!n.up) return;  // a dead node's commands wait for it; its lease going moves the session
+        if (n.hung) {
+            n.held_runs.emplace_back(id, epoch);
+            return;
+        }
+        if (!s.open || s.epoch != epoch || s.row_node != ni || (s.node == ni && !s.paused)) return;
+        start_run(id, ni, epoch, true);
+    }
+
+    void end(uint32_t id, uint32_t seg) {
+        Session & s = sessions_[id];
+        if (s.seg != seg || s.node == kNone || s.paused) return;
+        Node & n = nodes_[size_t(s.node)];
+        if (!n.up || n.hung) return;
+        stop_run(id);
+        n.sessions.erase(id);
+        const int32_t cell = s.cell;
+        s.node = kNone;
+        s.open = false;
+        s.waiting_since = -1;
+        cells_[size_t(cell)].open.erase(id);
+        --open_;
+        ++r_.sessions_completed;
+        count(r_.pg_commits, now_);
+        send(s_.nats_ms, kClosedMsg, id, uint32_t(cell), 0);
+    }
+
+    void report(int32_t ni) {
+        publish(ni);
+        at(now_ + s_.report_ms, kReport, uint32_t(ni));
+    }
+
+    //! The node writes its load to its key in etcd; the cell's brain hears it on its watch.
+    void publish(int32_t ni) {
+        Node & n = nodes_[size_t(ni)];
+        if (n.up && !n.hung && !etcd_down_) {
+            cluster::NodeLoad l;
+            l.node = n.name;
+            l.sessions = int(n.sessions.size());
+            l.free_seqs = std::max(0, s_.node.sessions - l.sessions);
+            l.cores = s_.node.cores;
+            l.kv_headroom = int64_t(1) << 40;
+            l.step_ms = gen_ms(n.sessions.size(), 1000);
+            l.seq = ++n.report_seq;
+            n.last = l;
+            n.reported = true;
+            count(r_.etcd_writes, now_);
+            if (!n.lease) renew_lease(ni);
+            Cell & c = cells_[size_t(n.cell)];
+            if (c.brain) {
+                c.brain->node_up(n.name);
+                c.brain->load(l, now_ + s_.watch_ms);
+            }
+        }
+    }
+
+    void renew_lease(int32_t ni) {
+        Node & n = nodes_[size_t(ni)];
+        n.lease = true;
+        ++n.lease_gen;
+        count(r_.etcd_writes, now_, 2);  // grant, put
+    }
+
+    //! The time a node's lease runs out if it stops renewing now: keepalives go every TTL/3.
+    int64_t lease_end(const Node & n) const {
+        const int64_t every = std::max(1, s_.lease_ttl_ms / 3);
+        const int64_t last = now_ - ((now_ - n.phase) % every + every) % every;
+        return last + s_.lease_ttl_ms;
+    }
+
+    void lease_check(int32_t ni, uint32_t gen) {
+        Node & n = nodes_[size_t(ni)];
+        if (gen != n.lease_gen || !n.lease || (n.up && !n.hung)) return;
+        if (etcd_down_) {
+            at(etcd_up_at_ + s_.lease_ttl_ms, kLeaseCheck, uint32_t(ni), gen);  // etcd renews leases on restart
+            return;
+        }
+        n.lease = false;
+        count(r_.etcd_writes, now_);
+        if (cells_[size_t(n.cell)].brain) cells_[size_t(n.cell)].brain->node_down(n.name);
+    }
+
+    void crash(int32_t ni, int32_t fault) {
+        Node & n = nodes_[size_t(ni)];
+        if (!n.up) return;
+        for (uint32_t id : n.sessions) {
+            Session & s = sessions_[id];
+            if (s.node != ni) continue;
+            stop_run(id);
+            s.node = kNone;
+            s.paused = false;
+            s.waiting_since = now_;
+            if (fault != kNone && s.fault == kNone) {
+                s.fault = fault;
+                ++r_.faults[size_t(fault)].sessions_hit;
+            }
+        }
+        n.sessions.clear();
+        n.held_runs.clear();
+        n.up = false;
+        n.hung = false;
+        at(lease_end(n), kLeaseCheck, uint32_t(ni), n.lease_gen);
+    }
+
+    void restart(int32_t ni) {
+        Node & n = nodes_[size_t(ni)];
+        if (n.up) return;
+        n.up = true;
+        n.report_seq = int64_t(rng_.range(1, 1 << 30)) << 20;  // a new process numbers afresh
+        renew_lease(ni);
+        // It runs what is still assigned to it (its lease may not have run out meanwhile).
+        for (uint32_t id :
+             std::vector<uint32_t>(cells_[size_t(n.cell)].open.begin(), cells_[size_t(n.cell)].open.end())) {
+            const Session & s = sessions_[id];
+            if (s.row_node == ni && s.node == kNone) start_run(id, ni, s.epoch, true);
+        }
+        publish(ni);  // it registers with its load
+    }
+
+    void hang(int32_t ni, double for_s, int32_t fault) {
+        Node & n = nodes_[size_t(ni)];
+        if (!n.up || n.hung) return;
+        for (uint32_t id : n.sessions) {
+            Session & s = sessions_[id];
+            if (s.node != ni) continue;
+            stop_run(id);
+            s.paused = true;
+            if (s.fault == kNone) {
+                s.fault = fault;
+                ++r_.faults[size_t(fault)].sessions_hit;
+            }
+        }
+        n.hung = true;
+        at(lease_end(n), kLeaseCheck, uint32_t(ni), n.lease_gen);
+        at(now_ + int64_t(for_s * 1000), kWake, uint32_t(ni));
+    }
+
+    void wake(int32_t ni) {
+        Node & n = nodes_[size_t(ni)];
+        if (!n.hung) return;
+        n.hung = false;
+        if (!n.lease) renew_lease(ni);
+        // Its sessions go on where the store still names it under the same epoch; its writes for
+        // the others are refused (fenced) and it drops them.
+        for (uint32_t id : std::vector<uint32_t>(n.sessions.begin(), n.sessions.end())) {
+            Session & s = sessions_[id];
+            if (s.node == ni && s.paused && s.open && s.row_node == ni && s.epoch == s.run_epoch) {
+                n.sessions.erase(id);
+                start_run(id, ni, s.epoch, false);
+            } else {
+                ++r_.fenced_writes;
+                count(r_.pg_commits, now_);
+                n.sessions.erase(id);
+                if (s.node == ni) {
+                    s.node = kNone;
+                    s.paused = false;
+                    if (s.open && s.waiting_since < 0) s.waiting_since = now_;
+                }
+            }
+        }
+        auto held = std::move(n.held_runs);
+        n.held_runs.clear();
+        for (const auto & [id, epoch] : held)
+            run_msg(id, ni, epoch);
+        publish(ni);
+    }
+
+    void cell_tick(uint32_t ci) {
+        Cell & c = cells_[ci];
+        at(now_ + s_.cell_tick_ms, kCellTick, ci);
+        if (!c.brain) return;
+        cluster::CellBrain & b = *c.brain;
+        if (!etcd_down_ && (c.last_reconcile < 0 || now_ - c.last_reconcile >= s_.reconcile_ms)) reconcile(ci);
+        for (const auto & [id, epoch] : c.inbox)
+            b.session_open(sid(id), "", epoch);
+        c.inbox.clear();
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto decisions = b.decide(now_);
+        if (!decisions.empty())
+            r_.place_us.push_back(
+                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        for (const auto & p : decisions) {
+            const uint32_t id = session_index(p.session);
+            const int32_t ni = node_index(p.node);
+            Session & s = sessions_[id];
+            trace(now_, 100, id, uint32_t(ni), p.epoch);
+            count(r_.pg_commits, now_);
+            if (!s.open || s.cell != int32_t(ci) || s.epoch >= p.epoch) {
+                b.place_failed(p.session);  // someone moved it first: reconcile says where
+                continue;
+            }
+            s.epoch = p.epoch;
+            s.row_node = ni;
+            b.place_done(p.session);
+            if (p.moved) count(r_.moves, now_);
+            send(commit_delay() + s_.nats_ms, kRunMsg, id, uint32_t(ni), p.epoch);
+        }
+        if (now_ - c.last_report >= 1000) {
+            c.last_report = now_;
+            const auto r = cluster::cell_report(c.name, b.loads(now_), c.by_tenant);
+            if (cell_free_.size() < cells_.size()) cell_free_.resize(cells_.size(), -1);
+            cell_free_[ci] = r.free_seqs;
+            if (!etcd_down_) count(r_.etcd_writes, now_);
+            count(r_.nats_msgs, now_);
+            if (global_) global_->report(r, now_ + s_.nats_ms);
+        }
+    }
+
+    //! The brain's view rebuilt from the truth: live nodes (their keys) and the cell's open rows.
+    void reconcile(uint32_t ci) {
+        Cell & c = cells_[ci];
+        c.last_reconcile = now_;
+        std::set<std::string> live;
+        for (int32_t i : nodes_of(int(ci)))
+            if (nodes_[size_t(i)].lease) live.insert(nodes_[size_t(i)].name);
+        std::vector<cluster::CellBrain::OpenSession> open;
+        open.reserve(c.open.size());
+        c.by_tenant.clear();
+        for (uint32_t id : c.open) {
+            const Session & s = sessions_[id];
+            open.push_back({sid(id), s.row_node == kNone ? "" : nodes_[size_t(s.row_node)].name, s.epoch});
+            ++c.by_tenant[s_.tenants[s.tenant].name];
+        }
+        c.brain->reconcile(live, open);
+        for (int32_t i : nodes_of(int(ci)))
+            if (nodes_[size_t(i)].lease && nodes_[size_t(i)].reported) c.brain->load(nodes_[size_t(i)].last, now_);
+    }
+
+    void global_tick() {
+        at(now_ + s_.global_tick_ms, kGlobalTick);
+        if (!global_) return;
+        cluster::GlobalBrain & g = *global_;
+        for (size_t ci = 0; ci < cells_.size(); ++ci) {
+            bool any = !!cells_[ci].brain;
+            for (int32_t i : nodes_of(int(ci)))
+                any = any || nodes_[size_t(i)].lease;
+            if (!any && !etcd_down_) g.leases_gone(cells_[ci].name);
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        for (const auto & name : g.lost_cells(now_)) {
+            const Cell & c = cells_[size_t(std::stoi(name.substr(4)))];
+            std::vector<cluster::GlobalBrain::OpenSession> open;
+            for (uint32_t id : c.open)
+                open.push_back({sid(id), s_.tenants[sessions_[id].tenant].name, sessions_[id].epoch});
+            g.open_in(name, open);
+        }
+        const auto rehomes = g.decide(now_);
+        const auto split = g.shares(now_);
+        r_.split_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        for (const auto & rh : rehomes) {
+            const uint32_t id = session_index(rh.session);
+            Session & s = sessions_[id];
+            const int to = std::stoi(rh.to.substr(4)), from = std::stoi(rh.from.substr(4));
+            trace(now_, 101, id, uint32_t(to), rh.epoch);
+            count(r_.pg_commits, now_);
+            g.rehome_done(rh.session);
+            if (!s.open || s.cell != from || s.epoch >= rh.epoch) continue;
+            cells_[size_t(from)].open.erase(id);
+            cells_[size_t(to)].open.insert(id);
+            s.cell = to;
+            s.epoch = rh.epoch;
+            s.row_node = kNone;
+            count(r_.moves, now_);
+            send(commit_delay() + s_.nats_ms, kPlaceMsg, id, uint32_t(to), rh.epoch);
+        }
+        if (!etcd_down_ && (split.full != last_split_.full || now_ - last_split_ms_ >= s_.shares_ms)) {
+            last_split_ms_ = now_;
+            if (!(split == last_split_)) {
+                last_split_ = split;
+                gw_shares_ = split;
+                count(r_.etcd_writes, now_);
+            }
+        }
+    }
+
+    void brain_up(uint32_t ci) {
+        Cell & c = cells_[ci];
+        if (c.brain || c.lost) return;
+        c.brain = std::make_unique<cluster::CellBrain>();
+        c.last_reconcile = -1;  // a new leader starts from the truth
+    }
+
+    void cell_back(uint32_t ci) {
+        Cell & c = cells_[ci];
+        c.lost = false;
+        brain_up(ci);
+        for (int32_t i : nodes_of(int(ci)))
+            restart(i);
+    }
+
+    void etcd_up() {
+        etcd_down_ = false;
+        // Every client comes back: all at once, or spread over a jittered pause.
+        for (size_t i = 0; i < nodes_.size(); ++i) {
+            const int64_t d = etcd_jitter_ ? rng_.range(0, 2000) : 0;
+            count(r_.etcd_writes, now_ + d, 2);
+        }
+    }
+
+    void fault(const Fault & f, int32_t fi) {
+        const int32_t ni = f.cell * s_.nodes_per_cell + f.node;
+        switch (f.kind) {
+            case Fault::Kind::NodeCrash:
+                crash(ni, fi);
+                if (f.for_s > 0) at(now_ + int64_t(f.for_s * 1000), kRestart, uint32_t(ni));
+                return;
+            case Fault::Kind::NodeHang:
+                return hang(ni, f.for_s, fi);
+            case Fault::Kind::CellLost: {
+                Cell & c = cells_[size_t(f.cell)];
+                c.brain.reset();
+                c.lost = true;
+                for (int32_t i : nodes_of(f.cell))
+                    crash(i, fi);
+                if (f.for_s > 0) at(now_ + int64_t(f.for_s * 1000), kCellBack, uint32_t(f.cell));
+                return;
+            }
+            case Fault::Kind::BrainCrash:
+                cells_[size_t(f.cell)].brain.reset();
+                // A standby campaigns and leads once the dead leader's lease runs out.
+                at(now_ + s_.lease_ttl_ms + s_.watch_ms, kBrainUp, uint32_t(f.cell));
+                return;
+            case Fault::Kind::EtcdRestart:
+                etcd_down_ = true;
+                etcd_jitter_ = f.jitter;
+                etcd_up_at_ = now_ + int64_t(f.for_s * 1000);
+                at(etcd_up_at_, kEtcdUp);
+                return;
+            case Fault::Kind::RestartStorm:
+                for (size_t i = 0; i < nodes_.size(); ++i) {
+                    crash(int32_t(i), fi);
+                    const int64_t d = f.jitter ? rng_.range(0, 10000) : 0;
+                    at(now_ + int64_t(f.for_s * 1000) + d, kRestart, uint32_t(i));
+                }
+                return;
+        }
+    }
+
+    void second() {
+        at(now_ + 1000, kSecond);
+        // Keepalives: each leased, running node renews every TTL/3.
+        int64_t leased = 0, sum = 0, most = 0, running = 0;
+        for (const auto & n : nodes_) {
+            if (!n.up || n.hung) continue;
+            leased += n.lease;
+            ++running;
+            sum += int64_t(n.sessions.size());
+            most = std::max(most, int64_t(n.sessions.size()));
+        }
+        if (!etcd_down_) count(r_.etcd_writes, now_ - 1, leased * 3000 / std::max(1, s_.lease_ttl_ms));
+        r_.balance.push_back(sum > 0 ? double(most) / (double(sum) / double(running)) : 1.0);
+
+        r_.live.push_back(open_);
+    }
+
+    void finish() {
+        std::vector<std::set<uint32_t>> queued(cells_.size());
+        for (size_t c = 0; c < cells_.size(); ++c)
+            for (const auto & [id, epoch] : cells_[c].inbox)
+                queued[c].insert(id);
+        for (size_t id = 0; id < sessions_.size(); ++id) {
+            Session & s = sessions_[id];
+            if (!s.open) continue;
+            if (s.node != kNone && !s.paused) {
+                stop_run(uint32_t(id));  // count its steps so far
+                continue;
+            }
+            if (s.waiting_since < 0 || now_ - s.waiting_since <= kGraceMs) continue;
+            // Waiting long in a brain's queue (or a lost cell's, for the global brain) is load: the
+            // cell has no room. Known to no brain and in no queue, it is lost.
+            const Cell & c = cells_[size_t(s.cell)];
+            if (c.lost || queued[size_t(s.cell)].count(uint32_t(id)) ||
+                (c.brain && c.brain->node_of(sid(uint32_t(id))))) {
+                ++r_.sessions_queued;
+                continue;
+            }
+            ++r_.sessions_stranded;
+            violation("session " + sid(uint32_t(id)) + " has had no node since " + std::to_string(s.waiting_since) +
+                      " ms, and no brain or queue holds it");
+        }
+        for (const auto & f : r_.faults) {
+            if (f.resumed < f.sessions_hit && now_ - int64_t(f.at_s * 1000) > kGraceMs)
+                violation(f.what + ": " + std::to_string(f.sessions_hit - f.resumed) + " of " +
+                          std::to_string(f.sessions_hit) + " sessions never resumed");
+        }
+        // The busiest second of re-placements in the minute after each fault.
+        for (auto & f : r_.faults) {
+            const size_t from = sec(int64_t(f.at_s * 1000));
+            for (size_t i = from; i < std::min(r_.moves.size(), from + 60); ++i)
+                f.peak_moves_per_s = std::max(f.peak_moves_per_s, int(r_.moves[i]));
+        }
+        r_.trace_hash = hash_;
+    }
+
+    const Scenario & s_;
+    const SimOptions & o_;
+    Rng rng_;
+    std::priority_queue<Ev, std::vector<Ev>, Later> q_;
+    uint64_t seq_ = 0;
+    int64_t now_ = 0;
+    uint64_t hash_ = 1469598103934665603ull;
+    SimResult r_;
+    std::vector<Session> sessions_;
+    std::vector<Node> nodes_;
+    std::vector<Cell> cells_;
+    std::vector<int32_t> think_;
+    std::unordered_map<std::string, int32_t> by_name_;
+    std::unique_ptr<cluster::GlobalBrain> global_;
+    cluster::Shares gw_shares_, last_split_;
+    int64_t last_split_ms_ = -1000000;
+    std::vector<int> cell_free_;
+    int64_t open_ = 0;
+    bool etcd_down_ = false, etcd_jitter_ = true;
+    int64_t etcd_up_at_ = 0;
+};
+
+}  // namespace
+
+SimResult run(const Scenario & s, const SimOptions & o) {
+    return World(s, o).run();
+}
+
+}  // namespace armada::sim

@@ -1,0 +1,59 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/scenario.h"
+
+namespace armada::sim {
+
+struct SimOptions {
+    uint64_t seed = 1;
+    bool keep_trace = false;  // keep the event trace's text (small runs), besides its hash
+};
+
+//! A failure of an invariant, at simulated time `t_ms`.
+struct Violation {
+    int64_t t_ms = 0;
+    std::string what;
+};
+
+//! What a fault did to the sessions it hit.
+struct FaultOutcome {
+    std::string what;
+    double at_s = 0;
+    int sessions_hit = 0;       // open sessions on what failed
+    int resumed = 0;            // of those, resumed elsewhere (or ended) by the end of the run
+    double last_resume_s = -1;  // fault → the last hit session's next step began elsewhere
+    int peak_moves_per_s = 0;   // re-placements and re-homes in the busiest second after it
+};
+
+struct SimResult {
+    uint64_t trace_hash = 0;  // over every event and decision, in order
+    uint64_t events = 0;
+    std::string trace;  // with keep_trace
+    double wall_s = 0;
+    // The real brains' wall time per call, in microseconds.
+    std::vector<double> place_us;  // CellBrain::decide, calls that placed something
+    std::vector<double> split_us;  // GlobalBrain::shares + decide
+    // Per simulated second.
+    std::vector<int64_t> etcd_writes, nats_msgs, pg_commits, moves;
+    std::vector<double> balance;  // max / mean sessions over the live nodes that run any
+    std::vector<int64_t> live;    // open sessions
+    int64_t sessions_started = 0, sessions_completed = 0;
+    //! Open at the end with no node for over a minute: waiting for room (queued), or forgotten
+    //! or passed over while there was room (stranded: an invariant broken).
+    int64_t sessions_queued = 0, sessions_stranded = 0;
+    int64_t steps = 0, steps_in_slo = 0;  // steps whose model part took at most 2 s
+    int64_t fenced_writes = 0;            // writes of a woken node refused by the epoch
+    std::vector<FaultOutcome> faults;
+    std::vector<Violation> violations;
+};
+
+//! Runs `s` under `o.seed`: the real CellBrain and GlobalBrain classes, around them simulated
+//! nodes, etcd (leases, watches, elections), NATS and PostgreSQL (commits, fencing) on one seeded
+//! clock. Deterministic: the same scenario and seed give the same trace.
+SimResult run(const Scenario & s, const SimOptions & o);
+
+}  // namespace armada::sim
