@@ -10,7 +10,7 @@ PORT       ?= 8080
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
-.PHONY: setup build run cluster test test-asan test-tsan test-arm fuzz lint bench models clean
+.PHONY: setup build run cluster test test-asan test-tsan test-arm fuzz lint bench models clean sim-sweep
 
 setup:
 	@bash scripts/setup.sh
@@ -65,6 +65,13 @@ test-arm: setup models
 FUZZ_SECONDS ?= 60
 fuzz: setup models
 	@bash scripts/fuzz.sh build-fuzz $(LLAMA_DIR) $(MODEL_DIR) $(FUZZ_SECONDS) $(JOBS)
+
+# The simulator's longer sweep: 2,000 seeds of the small scenario and 20 of the 4,096-node one
+# (each failing seed prints the command that replays it); docs/SCALE.md.
+SIM_SEEDS ?= 2000
+sim-sweep: build
+	$(BUILD)/armada sim sim/small.yaml --seed 1000 --seeds $(SIM_SEEDS)
+	$(BUILD)/armada sim sim/reduced.yaml --seed 1000 --seeds 20
 
 lint: build
 	@bash scripts/lint.sh $(BUILD)

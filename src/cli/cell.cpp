@@ -109,7 +109,7 @@ class CellProcess {
     //! lease (it goes when no brain of the cell leads any more), and on NATS (pushed to every
     //! global brain as it is made; nothing is kept).
     void report(const CellBrain & brain, int64_t now) {
-        const CellReport r = cell_report(o_.cell, brain.loads(now), by_tenant_);
+        const CellReport r = cell_report(o_.cell, brain.loads(now), by_tenant_, int(brain.queued()));
         const std::string encoded = encode_cell_report(r);
         if (auto e = etcd_.put(cell_report_key(cfg_, o_.cell), encoded, elected_.lease()); !e.empty())
             spdlog::warn("cell {}: cannot write its report: {}", o_.cell, e);

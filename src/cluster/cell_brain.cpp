@@ -1,6 +1,7 @@
 #include "cluster/cell_brain.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace armada::cluster {
 
@@ -83,21 +84,36 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
         it = live_nodes.count(it->first) ? std::next(it) : nodes_.erase(it);
     for (const auto & n : live_nodes)
         nodes_.try_emplace(n);
-    std::map<std::string, Session> next;
+    // Updated in place (a cell holds thousands of sessions and this runs every few seconds):
+    // what the store shows replaces what was known, and what it no longer shows goes.
+    ++generation_;
     for (const auto & o : open) {
-        Session s;
-        auto old = sessions_.find(o.id);
-        s.order = old != sessions_.end() ? old->second.order : ++order_;
-        s.node = o.node;
-        s.epoch = o.epoch;
-        // A decision still being written is newer than what the store showed when read.
-        if (old != sessions_.end() && old->second.confirming && old->second.epoch > o.epoch) s = old->second;
-        next[o.id] = s;
+        auto [it, fresh] = sessions_.try_emplace(o.id);
+        Session & s = it->second;
+        if (fresh) {
+            s.order = ++order_;
+            s.node = o.node;
+            s.epoch = o.epoch;
+        } else if (!(s.confirming && s.epoch > o.epoch)) {
+            // (A decision still being written is newer than what the store showed when read.)
+            s.node = o.node;
+            s.epoch = o.epoch;
+            s.held = false;
+            s.confirming = false;
+        }
+        s.seen = generation_;
     }
-    sessions_ = std::move(next);
     todo_.clear();
-    for (const auto & [id, s] : sessions_)
-        index(id, s);
+    const std::unordered_set<std::string> up(live_nodes.begin(), live_nodes.end());  // the nodes_ now
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+        const Session & s = it->second;
+        if (s.seen != generation_) {
+            it = sessions_.erase(it);
+            continue;
+        }
+        if (!s.held && !s.confirming && !up.count(s.node)) todo_.emplace(s.order, it->first);
+        ++it;
+    }
 }
 
 const std::string * CellBrain::pick(int64_t now_ms) const {

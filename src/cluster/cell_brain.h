@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace armada::cluster {
@@ -97,7 +98,8 @@ class CellBrain {
     std::vector<Place> decide(int64_t now_ms);
 
     // --- views, for metrics and tests ---
-    size_t waiting() const;  // open sessions with no live node
+    size_t waiting() const;                         // open sessions with no live node
+    size_t queued() const { return todo_.size(); }  // of those, the ones to place when there is room
     size_t sessions_on(const std::string & node) const;
     bool live(const std::string & node) const { return nodes_.count(node) > 0; }
     std::optional<std::string> node_of(const std::string & session) const;
@@ -116,6 +118,7 @@ class CellBrain {
         bool held = false;        // a decision failed: wait for reconcile
         bool confirming = false;  // a decision is being carried out: the store may not show it yet
         uint64_t order = 0;       // arrival, for first-come placement
+        uint64_t seen = 0;        // the reconcile that last found it in the store
     };
     const std::string * pick(int64_t now_ms) const;
     //! Keeps `todo_` right for one session after any change to it or to its node's liveness.
@@ -124,14 +127,15 @@ class CellBrain {
     void index_node(const std::string & node);
 
     CellBrainConfig cfg_;
-    std::map<std::string, Node> nodes_;        // live nodes (lease held)
-    std::map<std::string, Session> sessions_;  // open sessions
+    std::map<std::string, Node> nodes_;                  // live nodes (lease held)
+    std::unordered_map<std::string, Session> sessions_;  // open sessions (order: `Session::order`)
     //! The sessions `decide` looks at (no live node, no decision pending or held), by arrival:
     //! it costs what there is to place, not what the cell runs.
     std::set<std::pair<uint64_t, std::string>> todo_;
     double tokens_ = -1;  // re-placement bucket; -1: not started
     int64_t tokens_at_ms_ = 0;
     uint64_t order_ = 0;
+    uint64_t generation_ = 0;  // reconciles so far
 };
 
 }  // namespace armada::cluster

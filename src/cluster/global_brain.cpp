@@ -24,9 +24,10 @@ uint64_t fnv1a(const std::string & s) {
 }  // namespace
 
 CellReport cell_report(const std::string & cell, const std::vector<NodeLoad> & loads,
-                       const std::map<std::string, int> & by_tenant) {
+                       const std::map<std::string, int> & by_tenant, int queued) {
     CellReport r;
     r.cell = cell;
+    r.queued = queued;
     double step_sum = 0;
     int step_n = 0;
     for (const auto & l : loads) {
@@ -139,7 +140,13 @@ size_t GlobalBrain::waiting() const {
 int GlobalBrain::room(const Cell & c, int64_t now_ms) const {
     if (!c.last || lost(c.spec.name, now_ms) || c.last->kv_headroom <= 0) return 0;
     const int limit = int(std::floor(c.spec.water * double(c.last->capacity)));
-    return std::max(0, limit - c.last->live_sessions - c.taken);
+    // Sessions queued in the cell wait for the same room.
+    return std::max(0, limit - c.last->live_sessions - c.last->queued - c.taken);
+}
+
+int GlobalBrain::spare(const Cell & c, int64_t now_ms) const {
+    if (!c.last || lost(c.spec.name, now_ms) || c.last->kv_headroom <= 0) return 0;
+    return std::max(0, c.last->capacity - c.last->live_sessions - c.last->queued - c.taken);
 }
 
 Shares GlobalBrain::shares(int64_t now_ms) const {
@@ -204,8 +211,8 @@ std::string GlobalBrain::target(const Cell & from, const std::string & tenant, i
     std::tuple<bool, int, int> best_key{false, 0, 0};
     for (const auto & [name, c] : cells_) {
         if (name == from.spec.name) continue;
-        const int r = room(c, now_ms);
-        if (r <= 0) continue;
+        const int r = spare(c, now_ms);
+        if (r <= 0 || c.tokens < 1) continue;
         const bool other_domain = from.spec.domain.empty() || c.spec.domain != from.spec.domain;
         int mine = 0;
         if (auto t = c.last->by_tenant.find(tenant); t != c.last->by_tenant.end()) mine = t->second;
@@ -219,22 +226,20 @@ std::string GlobalBrain::target(const Cell & from, const std::string & tenant, i
 }
 
 std::vector<Rehome> GlobalBrain::decide(int64_t now_ms) {
-    if (tokens_ < 0) {
-        tokens_ = cfg_.burst;
-    } else if (now_ms > tokens_at_ms_) {
-        tokens_ = std::min(cfg_.burst, tokens_ + double(now_ms - tokens_at_ms_) * cfg_.rehomes_per_s / 1000.0);
-    }
+    const double add =
+        tokens_at_ms_ < 0 ? 0 : double(std::max<int64_t>(0, now_ms - tokens_at_ms_)) * cfg_.rehomes_per_s / 1000.0;
+    for (auto & [name, c] : cells_)
+        c.tokens = c.tokens < 0 ? cfg_.burst : std::min(cfg_.burst, c.tokens + add);
     tokens_at_ms_ = now_ms;
     std::vector<Rehome> out;
     for (auto & [name, c] : cells_) {
         if (!lost(name, now_ms)) continue;
         for (auto it = c.open.begin(); it != c.open.end();) {
-            if (tokens_ < 1) return out;
             const std::string to = target(c, it->second.tenant, now_ms);
-            if (to.empty()) return out;  // no room anywhere: they wait
+            if (to.empty()) return out;  // no room (or no pace) anywhere now: they wait
             out.push_back({it->first, name, to, it->second.epoch + 1});
             cells_[to].taken++;
-            tokens_ -= 1;
+            cells_[to].tokens -= 1;
             c.in_flight.insert(it->first);
             it = c.open.erase(it);
         }

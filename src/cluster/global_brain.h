@@ -21,6 +21,7 @@ struct CellReport {
     int free_seqs = 0;        // of those, free
     int64_t kv_headroom = 0;  // bytes
     int live_sessions = 0;
+    int queued = 0;                        // open sessions its brain has yet to place (no room on its nodes now)
     double step_ms = 0;                    // recent model-step latency (p50); 0: not known
     std::map<std::string, int> by_tenant;  // live sessions per tenant
 };
@@ -28,7 +29,7 @@ struct CellReport {
 //! A cell's aggregate from its live nodes' fresh reports (`CellBrain::loads`) and its open
 //! sessions per tenant: what its leading brain writes, and the simulator's cells too.
 CellReport cell_report(const std::string & cell, const std::vector<NodeLoad> & loads,
-                       const std::map<std::string, int> & by_tenant);
+                       const std::map<std::string, int> & by_tenant, int queued = 0);
 
 //! A cell as the config declares it.
 struct CellSpec {
@@ -42,8 +43,9 @@ struct CellSpec {
 struct GlobalBrainConfig {
     //! A cell whose aggregate is older than this is lost (its brains are gone or cut off).
     int64_t report_ttl_ms = 15000;
-    //! Re-homing of a lost cell's sessions is paced by a token bucket: this many per second,
-    //! bursts up to `burst`.
+    //! Re-homing of a lost cell's sessions is paced by a token bucket for each cell that takes
+    //! them: each takes this many per second, bursts up to `burst`. A lost cell cannot stampede
+    //! any one cell, and a big cluster absorbs it in proportion to its size.
     double rehomes_per_s = 100;
     double burst = 200;
 };
@@ -100,7 +102,8 @@ class GlobalBrain {
     // --- decisions ---
     //! The split of new sessions now.
     Shares shares(int64_t now_ms) const;
-    //! Re-homes to carry out now, paced and within the other cells' room under water.
+    //! Re-homes to carry out now, paced and within the other cells' capacity (the headroom above
+    //! their water level is there for this).
     std::vector<Rehome> decide(int64_t now_ms);
 
     // --- views ---
@@ -118,15 +121,18 @@ class GlobalBrain {
         int taken = 0;                            // sessions sent to it since its last report
         std::map<std::string, OpenSession> open;  // while lost: its sessions to re-home
         std::set<std::string> in_flight;          // re-homes decided, not yet written
+        double tokens = -1;                       // re-homes it may take now; -1: not started
     };
     //! Sessions it may still take before its water level (0 when lost, draining, or full).
     int room(const Cell & c, int64_t now_ms) const;
+    //! Sessions it may still take up to its capacity: a lost cell's sessions go into the headroom
+    //! the water level keeps for them (0 when lost or under KV pressure).
+    int spare(const Cell & c, int64_t now_ms) const;
     std::string target(const Cell & from, const std::string & tenant, int64_t now_ms) const;
 
     GlobalBrainConfig cfg_;
     std::map<std::string, Cell> cells_;
-    double tokens_ = -1;
-    int64_t tokens_at_ms_ = 0;
+    int64_t tokens_at_ms_ = -1;
 };
 
 }  // namespace armada::cluster

@@ -69,6 +69,7 @@ std::string encode_cell_report(const CellReport & r) {
                 {"free_seqs", r.free_seqs},
                 {"kv_headroom", r.kv_headroom},
                 {"live_sessions", r.live_sessions},
+                {"queued", r.queued},
                 {"step_ms", r.step_ms},
                 {"by_tenant", r.by_tenant}}
         .dump();
@@ -86,13 +87,14 @@ std::optional<CellReport> decode_cell_report(const std::string & cell, const std
         r.free_seqs = j.value("free_seqs", 0);
         r.kv_headroom = j.value("kv_headroom", int64_t(0));
         r.live_sessions = j.value("live_sessions", 0);
+        r.queued = j.value("queued", 0);
         r.step_ms = j.value("step_ms", 0.0);
         if (j.contains("by_tenant") && j["by_tenant"].is_object())
             r.by_tenant = j["by_tenant"].get<std::map<std::string, int>>();
     } catch (const json::exception &) {
         return std::nullopt;
     }
-    if (r.capacity < 0 || r.live_sessions < 0 || !std::isfinite(r.step_ms)) return std::nullopt;
+    if (r.capacity < 0 || r.live_sessions < 0 || r.queued < 0 || !std::isfinite(r.step_ms)) return std::nullopt;
     return r;
 }
 

@@ -57,8 +57,68 @@ struct Ev {
     uint32_t a, b;
     int64_t c;
 };
-struct Later {
-    bool operator()(const Ev & x, const Ev & y) const { return x.t != y.t ? x.t > y.t : x.seq > y.seq; }
+//! The pending events: a wheel of one slot per millisecond for the next ~17 minutes, and a map
+//! for later ones. Each slot is a list through one pool of events, so scheduling allocates
+//! nothing once the pool has grown. Events of one millisecond come out in the order they were
+//! scheduled. (A heap of a million sessions' next events cost more than the brains themselves.)
+class Calendar {
+  public:
+    Calendar() : head_(kSpan, kNil), tail_(kSpan, kNil) {}
+    void push(const Ev & e) {
+        if (e.t >= now_ + int64_t(kSpan)) {
+            far_[e.t].push_back(e);
+            return;
+        }
+        uint32_t i;
+        if (free_ != kNil) {
+            i = free_;
+            free_ = next_of_[i];
+            pool_[i] = e;
+        } else {
+            i = uint32_t(pool_.size());
+            pool_.push_back(e);
+            next_of_.push_back(kNil);
+        }
+        next_of_[i] = kNil;
+        const size_t slot = size_t(std::max(e.t, now_)) % kSpan;
+        if (tail_[slot] == kNil)
+            head_[slot] = i;
+        else
+            next_of_[tail_[slot]] = i;
+        tail_[slot] = i;
+    }
+    //! The next event at or before `end`; false when there is none.
+    bool pop(Ev & out, int64_t end) {
+        for (;;) {
+            const size_t slot = size_t(now_) % kSpan;
+            if (const uint32_t i = head_[slot]; i != kNil) {
+                out = pool_[i];
+                head_[slot] = next_of_[i];
+                if (head_[slot] == kNil) tail_[slot] = kNil;
+                next_of_[i] = free_;
+                free_ = i;
+                return true;
+            }
+            if (now_ >= end) return false;
+            ++now_;
+            // Later events enter the wheel as their millisecond comes within its span.
+            while (!far_.empty() && far_.begin()->first < now_ + int64_t(kSpan)) {
+                auto later = std::move(far_.begin()->second);
+                far_.erase(far_.begin());
+                for (const Ev & e : later)
+                    push(e);
+            }
+        }
+    }
+
+  private:
+    static constexpr size_t kSpan = size_t(1) << 20;
+    static constexpr uint32_t kNil = ~uint32_t(0);
+    std::vector<Ev> pool_;
+    std::vector<uint32_t> next_of_, head_, tail_;
+    uint32_t free_ = kNil;
+    std::map<int64_t, std::vector<Ev>> far_;
+    int64_t now_ = 0;
 };
 
 constexpr int32_t kNone = -1;
@@ -79,6 +139,8 @@ struct Session {
     bool paused = false;        // its node hangs
     int64_t waiting_since = 0;  // -1 while it runs
     int32_t fault = kNone;      // the fault that took its runner, until it runs again
+    int32_t node_pos = -1;      // its place in its node's list (while `node` is set)
+    int32_t cell_pos = -1;      // its place in its cell's list of open sessions
 };
 
 struct Node {
@@ -86,8 +148,8 @@ struct Node {
     std::string name;
     bool up = true, hung = false, lease = true;
     uint32_t lease_gen = 0;
-    int32_t phase = 0;  // keepalive and report phase, ms
-    std::set<uint32_t> sessions;
+    int32_t phase = 0;                                    // keepalive and report phase, ms
+    std::vector<uint32_t> sessions;                       // the sessions it runs (a hung node also those moved away)
     std::vector<std::pair<uint32_t, int64_t>> held_runs;  // run commands that arrived while hung
     cluster::NodeLoad last;
     int64_t report_seq = 0;
@@ -99,7 +161,7 @@ struct Cell {
     std::unique_ptr<cluster::CellBrain> brain;  // null: no brain leads
     std::vector<std::pair<uint32_t, int64_t>> inbox;
     std::vector<uint32_t> closed;
-    std::set<uint32_t> open;  // open sessions whose row names this cell
+    std::vector<uint32_t> open;  // open sessions whose row names this cell
     std::map<std::string, int> by_tenant;
     int64_t last_report = 0, last_reconcile = -1;
     bool lost = false;  // its processes are down (a fault)
@@ -117,9 +179,8 @@ class World {
         const auto wall0 = std::chrono::steady_clock::now();
         setup();
         const int64_t end = int64_t(s_.duration_s * 1000);
-        while (!q_.empty() && q_.top().t <= end) {
-            const Ev e = q_.top();
-            q_.pop();
+        Ev e{};
+        while (q_.pop(e, end)) {
             now_ = e.t;
             trace(e.t, e.kind, e.a, e.b, e.c);
             handle(e);
@@ -180,7 +241,11 @@ class World {
             out[size_t(i)] = cell * s_.nodes_per_cell + i;
         return out;
     }
-    int32_t node_index(const std::string & name) const { return by_name_.at(name); }
+    //! "cellC-nI" → its number.
+    int32_t node_index(const std::string & name) const {
+        const size_t dash = name.find("-n");
+        return std::stoi(name.substr(4, dash - 4)) * s_.nodes_per_cell + std::stoi(name.substr(dash + 2));
+    }
     uint32_t session_index(const std::string & id) const { return uint32_t(std::stoul(id.substr(1))); }
 
     // ---- the node model ----
@@ -197,26 +262,69 @@ class World {
         return int32_t(g);
     }
 
+    // ---- membership lists, with O(1) insert and erase ----
+    bool node_has(int32_t ni, uint32_t id) const {
+        const Session & s = sessions_[id];
+        const auto & v = nodes_[size_t(ni)].sessions;
+        if (s.node == ni) return s.node_pos >= 0 && size_t(s.node_pos) < v.size() && v[size_t(s.node_pos)] == id;
+        return std::find(v.begin(), v.end(), id) != v.end();  // a hung node's stale entry: rare
+    }
+    void node_add(int32_t ni, uint32_t id) {
+        auto & v = nodes_[size_t(ni)].sessions;
+        sessions_[id].node_pos = int32_t(v.size());
+        v.push_back(id);
+    }
+    void node_remove(int32_t ni, uint32_t id) {
+        auto & v = nodes_[size_t(ni)].sessions;
+        const Session & s = sessions_[id];
+        size_t i = v.size();
+        if (s.node == ni && s.node_pos >= 0 && size_t(s.node_pos) < v.size() && v[size_t(s.node_pos)] == id)
+            i = size_t(s.node_pos);
+        else
+            i = size_t(std::find(v.begin(), v.end(), id) - v.begin());
+        if (i >= v.size()) return;
+        v[i] = v.back();
+        v.pop_back();
+        if (i < v.size() && sessions_[v[i]].node == ni) sessions_[v[i]].node_pos = int32_t(i);
+    }
+    void cell_add(int32_t ci, uint32_t id) {
+        auto & v = cells_[size_t(ci)].open;
+        sessions_[id].cell_pos = int32_t(v.size());
+        v.push_back(id);
+    }
+    void cell_remove(int32_t ci, uint32_t id) {
+        auto & v = cells_[size_t(ci)].open;
+        const auto i = size_t(sessions_[id].cell_pos);
+        if (i >= v.size() || v[i] != id) return;
+        v[i] = v.back();
+        v.pop_back();
+        if (i < v.size()) sessions_[v[i]].cell_pos = int32_t(i);
+        sessions_[id].cell_pos = -1;
+    }
+
     void start_run(uint32_t id, int32_t ni, int64_t epoch, bool restore) {
         Session & s = sessions_[id];
-        Node & n = nodes_[ni];
+        Node & n = nodes_[size_t(ni)];
         if (s.node != kNone && s.node != ni) {
             Node & old = nodes_[size_t(s.node)];
-            if (old.up && !old.hung && old.sessions.count(id)) {
+            if (old.up && !old.hung && node_has(s.node, id)) {
                 if (s.run_epoch == epoch)
                     violation("session " + sid(id) + " runs on two live nodes in epoch " + std::to_string(epoch) +
                               ": " + old.name + " and " + n.name);
                 // The old runner (it woke after the move) is refused at its next write and stops.
                 stop_run(id);
-                old.sessions.erase(id);
+                node_remove(s.node, id);
                 ++r_.fenced_writes;
             }
             // A hung node keeps it until it wakes and is fenced.
         }
-        if (int(n.sessions.size()) >= s_.node.sessions)
-            violation("node " + n.name + " placed past its capacity (" + std::to_string(s_.node.sessions) +
-                      "): " + sid(id) + " epoch " + std::to_string(epoch));
-        n.sessions.insert(id);
+        if (!node_has(ni, id)) {
+            if (int(n.sessions.size()) >= s_.node.sessions)
+                violation("node " + n.name + " placed past its capacity (" + std::to_string(s_.node.sessions) +
+                          "): " + sid(id) + " epoch " + std::to_string(epoch));
+            s.node = ni;
+            node_add(ni, id);
+        }
         s.node = ni;
         s.run_epoch = epoch;
         s.paused = false;
@@ -267,7 +375,6 @@ class World {
                 n.cell = c;
                 n.name = cells_[size_t(c)].name + "-n" + std::to_string(i);
                 n.phase = int32_t(rng_.range(0, s_.report_ms - 1));
-                by_name_[n.name] = int32_t(nodes_.size());
                 nodes_.push_back(std::move(n));
             }
         }
@@ -339,7 +446,7 @@ class World {
         s.waiting_since = now_;
         sessions_.push_back(s);
         const auto id = uint32_t(sessions_.size() - 1);
-        cells_[size_t(cell)].open.insert(id);
+        cell_add(cell, id);
         ++open_;
         ++r_.sessions_started;
         count(r_.pg_commits, now_);
@@ -430,12 +537,12 @@ class World {
         Node & n = nodes_[size_t(s.node)];
         if (!n.up || n.hung) return;
         stop_run(id);
-        n.sessions.erase(id);
+        node_remove(s.node, id);
         const int32_t cell = s.cell;
         s.node = kNone;
         s.open = false;
         s.waiting_since = -1;
-        cells_[size_t(cell)].open.erase(id);
+        cell_remove(cell, id);
         --open_;
         ++r_.sessions_completed;
         count(r_.pg_commits, now_);
@@ -526,8 +633,7 @@ class World {
         n.report_seq = int64_t(rng_.range(1, 1 << 30)) << 20;  // a new process numbers afresh
         renew_lease(ni);
         // It runs what is still assigned to it (its lease may not have run out meanwhile).
-        for (uint32_t id :
-             std::vector<uint32_t>(cells_[size_t(n.cell)].open.begin(), cells_[size_t(n.cell)].open.end())) {
+        for (uint32_t id : std::vector<uint32_t>(cells_[size_t(n.cell)].open)) {
             const Session & s = sessions_[id];
             if (s.row_node == ni && s.node == kNone) start_run(id, ni, s.epoch, true);
         }
@@ -559,15 +665,14 @@ class World {
         if (!n.lease) renew_lease(ni);
         // Its sessions go on where the store still names it under the same epoch; its writes for
         // the others are refused (fenced) and it drops them.
-        for (uint32_t id : std::vector<uint32_t>(n.sessions.begin(), n.sessions.end())) {
+        for (uint32_t id : std::vector<uint32_t>(n.sessions)) {
             Session & s = sessions_[id];
             if (s.node == ni && s.paused && s.open && s.row_node == ni && s.epoch == s.run_epoch) {
-                n.sessions.erase(id);
                 start_run(id, ni, s.epoch, false);
             } else {
                 ++r_.fenced_writes;
                 count(r_.pg_commits, now_);
-                n.sessions.erase(id);
+                node_remove(ni, id);
                 if (s.node == ni) {
                     s.node = kNone;
                     s.paused = false;
@@ -614,7 +719,7 @@ class World {
         }
         if (now_ - c.last_report >= 1000) {
             c.last_report = now_;
-            const auto r = cluster::cell_report(c.name, b.loads(now_), c.by_tenant);
+            const auto r = cluster::cell_report(c.name, b.loads(now_), c.by_tenant, int(b.queued()));
             if (cell_free_.size() < cells_.size()) cell_free_.resize(cells_.size(), -1);
             cell_free_[ci] = r.free_seqs;
             if (!etcd_down_) count(r_.etcd_writes, now_);
@@ -632,12 +737,15 @@ class World {
             if (nodes_[size_t(i)].lease) live.insert(nodes_[size_t(i)].name);
         std::vector<cluster::CellBrain::OpenSession> open;
         open.reserve(c.open.size());
-        c.by_tenant.clear();
+        std::vector<int> per_tenant(s_.tenants.size(), 0);
         for (uint32_t id : c.open) {
             const Session & s = sessions_[id];
             open.push_back({sid(id), s.row_node == kNone ? "" : nodes_[size_t(s.row_node)].name, s.epoch});
-            ++c.by_tenant[s_.tenants[s.tenant].name];
+            ++per_tenant[s.tenant];
         }
+        c.by_tenant.clear();
+        for (size_t t = 0; t < per_tenant.size(); ++t)
+            if (per_tenant[t] > 0) c.by_tenant[s_.tenants[t].name] = per_tenant[t];
         c.brain->reconcile(live, open);
         for (int32_t i : nodes_of(int(ci)))
             if (nodes_[size_t(i)].lease && nodes_[size_t(i)].reported) c.brain->load(nodes_[size_t(i)].last, now_);
@@ -672,8 +780,8 @@ class World {
             count(r_.pg_commits, now_);
             g.rehome_done(rh.session);
             if (!s.open || s.cell != from || s.epoch >= rh.epoch) continue;
-            cells_[size_t(from)].open.erase(id);
-            cells_[size_t(to)].open.insert(id);
+            cell_remove(from, id);
+            cell_add(to, id);
             s.cell = to;
             s.epoch = rh.epoch;
             s.row_node = kNone;
@@ -812,7 +920,7 @@ class World {
     const Scenario & s_;
     const SimOptions & o_;
     Rng rng_;
-    std::priority_queue<Ev, std::vector<Ev>, Later> q_;
+    Calendar q_;
     uint64_t seq_ = 0;
     int64_t now_ = 0;
     uint64_t hash_ = 1469598103934665603ull;
@@ -821,7 +929,6 @@ class World {
     std::vector<Node> nodes_;
     std::vector<Cell> cells_;
     std::vector<int32_t> think_;
-    std::unordered_map<std::string, int32_t> by_name_;
     std::unique_ptr<cluster::GlobalBrain> global_;
     cluster::Shares gw_shares_, last_split_;
     int64_t last_split_ms_ = -1000000;

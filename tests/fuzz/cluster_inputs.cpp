@@ -1,8 +1,10 @@
 // What the cluster reads from elsewhere: its YAML config, a node's load report (JSON from etcd),
-// a line of etcd's watch stream and etcd's base64. Any bytes must give a value or a reason, never a crash.
+// a line of etcd's watch stream, etcd's base64 and a simulator scenario. Any bytes must give a value
+// or a reason, never a crash.
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
+#include "sim/scenario.h"
 
 #include <cstdlib>
 #include <string>
@@ -13,6 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     const std::string in(reinterpret_cast<const char *>(data), size);
     std::string error;
     if (!parse_cluster_config(in, error) && error.empty()) std::abort();  // a refusal says why
+    if (!armada::sim::parse_scenario(in, error) && error.empty()) std::abort();
     if (auto l = decode_load("n", in)) {
         auto back = decode_load("n", encode_load(*l));
         if (back->free_seqs != l->free_seqs || back->kv_by_tenant != l->kv_by_tenant) std::abort();

@@ -207,16 +207,36 @@ TEST(GlobalBrain, RehomingIsRateLimited) {
     EXPECT_EQ(g.waiting(), 9u);
 }
 
-TEST(GlobalBrain, RehomingStopsAtTheOtherCellsWaterLevels) {
+TEST(GlobalBrain, EachCellThatTakesRehomesHasItsOwnPace) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}, {"c", ""}}), {.rehomes_per_s = 10, .burst = 5});
+    for (const char * c : {"a", "b", "c"})
+        g.report(cell(c, 1000, 0), 0);
+    g.leases_gone("a");
+    std::vector<GlobalBrain::OpenSession> open;
+    for (int i = 0; i < 30; ++i)
+        open.push_back({"s" + std::to_string(100 + i), "t" + std::to_string(i), 1});
+    g.open_in("a", open);
+    const auto first = g.decide(0);
+    ASSERT_EQ(first.size(), 10u);  // a burst of 5 into each of the two others
+    std::map<std::string, int> into;
+    for (const auto & r : first)
+        ++into[r.to];
+    EXPECT_EQ(into, (std::map<std::string, int>{{"b", 5}, {"c", 5}}));
+    EXPECT_EQ(g.decide(500).size(), 10u);  // then 10 a second into each
+    EXPECT_EQ(g.waiting(), 10u);
+}
+
+TEST(GlobalBrain, RehomingFillsTheOtherCellsHeadroomAboveWaterUpToCapacity) {
     GlobalBrain g(specs({{"a", ""}, {"b", ""}}));
     g.report(cell("a", 100, 0), 0);
-    g.report(cell("b", 10, 3), 0);  // room 5 - 3 = 2
+    g.report(cell("b", 10, 7), 0);  // above its water level (5): no new sessions, 3 to spare
+    EXPECT_TRUE(g.shares(0).full.count("b"));
     g.leases_gone("a");
-    g.open_in("a", {{"s1", "t", 1}, {"s2", "t", 1}, {"s3", "t", 1}});
-    EXPECT_EQ(g.decide(0).size(), 2u);
+    g.open_in("a", {{"s1", "t", 1}, {"s2", "t", 1}, {"s3", "t", 1}, {"s4", "t", 1}});
+    EXPECT_EQ(g.decide(0).size(), 3u);
     EXPECT_EQ(g.waiting(), 1u);
-    EXPECT_TRUE(g.decide(1).empty());
-    g.report(cell("b", 10, 3), 2);  // its brain has placed them elsewhere: room again
+    EXPECT_TRUE(g.decide(1).empty());  // full: the last one waits
+    g.report(cell("b", 10, 9), 2);     // a session there ended: room for one
     EXPECT_EQ(g.decide(2).size(), 1u);
 }
 
@@ -300,4 +320,25 @@ TEST(CellReport, SumsTheNodesAndLeavesADrainingNodesRoomOut) {
     EXPECT_EQ(r.kv_headroom, 200);
     EXPECT_DOUBLE_EQ(r.step_ms, (50.0 * 3 + 110.0 * 1) / 4);  // weighted by sessions + 1
     EXPECT_EQ(r.by_tenant, (std::map<std::string, int>{{"t1", 7}}));
+}
+
+TEST(GlobalBrain, SessionsQueuedInACellTakeItsRoomForNewAndRehomedSessions) {
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}, {"c", ""}}));
+    auto b = cell("b", 100, 20);  // water 57: room for 37 by its running sessions alone
+    b.queued = 40;                // but 40 wait in its brain for room
+    g.report(cell("a", 100, 0), 0);
+    g.report(b, 0);
+    g.report(cell("c", 100, 90), 0);
+    EXPECT_TRUE(g.shares(0).full.count("b"));
+    g.leases_gone("a");
+    std::vector<GlobalBrain::OpenSession> open;
+    for (int i = 0; i < 60; ++i)
+        open.push_back({"s" + std::to_string(i), "t", 1});
+    g.open_in("a", open);
+    // b can take 100 - 20 - 40 = 40, c 100 - 90 = 10: the rest wait.
+    EXPECT_EQ(g.decide(0).size(), 50u);
+    EXPECT_EQ(g.waiting(), 10u);
+    const auto back = decode_cell_report("b", encode_cell_report(b));
+    ASSERT_TRUE(back);
+    EXPECT_EQ(back->queued, 40);
 }
