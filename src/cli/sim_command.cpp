@@ -50,7 +50,8 @@ json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) 
                           {"sessions_hit", f.sessions_hit},
                           {"resumed", f.resumed},
                           {"last_resume_s", f.last_resume_s},
-                          {"peak_moves_per_s", f.peak_moves_per_s}});
+                          {"peak_moves_per_s", f.peak_moves_per_s},
+                          {"peak_etcd_writes_per_s", f.peak_etcd_writes_per_s}});
     json violations = json::array();
     for (const auto & v : r.violations)
         violations.push_back({{"t_ms", v.t_ms}, {"what", v.what}});
@@ -108,7 +109,8 @@ std::string markdown(const json & j) {
     for (const auto & f : j["faults"])
         m << "| " << f["what"].get<std::string>() << " at " << f["at_s"].get<double>() << " s | " << f["resumed"]
           << " of " << f["sessions_hit"] << " resumed, the last " << f["last_resume_s"].get<double>()
-          << " s after; peak " << f["peak_moves_per_s"] << " moves/s |\n";
+          << " s after; peak " << f["peak_moves_per_s"] << " moves/s, " << f["peak_etcd_writes_per_s"]
+          << " etcd writes/s |\n";
     m << "\nInvariants: " << (j["violations"].empty() ? std::string("all held") : j["violations"].dump()) << "\n";
     return m.str();
 }

@@ -854,7 +854,8 @@ class World {
             case Fault::Kind::RestartStorm:
                 for (size_t i = 0; i < nodes_.size(); ++i) {
                     crash(int32_t(i), fi);
-                    const int64_t d = f.jitter ? rng_.range(0, 10000) : 0;
+                    // Each node's first reconnect waits a random pause of up to a second.
+                    const int64_t d = f.jitter ? rng_.range(0, 1000) : 0;
                     at(now_ + int64_t(f.for_s * 1000) + d, kRestart, uint32_t(i));
                 }
                 return;
@@ -913,6 +914,8 @@ class World {
             const size_t from = sec(int64_t(f.at_s * 1000));
             for (size_t i = from; i < std::min(r_.moves.size(), from + 60); ++i)
                 f.peak_moves_per_s = std::max(f.peak_moves_per_s, int(r_.moves[i]));
+            for (size_t i = from; i < std::min(r_.etcd_writes.size(), from + 60); ++i)
+                f.peak_etcd_writes_per_s = std::max(f.peak_etcd_writes_per_s, r_.etcd_writes[i]);
         }
         r_.trace_hash = hash_;
     }
