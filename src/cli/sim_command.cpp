@@ -30,10 +30,11 @@ T peak(const std::vector<T> & v) {
 template <class T>
 double steady(const std::vector<T> & v) {
     if (v.empty()) return 0;
+    const size_t from = v.size() / 2;
     double sum = 0;
-    for (size_t i = v.size() / 2; i < v.size(); ++i)
+    for (size_t i = from; i < v.size(); ++i)
         sum += double(v[i]);
-    return sum / double(v.size() - v.size() / 2);
+    return sum / double(v.size() - from);
 }
 
 std::string hex(uint64_t h) {

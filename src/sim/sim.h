@@ -23,10 +23,10 @@ struct Violation {
 struct FaultOutcome {
     std::string what;
     double at_s = 0;
-    int sessions_hit = 0;       // open sessions on what failed
-    int resumed = 0;            // of those, resumed elsewhere (or ended) by the end of the run
-    double last_resume_s = -1;  // fault → the last hit session's next step began elsewhere
-    int peak_moves_per_s = 0;   // re-placements and re-homes in the busiest second after it
+    int sessions_hit = 0;                // open sessions on what failed
+    int resumed = 0;                     // of those, resumed elsewhere (or ended) by the end of the run
+    double last_resume_s = -1;           // fault → the last hit session's next step began elsewhere
+    int peak_moves_per_s = 0;            // re-placements and re-homes in the busiest second after it
     int64_t peak_etcd_writes_per_s = 0;  // in the busiest second of the minute after it
 };
 
