@@ -1,5 +1,7 @@
 #include "cli/mkmodel.h"
 
+#include "sim/splitmix.h"
+
 #include <ggml.h>
 #include <gguf.h>
 
@@ -31,15 +33,8 @@ struct GgmlDeleter {
 using GgufPtr = std::unique_ptr<gguf_context, GgufDeleter>;
 using GgmlPtr = std::unique_ptr<ggml_context, GgmlDeleter>;
 
-// splitmix64: a seeded, fast generator; weight values do not affect speed, only determinism matters.
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        return z ^ (z >> 31);
-    }
+// Seeded and fast: weight values do not affect speed, only determinism matters.
+struct Rng : sim::SplitMix64 {
     float uniform() { return float(next() >> 40) / float(1ULL << 24) * 2.0f - 1.0f; }
 };
 

@@ -11,20 +11,14 @@
 
 #include "cluster/cell_brain.h"
 #include "cluster/global_brain.h"
+#include "sim/splitmix.h"
 
 namespace armada::sim {
 
 namespace {
 
-//! splitmix64: small, fast and the same on every machine (std's distributions are not).
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
+//! The run's one source of randomness.
+struct Rng : SplitMix64 {
     double uniform() { return double(next() >> 11) / 9007199254740992.0; }  // [0, 1)
     double exp(double mean) { return -std::log(1.0 - uniform()) * mean; }
     int64_t range(int64_t lo, int64_t hi) { return lo + int64_t(next() % uint64_t(hi - lo + 1)); }

@@ -11,7 +11,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, chatTurn, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { alive, chatTurn, etcdGet as etcdRead, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -29,13 +29,7 @@ const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 
 const logOf = (name) => fs.readFileSync(status().processes.find((p) => p.name === name).log, 'utf8');
 const cellOf = (node) => node.replace(/-node\d+$/, '');
 
-async function etcdGet(key) {
-  const b64 = (s) => Buffer.from(s).toString('base64');
-  const r = await fetch(`http://${status().servers.etcd.endpoint.replace(/^https?:\/\//, '')}/v3/kv/range`, {
-    method: 'POST', body: JSON.stringify({ key: b64(key) }),
-  }).then((x) => x.json());
-  return r.kvs?.length ? Buffer.from(r.kvs[0].value, 'base64').toString() : null;
-}
+const etcdGet = (key) => etcdRead(status().servers.etcd.endpoint, key);
 
 async function createSessions(n, label, pauseMs = 0) {
   const ids = [];

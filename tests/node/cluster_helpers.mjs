@@ -23,6 +23,15 @@ export function sanitizerReports(logsDir) {
   return fs.readdirSync(logsDir).filter((f) => SANITIZER_REPORT.test(fs.readFileSync(`${logsDir}/${f}`, 'utf8')));
 }
 
+// The value of `key` in etcd (through its JSON gateway at `endpoint`), or null.
+export async function etcdGet(endpoint, key) {
+  const b64 = (s) => Buffer.from(s).toString('base64');
+  const r = await fetch(`http://${endpoint.replace(/^https?:\/\//, '')}/v3/kv/range`, {
+    method: 'POST', body: JSON.stringify({ key: b64(key) }),
+  }).then((x) => x.json());
+  return r.kvs?.length ? Buffer.from(r.kvs[0].value, 'base64').toString() : null;
+}
+
 // One command to Redis at `addr` (host:port) over its own protocol (RESP), as a test reads what
 // the gateways keep there: an integer, a string (null when nil) or an array of strings.
 export function redisCommand(addr, ...args) {

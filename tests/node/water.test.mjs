@@ -12,7 +12,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { etcdGet as etcdRead, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
@@ -28,13 +28,7 @@ let gw;
 const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
 const cellOf = (node) => node.replace(/-node\d+$/, '');
 
-async function etcdGet(key) {
-  const b64 = (s) => Buffer.from(s).toString('base64');
-  const r = await fetch(`http://${status().servers.etcd.endpoint.replace(/^https?:\/\//, '')}/v3/kv/range`, {
-    method: 'POST', body: JSON.stringify({ key: b64(key) }),
-  }).then((x) => x.json());
-  return r.kvs?.length ? Buffer.from(r.kvs[0].value, 'base64').toString() : null;
-}
+const etcdGet = (key) => etcdRead(status().servers.etcd.endpoint, key);
 
 async function waitFor(what, check, timeoutMs = 60000) {
   const deadline = Date.now() + timeoutMs * SLOW;
