@@ -487,6 +487,45 @@ test('kill -9 the leading cell brain: a standby leads within the TTL + 1 s and p
   for (const s of done.values()) assert.equal(s.placement?.epoch, 1, `${s.id} placed more than once`);
 });
 
+test('a new leader moves the sessions of a node that dies after it took over (it knows them from PostgreSQL)', { timeout: 300000 * SLOW }, async () => {
+  const faults = [];  // this test's faults: [start, end] in ms
+  await nodesReady(3);
+  // Two brains again (`cluster up` started the one killed before), one leading.
+  let brains;
+  const deadline = Date.now() + 90000 * SLOW;
+  for (;;) {
+    brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
+    if (brains.length === 2 && brains.filter((b) => leadsNow(b.name)).length === 1) break;
+    if (Date.now() > deadline) throw new Error(`not two brains with one leading: ${brains.map((b) => b.name)}`);
+    await sleep(200);
+  }
+  const leader = brains.find((b) => leadsNow(b.name));
+  const standby = brains.find((b) => b !== leader);
+  const mark = logOf(standby.name).length;
+  // Sessions placed by the leader, running when it dies.
+  const ids = await createSessions(SESSIONS, 'handover');
+  await waitProgress(ids, 16);
+  process.kill(leader.pid, 'SIGKILL');
+  await waitLog(standby.name, /leads cell/, mark, 20000);
+  // Then a node holding open sessions the new leader never placed dies.
+  const now = await placements(ids);
+  const count = new Map();
+  for (const p of now.values()) if (p.node && !ENDED.includes(p.state)) count.set(p.node, (count.get(p.node) ?? 0) + 1);
+  const victim = [...count.entries()].sort((a, b) => b[1] - a[1])[0]?.[0];
+  assert.ok(victim, 'a node held open sessions');
+  const theirs = [...now.entries()].filter(([, p]) => p.node === victim && !ENDED.includes(p.state)).map(([id]) => id);
+  const t0 = Date.now();
+  process.kill(proc(victim).pid, 'SIGKILL');
+  faults.push([t0, t0]);
+  const done = await waitAll(ids);
+  checkAll(done, faults);
+  // The sessions still open on it were moved by the new leader, at the next epoch.
+  const moved = theirs.filter((id) => done.get(id).placement?.epoch === 2);
+  assert.ok(moved.length > 0, `none of ${theirs.length} sessions of ${victim} was moved`);
+  for (const id of moved) assert.notEqual(done.get(id).placement.node, victim);
+  assert.match(logOf(standby.name).slice(mark), new RegExp(`node ${victim} left \\(its lease is gone\\); [1-9]\\d* sessions to move`));
+});
+
 test('PostgreSQL killed and restarted: steps wait, then go on, nothing lost', { timeout: 300000 * SLOW }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   await nodesReady(3);
