@@ -2,6 +2,7 @@
 
 #include "cli/stop_signals.h"
 
+#include "cluster/cluster_config.h"
 #include "cluster/local_servers.h"
 
 #include <spdlog/spdlog.h>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <thread>
 
 namespace armada::cli {
@@ -58,6 +60,24 @@ int cluster_up(const ClusterUpOptions & o) {
         fprintf(stderr, "error: --cells 1..16, --nodes 1..64 and --brains 1..5\n");
         return 2;
     }
+    // GPU pools and routing rules (a part of a cluster file), checked before anything starts.
+    std::string routing;
+    if (!o.pools_file.empty()) {
+        std::ifstream f(o.pools_file);
+        if (!f) {
+            fprintf(stderr, "error: cannot read --pools %s\n", o.pools_file.c_str());
+            return 2;
+        }
+        std::stringstream ss;
+        ss << f.rdbuf();
+        routing = ss.str();
+        if (routing.find("tokenizer:") == std::string::npos) routing += "\ntokenizer: " + o.model + "\n";
+        std::string err;
+        if (!cluster::parse_cluster_config("etcd: [x:1]\npostgres: [postgres://x]\n" + routing, err)) {
+            fprintf(stderr, "error: --pools %s: %s\n", o.pools_file.c_str(), err.c_str());
+            return 2;
+        }
+    }
     std::error_code ec;
     fs::create_directories(o.data_dir + "/logs", ec);
     if (ec) {
@@ -96,6 +116,7 @@ int cluster_up(const ClusterUpOptions & o) {
           << "cells:\n";
         for (int c = 0; c < o.cells; ++c)
             f << "  - {name: cell" << c << "}\n";
+        if (!routing.empty()) f << "# from --pools " << o.pools_file << "\n" << routing << "\n";
     }
 
     const std::string exe = self_exe();

@@ -18,6 +18,7 @@ struct ClusterUpOptions {
     std::string api_key_file;
     std::string api_key;
     int lease_ttl_s = 5;
+    std::string pools_file;              // `pools:` and `routes:` for the cluster file (GPU pools)
     std::vector<std::string> node_args;  // passed to every `armada serve`
 };
 

@@ -311,6 +311,9 @@ int main(int argc, char ** argv) {
     cup->add_option("--lease-ttl", cuo.lease_ttl_s, "seconds before a silent process counts as gone")
         ->check(CLI::Range(1, 60))
         ->capture_default_str();
+    cup->add_option("--pools", cuo.pools_file,
+                    "a YAML file with the cluster file's pools: and routes: (GPU pools; tokenizer: defaults to -m)")
+        ->check(CLI::ExistingFile);
     cup->add_option("--node-arg", cuo.node_args, "an argument for every `armada serve` (repeat it)")
         ->allow_extra_args(false);
 

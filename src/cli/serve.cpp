@@ -552,6 +552,7 @@ int serve(const ServeOptions & opt) {
                                            : (pinned > 0 ? pinned : int(std::thread::hardware_concurrency()));
             }
             l.step_ms = sessions.recent_step_ms();
+            l.ctx = eng.size() > 0 ? eng.n_ctx_seq() : 0;
             l.free_seqs = std::max(0, opt.cluster_sessions - live);
             l.kv_headroom = int64_t(eng.kv_headroom());
             // What each tenant holds in memory (slots and RAM; KV parked on disk is not counted).

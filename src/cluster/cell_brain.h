@@ -21,6 +21,7 @@ struct NodeLoad {
     int engines = 0;                              // engine instances (NUMA nodes it serves from)
     int cores = 0;                                // compute threads over its engines
     double step_ms = 0;                           // recent model-step latency; 0: not known
+    int64_t ctx = 0;                              // tokens one sequence holds (prompt + output); 0: not known
     std::string version;                          // Armada version
     std::string fingerprint;                      // model fingerprint (KV compatibility)
     bool draining = false;

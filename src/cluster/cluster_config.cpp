@@ -44,8 +44,9 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
             error = "the cluster file must be a map of settings";
             return std::nullopt;
         }
-        static const char * known[] = {"etcd",        "nats",      "redis",   "postgres",   "prefix",
-                                       "lease_ttl_s", "report_ms", "pg_pool", "redis_pool", "cells"};
+        static const char * known[] = {"etcd",        "nats",      "redis",   "postgres",       "prefix",
+                                       "lease_ttl_s", "report_ms", "pg_pool", "redis_pool",     "cells",
+                                       "tokenizer",   "pools",     "routes",  "tenant_latency", "default_latency"};
         for (const auto & kv : root) {
             const std::string k = kv.first.as<std::string>();
             if (std::find(std::begin(known), std::end(known), k) == std::end(known)) {
@@ -101,6 +102,7 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
                 c.cells.push_back(cc);
             }
         }
+        if (!parse_routing(root, c.routing, error)) return std::nullopt;
     } catch (const YAML::Exception & e) {
         error = std::string("cluster file: ") + e.what();
         return std::nullopt;

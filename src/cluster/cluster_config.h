@@ -1,5 +1,7 @@
 #pragma once
 
+#include "cluster/pools.h"
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +34,7 @@ struct ClusterConfig {
     int pg_pool = 8;                    // PostgreSQL read connections per shard, per process
     int redis_pool = 8;
     std::vector<CellConfig> cells;  // empty: the global brain takes the cells it finds, with defaults
+    RoutingConfig routing;          // GPU pools and the rules that send requests there (pools.h)
 };
 
 //! Reads and checks the file; nullopt with `error` naming the field that is wrong.

@@ -23,6 +23,7 @@ std::string encode_load(const NodeLoad & l) {
                 {"engines", l.engines},
                 {"cores", l.cores},
                 {"step_ms", l.step_ms},
+                {"ctx", l.ctx},
                 {"kv_by_tenant", l.kv_by_tenant},
                 {"seq", l.seq}}
         .dump();
@@ -44,6 +45,7 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
         l.engines = j.value("engines", 0);
         l.cores = j.value("cores", 0);
         l.step_ms = j.value("step_ms", 0.0);
+        l.ctx = j.value("ctx", int64_t(0));
         l.seq = j.value("seq", int64_t(0));
         if (j.contains("by_state") && j["by_state"].is_object())
             l.by_state = j["by_state"].get<std::map<std::string, int>>();

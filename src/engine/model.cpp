@@ -37,6 +37,7 @@ std::shared_ptr<Model> Model::load(const std::string & path, const std::function
         mp.progress_callback_user_data = const_cast<std::function<void(float)> *>(&progress);
     }
     if (!opt.mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;  // read into private buffers
+    mp.vocab_only = opt.vocab_only;
     std::shared_ptr<Model> m(new Model());
     if (opt.memory_node >= 0) {
         if (auto e = prefer_memory_node(opt.memory_node); !e.empty()) spdlog::warn("model: {}", e);

@@ -25,6 +25,9 @@ struct ModelLoadOptions {
     //! into private memory, first touched by the loading thread, so it follows `memory_node`.
     bool mmap = true;
     int memory_node = -1;  // NUMA node preferred while loading; -1: none
+    //! The vocabulary and metadata only (tokenising and chat templates), no weights: what a
+    //! gateway needs to count a prompt's tokens.
+    bool vocab_only = false;
 };
 
 //! A loaded GGUF model, shared read-only by every engine instance and API thread.

@@ -12,6 +12,8 @@
 #include "cluster/queue.h"
 #include "cluster/quota.h"
 #include "cluster/redis.h"
+#include "gateway/pools.h"
+#include "gateway/prompt_counter.h"
 #include "gateway/routing.h"
 #include "gateway/upstream.h"
 #include "obs/metrics.h"
@@ -208,6 +210,15 @@ class Gateway {
             redis_ = cluster::RedisPool::open(cfg_.redis, cfg_.redis_pool, 500, err);
             if (!redis_) return "Redis: " + err;
         }
+        if (!cfg_.routing.tokenizer.empty()) {
+            counter_ = PromptCounter::load(cfg_.routing.tokenizer, err);
+            if (!counter_) return "tokenizer: " + err;
+        }
+        if (!cfg_.routing.pools.empty()) {
+            pools_ = PoolSet::open(cfg_.routing.pools, err);
+            if (!pools_) return err;
+            pools_->start();
+        }
         quotas_ = std::make_unique<cluster::Quotas>(redis_.get(), [this] { return live_gateways_.load(); });
         if (!load_directory())
             spdlog::warn("gateway: cannot read tenants and keys from PostgreSQL yet; retrying every {} ms",
@@ -239,6 +250,26 @@ class Gateway {
         if (watcher_.joinable()) watcher_.join();
         if (follower_.joinable()) follower_.join();
         if (lease_ != 0) etcd_.revoke(lease_);  // the others' share of each quota grows at once
+        if (pools_) pools_->stop();
+    }
+    //! SIGHUP: the cluster file read again for its pools (new upstreams warm before they take
+    //! traffic; removed ones drain). Other settings need a restart.
+    void reload() {
+        std::string err;
+        auto cfg = cluster::load_cluster_config_for_service(o_.cluster_file, err);
+        if (!cfg) {
+            spdlog::error("gateway: reload: {}; keeping the pools as they were", err);
+            return;
+        }
+        if (!pools_) {
+            spdlog::warn("gateway: reload: this gateway started without pools; pools need a restart");
+            return;
+        }
+        if (auto e = pools_->reload(cfg->routing.pools); !e.empty()) {
+            spdlog::error("gateway: reload: {}; keeping the pools as they were", e);
+            return;
+        }
+        spdlog::info("gateway: reload: {} pools", cfg->routing.pools.size());
     }
     size_t in_flight() const { return in_flight_.load(); }
 
@@ -520,25 +551,41 @@ class Gateway {
         return req.query.empty() ? req.path : req.path + "?" + req.query;
     }
 
-    //! Forwards to `node` and answers the client with what it said (streamed when it streams).
-    //! False when the node could not be reached (nothing was sent to the client).
-    bool relay(const std::string & node_name, const HttpRequest & req, const std::shared_ptr<Responder> & out,
-               UsageScan * usage = nullptr, int timeout_ms = 600000) {
-        auto v = node(node_name);
-        if (!v) return false;
+    //! Where `relay_to` sends a request, and how.
+    struct RelayTarget {
+        std::string base;  // http://host:port
+        HeaderList headers;
+        const std::string * body = nullptr;
+        int timeout_ms = 600000;
+        api::Headers extra;        // added to the reply the client gets
+        bool may_resend = false;   // no side effect: sent and not answered, it may go elsewhere
+        bool hold_errors = false;  // a 429 or 5xx answer is not passed on: the caller tries elsewhere
+    };
+    struct Relayed {
+        bool delivered = false;  // the client has its answer (or its stream ended)
+        int status = 0;          // what the upstream said (0: nothing)
+        double head_s = 0;       // how long its head took
+        bool client_gone = false;
+    };
+    //! Forwards `req` to `t` and answers the client with what it said (streamed when it streams).
+    Relayed relay_to(const RelayTarget & t, const HttpRequest & req, const std::shared_ptr<Responder> & out,
+                     UsageScan * usage = nullptr) {
+        Relayed res;
         bool streaming = false;
         auto cancel = std::make_shared<CancelToken>();
         out->on_close([cancel] { cancel->cancel(); });
+        const auto t0 = std::chrono::steady_clock::now();
         auto r = forward(
-            v->load.url, req.method, target_of(req), pass_headers(req), req.body, timeout_ms,
+            t.base, req.method, target_of(req), t.headers, *t.body, t.timeout_ms,
             [&](const UpstreamReply & head) {
+                res.head_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
                 for (const auto & [k, val] : head.headers) {
                     if (k.size() == 12 && strcasecmp(k.c_str(), "content-type") == 0 &&
                         val.rfind("text/event-stream", 0) == 0)
                         streaming = true;
                 }
                 if (streaming) {
-                    api::Headers h;
+                    api::Headers h = t.extra;
                     for (const auto & [k, val] : head.headers) {
                         if (strcasecmp(k.c_str(), "content-type") != 0) h.emplace_back(k, val);
                     }
@@ -553,29 +600,39 @@ class Gateway {
                 return true;
             },
             cancel);
+        if (!streaming) res.head_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        res.status = r.status;
+        res.client_gone = cancel->cancelled() || out->closed();
         if (usage) usage->status = r.status != 0 ? r.status : (streaming ? 200 : 0);
         if (r.status == 0) {
             if (streaming) {
-                out->end();  // the node went away mid-stream: the client sees the stream end
-                return true;
+                out->end();  // the upstream went away mid-stream: the client sees the stream end
+                res.delivered = true;
+                return res;
             }
-            spdlog::warn("gateway: node {} did not answer {} {}: {}", node_name, req.method, req.path, r.error);
-            if (r.sent && req.method != "GET") {
+            if (res.client_gone) {
+                res.delivered = true;  // nobody to answer, and nothing to send elsewhere
+                return res;
+            }
+            spdlog::warn("gateway: {} did not answer {} {}: {}", t.base, req.method, req.path, r.error);
+            if (r.sent && req.method != "GET" && !t.may_resend) {
                 // It may have acted on it: sending it to another node could do it twice.
                 send_error(out, 502,
                            "the node did not answer; the request may or may not have taken effect (check before "
                            "retrying)",
                            0, "upstream_failed");
-                return true;
+                res.delivered = true;
             }
-            return false;
+            return res;
         }
         if (r.streamed) {
             out->end();
-            return true;
+            res.delivered = true;
+            return res;
         }
+        if (t.hold_errors && (r.status == 429 || r.status >= 500)) return res;
         std::string ctype = "application/json";
-        api::Headers h;
+        api::Headers h = t.extra;
         for (const auto & [k, val] : r.headers) {
             if (strcasecmp(k.c_str(), "content-type") == 0)
                 ctype = val;
@@ -584,16 +641,32 @@ class Gateway {
         }
         if (usage) usage->feed(r.body);
         out->send(r.status, ctype, std::move(r.body), std::move(h));
-        return true;
+        res.delivered = true;
+        return res;
+    }
+    //! Forwards to node `node_name` (see relay_to); false when it could not be reached and
+    //! nothing was sent to the client.
+    bool relay(const std::string & node_name, const HttpRequest & req, const std::shared_ptr<Responder> & out,
+               UsageScan * usage = nullptr, int timeout_ms = 600000, const api::Headers & extra = {}) {
+        auto v = node(node_name);
+        if (!v) return false;
+        RelayTarget t;
+        t.base = v->load.url;
+        t.headers = pass_headers(req);
+        t.body = &req.body;
+        t.timeout_ms = timeout_ms;
+        t.extra = extra;
+        return relay_to(t, req, out, usage).delivered;
     }
     //! Forwards to the node with the most room, then to another if it does not answer.
     void relay_by_load(const HttpRequest & req, const std::shared_ptr<Responder> & out,
-                       std::optional<std::string> first = std::nullopt, UsageScan * usage = nullptr) {
+                       std::optional<std::string> first = std::nullopt, UsageScan * usage = nullptr,
+                       const api::Headers & extra = {}) {
         std::string tried;
         for (int attempt = 0; attempt < 3; ++attempt) {
             auto n = attempt == 0 && first ? first : by_load({}, tried);
             if (!n) break;
-            if (relay(*n, req, out, usage)) return;
+            if (relay(*n, req, out, usage, 600000, extra)) return;
             tried = *n;
             forget(*n);
         }
@@ -623,10 +696,11 @@ class Gateway {
             }
             if (n == 0)
                 send_error(out, 503, "no node has joined the cluster yet");
-            else
-                out->send(
-                    200, "application/json",
-                    json{{"status", "ready"}, {"nodes", n}, {"cell_weights", weights}, {"full_cells", full}}.dump());
+            else {
+                json r{{"status", "ready"}, {"nodes", n}, {"cell_weights", weights}, {"full_cells", full}};
+                if (pools_) r["pools"] = pools_->status();
+                out->send(200, "application/json", r.dump());
+            }
             return;
         }
         if (!keys_.enabled() && !directory()) {
@@ -685,7 +759,9 @@ class Gateway {
             tokens.tenant = caller.tenant;
             tokens.prompt = prompt;
         }
-        if (p == "/v1/chat/completions" && req.method == "POST")
+        if (pools_ && req.method == "POST" && (p == "/v1/chat/completions" || p == "/v1/completions"))
+            route_generation(req, out, caller, &tokens.scan);
+        else if (p == "/v1/chat/completions" && req.method == "POST")
             relay_by_load(req, out, affinity(req, caller), &tokens.scan);
         else
             relay_by_load(req, out, std::nullopt, &tokens.scan);
@@ -699,6 +775,136 @@ class Gateway {
                                                                   : tokens.hold.estimate;
             quotas_->settle_tokens(tokens.tenant, tokens.hold, used);
         }
+    }
+
+    // ---- GPU pools ----
+    //! Tokens one sequence of the CPU nodes holds (the largest any live node reports; 0: none says).
+    int64_t cpu_context() {
+        std::lock_guard lk(mu_);
+        int64_t best = 0;
+        for (const auto & [name, v] : nodes_) {
+            if (!v.load.draining) best = std::max(best, v.load.ctx);
+        }
+        return best;
+    }
+    void count_route(const std::string & target, const std::string & rule) {
+        std::lock_guard lk(mu_);
+        ++routed_[{target, rule}];
+    }
+    //! A chat or text completion when the cluster has pools: the routing rules pick `cpu` or a
+    //! pool from what the request is (its prompt's tokens, counted with the model's tokenizer; its
+    //! max_tokens; its latency class; its model). A pool that is down, full or failing sends it
+    //! to the CPU nodes when it fits there, saying so in X-Armada-Route.
+    void route_generation(const HttpRequest & req, const std::shared_ptr<Responder> & out, const api::Caller & caller,
+                          UsageScan * usage) {
+        const bool chat = req.path == "/v1/chat/completions";
+        const json body = json::parse(req.body, nullptr, false);
+        cluster::RouteFacts f;
+        if (body.is_object()) {
+            if (body.contains("model") && body["model"].is_string()) f.model = body["model"].get<std::string>();
+            for (const char * k : {"max_completion_tokens", "max_tokens"}) {
+                if (body.contains(k) && body[k].is_number_integer()) {
+                    f.max_tokens = body[k].get<int64_t>();
+                    break;
+                }
+            }
+            if (counter_) f.prompt_tokens = (chat ? counter_->chat(body) : counter_->completion(body)).value_or(-1);
+        }
+        const auto & rc = cfg_.routing;
+        f.latency = req.header("x-armada-latency");
+        if (f.latency.empty()) {
+            auto it = rc.tenant_latency.find(caller.tenant_name);
+            f.latency = it != rc.tenant_latency.end() ? it->second : rc.default_latency;
+        }
+        // Anything malformed goes to a node, which answers it with its own 400.
+        const auto choice =
+            body.is_object() ? cluster::choose_route(rc.routes, f) : cluster::RouteChoice{"cpu", "default"};
+        std::string target = choice.target, rule = choice.rule;
+        const int64_t cpu_ctx = cpu_context();
+        auto fits = [&](int64_t ctx) { return f.prompt_tokens < 0 || ctx <= 0 || f.prompt_tokens < ctx; };
+        if (target == "cpu" && !fits(cpu_ctx)) {
+            for (const auto & name : pools_->names()) {
+                if (fits(pools_->context(name))) {
+                    target = name;
+                    rule = "context";
+                    break;
+                }
+            }
+        }
+        auto first_node = [&]() { return chat ? affinity(req, caller) : std::nullopt; };
+        if (target == "cpu") {
+            if (!fits(cpu_ctx))
+                return send_error(out, 413,
+                                  "the prompt has " + std::to_string(f.prompt_tokens) +
+                                      " tokens, more than any target holds (the CPU nodes: " + std::to_string(cpu_ctx) +
+                                      " per sequence); shorten the input",
+                                  0, "context_length_exceeded");
+            count_route("cpu", rule);
+            return relay_by_load(req, out, first_node(), usage,
+                                 {{"X-Armada-Route", "cpu"}, {"X-Armada-Route-Rule", rule}});
+        }
+        std::string reason = "context";
+        if (fits(pools_->context(target))) {
+            std::set<std::string> tried;
+            const bool llama_grammar = body.contains("grammar");
+            for (;;) {
+                PoolSet::Unavailable why = PoolSet::Unavailable::none;
+                auto l = pools_->acquire(target, tried, llama_grammar, why);
+                if (!l) {
+                    if (tried.empty()) reason = why == PoolSet::Unavailable::full ? "full" : "down";
+                    break;
+                }
+                json b = body;
+                b["model"] = l->model;  // what the upstream serves (the client named the cluster's)
+                const std::string text = b.dump();
+                RelayTarget t;
+                t.base = l->url;
+                t.headers = {{"content-type", "application/json"}};
+                if (!l->key.empty()) t.headers.emplace_back("authorization", "Bearer " + l->key);
+                for (const char * h : {"accept", "traceparent", "tracestate", "x-request-id"}) {
+                    if (auto v = req.header(h); !v.empty()) t.headers.emplace_back(h, v);
+                }
+                t.body = &text;
+                t.timeout_ms = l->timeout_ms;
+                t.extra = {{"X-Armada-Route", target}, {"X-Armada-Route-Rule", rule}};
+                t.may_resend = true;  // a generation has no side effect: another target may take it
+                t.hold_errors = true;
+                const Relayed r = relay_to(t, req, out, usage);
+                const PoolOutcome o = r.client_gone                      ? PoolOutcome::cancelled
+                                      : r.status == 0 || r.status >= 500 ? PoolOutcome::failed
+                                      : r.status == 429                  ? PoolOutcome::busy
+                                                                         : PoolOutcome::ok;
+                pools_->release(*l, o, r.head_s);
+                if (r.delivered) {
+                    count_route(target, rule);
+                    return;
+                }
+                tried.insert(l->url);
+                reason = "failed";
+            }
+        }
+        if (fits(cpu_ctx)) {
+            {
+                std::lock_guard lk(mu_);
+                ++fallbacks_[{target, reason}];
+            }
+            count_route("cpu", rule);
+            return relay_by_load(
+                req, out, first_node(), usage,
+                {{"X-Armada-Route", "cpu; degraded=" + target + "-unavailable"}, {"X-Armada-Route-Rule", rule}});
+        }
+        if (reason == "context")
+            return send_error(out, 413,
+                              "the prompt has " + std::to_string(f.prompt_tokens) +
+                                  " tokens, more than any target holds (pool " + target + ": " +
+                                  std::to_string(pools_->context(target)) +
+                                  ", the CPU nodes: " + std::to_string(cpu_ctx) + " per sequence); shorten the input",
+                              0, "context_length_exceeded");
+        send_error(out, 503,
+                   "pool " + target + " is " + (reason == "full" ? "full" : "unavailable") + ", and the prompt's " +
+                       std::to_string(f.prompt_tokens) + " tokens do not fit the CPU nodes (" +
+                       std::to_string(cpu_ctx) + " per sequence); retry shortly",
+                   2, "pool_unavailable");
     }
 
     //! Refuses new work of a tenant whose sessions hold its KV quota or more on the nodes (their
@@ -766,7 +972,19 @@ class Gateway {
                        route_hits_.load());
         if (auto p = store_->pool_stats()) obs::pool_metrics(m, "armada_store_pool", *p);
         if (redis_) obs::pool_metrics(m, "armada_redis_pool", redis_->stats());
-        return m.render();
+        {
+            std::lock_guard lk(mu_);
+            for (const auto & [k, n] : routed_)
+                m.sync_counter(
+                    "armada_gateway_routed_total",
+                    "Chat and text completions by where they went (cpu or a pool) and the rule that chose it", n,
+                    {{"route", k.first}, {"rule", k.second}});
+            for (const auto & [k, n] : fallbacks_)
+                m.sync_counter("armada_gateway_route_fallbacks_total",
+                               "Requests a rule sent to a pool that went to the CPU nodes instead, by why", n,
+                               {{"pool", k.first}, {"reason", k.second}});
+        }
+        return m.render() + (pools_ ? pools_->render_metrics() : std::string());
     }
 
     //! Chat completions of one conversation go to the node that served its start, where its
@@ -1242,6 +1460,10 @@ class Gateway {
     std::unique_ptr<cluster::RedisPool> redis_;
     std::atomic<uint64_t> requests_{0}, route_hits_{0};
     std::unique_ptr<cluster::Quotas> quotas_;
+    std::unique_ptr<PromptCounter> counter_;  // counts prompts for the routing rules (`tokenizer:`)
+    std::unique_ptr<PoolSet> pools_;          // GPU pools (`pools:`); null: none
+    std::map<std::pair<std::string, std::string>, uint64_t> routed_;     // (route, rule) → requests; mu_
+    std::map<std::pair<std::string, std::string>, uint64_t> fallbacks_;  // (pool, reason) → requests; mu_
     std::atomic<int> live_gateways_{1};
     std::string forward_key_;               // an admin key of the gateway's own
     std::string name_, url_;                // in etcd's gateways, under lease_
@@ -1269,7 +1491,9 @@ class Gateway {
 }  // namespace
 
 int gateway_command(const GatewayOptions & opt) {
-    const sigset_t stop_set = cli::block_stop_signals();
+    sigset_t stop_set = cli::block_stop_signals();
+    sigaddset(&stop_set, SIGHUP);  // reloads the pools
+    pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
     spdlog::set_level(spdlog::level::from_str(opt.log_level));
     std::string err;
     auto cfg = cluster::load_cluster_config_for_service(opt.cluster_file, err);
@@ -1314,7 +1538,13 @@ int gateway_command(const GatewayOptions & opt) {
     printf("armada: gateway listening on http://%s:%u\n", opt.http.host.c_str(), unsigned(http.port()));
     fflush(stdout);
     int sig = 0;
-    while ((sig = sigwaitinfo(&stop_set, nullptr)) <= 0) {
+    for (;;) {
+        sig = sigwaitinfo(&stop_set, nullptr);
+        if (sig == SIGHUP) {
+            gw.reload();
+            continue;
+        }
+        if (sig > 0) break;
     }
     spdlog::info("gateway: signal {}: stopping (open streams end; clients reconnect to another gateway)", sig);
     http.set_closing();

@@ -12,9 +12,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 namespace armada::gateway {
 
@@ -65,6 +67,76 @@ Idle & idle() {
     return i;
 }
 
+//! Deadlines of the calls in progress: one thread expires each call's token when its time is up,
+//! which shuts its socket down and so ends a blocking read (Beast's own timeouts only apply to
+//! asynchronous operations).
+class Deadlines {
+  public:
+    using Clock = std::chrono::steady_clock;
+    uint64_t add(Clock::time_point at, std::shared_ptr<CancelToken> t) {
+        std::lock_guard lk(mu_);
+        if (!started_) {
+            started_ = true;
+            std::thread([this] { run(); }).detach();
+        }
+        const uint64_t id = ++next_;
+        q_.emplace(std::make_pair(at, id), std::move(t));
+        when_[id] = at;
+        cv_.notify_one();
+        return id;
+    }
+    void remove(uint64_t id) {
+        std::lock_guard lk(mu_);
+        auto it = when_.find(id);
+        if (it == when_.end()) return;
+        q_.erase({it->second, id});
+        when_.erase(it);
+    }
+
+  private:
+    void run() {
+        std::unique_lock lk(mu_);
+        for (;;) {
+            if (q_.empty()) {
+                cv_.wait(lk);
+                continue;
+            }
+            const auto first = q_.begin()->first.first;
+            if (Clock::now() < first) {
+                cv_.wait_until(lk, first);
+                continue;
+            }
+            auto t = std::move(q_.begin()->second);
+            when_.erase(q_.begin()->first.second);
+            q_.erase(q_.begin());
+            lk.unlock();
+            t->expire();
+            lk.lock();
+        }
+    }
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::map<std::pair<Clock::time_point, uint64_t>, std::shared_ptr<CancelToken>> q_;
+    std::map<uint64_t, Clock::time_point> when_;
+    uint64_t next_ = 0;
+    bool started_ = false;
+};
+
+Deadlines & deadlines() {
+    static auto * d = new Deadlines();  // never destroyed: its thread outlives static destruction
+    return *d;
+}
+
+//! Takes a call's deadline off the list when the call ends (or starts streaming).
+struct DeadlineGuard {
+    uint64_t id = 0;
+    void clear() {
+        if (id != 0) deadlines().remove(id);
+        id = 0;
+    }
+    ~DeadlineGuard() { clear(); }
+};
+
 }  // namespace
 
 void CancelToken::cancel() {
@@ -78,17 +150,31 @@ bool CancelToken::cancelled() {
     return cancelled_;
 }
 
+void CancelToken::expire() {
+    std::lock_guard lk(mu_);
+    expired_ = true;
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+bool CancelToken::expired() {
+    std::lock_guard lk(mu_);
+    return expired_;
+}
+
 void CancelToken::attach(int fd) {
     std::lock_guard lk(mu_);
     fd_ = fd;
-    if (cancelled_ && fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+    if ((cancelled_ || expired_) && fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
 
 UpstreamReply forward(const std::string & base, const std::string & method, const std::string & target,
                       const HeaderList & headers, const std::string & body, int timeout_ms,
                       const std::function<bool(const UpstreamReply &)> & on_head,
                       const std::function<bool(std::string_view)> & on_chunk,
-                      const std::shared_ptr<CancelToken> & cancel) {
+                      const std::shared_ptr<CancelToken> & cancel_in) {
+    const auto cancel = cancel_in ? cancel_in : std::make_shared<CancelToken>();
+    DeadlineGuard deadline;
+    deadline.id = deadlines().add(Deadlines::Clock::now() + std::chrono::milliseconds(timeout_ms), cancel);
     tools::Url u;
     if (!tools::parse_url(base, u) || u.scheme != "http") {
         UpstreamReply out;
@@ -141,7 +227,10 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
             char tmp[16384];
             bool reading = true;
             // A stream (SSE) may be quiet for long: only the connect and the head have a deadline.
-            if (stream_body) c->stream.expires_never();
+            if (stream_body) {
+                c->stream.expires_never();
+                deadline.clear();
+            }
             while (!p.is_done() && reading) {
                 p.get().body().data = tmp;
                 p.get().body().size = sizeof tmp;
@@ -171,7 +260,7 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
             // try once on a new one, when the node cannot have acted on the request: it was not
             // written, or it reads nothing (GET) and no answer had begun.
             if (reused && !got_head && (!sent || method == "GET")) continue;
-            out.error = e.what();
+            out.error = cancel->expired() ? "no answer within " + std::to_string(timeout_ms) + " ms" : e.what();
             out.status = got_head ? out.status : 0;
             if (got_head && !out.streamed) out.status = 0;  // a cut answer is no answer
             return out;

@@ -18,6 +18,9 @@ class CancelToken {
   public:
     void cancel();
     bool cancelled();
+    //! The deadline passed: the same shutdown, but `cancelled` stays false (nobody went away).
+    void expire();
+    bool expired();
     //! Used by `forward`: the socket being read (-1: none now).
     void attach(int fd);
 
@@ -25,6 +28,7 @@ class CancelToken {
     std::mutex mu_;
     int fd_ = -1;
     bool cancelled_ = false;
+    bool expired_ = false;
 };
 
 //! The answer of a node to a forwarded request.
@@ -41,6 +45,7 @@ struct UpstreamReply {
 //! Sends one request to a node (`base` is http://host:port) and reads its answer. `on_head` runs
 //! once the status and headers are in and says whether to stream the body: then `on_chunk` gets
 //! the body as it arrives (SSE) and may return false to stop. Blocking; run on a worker thread.
+//! `timeout_ms` bounds the connect and the head, and the whole body unless it streams.
 UpstreamReply forward(const std::string & base, const std::string & method, const std::string & target,
                       const HeaderList & headers, const std::string & body, int timeout_ms,
                       const std::function<bool(const UpstreamReply &)> & on_head = {},

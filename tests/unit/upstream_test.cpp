@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -68,6 +69,27 @@ TEST(Upstream, AKeptConnectionTheNodeClosedIsNotUsedSoAPostStillGoesThrough) {
     EXPECT_EQ(accepted.load(), 2);
     ::shutdown(ls, SHUT_RDWR);  // a server still waiting for a second connection stops
     server.join();
+    ::close(ls);
+}
+
+TEST(Upstream, AServerThatAcceptsAndNeverAnswersTimesOutAtTheDeadline) {
+    const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(ls, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(ls, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    ASSERT_EQ(::listen(ls, 4), 0);  // the kernel accepts; nobody reads (a hung process)
+    socklen_t al = sizeof a;
+    ASSERT_EQ(::getsockname(ls, reinterpret_cast<sockaddr *>(&a), &al), 0);
+    const std::string base = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = armada::gateway::forward(base, "POST", "/v1/x", {}, "{}", 300);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.status, 0);
+    EXPECT_NE(r.error.find("no answer within 300 ms"), std::string::npos) << r.error;
+    EXPECT_GE(s, 0.25);
+    EXPECT_LT(s, 5.0);
     ::close(ls);
 }
 

@@ -1,0 +1,288 @@
+// GPU pools through the gateway, with real upstreams: a llama-server built from the project's
+// llama.cpp (pool `gpu`) and a second `armada serve` behind an API key (pool `long`), both on the
+// CPU here. The cluster (`armada cluster up`: PostgreSQL, etcd, NATS, Redis, one node) holds 512
+// tokens a sequence, so long prompts only fit the pools. The gateway counts prompt tokens with
+// the tiny model's own tokenizer.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { startServer, tinyModel } from './harness.mjs';
+import { tempDir } from './agents.mjs';
+import { sanitizerReports, sleep } from './cluster_helpers.mjs';
+
+const timing = process.env.ARMADA_TIMING !== '0';
+const SLOW = timing ? 1 : 4;
+const POOL_KEY = 'sk-pool-upstream-key';
+const ADMIN = 'sk-gateway-admin';
+const LLAMA_SERVER = process.env.LLAMA_SERVER;
+let dir;
+let up;
+let upLog = '';
+let gw;
+let llama;  // { proc, port, log }
+let longPool;
+
+const freePort = () => new Promise((resolve) => {
+  const s = net.createServer();
+  s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
+});
+
+async function waitFor(what, check, timeoutMs = 60000) {
+  const deadline = Date.now() + timeoutMs * SLOW;
+  for (;;) {
+    const v = await check();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(100);
+  }
+}
+
+async function startLlama(port) {
+  const proc = spawn(LLAMA_SERVER, ['-m', tinyModel, '--host', '127.0.0.1', '--port', String(port), '-c', '8192',
+    '-np', '2', '-t', '1', '--metrics', '--no-webui'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const l = { proc, port, log: '' };
+  proc.stdout.on('data', (d) => { l.log += d; });
+  proc.stderr.on('data', (d) => { l.log += d; });
+  await waitFor('llama-server /health', async () =>
+    (await fetch(`http://127.0.0.1:${port}/health`).catch(() => null))?.status === 200);
+  return l;
+}
+
+// Prompt tokens llama-server has processed, from its own metrics.
+async function llamaPromptTokens() {
+  const text = await fetch(`http://127.0.0.1:${llama.port}/metrics`).then((r) => r.text());
+  const m = text.match(/^llamacpp:prompt_tokens_total (\S+)$/m);
+  return m ? Number(m[1]) : 0;
+}
+
+async function metric(base, name, labels = '', headers = { Authorization: `Bearer ${ADMIN}` }) {
+  const text = await fetch(`${base}/metrics`, { headers }).then((r) => r.text());
+  let sum = 0;
+  for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\S+)$`, 'gm'))) {
+    if ((m[1] ?? '').includes(labels)) sum += Number(m[2]);
+  }
+  return sum;
+}
+
+// Random weights write random bytes, which llama-server's output parser refuses (HTTP 500) once
+// a reply runs past a few dozen tokens. A bias towards <|im_end|> (Qwen2's end of turn) ends
+// each reply at once, whatever its max_tokens.
+const END_AT_ONCE = { logit_bias: { 151645: 100 } };
+const chat = (body, headers = {}) => fetch(`${gw}/v1/chat/completions`, {
+  method: 'POST',
+  headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}`, ...headers },
+  body: JSON.stringify({ max_tokens: 4, ...END_AT_ONCE, ...body }),
+});
+
+// A user message of `n` copies of `word`.
+const say = (word, n) => [{ role: 'user', content: Array(n).fill(word).join(' ') }];
+
+before(async () => {
+  assert.ok(LLAMA_SERVER && fs.existsSync(LLAMA_SERVER), `llama-server is built (LLAMA_SERVER=${LLAMA_SERVER})`);
+  dir = tempDir('armada-pools-');
+  fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
+  llama = await startLlama(await freePort());
+  longPool = await startServer(['-c', '16384', '-np', '2', '-t', '1'], { env: { ARMADA_API_KEY: POOL_KEY } });
+  fs.writeFileSync(path.join(dir, 'pools.yaml'), `
+pools:
+  - name: gpu
+    context: 4096
+    timeout_ms: ${3000 * SLOW}
+    health_ms: 600000       # the breaker, not the health check, notices trouble in this test
+    breaker_errors: 2
+    breaker_open_ms: 1500
+    upstreams:
+      - {url: 'http://127.0.0.1:${llama.port}', model: tiny, max_in_flight: 4}
+  - name: long
+    context: 4096
+    upstreams:
+      - {url: '${longPool.base}', model: armada-tiny-q8_0, api_key_env: POOL_KEY, max_in_flight: 4}
+routes:
+  - {when: {latency: batch}, to: cpu}
+  - {when: {model: long-model}, to: long}
+  - {when: {prompt_tokens_over: 400}, to: gpu}
+  - {when: {max_tokens_over: 500}, to: gpu}
+  - {when: {latency: realtime}, to: gpu}
+`);
+  up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--cells', '1', '--nodes', '1', '--brains', '1',
+    '-m', tinyModel, '--data-dir', path.join(dir, 'c'), '--port', '0', '--api-key', ADMIN,
+    '--pools', path.join(dir, 'pools.yaml'),
+    '--node-arg=-np', '--node-arg=2', '--node-arg=-c', '--node-arg=1024', '--node-arg=-t', '--node-arg=1'],
+  { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, POOL_KEY } });
+  up.stdout.on('data', (d) => { upLog += d; });
+  up.stderr.on('data', (d) => { upLog += d; });
+  gw = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000 * SLOW);
+    up.stdout.on('data', () => {
+      const m = upLog.match(/gateway at (http:\/\/[^\s]+)/);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    up.on('exit', (code) => { clearTimeout(timer); reject(new Error(`cluster up exited with ${code}\n${upLog}`)); });
+  });
+  dir = path.join(dir, 'c');
+  await waitFor('a node, and both pools warmed', async () => {
+    const r = await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null);
+    return r?.nodes >= 1 && r.pools?.gpu?.up === 1 && r.pools?.long?.up === 1;
+  }, 120000);
+});
+
+after(async () => {
+  if (up && up.exitCode === null) {
+    const done = new Promise((r) => up.on('exit', r));
+    up.kill('SIGINT');
+    await done;
+  }
+  if (llama?.proc.exitCode === null) { llama.proc.kill('SIGCONT'); llama.proc.kill('SIGKILL'); }
+  await longPool?.stop();
+  if (dir) assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
+});
+
+test('each rule routes: prompt tokens as the tokenizer counts them, max_tokens, the latency class and the model', { timeout: 120000 * SLOW }, async () => {
+  // 500 short words: over 400 tokens in 1,499 bytes, which a guess of 4 bytes a token puts at 375.
+  let r = await chat({ messages: say('ox', 500) });
+  let body = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(body));
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+  assert.equal(r.headers.get('x-armada-route-rule'), 'prompt_tokens>400');
+  assert.ok(body.usage.prompt_tokens > 400, `counted ${body.usage.prompt_tokens}`);
+  // 80 long words: under 400 tokens in 1,679 bytes, which a byte guess would put at 420.
+  r = await chat({ messages: say('internationalization', 80) });
+  body = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(body));
+  assert.equal(r.headers.get('x-armada-route'), 'cpu');
+  assert.ok(body.usage.prompt_tokens < 400, `counted ${body.usage.prompt_tokens}`);
+
+  const before = await llamaPromptTokens();
+  r = await chat({ messages: say('hello', 3), max_tokens: 501 });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+  assert.equal(r.headers.get('x-armada-route-rule'), 'max_tokens>500');
+  assert.ok(await llamaPromptTokens() > before, 'llama-server did the work');
+
+  r = await chat({ messages: say('hello', 3) }, { 'X-Armada-Latency': 'realtime' });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+  assert.equal(r.headers.get('x-armada-route-rule'), 'latency=realtime');
+
+  const served = () => metric(longPool.base, 'armada_requests_total', 'route="/v1/chat/completions",code="200"',
+    { Authorization: `Bearer ${POOL_KEY}` });
+  const longBefore = await served();
+  r = await chat({ messages: say('hello', 3), model: 'long-model' });
+  body = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(body));
+  assert.equal(r.headers.get('x-armada-route'), 'long');
+  assert.equal(await served(), longBefore + 1, 'the long pool (another Armada, behind its key) answered');
+
+  // None matches: the CPU node.
+  r = await chat({ messages: say('hello', 3) });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'cpu');
+  assert.equal(r.headers.get('x-armada-route-rule'), 'default');
+
+  // Streamed through a pool too.
+  r = await chat({ messages: say('hello', 3), max_tokens: 501, stream: true });
+  assert.equal(r.status, 200);
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+  const text = await r.text();
+  assert.match(text, /data: \[DONE\]/);
+
+  assert.ok(await metric(gw, 'armada_gateway_routed_total', 'route="gpu",rule="prompt_tokens>400"') >= 1);
+  assert.ok(await metric(gw, 'armada_gateway_routed_total', 'route="long",rule="model=long-model"') >= 1);
+  assert.equal(await metric(gw, 'armada_gateway_pool_upstream_up', 'pool="gpu"'), 1);
+  assert.ok(await metric(gw, 'armada_gateway_pool_upstream_seconds_count', 'pool="gpu"') >= 3);
+});
+
+test('a prompt too long for every target gets 413; one too long for the CPU goes to a pool that holds it', { timeout: 60000 * SLOW }, async () => {
+  // 700 tokens: over the CPU's 512 a sequence, under the pools' 4,096. The first rule says cpu
+  // for the batch class, but it only fits a pool.
+  let r = await chat({ messages: say('ox', 700) }, { 'X-Armada-Latency': 'batch' });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+  assert.equal(r.headers.get('x-armada-route-rule'), 'context');
+  r = await chat({ messages: say('ox', 5000) });
+  const body = await r.json();
+  assert.equal(r.status, 413, JSON.stringify(body));
+  assert.equal(body.error.code, 'context_length_exceeded');
+  assert.match(body.error.message, /4096.*512/);
+});
+
+test('a hung pool opens its breaker, requests fall back to the CPU with a header, and the breaker closes when it is back', { timeout: 180000 * SLOW }, async () => {
+  const fallbacks = () => metric(gw, 'armada_gateway_route_fallbacks_total', 'pool="gpu"');
+  const failed = () => metric(gw, 'armada_gateway_pool_upstream_requests_total', 'outcome="failed"');
+  const f0 = await fallbacks();
+  const failed0 = await failed();
+  llama.proc.kill('SIGSTOP');  // accepts connections (the kernel does), answers nothing
+  try {
+    for (let i = 0; i < 2; i++) {
+      const r = await chat({ messages: say('hello', 3) }, { 'X-Armada-Latency': 'realtime' });
+      assert.equal(r.status, 200, await r.text());
+      assert.equal(r.headers.get('x-armada-route'), 'cpu; degraded=gpu-unavailable');
+    }
+    assert.equal(await failed(), failed0 + 2, 'two timeouts');
+    assert.equal(await metric(gw, 'armada_gateway_pool_upstream_breaker_open', 'pool="gpu"'), 1);
+    assert.equal((await fetch(gw + '/readyz').then((x) => x.json())).pools.gpu.upstreams[0].state, 'open');
+    // Open: the next request does not wait for the pool.
+    const r = await chat({ messages: say('hello', 3) }, { 'X-Armada-Latency': 'realtime' });
+    assert.equal(r.status, 200, await r.text());
+    assert.equal(r.headers.get('x-armada-route'), 'cpu; degraded=gpu-unavailable');
+    assert.equal(await failed(), failed0 + 2, 'the open breaker sent it nothing');
+    assert.equal(await fallbacks(), f0 + 3);
+    // A request that fits only the pool is refused as busy, with a time to come back.
+    const big = await chat({ messages: say('ox', 600) });  // over 512 tokens
+    const bb = await big.json();
+    assert.equal(big.status, 503, JSON.stringify(bb));
+    assert.ok(Number(big.headers.get('retry-after')) > 0);
+    assert.match(bb.error.message, /pool gpu is unavailable/);
+  } finally {
+    llama.proc.kill('SIGCONT');
+  }
+  await waitFor('the breaker closing after a probe', async () =>
+    (await fetch(gw + '/readyz').then((x) => x.json())).pools.gpu.upstreams[0].state === 'up', 60000);
+  const r = await chat({ messages: say('hello', 3) }, { 'X-Armada-Latency': 'realtime' });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+});
+
+test('a pool that is down sends its requests to the CPU with the header, and takes them again once it is back', { timeout: 180000 * SLOW }, async () => {
+  const port = llama.port;
+  const exited = new Promise((r) => llama.proc.on('exit', r));
+  llama.proc.kill('SIGKILL');
+  await exited;
+  for (let i = 0; i < 3; i++) {
+    const r = await chat({ messages: say('hello', 3), max_tokens: 501 });
+    assert.equal(r.status, 200, await r.text());
+    assert.equal(r.headers.get('x-armada-route'), 'cpu; degraded=gpu-unavailable');
+  }
+  assert.ok(await metric(gw, 'armada_gateway_route_fallbacks_total', 'pool="gpu"') >= 3);
+  llama = await startLlama(port);
+  await waitFor('the pool back in the gateway', async () =>
+    (await fetch(gw + '/readyz').then((x) => x.json())).pools.gpu.up === 1, 60000);
+  const r = await chat({ messages: say('hello', 3), max_tokens: 501 });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+});
+
+test('a client that goes away cancels its request on the pool', { timeout: 60000 * SLOW }, async () => {
+  const gen = () => metric(longPool.base, 'armada_generated_tokens_total', '', { Authorization: `Bearer ${POOL_KEY}` });
+  const active = () => metric(longPool.base, 'armada_sequences_active', '', { Authorization: `Bearer ${POOL_KEY}` });
+  const ac = new AbortController();
+  const r = await fetch(`${gw}/v1/chat/completions`, {
+    method: 'POST', signal: ac.signal,
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` },
+    body: JSON.stringify({ model: 'long-model', messages: say('hello', 3), max_tokens: 8000, stream: true,
+      temperature: 1 }),
+  });
+  assert.equal(r.headers.get('x-armada-route'), 'long');
+  const reader = r.body.getReader();
+  await reader.read();  // the stream has begun
+  await waitFor('the pool generating', async () => await active() >= 1);
+  ac.abort();
+  // Left alone, 8,000 tokens would keep the pool busy for many seconds.
+  await waitFor('the pool to stop generating', async () => await active() === 0, 3000);
+  await sleep(500);
+  const total = await gen();
+  assert.ok(total < 1000, `the generation was cut short (${total} tokens generated by the pool in all)`);
+});

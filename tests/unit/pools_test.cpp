@@ -1,0 +1,297 @@
+// GPU pools: the routing section of the cluster file, the rules' choice, and the pool state
+// (warming, breaker, draining) with a fake probe standing in for the upstreams' HTTP.
+#include "gateway/pools.h"
+#include "cluster/cluster_config.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+using namespace armada;
+
+namespace {
+
+const char * kBase = "etcd: [127.0.0.1:2379]\npostgres: [postgres://a@h/db]\n";
+
+std::optional<cluster::ClusterConfig> parse(const std::string & extra, std::string & err) {
+    return cluster::parse_cluster_config(std::string(kBase) + extra, err);
+}
+
+cluster::RouteFacts facts(int64_t prompt, int64_t max_tokens, std::string latency = "standard",
+                          std::string model = "") {
+    cluster::RouteFacts f;
+    f.prompt_tokens = prompt;
+    f.max_tokens = max_tokens;
+    f.latency = std::move(latency);
+    f.model = std::move(model);
+    return f;
+}
+
+//! Waits until `pred` holds (the pool's checker runs on its own thread), up to 5 s.
+template <class P>
+bool eventually(P pred) {
+    for (int i = 0; i < 500; ++i) {
+        if (pred()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pred();
+}
+
+}  // namespace
+
+TEST(Pools, WithAGpuPoolAndNoRulesTheSourcesThresholdsApply) {
+    std::string err;
+    auto c = parse(
+        "tokenizer: /m.gguf\npools:\n  - name: gpu\n    upstreams: [{url: http://10.0.0.1:8000/, model: q7}]\n", err);
+    ASSERT_TRUE(c) << err;
+    ASSERT_EQ(c->routing.pools.size(), 1u);
+    EXPECT_EQ(c->routing.pools[0].upstreams[0].url, "http://10.0.0.1:8000");  // the trailing '/' goes
+    const auto & r = c->routing.routes;
+    EXPECT_EQ(cluster::choose_route(r, facts(8192, 500)).target, "cpu");
+    EXPECT_EQ(cluster::choose_route(r, facts(8193, 10)).target, "gpu");
+    EXPECT_EQ(cluster::choose_route(r, facts(8193, 10)).rule, "prompt_tokens>8192");
+    EXPECT_EQ(cluster::choose_route(r, facts(100, 501)).rule, "max_tokens>500");
+    // Not known (no max_tokens, a prompt that could not be counted): the thresholds do not fire.
+    EXPECT_EQ(cluster::choose_route(r, facts(-1, -1)).target, "cpu");
+}
+
+TEST(Pools, RulesAreReadInOrderAndEveryConditionOfOneMustHold) {
+    std::string err;
+    auto c = parse(R"(
+pools:
+  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}
+  - {name: long, upstreams: [{url: 'http://l:1', model: m}]}
+routes:
+  - {name: rt, when: {latency: [realtime, interactive], max_tokens_over: 100}, to: gpu}
+  - {when: {model: big}, to: long}
+  - {when: {latency: batch}, to: cpu}
+  - {when: {}, to: gpu}
+)",
+                   err);
+    ASSERT_TRUE(c) << err;
+    const auto & r = c->routing.routes;
+    EXPECT_EQ(cluster::choose_route(r, facts(-1, 200, "realtime")).rule, "rt");
+    // One condition of the first rule fails: the next ones are read.
+    EXPECT_EQ(cluster::choose_route(r, facts(-1, 50, "realtime")).rule, "always");
+    EXPECT_EQ(cluster::choose_route(r, facts(-1, 50, "standard", "big")).target, "long");
+    EXPECT_EQ(cluster::choose_route(r, facts(-1, 50, "standard", "big")).rule, "model=big");
+    EXPECT_EQ(cluster::choose_route(r, facts(-1, 500, "batch")).target, "cpu");
+    EXPECT_EQ(cluster::choose_route(r, facts(-1, 5, "standard")).target, "gpu");
+}
+
+TEST(Pools, TheFileSaysWhichPoolSettingIsWrong) {
+    struct Case {
+        const char * yaml;
+        const char * says;
+    };
+    const Case cases[] = {
+        {"pools:\n  - {name: cpu, upstreams: [{url: 'http://g:1', model: m}]}\n", "pools[0].name"},
+        {"pools:\n  - {name: gpu, upstreams: []}\n", "pools[0].upstreams"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'https://g:1', model: m}]}\n", "pools[0].upstreams[0].url"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://u:secret@g:1', model: m}]}\n", "no credentials"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1'}]}\n", "pools[0].upstreams[0].model"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m, grammar: gbnf}]}\n", ".grammar"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m, max_in_flight: 0}]}\n", "max_in_flight"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m, api_key_env: A, api_key_file: /k}]}\n",
+         "not both"},
+        {"pools:\n  - {name: gpu, colour: red, upstreams: [{url: 'http://g:1', model: m}]}\n", "'colour'"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}\n", "tokenizer:"},
+        {"routes:\n  - {when: {latency: rt}, to: gpu}\n", "routes[0].to"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}\n"
+         "routes:\n  - {when: {tokens_over: 5}, to: gpu}\n",
+         "unknown condition 'tokens_over'"},
+    };
+    for (const auto & k : cases) {
+        std::string err;
+        EXPECT_FALSE(parse(k.yaml, err)) << k.yaml;
+        EXPECT_NE(err.find(k.says), std::string::npos) << k.yaml << " → " << err;
+        EXPECT_EQ(err.find("secret"), std::string::npos) << err;
+    }
+}
+
+namespace {
+
+//! Upstreams whose /health and warm-up answers the test sets.
+struct FakeUpstreams {
+    std::atomic<int> health{200};
+    std::atomic<int> warm{200};
+    std::atomic<int> probes{0};
+    gateway::PoolSet::Probe probe() {
+        return [this](const std::string & method, const std::string &, const std::string &, const std::string &, int) {
+            ++probes;
+            return method == "GET" ? health.load() : warm.load();
+        };
+    }
+};
+
+cluster::PoolConfig pool_of(int n, int max_in_flight = 2) {
+    cluster::PoolConfig p;
+    p.name = "gpu";
+    p.health_ms = 100;
+    p.breaker_errors = 2;
+    p.breaker_open_ms = 300;
+    for (int i = 0; i < n; ++i) {
+        cluster::UpstreamConfig u;
+        u.url = "http://u" + std::to_string(i) + ":1";
+        u.model = "m";
+        u.max_in_flight = max_in_flight;
+        p.upstreams.push_back(u);
+    }
+    return p;
+}
+
+}  // namespace
+
+TEST(Pools, AnUpstreamTakesNothingUntilItIsHealthyAndWarmed) {
+    std::string err;
+    auto s = gateway::PoolSet::open({pool_of(1)}, err);
+    ASSERT_TRUE(s) << err;
+    FakeUpstreams f;
+    f.warm = 503;  // healthy, but the tiny request fails (the model is still loading)
+    s->set_probe(f.probe());
+    gateway::PoolSet::Unavailable why;
+    EXPECT_FALSE(s->acquire("gpu", {}, false, why));
+    EXPECT_EQ(why, gateway::PoolSet::Unavailable::down);
+    s->start();
+    ASSERT_TRUE(eventually([&] { return f.probes.load() >= 4; }));
+    EXPECT_FALSE(s->acquire("gpu", {}, false, why));
+    f.warm = 200;
+    ASSERT_TRUE(eventually([&] { return s->acquire("gpu", {}, false, why).has_value(); }));
+    s->stop();
+}
+
+TEST(Pools, RequestsGoToTheLeastBusyAndAFullPoolSaysSo) {
+    std::string err;
+    auto s = gateway::PoolSet::open({pool_of(2, 2)}, err);
+    ASSERT_TRUE(s) << err;
+    FakeUpstreams f;
+    s->set_probe(f.probe());
+    s->start();
+    gateway::PoolSet::Unavailable why;
+    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 2; }));
+    std::vector<gateway::PoolLease> held;
+    for (int i = 0; i < 4; ++i) {
+        auto l = s->acquire("gpu", {}, false, why);
+        ASSERT_TRUE(l) << i;
+        held.push_back(*l);
+    }
+    EXPECT_NE(held[0].url, held[1].url);  // spread, not piled on one
+    EXPECT_FALSE(s->acquire("gpu", {}, false, why));
+    EXPECT_EQ(why, gateway::PoolSet::Unavailable::full);
+    // An upstream already tried is left out.
+    s->release(held[0], gateway::PoolOutcome::ok, 0.01);
+    EXPECT_FALSE(s->acquire("gpu", {held[0].url}, false, why));
+    EXPECT_TRUE(s->acquire("gpu", {}, false, why));
+    s->stop();
+}
+
+TEST(Pools, FailuresInARowOpenTheBreakerAndAProbeClosesIt) {
+    std::string err;
+    auto s = gateway::PoolSet::open({pool_of(1, 8)}, err);
+    ASSERT_TRUE(s) << err;
+    FakeUpstreams f;
+    s->set_probe(f.probe());
+    s->start();
+    gateway::PoolSet::Unavailable why;
+    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 1; }));
+    // A success between failures starts the count again.
+    auto a = s->acquire("gpu", {}, false, why);
+    s->release(*a, gateway::PoolOutcome::failed, 0);
+    a = s->acquire("gpu", {}, false, why);
+    s->release(*a, gateway::PoolOutcome::ok, 0.01);
+    a = s->acquire("gpu", {}, false, why);
+    s->release(*a, gateway::PoolOutcome::failed, 0);
+    a = s->acquire("gpu", {}, false, why);
+    ASSERT_TRUE(a);
+    // A client that went away, or a 429, says nothing of the upstream's health.
+    s->release(*a, gateway::PoolOutcome::cancelled, 0);
+    a = s->acquire("gpu", {}, false, why);
+    s->release(*a, gateway::PoolOutcome::busy, 0);
+    EXPECT_EQ(s->breaker_opened("gpu"), 0u);
+    a = s->acquire("gpu", {}, false, why);
+    s->release(*a, gateway::PoolOutcome::failed, 0);
+    EXPECT_EQ(s->breaker_opened("gpu"), 1u);
+    EXPECT_EQ(s->status()["gpu"]["upstreams"][0]["state"], "open");
+    EXPECT_FALSE(s->acquire("gpu", {}, false, why));
+    // After breaker_open_ms a probe that passes closes it.
+    ASSERT_TRUE(eventually([&] { return s->acquire("gpu", {}, false, why).has_value(); }));
+    s->stop();
+}
+
+TEST(Pools, ARemovedUpstreamDrainsAndANewOneWarmsFirst) {
+    std::string err;
+    auto s = gateway::PoolSet::open({pool_of(1, 8)}, err);
+    ASSERT_TRUE(s) << err;
+    FakeUpstreams f;
+    s->set_probe(f.probe());
+    s->start();
+    gateway::PoolSet::Unavailable why;
+    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 1; }));
+    auto held = s->acquire("gpu", {}, false, why);
+    ASSERT_TRUE(held);
+    auto next = pool_of(2, 8);
+    next.upstreams.erase(next.upstreams.begin());  // u0 leaves, u1 comes
+    f.warm = 503;
+    ASSERT_EQ(s->reload({next}), "");
+    auto st = s->status()["gpu"]["upstreams"];
+    ASSERT_EQ(st.size(), 2u);
+    EXPECT_EQ(st[1]["url"], "http://u0:1");
+    EXPECT_EQ(st[1]["state"], "draining");
+    EXPECT_FALSE(s->acquire("gpu", {}, false, why));  // u0 takes nothing new; u1 is not warm
+    s->release(*held, gateway::PoolOutcome::ok, 0.01);
+    f.warm = 200;
+    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["upstreams"].size() == 1; }));
+    auto l = s->acquire("gpu", {}, false, why);
+    ASSERT_TRUE(eventually([&] {
+        if (!l) l = s->acquire("gpu", {}, false, why);
+        return l.has_value();
+    }));
+    EXPECT_EQ(l->url, "http://u1:1");
+    s->stop();
+}
+
+TEST(Pools, KeysComeFromTheEnvironmentOrAFileAndAMissingOneIsNamed) {
+    auto p = pool_of(1);
+    p.upstreams[0].api_key_env = "ARMADA_TEST_POOL_KEY";
+    unsetenv("ARMADA_TEST_POOL_KEY");
+    std::string err;
+    EXPECT_FALSE(gateway::PoolSet::open({p}, err));
+    EXPECT_NE(err.find("ARMADA_TEST_POOL_KEY is not set"), std::string::npos) << err;
+    setenv("ARMADA_TEST_POOL_KEY", "sk-pool", 1);
+    auto s = gateway::PoolSet::open({p}, err);
+    ASSERT_TRUE(s) << err;
+    FakeUpstreams f;
+    std::string seen;
+    s->set_probe([&](const std::string &, const std::string &, const std::string &, const std::string & key, int) {
+        seen = key;
+        return 200;
+    });
+    s->start();
+    gateway::PoolSet::Unavailable why;
+    ASSERT_TRUE(eventually([&] { return s->acquire("gpu", {}, false, why).has_value(); }));
+    s->stop();
+    EXPECT_EQ(seen, "sk-pool");
+    unsetenv("ARMADA_TEST_POOL_KEY");
+}
+
+TEST(Pools, AStepThatNeedsALlamaGrammarSkipsJsonSchemaUpstreams) {
+    auto p = pool_of(2, 8);
+    p.upstreams[0].grammar = cluster::GrammarDialect::json_schema;
+    std::string err;
+    auto s = gateway::PoolSet::open({p}, err);
+    ASSERT_TRUE(s) << err;
+    FakeUpstreams f;
+    s->set_probe(f.probe());
+    s->start();
+    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 2; }));
+    gateway::PoolSet::Unavailable why;
+    for (int i = 0; i < 3; ++i) {
+        auto l = s->acquire("gpu", {}, true, why);
+        ASSERT_TRUE(l);
+        EXPECT_EQ(l->url, "http://u1:1");
+    }
+    s->stop();
+}
