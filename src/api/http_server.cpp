@@ -9,6 +9,9 @@
 #include <boost/beast/ssl.hpp>
 
 #include <sys/resource.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 
 #include <deque>
 #include <optional>
@@ -222,6 +225,7 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
 
     void after_response(beast::error_code ec) {
         exchange_done();
+        if (!ec) close_fns_.clear();  // the answer went out whole: nobody hung up on it
         if (!ec && unread_body_) return linger_close();
         if (ec || !keep_alive_) return fail();
         out_.clear();
@@ -277,9 +281,17 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
         tcp().socket().async_wait(
             tcp::socket::wait_read, [self = this->shared_from_this(), gen = req_gen_](beast::error_code ec) {
                 if (ec == net::error::operation_aborted || gen != self->req_gen_ || self->finished_request(gen)) return;
-                beast::error_code ec2;
-                const size_t avail = self->tcp().socket().available(ec2);
-                if (ec || ec2 || avail == 0) self->fail();
+                if (ec) return self->fail();
+                // A wait may end with nothing to read and the peer still there (Asio's reactor
+                // can report a descriptor ready from an earlier edge): only a read of 0 bytes
+                // (end of stream) or an error means it hung up. Otherwise the wait starts again.
+                char b;
+                const ssize_t n = ::recv(self->tcp().socket().native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return self->fail();
+                if (n < 0) {
+                    self->watch_gen_ = 0;
+                    self->watch_peer();
+                }
             });
     }
 
