@@ -11,7 +11,7 @@ model="$models/armada-tiny-q8_0.gguf"
 dir="$(mktemp -d /tmp/armada-bench-pools.XXXXXX)"; chmod 755 "$dir"
 "$armada" serve -m "$model" --port 0 -np 4 -c 4096 -t 1 > "$dir/pool.log" 2>&1 &
 pool_pid=$!
-trap 'kill -INT ${up:-} 2>/dev/null; wait ${up:-} 2>/dev/null || true; kill $pool_pid 2>/dev/null; ' EXIT
+trap 'kill -INT ${up:-} 2>/dev/null; wait ${up:-} 2>/dev/null || true; kill $pool_pid 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 1 300); do grep -q "listening on" "$dir/pool.log" && break; sleep 0.2; done
 pool=$(grep -o 'listening on http://[^ ]*' "$dir/pool.log" | head -1 | cut -d' ' -f3)
 cat > "$dir/pools.yaml" <<YAML
