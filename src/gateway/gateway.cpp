@@ -30,6 +30,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -799,6 +800,18 @@ class Gateway {
                           UsageScan * usage) {
         const bool chat = req.path == "/v1/chat/completions";
         const json body = json::parse(req.body, nullptr, false);
+        const auto & rc = cfg_.routing;
+        const int64_t cpu_ctx = cpu_context();
+        // The count matters only up to the smallest number a decision compares it with: a
+        // rule's threshold, or a target's context.
+        int64_t enough = std::numeric_limits<int64_t>::max();
+        for (const auto & r : rc.routes) {
+            if (r.prompt_tokens_over) enough = std::min(enough, *r.prompt_tokens_over);
+        }
+        if (cpu_ctx > 0) enough = std::min(enough, cpu_ctx - 1);
+        for (const auto & name : pools_->names()) {
+            if (const int64_t c = pools_->context(name); c > 0) enough = std::min(enough, c - 1);
+        }
         cluster::RouteFacts f;
         if (body.is_object()) {
             if (body.contains("model") && body["model"].is_string()) f.model = body["model"].get<std::string>();
@@ -808,9 +821,10 @@ class Gateway {
                     break;
                 }
             }
-            if (counter_) f.prompt_tokens = (chat ? counter_->chat(body) : counter_->completion(body)).value_or(-1);
+            if (counter_)
+                f.prompt_tokens =
+                    (chat ? counter_->chat(body, req.body.size(), enough) : counter_->completion(body)).value_or(-1);
         }
-        const auto & rc = cfg_.routing;
         f.latency = req.header("x-armada-latency");
         if (f.latency.empty()) {
             auto it = rc.tenant_latency.find(caller.tenant_name);
@@ -820,7 +834,6 @@ class Gateway {
         const auto choice =
             body.is_object() ? cluster::choose_route(rc.routes, f) : cluster::RouteChoice{"cpu", "default"};
         std::string target = choice.target, rule = choice.rule;
-        const int64_t cpu_ctx = cpu_context();
         auto fits = [&](int64_t ctx) { return f.prompt_tokens < 0 || ctx <= 0 || f.prompt_tokens < ctx; };
         if (target == "cpu" && !fits(cpu_ctx)) {
             for (const auto & name : pools_->names()) {

@@ -24,8 +24,11 @@ class PromptCounter {
     ~PromptCounter();
 
     //! Tokens of a /v1/chat/completions body's prompt; nullopt for a body a node would refuse
-    //! (it answers that with its own 400).
-    std::optional<int64_t> chat(const api::json & body) const;
+    //! (it answers that with its own 400). When a bound shows that the prompt holds at most
+    //! `enough` tokens, the bound comes back instead and nothing is rendered: a token covers at
+    //! least one byte, and the prompt is the body's text plus the template's own (measured at
+    //! load, per message and once). Requests with tools are always counted.
+    std::optional<int64_t> chat(const api::json & body, size_t body_bytes = 0, int64_t enough = -1) const;
     //! Tokens of a /v1/completions body's prompt (a string, or token ids).
     std::optional<int64_t> completion(const api::json & body) const;
 
@@ -33,6 +36,8 @@ class PromptCounter {
     PromptCounter() = default;
     std::shared_ptr<engine::Model> model_;
     std::unique_ptr<engine::ChatFormat> format_;
+    int64_t fixed_bytes_ = 0;    // the template's text once per prompt (at most)
+    int64_t message_bytes_ = 0;  // and per message (at most)
 };
 
 }  // namespace armada::gateway
