@@ -306,3 +306,46 @@ test('armada bench gateway runs: 300 requests routed to a pool, each on a new co
   assert.match(out, /\| through the gateway \| [\d.]+ \| [\d.]+ \| [\d.]+ \|/);
   assert.match(out, /added p99/);
 });
+
+test('SIGHUP reloads the pools: a new upstream warms first, a removed one drains its stream and goes', { timeout: 180000 * SLOW }, async () => {
+  const status = JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
+  const gatewayPid = status.processes.find((p) => p.role === 'gateway').pid;
+  // A long stream on the long pool, in flight while the pool is changed under it.
+  const r = await fetch(`${gw}/v1/chat/completions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` },
+    body: JSON.stringify({ model: 'long-model', messages: say('hello', 3), max_tokens: 8000, stream: true }),
+  });
+  assert.equal(r.headers.get('x-armada-route'), 'long');
+  const reader = r.body.getReader();
+  const decoder = new TextDecoder();
+  let streamed = decoder.decode((await reader.read()).value);
+  // The long pool now names llama-server instead of the second Armada.
+  const file = path.join(dir, 'cluster.yaml');
+  const yaml = fs.readFileSync(file, 'utf8');
+  const next = yaml.replace(`{url: '${longPool.base}', model: armada-tiny-q8_0, api_key_env: POOL_KEY, max_in_flight: 4}`,
+    `{url: 'http://127.0.0.1:${llama.port}', model: tiny, max_in_flight: 4}`);
+  assert.notEqual(next, yaml, 'the test found the long pool in the cluster file');
+  fs.writeFileSync(file, next);
+  process.kill(gatewayPid, 'SIGHUP');
+  const long = async () => (await fetch(gw + '/readyz').then((x) => x.json())).pools.long;
+  const during = await waitFor('the old upstream draining beside the new one', async () => {
+    const l = await long();
+    return l.upstreams.some((u) => u.url === longPool.base && u.state === 'draining') ? l : null;
+  }, 30000);
+  assert.ok(during.upstreams.some((u) => u.url === `http://127.0.0.1:${llama.port}`), JSON.stringify(during));
+  await waitFor('the new upstream warmed', async () => (await long()).up === 1, 30000);
+  const before = await llamaPromptTokens();
+  const x = await chat({ model: 'long-model', messages: say('hello', 3) });
+  assert.equal(x.status, 200, await x.text());
+  assert.equal(x.headers.get('x-armada-route'), 'long');
+  assert.ok(await llamaPromptTokens() > before, 'the new upstream took it');
+  // The stream that was in flight ends whole, and then the old upstream is gone.
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    streamed += decoder.decode(value);
+  }
+  assert.match(streamed, /data: \[DONE\]/);
+  await waitFor('the drained upstream dropped', async () =>
+    (await long()).upstreams.every((u) => u.url !== longPool.base), 30000);
+});
