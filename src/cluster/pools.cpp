@@ -64,6 +64,12 @@ bool parse_upstream(const YAML::Node & n, const std::string & where, UpstreamCon
         error = where + ".url: must be an http:// URL (the base the /v1 routes hang from)";
         return false;
     }
+    if (u.url.find('/', 7) != std::string::npos) {
+        error = where +
+                ".url: give the server's base, http://host:port, without a path (the gateway adds "
+                "/v1/chat/completions, /v1/completions and /health itself)";
+        return false;
+    }
     if (u.url.find('@') != std::string::npos || u.url.find('?') != std::string::npos) {
         error = where + ".url: no credentials or query in the URL; give the key with api_key_env or api_key_file";
         return false;
@@ -190,10 +196,18 @@ bool parse_rule(const YAML::Node & n, const std::string & where, const std::vect
         }
         if (w["latency"]) {
             r.latency = one_or_list(w["latency"]);
+            if (r.latency.empty()) {
+                error = where + ".when.latency: name one latency class or a list of them";
+                return false;
+            }
             parts.push_back("latency=" + join(r.latency));
         }
         if (w["model"]) {
             r.model = one_or_list(w["model"]);
+            if (r.model.empty()) {
+                error = where + ".when.model: name one model or a list of them";
+                return false;
+            }
             parts.push_back("model=" + join(r.model));
         }
         if ((r.prompt_tokens_over && *r.prompt_tokens_over < 0) || (r.max_tokens_over && *r.max_tokens_over < 0)) {
@@ -203,6 +217,13 @@ bool parse_rule(const YAML::Node & n, const std::string & where, const std::vect
     }
     if (n["name"]) {
         r.name = n["name"].as<std::string>();
+        // It goes into a response header (X-Armada-Route-Rule) and a metric label.
+        if (r.name.empty() || r.name.size() > 64 || !std::all_of(r.name.begin(), r.name.end(), [](char c) {
+                return c > ' ' && c < 127 && c != '"' && c != '\\';
+            })) {
+            error = where + ".name: 1..64 printable characters, no spaces or quotes";
+            return false;
+        }
     } else {
         std::string s;
         for (const auto & p : parts)
@@ -279,9 +300,10 @@ bool parse_routing(const YAML::Node & root, RoutingConfig & out, std::string & e
     const bool counts = std::any_of(out.routes.begin(), out.routes.end(),
                                     [](const auto & r) { return r.prompt_tokens_over.has_value(); });
     if (counts && out.tokenizer.empty()) {
-        error =
-            "tokenizer: a rule routes by prompt tokens, so the file must name a GGUF whose vocabulary counts "
-            "them (the nodes' model file; only its vocabulary is loaded)";
+        error = std::string("tokenizer: ") +
+                (root["routes"] ? "a rule routes" : "the default rules for pool 'gpu' route") +
+                " by prompt tokens, so the file must name a GGUF whose vocabulary counts them (the nodes' model "
+                "file; only its vocabulary is loaded)";
         return false;
     }
     return true;

@@ -270,7 +270,8 @@ class Gateway {
             spdlog::error("gateway: reload: {}; keeping the pools as they were", e);
             return;
         }
-        spdlog::info("gateway: reload: {} pools", cfg->routing.pools.size());
+        spdlog::info("gateway: reload: {} pools (routes, tenant_latency and tokenizer are read at start only)",
+                     cfg->routing.pools.size());
     }
     size_t in_flight() const { return in_flight_.load(); }
 
@@ -567,6 +568,7 @@ class Gateway {
         int status = 0;          // what the upstream said (0: nothing)
         double head_s = 0;       // how long its head took
         bool client_gone = false;
+        bool cut = false;  // a stream that ended with an error (the upstream went away mid-way)
     };
     //! Forwards `req` to `t` and answers the client with what it said (streamed when it streams).
     Relayed relay_to(const RelayTarget & t, const HttpRequest & req, const std::shared_ptr<Responder> & out,
@@ -629,9 +631,14 @@ class Gateway {
         if (r.streamed) {
             out->end();
             res.delivered = true;
+            res.cut = !r.error.empty() && !res.client_gone;
             return res;
         }
-        if (t.hold_errors && (r.status == 429 || r.status >= 500)) return res;
+        // Held: busy (429), failed (5xx), or refusing the upstream's own key or model name
+        // (401, 403, 404: a fault of the pool's settings, not of the client's request).
+        if (t.hold_errors &&
+            (r.status == 429 || r.status >= 500 || r.status == 401 || r.status == 403 || r.status == 404))
+            return res;
         std::string ctype = "application/json";
         api::Headers h = t.extra;
         for (const auto & [k, val] : r.headers) {
@@ -699,7 +706,7 @@ class Gateway {
                 send_error(out, 503, "no node has joined the cluster yet");
             else {
                 json r{{"status", "ready"}, {"nodes", n}, {"cell_weights", weights}, {"full_cells", full}};
-                if (pools_) r["pools"] = pools_->status();
+                if (pools_) r["pools"] = pools_->status(false);
                 out->send(200, "application/json", r.dump());
             }
             return;
@@ -859,7 +866,8 @@ class Gateway {
         std::string reason = "context";
         if (fits(pools_->context(target))) {
             std::set<std::string> tried;
-            const bool llama_grammar = body.contains("grammar");
+            // llama.cpp's own constraint fields: only upstreams of that dialect honour them.
+            const bool llama_grammar = body.contains("grammar") || body.contains("json_schema");
             for (;;) {
                 PoolSet::Unavailable why = PoolSet::Unavailable::none;
                 auto l = pools_->acquire(target, tried, llama_grammar, why);
@@ -883,13 +891,15 @@ class Gateway {
                 t.may_resend = true;  // a generation has no side effect: another target may take it
                 t.hold_errors = true;
                 const Relayed r = relay_to(t, req, out, usage);
-                const PoolOutcome o = r.client_gone                      ? PoolOutcome::cancelled
-                                      : r.status == 0 || r.status >= 500 ? PoolOutcome::failed
+                const bool refused = r.status >= 500 || r.status == 401 || r.status == 403 || r.status == 404;
+                const PoolOutcome o = r.cut || (!r.delivered && refused) ? PoolOutcome::failed
+                                      : r.client_gone                    ? PoolOutcome::cancelled
+                                      : r.status == 0                    ? PoolOutcome::failed
                                       : r.status == 429                  ? PoolOutcome::busy
                                                                          : PoolOutcome::ok;
                 pools_->release(*l, o, r.head_s);
-                if (r.delivered) {
-                    count_route(target, rule);
+                if (r.delivered || r.client_gone) {
+                    if (r.delivered) count_route(target, rule);
                     return;
                 }
                 tried.insert(l->url);
@@ -1051,6 +1061,10 @@ class Gateway {
                               "/admin needs the gateway to have an admin key of its own (--api-key or ARMADA_API_KEY)",
                               0, "permission_denied");
         const std::string & m = req.method;
+        if (parts.size() == 2 && parts[1] == "pools" && m == "GET")
+            return out->send(
+                200, "application/json",
+                json{{"object", "pools"}, {"pools", pools_ ? pools_->status(true) : json::object()}}.dump());
         if (parts.size() >= 2 && parts.size() <= 3 && parts[1] == "tenants") {
             if (parts.size() == 2 && m == "GET") {
                 auto all = store_->tenants();
@@ -1106,8 +1120,8 @@ class Gateway {
         }
         send_error(out, 404,
                    "no admin route " + m + " " + req.path +
-                       "; there are /admin/tenants[/NAME] (GET, POST, PATCH, DELETE) and /admin/keys[/ID] (GET, POST, "
-                       "DELETE)",
+                       "; there are /admin/tenants[/NAME] (GET, POST, PATCH, DELETE), /admin/keys[/ID] (GET, POST, "
+                       "DELETE) and /admin/pools (GET)",
                    0, "not_found");
     }
     static void store_down(const std::shared_ptr<Responder> & out) {

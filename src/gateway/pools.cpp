@@ -168,12 +168,15 @@ bool PoolSet::check(const Pool & p, const Upstream & u) {
     const int health_timeout = std::min(p.cfg.timeout_ms, 5000);
     const int h = probe_("GET", u.cfg.url + "/health", "", u.key, health_timeout);
     if (h != 200) return false;
-    // A tiny request warms it (a first request may load kernels or weights) and proves the
-    // model name and the key.
+    if (u.state == Upstream::State::up) return true;  // warmed already: its health is enough
+    // Before it takes traffic (first, or again after a failure), a tiny request warms it (a
+    // first request may load kernels or weights) and proves the model name and the key. A 429
+    // says the same: it knows the key and the model, and is busy.
     const nlohmann::json warm = {
         {"model", u.cfg.model}, {"messages", {{{"role", "user"}, {"content", "ping"}}}}, {"max_tokens", 1}};
-    const int w = probe_("POST", u.cfg.url + "/v1/chat/completions", warm.dump(), u.key, p.cfg.timeout_ms);
-    return w == 200;
+    const int w =
+        probe_("POST", u.cfg.url + "/v1/chat/completions", warm.dump(), u.key, std::min(p.cfg.timeout_ms, 30000));
+    return w == 200 || w == 429;
 }
 
 void PoolSet::check_loop() {
@@ -183,6 +186,11 @@ void PoolSet::check_loop() {
         // One due upstream at a time, checked without the lock.
         std::shared_ptr<Upstream> due;
         const Pool * pool = nullptr;
+        // A pool the file no longer lists goes once its last upstream has drained.
+        std::erase_if(pools_, [](const Pool & p) {
+            return std::all_of(p.ups.begin(), p.ups.end(),
+                               [](const auto & u) { return u->removed && u->in_flight == 0; });
+        });
         for (auto & p : pools_) {
             std::erase_if(p.ups, [](const auto & u) { return u->removed && u->in_flight == 0; });
             for (auto & u : p.ups) {
@@ -204,6 +212,11 @@ void PoolSet::check_loop() {
         const bool ok = check(copy, snapshot);
         lk.lock();
         const auto before = due->state;
+        if (before != snapshot.state) {
+            // Requests changed its state meanwhile (its breaker opened): that is newer news than
+            // a check that began before it.
+            continue;
+        }
         if (ok) {
             if (before != Upstream::State::up) {
                 due->fails = 0;
@@ -309,7 +322,7 @@ std::vector<std::string> PoolSet::names() const {
     return out;
 }
 
-nlohmann::json PoolSet::status() const {
+nlohmann::json PoolSet::status(bool detail) const {
     std::lock_guard lk(mu_);
     nlohmann::json out = nlohmann::json::object();
     for (const auto & p : pools_) {
@@ -322,7 +335,7 @@ nlohmann::json PoolSet::status() const {
                            {"breaker_opened", u->opened}});
             if (!u->removed && u->state == Upstream::State::up) ++up;
         }
-        out[p.cfg.name] = {{"up", up}, {"upstreams", ups}};
+        out[p.cfg.name] = {{"up", up}, {"upstreams", detail ? ups : nlohmann::json(p.ups.size())}};
     }
     return out;
 }

@@ -71,8 +71,9 @@ class PoolSet {
     int64_t context(const std::string & pool) const;
     std::vector<std::string> names() const;
 
-    //! Each pool with each upstream's state, for /readyz.
-    nlohmann::json status() const;
+    //! Each pool: how many upstreams are up, and with `detail` each upstream's URL and state
+    //! (/admin/pools), else only how many there are (/readyz, which needs no key).
+    nlohmann::json status(bool detail = true) const;
     //! armada_gateway_pool_* metrics.
     std::string render_metrics() const;
     //! How many times each upstream's breaker has opened (tests, the status).

@@ -4,6 +4,8 @@
 #include "engine/chat_format.h"
 #include "engine/model.h"
 
+#include <algorithm>
+
 namespace armada::gateway {
 
 std::unique_ptr<PromptCounter> PromptCounter::load(const std::string & path, std::string & error) {
@@ -74,6 +76,14 @@ std::optional<int64_t> PromptCounter::completion(const api::json & body) const {
     const api::json * p = &*it;
     if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
     if (p->is_string()) return int64_t(model_->tokenize(p->get<std::string>(), true, false).size());
+    if (p->is_array() && !p->empty() &&
+        std::all_of(p->begin(), p->end(), [](const auto & x) { return x.is_string(); })) {
+        // Several prompts: the longest decides where they fit.
+        int64_t most = 0;
+        for (const auto & x : *p)
+            most = std::max<int64_t>(most, int64_t(model_->tokenize(x.get<std::string>(), true, false).size()));
+        return most;
+    }
     if (p->is_array()) return int64_t(p->size());
     return std::nullopt;
 }

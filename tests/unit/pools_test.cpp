@@ -98,8 +98,15 @@ TEST(Pools, TheFileSaysWhichPoolSettingIsWrong) {
         {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m, api_key_env: A, api_key_file: /k}]}\n",
          "not both"},
         {"pools:\n  - {name: gpu, colour: red, upstreams: [{url: 'http://g:1', model: m}]}\n", "'colour'"},
-        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}\n", "tokenizer:"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}\n", "default rules for pool 'gpu'"},
         {"routes:\n  - {when: {latency: rt}, to: gpu}\n", "routes[0].to"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:8000/v1', model: m}]}\n", "without a path"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}\n"
+         "routes:\n  - {when: {latency: []}, to: gpu}\n",
+         "routes[0].when.latency"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}\n"
+         "routes:\n  - {name: 'a b', when: {latency: x}, to: gpu}\n",
+         "routes[0].name"},
         {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}\n"
          "routes:\n  - {when: {tokens_over: 5}, to: gpu}\n",
          "unknown condition 'tokens_over'"},
@@ -293,5 +300,69 @@ TEST(Pools, AStepThatNeedsALlamaGrammarSkipsJsonSchemaUpstreams) {
         ASSERT_TRUE(l);
         EXPECT_EQ(l->url, "http://u1:1");
     }
+    s->stop();
+}
+
+TEST(Pools, AWarmedUpstreamIsOnlyHealthCheckedAndGoesDownWhenItFails) {
+    std::string err;
+    auto p = pool_of(1, 8);
+    auto s = gateway::PoolSet::open({p}, err);
+    ASSERT_TRUE(s) << err;
+    std::atomic<int> gets{0}, posts{0}, health{200}, warm{429};  // a busy upstream still warms
+    s->set_probe([&](const std::string & method, const std::string &, const std::string &, const std::string &, int) {
+        ++(method == "GET" ? gets : posts);
+        return method == "GET" ? health.load() : warm.load();
+    });
+    s->start();
+    gateway::PoolSet::Unavailable why;
+    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 1; }));
+    const int warmed = posts.load();
+    EXPECT_EQ(warmed, 1);
+    ASSERT_TRUE(eventually([&] { return gets.load() >= 4; }));
+    EXPECT_EQ(posts.load(), warmed) << "no request sent to a warmed upstream, only /health";
+    health = 503;
+    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["upstreams"][0]["state"] == "down"; }));
+    EXPECT_FALSE(s->acquire("gpu", {}, false, why));
+    // Back: warmed again before it takes traffic.
+    health = 200;
+    warm = 200;
+    ASSERT_TRUE(eventually([&] { return s->acquire("gpu", {}, false, why).has_value(); }));
+    EXPECT_GT(posts.load(), warmed);
+    s->stop();
+}
+
+TEST(Pools, AnOpenBreakerStaysOpenForItsTimeEvenIfACheckWasUnderWay) {
+    std::string err;
+    auto p = pool_of(1, 8);
+    p.breaker_open_ms = 1500;
+    p.health_ms = 100;
+    auto s = gateway::PoolSet::open({p}, err);
+    ASSERT_TRUE(s) << err;
+    std::atomic<bool> slow{false};
+    std::atomic<int> checks{0};
+    s->set_probe([&](const std::string &, const std::string &, const std::string &, const std::string &, int) {
+        ++checks;
+        if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        return 200;
+    });
+    s->start();
+    gateway::PoolSet::Unavailable why;
+    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 1; }));
+    slow = true;  // health checks now take 300 ms: one is under way when the breaker opens
+    const int before = checks.load();
+    ASSERT_TRUE(eventually([&] { return checks.load() > before; }));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 2; ++i) {
+        auto a = s->acquire("gpu", {}, false, why);
+        ASSERT_TRUE(a);
+        s->release(*a, gateway::PoolOutcome::failed, 0);
+    }
+    ASSERT_EQ(s->breaker_opened("gpu"), 1u);
+    // Until breaker_open_ms has passed, nothing closes it.
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1300)) {
+        EXPECT_FALSE(s->acquire("gpu", {}, false, why).has_value());
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(eventually([&] { return s->acquire("gpu", {}, false, why).has_value(); }));
     s->stop();
 }
