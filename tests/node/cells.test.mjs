@@ -4,14 +4,13 @@
 // (kill -9 of its brain and nodes) re-homes its sessions to the other, where all of them finish.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, chatTurn, etcdGet as etcdRead, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { alive, chatTurn, clusterUp, etcdGet as etcdRead, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -22,7 +21,6 @@ const ENDED = ['completed', 'failed', 'cancelled'];
 let tools;
 let dir;
 let up;
-let upLog = '';
 let gw;
 
 const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
@@ -91,37 +89,24 @@ before(async () => {
   dir = tempDir('armada-cells-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
   const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 3, maxSteps: 6, toolTimeoutMs: 3000 * SLOW }));
-  up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--cells', '2', '--nodes', '2', '--brains', '1', '--gateways', '2', '-m', tinyModel,
+  up = await clusterUp(['--cells', '2', '--nodes', '2', '--brains', '1', '--gateways', '2', '-m', tinyModel,
     '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', String(TTL_S),
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
-    '--node-arg=16384', '--node-arg=-t', '--node-arg=1'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  up.stdout.on('data', (d) => { upLog += d; });
-  up.stderr.on('data', (d) => { upLog += d; });
-  gw = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000 * SLOW);
-    up.stdout.on('data', () => {
-      const m = upLog.match(/gateway at (http:\/\/[^\s]+)/);
-      if (m) { clearTimeout(timer); resolve(m[1]); }
-    });
-    up.on('exit', (code) => { clearTimeout(timer); reject(new Error(`cluster up exited with ${code}\n${upLog}`)); });
-  });
+    '--node-arg=16384', '--node-arg=-t', '--node-arg=1'], { timeoutMs: 120000 * SLOW });
+  gw = up.gw;
   dir = path.join(dir, 'c');
   // Ready: four nodes, and the gateway follows a split of the global brain's that names both cells.
   const deadline = Date.now() + 120000 * SLOW;
   for (;;) {
     const r = await Promise.all(status().gateways.map((g) => fetch(g + '/readyz').then((x) => x.json()).catch(() => null)));
     if (r.length === 2 && r.every((x) => x?.nodes >= 4 && Object.keys(x.cell_weights ?? {}).length === 2)) break;
-    if (Date.now() > deadline) throw new Error(`the cluster never had 4 nodes and shares:\n${upLog}`);
+    if (Date.now() > deadline) throw new Error(`the cluster never had 4 nodes and shares:\n${up.log()}`);
     await sleep(250);
   }
 });
 
 after(async () => {
-  if (up && up.exitCode === null) {
-    const done = new Promise((r) => up.on('exit', r));
-    up.kill('SIGINT');
-    await done;
-  }
+  await up?.stop();
   if (tools) await tools.close();
   assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });

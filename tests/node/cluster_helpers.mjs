@@ -1,6 +1,7 @@
 // Helpers shared by the tests that start a cluster with `armada cluster up`.
 import fs from 'node:fs';
 import net from 'node:net';
+import { spawn } from 'node:child_process';
 import assert from 'node:assert/strict';
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -100,4 +101,32 @@ export async function chatTurn(gw, nodes, messages) {
   const took = nodes.filter((p, i) => after[i] === before[i] + 1);
   assert.equal(took.length, 1, `one node answered: ${before} → ${after}`);
   return { node: took[0].name, reply: body.choices[0].message.content };
+}
+
+// Starts `armada cluster up ARGS` and waits for it to print its gateway's URL. Returns
+// { proc, gw, log(), stop() }; stop() sends SIGINT and waits for everything to stop.
+export async function clusterUp(args, { env = process.env, timeoutMs = 120000 } = {}) {
+  const proc = spawn(process.env.ARMADA_BIN, ['cluster', 'up', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env });
+  let log = '';
+  proc.stdout.on('data', (d) => { log += d; });
+  proc.stderr.on('data', (d) => { log += d; });
+  const gw = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + log)), timeoutMs);
+    proc.stdout.on('data', () => {
+      const m = log.match(/gateway at (http:\/\/[^\s]+)/);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`cluster up exited with ${code}\n${log}`)); });
+  });
+  return {
+    proc,
+    gw,
+    log: () => log,
+    async stop() {
+      if (proc.exitCode !== null || proc.signalCode !== null) return;
+      const done = new Promise((r) => proc.on('exit', r));
+      proc.kill('SIGINT');
+      await done;
+    },
+  };
 }

@@ -11,7 +11,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { startServer, tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
-import { sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { clusterUp, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
@@ -20,7 +20,6 @@ const ADMIN = 'sk-gateway-admin';
 const LLAMA_SERVER = process.env.LLAMA_SERVER;
 let dir;
 let up;
-let upLog = '';
 let gw;
 let llama;  // { proc, port, log }
 let longPool;
@@ -111,21 +110,11 @@ routes:
   - {when: {max_tokens_over: 500}, to: gpu}
   - {when: {latency: realtime}, to: gpu}
 `);
-  up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--cells', '1', '--nodes', '1', '--brains', '1',
-    '-m', tinyModel, '--data-dir', path.join(dir, 'c'), '--port', '0', '--api-key', ADMIN,
+  up = await clusterUp(['--cells', '1', '--nodes', '1', '--brains', '1', '-m', tinyModel, '--data-dir', path.join(dir, 'c'), '--port', '0', '--api-key', ADMIN,
     '--pools', path.join(dir, 'pools.yaml'),
     '--node-arg=-np', '--node-arg=2', '--node-arg=-c', '--node-arg=1024', '--node-arg=-t', '--node-arg=1'],
-  { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, POOL_KEY } });
-  up.stdout.on('data', (d) => { upLog += d; });
-  up.stderr.on('data', (d) => { upLog += d; });
-  gw = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000 * SLOW);
-    up.stdout.on('data', () => {
-      const m = upLog.match(/gateway at (http:\/\/[^\s]+)/);
-      if (m) { clearTimeout(timer); resolve(m[1]); }
-    });
-    up.on('exit', (code) => { clearTimeout(timer); reject(new Error(`cluster up exited with ${code}\n${upLog}`)); });
-  });
+  { env: { ...process.env, POOL_KEY }, timeoutMs: 120000 * SLOW });
+  gw = up.gw;
   dir = path.join(dir, 'c');
   await waitFor('a node, and both pools warmed', async () => {
     const r = await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null);
@@ -137,11 +126,7 @@ routes:
 });
 
 after(async () => {
-  if (up && up.exitCode === null) {
-    const done = new Promise((r) => up.on('exit', r));
-    up.kill('SIGINT');
-    await done;
-  }
+  await up?.stop();
   if (llama?.proc.exitCode === null) { llama.proc.kill('SIGCONT'); llama.proc.kill('SIGKILL'); }
   await longPool?.stop();
   if (dir) assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');

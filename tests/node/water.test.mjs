@@ -5,14 +5,13 @@
 // it, so the sessions stay open exactly as long as the test needs.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { etcdGet as etcdRead, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { clusterUp, etcdGet as etcdRead, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
@@ -22,7 +21,6 @@ const WATER = Math.floor(0.57 * PER_NODE);  // the default water level of a one-
 let tools;
 let dir;
 let up;
-let upLog = '';
 let gw;
 
 const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
@@ -65,21 +63,12 @@ before(async () => {
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
   // Held calls must not time out and be sent again while the test looks.
   const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 1, maxSteps: 4, toolTimeoutMs: 600000 }));
-  up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--cells', '2', '--nodes', '1', '--brains', '1', '--globals', '1',
+  up = await clusterUp(['--cells', '2', '--nodes', '1', '--brains', '1', '--globals', '1',
     '-m', tinyModel, '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', String(TTL_S),
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
     '--node-arg=8192', '--node-arg=-t', '--node-arg=1', `--node-arg=--cluster-sessions=${PER_NODE}`],
-  { stdio: ['ignore', 'pipe', 'pipe'] });
-  up.stdout.on('data', (d) => { upLog += d; });
-  up.stderr.on('data', (d) => { upLog += d; });
-  gw = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000 * SLOW);
-    up.stdout.on('data', () => {
-      const m = upLog.match(/gateway at (http:\/\/[^\s]+)/);
-      if (m) { clearTimeout(timer); resolve(m[1]); }
-    });
-    up.on('exit', (code) => { clearTimeout(timer); reject(new Error(`cluster up exited with ${code}\n${upLog}`)); });
-  });
+  { timeoutMs: 120000 * SLOW });
+  gw = up.gw;
   dir = path.join(dir, 'c');
   await waitFor('two nodes and a split naming both cells', async () => {
     const r = await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null);
@@ -89,11 +78,7 @@ before(async () => {
 
 after(async () => {
   tools?.release();
-  if (up && up.exitCode === null) {
-    const done = new Promise((r) => up.on('exit', r));
-    up.kill('SIGINT');
-    await done;
-  }
+  await up?.stop();
   if (tools) await tools.close();
   assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
