@@ -130,3 +130,15 @@ export async function clusterUp(args, { env = process.env, timeoutMs = 120000 } 
     },
   };
 }
+
+// Polls `check` every 100 ms until it returns something truthy, and returns that; throws after
+// `timeoutMs` (four times as long when ARMADA_TIMING=0, as under the sanitizers).
+export async function waitFor(what, check, timeoutMs = 60000) {
+  const deadline = Date.now() + timeoutMs * (process.env.ARMADA_TIMING === '0' ? 4 : 1);
+  for (;;) {
+    const v = await check();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(100);
+  }
+}

@@ -11,7 +11,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { startServer, tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
-import { clusterUp, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { clusterUp, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
@@ -28,16 +28,6 @@ const freePort = () => new Promise((resolve) => {
   const s = net.createServer();
   s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
 });
-
-async function waitFor(what, check, timeoutMs = 60000) {
-  const deadline = Date.now() + timeoutMs * SLOW;
-  for (;;) {
-    const v = await check();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(100);
-  }
-}
 
 async function startLlama(port) {
   const proc = spawn(LLAMA_SERVER, ['-m', tinyModel, '--host', '127.0.0.1', '--port', String(port), '-c', '8192',

@@ -11,7 +11,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { clusterUp, etcdGet as etcdRead, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { clusterUp, etcdGet as etcdRead, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
@@ -27,16 +27,6 @@ const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 
 const cellOf = (node) => node.replace(/-node\d+$/, '');
 
 const etcdGet = (key) => etcdRead(status().servers.etcd.endpoint, key);
-
-async function waitFor(what, check, timeoutMs = 60000) {
-  const deadline = Date.now() + timeoutMs * SLOW;
-  for (;;) {
-    const v = await check();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(100);
-  }
-}
 
 const session = (id) => fetch(`${gw}/v1/sessions/${id}`).then((r) => r.json());
 

@@ -150,6 +150,19 @@ cluster::PoolConfig pool_of(int n, int max_in_flight = 2) {
     return p;
 }
 
+//! A started pool set over `pool` whose upstreams answer as `f` says, once all are up.
+std::unique_ptr<gateway::PoolSet> started(const cluster::PoolConfig & pool, FakeUpstreams & f) {
+    std::string err;
+    auto s = gateway::PoolSet::open({pool}, err);
+    EXPECT_TRUE(s) << err;
+    if (!s) return nullptr;
+    s->set_probe(f.probe());
+    s->start();
+    const size_t n = pool.upstreams.size();
+    EXPECT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == n; }));
+    return s;
+}
+
 }  // namespace
 
 TEST(Pools, AnUpstreamTakesNothingUntilItIsHealthyAndWarmed) {
@@ -171,14 +184,10 @@ TEST(Pools, AnUpstreamTakesNothingUntilItIsHealthyAndWarmed) {
 }
 
 TEST(Pools, RequestsGoToTheLeastBusyAndAFullPoolSaysSo) {
-    std::string err;
-    auto s = gateway::PoolSet::open({pool_of(2, 2)}, err);
-    ASSERT_TRUE(s) << err;
     FakeUpstreams f;
-    s->set_probe(f.probe());
-    s->start();
+    auto s = started(pool_of(2, 2), f);
+    ASSERT_TRUE(s);
     gateway::PoolSet::Unavailable why;
-    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 2; }));
     std::vector<gateway::PoolLease> held;
     for (int i = 0; i < 4; ++i) {
         auto l = s->acquire("gpu", {}, false, why);
@@ -196,14 +205,10 @@ TEST(Pools, RequestsGoToTheLeastBusyAndAFullPoolSaysSo) {
 }
 
 TEST(Pools, FailuresInARowOpenTheBreakerAndAProbeClosesIt) {
-    std::string err;
-    auto s = gateway::PoolSet::open({pool_of(1, 8)}, err);
-    ASSERT_TRUE(s) << err;
     FakeUpstreams f;
-    s->set_probe(f.probe());
-    s->start();
+    auto s = started(pool_of(1, 8), f);
+    ASSERT_TRUE(s);
     gateway::PoolSet::Unavailable why;
-    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 1; }));
     // A success between failures starts the count again.
     auto a = s->acquire("gpu", {}, false, why);
     s->release(*a, gateway::PoolOutcome::failed, 0);
@@ -229,14 +234,10 @@ TEST(Pools, FailuresInARowOpenTheBreakerAndAProbeClosesIt) {
 }
 
 TEST(Pools, ARemovedUpstreamDrainsAndANewOneWarmsFirst) {
-    std::string err;
-    auto s = gateway::PoolSet::open({pool_of(1, 8)}, err);
-    ASSERT_TRUE(s) << err;
     FakeUpstreams f;
-    s->set_probe(f.probe());
-    s->start();
+    auto s = started(pool_of(1, 8), f);
+    ASSERT_TRUE(s);
     gateway::PoolSet::Unavailable why;
-    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 1; }));
     auto held = s->acquire("gpu", {}, false, why);
     ASSERT_TRUE(held);
     auto next = pool_of(2, 8);

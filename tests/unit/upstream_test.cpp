@@ -30,17 +30,26 @@ bool read_request(int fd) {
     }
 }
 
-TEST(Upstream, AKeptConnectionTheNodeClosedIsNotUsedSoAPostStillGoesThrough) {
-    const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(ls, 0);
+//! A socket listening on a free loopback port (its fd in `ls`, -1 on failure); its base URL.
+std::string listen_loopback(int & ls) {
+    ls = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::bind(ls, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
-    ASSERT_EQ(::listen(ls, 4), 0);
     socklen_t al = sizeof a;
-    ASSERT_EQ(::getsockname(ls, reinterpret_cast<sockaddr *>(&a), &al), 0);
-    const std::string base = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    if (ls < 0 || ::bind(ls, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 || ::listen(ls, 4) != 0 ||
+        ::getsockname(ls, reinterpret_cast<sockaddr *>(&a), &al) != 0) {
+        if (ls >= 0) ::close(ls);
+        ls = -1;
+        return {};
+    }
+    return "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+}
+
+TEST(Upstream, AKeptConnectionTheNodeClosedIsNotUsedSoAPostStillGoesThrough) {
+    int ls = -1;
+    const std::string base = listen_loopback(ls);
+    ASSERT_GE(ls, 0);
 
     // Each connection answers one request, keep-alive, and is then closed by the server (as a
     // node that restarted or crashed between two requests would).
@@ -73,16 +82,10 @@ TEST(Upstream, AKeptConnectionTheNodeClosedIsNotUsedSoAPostStillGoesThrough) {
 }
 
 TEST(Upstream, AServerThatAcceptsAndNeverAnswersTimesOutAtTheDeadline) {
-    const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+    // The kernel accepts connections on it; whether anyone reads is up to the test.
+    int ls = -1;
+    const std::string base = listen_loopback(ls);
     ASSERT_GE(ls, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::bind(ls, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
-    ASSERT_EQ(::listen(ls, 4), 0);  // the kernel accepts; nobody reads (a hung process)
-    socklen_t al = sizeof a;
-    ASSERT_EQ(::getsockname(ls, reinterpret_cast<sockaddr *>(&a), &al), 0);
-    const std::string base = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
     const auto t0 = std::chrono::steady_clock::now();
     auto r = armada::gateway::forward(base, "POST", "/v1/x", {}, "{}", 300);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
