@@ -680,6 +680,10 @@ void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
         if (id < 0) return;
         auto req = std::move(*it);
         it = waiting.erase(it);
+        // Counted active before it stops counting as queued: `submit` reads both, and between the
+        // two it would see room for one request more than there is (restoring parked KV below
+        // can take a while).
+        stats_.active++;
         stats_.queued--;
         Slot & s = slots_[size_t(id)];
         if (s.unsaved &&
@@ -745,7 +749,6 @@ void Engine::start_slot(Slot & s, std::unique_ptr<GenRequest> req) {
     s.req = std::move(req);
     s.state = SlotState::Prompt;
     s.last_used = ++tick_;
-    stats_.active++;
 }
 
 bool Engine::step() {

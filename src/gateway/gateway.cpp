@@ -562,6 +562,7 @@ class Gateway {
         api::Headers extra;        // added to the reply the client gets
         bool may_resend = false;   // no side effect: sent and not answered, it may go elsewhere
         bool hold_errors = false;  // a 429 or 5xx answer is not passed on: the caller tries elsewhere
+        int idle_ms = 0;           // a stream quiet for this long is cut (0: no limit)
     };
     struct Relayed {
         bool delivered = false;  // the client has its answer (or its stream ended)
@@ -602,7 +603,7 @@ class Gateway {
                 out->write(std::string(chunk));
                 return true;
             },
-            cancel);
+            cancel, t.idle_ms);
         if (!streaming) res.head_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         res.status = r.status;
         res.client_gone = cancel->cancelled() || out->closed();
@@ -887,6 +888,7 @@ class Gateway {
                 }
                 t.body = &text;
                 t.timeout_ms = l->timeout_ms;
+                t.idle_ms = l->timeout_ms;  // a stream that hangs after its head counts as failed
                 t.extra = {{"X-Armada-Route", target}, {"X-Armada-Route-Rule", rule}};
                 t.may_resend = true;  // a generation has no side effect: another target may take it
                 t.hold_errors = true;

@@ -171,7 +171,7 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                       const HeaderList & headers, const std::string & body, int timeout_ms,
                       const std::function<bool(const UpstreamReply &)> & on_head,
                       const std::function<bool(std::string_view)> & on_chunk,
-                      const std::shared_ptr<CancelToken> & cancel_in) {
+                      const std::shared_ptr<CancelToken> & cancel_in, int idle_ms) {
     const auto cancel = cancel_in ? cancel_in : std::make_shared<CancelToken>();
     DeadlineGuard deadline;
     deadline.id = deadlines().add(Deadlines::Clock::now() + std::chrono::milliseconds(timeout_ms), cancel);
@@ -231,6 +231,13 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                 c->stream.expires_never();
                 deadline.clear();
             }
+            // A stream may be quiet for long, unless the caller says how long is too long.
+            auto rearm = [&] {
+                if (!stream_body || idle_ms <= 0) return;
+                deadline.clear();
+                deadline.id = deadlines().add(Deadlines::Clock::now() + std::chrono::milliseconds(idle_ms), cancel);
+            };
+            rearm();
             while (!p.is_done() && reading) {
                 p.get().body().data = tmp;
                 p.get().body().size = sizeof tmp;
@@ -240,9 +247,10 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                 if (ec) throw beast::system_error(ec);
                 const size_t n = sizeof tmp - p.get().body().size;
                 if (n == 0) continue;
-                if (stream_body)
+                if (stream_body) {
                     reading = on_chunk(std::string_view(tmp, n));
-                else
+                    rearm();
+                } else
                     out.body.append(tmp, n);
             }
             if (cancel) cancel->attach(-1);
@@ -260,7 +268,9 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
             // try once on a new one, when the node cannot have acted on the request: it was not
             // written, or it reads nothing (GET) and no answer had begun.
             if (reused && !got_head && (!sent || method == "GET")) continue;
-            out.error = cancel->expired() ? "no answer within " + std::to_string(timeout_ms) + " ms" : e.what();
+            out.error = !cancel->expired() ? std::string(e.what())
+                        : out.streamed     ? "the stream sent nothing for " + std::to_string(idle_ms) + " ms"
+                                           : "no answer within " + std::to_string(timeout_ms) + " ms";
             out.status = got_head ? out.status : 0;
             if (got_head && !out.streamed) out.status = 0;  // a cut answer is no answer
             return out;

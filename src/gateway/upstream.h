@@ -45,11 +45,12 @@ struct UpstreamReply {
 //! Sends one request to a node (`base` is http://host:port) and reads its answer. `on_head` runs
 //! once the status and headers are in and says whether to stream the body: then `on_chunk` gets
 //! the body as it arrives (SSE) and may return false to stop. Blocking; run on a worker thread.
-//! `timeout_ms` bounds the connect and the head, and the whole body unless it streams.
+//! `timeout_ms` bounds the connect and the head, and the whole body unless it streams; a stream
+//! that sends nothing for `idle_ms` (0: no limit) is cut, with an error.
 UpstreamReply forward(const std::string & base, const std::string & method, const std::string & target,
                       const HeaderList & headers, const std::string & body, int timeout_ms,
                       const std::function<bool(const UpstreamReply &)> & on_head = {},
                       const std::function<bool(std::string_view)> & on_chunk = {},
-                      const std::shared_ptr<CancelToken> & cancel = nullptr);
+                      const std::shared_ptr<CancelToken> & cancel = nullptr, int idle_ms = 0);
 
 }  // namespace armada::gateway

@@ -96,4 +96,43 @@ TEST(Upstream, AServerThatAcceptsAndNeverAnswersTimesOutAtTheDeadline) {
     ::close(ls);
 }
 
+TEST(Upstream, AStreamThatGoesQuietForItsIdleTimeIsCutWithAnError) {
+    int ls = -1;
+    const std::string base = listen_loopback(ls);
+    ASSERT_GE(ls, 0);
+    std::atomic<bool> done{false};
+    std::thread server([&] {
+        const int c = ::accept(ls, nullptr, nullptr);
+        if (c < 0) return;
+        if (read_request(c)) {
+            const std::string head =
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                "b\r\ndata: one\n\n\r\n";
+            (void)!::write(c, head.data(), head.size());
+        }
+        // Then nothing more, as a pool that hung mid-stream; it gives up after 4.5 s, so that
+        // without an idle limit the call ends late rather than never.
+        for (int i = 0; i < 225 && !done.load(); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ::close(c);
+    });
+    std::string got;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = armada::gateway::forward(
+        base, "POST", "/v1/x", {}, "{}", 5000, [](const armada::gateway::UpstreamReply &) { return true; },
+        [&](std::string_view chunk) {
+            got += chunk;
+            return true;
+        },
+        nullptr, 300);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    done = true;
+    server.join();
+    ::close(ls);
+    EXPECT_TRUE(r.streamed);
+    EXPECT_EQ(got, "data: one\n\n");
+    EXPECT_NE(r.error.find("sent nothing for 300 ms"), std::string::npos) << r.error;
+    EXPECT_LT(s, 4.0);  // well before the 5 s head deadline would matter
+}
+
 }  // namespace
