@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -254,7 +255,7 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where, const Par
     const nlohmann::json canonical = to_json(n);  // also refuses a key named twice
     check_keys(n, where,
                {"id", "model", "instructions", "tools", "sampling", "limits", "tool_choice", "min_tool_steps",
-                "answer_without_tools", "parallel_tool_calls"});
+                "answer_without_tools", "parallel_tool_calls", "long_after_tools"});
     AgentSpec a;
     a.id = str(n["id"], where + ".id", true);
     if (a.id.empty() || a.id.size() > 64) fail(where + ".id", "must be 1 to 64 characters");
@@ -312,6 +313,17 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where, const Par
     if (a.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && !any_tools) fail(where + ".tool_choice", "needs tools");
     a.parallel_tool_calls = boolean(n["parallel_tool_calls"], where + ".parallel_tool_calls", true);
     a.answer_without_tools = boolean(n["answer_without_tools"], where + ".answer_without_tools", false);
+    if (const auto l = n["long_after_tools"]) {
+        if (!l.IsSequence()) fail(where + ".long_after_tools", "must be a list of tool names");
+        for (size_t i = 0; i < l.size(); ++i) {
+            const std::string w = where + ".long_after_tools[" + std::to_string(i) + "]";
+            const std::string name = str(l[i], w, true);
+            const bool known = std::any_of(a.tools.begin(), a.tools.end(), [&](const auto & t) { return t.name == name; });
+            // MCP tools are known only once imported; HTTP ones must be this agent's.
+            if (!known && a.mcp_servers.empty()) fail(w, "'" + name + "' is not a tool of this agent");
+            a.long_after_tools.push_back(name);
+        }
+    }
     a.from_operator = opt.from_operator;
     for (auto & t : a.tools)
         t.expand_secrets = opt.from_operator;

@@ -47,6 +47,9 @@ struct AgentSpec {
     //! After min_tool_steps, the step that answers is generated with tools off.
     bool answer_without_tools = false;
     bool parallel_tool_calls = true;
+    //! The step that reads a result of one of these tools is long (a document to summarise, say):
+    //! when the node has GPU pools, the routing rule `long_step` sends it there.
+    std::vector<std::string> long_after_tools;
     AgentLimits limits;
     //! The declaration as canonical JSON (what was written, YAML read as JSON types). An agent
     //! declared through the API is stored as this and parsed again from it after a restart.

@@ -1,12 +1,16 @@
 #pragma once
 
+#include "engine/chat_format.h"
 #include "engine/engine_set.h"
 
 #include <chrono>
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace armada::agent {
 
@@ -42,6 +46,48 @@ class EnginePort : public GenerationPort {
   private:
     std::unique_ptr<engine::EngineSet> own_;
     engine::EngineSet & e_;
+};
+
+//! One agent step sent to a pool of OpenAI-compatible upstreams (a GPU pool): only the rendered
+//! prompt, a token limit and sampling settings leave the node. The loop, the tools and the
+//! checkpoints stay here.
+struct PoolStep {
+    std::string pool;
+    std::shared_ptr<const engine::ChatTurn> turn;  // prompt, grammar, stops, parser
+    std::vector<common_chat_tool> tools;           // for upstreams that take only `response_format`
+    engine::SamplingOptions sampling;              // max_tokens set
+    uint32_t seed = 0;
+    std::string tenant;
+    std::shared_ptr<std::atomic<bool>> cancelled;
+};
+
+//! How a pool step ended. `ran` false: no upstream of the pool gave a whole answer (down, full,
+//! failed mid-way); nothing of it counts, and the step may run on the node instead.
+struct PoolStepResult {
+    bool ran = false;
+    bool cancelled = false;
+    std::string text;                     // the reply in the model's own format
+    std::optional<common_chat_msg> call;  // a call read from a `response_format` reply
+    engine::FinishReason finish = engine::FinishReason::Stop;
+    int32_t n_prompt = 0, n_generated = 0;
+    double ttft_s = 0;
+    std::string upstream;  // which one answered (its model name and URL host)
+    std::string error;     // why it did not run
+};
+
+//! Sends heavy steps to a pool. Tests replace it; the node's runs them over HTTP.
+class StepPool {
+  public:
+    virtual ~StepPool() = default;
+    //! The pool a step goes to under the routing rules ("" for this node).
+    virtual std::string route(int64_t prompt_tokens, int64_t max_tokens, bool long_step,
+                              const std::string & tenant) const = 0;
+    //! The tokens a request may hold on `pool` (prompt and output; 0 when not known).
+    virtual int64_t context(const std::string & pool) const = 0;
+    //! Runs the step on another thread. `on_text` gets the reply as it streams (nothing once
+    //! `done` has run); `done` runs once. Neither may block.
+    virtual void run(PoolStep step, std::function<void(std::string)> on_text,
+                     std::function<void(PoolStepResult)> done) = 0;
 };
 
 //! Wall clock in milliseconds since the epoch; tests inject a fake one.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <deque>
 #include <random>
 #include <set>
@@ -249,6 +250,11 @@ struct SessionManager::Session {
     std::shared_ptr<engine::ChatTurn> turn;
     std::string gen_text;
     std::shared_ptr<std::atomic<bool>> gen_cancel;
+    // GPU pools: the pool the step under way went to ("" : this node); `pool_local` keeps the
+    // step here after its pool failed (`pool_fallback` says which and why).
+    std::string step_pool;
+    bool pool_local = false;
+    std::string pool_fallback;
     // What readers see: the session as of its last durable batch, never ahead of the store.
     struct Durable {
         SessionState state = SessionState::Queued;
@@ -1044,16 +1050,38 @@ void SessionManager::model_step(Session & s) {
     else if (a.answer_without_tools && a.min_tool_steps > 0)
         choice = COMMON_CHAT_TOOL_CHOICE_NONE;
 
-    // Per-session memory cap: the context of one sequence, and the agent's own token/byte caps.
+    // Per-session memory cap: the context of one sequence (or of the pool the step goes to), and
+    // the agent's own token/byte caps.
     const uint64_t bpt = engine_.kv_bytes_per_token();
-    int64_t cap = int64_t(engine_.n_ctx_seq()) - 1;
-    if (a.limits.max_context_tokens > 0) cap = std::min<int64_t>(cap, a.limits.max_context_tokens);
-    if (a.limits.max_kv_bytes > 0 && bpt > 0) cap = std::min<int64_t>(cap, a.limits.max_kv_bytes / int64_t(bpt));
+    auto cap_for = [&](int64_t ctx) {
+        int64_t cap = ctx - 1;
+        if (a.limits.max_context_tokens > 0) cap = std::min<int64_t>(cap, a.limits.max_context_tokens);
+        if (a.limits.max_kv_bytes > 0 && bpt > 0) cap = std::min<int64_t>(cap, a.limits.max_kv_bytes / int64_t(bpt));
+        return cap;
+    };
+    int64_t cap = cap_for(engine_.n_ctx_seq());
 
     std::unique_ptr<engine::GenRequest> req;
+    std::string pool;
+    engine::SamplingOptions so = a.sampling;
+    so.max_tokens = a.limits.max_tokens_per_step;
+    so.seed = a.sampling.seed ? std::optional<uint32_t>(*a.sampling.seed + uint32_t(s.model_steps)) : std::nullopt;
     try {
         s.turn = std::make_shared<engine::ChatTurn>(
             format_.render(messages(s.dropped_tools), tools, choice, a.parallel_tool_calls));
+        if (opt_.pool && !s.pool_local) {
+            // A step reading the output of a tool the agent marks (long_after_tools) is long.
+            bool long_step = false;
+            for (auto m = s.transcript.rbegin(); m != s.transcript.rend() && m->role == "tool"; ++m) {
+                long_step |= std::find(a.long_after_tools.begin(), a.long_after_tools.end(), m->tool_name) !=
+                             a.long_after_tools.end();
+            }
+            pool = opt_.pool->route(int64_t(s.turn->prompt.size()), so.max_tokens, long_step, s.owner);
+            if (!pool.empty()) {
+                const int64_t ctx = opt_.pool->context(pool);
+                cap = cap_for(ctx > 0 ? ctx - so.max_tokens : std::numeric_limits<int32_t>::max());
+            }
+        }
         if (int64_t(s.turn->prompt.size()) > cap && a.limits.keep_tool_outputs >= 0) {
             const int32_t n_tool = int32_t(std::count_if(s.transcript.begin(), s.transcript.end(),
                                                          [](const common_chat_msg & m) { return m.role == "tool"; }));
@@ -1084,9 +1112,7 @@ void SessionManager::model_step(Session & s) {
                        : "; set limits.keep_tool_outputs to compact old tool outputs instead of failing";
             return fail(s, SessionEvent::LimitReached, why);
         }
-        engine::SamplingOptions so = a.sampling;
-        so.max_tokens = a.limits.max_tokens_per_step;
-        so.seed = a.sampling.seed ? std::optional<uint32_t>(*a.sampling.seed + uint32_t(s.model_steps)) : std::nullopt;
+        if (!pool.empty()) return delegate_step(s, pool, std::move(tools), so);
         req = format_.request(*s.turn, so, engine_.n_ctx_seq(), engine::choice_seed(so, 0));
     } catch (const std::exception & e) {
         return fail(s, SessionEvent::Error, std::string("cannot run the model step: ") + e.what());
@@ -1127,6 +1153,85 @@ void SessionManager::model_step(Session & s) {
     }
 }
 
+void SessionManager::delegate_step(Session & s, const std::string & pool, std::vector<common_chat_tool> tools,
+                                   const engine::SamplingOptions & so) {
+    const uint64_t gen = ++s.gen;
+    s.gen_text.clear();
+    s.gen_cancel = std::make_shared<std::atomic<bool>>(false);
+    s.step_pool = pool;
+    if (s.step_started_ms == 0) s.step_started_ms = clock_.now_ms();
+    // While the pool works the session waits as it does on a tool: its KV leaves the sequences.
+    engine_.release(s.id, false);
+    metrics_.counter("armada_session_pool_steps_total", "Agent steps sent to a GPU pool", {{"pool", pool}}).inc();
+    emit_transient(s, "delegated", dump(json{{"pool", pool}, {"prompt_tokens", s.turn->prompt.size()}}));
+    PoolStep step;
+    step.pool = pool;
+    step.turn = s.turn;
+    step.tools = std::move(tools);
+    step.sampling = so;
+    step.seed = engine::choice_seed(so, 0);
+    step.tenant = s.owner;
+    step.cancelled = s.gen_cancel;
+    auto strand = net::any_io_executor(net::make_strand(io_));
+    opt_.pool->run(
+        std::move(step),
+        [this, alive = alive_, id = s.id, gen, strand](std::string text) {
+            if (*alive) post([this, id, gen, t = std::move(text)]() mutable { on_model_text(id, gen, std::move(t)); }, strand);
+        },
+        [this, alive = alive_, id = s.id, gen, strand](PoolStepResult r) {
+            if (*alive) post([this, id, gen, r = std::move(r)]() mutable { on_pool_done(id, gen, std::move(r)); }, strand);
+        });
+}
+
+void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStepResult r) {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->gen != gen || it->second->state != SessionState::Running) return;
+    Session & s = *it->second;
+    s.gen_cancel.reset();
+    if (r.cancelled) return;
+    if (!r.ran) {
+        // The pool could not take it: the step runs here if it fits, else waits for the pool.
+        const bool fits = int64_t(s.turn->prompt.size()) < int64_t(engine_.n_ctx_seq()) - 1;
+        metrics_
+            .counter("armada_session_pool_fallbacks_total", "Pool steps that the pool could not run",
+                     {{"pool", s.step_pool}, {"to", fits ? "cpu" : "retry"}})
+            .inc();
+        spdlog::warn("session {}: pool '{}' did not run the step ({}); {}", s.id, s.step_pool, r.error,
+                     fits ? "running it on this node" : "the prompt does not fit this node, trying the pool again");
+        emit_transient(s, "pool_fallback",
+                       dump(json{{"pool", s.step_pool}, {"to", fits ? "cpu" : "retry"}}));
+        if (fits) {
+            s.pool_local = true;
+            s.pool_fallback = s.step_pool + "-unavailable";
+            return model_step(s);
+        }
+        if (++s.engine_retries > 3) {
+            return fail(s, SessionEvent::Error,
+                        "pool '" + s.step_pool + "' is unavailable and the step's prompt (" +
+                            std::to_string(s.turn->prompt.size()) + " tokens) does not fit this node's context (" +
+                            std::to_string(engine_.n_ctx_seq()) + ")");
+        }
+        s.gen_cancel = std::make_shared<std::atomic<bool>>(false);  // busy while it waits
+        after_ms(1000 * s.engine_retries, [this, id = s.id, gen] {
+            std::lock_guard lk2(mu_);
+            auto it2 = sessions_.find(id);
+            if (it2 == sessions_.end() || it2->second->gen != gen) return;
+            it2->second->gen_cancel.reset();
+            if (it2->second->state == SessionState::Running) model_step(*it2->second);
+        });
+        return;
+    }
+    s.gen_text = std::move(r.text);
+    engine::GenEvent ev;
+    ev.kind = engine::GenEvent::Kind::Done;
+    ev.finish = r.finish;
+    ev.n_prompt = r.n_prompt;
+    ev.n_generated = r.n_generated;
+    ev.ttft_s = r.ttft_s;
+    finish_step(s, ev, s.step_pool, r.upstream, std::move(r.call));
+}
+
 void SessionManager::on_model_text(const std::string & id, uint64_t gen, std::string text) {
     std::lock_guard lk(mu_);
     auto it = sessions_.find(id);
@@ -1147,7 +1252,12 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
         if (++s.engine_retries > 2) return fail(s, SessionEvent::Error, "the model failed: " + ev.error);
         return model_step(s);
     }
-    common_chat_msg msg = format_.parse(*s.turn, s.gen_text, false);
+    finish_step(s, ev, "cpu", {}, std::nullopt);
+}
+
+void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const std::string & ran_on,
+                                 const std::string & upstream, std::optional<common_chat_msg> call) {
+    common_chat_msg msg = call ? std::move(*call) : format_.parse(*s.turn, s.gen_text, false);
     // A call cut off by max_tokens has arguments that are not JSON: it is not a call. A step that
     // had to call a tool and produced no whole call is run again (twice at most).
     std::erase_if(msg.tool_calls, [](const common_chat_tool_call & c) {
@@ -1167,7 +1277,9 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
     s.prompt_tokens += ev.n_prompt;
     if (opt_.on_tokens) opt_.on_tokens(s.owner, int64_t(ev.n_prompt) + ev.n_generated);
     s.completion_tokens += ev.n_generated;
-    s.kv_history.push_back({step, ev.kv_tokens, uint64_t(ev.kv_tokens) * engine_.kv_bytes_per_token()});
+    if (ran_on == "cpu") {
+        s.kv_history.push_back({step, ev.kv_tokens, uint64_t(ev.kv_tokens) * engine_.kv_bytes_per_token()});
+    }
     metrics_.counter("armada_session_steps_total", "Model steps taken by agent sessions").inc();
 
     json out = {{"step", step},
@@ -1179,7 +1291,13 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
                 {"cached_tokens", ev.n_cached},
                 {"ttft_ms", ev.ttft_s * 1000},
                 {"started_ms", s.step_started_ms},
-                {"kv_tokens", ev.kv_tokens}};
+                {"kv_tokens", ev.kv_tokens},
+                {"ran_on", ran_on}};
+    if (!upstream.empty()) out["upstream"] = upstream;
+    if (ran_on == "cpu" && !s.pool_fallback.empty()) out["pool_fallback"] = s.pool_fallback;
+    s.pool_local = false;
+    s.pool_fallback.clear();
+    s.step_pool.clear();
     if (s.step_started_ms > 0) {
         // A moving average over about the last 20 steps (queueing included: what a session waits).
         const double took = double(clock_.now_ms() - s.step_started_ms), was = step_ms_.load();

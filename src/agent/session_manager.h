@@ -108,6 +108,8 @@ struct SessionOptions {
     //! generated), under the manager's lock: it must only hand the news on (a cluster node
     //! charges them to the tenant's tokens-per-minute quota).
     std::function<void(const std::string &, int64_t)> on_tokens;
+    //! GPU pools: heavy steps (past the routing rules' thresholds) run there. Null: all here.
+    StepPool * pool = nullptr;
 };
 
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change
@@ -226,6 +228,13 @@ class SessionManager {
     void model_step(Session & s);
     void on_model_text(const std::string & id, uint64_t gen, std::string text);
     void on_model_done(const std::string & id, uint64_t gen, engine::GenEvent ev);
+    //! Sends the step to `pool` (SessionOptions::pool); `on_pool_done` takes the answer.
+    void delegate_step(Session & s, const std::string & pool, std::vector<common_chat_tool> tools,
+                       const engine::SamplingOptions & so);
+    void on_pool_done(const std::string & id, uint64_t gen, PoolStepResult r);
+    //! A model step that ended: parse its calls (or take `call`), record where it ran, checkpoint.
+    void finish_step(Session & s, const engine::GenEvent & ev, const std::string & ran_on, const std::string & upstream,
+                     std::optional<common_chat_msg> call);
     void run_tools(Session & s);
     void on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r);
     //! Writes `b` with the session record (and a state step when the state changed), then runs

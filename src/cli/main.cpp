@@ -202,6 +202,11 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
     cmd->add_option("--cluster", o.cluster_file,
                     "join a cluster: the YAML file naming its etcd, NATS, Redis and PostgreSQL (needs --cell)")
         ->envname("ARMADA_CLUSTER");
+    cmd->add_option("--pools", o.pools_file,
+                    "GPU pools (YAML: pools, routes) that take this node's heavy agent steps; in a cluster they are "
+                    "in the cluster file")
+        ->check(CLI::ExistingFile)
+        ->envname("ARMADA_POOLS");
     cmd->add_option("--cell", o.cell, "the cell this node joins")->envname("ARMADA_CELL");
     cmd->add_option("--node-name", o.node_name, "this node's name in its cell (default: HOSTNAME-PORT)")
         ->envname("ARMADA_NODE_NAME");

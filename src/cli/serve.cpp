@@ -14,6 +14,8 @@
 #include "engine/engine_set.h"
 #include "engine/memory_budget.h"
 #include "engine/model.h"
+#include "gateway/pool_steps.h"
+#include "gateway/pools.h"
 #include "obs/metrics.h"
 #include "store/crash_point.h"
 #include "store/postgres_store.h"
@@ -463,6 +465,40 @@ int serve(const ServeOptions & opt) {
     tools::RoutingTransport transport(http_tools, mcp_clients, client_calls, tool_gate);
     agent::SessionOptions sopt;
     sopt.ttl_ms = *ttl_ms;
+    // GPU pools: heavy agent steps run there (the cluster file's pools, or --pools on one node).
+    std::unique_ptr<gateway::PoolSet> pool_set;
+    std::unique_ptr<gateway::PoolStepRunner> pool_steps;
+    {
+        std::optional<cluster::RoutingConfig> routing;
+        std::string perr;
+        if (!opt.pools_file.empty()) {
+            if (ccfg) {
+                fprintf(stderr, "error: --pools is for a single node; in a cluster, pools are in the cluster file\n");
+                eng.stop();
+                stop_listeners();
+                return 2;
+            }
+            routing = cluster::load_routing_file(opt.pools_file, opt.model, perr);
+        } else if (ccfg && !ccfg->routing.pools.empty()) {
+            routing = ccfg->routing;
+        }
+        if (!perr.empty() || (routing && !(pool_set = gateway::PoolSet::open(routing->pools, perr)))) {
+            fprintf(stderr, "error: pools: %s\n", perr.c_str());
+            eng.stop();
+            stop_listeners();
+            return 2;
+        }
+        if (pool_set) {
+            pool_set->start();
+            pool_steps = std::make_unique<gateway::PoolStepRunner>(
+                *routing, *pool_set, [&model](const std::string & text) {
+                    return int32_t(model->tokenize(text, false, true).size());
+                });
+            sopt.pool = pool_steps.get();
+            spdlog::info("GPU pools: {} ({} routing rules); heavy agent steps run there", pool_set->names().size(),
+                         routing->routes.size());
+        }
+    }
     auto node_events = std::make_shared<NodeEvents>(node_name);
     std::unique_ptr<cluster::TokenCharger> token_charger;
     if (ccfg) {
@@ -616,6 +652,8 @@ int serve(const ServeOptions & opt) {
     }
     spdlog::info("drained; stopping");
     if (cluster_node) cluster_node->stop();
+    if (pool_steps) pool_steps->stop();
+    if (pool_set) pool_set->stop();
     router.set_service(nullptr, nullptr, nullptr);
     // Calls to client-named servers finish before what they report to is destroyed.
     client_calls.join();

@@ -181,9 +181,10 @@ bool parse_rule(const YAML::Node & n, const std::string & where, const std::vect
             error = where + ".when: must be a map of conditions";
             return false;
         }
-        if (auto k = unknown_key(w, {"prompt_tokens_over", "max_tokens_over", "latency", "model"}); !k.empty()) {
+        if (auto k = unknown_key(w, {"prompt_tokens_over", "max_tokens_over", "latency", "model", "long_step"});
+            !k.empty()) {
             error = where + ".when: unknown condition '" + k +
-                    "' (there are prompt_tokens_over, max_tokens_over, latency and model)";
+                    "' (there are prompt_tokens_over, max_tokens_over, latency, model and long_step)";
             return false;
         }
         if (w["prompt_tokens_over"]) {
@@ -193,6 +194,14 @@ bool parse_rule(const YAML::Node & n, const std::string & where, const std::vect
         if (w["max_tokens_over"]) {
             r.max_tokens_over = w["max_tokens_over"].as<int64_t>();
             parts.push_back("max_tokens>" + std::to_string(*r.max_tokens_over));
+        }
+        if (w["long_step"]) {
+            if (!w["long_step"].as<bool>()) {
+                error = where + ".when.long_step: only `true` is a condition (leave it out otherwise)";
+                return false;
+            }
+            r.long_step = true;
+            parts.push_back("long_step");
         }
         if (w["latency"]) {
             r.latency = one_or_list(w["latency"]);
@@ -253,8 +262,38 @@ std::vector<RouteRule> default_routes(const std::vector<PoolConfig> & pools) {
     gen.name = "max_tokens>500";
     gen.max_tokens_over = 500;
     gen.to = "gpu";
+    RouteRule marked;
+    marked.name = "long_step";
+    marked.long_step = true;
+    marked.to = "gpu";
     out.push_back(ctx);
     out.push_back(gen);
+    out.push_back(marked);
+    return out;
+}
+
+std::optional<RoutingConfig> load_routing_file(const std::string & path, const std::string & tokenizer,
+                                              std::string & error) {
+    RoutingConfig out;
+    try {
+        YAML::Node root = YAML::LoadFile(path);
+        if (!root.IsMap()) {
+            error = path + ": must be a map with pools (and routes, tenant_latency)";
+            return std::nullopt;
+        }
+        if (!root["tokenizer"]) root["tokenizer"] = tokenizer;
+        if (!parse_routing(root, out, error)) {
+            error = path + ": " + error;
+            return std::nullopt;
+        }
+    } catch (const YAML::Exception & e) {
+        error = path + ": " + e.what();
+        return std::nullopt;
+    }
+    if (out.pools.empty()) {
+        error = path + ": names no pools";
+        return std::nullopt;
+    }
     return out;
 }
 
@@ -314,6 +353,7 @@ RouteChoice choose_route(const std::vector<RouteRule> & rules, const RouteFacts 
         if (r.prompt_tokens_over && !(f.prompt_tokens >= 0 && f.prompt_tokens > *r.prompt_tokens_over)) continue;
         if (r.max_tokens_over && !(f.max_tokens >= 0 && f.max_tokens > *r.max_tokens_over)) continue;
         if (!r.latency.empty() && std::find(r.latency.begin(), r.latency.end(), f.latency) == r.latency.end()) continue;
+        if (r.long_step && !f.long_step) continue;
         if (!r.model.empty() && std::find(r.model.begin(), r.model.end(), f.model) == r.model.end()) continue;
         return {r.to, r.name};
     }

@@ -48,6 +48,7 @@ struct RouteRule {
     std::optional<int64_t> max_tokens_over;
     std::vector<std::string> latency;  // any of these latency classes
     std::vector<std::string> model;    // any of these requested model names
+    bool long_step = false;            // an agent step its agent marks as long (`long_after_tools`)
     std::string to;
 };
 
@@ -74,12 +75,18 @@ struct RoutingConfig {
 };
 
 //! The sources' thresholds, used when the file has pools but no `routes:` and a pool is named
-//! `gpu`: more than 8K tokens of prompt, or more than 500 to generate, go to `gpu`.
+//! `gpu`: more than 8K tokens of prompt, more than 500 to generate, or an agent step its agent
+//! marks as long, go to `gpu`.
 std::vector<RouteRule> default_routes(const std::vector<PoolConfig> & pools);
 
 //! Reads `tokenizer`, `pools`, `routes`, `tenant_latency` and `default_latency` of the cluster
 //! file's root map into `out`. False with `error` naming the field.
 bool parse_routing(const YAML::Node & root, RoutingConfig & out, std::string & error);
+
+//! The same section as a file of its own (`armada serve --pools FILE` on a single node);
+//! `tokenizer` is the default for its `tokenizer:`. The error names the file.
+std::optional<RoutingConfig> load_routing_file(const std::string & path, const std::string & tokenizer,
+                                              std::string & error);
 
 //! What is known of a request when it is routed. -1: not known.
 struct RouteFacts {
@@ -87,6 +94,7 @@ struct RouteFacts {
     int64_t max_tokens = -1;
     std::string latency;
     std::string model;
+    bool long_step = false;
 };
 
 //! The first rule that matches `f` (its target and name), or {"cpu", "default"}.

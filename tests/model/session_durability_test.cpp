@@ -1,5 +1,6 @@
-// The agent loop against a store that fails (label: model). The engine and the SQLite store are
-// real; the tool transport is a stub that answers at once, since tools are not under test here.
+// The agent loop against a store that fails, and with steps sent to a GPU pool (label: model).
+// The engine and the SQLite store are real; the tool transport is a stub that answers at once,
+// since tools are not under test here, and so is the pool (its HTTP side has black-box tests).
 #include "agent/session_manager.h"
 #include "mocks/fault_store.h"
 #include "store/sqlite_store.h"
@@ -38,9 +39,9 @@ class InstantTools : public tools::ToolTransport {
     }
 };
 
-agent::AgentSpec worker() {
+agent::AgentSpec worker(const std::string & extra = "") {
     std::vector<agent::AgentSpec> specs;
-    const std::string yaml = R"(
+    const std::string yaml = extra + R"(
 id: worker
 min_tool_steps: 2
 answer_without_tools: true
@@ -67,8 +68,16 @@ class RecordingPort : public agent::EnginePort {
         }
         return EnginePort::submit(std::move(req));
     }
+    void release(const std::string & session, bool drop) override {
+        {
+            std::lock_guard lk(mu);
+            releases.emplace_back(session, drop);
+        }
+        EnginePort::release(session, drop);
+    }
     std::mutex mu;
     std::vector<engine::Tokens> prompts;
+    std::vector<std::pair<std::string, bool>> releases;
 };
 
 struct Rig {
@@ -88,7 +97,7 @@ struct Rig {
     InstantTools tools;
     std::unique_ptr<agent::SessionManager> mgr;
 
-    Rig() {
+    explicit Rig(agent::StepPool * pool = nullptr, const agent::AgentSpec & spec = worker()) {
         llama_log_set(quiet_log, nullptr);
         std::string err;
         sqlite = store::SqliteStore::open(dir, err);
@@ -106,9 +115,11 @@ struct Rig {
         format = std::make_unique<engine::ChatFormat>(model);
         port = std::make_unique<RecordingPort>(*eng);
         io_thread = std::thread([this] { io.run(); });
-        mgr =
-            std::make_unique<agent::SessionManager>(*format, *port, *faults, tools, io.get_executor(), metrics, clock);
-        mgr->put_operator_agent(worker());
+        agent::SessionOptions opt;
+        opt.pool = pool;
+        mgr = std::make_unique<agent::SessionManager>(*format, *port, *faults, tools, io.get_executor(), metrics, clock,
+                                                      opt);
+        mgr->put_operator_agent(spec);
     }
     ~Rig() {
         mgr.reset();
@@ -373,4 +384,160 @@ TEST(SessionOrdering, StepTextArrivesInOrderOnAManyThreadedPool) {
     for (auto & t : pool)
         t.join();
     std::filesystem::remove_all(dir);
+}
+
+// ---- steps on a GPU pool ------------------------------------------------------------------
+
+namespace {
+
+//! A pool that answers on a thread of its own: a call to `lookup` when the step must call a
+//! tool, else a line of text. Routes the first `routes` long steps, or prompts over `over`.
+class FakePool : public agent::StepPool {
+  public:
+    std::atomic<int> routes{1};
+    int64_t over = 1 << 30;
+    std::atomic<bool> fail{false};  // answers `ran` false: the pool is down
+    std::atomic<bool> hold{false};  // answers only once the step is cancelled
+    std::mutex mu;
+    std::vector<agent::PoolStep> steps;
+    std::vector<std::thread> threads;
+
+    ~FakePool() override { join(); }
+    void join() {
+        std::lock_guard lk(mu);
+        for (auto & t : threads) {
+            if (t.joinable()) t.join();
+        }
+    }
+    std::string route(int64_t prompt_tokens, int64_t, bool long_step, const std::string &) const override {
+        if (prompt_tokens > over) return "gpu";
+        if (!long_step) return "";
+        auto & r = const_cast<std::atomic<int> &>(routes);
+        return r.fetch_sub(1) > 0 ? "gpu" : "";
+    }
+    int64_t context(const std::string &) const override { return 0; }
+    void run(agent::PoolStep step, std::function<void(std::string)> on_text,
+             std::function<void(agent::PoolStepResult)> done) override {
+        std::lock_guard lk(mu);
+        steps.push_back(step);
+        threads.emplace_back([this, step, on_text, done] {
+            agent::PoolStepResult r;
+            if (hold) {
+                while (!step.cancelled->load())
+                    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                r.cancelled = true;
+                return done(r);
+            }
+            if (fail) return done(r);
+            r.ran = true;
+            r.upstream = "big-model";
+            r.n_prompt = int32_t(step.turn->prompt.size());
+            r.n_generated = 7;
+            if (step.turn->require_call) {
+                common_chat_msg m;
+                m.role = "assistant";
+                m.tool_calls.push_back({"lookup", R"({"r":"b"})", ""});
+                r.call = m;
+                r.text = "(a call)";
+            } else {
+                r.text = "the answer, from the pool";
+            }
+            on_text(r.text);
+            done(r);
+        });
+    }
+};
+
+std::vector<nlohmann::json> outputs(const agent::SessionView & v) {
+    std::vector<nlohmann::json> out;
+    for (const auto & s : v.steps) {
+        if (s.kind == "model_output") out.push_back(nlohmann::json::parse(s.payload));
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST(SessionPoolSteps, AMarkedStepRunsOnThePoolAndTheNextLocalStepKeepsItsKv) {
+    FakePool pool;
+    Rig rig(&pool, worker("long_after_tools: [lookup]\n"));
+    const auto id = rig.create("go");
+    const auto v = rig.wait_end(id);
+    ASSERT_EQ(v.state, "completed") << v.reason;
+    const auto out = outputs(v);
+    ASSERT_EQ(out.size(), 3u);
+    // Step 1 has no tool output before it; step 2 reads one (long: the pool); step 3 reads one
+    // too, but the fake routes only the first long step.
+    EXPECT_EQ(out[0]["ran_on"], "cpu");
+    EXPECT_EQ(out[1]["ran_on"], "gpu");
+    EXPECT_EQ(out[1]["upstream"], "big-model");
+    EXPECT_EQ(out[2]["ran_on"], "cpu");
+    // The pool's call is the step's call, run and checkpointed as a local one.
+    ASSERT_EQ(out[1]["tool_calls"].size(), 1u);
+    EXPECT_EQ(out[1]["tool_calls"][0]["arguments"], R"({"r":"b"})");
+    EXPECT_EQ(rig.tools.calls.load(), 2);
+    ASSERT_EQ(pool.steps.size(), 1u);
+    EXPECT_TRUE(pool.steps[0].turn->require_call);
+    EXPECT_EQ(pool.steps[0].sampling.max_tokens, 128);
+    // While the pool worked, the session's KV left its sequence (parked, not dropped), and the
+    // step after it reused that KV: only the new tokens were computed.
+    {
+        std::lock_guard lk(rig.port->mu);
+        EXPECT_TRUE(std::find(rig.port->releases.begin(), rig.port->releases.end(), std::make_pair(id, false)) !=
+                    rig.port->releases.end());
+        EXPECT_EQ(rig.port->prompts.size(), 2u);  // two steps ran here
+    }
+    EXPECT_GE(out[2]["cached_tokens"].get<int>(), out[0]["prompt_tokens"].get<int>() - 1);
+}
+
+TEST(SessionPoolSteps, APoolThatCannotRunTheStepLeavesItToTheNode) {
+    FakePool pool;
+    pool.fail = true;
+    Rig rig(&pool, worker("long_after_tools: [lookup]\n"));
+    const auto id = rig.create("go");
+    const auto v = rig.wait_end(id);
+    ASSERT_EQ(v.state, "completed") << v.reason;
+    const auto out = outputs(v);
+    ASSERT_EQ(out.size(), 3u);
+    EXPECT_EQ(out[1]["ran_on"], "cpu");
+    EXPECT_EQ(out[1]["pool_fallback"], "gpu-unavailable");
+    EXPECT_FALSE(out[2].contains("pool_fallback"));
+    EXPECT_EQ(rig.metrics.counter("armada_session_pool_fallbacks_total", "", {{"pool", "gpu"}, {"to", "cpu"}}).value(),
+              1u);
+}
+
+TEST(SessionPoolSteps, StepsPastThePromptThresholdGoToThePool) {
+    FakePool pool;
+    pool.over = 0;  // every prompt
+    Rig rig(&pool);
+    const auto id = rig.create("go");
+    const auto v = rig.wait_end(id);
+    ASSERT_EQ(v.state, "completed") << v.reason;
+    for (const auto & o : outputs(v))
+        EXPECT_EQ(o["ran_on"], "gpu");
+    std::lock_guard lk(rig.port->mu);
+    EXPECT_TRUE(rig.port->prompts.empty());
+}
+
+TEST(SessionPoolSteps, CancellingTheSessionCancelsItsPoolStep) {
+    FakePool pool;
+    pool.over = 0;
+    pool.hold = true;
+    Rig rig(&pool);
+    const auto id = rig.create("go");
+    for (int i = 0; i < 500; ++i) {
+        std::unique_lock lk(pool.mu);
+        if (!pool.steps.empty()) break;
+        lk.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::promise<agent::Outcome> p;
+    rig.mgr->cancel(id, "", [&](agent::Outcome o) { p.set_value(o); });
+    EXPECT_EQ(p.get_future().get().status, 200);
+    const auto v = rig.wait_end(id);
+    EXPECT_EQ(v.state, "cancelled");
+    pool.join();  // its thread posts to the rig's executor: done before the rig goes
+    std::lock_guard lk(pool.mu);
+    ASSERT_EQ(pool.steps.size(), 1u);
+    EXPECT_TRUE(pool.steps[0].cancelled->load());
 }

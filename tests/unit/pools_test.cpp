@@ -56,6 +56,11 @@ TEST(Pools, WithAGpuPoolAndNoRulesTheSourcesThresholdsApply) {
     EXPECT_EQ(cluster::choose_route(r, facts(100, 501)).rule, "max_tokens>500");
     // Not known (no max_tokens, a prompt that could not be counted): the thresholds do not fire.
     EXPECT_EQ(cluster::choose_route(r, facts(-1, -1)).target, "cpu");
+    // An agent step its agent marks as long goes to the pool whatever its size.
+    auto marked = facts(100, 10);
+    marked.long_step = true;
+    EXPECT_EQ(cluster::choose_route(r, marked).target, "gpu");
+    EXPECT_EQ(cluster::choose_route(r, marked).rule, "long_step");
 }
 
 TEST(Pools, RulesAreReadInOrderAndEveryConditionOfOneMustHold) {
@@ -110,6 +115,9 @@ TEST(Pools, TheFileSaysWhichPoolSettingIsWrong) {
         {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}\n"
          "routes:\n  - {when: {tokens_over: 5}, to: gpu}\n",
          "unknown condition 'tokens_over'"},
+        {"pools:\n  - {name: gpu, upstreams: [{url: 'http://g:1', model: m}]}\n"
+         "routes:\n  - {when: {long_step: false}, to: gpu}\n",
+         "routes[0].when.long_step"},
     };
     for (const auto & k : cases) {
         std::string err;

@@ -1,0 +1,302 @@
+#include "gateway/pool_steps.h"
+
+#include "engine/tool_grammar.h"
+#include "gateway/upstream.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <set>
+
+namespace armada::gateway {
+
+using nlohmann::json;
+
+namespace {
+
+std::string dump(const json & j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+//! A schema whose instances are the calls of one of `tools`: {"name": N, "arguments": {…}}.
+json call_schema(const std::vector<common_chat_tool> & tools) {
+    json any = json::array();
+    for (const auto & t : tools) {
+        json params = json::parse(t.parameters.empty() ? "{}" : t.parameters, nullptr, false);
+        if (!params.is_object()) params = json{{"type", "object"}};
+        any.push_back({{"type", "object"},
+                       {"properties", {{"name", {{"type", "string"}, {"enum", {t.name}}}}, {"arguments", params}}},
+                       {"required", {"name", "arguments"}},
+                       {"additionalProperties", false}});
+    }
+    return any.size() == 1 ? any[0] : json{{"anyOf", any}};
+}
+
+}  // namespace
+
+json pool_step_body(const agent::PoolStep & step, const std::string & model, cluster::GrammarDialect d) {
+    const auto & s = step.sampling;
+    const auto & t = *step.turn;
+    json body = {{"model", model},
+                 {"prompt", t.prompt},
+                 {"temperature", s.temperature},
+                 {"top_p", s.top_p},
+                 {"seed", step.seed},
+                 {"stream", true},
+                 {"stream_options", {{"include_usage", true}}}};
+    if (s.max_tokens > 0) body["max_tokens"] = s.max_tokens;
+    json stop = json::array();
+    for (const auto & x : s.stop)
+        stop.push_back(x);
+    for (const auto & x : t.params.additional_stops)
+        stop.push_back(x);
+    if (!stop.empty()) body["stop"] = stop;
+    const bool llama = d == cluster::GrammarDialect::llama;
+    if (llama) {
+        body["top_k"] = s.top_k;
+        body["min_p"] = s.min_p;
+        body["cache_prompt"] = true;
+    }
+    if (!t.tools_on || t.params.grammar.empty()) return body;
+    if (llama) {
+        body["grammar"] = engine::constrain_tool_grammar(t.params.grammar, t.require_call, t.parallel);
+        body["grammar_type"] = "tool_calls";
+        body["grammar_lazy"] = t.params.grammar_lazy;
+        json triggers = json::array();
+        for (const auto & g : t.params.grammar_triggers) {
+            json j = {{"type", int(g.type)}, {"value", g.value}};
+            if (g.type == COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN) j["token"] = g.token;
+            triggers.push_back(j);
+        }
+        body["grammar_triggers"] = triggers;
+        body["preserved_tokens"] = t.params.preserved_tokens;
+        body["generation_prompt"] = t.params.generation_prompt;
+    } else if (t.require_call && !step.tools.empty()) {
+        body["response_format"] = {{"type", "json_schema"},
+                                   {"json_schema", {{"name", "tool_call"}, {"strict", true}, {"schema", call_schema(step.tools)}}}};
+    }
+    return body;
+}
+
+std::optional<common_chat_msg> call_from_schema_reply(const std::string & text) {
+    const json j = json::parse(text, nullptr, false);
+    if (!j.is_object()) return std::nullopt;
+    const auto name = j.find("name");
+    const auto args = j.find("arguments");
+    if (name == j.end() || !name->is_string() || args == j.end() || !args->is_object()) return std::nullopt;
+    common_chat_msg msg;
+    msg.role = "assistant";
+    common_chat_tool_call c;
+    c.name = name->get<std::string>();
+    c.arguments = dump(*args);
+    msg.tool_calls.push_back(c);
+    return msg;
+}
+
+void CompletionStream::feed(std::string_view bytes, const std::function<void(const std::string &)> & on_text) {
+    buf_.append(bytes);
+    size_t eol;
+    while ((eol = buf_.find('\n')) != std::string::npos) {
+        std::string line = buf_.substr(0, eol);
+        buf_.erase(0, eol + 1);
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.rfind("data:", 0) != 0) continue;
+        std::string data = line.substr(5);
+        if (!data.empty() && data[0] == ' ') data.erase(0, 1);
+        if (data == "[DONE]") {
+            done_ = true;
+            continue;
+        }
+        const json j = json::parse(data, nullptr, false);
+        if (!j.is_object()) continue;
+        if (const auto e = j.find("error"); e != j.end()) {
+            error_ = e->is_object() && e->contains("message") && (*e)["message"].is_string()
+                         ? (*e)["message"].get<std::string>()
+                         : dump(*e);
+            continue;
+        }
+        if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
+            if (u->contains("prompt_tokens") && (*u)["prompt_tokens"].is_number_integer())
+                prompt_ = (*u)["prompt_tokens"].get<int32_t>();
+            if (u->contains("completion_tokens") && (*u)["completion_tokens"].is_number_integer())
+                completion_ = (*u)["completion_tokens"].get<int32_t>();
+        }
+        const auto ch = j.find("choices");
+        if (ch == j.end() || !ch->is_array() || ch->empty() || !(*ch)[0].is_object()) continue;
+        const json & c = (*ch)[0];
+        if (const auto text = c.find("text"); text != c.end() && text->is_string() && !text->get_ref<const std::string &>().empty())
+            on_text(text->get<std::string>());
+        if (const auto f = c.find("finish_reason"); f != c.end() && f->is_string()) {
+            finish_ = f->get<std::string>();
+            done_ = true;
+        }
+    }
+}
+
+PoolStepRunner::PoolStepRunner(cluster::RoutingConfig cfg, PoolSet & pools,
+                               std::function<int32_t(const std::string &)> count)
+    : cfg_(std::move(cfg)), pools_(pools), count_(std::move(count)) {
+    watcher_ = std::thread([this] { watch(); });
+}
+
+PoolStepRunner::~PoolStepRunner() {
+    stop();
+}
+
+void PoolStepRunner::stop() {
+    {
+        std::unique_lock lk(mu_);
+        stop_ = true;
+        for (auto & f : flights_)
+            f.token->cancel();
+        cv_.notify_all();
+        cv_.wait(lk, [&] { return running_ == 0; });
+    }
+    if (watcher_.joinable()) watcher_.join();
+}
+
+std::string PoolStepRunner::route(int64_t prompt_tokens, int64_t max_tokens, bool long_step,
+                                  const std::string & tenant) const {
+    cluster::RouteFacts f;
+    f.prompt_tokens = prompt_tokens;
+    f.max_tokens = max_tokens;
+    f.long_step = long_step;
+    const auto l = cfg_.tenant_latency.find(tenant);
+    f.latency = l != cfg_.tenant_latency.end() ? l->second : cfg_.default_latency;
+    const auto c = cluster::choose_route(cfg_.routes, f);
+    return c.target != "cpu" && pools_.has(c.target) ? c.target : std::string();
+}
+
+int64_t PoolStepRunner::context(const std::string & pool) const {
+    return pools_.context(pool);
+}
+
+void PoolStepRunner::run(agent::PoolStep step, std::function<void(std::string)> on_text,
+                         std::function<void(agent::PoolStepResult)> done) {
+    {
+        std::lock_guard lk(mu_);
+        if (stop_) {
+            agent::PoolStepResult r;
+            r.error = "the node is stopping";
+            done(std::move(r));
+            return;
+        }
+        ++running_;
+    }
+    std::thread([this, step = std::move(step), on_text = std::move(on_text), done = std::move(done)] {
+        work(step, on_text, done);
+        std::lock_guard lk(mu_);
+        --running_;
+        cv_.notify_all();
+    }).detach();
+}
+
+void PoolStepRunner::watch() {
+    std::unique_lock lk(mu_);
+    while (!stop_) {
+        cv_.wait_for(lk, std::chrono::milliseconds(50));
+        for (auto & f : flights_) {
+            if (f.cancelled && f.cancelled->load()) f.token->cancel();
+        }
+    }
+}
+
+void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void(std::string)> & on_text,
+                          const std::function<void(agent::PoolStepResult)> & done) {
+    agent::PoolStepResult r;
+    std::set<std::string> avoid;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int attempt = 0; attempt < 3; ++attempt) {
+        if (step.cancelled && step.cancelled->load()) {
+            r.cancelled = true;
+            return done(std::move(r));
+        }
+        PoolSet::Unavailable why = PoolSet::Unavailable::none;
+        const auto lease = pools_.acquire(step.pool, avoid, false, why);
+        if (!lease) {
+            if (r.error.empty() || why == PoolSet::Unavailable::full) {
+                r.error = why == PoolSet::Unavailable::full ? "every upstream is at its max_in_flight"
+                                                            : "no upstream is up";
+            }
+            break;
+        }
+        avoid.insert(lease->url);
+        const json body = pool_step_body(step, lease->model, lease->grammar);
+        HeaderList headers{{"content-type", "application/json"}, {"accept", "text/event-stream"}};
+        if (!lease->key.empty()) headers.emplace_back("authorization", "Bearer " + lease->key);
+        auto token = std::make_shared<CancelToken>();
+        std::list<Flight>::iterator flight;
+        {
+            std::lock_guard lk(mu_);
+            flight = flights_.insert(flights_.end(), Flight{step.cancelled, token});
+            if (stop_) token->cancel();
+        }
+        CompletionStream stream;
+        std::string text;
+        double head_s = 0, ttft_s = 0;
+        // A step that must call a tool through `response_format` streams JSON, not the model's
+        // own call format: nothing of it is shown before it is whole.
+        const bool schema_call = lease->grammar == cluster::GrammarDialect::json_schema && step.turn->tools_on &&
+                                 step.turn->require_call && !step.tools.empty();
+        const auto started = std::chrono::steady_clock::now();
+        const auto reply = forward(
+            lease->url, "POST", "/v1/completions", headers, dump(body), lease->timeout_ms,
+            [&](const UpstreamReply & h) {
+                head_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+                return h.status == 200;
+            },
+            [&](std::string_view chunk) {
+                stream.feed(chunk, [&](const std::string & piece) {
+                    if (text.empty()) {
+                        ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                    }
+                    text += piece;
+                    if (!schema_call) on_text(piece);
+                });
+                return !(step.cancelled && step.cancelled->load());
+            },
+            token, lease->timeout_ms);
+        {
+            std::lock_guard lk(mu_);
+            flights_.erase(flight);
+        }
+        const bool cancelled = token->cancelled() || (step.cancelled && step.cancelled->load());
+        if (cancelled) {
+            pools_.release(*lease, PoolOutcome::cancelled, head_s);
+            r.cancelled = true;
+            return done(std::move(r));
+        }
+        if (reply.status == 200 && stream.done() && stream.error().empty()) {
+            pools_.release(*lease, PoolOutcome::ok, head_s);
+            r.ran = true;
+            r.upstream = lease->model;
+            r.finish = stream.finish() == "length" ? engine::FinishReason::Length : engine::FinishReason::Stop;
+            r.n_prompt = stream.prompt_tokens() >= 0 ? stream.prompt_tokens() : int32_t(step.turn->prompt.size());
+            r.n_generated = stream.completion_tokens() >= 0 ? stream.completion_tokens() : count_ ? count_(text) : 0;
+            r.ttft_s = ttft_s;
+            if (schema_call) {
+                r.call = call_from_schema_reply(text);
+                if (r.call) on_text(text);
+            }
+            r.text = std::move(text);
+            return done(std::move(r));
+        }
+        PoolOutcome outcome = PoolOutcome::failed;
+        if (reply.status == 429) {
+            outcome = PoolOutcome::busy;
+        } else if (reply.status >= 400 && reply.status < 500) {
+            outcome = PoolOutcome::ok;  // the request, not the upstream: another would say the same
+        }
+        pools_.release(*lease, outcome, head_s);
+        r.error = reply.status == 0        ? "no answer: " + reply.error
+                  : reply.status != 200    ? "HTTP " + std::to_string(reply.status) + ": " + reply.body.substr(0, 300)
+                  : !stream.error().empty() ? "the upstream's stream reported: " + stream.error()
+                                            : "the stream ended before the answer did" +
+                                                  (reply.error.empty() ? std::string() : ": " + reply.error);
+        spdlog::warn("pool '{}': upstream {} failed a step: {}", step.pool, lease->model, r.error);
+        if (reply.status >= 400 && reply.status < 500 && reply.status != 429) break;
+    }
+    done(std::move(r));
+}
+
+}  // namespace armada::gateway

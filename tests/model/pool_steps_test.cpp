@@ -1,0 +1,265 @@
+// Agent steps sent to a GPU pool, on the node's side: the request body in each grammar dialect
+// (from a real rendered turn of the tiny model), the reading of the upstream's stream, and the
+// runner against a local upstream that hangs (cancel, deadline) or answers.
+#include "gateway/pool_steps.h"
+#include "gateway/upstream.h"
+#include "tiny_model.h"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <thread>
+
+using namespace armada;
+using nlohmann::json;
+
+namespace {
+
+const char * kParams = R"({"type":"object","properties":{"r":{"type":"string","enum":["a","b"]}},"required":["r"]})";
+
+agent::PoolStep step(bool required) {
+    static engine::ChatFormat format(testing::tiny_model());
+    std::vector<common_chat_msg> msgs(1);
+    msgs[0].role = "user";
+    msgs[0].content = "look it up";
+    std::vector<common_chat_tool> tools{{"lookup", "Look up a record", kParams}};
+    agent::PoolStep s;
+    s.pool = "gpu";
+    s.turn = std::make_shared<engine::ChatTurn>(format.render(
+        msgs, tools, required ? COMMON_CHAT_TOOL_CHOICE_REQUIRED : COMMON_CHAT_TOOL_CHOICE_AUTO, false));
+    s.tools = tools;
+    s.sampling.max_tokens = 64;
+    s.sampling.temperature = 0.5f;
+    s.seed = 9;
+    s.cancelled = std::make_shared<std::atomic<bool>>(false);
+    return s;
+}
+
+}  // namespace
+
+TEST(PoolStepBody, LlamaDialectSendsTheTokensAndTheToolCallGrammar) {
+    const auto s = step(true);
+    const json b = pool_step_body(s, "qwen-gpu", cluster::GrammarDialect::llama);
+    EXPECT_EQ(b["model"], "qwen-gpu");
+    EXPECT_EQ(b["prompt"].get<engine::Tokens>(), s.turn->prompt);  // the node's rendering, as token ids
+    EXPECT_EQ(b["max_tokens"], 64);
+    EXPECT_EQ(b["seed"], 9);
+    EXPECT_EQ(b["stream"], true);
+    ASSERT_TRUE(b.contains("grammar"));
+    EXPECT_NE(b["grammar"].get<std::string>().find("lookup"), std::string::npos);
+    EXPECT_EQ(b["grammar_type"], "tool_calls");
+    EXPECT_EQ(b["grammar_lazy"], false);  // a call is required
+    EXPECT_EQ(b["generation_prompt"], s.turn->params.generation_prompt);
+    EXPECT_FALSE(b.contains("response_format"));
+    // A step that may call a tool: the grammar waits for its trigger.
+    const json lazy = pool_step_body(step(false), "qwen-gpu", cluster::GrammarDialect::llama);
+    EXPECT_EQ(lazy["grammar_lazy"], true);
+    EXPECT_FALSE(lazy["grammar_triggers"].empty());
+}
+
+TEST(PoolStepBody, JsonSchemaDialectAsksForOneOfTheToolsCalls) {
+    const json b = pool_step_body(step(true), "Qwen/Qwen2.5-7B-Instruct", cluster::GrammarDialect::json_schema);
+    EXPECT_FALSE(b.contains("grammar"));
+    ASSERT_TRUE(b.contains("response_format"));
+    EXPECT_EQ(b["response_format"]["type"], "json_schema");
+    const json & schema = b["response_format"]["json_schema"]["schema"];
+    EXPECT_EQ(schema["properties"]["name"]["enum"], json::array({"lookup"}));
+    EXPECT_EQ(schema["properties"]["arguments"], json::parse(kParams));
+    // May call: nothing in this dialect says "text or a call", so it goes unconstrained.
+    const json a = pool_step_body(step(false), "m", cluster::GrammarDialect::json_schema);
+    EXPECT_FALSE(a.contains("response_format"));
+    EXPECT_FALSE(a.contains("grammar"));
+}
+
+TEST(PoolStepBody, ASchemaReplyIsReadAsACall) {
+    const auto m = gateway::call_from_schema_reply(R"({"name":"lookup","arguments":{"r":"a"}})");
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->tool_calls.size(), 1u);
+    EXPECT_EQ(m->tool_calls[0].name, "lookup");
+    EXPECT_EQ(json::parse(m->tool_calls[0].arguments), json::parse(R"({"r":"a"})"));
+    EXPECT_FALSE(gateway::call_from_schema_reply(R"({"name":"lookup","arguments":"r=a"})"));
+    EXPECT_FALSE(gateway::call_from_schema_reply(R"({"name":"lookup","argum)"));
+    EXPECT_FALSE(gateway::call_from_schema_reply("plain text"));
+}
+
+TEST(CompletionStream, ReadsPiecesAcrossChunkBordersThenTheEnd) {
+    gateway::CompletionStream s;
+    std::string text;
+    const std::string all = "data: {\"choices\":[{\"text\":\"Hel\",\"finish_reason\":null}]}\n\n"
+                            "data: {\"choices\":[{\"text\":\"lo\",\"finish_reason\":null}]}\r\n\r\n"
+                            "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n"
+                            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":3}}\n\n"
+                            "data: [DONE]\n\n";
+    for (size_t i = 0; i < all.size(); i += 7) {
+        s.feed(std::string_view(all).substr(i, 7), [&](const std::string & p) { text += p; });
+        if (i + 7 < 60) EXPECT_FALSE(s.done());
+    }
+    EXPECT_EQ(text, "Hello");
+    EXPECT_TRUE(s.done());
+    EXPECT_EQ(s.finish(), "length");
+    EXPECT_EQ(s.prompt_tokens(), 12);
+    EXPECT_EQ(s.completion_tokens(), 3);
+    gateway::CompletionStream e;
+    e.feed("data: {\"error\":{\"message\":\"out of memory\"}}\n\n", [](const std::string &) {});
+    EXPECT_EQ(e.error(), "out of memory");
+}
+
+namespace {
+
+//! A local upstream on a free port: answers /health and warm-ups, and either hangs on
+//! /v1/completions until the client goes (`hang`) or streams a short answer.
+class LocalUpstream {
+  public:
+    explicit LocalUpstream(bool hang) : hang_(hang) {
+        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+        ::listen(fd_, 16);
+        socklen_t n = sizeof a;
+        ::getsockname(fd_, reinterpret_cast<sockaddr *>(&a), &n);
+        port_ = ntohs(a.sin_port);
+        thread_ = std::thread([this] { serve(); });
+    }
+    ~LocalUpstream() {
+        stop_ = true;
+        ::shutdown(fd_, SHUT_RDWR);
+        ::close(fd_);
+        thread_.join();
+    }
+    std::string base() const { return "http://127.0.0.1:" + std::to_string(port_); }
+    std::atomic<int> completions{0};
+    std::atomic<int> hung_up{0};  // completion requests whose client closed the connection
+
+  private:
+    void serve() {
+        while (!stop_) {
+            const int c = ::accept(fd_, nullptr, nullptr);
+            if (c < 0) return;
+            std::thread([this, c] { answer(c); }).detach();
+        }
+    }
+    void answer(int c) {
+        std::string req;
+        char buf[4096];
+        ssize_t n;
+        while (req.find("\r\n\r\n") == std::string::npos && (n = ::read(c, buf, sizeof buf)) > 0)
+            req.append(buf, size_t(n));
+        const bool completion = req.rfind("POST /v1/completions", 0) == 0;
+        if (completion) ++completions;
+        if (completion && hang_) {
+            while ((n = ::read(c, buf, sizeof buf)) > 0) {
+            }
+            ++hung_up;
+        } else if (completion) {
+            const std::string body = "data: {\"choices\":[{\"text\":\"fine\",\"finish_reason\":\"stop\"}]}\n\n"
+                                     "data: [DONE]\n\n";
+            const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: " +
+                                     std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+            (void)!::write(c, (head + body).data(), head.size() + body.size());
+        } else {
+            const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+            (void)!::write(c, ok.data(), ok.size());
+        }
+        ::close(c);
+    }
+    bool hang_;
+    int fd_ = -1;
+    uint16_t port_ = 0;
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
+struct RunnerRig {
+    cluster::RoutingConfig cfg;
+    std::unique_ptr<gateway::PoolSet> pools;
+    std::unique_ptr<gateway::PoolStepRunner> runner;
+    explicit RunnerRig(const std::vector<std::string> & urls, int timeout_ms = 60000) {
+        cluster::PoolConfig p;
+        p.name = "gpu";
+        p.timeout_ms = timeout_ms;
+        for (const auto & u : urls)
+            p.upstreams.push_back({u, "big", "", "", 4, cluster::GrammarDialect::llama});
+        cfg.pools.push_back(p);
+        cfg.routes = cluster::default_routes(cfg.pools);
+        std::string err;
+        pools = gateway::PoolSet::open(cfg.pools, err);
+        EXPECT_TRUE(pools) << err;
+        pools->start();
+        for (int i = 0; i < 500 && pools->status()["gpu"]["up"].get<int>() < int(urls.size()); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_EQ(pools->status()["gpu"]["up"].get<int>(), int(urls.size())) << pools->status().dump();
+        runner = std::make_unique<gateway::PoolStepRunner>(cfg, *pools, [](const std::string & t) {
+            return int32_t(t.size());
+        });
+    }
+    agent::PoolStepResult run(agent::PoolStep s, std::string * streamed = nullptr) {
+        std::promise<agent::PoolStepResult> p;
+        runner->run(
+            std::move(s), [streamed](std::string t) { if (streamed) *streamed += t; },
+            [&](agent::PoolStepResult r) { p.set_value(std::move(r)); });
+        return p.get_future().get();
+    }
+};
+
+}  // namespace
+
+TEST(PoolStepRunner, RoutesByTheRulesAndRunsOnAnUpstream) {
+    LocalUpstream up(false);
+    RunnerRig rig({up.base()});
+    EXPECT_EQ(rig.runner->route(9000, 100, false, "t"), "gpu");
+    EXPECT_EQ(rig.runner->route(100, 100, true, "t"), "gpu");
+    EXPECT_EQ(rig.runner->route(100, 100, false, "t"), "");
+    std::string streamed;
+    const auto r = rig.run(step(false), &streamed);
+    EXPECT_TRUE(r.ran) << r.error;
+    EXPECT_EQ(r.text, "fine");
+    EXPECT_EQ(streamed, "fine");
+    EXPECT_EQ(r.n_generated, 4);  // no usage in the stream: counted here
+    EXPECT_EQ(r.n_prompt, int32_t(step(false).turn->prompt.size()));
+}
+
+TEST(PoolStepRunner, CancellingTheStepClosesTheUpstreamConnection) {
+    LocalUpstream up(true);
+    RunnerRig rig({up.base()});
+    auto s = step(true);
+    auto flag = s.cancelled;
+    std::promise<agent::PoolStepResult> p;
+    rig.runner->run(s, [](std::string) {}, [&](agent::PoolStepResult r) { p.set_value(std::move(r)); });
+    for (int i = 0; i < 500 && up.completions.load() == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(up.completions.load(), 1);
+    EXPECT_EQ(up.hung_up.load(), 0);
+    flag->store(true);
+    auto f = p.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    EXPECT_TRUE(f.get().cancelled);
+    for (int i = 0; i < 500 && up.hung_up.load() == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(up.hung_up.load(), 1);  // the upstream saw its client go: it stops generating
+}
+
+TEST(PoolStepRunner, AnUpstreamThatTimesOutIsLeftForTheNextThenTheNode) {
+    LocalUpstream hung(true), fine(false);
+    {
+        RunnerRig rig({hung.base(), fine.base()}, 300);
+        // Whichever it tries first, the step ends on the one that answers.
+        for (int i = 0; i < 2; ++i) {
+            const auto r = rig.run(step(false));
+            EXPECT_TRUE(r.ran) << r.error;
+            EXPECT_EQ(r.text, "fine");
+        }
+        EXPECT_GE(hung.completions.load(), 1);
+    }
+    RunnerRig alone({hung.base()}, 300);
+    const auto r = alone.run(step(false));
+    EXPECT_FALSE(r.ran);
+    EXPECT_FALSE(r.cancelled);
+    EXPECT_FALSE(r.error.empty());
+}

@@ -1,0 +1,179 @@
+// Agent steps on a GPU pool, with real processes: `armada serve --pools` and a llama-server built
+// from the project's llama.cpp as the pool (on the CPU here). The routing rules are the defaults:
+// a step whose prompt passes 8192 tokens goes to the pool. The session's loop, tools and
+// checkpoints stay on the node; the pool sees only a prompt, a token limit and sampling.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import http from 'node:http';
+import net from 'node:net';
+import path from 'node:path';
+import { startServer, tinyModel, rawPost } from './harness.mjs';
+import { tempDir } from './agents.mjs';
+import { waitFor as waitSession } from './session_helpers.mjs';
+import { waitFor } from './cluster_helpers.mjs';
+
+const LLAMA_SERVER = process.env.LLAMA_SERVER;
+let dir;
+let srv;
+let llama;
+let tools;
+const WORDS = 9000;  // the first tool result: ~9K tokens, so the next step's prompt passes 8192
+
+const freePort = () => new Promise((resolve) => {
+  const s = net.createServer();
+  s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
+});
+
+async function llamaMetric(name) {
+  const text = await fetch(`http://127.0.0.1:${llama.port}/metrics`).then((r) => r.text());
+  const m = text.match(new RegExp(`^llamacpp:${name} (\\S+)$`, 'm'));
+  return m ? Number(m[1]) : 0;
+}
+
+// The tool: the first call of each session returns a long document, the next a short note.
+// `onFirst` (when set) runs before the long answer is sent.
+function startTools() {
+  const calls = new Map();
+  const t = { calls, onFirst: null, args: [] };
+  const doc = Array.from({ length: WORDS }, (_, i) => ['the', 'river', 'stone', 'light'][i % 4]).join(' ');
+  t.server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (d) => { body += d; });
+    req.on('end', async () => {
+      const session = (req.headers['idempotency-key'] ?? '').split(':')[0];
+      const n = (calls.get(session) ?? 0) + 1;
+      calls.set(session, n);
+      t.args.push(JSON.parse(body));
+      if (n === 1 && t.onFirst) await t.onFirst();
+      res.writeHead(200, { 'Content-Type': 'text/plain' });
+      res.end(n === 1 ? doc : 'noted');
+    });
+  });
+  return new Promise((resolve) => t.server.listen(0, '127.0.0.1', () => {
+    t.url = `http://127.0.0.1:${t.server.address().port}`;
+    resolve(t);
+  }));
+}
+
+async function startLlama(port) {
+  const proc = spawn(LLAMA_SERVER, ['-m', tinyModel, '--host', '127.0.0.1', '--port', String(port), '-c', '24576',
+    '-np', '2', '-t', '1', '--metrics', '--no-webui'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const l = { proc, port, log: '' };
+  proc.stdout.on('data', (d) => { l.log += d; });
+  proc.stderr.on('data', (d) => { l.log += d; });
+  await waitFor('llama-server /health', async () =>
+    (await fetch(`http://127.0.0.1:${port}/health`).catch(() => null))?.status === 200);
+  return l;
+}
+
+const session = async () => {
+  const r = await rawPost(srv.base, '/v1/agents/reader/sessions', { input: 'Read the document, then answer.' });
+  assert.equal(r.status, 200, r.text);
+  return r.json.id;
+};
+const outputs = (s) => s.steps.filter((x) => x.kind === 'model_output').map((x) => x.data);
+
+before(async () => {
+  assert.ok(LLAMA_SERVER && fs.existsSync(LLAMA_SERVER), `llama-server is built (LLAMA_SERVER=${LLAMA_SERVER})`);
+  dir = tempDir('armada-pool-steps-');
+  tools = await startTools();
+  llama = await startLlama(await freePort());
+  fs.writeFileSync(path.join(dir, 'pools.yaml'), `
+pools:
+  - name: gpu
+    context: 12288
+    timeout_ms: 60000
+    upstreams:
+      - {url: 'http://127.0.0.1:${llama.port}', model: tiny-on-gpu, max_in_flight: 2}
+`);
+  fs.writeFileSync(path.join(dir, 'agents.yaml'), `agents:
+  - id: reader
+    instructions: Read what the tool returns, then answer.
+    min_tool_steps: 2
+    answer_without_tools: true
+    parallel_tool_calls: false
+    sampling: { temperature: 0.7, seed: 11 }
+    limits: { max_steps: 4, max_tokens_per_step: 48, tool_timeout_ms: 30000 }
+    tools:
+      - name: read
+        description: Read a part of the document
+        url: ${tools.url}/read
+        timeout_ms: 30000
+        parameters:
+          type: object
+          properties:
+            part: { type: string, enum: [intro, body, end] }
+            page: { type: integer, enum: [1, 2, 3] }
+          required: [part, page]
+          additionalProperties: false
+`);
+  // 12288 tokens a sequence: the long steps fit here too, so a failed pool step can fall back.
+  srv = await startServer(['--agents', path.join(dir, 'agents.yaml'), '--data-dir', path.join(dir, 'data'),
+    '--tool-allow', '127.0.0.1', '--pools', path.join(dir, 'pools.yaml'), '-c', '24576', '-np', '2', '-t', '1']);
+  await waitFor('the pool warmed', async () =>
+    (await fetch(srv.base + '/metrics').then((r) => r.text())).includes('armada_session') &&
+    srv.stderr().includes('GPU pools') && (await llamaMetric('requests_processing')) === 0, 30000);
+});
+
+after(async () => {
+  await srv?.stop();
+  if (llama?.proc.exitCode === null) { llama.proc.kill('SIGCONT'); llama.proc.kill('SIGKILL'); }
+  tools?.server.close();
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test('a step whose context passes 8K runs on the pool; its tool call is schema-valid; the log says where each ran', async () => {
+  const before = await llamaMetric('prompt_tokens_total');
+  const id = await session();
+  const s = await waitSession(srv.base, id, ['completed', 'failed'], { timeoutMs: 180000 });
+  assert.equal(s.state, 'completed', s.reason);
+  const out = outputs(s);
+  assert.equal(out.length, 3, JSON.stringify(out));
+  assert.equal(out[0].ran_on, 'cpu');
+  assert.ok(out[0].prompt_tokens < 8192);
+  // The tool's document put the next prompt past 8192 tokens: the pool ran that step.
+  assert.ok(out[1].prompt_tokens > 8192, `${out[1].prompt_tokens}`);
+  assert.equal(out[1].ran_on, 'gpu', JSON.stringify(out[1]));
+  assert.equal(out[1].upstream, 'tiny-on-gpu');
+  assert.equal(out[1].tool_calls.length, 1);
+  const call = out[1].tool_calls[0];
+  assert.equal(call.name, 'read');
+  const args = JSON.parse(call.arguments);
+  assert.deepEqual(Object.keys(args).sort(), ['page', 'part']);
+  assert.ok(['intro', 'body', 'end'].includes(args.part), call.arguments);
+  assert.ok([1, 2, 3].includes(args.page), call.arguments);
+  // The pool computed that prompt (llama-server's own count), and the call reached the tool.
+  assert.ok(await llamaMetric('prompt_tokens_total') - before > 8192);
+  assert.equal(tools.calls.get(id), 2);
+  // The answer's prompt is long too.
+  assert.equal(out[2].ran_on, 'gpu', JSON.stringify(out[2]));
+  assert.equal(s.transcript.at(-1).role, 'assistant');
+});
+
+test('the pool killed during a delegated step: the node runs the step itself and the session completes', async () => {
+  const steps = async () => {
+    const text = await fetch(srv.base + '/metrics').then((r) => r.text());
+    const m = text.match(/^armada_session_pool_steps_total\{pool="gpu"\} (\S+)$/m);
+    return m ? Number(m[1]) : 0;
+  };
+  // The pool stops (SIGSTOP) just before the long document reaches the session, so the step
+  // that reads it is sent to a pool that takes the connection and never answers.
+  tools.onFirst = async () => { llama.proc.kill('SIGSTOP'); };
+  const sent = await steps();
+  const id = await session();
+  await waitFor('the step sent to the pool', async () => (await steps()) > sent, 60000);
+  llama.proc.kill('SIGKILL');
+  const s = await waitSession(srv.base, id, ['completed', 'failed'], { timeoutMs: 180000 });
+  tools.onFirst = null;
+  assert.equal(s.state, 'completed', s.reason);
+  const out = outputs(s);
+  assert.equal(out.length, 3, JSON.stringify(out));
+  assert.equal(out[1].ran_on, 'cpu', JSON.stringify(out[1]));
+  assert.equal(out[1].pool_fallback, 'gpu-unavailable');
+  assert.equal(out[1].tool_calls.length, 1);
+  assert.ok(out[1].prompt_tokens > 8192);
+  const metrics = await fetch(srv.base + '/metrics').then((r) => r.text());
+  assert.match(metrics, /^armada_session_pool_fallbacks_total\{pool="gpu",to="cpu"\} [1-9]/m);
+});
