@@ -23,7 +23,7 @@ namespace {
 const char * kParams = R"({"type":"object","properties":{"r":{"type":"string","enum":["a","b"]}},"required":["r"]})";
 
 agent::PoolStep step(bool required) {
-    static engine::ChatFormat format(testing::tiny_model());
+    static engine::ChatFormat format(armada::testing::tiny_model());
     std::vector<common_chat_msg> msgs(1);
     msgs[0].role = "user";
     msgs[0].content = "look it up";
@@ -44,7 +44,7 @@ agent::PoolStep step(bool required) {
 
 TEST(PoolStepBody, LlamaDialectSendsTheTokensAndTheToolCallGrammar) {
     const auto s = step(true);
-    const json b = pool_step_body(s, "qwen-gpu", cluster::GrammarDialect::llama);
+    const json b = gateway::pool_step_body(s, "qwen-gpu", cluster::GrammarDialect::llama);
     EXPECT_EQ(b["model"], "qwen-gpu");
     EXPECT_EQ(b["prompt"].get<engine::Tokens>(), s.turn->prompt);  // the node's rendering, as token ids
     EXPECT_EQ(b["max_tokens"], 64);
@@ -57,13 +57,13 @@ TEST(PoolStepBody, LlamaDialectSendsTheTokensAndTheToolCallGrammar) {
     EXPECT_EQ(b["generation_prompt"], s.turn->params.generation_prompt);
     EXPECT_FALSE(b.contains("response_format"));
     // A step that may call a tool: the grammar waits for its trigger.
-    const json lazy = pool_step_body(step(false), "qwen-gpu", cluster::GrammarDialect::llama);
+    const json lazy = gateway::pool_step_body(step(false), "qwen-gpu", cluster::GrammarDialect::llama);
     EXPECT_EQ(lazy["grammar_lazy"], true);
     EXPECT_FALSE(lazy["grammar_triggers"].empty());
 }
 
 TEST(PoolStepBody, JsonSchemaDialectAsksForOneOfTheToolsCalls) {
-    const json b = pool_step_body(step(true), "Qwen/Qwen2.5-7B-Instruct", cluster::GrammarDialect::json_schema);
+    const json b = gateway::pool_step_body(step(true), "Qwen/Qwen2.5-7B-Instruct", cluster::GrammarDialect::json_schema);
     EXPECT_FALSE(b.contains("grammar"));
     ASSERT_TRUE(b.contains("response_format"));
     EXPECT_EQ(b["response_format"]["type"], "json_schema");
@@ -71,7 +71,7 @@ TEST(PoolStepBody, JsonSchemaDialectAsksForOneOfTheToolsCalls) {
     EXPECT_EQ(schema["properties"]["name"]["enum"], json::array({"lookup"}));
     EXPECT_EQ(schema["properties"]["arguments"], json::parse(kParams));
     // May call: nothing in this dialect says "text or a call", so it goes unconstrained.
-    const json a = pool_step_body(step(false), "m", cluster::GrammarDialect::json_schema);
+    const json a = gateway::pool_step_body(step(false), "m", cluster::GrammarDialect::json_schema);
     EXPECT_FALSE(a.contains("response_format"));
     EXPECT_FALSE(a.contains("grammar"));
 }
