@@ -318,7 +318,8 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where, const Par
         for (size_t i = 0; i < l.size(); ++i) {
             const std::string w = where + ".long_after_tools[" + std::to_string(i) + "]";
             const std::string name = str(l[i], w, true);
-            const bool known = std::any_of(a.tools.begin(), a.tools.end(), [&](const auto & t) { return t.name == name; });
+            const bool known =
+                std::any_of(a.tools.begin(), a.tools.end(), [&](const auto & t) { return t.name == name; });
             // MCP tools are known only once imported; HTTP ones must be this agent's.
             if (!known && a.mcp_servers.empty()) fail(w, "'" + name + "' is not a tool of this agent");
             a.long_after_tools.push_back(name);

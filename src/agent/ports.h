@@ -3,8 +3,8 @@
 #include "engine/chat_format.h"
 #include "engine/engine_set.h"
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>

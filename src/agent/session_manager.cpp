@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <deque>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -1176,10 +1176,12 @@ void SessionManager::delegate_step(Session & s, const std::string & pool, std::v
     opt_.pool->run(
         std::move(step),
         [this, alive = alive_, id = s.id, gen, strand](std::string text) {
-            if (*alive) post([this, id, gen, t = std::move(text)]() mutable { on_model_text(id, gen, std::move(t)); }, strand);
+            if (*alive)
+                post([this, id, gen, t = std::move(text)]() mutable { on_model_text(id, gen, std::move(t)); }, strand);
         },
         [this, alive = alive_, id = s.id, gen, strand](PoolStepResult r) {
-            if (*alive) post([this, id, gen, r = std::move(r)]() mutable { on_pool_done(id, gen, std::move(r)); }, strand);
+            if (*alive)
+                post([this, id, gen, r = std::move(r)]() mutable { on_pool_done(id, gen, std::move(r)); }, strand);
         });
 }
 
@@ -1199,8 +1201,7 @@ void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStep
             .inc();
         spdlog::warn("session {}: pool '{}' did not run the step ({}); {}", s.id, s.step_pool, r.error,
                      fits ? "running it on this node" : "the prompt does not fit this node, trying the pool again");
-        emit_transient(s, "pool_fallback",
-                       dump(json{{"pool", s.step_pool}, {"to", fits ? "cpu" : "retry"}}));
+        emit_transient(s, "pool_fallback", dump(json{{"pool", s.step_pool}, {"to", fits ? "cpu" : "retry"}}));
         if (fits) {
             s.pool_local = true;
             s.pool_fallback = s.step_pool + "-unavailable";

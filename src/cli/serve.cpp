@@ -491,9 +491,8 @@ int serve(const ServeOptions & opt) {
         if (pool_set) {
             pool_set->start();
             pool_steps = std::make_unique<gateway::PoolStepRunner>(
-                *routing, *pool_set, [&model](const std::string & text) {
-                    return int32_t(model->tokenize(text, false, true).size());
-                });
+                *routing, *pool_set,
+                [&model](const std::string & text) { return int32_t(model->tokenize(text, false, true).size()); });
             sopt.pool = pool_steps.get();
             spdlog::info("GPU pools: {} ({} routing rules); heavy agent steps run there", pool_set->names().size(),
                          routing->routes.size());

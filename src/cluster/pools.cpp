@@ -273,7 +273,7 @@ std::vector<RouteRule> default_routes(const std::vector<PoolConfig> & pools) {
 }
 
 std::optional<RoutingConfig> load_routing_file(const std::string & path, const std::string & tokenizer,
-                                              std::string & error) {
+                                               std::string & error) {
     RoutingConfig out;
     try {
         YAML::Node root = YAML::LoadFile(path);

@@ -86,7 +86,7 @@ bool parse_routing(const YAML::Node & root, RoutingConfig & out, std::string & e
 //! The same section as a file of its own (`armada serve --pools FILE` on a single node);
 //! `tokenizer` is the default for its `tokenizer:`. The error names the file.
 std::optional<RoutingConfig> load_routing_file(const std::string & path, const std::string & tokenizer,
-                                              std::string & error);
+                                               std::string & error);
 
 //! What is known of a request when it is routed. -1: not known.
 struct RouteFacts {

@@ -72,8 +72,9 @@ json pool_step_body(const agent::PoolStep & step, const std::string & model, clu
         body["preserved_tokens"] = t.params.preserved_tokens;
         body["generation_prompt"] = t.params.generation_prompt;
     } else if (t.require_call && !step.tools.empty()) {
-        body["response_format"] = {{"type", "json_schema"},
-                                   {"json_schema", {{"name", "tool_call"}, {"strict", true}, {"schema", call_schema(step.tools)}}}};
+        body["response_format"] = {
+            {"type", "json_schema"},
+            {"json_schema", {{"name", "tool_call"}, {"strict", true}, {"schema", call_schema(step.tools)}}}};
     }
     return body;
 }
@@ -124,7 +125,8 @@ void CompletionStream::feed(std::string_view bytes, const std::function<void(con
         const auto ch = j.find("choices");
         if (ch == j.end() || !ch->is_array() || ch->empty() || !(*ch)[0].is_object()) continue;
         const json & c = (*ch)[0];
-        if (const auto text = c.find("text"); text != c.end() && text->is_string() && !text->get_ref<const std::string &>().empty())
+        if (const auto text = c.find("text");
+            text != c.end() && text->is_string() && !text->get_ref<const std::string &>().empty())
             on_text(text->get<std::string>());
         if (const auto f = c.find("finish_reason"); f != c.end() && f->is_string()) {
             finish_ = f->get<std::string>();
@@ -215,8 +217,8 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
         const auto lease = pools_.acquire(step.pool, avoid, false, why);
         if (!lease) {
             if (r.error.empty() || why == PoolSet::Unavailable::full) {
-                r.error = why == PoolSet::Unavailable::full ? "every upstream is at its max_in_flight"
-                                                            : "no upstream is up";
+                r.error =
+                    why == PoolSet::Unavailable::full ? "every upstream is at its max_in_flight" : "no upstream is up";
             }
             break;
         }
@@ -288,8 +290,8 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
             outcome = PoolOutcome::ok;  // the request, not the upstream: another would say the same
         }
         pools_.release(*lease, outcome, head_s);
-        r.error = reply.status == 0        ? "no answer: " + reply.error
-                  : reply.status != 200    ? "HTTP " + std::to_string(reply.status) + ": " + reply.body.substr(0, 300)
+        r.error = reply.status == 0         ? "no answer: " + reply.error
+                  : reply.status != 200     ? "HTTP " + std::to_string(reply.status) + ": " + reply.body.substr(0, 300)
                   : !stream.error().empty() ? "the upstream's stream reported: " + stream.error()
                                             : "the stream ended before the answer did" +
                                                   (reply.error.empty() ? std::string() : ": " + reply.error);

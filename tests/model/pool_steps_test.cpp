@@ -30,8 +30,8 @@ agent::PoolStep step(bool required) {
     std::vector<common_chat_tool> tools{{"lookup", "Look up a record", kParams}};
     agent::PoolStep s;
     s.pool = "gpu";
-    s.turn = std::make_shared<engine::ChatTurn>(format.render(
-        msgs, tools, required ? COMMON_CHAT_TOOL_CHOICE_REQUIRED : COMMON_CHAT_TOOL_CHOICE_AUTO, false));
+    s.turn = std::make_shared<engine::ChatTurn>(
+        format.render(msgs, tools, required ? COMMON_CHAT_TOOL_CHOICE_REQUIRED : COMMON_CHAT_TOOL_CHOICE_AUTO, false));
     s.tools = tools;
     s.sampling.max_tokens = 64;
     s.sampling.temperature = 0.5f;
@@ -63,7 +63,8 @@ TEST(PoolStepBody, LlamaDialectSendsTheTokensAndTheToolCallGrammar) {
 }
 
 TEST(PoolStepBody, JsonSchemaDialectAsksForOneOfTheToolsCalls) {
-    const json b = gateway::pool_step_body(step(true), "Qwen/Qwen2.5-7B-Instruct", cluster::GrammarDialect::json_schema);
+    const json b =
+        gateway::pool_step_body(step(true), "Qwen/Qwen2.5-7B-Instruct", cluster::GrammarDialect::json_schema);
     EXPECT_FALSE(b.contains("grammar"));
     ASSERT_TRUE(b.contains("response_format"));
     EXPECT_EQ(b["response_format"]["type"], "json_schema");
@@ -90,11 +91,12 @@ TEST(PoolStepBody, ASchemaReplyIsReadAsACall) {
 TEST(CompletionStream, ReadsPiecesAcrossChunkBordersThenTheEnd) {
     gateway::CompletionStream s;
     std::string text;
-    const std::string all = "data: {\"choices\":[{\"text\":\"Hel\",\"finish_reason\":null}]}\n\n"
-                            "data: {\"choices\":[{\"text\":\"lo\",\"finish_reason\":null}]}\r\n\r\n"
-                            "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n"
-                            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":3}}\n\n"
-                            "data: [DONE]\n\n";
+    const std::string all =
+        "data: {\"choices\":[{\"text\":\"Hel\",\"finish_reason\":null}]}\n\n"
+        "data: {\"choices\":[{\"text\":\"lo\",\"finish_reason\":null}]}\r\n\r\n"
+        "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n"
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":3}}\n\n"
+        "data: [DONE]\n\n";
     for (size_t i = 0; i < all.size(); i += 7) {
         s.feed(std::string_view(all).substr(i, 7), [&](const std::string & p) { text += p; });
         if (i + 7 < 60) EXPECT_FALSE(s.done());
@@ -158,10 +160,12 @@ class LocalUpstream {
             }
             ++hung_up;
         } else if (completion) {
-            const std::string body = "data: {\"choices\":[{\"text\":\"fine\",\"finish_reason\":\"stop\"}]}\n\n"
-                                     "data: [DONE]\n\n";
-            const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: " +
-                                     std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+            const std::string body =
+                "data: {\"choices\":[{\"text\":\"fine\",\"finish_reason\":\"stop\"}]}\n\n"
+                "data: [DONE]\n\n";
+            const std::string head =
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: " + std::to_string(body.size()) +
+                "\r\nConnection: close\r\n\r\n";
             (void)!::write(c, (head + body).data(), head.size() + body.size());
         } else {
             const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
@@ -195,14 +199,16 @@ struct RunnerRig {
         for (int i = 0; i < 500 && pools->status()["gpu"]["up"].get<int>() < int(urls.size()); ++i)
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         EXPECT_EQ(pools->status()["gpu"]["up"].get<int>(), int(urls.size())) << pools->status().dump();
-        runner = std::make_unique<gateway::PoolStepRunner>(cfg, *pools, [](const std::string & t) {
-            return int32_t(t.size());
-        });
+        runner = std::make_unique<gateway::PoolStepRunner>(cfg, *pools,
+                                                           [](const std::string & t) { return int32_t(t.size()); });
     }
     agent::PoolStepResult run(agent::PoolStep s, std::string * streamed = nullptr) {
         std::promise<agent::PoolStepResult> p;
         runner->run(
-            std::move(s), [streamed](std::string t) { if (streamed) *streamed += t; },
+            std::move(s),
+            [streamed](std::string t) {
+                if (streamed) *streamed += t;
+            },
             [&](agent::PoolStepResult r) { p.set_value(std::move(r)); });
         return p.get_future().get();
     }
@@ -231,7 +237,8 @@ TEST(PoolStepRunner, CancellingTheStepClosesTheUpstreamConnection) {
     auto s = step(true);
     auto flag = s.cancelled;
     std::promise<agent::PoolStepResult> p;
-    rig.runner->run(s, [](std::string) {}, [&](agent::PoolStepResult r) { p.set_value(std::move(r)); });
+    rig.runner->run(
+        s, [](std::string) {}, [&](agent::PoolStepResult r) { p.set_value(std::move(r)); });
     for (int i = 0; i < 500 && up.completions.load() == 0; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ASSERT_EQ(up.completions.load(), 1);
