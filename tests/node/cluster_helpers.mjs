@@ -142,3 +142,23 @@ export async function waitFor(what, check, timeoutMs = 60000) {
     await sleep(100);
   }
 }
+
+const freePort = () => new Promise((resolve) => {
+  const s = net.createServer();
+  s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
+});
+
+// A llama-server built from the project's llama.cpp, on a free port, once its /health answers:
+// { proc, port, log }. `args` go after the model, address and metrics flags; `port` (when given)
+// is the one to listen on again after a restart.
+export async function startLlamaServer(model, args, port = null) {
+  port ??= await freePort();
+  const proc = spawn(process.env.LLAMA_SERVER, ['-m', model, '--host', '127.0.0.1', '--port', String(port),
+    '--metrics', '--no-webui', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const l = { proc, port, log: '' };
+  proc.stdout.on('data', (d) => { l.log += d; });
+  proc.stderr.on('data', (d) => { l.log += d; });
+  await waitFor('llama-server /health', async () =>
+    (await fetch(`http://127.0.0.1:${port}/health`).catch(() => null))?.status === 200);
+  return l;
+}

@@ -4,15 +4,13 @@
 // checkpoints stay on the node; the pool sees only a prompt, a token limit and sampling.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
-import net from 'node:net';
 import path from 'node:path';
 import { startServer, tinyModel, rawPost } from './harness.mjs';
 import { tempDir } from './agents.mjs';
 import { waitFor as waitSession } from './session_helpers.mjs';
-import { waitFor } from './cluster_helpers.mjs';
+import { startLlamaServer, waitFor } from './cluster_helpers.mjs';
 
 const LLAMA_SERVER = process.env.LLAMA_SERVER;
 let dir;
@@ -20,11 +18,6 @@ let srv;
 let llama;
 let tools;
 const WORDS = 9000;  // the first tool result: ~9K tokens, so the next step's prompt passes 8192
-
-const freePort = () => new Promise((resolve) => {
-  const s = net.createServer();
-  s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
-});
 
 async function llamaMetric(name) {
   const text = await fetch(`http://127.0.0.1:${llama.port}/metrics`).then((r) => r.text());
@@ -57,19 +50,6 @@ function startTools() {
   }));
 }
 
-async function startLlama(port) {
-  const proc = spawn(LLAMA_SERVER, ['-m', tinyModel, '--host', '127.0.0.1', '--port', String(port), '-c', '24576',
-    '-np', '2', '-t', '1', '--metrics', '--no-webui',
-    // The tiny model says it was trained on 4096 tokens, and llama-server caps a slot there.
-    '--override-kv', 'qwen2.context_length=int:32768'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  const l = { proc, port, log: '' };
-  proc.stdout.on('data', (d) => { l.log += d; });
-  proc.stderr.on('data', (d) => { l.log += d; });
-  await waitFor('llama-server /health', async () =>
-    (await fetch(`http://127.0.0.1:${port}/health`).catch(() => null))?.status === 200);
-  return l;
-}
-
 const session = async () => {
   const r = await rawPost(srv.base, '/v1/agents/reader/sessions', { input: 'Read the document, then answer.' });
   assert.equal(r.status, 200, r.text);
@@ -82,7 +62,9 @@ before(async () => {
   assert.ok(LLAMA_SERVER && fs.existsSync(LLAMA_SERVER), `llama-server is built (LLAMA_SERVER=${LLAMA_SERVER})`);
   dir = tempDir('armada-pool-steps-');
   tools = await startTools();
-  llama = await startLlama(await freePort());
+  // 12288 tokens a slot. The tiny model says it was trained on 4096, where llama-server caps a slot.
+  llama = await startLlamaServer(tinyModel, ['-c', '24576', '-np', '2', '-t', '1',
+    '--override-kv', 'qwen2.context_length=int:32768']);
   fs.writeFileSync(path.join(dir, 'pools.yaml'), `
 pools:
   - name: gpu

@@ -7,11 +7,10 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { startServer, tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
-import { clusterUp, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
+import { clusterUp, sanitizerReports, sleep, startLlamaServer, waitFor } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
@@ -23,22 +22,7 @@ let up;
 let gw;
 let llama;  // { proc, port, log }
 let longPool;
-
-const freePort = () => new Promise((resolve) => {
-  const s = net.createServer();
-  s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
-});
-
-async function startLlama(port) {
-  const proc = spawn(LLAMA_SERVER, ['-m', tinyModel, '--host', '127.0.0.1', '--port', String(port), '-c', '8192',
-    '-np', '2', '-t', '1', '--metrics', '--no-webui'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  const l = { proc, port, log: '' };
-  proc.stdout.on('data', (d) => { l.log += d; });
-  proc.stderr.on('data', (d) => { l.log += d; });
-  await waitFor('llama-server /health', async () =>
-    (await fetch(`http://127.0.0.1:${port}/health`).catch(() => null))?.status === 200);
-  return l;
-}
+const LLAMA_ARGS = ['-c', '8192', '-np', '2', '-t', '1'];
 
 // Prompt tokens llama-server has processed, from its own metrics.
 async function llamaPromptTokens() {
@@ -77,7 +61,7 @@ before(async () => {
   assert.ok(LLAMA_SERVER && fs.existsSync(LLAMA_SERVER), `llama-server is built (LLAMA_SERVER=${LLAMA_SERVER})`);
   dir = tempDir('armada-pools-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
-  llama = await startLlama(await freePort());
+  llama = await startLlamaServer(tinyModel, LLAMA_ARGS);
   longPool = await startServer(['-c', '16384', '-np', '2', '-t', '1'], { env: { ARMADA_API_KEY: POOL_KEY } });
   fs.writeFileSync(path.join(dir, 'pools.yaml'), `
 pools:
@@ -239,7 +223,7 @@ test('a pool that is down sends its requests to the CPU with the header, and tak
     assert.equal(r.headers.get('x-armada-route'), 'cpu; degraded=gpu-unavailable');
   }
   assert.ok(await metric(gw, 'armada_gateway_route_fallbacks_total', 'pool="gpu"') >= 3);
-  llama = await startLlama(port);
+  llama = await startLlamaServer(tinyModel, LLAMA_ARGS, port);
   await waitFor('the pool back in the gateway', async () =>
     (await fetch(gw + '/readyz').then((x) => x.json())).pools.gpu.up === 1, 60000);
   const r = await chat({ messages: say('hello', 3), max_tokens: 501 });
