@@ -215,6 +215,7 @@ class Gateway {
             counter_ = PromptCounter::load(cfg_.routing.tokenizer, err);
             if (!counter_) return "tokenizer: " + err;
         }
+        routing_ = std::make_shared<cluster::RoutingConfig>(cfg_.routing);
         if (!cfg_.routing.pools.empty()) {
             pools_ = PoolSet::open(cfg_.routing.pools, err);
             if (!pools_) return err;
@@ -254,7 +255,8 @@ class Gateway {
         if (pools_) pools_->stop();
     }
     //! SIGHUP: the cluster file read again for its pools (new upstreams warm before they take
-    //! traffic; removed ones drain). Other settings need a restart.
+    //! traffic; removed ones drain), routes, tenant_latency and default_latency. Other settings
+    //! (the tokenizer among them) need a restart.
     void reload() {
         std::string err;
         auto cfg = cluster::load_cluster_config_for_service(o_.cluster_file, err);
@@ -266,12 +268,28 @@ class Gateway {
             spdlog::warn("gateway: reload: this gateway started without pools; pools need a restart");
             return;
         }
+        const bool counts = std::any_of(cfg->routing.routes.begin(), cfg->routing.routes.end(),
+                                        [](const auto & r) { return r.prompt_tokens_over.has_value(); });
+        if (counts && !counter_) {
+            spdlog::error(
+                "gateway: reload: a rule routes by prompt tokens but this gateway started without a "
+                "tokenizer; keeping the pools and routes as they were");
+            return;
+        }
+        if (cfg->routing.tokenizer != cfg_.routing.tokenizer) {
+            spdlog::warn("gateway: reload: tokenizer changed; it is read at start only");
+        }
         if (auto e = pools_->reload(cfg->routing.pools); !e.empty()) {
             spdlog::error("gateway: reload: {}; keeping the pools as they were", e);
             return;
         }
-        spdlog::info("gateway: reload: {} pools (routes, tenant_latency and tokenizer are read at start only)",
-                     cfg->routing.pools.size());
+        {
+            auto rc = std::make_shared<cluster::RoutingConfig>(cfg->routing);
+            rc->tokenizer = cfg_.routing.tokenizer;
+            std::lock_guard lk(mu_);
+            routing_ = std::move(rc);
+        }
+        spdlog::info("gateway: reload: {} pools, {} routes", cfg->routing.pools.size(), cfg->routing.routes.size());
     }
     size_t in_flight() const { return in_flight_.load(); }
 
@@ -808,7 +826,8 @@ class Gateway {
                           UsageScan * usage) {
         const bool chat = req.path == "/v1/chat/completions";
         const json body = json::parse(req.body, nullptr, false);
-        const auto & rc = cfg_.routing;
+        const auto rcp = routing();
+        const auto & rc = *rcp;
         const int64_t cpu_ctx = cpu_context();
         // The count matters only up to the smallest number a decision compares it with: a
         // rule's threshold, or a target's context.
@@ -1489,6 +1508,12 @@ class Gateway {
     std::unique_ptr<cluster::RedisPool> redis_;
     std::atomic<uint64_t> requests_{0}, route_hits_{0};
     std::unique_ptr<cluster::Quotas> quotas_;
+    //! The routing rules and latency classes as of the last start or SIGHUP (mu_).
+    std::shared_ptr<const cluster::RoutingConfig> routing_;
+    std::shared_ptr<const cluster::RoutingConfig> routing() {
+        std::lock_guard lk(mu_);
+        return routing_;
+    }
     std::unique_ptr<PromptCounter> counter_;  // counts prompts for the routing rules (`tokenizer:`)
     std::unique_ptr<PoolSet> pools_;          // GPU pools (`pools:`); null: none
     std::map<std::pair<std::string, std::string>, uint64_t> routed_;     // (route, rule) → requests; mu_

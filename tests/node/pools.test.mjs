@@ -273,7 +273,7 @@ test('armada bench gateway runs: 300 requests routed to a pool, each on a new co
   assert.match(out, /added p99/);
 });
 
-test('SIGHUP reloads the pools: a new upstream warms first, a removed one drains its stream and goes', { timeout: 180000 * SLOW }, async () => {
+test('SIGHUP reloads the pools and routes: a new upstream warms first, a removed one drains its stream and goes', { timeout: 180000 * SLOW }, async () => {
   const status = JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
   const gatewayPid = status.processes.find((p) => p.role === 'gateway').pid;
   // A long stream on the long pool, in flight while the pool is changed under it.
@@ -289,8 +289,12 @@ test('SIGHUP reloads the pools: a new upstream warms first, a removed one drains
   const file = path.join(dir, 'cluster.yaml');
   const yaml = fs.readFileSync(file, 'utf8');
   const next = yaml.replace(`{url: '${longPool.base}', model: armada-tiny-q8_0, api_key_env: POOL_KEY, max_in_flight: 4}`,
-    `{url: 'http://127.0.0.1:${llama.port}', model: tiny, max_in_flight: 4}`);
-  assert.notEqual(next, yaml, 'the test found the long pool in the cluster file');
+    `{url: 'http://127.0.0.1:${llama.port}', model: tiny, max_in_flight: 4}`)
+    .replace('{when: {model: long-model}, to: long}', '{when: {model: [long-model, other-long]}, to: long}');
+  assert.equal(next.split('other-long').length, 2, 'the test found the long pool and its rule in the cluster file');
+  // Before the reload, no rule names the model `other-long`.
+  const old = await chat({ model: 'other-long', messages: say('hello', 3) });
+  assert.equal(old.headers.get('x-armada-route'), 'cpu', await old.text());
   fs.writeFileSync(file, next);
   process.kill(gatewayPid, 'SIGHUP');
   const long = async () => (await pools()).long;
@@ -305,6 +309,11 @@ test('SIGHUP reloads the pools: a new upstream warms first, a removed one drains
   assert.equal(x.status, 200, await x.text());
   assert.equal(x.headers.get('x-armada-route'), 'long');
   assert.ok(await llamaPromptTokens() > before, 'the new upstream took it');
+  // The rules were read again too.
+  const y = await chat({ model: 'other-long', messages: say('hello', 3) });
+  assert.equal(y.status, 200, await y.text());
+  assert.equal(y.headers.get('x-armada-route'), 'long');
+  assert.equal(y.headers.get('x-armada-route-rule'), 'model=long-model|other-long');
   // The stream that was in flight ends whole, and then the old upstream is gone.
   for (;;) {
     const { value, done } = await reader.read();
