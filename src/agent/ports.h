@@ -71,17 +71,26 @@ struct PoolStepResult {
     engine::FinishReason finish = engine::FinishReason::Stop;
     int32_t n_prompt = 0, n_generated = 0;
     double ttft_s = 0;
-    std::string upstream;  // which one answered (its model name and URL host)
+    std::string upstream;  // which one answered (its model name; never its address)
     std::string error;     // why it did not run
+};
+
+//! What the routing rules know of an agent step.
+struct StepFacts {
+    int64_t prompt_tokens = 0;  // exact: the rendered prompt
+    int64_t max_tokens = 0;     // the agent's max_tokens_per_step
+    bool long_step = false;     // it reads a result of a tool in the agent's long_after_tools
+    std::string tenant;         // for the tenant's latency class
+    std::string model;          // the agent's `model` ("" : none named)
 };
 
 //! Sends heavy steps to a pool. Tests replace it; the node's runs them over HTTP.
 class StepPool {
   public:
     virtual ~StepPool() = default;
-    //! The pool a step goes to under the routing rules ("" for this node).
-    virtual std::string route(int64_t prompt_tokens, int64_t max_tokens, bool long_step,
-                              const std::string & tenant) const = 0;
+    //! The pool a step goes to under the routing rules ("" for this node). A pool whose context
+    //! cannot hold the prompt and max_tokens is not chosen.
+    virtual std::string route(const StepFacts & f) const = 0;
     //! The tokens a request may hold on `pool` (prompt and output; 0 when not known).
     virtual int64_t context(const std::string & pool) const = 0;
     //! Runs the step on another thread. `on_text` gets the reply as it streams (nothing once

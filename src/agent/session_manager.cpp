@@ -255,6 +255,7 @@ struct SessionManager::Session {
     std::string step_pool;
     bool pool_local = false;
     std::string pool_fallback;
+    int32_t pool_waits = 0;  // waits for a pool the step's prompt cannot leave
     // What readers see: the session as of its last durable batch, never ahead of the store.
     struct Durable {
         SessionState state = SessionState::Queued;
@@ -1076,7 +1077,7 @@ void SessionManager::model_step(Session & s) {
                 long_step |= std::find(a.long_after_tools.begin(), a.long_after_tools.end(), m->tool_name) !=
                              a.long_after_tools.end();
             }
-            pool = opt_.pool->route(int64_t(s.turn->prompt.size()), so.max_tokens, long_step, s.owner);
+            pool = opt_.pool->route({int64_t(s.turn->prompt.size()), so.max_tokens, long_step, s.owner, a.model});
             if (!pool.empty()) {
                 const int64_t ctx = opt_.pool->context(pool);
                 cap = cap_for(ctx > 0 ? ctx - so.max_tokens : std::numeric_limits<int32_t>::max());
@@ -1193,8 +1194,10 @@ void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStep
     s.gen_cancel.reset();
     if (r.cancelled) return;
     if (!r.ran) {
-        // The pool could not take it: the step runs here if it fits, else waits for the pool.
-        const bool fits = int64_t(s.turn->prompt.size()) < int64_t(engine_.n_ctx_seq()) - 1;
+        // The pool could not take it: the step runs here if it fits (or can be compacted to fit:
+        // model_step then applies the node's cap), else waits for the pool.
+        const bool compacts = s.agent && s.agent->limits.keep_tool_outputs >= 0;
+        const bool fits = compacts || int64_t(s.turn->prompt.size()) < int64_t(engine_.n_ctx_seq()) - 1;
         metrics_
             .counter("armada_session_pool_fallbacks_total", "Pool steps that the pool could not run",
                      {{"pool", s.step_pool}, {"to", fits ? "cpu" : "retry"}})
@@ -1207,14 +1210,14 @@ void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStep
             s.pool_fallback = s.step_pool + "-unavailable";
             return model_step(s);
         }
-        if (++s.engine_retries > 3) {
+        if (++s.pool_waits > 3) {
             return fail(s, SessionEvent::Error,
                         "pool '" + s.step_pool + "' is unavailable and the step's prompt (" +
                             std::to_string(s.turn->prompt.size()) + " tokens) does not fit this node's context (" +
                             std::to_string(engine_.n_ctx_seq()) + ")");
         }
         s.gen_cancel = std::make_shared<std::atomic<bool>>(false);  // busy while it waits
-        after_ms(1000 * s.engine_retries, [this, id = s.id, gen] {
+        after_ms(1000 * s.pool_waits, [this, id = s.id, gen] {
             std::lock_guard lk2(mu_);
             auto it2 = sessions_.find(id);
             if (it2 == sessions_.end() || it2->second->gen != gen) return;
@@ -1297,6 +1300,7 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
     if (!upstream.empty()) out["upstream"] = upstream;
     if (ran_on == "cpu" && !s.pool_fallback.empty()) out["pool_fallback"] = s.pool_fallback;
     s.pool_local = false;
+    s.pool_waits = 0;
     s.pool_fallback.clear();
     s.step_pool.clear();
     if (s.step_started_ms > 0) {

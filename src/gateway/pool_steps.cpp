@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -157,16 +158,20 @@ void PoolStepRunner::stop() {
     if (watcher_.joinable()) watcher_.join();
 }
 
-std::string PoolStepRunner::route(int64_t prompt_tokens, int64_t max_tokens, bool long_step,
-                                  const std::string & tenant) const {
+std::string PoolStepRunner::route(const agent::StepFacts & s) const {
     cluster::RouteFacts f;
-    f.prompt_tokens = prompt_tokens;
-    f.max_tokens = max_tokens;
-    f.long_step = long_step;
-    const auto l = cfg_.tenant_latency.find(tenant);
+    f.prompt_tokens = s.prompt_tokens;
+    f.max_tokens = s.max_tokens;
+    f.long_step = s.long_step;
+    f.model = s.model;
+    const auto l = cfg_.tenant_latency.find(s.tenant);
     f.latency = l != cfg_.tenant_latency.end() ? l->second : cfg_.default_latency;
     const auto c = cluster::choose_route(cfg_.routes, f);
-    return c.target != "cpu" && pools_.has(c.target) ? c.target : std::string();
+    if (c.target == "cpu" || !pools_.has(c.target)) return {};
+    // An upstream would refuse (or cut short) a step longer than its context: it stays here.
+    const int64_t ctx = pools_.context(c.target);
+    if (ctx > 0 && s.prompt_tokens + std::max<int64_t>(s.max_tokens, 1) > ctx) return {};
+    return c.target;
 }
 
 int64_t PoolStepRunner::context(const std::string & pool) const {
@@ -208,7 +213,8 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
     agent::PoolStepResult r;
     std::set<std::string> avoid;
     const auto t0 = std::chrono::steady_clock::now();
-    for (int attempt = 0; attempt < 3; ++attempt) {
+    // Every upstream of the pool once at most (a bound as well, should the pool be reloaded meanwhile).
+    for (int attempt = 0; attempt < 64; ++attempt) {
         if (step.cancelled && step.cancelled->load()) {
             r.cancelled = true;
             return done(std::move(r));
@@ -283,11 +289,15 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
             r.text = std::move(text);
             return done(std::move(r));
         }
+        // 401, 403 and 404 say the upstream's key or model name is wrong: its fault, as a 5xx.
+        // Other 4xx are about the request: another upstream would say the same.
+        const bool misconfigured = reply.status == 401 || reply.status == 403 || reply.status == 404;
+        const bool request_fault = reply.status >= 400 && reply.status < 500 && reply.status != 429 && !misconfigured;
         PoolOutcome outcome = PoolOutcome::failed;
         if (reply.status == 429) {
             outcome = PoolOutcome::busy;
-        } else if (reply.status >= 400 && reply.status < 500) {
-            outcome = PoolOutcome::ok;  // the request, not the upstream: another would say the same
+        } else if (request_fault) {
+            outcome = PoolOutcome::ok;
         }
         pools_.release(*lease, outcome, head_s);
         r.error = reply.status == 0         ? "no answer: " + reply.error
@@ -296,7 +306,7 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
                                             : "the stream ended before the answer did" +
                                                   (reply.error.empty() ? std::string() : ": " + reply.error);
         spdlog::warn("pool '{}': upstream {} failed a step: {}", step.pool, lease->model, r.error);
-        if (reply.status >= 400 && reply.status < 500 && reply.status != 429) break;
+        if (request_fault) break;
     }
     done(std::move(r));
 }

@@ -58,8 +58,7 @@ class PoolStepRunner : public agent::StepPool {
     PoolStepRunner(cluster::RoutingConfig cfg, PoolSet & pools, std::function<int32_t(const std::string &)> count);
     ~PoolStepRunner() override;
 
-    std::string route(int64_t prompt_tokens, int64_t max_tokens, bool long_step,
-                      const std::string & tenant) const override;
+    std::string route(const agent::StepFacts & f) const override;
     int64_t context(const std::string & pool) const override;
     void run(agent::PoolStep step, std::function<void(std::string)> on_text,
              std::function<void(agent::PoolStepResult)> done) override;

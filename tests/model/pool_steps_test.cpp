@@ -117,7 +117,8 @@ namespace {
 //! /v1/completions until the client goes (`hang`) or streams a short answer.
 class LocalUpstream {
   public:
-    explicit LocalUpstream(bool hang) : hang_(hang) {
+    //! `status`: what /v1/completions answers when it does not hang (200 streams an answer).
+    explicit LocalUpstream(bool hang, int status = 200) : hang_(hang), status_(status) {
         fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in a{};
         a.sin_family = AF_INET;
@@ -159,6 +160,10 @@ class LocalUpstream {
             while ((n = ::read(c, buf, sizeof buf)) > 0) {
             }
             ++hung_up;
+        } else if (completion && status_ != 200) {
+            const std::string e =
+                "HTTP/1.1 " + std::to_string(status_) + " No\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+            (void)!::write(c, e.data(), e.size());
         } else if (completion) {
             const std::string body =
                 "data: {\"choices\":[{\"text\":\"fine\",\"finish_reason\":\"stop\"}]}\n\n"
@@ -174,6 +179,7 @@ class LocalUpstream {
         ::close(c);
     }
     bool hang_;
+    int status_;
     int fd_ = -1;
     uint16_t port_ = 0;
     std::atomic<bool> stop_{false};
@@ -187,6 +193,7 @@ struct RunnerRig {
     explicit RunnerRig(const std::vector<std::string> & urls, int timeout_ms = 60000) {
         cluster::PoolConfig p;
         p.name = "gpu";
+        p.context = 12000;
         p.timeout_ms = timeout_ms;
         for (const auto & u : urls)
             p.upstreams.push_back({u, "big", "", "", 4, cluster::GrammarDialect::llama});
@@ -219,9 +226,11 @@ struct RunnerRig {
 TEST(PoolStepRunner, RoutesByTheRulesAndRunsOnAnUpstream) {
     LocalUpstream up(false);
     RunnerRig rig({up.base()});
-    EXPECT_EQ(rig.runner->route(9000, 100, false, "t"), "gpu");
-    EXPECT_EQ(rig.runner->route(100, 100, true, "t"), "gpu");
-    EXPECT_EQ(rig.runner->route(100, 100, false, "t"), "");
+    EXPECT_EQ(rig.runner->route({9000, 100, false, "t", ""}), "gpu");
+    EXPECT_EQ(rig.runner->route({100, 100, true, "t", ""}), "gpu");
+    EXPECT_EQ(rig.runner->route({100, 100, false, "t", ""}), "");
+    // A step the pool's context cannot hold (prompt and max_tokens) stays on the node.
+    EXPECT_EQ(rig.runner->route({9000, 4000, false, "t", ""}), "");
     std::string streamed;
     const auto r = rig.run(step(false), &streamed);
     EXPECT_TRUE(r.ran) << r.error;
@@ -269,4 +278,25 @@ TEST(PoolStepRunner, AnUpstreamThatTimesOutIsLeftForTheNextThenTheNode) {
     EXPECT_FALSE(r.ran);
     EXPECT_FALSE(r.cancelled);
     EXPECT_FALSE(r.error.empty());
+}
+
+TEST(PoolStepRunner, AnUpstreamWithAWrongKeyOrModelIsLeftForTheNext) {
+    for (int status : {401, 403, 404}) {
+        LocalUpstream wrong(false, status), fine(false);
+        RunnerRig rig({wrong.base(), fine.base()});
+        for (int i = 0; i < 3; ++i) {
+            const auto r = rig.run(step(false));
+            EXPECT_TRUE(r.ran) << status << ": " << r.error;
+        }
+        EXPECT_GE(wrong.completions.load(), 1) << status;
+        EXPECT_EQ(fine.completions.load(), 3) << status;
+    }
+    // A request the upstream refuses for what it is (400) is not sent to another.
+    LocalUpstream bad(false, 400), fine(false);
+    RunnerRig rig({bad.base(), fine.base()});
+    int refused = 0;
+    for (int i = 0; i < 4; ++i)
+        refused += !rig.run(step(false)).ran;
+    EXPECT_EQ(refused, bad.completions.load());
+    EXPECT_GE(refused, 1);
 }

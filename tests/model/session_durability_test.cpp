@@ -409,9 +409,9 @@ class FakePool : public agent::StepPool {
             if (t.joinable()) t.join();
         }
     }
-    std::string route(int64_t prompt_tokens, int64_t, bool long_step, const std::string &) const override {
-        if (prompt_tokens > over) return "gpu";
-        if (!long_step) return "";
+    std::string route(const agent::StepFacts & f) const override {
+        if (f.prompt_tokens > over) return "gpu";
+        if (!f.long_step) return "";
         auto & r = const_cast<std::atomic<int> &>(routes);
         return r.fetch_sub(1) > 0 ? "gpu" : "";
     }

@@ -50,12 +50,12 @@ function startTools() {
   }));
 }
 
-const session = async () => {
-  const r = await rawPost(srv.base, '/v1/agents/reader/sessions', { input: 'Read the document, then answer.' });
+const session = async (node = srv) => {
+  const r = await rawPost(node.base, '/v1/agents/reader/sessions', { input: 'Read the document, then answer.' });
   assert.equal(r.status, 200, r.text);
   return r.json.id;
 };
-const nodeLog = () => (srv.stdout() + srv.stderr()).split('\n').filter((l) => /pool|warn|error/.test(l)).join('\n');
+const nodeLog = (node = srv) => (node.stdout() + node.stderr()).split('\n').filter((l) => /pool|warn|error/.test(l)).join('\n');
 const outputs = (s) => s.steps.filter((x) => x.kind === 'model_output').map((x) => x.data);
 
 before(async () => {
@@ -136,6 +136,39 @@ test('a step whose context passes 8K runs on the pool; its tool call is schema-v
   assert.equal(s.transcript.at(-1).role, 'assistant');
 });
 
+test('a pool that takes only response_format gets the required call as a JSON schema, and it comes back valid', async () => {
+  // The "GPU" here is a second Armada; the node is told it speaks only OpenAI's response_format.
+  const gpu = await startServer(['-c', '24576', '-np', '2', '-t', '1', '--data-dir', path.join(dir, 'gpu')]);
+  fs.writeFileSync(path.join(dir, 'pools-schema.yaml'), `
+pools:
+  - name: gpu
+    context: 12288
+    upstreams:
+      - {url: '${gpu.base}', model: armada-tiny-q8_0, max_in_flight: 2, grammar: json_schema}
+`);
+  const node = await startServer(['--agents', path.join(dir, 'agents.yaml'), '--data-dir', path.join(dir, 'data2'),
+    '--tool-allow', '127.0.0.1', '--pools', path.join(dir, 'pools-schema.yaml'), '-c', '24576', '-np', '2', '-t', '1']);
+  try {
+    await waitFor('the pool warmed', async () => /pool gpu: \S+ is up \(warmed\)/.test(node.stdout() + node.stderr()), 30000);
+    const id = await session(node);
+    const s = await waitSession(node.base, id, ['completed', 'failed'], { timeoutMs: 180000 });
+    assert.equal(s.state, 'completed', s.reason);
+    const out = outputs(s);
+    assert.equal(out[1].ran_on, 'gpu', JSON.stringify(out[1]) + '\n' + nodeLog(node).slice(-3000));
+    assert.equal(out[1].upstream, 'armada-tiny-q8_0');
+    assert.equal(out[1].tool_calls.length, 1);
+    const args = JSON.parse(out[1].tool_calls[0].arguments);
+    assert.deepEqual(Object.keys(args).sort(), ['page', 'part']);
+    assert.ok(['intro', 'body', 'end'].includes(args.part) && [1, 2, 3].includes(args.page), JSON.stringify(args));
+    // The pool computed the long prompt: its own metrics count the tokens.
+    const m = (await fetch(gpu.base + '/metrics').then((r) => r.text())).match(/^armada_prompt_tokens_total (\S+)$/m);
+    assert.ok(m && Number(m[1]) > 8192, m?.[0]);
+  } finally {
+    await node.stop();
+    await gpu.stop();
+  }
+});
+
 test('the pool killed during a delegated step: the node runs the step itself and the session completes', async () => {
   const steps = async () => {
     const text = await fetch(srv.base + '/metrics').then((r) => r.text());
@@ -156,6 +189,8 @@ test('the pool killed during a delegated step: the node runs the step itself and
   assert.equal(out.length, 3, JSON.stringify(out));
   assert.equal(out[1].ran_on, 'cpu', JSON.stringify(out[1]));
   assert.equal(out[1].pool_fallback, 'gpu-unavailable');
+  // The node had sent the step to the pool, and the pool's death cut it off.
+  assert.match(nodeLog(), /upstream tiny-on-gpu failed a step/);
   assert.equal(out[1].tool_calls.length, 1);
   assert.ok(out[1].prompt_tokens > 8192);
   const metrics = await fetch(srv.base + '/metrics').then((r) => r.text());
