@@ -298,7 +298,8 @@ class SessionManager {
         std::array<int64_t, 3> n{};
     };
     std::vector<Minute> window_;  // guarded by mu_
-    std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+    //! False once the manager is gone; read by engine, tool, store and pool threads.
+    std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
     std::atomic<size_t> fenced_{0};
     std::atomic<double> step_ms_{0};  // recent_step_ms()
     //! How agents declared through the API are completed (their MCP tools), kept to load agents

@@ -95,11 +95,23 @@ pools:
           additionalProperties: false
 `);
   // 12288 tokens a sequence: the long steps fit here too, so a failed pool step can fall back.
-  srv = await startServer(['--agents', path.join(dir, 'agents.yaml'), '--data-dir', path.join(dir, 'data'),
-    '--tool-allow', '127.0.0.1', '--pools', path.join(dir, 'pools.yaml'), '-c', '24576', '-np', '2', '-t', '1']);
-  // The node's pool checker says when the upstream answered /health and a warm-up request.
-  await waitFor('the pool warmed', async () => /pool gpu: \S+ is up \(warmed\)/.test(srv.stdout() + srv.stderr()), 30000);
+  srv = await startNode();
 });
+
+const nodeArgs = () => ['--agents', path.join(dir, 'agents.yaml'), '--data-dir', path.join(dir, 'data'),
+  '--tool-allow', '127.0.0.1', '--pools', path.join(dir, 'pools.yaml'), '-c', '24576', '-np', '2', '-t', '1'];
+async function startNode() {
+  const node = await startServer(nodeArgs());
+  // The node's pool checker says when the upstream answered /health and a warm-up request.
+  await waitFor('the pool warmed', async () => /pool gpu: \S+ is up \(warmed\)/.test(node.stdout() + node.stderr()), 30000);
+  return node;
+}
+
+const poolSteps = async () => {
+  const text = await fetch(srv.base + '/metrics').then((r) => r.text());
+  const m = text.match(/^armada_session_pool_steps_total\{pool="gpu"\} (\S+)$/m);
+  return m ? Number(m[1]) : 0;
+};
 
 after(async () => {
   await srv?.stop();
@@ -169,18 +181,41 @@ pools:
   }
 });
 
+test('the node killed while its step is on the pool: the step is sent again when the session resumes', async () => {
+  // The pool holds the step (SIGSTOP) while the node dies.
+  tools.onFirst = async () => { llama.proc.kill('SIGSTOP'); };
+  const sent = await poolSteps();
+  const id = await session();
+  await waitFor('the step sent to the pool', async () => (await poolSteps()) > sent, 60000);
+  tools.onFirst = null;
+  const exited = new Promise((r) => srv.proc.on('exit', r));
+  srv.proc.kill('SIGKILL');
+  await exited;
+  llama.proc.kill('SIGCONT');
+  // The pool may still compute the orphaned request: count only what comes after it.
+  await waitFor('the pool idle', async () => (await llamaMetric('requests_processing')) === 0, 60000);
+  const before = await llamaMetric('tokens_predicted_total');
+  srv = await startNode();
+  const s = await waitSession(srv.base, id, ['completed', 'failed'], { timeoutMs: 180000 });
+  assert.equal(s.state, 'completed', s.reason);
+  const out = outputs(s);
+  assert.equal(out.length, 3, JSON.stringify(out));
+  assert.equal(out[1].ran_on, 'gpu', JSON.stringify(out[1]) + '\n' + nodeLog().slice(-3000));
+  assert.ok(out[1].prompt_tokens > 8192);
+  // The old process died before it could write that step: the new one sent it again, and the
+  // pool generated it after the restart (its prompt may come from the pool's cache). The tool
+  // call before the kill was not repeated.
+  assert.ok(await llamaMetric('tokens_predicted_total') > before);
+  assert.equal(tools.calls.get(id), 2);
+});
+
 test('the pool killed during a delegated step: the node runs the step itself and the session completes', async () => {
-  const steps = async () => {
-    const text = await fetch(srv.base + '/metrics').then((r) => r.text());
-    const m = text.match(/^armada_session_pool_steps_total\{pool="gpu"\} (\S+)$/m);
-    return m ? Number(m[1]) : 0;
-  };
   // The pool stops (SIGSTOP) just before the long document reaches the session, so the step
   // that reads it is sent to a pool that takes the connection and never answers.
   tools.onFirst = async () => { llama.proc.kill('SIGSTOP'); };
-  const sent = await steps();
+  const sent = await poolSteps();
   const id = await session();
-  await waitFor('the step sent to the pool', async () => (await steps()) > sent, 60000);
+  await waitFor('the step sent to the pool', async () => (await poolSteps()) > sent, 60000);
   llama.proc.kill('SIGKILL');
   const s = await waitSession(srv.base, id, ['completed', 'failed'], { timeoutMs: 180000 });
   tools.onFirst = null;
