@@ -482,6 +482,13 @@ int serve(const ServeOptions & opt) {
         } else if (ccfg && !ccfg->routing.pools.empty()) {
             routing = ccfg->routing;
         }
+        if (routing) {
+            // Every node of a cluster checks every upstream: at the gateways' pace, 4,096 nodes
+            // would send a GPU server 2,000 health checks a second. Nodes check every 30 s at
+            // most often; between checks the breaker notices an upstream that fails.
+            for (auto & p : routing->pools)
+                p.health_ms = std::max(p.health_ms, 30000);
+        }
         if (!perr.empty() || (routing && !(pool_set = gateway::PoolSet::open(routing->pools, perr)))) {
             fprintf(stderr, "error: pools: %s\n", perr.c_str());
             eng.stop();

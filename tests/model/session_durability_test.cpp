@@ -456,15 +456,22 @@ std::vector<nlohmann::json> outputs(const agent::SessionView & v) {
     return out;
 }
 
+//! Runs one session to its end, which must be `completed`; its model steps' payloads.
+std::vector<nlohmann::json> completed_outputs(Rig & rig, std::string * id_out = nullptr) {
+    const auto id = rig.create("go");
+    if (id_out) *id_out = id;
+    const auto v = rig.wait_end(id);
+    EXPECT_EQ(v.state, "completed") << v.reason;
+    return outputs(v);
+}
+
 }  // namespace
 
 TEST(SessionPoolSteps, AMarkedStepRunsOnThePoolAndTheNextLocalStepKeepsItsKv) {
     FakePool pool;
     Rig rig(&pool, worker("long_after_tools: [lookup]\n"));
-    const auto id = rig.create("go");
-    const auto v = rig.wait_end(id);
-    ASSERT_EQ(v.state, "completed") << v.reason;
-    const auto out = outputs(v);
+    std::string id;
+    const auto out = completed_outputs(rig, &id);
     ASSERT_EQ(out.size(), 3u);
     // Step 1 has no tool output before it; step 2 reads one (long: the pool); step 3 reads one
     // too, but the fake routes only the first long step.
@@ -494,10 +501,7 @@ TEST(SessionPoolSteps, APoolThatCannotRunTheStepLeavesItToTheNode) {
     FakePool pool;
     pool.fail = true;
     Rig rig(&pool, worker("long_after_tools: [lookup]\n"));
-    const auto id = rig.create("go");
-    const auto v = rig.wait_end(id);
-    ASSERT_EQ(v.state, "completed") << v.reason;
-    const auto out = outputs(v);
+    const auto out = completed_outputs(rig);
     ASSERT_EQ(out.size(), 3u);
     EXPECT_EQ(out[1]["ran_on"], "cpu");
     EXPECT_EQ(out[1]["pool_fallback"], "gpu-unavailable");
@@ -510,10 +514,9 @@ TEST(SessionPoolSteps, StepsPastThePromptThresholdGoToThePool) {
     FakePool pool;
     pool.over = 0;  // every prompt
     Rig rig(&pool);
-    const auto id = rig.create("go");
-    const auto v = rig.wait_end(id);
-    ASSERT_EQ(v.state, "completed") << v.reason;
-    for (const auto & o : outputs(v))
+    const auto out = completed_outputs(rig);
+    ASSERT_EQ(out.size(), 3u);
+    for (const auto & o : out)
         EXPECT_EQ(o["ran_on"], "gpu");
     std::lock_guard lk(rig.port->mu);
     EXPECT_TRUE(rig.port->prompts.empty());
