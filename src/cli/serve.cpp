@@ -116,6 +116,10 @@ int serve(const ServeOptions & opt) {
         setrlimit(RLIMIT_NOFILE, &rl);
     }
     const sigset_t stop_set = block_stop_signals();
+    // SIGHUP reads the GPU pools again (and must not end the node, its default action).
+    sigset_t wait_set = stop_set;
+    sigaddset(&wait_set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &wait_set, nullptr);
     spdlog::set_level(spdlog::level::from_str(opt.log_level));
     if (opt.log_level != "debug") llama_log_set(llama_log_quiet, nullptr);
     if (opt.model.empty()) {
@@ -468,19 +472,15 @@ int serve(const ServeOptions & opt) {
     // GPU pools: heavy agent steps run there (the cluster file's pools, or --pools on one node).
     std::unique_ptr<gateway::PoolSet> pool_set;
     std::unique_ptr<gateway::PoolStepRunner> pool_steps;
-    {
+    // The pools and rules from --pools or the cluster file; nullopt with `perr` when it cannot be
+    // read, nullopt alone when there are none.
+    auto read_routing = [&](std::string & perr) -> std::optional<cluster::RoutingConfig> {
         std::optional<cluster::RoutingConfig> routing;
-        std::string perr;
         if (!opt.pools_file.empty()) {
-            if (ccfg) {
-                fprintf(stderr, "error: --pools is for a single node; in a cluster, pools are in the cluster file\n");
-                eng.stop();
-                stop_listeners();
-                return 2;
-            }
             routing = cluster::load_routing_file(opt.pools_file, opt.model, perr);
-        } else if (ccfg && !ccfg->routing.pools.empty()) {
-            routing = ccfg->routing;
+        } else if (!opt.cluster_file.empty()) {
+            auto c = cluster::load_cluster_config(opt.cluster_file, perr);
+            if (c && !c->routing.pools.empty()) routing = c->routing;
         }
         if (routing) {
             // Every node of a cluster checks every upstream: at the gateways' pace, 4,096 nodes
@@ -489,6 +489,17 @@ int serve(const ServeOptions & opt) {
             for (auto & p : routing->pools)
                 p.health_ms = std::max(p.health_ms, 30000);
         }
+        return routing;
+    };
+    {
+        if (!opt.pools_file.empty() && ccfg) {
+            fprintf(stderr, "error: --pools is for a single node; in a cluster, pools are in the cluster file\n");
+            eng.stop();
+            stop_listeners();
+            return 2;
+        }
+        std::string perr;
+        auto routing = read_routing(perr);
         if (!perr.empty() || (routing && !(pool_set = gateway::PoolSet::open(routing->pools, perr)))) {
             fprintf(stderr, "error: pools: %s\n", perr.c_str());
             eng.stop();
@@ -497,6 +508,9 @@ int serve(const ServeOptions & opt) {
         }
         if (pool_set) {
             pool_set->start();
+            // Sessions resumed at start would otherwise find every upstream still warming and
+            // run their heavy steps here.
+            if (!pool_set->wait_warm(10000)) spdlog::warn("GPU pools: some upstreams are not checked after 10 s");
             pool_steps = std::make_unique<gateway::PoolStepRunner>(
                 *routing, *pool_set,
                 [&model](const std::string & text) { return int32_t(model->tokenize(text, false, true).size()); });
@@ -624,7 +638,23 @@ int serve(const ServeOptions & opt) {
     int sig = 0;
     for (;;) {
         timespec wait{time_t(sweep_ms / 1000), long(sweep_ms % 1000) * 1000000L};
-        sig = sigtimedwait(&stop_set, nullptr, &wait);
+        sig = sigtimedwait(&wait_set, nullptr, &wait);
+        if (sig == SIGHUP) {
+            std::string perr;
+            auto routing = read_routing(perr);
+            if (!pool_steps) {
+                spdlog::warn("SIGHUP: this node started without GPU pools; they need a restart");
+            } else if (!routing) {
+                spdlog::error("SIGHUP: pools: {}; keeping them as they were",
+                              perr.empty() ? "the file names none now" : perr);
+            } else if (auto e = pool_steps->reload(*routing); !e.empty()) {
+                spdlog::error("SIGHUP: pools: {}; keeping them as they were", e);
+            } else {
+                spdlog::info("SIGHUP: pools reloaded: {} pools, {} routes", routing->pools.size(),
+                             routing->routes.size());
+            }
+            continue;
+        }
         if (sig > 0) break;
         sessions.expire_old();
     }

@@ -138,7 +138,7 @@ void CompletionStream::feed(std::string_view bytes, const std::function<void(con
 
 PoolStepRunner::PoolStepRunner(cluster::RoutingConfig cfg, PoolSet & pools,
                                std::function<int32_t(const std::string &)> count)
-    : cfg_(std::move(cfg)), pools_(pools), count_(std::move(count)) {
+    : cfg_(std::make_shared<const cluster::RoutingConfig>(std::move(cfg))), pools_(pools), count_(std::move(count)) {
     watcher_ = std::thread([this] { watch(); });
 }
 
@@ -164,14 +164,26 @@ std::string PoolStepRunner::route(const agent::StepFacts & s) const {
     f.max_tokens = s.max_tokens;
     f.long_step = s.long_step;
     f.model = s.model;
-    const auto l = cfg_.tenant_latency.find(s.tenant);
-    f.latency = l != cfg_.tenant_latency.end() ? l->second : cfg_.default_latency;
-    const auto c = cluster::choose_route(cfg_.routes, f);
+    std::shared_ptr<const cluster::RoutingConfig> cfg;
+    {
+        std::lock_guard lk(cfg_mu_);
+        cfg = cfg_;
+    }
+    const auto l = cfg->tenant_latency.find(s.tenant);
+    f.latency = l != cfg->tenant_latency.end() ? l->second : cfg->default_latency;
+    const auto c = cluster::choose_route(cfg->routes, f);
     if (c.target == "cpu" || !pools_.has(c.target)) return {};
     // An upstream would refuse (or cut short) a step longer than its context: it stays here.
     const int64_t ctx = pools_.context(c.target);
     if (ctx > 0 && s.prompt_tokens + std::max<int64_t>(s.max_tokens, 1) > ctx) return {};
     return c.target;
+}
+
+std::string PoolStepRunner::reload(cluster::RoutingConfig cfg) {
+    if (auto e = pools_.reload(cfg.pools); !e.empty()) return e;
+    std::lock_guard lk(cfg_mu_);
+    cfg_ = std::make_shared<const cluster::RoutingConfig>(std::move(cfg));
+    return {};
 }
 
 int64_t PoolStepRunner::context(const std::string & pool) const {

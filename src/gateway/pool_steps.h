@@ -62,6 +62,9 @@ class PoolStepRunner : public agent::StepPool {
     int64_t context(const std::string & pool) const override;
     void run(agent::PoolStep step, std::function<void(std::string)> on_text,
              std::function<void(agent::PoolStepResult)> done) override;
+    //! New pools and rules (SIGHUP): upstreams change as in PoolSet::reload, then the rules do.
+    //! An error (nothing changed) or "".
+    std::string reload(cluster::RoutingConfig cfg);
     //! Cancels every step in flight and waits for their threads.
     void stop();
 
@@ -74,7 +77,8 @@ class PoolStepRunner : public agent::StepPool {
               const std::function<void(agent::PoolStepResult)> & done);
     void watch();
 
-    cluster::RoutingConfig cfg_;
+    mutable std::mutex cfg_mu_;
+    std::shared_ptr<const cluster::RoutingConfig> cfg_;  // cfg_mu_
     PoolSet & pools_;
     std::function<int32_t(const std::string &)> count_;
     std::mutex mu_;

@@ -232,7 +232,20 @@ void PoolSet::check_loop() {
             due->open_until_ms = now_ms() + copy.cfg.breaker_open_ms;  // still failing: stays open
         }
         due->next_check_ms = now_ms() + copy.cfg.health_ms;
+        cv_.notify_all();  // wait_warm
     }
+}
+
+bool PoolSet::wait_warm(int timeout_ms) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] {
+        for (const auto & p : pools_) {
+            for (const auto & u : p.ups) {
+                if (!u->removed && u->state == Upstream::State::warming) return false;
+            }
+        }
+        return true;
+    });
 }
 
 std::optional<PoolLease> PoolSet::acquire(const std::string & pool, const std::set<std::string> & avoid,

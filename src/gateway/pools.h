@@ -66,6 +66,10 @@ class PoolSet {
     //! Gives the slot back. `head_s` is how long the upstream took to answer (its latency).
     void release(const PoolLease & l, PoolOutcome outcome, double head_s);
 
+    //! Waits until every upstream has had its first check (up or down), at most `timeout_ms`;
+    //! false when some are still warming then.
+    bool wait_warm(int timeout_ms);
+
     //! The pool's context (0: not known) and whether it exists.
     bool has(const std::string & pool) const;
     int64_t context(const std::string & pool) const;

@@ -148,6 +148,31 @@ test('a step whose context passes 8K runs on the pool; its tool call is schema-v
   assert.equal(s.transcript.at(-1).role, 'assistant');
 });
 
+test('SIGHUP reads the pools and rules again: with a higher threshold the long step stays on the node', async () => {
+  const file = path.join(dir, 'pools.yaml');
+  const original = fs.readFileSync(file, 'utf8');
+  const reloads = () => (srv.stdout() + srv.stderr()).split('SIGHUP: pools reloaded').length - 1;
+  const hup = async () => {
+    const n = reloads();
+    srv.proc.kill('SIGHUP');
+    await waitFor('the pools reloaded', async () => reloads() > n, 30000);
+  };
+  try {
+    fs.writeFileSync(file, original + 'routes:\n  - {when: {prompt_tokens_over: 100000}, to: gpu}\n');
+    await hup();
+    const s = await waitSession(srv.base, await session(), ['completed', 'failed'], { timeoutMs: 180000 });
+    assert.equal(s.state, 'completed', s.reason);
+    const out = outputs(s);
+    assert.ok(out[1].prompt_tokens > 8192);
+    assert.equal(out[1].ran_on, 'cpu', JSON.stringify(out[1]));
+    assert.equal(out[1].pool_fallback, undefined);  // not a fallback: the rules kept it here
+  } finally {
+    fs.writeFileSync(file, original);
+    await hup();
+  }
+  assert.equal(srv.proc.exitCode, null, 'SIGHUP does not end the node');
+});
+
 test('a pool that takes only response_format gets the required call as a JSON schema, and it comes back valid', async () => {
   // The "GPU" here is a second Armada; the node is told it speaks only OpenAI's response_format.
   const gpu = await startServer(['-c', '24576', '-np', '2', '-t', '1', '--data-dir', path.join(dir, 'gpu')]);
