@@ -484,10 +484,11 @@ int serve(const ServeOptions & opt) {
         }
         if (routing) {
             // Every node of a cluster checks every upstream: at the gateways' pace, 4,096 nodes
-            // would send a GPU server 2,000 health checks a second. Nodes check every 30 s at
-            // most often; between checks the breaker notices an upstream that fails.
+            // would send a GPU server 2,000 health checks a second. Nodes check an upstream that
+            // is up every 30 s at most often (the breaker notices one that fails meanwhile); one
+            // that is down or whose breaker is open is still probed at health_ms.
             for (auto & p : routing->pools)
-                p.health_ms = std::max(p.health_ms, 30000);
+                p.up_health_ms = std::max(p.health_ms, 30000);
         }
         return routing;
     };

@@ -33,9 +33,13 @@ struct UpstreamConfig {
 struct PoolConfig {
     std::string name;
     std::vector<UpstreamConfig> upstreams;
-    int64_t context = 0;          // tokens a request may hold there (prompt + output); 0: not known
-    int timeout_ms = 120000;      // a whole answer, or the head of a stream, must come within this
-    int health_ms = 2000;         // how often each upstream's /health is read
+    int64_t context = 0;      // tokens a request may hold there (prompt + output); 0: not known
+    int timeout_ms = 120000;  // a whole answer, or the head of a stream, must come within this
+    int health_ms = 2000;     // how often each upstream's /health is read
+    //! How often an upstream that is up is checked again (0: health_ms). Not in the file: nodes
+    //! set it, since a cluster's every node checks every upstream. Upstreams that are down, or
+    //! whose breaker is open, are still probed at health_ms.
+    int up_health_ms = 0;
     int breaker_errors = 3;       // failures in a row (errors, timeouts) that open an upstream's breaker
     int breaker_open_ms = 10000;  // how long it stays open before a probe may close it
 };

@@ -231,7 +231,8 @@ void PoolSet::check_loop() {
         } else if (before == Upstream::State::open) {
             due->open_until_ms = now_ms() + copy.cfg.breaker_open_ms;  // still failing: stays open
         }
-        due->next_check_ms = now_ms() + copy.cfg.health_ms;
+        const bool healthy = due->state == Upstream::State::up && copy.cfg.up_health_ms > 0;
+        due->next_check_ms = now_ms() + (healthy ? copy.cfg.up_health_ms : copy.cfg.health_ms);
         cv_.notify_all();  // wait_warm
     }
 }

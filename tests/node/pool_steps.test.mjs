@@ -166,11 +166,21 @@ test('SIGHUP reads the pools and rules again: with a higher threshold the long s
     assert.ok(out[1].prompt_tokens > 8192);
     assert.equal(out[1].ran_on, 'cpu', JSON.stringify(out[1]));
     assert.equal(out[1].pool_fallback, undefined);  // not a fallback: the rules kept it here
+    // The upstreams are read again too: the same server under another model name is a new
+    // upstream, warmed before it takes the next long step.
+    const warmed = () => (srv.stdout() + srv.stderr()).split('is up (warmed)').length - 1;
+    const w = warmed();
+    fs.writeFileSync(file, original.replace('model: tiny-on-gpu', 'model: tiny-renamed'));
+    await hup();
+    await waitFor('the renamed upstream warmed', async () => warmed() > w, 30000);
+    const t = await waitSession(srv.base, await session(), ['completed', 'failed'], { timeoutMs: 180000 });
+    assert.equal(t.state, 'completed', t.reason);
+    assert.equal(outputs(t)[1].ran_on, 'gpu', JSON.stringify(outputs(t)[1]));
+    assert.equal(outputs(t)[1].upstream, 'tiny-renamed');
   } finally {
     fs.writeFileSync(file, original);
     await hup();
   }
-  assert.equal(srv.proc.exitCode, null, 'SIGHUP does not end the node');
 });
 
 test('a pool that takes only response_format gets the required call as a JSON schema, and it comes back valid', async () => {

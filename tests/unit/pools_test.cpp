@@ -375,3 +375,46 @@ TEST(Pools, AnOpenBreakerStaysOpenForItsTimeEvenIfACheckWasUnderWay) {
     ASSERT_TRUE(eventually([&] { return s->acquire("gpu", {}, false, why).has_value(); }));
     s->stop();
 }
+
+TEST(Pools, WaitWarmReturnsOnceEveryUpstreamHadItsFirstCheck) {
+    std::string err;
+    auto s = gateway::PoolSet::open({pool_of(2)}, err);
+    ASSERT_TRUE(s) << err;
+    std::atomic<bool> answer{false};
+    std::atomic<int> gets{0};
+    s->set_probe([&](const std::string & method, const std::string &, const std::string &, const std::string &, int) {
+        if (method == "GET") ++gets;
+        while (!answer.load())  // the upstreams take their time
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return method == "GET" && gets.load() == 1 ? 503 : 200;  // the first fails its check
+    });
+    s->start();
+    EXPECT_FALSE(s->wait_warm(200));  // still warming
+    answer = true;
+    EXPECT_TRUE(s->wait_warm(5000));
+    const auto st = s->status()["gpu"]["upstreams"];
+    EXPECT_EQ(st[0]["state"].get<std::string>() == "down" || st[1]["state"].get<std::string>() == "down", true);
+    s->stop();
+}
+
+TEST(Pools, AnUpstreamThatIsUpIsCheckedAtItsOwnSlowerPace) {
+    std::string err;
+    auto p = pool_of(1, 8);
+    p.up_health_ms = 60000;  // as on a node
+    auto s = gateway::PoolSet::open({p}, err);
+    ASSERT_TRUE(s) << err;
+    std::atomic<int> gets{0}, health{503};
+    s->set_probe([&](const std::string & method, const std::string &, const std::string &, const std::string &, int) {
+        if (method == "GET") ++gets;
+        return method == "GET" ? health.load() : 200;
+    });
+    s->start();
+    // Down: probed at health_ms (100 ms) until it passes.
+    ASSERT_TRUE(eventually([&] { return gets.load() >= 3; }));
+    health = 200;
+    ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 1; }));
+    const int at_up = gets.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // five health_ms periods
+    EXPECT_EQ(gets.load(), at_up) << "an upstream that is up waits up_health_ms";
+    s->stop();
+}
