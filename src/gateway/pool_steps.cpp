@@ -1,5 +1,6 @@
 #include "gateway/pool_steps.h"
 
+#include "api/json_util.h"
 #include "engine/tool_grammar.h"
 #include "gateway/upstream.h"
 
@@ -11,13 +12,10 @@
 
 namespace armada::gateway {
 
+using api::dump;
 using nlohmann::json;
 
 namespace {
-
-std::string dump(const json & j) {
-    return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
 
 //! A schema whose instances are the calls of one of `tools`: {"name": N, "arguments": {…}}.
 json call_schema(const std::vector<common_chat_tool> & tools) {
