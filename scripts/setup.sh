@@ -64,14 +64,22 @@ fetch_llama() {
 }
 
 build_llama() {
-  if [ -f "$llama_dir/.installed" ]; then
+  # ggml's AMX matrix multiply crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the first
+  # model step on Sapphire Rapids machines: a native build leaves AMX out. The flags are part
+  # of the cache's stamp, so a build made with other flags is made again.
+  local flags=""
+  [ "$(uname -m)" = "x86_64" ] && flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  local stamp="flags=$flags"
+  if [ -f "$llama_dir/.installed" ] && [ "$(cat "$llama_dir/.installed")" = "$stamp" ]; then
     log "llama.cpp build cached in $llama_dir"
     return
   fi
+  rm -rf "$llama_dir/build" "$llama_dir/lib" "$llama_dir/bin" "$llama_dir/include" "$llama_dir/.installed"
   local native=ON
   [ "${ARMADA_PORTABLE:-0}" = "1" ] && native=OFF
   log "building llama.cpp (native=$native, -j$jobs); this takes about 12 minutes on 2 cores"
   cmake -S "$llama_dir/src" -B "$llama_dir/build" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
     -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE="$native" -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
@@ -82,7 +90,7 @@ build_llama() {
   find "$llama_dir/build" -name '*.a' -type f -exec cp -a {} "$llama_dir/lib/" \;
   cp -a "$llama_dir/build/bin/llama-batched-bench" "$llama_dir/build/bin/llama-server" "$llama_dir/bin/"
   cp -a "$llama_dir/src/include/"*.h "$llama_dir/src/ggml/include/"*.h "$llama_dir/include/"
-  touch "$llama_dir/.installed"
+  echo "$stamp" > "$llama_dir/.installed"
   log "llama.cpp installed into $llama_dir"
 }
 
