@@ -16,6 +16,7 @@
 #include "gateway/prompt_counter.h"
 #include "gateway/routing.h"
 #include "gateway/upstream.h"
+#include "gateway/worker_pool.h"
 #include "obs/metrics.h"
 #include "store/postgres_store.h"
 
@@ -293,11 +294,11 @@ class Gateway {
     }
     size_t in_flight() const { return in_flight_.load(); }
 
-    //! From an I/O thread: the work (blocking calls to nodes and the store) goes to a thread of
-    //! its own, so a slow node never holds an I/O thread.
+    //! From an I/O thread: the work (blocking calls to nodes and the store) goes to a worker
+    //! thread of its own, so a slow node never holds an I/O thread.
     void handle(HttpRequest && req, std::shared_ptr<Responder> out) {
         ++in_flight_;
-        std::thread([this, req = std::move(req), out = std::move(out)]() mutable {
+        workers_.post([this, req = std::move(req), out = std::move(out)]() mutable {
             try {
                 route(req, out);
             } catch (const ApiErrorReply & e) {
@@ -307,7 +308,7 @@ class Gateway {
                 send_error(out, 500, "the gateway failed on this request");
             }
             --in_flight_;
-        }).detach();
+        });
     }
 
   private:
@@ -862,7 +863,8 @@ class Gateway {
             body.is_object() ? cluster::choose_route(rc.routes, f) : cluster::RouteChoice{"cpu", "default"};
         std::string target = choice.target, rule = choice.rule;
         auto fits = [&](int64_t ctx) { return f.prompt_tokens < 0 || ctx <= 0 || f.prompt_tokens < ctx; };
-        if (target == "cpu" && !fits(cpu_ctx)) {
+        // A prompt too long for the chosen target and for the CPU goes to any pool that holds it.
+        if (!fits(target == "cpu" ? cpu_ctx : pools_->context(target)) && !fits(cpu_ctx)) {
             for (const auto & name : pools_->names()) {
                 if (fits(pools_->context(name))) {
                     target = name;
@@ -924,7 +926,7 @@ class Gateway {
                     return;
                 }
                 tried.insert(l->url);
-                reason = "failed";
+                reason = o == PoolOutcome::busy ? "full" : "failed";
             }
         }
         if (fits(cpu_ctx)) {
@@ -1540,6 +1542,7 @@ class Gateway {
     std::atomic<size_t> in_flight_{0};
     std::thread watcher_;   // keeps this gateway announced, reloads tenants and keys
     std::thread follower_;  // follows the cluster in etcd (`follow`)
+    WorkerPool workers_;    // runs each request (last: it ends first, once its requests have)
 };
 
 }  // namespace
