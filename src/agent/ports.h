@@ -80,8 +80,9 @@ struct StepFacts {
     int64_t prompt_tokens = 0;  // exact: the rendered prompt
     int64_t max_tokens = 0;     // the agent's max_tokens_per_step
     bool long_step = false;     // it reads a result of a tool in the agent's long_after_tools
-    std::string tenant;         // for the tenant's latency class
+    std::string tenant;         // the session's owner ("t:NAME"), for the tenant's latency class
     std::string model;          // the agent's `model` ("" : none named)
+    int64_t node_context = 0;   // tokens a sequence holds on this node (0: not known)
 };
 
 //! Sends heavy steps to a pool. Tests replace it; the node's runs them over HTTP.
@@ -94,7 +95,8 @@ class StepPool {
     //! The tokens a request may hold on `pool` (prompt and output; 0 when not known).
     virtual int64_t context(const std::string & pool) const = 0;
     //! Runs the step on another thread. `on_text` gets the reply as it streams (nothing once
-    //! `done` has run); `done` runs once. Neither may block.
+    //! `done` has run); an empty string says that the text so far is void (an upstream failed
+    //! midway, and the step starts again on the next). `done` runs once. Neither may block.
     virtual void run(PoolStep step, std::function<void(std::string)> on_text,
                      std::function<void(PoolStepResult)> done) = 0;
 };

@@ -1077,7 +1077,8 @@ void SessionManager::model_step(Session & s) {
                 long_step |= std::find(a.long_after_tools.begin(), a.long_after_tools.end(), m->tool_name) !=
                              a.long_after_tools.end();
             }
-            pool = opt_.pool->route({int64_t(s.turn->prompt.size()), so.max_tokens, long_step, s.owner, a.model});
+            pool = opt_.pool->route({int64_t(s.turn->prompt.size()), so.max_tokens, long_step, s.owner, a.model,
+                                     int64_t(engine_.n_ctx_seq())});
             if (!pool.empty()) {
                 const int64_t ctx = opt_.pool->context(pool);
                 cap = cap_for(ctx > 0 ? ctx - so.max_tokens : std::numeric_limits<int32_t>::max());
@@ -1178,7 +1179,8 @@ void SessionManager::delegate_step(Session & s, const std::string & pool, std::v
         std::move(step),
         [this, alive = alive_, id = s.id, gen, strand](std::string text) {
             if (*alive)
-                post([this, id, gen, t = std::move(text)]() mutable { on_model_text(id, gen, std::move(t)); }, strand);
+                post([this, id, gen, t = std::move(text)]() mutable { on_model_text(id, gen, std::move(t), true); },
+                     strand);
         },
         [this, alive = alive_, id = s.id, gen, strand](PoolStepResult r) {
             if (*alive)
@@ -1236,11 +1238,17 @@ void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStep
     finish_step(s, ev, s.step_pool, r.upstream, std::move(r.call));
 }
 
-void SessionManager::on_model_text(const std::string & id, uint64_t gen, std::string text) {
+void SessionManager::on_model_text(const std::string & id, uint64_t gen, std::string text, bool from_pool) {
     std::lock_guard lk(mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end() || it->second->gen != gen) return;
     Session & s = *it->second;
+    if (text.empty() && from_pool) {
+        // A pool's upstream failed midway: the step starts again, and its tokens so far are void.
+        s.gen_text.clear();
+        emit_transient(s, "retract", dump(json{{"reason", "the upstream failed midway; the step starts again"}}));
+        return;
+    }
     s.gen_text += text;
     emit_transient(s, "token", dump(json{{"text", text}}));
 }

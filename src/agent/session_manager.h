@@ -226,7 +226,8 @@ class SessionManager {
     std::shared_ptr<const AgentSpec> lookup_agent(const std::string & tenant, const std::string & id) const;
     bool apply(Session & s, SessionEvent ev, const std::string & reason = {});
     void model_step(Session & s);
-    void on_model_text(const std::string & id, uint64_t gen, std::string text);
+    //! A piece of the step's reply. From a pool (`from_pool`), an empty piece voids the text so far.
+    void on_model_text(const std::string & id, uint64_t gen, std::string text, bool from_pool = false);
     void on_model_done(const std::string & id, uint64_t gen, engine::GenEvent ev);
     //! Sends the step to `pool` (SessionOptions::pool); `on_pool_done` takes the answer.
     void delegate_step(Session & s, const std::string & pool, std::vector<common_chat_tool> tools,

@@ -1,5 +1,6 @@
 #include "gateway/pool_steps.h"
 
+#include "api/auth.h"
 #include "api/json_util.h"
 #include "engine/tool_grammar.h"
 #include "gateway/upstream.h"
@@ -167,14 +168,25 @@ std::string PoolStepRunner::route(const agent::StepFacts & s) const {
         std::lock_guard lk(cfg_mu_);
         cfg = cfg_;
     }
-    const auto l = cfg->tenant_latency.find(s.tenant);
+    // The config names tenants as the operator does; a session's owner is the API's "t:NAME".
+    const auto l = cfg->tenant_latency.find(api::tenant_name(s.tenant));
     f.latency = l != cfg->tenant_latency.end() ? l->second : cfg->default_latency;
     const auto c = cluster::choose_route(cfg->routes, f);
-    if (c.target == "cpu" || !pools_.has(c.target)) return {};
-    // An upstream would refuse (or cut short) a step longer than its context: it stays here.
-    const int64_t ctx = pools_.context(c.target);
-    if (ctx > 0 && s.prompt_tokens + std::max<int64_t>(s.max_tokens, 1) > ctx) return {};
-    return c.target;
+    const int64_t need = s.prompt_tokens + std::max<int64_t>(s.max_tokens, 1);
+    // An upstream would refuse (or cut short) a step longer than its context.
+    auto holds = [&](const std::string & pool) {
+        const int64_t ctx = pools_.context(pool);
+        return ctx <= 0 || need <= ctx;
+    };
+    if (c.target != "cpu" && pools_.has(c.target) && holds(c.target)) return c.target;
+    // A step this node cannot hold goes to a pool that can, whatever the rules say (as the
+    // gateway does with requests); none can: it stays here, to be compacted or refused.
+    if (s.node_context > 0 && s.prompt_tokens >= s.node_context - 1) {
+        for (const auto & name : pools_.names()) {
+            if (pools_.context(name) > 0 && holds(name)) return name;
+        }
+    }
+    return {};
 }
 
 std::string PoolStepRunner::reload(cluster::RoutingConfig cfg) {
@@ -316,6 +328,7 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
                                             : "the stream ended before the answer did" +
                                                   (reply.error.empty() ? std::string() : ": " + reply.error);
         spdlog::warn("pool '{}': upstream {} failed a step: {}", step.pool, lease->model, r.error);
+        if (!text.empty() && !schema_call) on_text({});  // what it streamed is void
         if (request_fault) break;
     }
     done(std::move(r));

@@ -117,7 +117,9 @@ namespace {
 //! /v1/completions until the client goes (`hang`) or streams a short answer.
 class LocalUpstream {
   public:
-    //! `status`: what /v1/completions answers when it does not hang (200 streams an answer).
+    //! `status`: what /v1/completions answers when it does not hang (200 streams an answer;
+    //! kCut streams a piece and then closes the connection).
+    static constexpr int kCut = 1;
     explicit LocalUpstream(bool hang, int status = 200) : hang_(hang), status_(status) {
         fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in a{};
@@ -160,6 +162,11 @@ class LocalUpstream {
             while ((n = ::read(c, buf, sizeof buf)) > 0) {
             }
             ++hung_up;
+        } else if (completion && status_ == kCut) {
+            // A stream that says a word and then stops, without its end.
+            const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+            const std::string part = head + "data: {\"choices\":[{\"text\":\"part\",\"finish_reason\":null}]}\n\n";
+            (void)!::write(c, part.data(), part.size());
         } else if (completion && status_ != 200) {
             const std::string e =
                 "HTTP/1.1 " + std::to_string(status_) + " No\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
@@ -223,6 +230,42 @@ struct RunnerRig {
 
 }  // namespace
 
+TEST(PoolStepRunner, ATenantsLatencyClassRoutesItsSteps) {
+    LocalUpstream up(false);
+    RunnerRig rig({up.base()});
+    cluster::RoutingConfig cfg = rig.cfg;
+    cfg.tenant_latency = {{"acme", "realtime"}};
+    cluster::RouteRule r;
+    r.latency = {"realtime"};
+    r.to = "gpu";
+    cfg.routes.insert(cfg.routes.begin(), r);
+    ASSERT_EQ(rig.runner->reload(cfg), "");
+    // A session's owner is the API's tenant id: "t:" and the name the config uses.
+    EXPECT_EQ(rig.runner->route({100, 100, false, "t:acme", ""}), "gpu");
+    EXPECT_EQ(rig.runner->route({100, 100, false, "t:other", ""}), "");
+    cfg.default_latency = "realtime";
+    ASSERT_EQ(rig.runner->reload(cfg), "");
+    EXPECT_EQ(rig.runner->route({100, 100, false, "t:other", ""}), "gpu");
+}
+
+TEST(PoolStepRunner, AStepTooLongForTheNodeGoesToAPoolThatHoldsItWhateverTheRules) {
+    LocalUpstream up(false);
+    RunnerRig rig({up.base()});
+    cluster::RoutingConfig cfg = rig.cfg;
+    cluster::RouteRule r;
+    r.latency = {"standard"};
+    r.to = "cpu";
+    cfg.routes.insert(cfg.routes.begin(), r);  // every step stays on the node, by the rules
+    ASSERT_EQ(rig.runner->reload(cfg), "");
+    EXPECT_EQ(rig.runner->route({9000, 100, false, "t", "", 16384}), "");
+    // The node holds 4,096 a sequence: the pool (12,000) takes it.
+    EXPECT_EQ(rig.runner->route({9000, 100, false, "t", "", 4096}), "gpu");
+    EXPECT_EQ(rig.runner->route({4095, 100, false, "t", "", 4096}), "gpu");
+    EXPECT_EQ(rig.runner->route({4094, 100, false, "t", "", 4096}), "");
+    // Nor can the pool hold it (prompt and max_tokens): it stays, to be compacted or refused.
+    EXPECT_EQ(rig.runner->route({11950, 100, false, "t", "", 4096}), "");
+}
+
 TEST(PoolStepRunner, RoutesByTheRulesAndRunsOnAnUpstream) {
     LocalUpstream up(false);
     RunnerRig rig({up.base()});
@@ -278,6 +321,22 @@ TEST(PoolStepRunner, AnUpstreamThatTimesOutIsLeftForTheNextThenTheNode) {
     EXPECT_FALSE(r.ran);
     EXPECT_FALSE(r.cancelled);
     EXPECT_FALSE(r.error.empty());
+}
+
+TEST(PoolStepRunner, AStreamCutMidwayIsRetractedBeforeTheNextUpstreamAnswers) {
+    LocalUpstream cut(false, LocalUpstream::kCut), fine(false);
+    RunnerRig rig({cut.base(), fine.base()});
+    std::vector<std::string> pieces;
+    std::promise<agent::PoolStepResult> p;
+    rig.runner->run(
+        step(false), [&](std::string t) { pieces.push_back(std::move(t)); },
+        [&](agent::PoolStepResult r) { p.set_value(std::move(r)); });
+    const auto r = p.get_future().get();
+    EXPECT_TRUE(r.ran) << r.error;
+    EXPECT_EQ(r.text, "fine");
+    EXPECT_EQ(cut.completions.load(), 1);
+    // The cut upstream's piece, then the empty piece that voids it, then the answer.
+    EXPECT_EQ(pieces, (std::vector<std::string>{"part", "", "fine"}));
 }
 
 TEST(PoolStepRunner, AnUpstreamWithAWrongKeyOrModelIsLeftForTheNext) {
