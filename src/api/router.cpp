@@ -82,6 +82,14 @@ std::string Router::cache_json() const {
 }
 
 std::string Router::render_metrics() {
+    std::string out = render_registry();
+    std::lock_guard lk(texts_mu_);
+    for (auto & f : metric_texts_)
+        out += f();
+    return out;
+}
+
+std::string Router::render_registry() {
     for (auto & f : metric_sources_)
         f(metrics_);
     const auto * set = engines_.load();

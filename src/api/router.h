@@ -39,6 +39,12 @@ class Router {
     //! Adds gauges and counters that something else owns (the store's connection pools), brought
     //! up to date each time /metrics is read. Call before serving.
     void add_metrics_source(std::function<void(obs::Registry &)> f) { metric_sources_.push_back(std::move(f)); }
+    //! Adds metrics something else renders itself (Prometheus text, appended to /metrics). It must
+    //! outlive the listeners.
+    void add_metrics_text(std::function<std::string()> f) {
+        std::lock_guard lk(texts_mu_);
+        metric_texts_.push_back(std::move(f));
+    }
     //! From now on new requests get 503 with Retry-After; the probes and /metrics still answer.
     void set_draining() { draining_.store(true); }
     bool draining() const { return draining_.load(); }
@@ -54,7 +60,10 @@ class Router {
     //! Refuses with 429 when the key is over its requests or tokens per minute.
     void check_rate(const HttpRequest & req, const std::string & account);
     std::string render_metrics();
+    std::string render_registry();
     std::vector<std::function<void(obs::Registry &)>> metric_sources_;
+    std::mutex texts_mu_;
+    std::vector<std::function<std::string()>> metric_texts_;  // texts_mu_
     //! The prompt cache over every engine (GET /v1/cache, /metrics).
     struct CacheTotals {
         bool enabled = false;

@@ -508,6 +508,8 @@ int serve(const ServeOptions & opt) {
             return 2;
         }
         if (pool_set) {
+            pool_set->set_metrics_prefix("armada_node_pool_");
+            router.add_metrics_text([p = pool_set.get()] { return p->render_metrics(); });
             pool_set->start();
             // Sessions resumed at start would otherwise find every upstream still warming and
             // run their heavy steps here.

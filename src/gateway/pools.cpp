@@ -288,7 +288,7 @@ void PoolSet::release(const PoolLease & l, PoolOutcome outcome, double head_s) {
                     ++u->ok;
                     u->fails = 0;
                     metrics_
-                        .histogram("armada_gateway_pool_upstream_seconds",
+                        .histogram(prefix_ + "upstream_seconds",
                                    "Time an upstream of a pool took to answer (the head of a stream)",
                                    obs::latency_buckets(), {{"pool", p.cfg.name}})
                         .observe(head_s);
@@ -372,20 +372,20 @@ std::string PoolSet::render_metrics() const {
         for (const auto & p : pools_) {
             for (const auto & u : p.ups) {
                 const obs::Labels l{{"pool", p.cfg.name}, {"upstream", u->cfg.url}};
-                m.gauge("armada_gateway_pool_upstream_up",
+                m.gauge(prefix_ + "upstream_up",
                         "1 while an upstream of a pool takes requests (healthy, warmed, breaker closed)", l)
                     .set(!u->removed && u->state == Upstream::State::up ? 1 : 0);
-                m.gauge("armada_gateway_pool_upstream_breaker_open", "1 while an upstream's circuit breaker is open", l)
+                m.gauge(prefix_ + "upstream_breaker_open", "1 while an upstream's circuit breaker is open", l)
                     .set(u->state == Upstream::State::open ? 1 : 0);
-                m.gauge("armada_gateway_pool_upstream_in_flight", "Requests an upstream of a pool has in flight", l)
+                m.gauge(prefix_ + "upstream_in_flight", "Requests an upstream of a pool has in flight", l)
                     .set(u->in_flight);
-                m.sync_counter("armada_gateway_pool_upstream_breaker_opened_total",
-                               "Times an upstream's circuit breaker opened", u->opened, l);
+                m.sync_counter(prefix_ + "upstream_breaker_opened_total", "Times an upstream's circuit breaker opened",
+                               u->opened, l);
                 for (const auto & [outcome, n] :
                      {std::pair<const char *, uint64_t>{"ok", u->ok}, {"failed", u->failed}, {"busy", u->busy}}) {
                     obs::Labels lo = l;
                     lo.emplace_back("outcome", outcome);
-                    m.sync_counter("armada_gateway_pool_upstream_requests_total",
+                    m.sync_counter(prefix_ + "upstream_requests_total",
                                    "Requests sent to an upstream of a pool, by how they ended", n, lo);
                 }
             }

@@ -78,8 +78,11 @@ class PoolSet {
     //! Each pool: how many upstreams are up, and with `detail` each upstream's URL and state
     //! (/admin/pools), else only how many there are (/readyz, which needs no key).
     nlohmann::json status(bool detail = true) const;
-    //! armada_gateway_pool_* metrics.
+    //! The pools' metrics: armada_gateway_pool_* (or the prefix given to set_metrics_prefix).
     std::string render_metrics() const;
+    //! Names the metrics `prefix` + "upstream_up" and so on; call before start. A node that sends
+    //! agent steps to the pools uses "armada_node_pool_".
+    void set_metrics_prefix(std::string prefix) { prefix_ = std::move(prefix); }
     //! How many times each upstream's breaker has opened (tests, the status).
     uint64_t breaker_opened(const std::string & pool) const;
 
@@ -112,6 +115,7 @@ class PoolSet {
     //! Health, then the tiny request: true when the upstream can take traffic.
     bool check(const Pool & p, const Upstream & u);
 
+    std::string prefix_ = "armada_gateway_pool_";
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::vector<Pool> pools_;  // mu_
