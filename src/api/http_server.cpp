@@ -76,7 +76,10 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
         count_--;
     }
 
-    void long_lived() override { exchange_done(); }
+    void long_lived() override {
+        exchange_done();
+        if (cfg_.heartbeat_ms > 0 && streaming_) heartbeat(req_gen_);
+    }
 
     void start() {
         net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
@@ -138,6 +141,7 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
 
     void write(std::string chunk) override {
         if (!streaming_ || closed_ || ended_) return;
+        wrote_ = true;
         out_.push_back(std::move(chunk));
         pump();
     }
@@ -295,6 +299,21 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
             });
     }
 
+    // Every heartbeat_ms of a long-lived stream: a comment line unless something else went out.
+    void heartbeat(uint64_t gen) {
+        if (!heartbeat_) heartbeat_.emplace(stream_.get_executor());
+        heartbeat_->expires_after(std::chrono::milliseconds(cfg_.heartbeat_ms));
+        heartbeat_->async_wait([self = this->shared_from_this(), gen](beast::error_code ec) {
+            if (ec || gen != self->req_gen_ || self->closed_ || self->ended_ || !self->streaming_) return;
+            if (!self->wrote_) {
+                self->out_.push_back(": keep-alive\n\n");
+                self->pump();
+            }
+            self->wrote_ = false;
+            self->heartbeat(gen);
+        });
+    }
+
     bool finished_request(uint64_t gen) const { return gen != req_gen_ || (replied_ && !streaming_) || finished_; }
 
     void fail() {
@@ -325,6 +344,8 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
     std::atomic<bool> closed_{false};
     std::deque<std::string> out_;
     std::vector<std::function<void()>> close_fns_;
+    std::optional<net::steady_timer> heartbeat_;
+    bool wrote_ = false;  // since the last heartbeat tick
 };
 
 //! Responder bound to one request of a connection; posts every call onto the connection's strand.

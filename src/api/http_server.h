@@ -65,6 +65,9 @@ struct HttpConfig {
     int threads = 2;
     size_t max_body = 2 * 1024 * 1024;
     int idle_timeout_s = 600;
+    //! A long-lived event stream that has sent nothing for this long gets an SSE comment line, so
+    //! a proxy (or the gateway) can tell a quiet stream from a hung server. 0: none.
+    int heartbeat_ms = 5000;
     //! Open connections beyond which new ones get 503 and are closed. 0: the process's file
     //! descriptor limit less a reserve for the store, the journal and tools.
     size_t max_connections = 0;

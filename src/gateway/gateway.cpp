@@ -1356,7 +1356,7 @@ class Gateway {
         if (redis_ && req.method == "GET" && sub.empty()) {
             if (auto n = redis_->get(route_key(caller, id)); n && node(*n)) {
                 ++route_hits_;
-                if (relay(*n, req, out)) return;
+                if (relay(*n, req, out, nullptr, kSessionRelayMs)) return;
                 redis_->del(route_key(caller, id));
             }
         }
@@ -1368,26 +1368,46 @@ class Gateway {
         if (!rec || rec->owner != caller.tenant || rec->agent_id.rfind('@', 0) == 0)
             return send_error(out, 404, "no session with id '" + id + "'");
         if (sub == "events" && req.method == "GET") return events(req, out, id);
-        // A request to a session goes to its node; one not placed yet, or whose node is gone,
-        // goes to any node, which answers from the store (or takes the session over).
+        // A request to a session goes to its node; one not placed yet, or whose node is gone
+        // (its lease ended), goes to any node, which answers from the store (or takes the session
+        // over). A node that holds its lease but does not answer keeps the session: another node
+        // taking it would fence a live owner behind its cell's back. The client retries.
+        std::string silent;
         for (int attempt = 0; attempt < 3; ++attempt) {
             auto h = holder(*rec);
             if (h && redis_) redis_->set(route_key(caller, id), *h, 30000);
             auto n = h ? h : by_load(rec->cell);
             if (!n) n = by_load();
             if (!n) break;
-            if (relay(*n, req, out)) return;
-            forget(*n);
+            if (relay(*n, req, out, nullptr, kSessionRelayMs)) return;
+            if (h) {
+                silent = *h;
+            } else {
+                forget(*n);
+            }
             std::this_thread::sleep_for(std::chrono::milliseconds(200));
             auto again = lookup(id, unavailable);
             if (again) rec = again;
         }
+        if (!silent.empty())
+            return send_error(out, 503,
+                              "the node holding session '" + id +
+                                  "' does not answer; retry shortly (if it is gone, the session moves once its "
+                                  "lease ends)",
+                              2, "node_unavailable");
         send_error(out, 503, "no node of the cluster is ready to take this request; retry shortly", 2, "no_node");
     }
+    //! Session reads and changes answer at once on a node: one that says nothing for this long is
+    //! taken as hung (a relay's default waits 10 minutes, for generations).
+    static constexpr int kSessionRelayMs = 10000;
 
-    //! The session's event stream, from whichever node holds it; when it moves (its node died or
-    //! was fenced) the stream goes on from the new node with Last-Event-ID. Only whole events
-    //! reach the client, so a reconnect never repeats or splits one.
+    //! A node's event stream says something at least every 5 s (a comment when quiet): one
+    //! silent for this long comes from a hung node, and the gateway looks up the holder again.
+    static constexpr int kEventsIdleMs = 15000;
+
+    //! The session's event stream, from whichever node holds it; when it moves (its node died,
+    //! hung or was fenced) the stream goes on from the new node with Last-Event-ID. Only whole
+    //! events reach the client, so a reconnect never repeats or splits one.
     void events(const HttpRequest & req, const std::shared_ptr<Responder> & out, const std::string & id) {
         std::string last = req.header("last-event-id");
         if (last.empty()) last = req.param("last_event_id");
@@ -1468,7 +1488,7 @@ class Gateway {
                     }
                     return true;
                 },
-                cancel);
+                cancel, kEventsIdleMs);
             if (out->closed()) return;
             if (refused && !started) {
                 // The node's own answer (404 after a delete, 400 for a bad Last-Event-ID…).
@@ -1482,6 +1502,9 @@ class Gateway {
                 }
             }
             if (r.status == 0) forget(*n);
+            if (!r.error.empty())
+                spdlog::warn("gateway: the event stream of session {} from {} broke: {}; following it", id, *n,
+                             r.error);
             // The node ended the stream. If the session ended, so does the stream; otherwise it
             // moved (or its node died): follow it.
             bool gone = false;
@@ -1493,7 +1516,9 @@ class Gateway {
             }
             const bool over =
                 !now || std::find(kEndedStates.begin(), kEndedStates.end(), now->state) != kEndedStates.end();
-            if (over && r.status == 200 && !refused) {
+            // Only a stream the node ended itself is whole: one cut short (the node died or hung)
+            // is taken up again from Last-Event-ID, wherever the session is now, for its last events.
+            if (over && r.status == 200 && !refused && r.error.empty()) {
                 out->end();
                 return;
             }
