@@ -93,6 +93,13 @@ pools:
             page: { type: integer, enum: [1, 2, 3] }
           required: [part, page]
           additionalProperties: false
+  # No tools, and room for 8,000 tokens a step: over the default 500, so its step goes to the pool.
+  - id: writer
+    instructions: Write at length.
+    # Greedy: this random-weight model then repeats itself to the token limit (sampled, it may
+    # stop within a few dozen tokens, and a cancel would have nothing left to stop).
+    sampling: { temperature: 0 }
+    limits: { max_steps: 1, max_tokens_per_step: 8000 }
 `);
   // 12288 tokens a sequence: the long steps fit here too, so a failed pool step can fall back.
   srv = await startNode();
@@ -214,6 +221,29 @@ pools:
     await node.stop();
     await gpu.stop();
   }
+});
+
+test('cancelling a session whose step is on the pool cancels the request upstream', async () => {
+  const sent = await poolSteps();
+  const predicted = await llamaMetric('tokens_predicted_total');
+  const r = await rawPost(srv.base, '/v1/agents/writer/sessions', { input: 'Write a long story.' });
+  assert.equal(r.status, 200, r.text);
+  const id = r.json.id;
+  await waitFor('the step sent to the pool', async () => (await poolSteps()) > sent, 60000);
+  // The pool is generating it: llama-server has decoded some of its tokens.
+  const decoded = await llamaMetric('n_decode_total');
+  await waitFor('the pool generating', async () => (await llamaMetric('n_decode_total')) >= decoded + 20, 30000);
+  assert.equal(await llamaMetric('requests_processing'), 1);
+  const c = await rawPost(srv.base, `/v1/sessions/${id}/cancel`, {});
+  assert.equal(c.status, 200, c.text);
+  // Left alone, 8,000 tokens would keep llama-server busy far longer than this.
+  await waitFor('llama-server to stop the request', async () => (await llamaMetric('requests_processing')) === 0, 3000);
+  const s = await waitSession(srv.base, id, ['completed', 'failed', 'cancelled'], { timeoutMs: 30000 });
+  assert.equal(s.state, 'cancelled', s.reason);
+  // llama-server counts a stopped request's tokens when it frees the slot: far fewer than asked.
+  const made = (await llamaMetric('tokens_predicted_total')) - predicted;
+  assert.ok(made > 0 && made < 4000, `llama-server generated ${made} tokens for the cancelled step`);
+  assert.equal(outputs(s).length, 0, 'no output was written for the cancelled step');
 });
 
 test('the node killed while its step is on the pool: the step is sent again when the session resumes', async () => {

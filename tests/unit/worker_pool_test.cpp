@@ -13,7 +13,8 @@ using namespace std::chrono_literals;
 namespace {
 
 //! Polls `f` until it holds, for at most 10 s.
-template <class F> bool eventually(F f) {
+template <class F>
+bool eventually(F f) {
     for (int i = 0; i < 10000; ++i) {
         if (f()) return true;
         std::this_thread::sleep_for(1ms);
