@@ -1724,19 +1724,50 @@ bool SessionManager::running_here(const std::string & id, int64_t epoch) {
 size_t SessionManager::adopt_assigned() {
     if (opt_.node.empty()) return 0;
     size_t n = 0;
+    std::set<std::string> assigned;
     for (const auto & r : store_.open_sessions(opt_.cell, opt_.node, kEnded)) {
         if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
+        assigned.insert(r.id);
         {
             std::lock_guard lk(mu_);
             auto it = sessions_.find(r.id);
-            if ((it != sessions_.end() && it->second->started) || draining_) continue;
+            // Running here under this epoch (or the one before it: a command that moves it on
+            // is on its way). A copy older than that ran here before the session went away and
+            // came back: `adopt` replaces it from the store.
+            if ((it != sessions_.end() && it->second->started && it->second->epoch + 1 >= r.epoch) || draining_)
+                continue;
         }
         if (adopt(r.id, r.epoch)) {
             spdlog::info("session {}: assigned to this node (epoch {}) but not running here; started", r.id, r.epoch);
             ++n;
         }
     }
+    drop_moved(assigned);
     return n;
+}
+
+void SessionManager::drop_moved(const std::set<std::string> & assigned) {
+    // Open sessions running here that the store did not list for this node. Each is read again
+    // (it may have been placed here after the list was read) before it goes.
+    std::vector<std::pair<std::string, int64_t>> unlisted;
+    {
+        std::lock_guard lk(mu_);
+        for (const auto & [id, s] : sessions_) {
+            if (s->started && s->epoch > 0 && !has_ended(s->state) && !assigned.count(id))
+                unlisted.emplace_back(id, s->epoch);
+        }
+    }
+    for (const auto & [id, epoch] : unlisted) {
+        const auto r = store_.session(id);
+        // Unreadable now (the store restarts), or still this node's: it stays.
+        if (!r || (r->node == opt_.node && r->epoch <= epoch + 1)) continue;
+        std::lock_guard lk(mu_);
+        auto it = sessions_.find(id);
+        if (it == sessions_.end() || !it->second->started || it->second->epoch != epoch) continue;
+        drop_fenced(*it->second, "the store gives it to " + (r->node.empty() ? std::string("no node") : r->node) +
+                                     " at epoch " + std::to_string(r->epoch) + ", this node ran it at epoch " +
+                                     std::to_string(epoch));
+    }
 }
 
 void SessionManager::resume_loaded(Session & s) {

@@ -248,6 +248,11 @@ class SessionManager {
                  std::function<void(Outcome)> reply = {});
     //! Another node holds the session now: stop it here without writing anything more.
     void drop_fenced(Session & s, const std::string & why);
+    //! Stops the open sessions running here that the store gives to another node (this one was
+    //! stopped or cut off past its lease, and they moved on). Idle ones would otherwise never
+    //! write, never be fenced, and stay counted in this node's load. `assigned`: the open
+    //! sessions the store lists for this node.
+    void drop_moved(const std::set<std::string> & assigned);
     //! True when session `id` is in memory; it then writes under `epoch` if that is newer. mu_ held.
     bool running_here(const std::string & id, int64_t epoch);
     //! Continues a session loaded from the store (after a restart, or assigned by the brain).

@@ -518,6 +518,46 @@ test('a client following a session through the gateway sees it go on when its no
   console.log(`hung ${victim}: the stream followed the session and ended ${endedAt - t0} ms after the stop`);
 });
 
+test('a node that wakes after its lease ended stops its idle sessions that moved, though they never write', { timeout: 180000 * SLOW }, async () => {
+  await nodesReady(3);
+  // Created without input, a session waits for it: idle, it writes nothing, so no refused write
+  // would tell a woken node that it moved.
+  const r = await fetch(`${gw}/v1/agents/worker/sessions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: '{}',
+  });
+  assert.equal(r.status, 201, await r.clone().text());
+  const { id } = await r.json();
+  let placed;
+  await waitFor('the idle session placed', async () => {
+    placed = (await placements([id])).get(id);
+    return placed?.node && placed.state === 'waiting_input';
+  }, 30000 * SLOW);
+  const victim = placed.node;
+  const pid = proc(victim).pid;
+  const mark = logOf(victim).length;
+  const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
+  const brainMarks = brains.map((b) => logOf(b.name).length);
+  const moved = new RegExp(`session ${id} moved to (\\S+)`);
+  process.kill(pid, 'SIGSTOP');
+  try {
+    await waitFor('the brain to move the session', async () =>
+      brains.some((b, i) => moved.test(logOf(b.name).slice(brainMarks[i]))), 30000 * SLOW);
+  } finally {
+    process.kill(pid, 'SIGCONT');
+  }
+  await waitLog(victim, /joined again/, mark, 20000);
+  // It stops its copy on its own, within a few of its 5 s checks.
+  await waitLog(victim, new RegExp(`session ${id}: fenced`), mark, 20000);
+  // The session goes on where it moved.
+  const m = await fetch(`${gw}/v1/sessions/${id}/messages`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ content: 'go on' }),
+  });
+  assert.ok(m.status === 200 || m.status === 202, await m.text());
+  const s = (await waitAll([id])).get(id);
+  assert.equal(s.state, 'completed', s.reason);
+  assert.notEqual(s.placement.node, victim);
+});
+
 test('kill -9 the leading cell brain: a standby leads within the TTL + 1 s and placement goes on', { timeout: 300000 * SLOW }, async () => {
   const faults = [];  // this test's faults: [start, end] in ms
   const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
