@@ -116,29 +116,3 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200, hold 
     close: () => new Promise((r) => server.close(r)),
   };
 }
-
-// A tool for agents that read a long document: the first call of each session (by its
-// Idempotency-Key) returns `words` words, the next ones a short note. `calls` counts the calls by
-// session and `args` keeps each call's arguments; `onFirst` (when set) runs before the document
-// is sent, so a test can act while the session waits on it.
-export function startDocumentTool(words) {
-  const t = { calls: new Map(), onFirst: null, args: [] };
-  const doc = Array.from({ length: words }, (_, i) => ['the', 'river', 'stone', 'light'][i % 4]).join(' ');
-  t.server = http.createServer((req, res) => {
-    let body = '';
-    req.on('data', (d) => { body += d; });
-    req.on('end', async () => {
-      const session = (req.headers['idempotency-key'] ?? '').split(':')[0];
-      const n = (t.calls.get(session) ?? 0) + 1;
-      t.calls.set(session, n);
-      try { t.args.push(JSON.parse(body)); } catch { t.args.push(null); }
-      if (n === 1 && t.onFirst) await t.onFirst();
-      res.writeHead(200, { 'Content-Type': 'text/plain' });
-      res.end(n === 1 ? doc : 'noted');
-    });
-  });
-  return new Promise((resolve) => t.server.listen(0, '127.0.0.1', () => {
-    t.url = `http://127.0.0.1:${t.server.address().port}`;
-    resolve(t);
-  }));
-}
