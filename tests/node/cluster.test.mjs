@@ -133,10 +133,12 @@ function checkAll(done, kills) {
   }
 }
 
-// Reads a session's event stream through the gateway until its state is final; returns the events.
-async function collectEvents(id) {
+// Reads a session's event stream through the gateway until its state is final; returns the events,
+// and passes each to `onEvent` as it comes. `signal` stops it early.
+async function collectEvents(id, { onEvent = () => {}, signal } = {}) {
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(), 180000);
+  signal?.addEventListener('abort', () => ctl.abort());
   const events = [];
   try {
     const res = await fetch(`${gw}/v1/sessions/${id}/events`, { signal: ctl.signal });
@@ -156,6 +158,7 @@ async function collectEvents(id) {
           else if (line.startsWith('data:')) ev.data += line.slice(5).trim();
         }
         events.push(ev);
+        onEvent(ev);
         if (ev.event === 'state' && ENDED.includes(JSON.parse(ev.data).state)) return events;
       }
     }
@@ -472,27 +475,13 @@ test('a client following a session through the gateway sees it go on when its no
   const events = [];
   const ctl = new AbortController();
   let endedAt = 0;
-  const following = (async () => {
-    const res = await fetch(`${gw}/v1/sessions/${id}/events`, { signal: ctl.signal });
-    assert.equal(res.status, 200);
-    const dec = new TextDecoder();
-    let buf = '';
-    for await (const chunk of res.body) {
-      buf += dec.decode(chunk, { stream: true });
-      for (let end; (end = buf.indexOf('\n\n')) >= 0;) {
-        const block = buf.slice(0, end);
-        buf = buf.slice(end + 2);
-        const ev = { id: '', event: 'message', data: '' };
-        for (const line of block.split('\n')) {
-          if (line.startsWith('id:')) ev.id = line.slice(3).trim();
-          else if (line.startsWith('event:')) ev.event = line.slice(6).trim();
-          else if (line.startsWith('data:')) ev.data += line.slice(5).trim();
-        }
-        events.push(ev);
-        if (ev.event === 'state' && ENDED.includes(JSON.parse(ev.data).state)) { endedAt = Date.now(); return; }
-      }
-    }
-  })().catch((e) => { if (!ctl.signal.aborted) throw e; });
+  const following = collectEvents(id, {
+    signal: ctl.signal,
+    onEvent: (ev) => {
+      events.push(ev);
+      if (ev.event === 'state' && ENDED.includes(JSON.parse(ev.data).state)) endedAt = Date.now();
+    },
+  }).catch((e) => { if (!ctl.signal.aborted) throw e; });
   await waitFor('the stream begun', async () => events.some((e) => /^\d+$/.test(e.id)), 30000);
   // The node hangs (no reset: its connections stay open and silent) until the client's stream
   // has reached the end of the session, for at most a minute.
