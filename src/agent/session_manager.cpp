@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -1749,25 +1751,51 @@ size_t SessionManager::adopt_assigned() {
 void SessionManager::drop_moved(const std::set<std::string> & assigned) {
     // Open sessions running here that the store did not list for this node. Each is read again
     // (it may have been placed here after the list was read) before it goes.
+    // A busy one (a step, a tool call or a write under way) is left alone: its next write is
+    // fenced by the store, and it stops then.
     std::vector<std::pair<std::string, int64_t>> unlisted;
     {
         std::lock_guard lk(mu_);
         for (const auto & [id, s] : sessions_) {
-            if (s->started && s->epoch > 0 && !has_ended(s->state) && !assigned.count(id))
+            if (s->started && s->epoch > 0 && !has_ended(s->state) && !assigned.count(id) && !s->busy())
                 unlisted.emplace_back(id, s->epoch);
         }
     }
     for (const auto & [id, epoch] : unlisted) {
-        const auto r = store_.session(id);
-        // Unreadable now (the store restarts), or still this node's: it stays.
-        if (!r || (r->node == opt_.node && r->epoch <= epoch + 1)) continue;
+        auto r = store_.session(id);
+        if (!r) {
+            // Deleted, or the store cannot be read now: a probe write tells which. While it is
+            // away the rest wait for the next round (not one failing read after another).
+            if (!store_answers()) break;
+            r = store_.session(id);
+        }
+        // Still this node's, at its epoch or the next; or placed back here at a newer one, which
+        // adopt_assigned takes up from the store in its next round.
+        if (r && r->node == opt_.node) continue;
         std::lock_guard lk(mu_);
         auto it = sessions_.find(id);
-        if (it == sessions_.end() || !it->second->started || it->second->epoch != epoch) continue;
-        drop_fenced(*it->second, "the store gives it to " + (r->node.empty() ? std::string("no node") : r->node) +
-                                     " at epoch " + std::to_string(r->epoch) + ", this node ran it at epoch " +
-                                     std::to_string(epoch));
+        if (it == sessions_.end() || !it->second->started || it->second->epoch != epoch || it->second->busy()) continue;
+        drop_fenced(*it->second, !r ? std::string("the store no longer has it")
+                                    : "the store gives it to " + (r->node.empty() ? std::string("no node") : r->node) +
+                                          " at epoch " + std::to_string(r->epoch) + ", this node ran it at epoch " +
+                                          std::to_string(epoch));
     }
+}
+
+bool SessionManager::store_answers() {
+    store::Batch probe;
+    probe.probe = true;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<bool> ok;
+    store_.commit(std::move(probe), [&](store::Status s) {
+        std::lock_guard lk(mu);
+        ok = s.ok;
+        cv.notify_all();
+    });
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return ok.has_value(); });
+    return *ok;
 }
 
 void SessionManager::resume_loaded(Session & s) {

@@ -97,7 +97,8 @@ struct Rig {
     InstantTools tools;
     std::unique_ptr<agent::SessionManager> mgr;
 
-    explicit Rig(agent::StepPool * pool = nullptr, const agent::AgentSpec & spec = worker()) {
+    explicit Rig(agent::StepPool * pool = nullptr, const agent::AgentSpec & spec = worker(),
+                 const std::string & node = "") {
         llama_log_set(quiet_log, nullptr);
         std::string err;
         sqlite = store::SqliteStore::open(dir, err);
@@ -117,6 +118,8 @@ struct Rig {
         io_thread = std::thread([this] { io.run(); });
         agent::SessionOptions opt;
         opt.pool = pool;
+        opt.node = node;  // cluster mode: writes are fenced by the row's node and epoch
+        opt.cell = node.empty() ? "" : "cell0";
         mgr = std::make_unique<agent::SessionManager>(*format, *port, *faults, tools, io.get_executor(), metrics, clock,
                                                       opt);
         mgr->put_operator_agent(spec);
@@ -216,6 +219,63 @@ TEST(SessionDurability, DiskFullHoldsTheStepUntilSpaceReturns) {
         EXPECT_EQ(v.steps[i].payload, durable_then[i].payload);
     }
     expect_whole_log(v, 2);
+}
+
+void commit_now(store::Store & st, store::Batch b) {
+    std::promise<store::Status> p;
+    st.commit(std::move(b), [&](store::Status s) { p.set_value(s); });
+    const auto s = p.get_future().get();
+    EXPECT_TRUE(s.ok) << s.error;
+}
+
+// A node that was stopped past its lease wakes with sessions that moved on. Idle ones never write,
+// so no refused write stops them: the node's own check of what the store assigns it does.
+TEST(SessionFencing, IdleSessionsTheStoreGaveAwayOrDeletedStopHereTheRestStay) {
+    Rig rig(nullptr, worker(), "n1");
+    // Idle sessions (no input): each waits for a message, written to the store as this node's.
+    std::vector<std::string> ids;
+    for (int i = 0; i < 3; ++i)
+        ids.push_back(rig.create(""));
+    for (const auto & id : ids) {
+        std::optional<store::SessionRecord> r;
+        for (int i = 0; i < 500 && !(r && r->state == "waiting_input"); ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            r = rig.sqlite->session(id);
+        }
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->state, "waiting_input");
+        ASSERT_EQ(r->node, "n1");
+        ASSERT_EQ(r->epoch, 1);
+    }
+    // While it slept: the first session moved to n2, the second was deleted there; the third is
+    // still this node's.
+    store::Batch moved;
+    moved.assign.push_back({ids[0], "n2", 2});
+    commit_now(*rig.sqlite, std::move(moved));
+    store::Batch gone;
+    gone.erase.push_back(ids[1]);
+    commit_now(*rig.sqlite, std::move(gone));
+    auto & fenced = rig.metrics.counter("armada_sessions_fenced_total", "");
+    auto & in_memory = rig.metrics.gauge("armada_sessions_in_memory", "");
+    ASSERT_EQ(fenced.value(), 0u);
+    ASSERT_EQ(in_memory.value(), 3.0);
+    EXPECT_EQ(rig.mgr->adopt_assigned(), 0u);
+    EXPECT_EQ(fenced.value(), 2u);
+    EXPECT_EQ(in_memory.value(), 1.0);
+    // The one that stayed still runs here: a message moves it on, under this node's epoch.
+    std::promise<agent::Outcome> p;
+    rig.mgr->add_message(ids[2], "", "go", [&](agent::Outcome o) { p.set_value(o); });
+    const auto o = p.get_future().get();
+    EXPECT_TRUE(o.status == 200 || o.status == 202) << o.status << " " << o.error;
+    const auto v = rig.wait_end(ids[2]);
+    EXPECT_EQ(v.state, "completed") << v.reason;
+    EXPECT_EQ(v.node, "n1");
+    EXPECT_EQ(v.epoch, 1);
+    // The moved one is n2's in the store, untouched by this node.
+    const auto r0 = rig.sqlite->session(ids[0]);
+    ASSERT_TRUE(r0);
+    EXPECT_EQ(r0->node, "n2");
+    EXPECT_EQ(r0->state, "waiting_input");
 }
 
 TEST(SessionDurability, CompletedSessionIsOnDisk) {
