@@ -298,17 +298,27 @@ class Gateway {
     //! thread of its own, so a slow node never holds an I/O thread.
     void handle(HttpRequest && req, std::shared_ptr<Responder> out) {
         ++in_flight_;
-        workers_.post([this, req = std::move(req), out = std::move(out)]() mutable {
-            try {
-                route(req, out);
-            } catch (const ApiErrorReply & e) {
-                send_error(out, e.status, e.message, e.retry_after_s);
-            } catch (const std::exception & e) {
-                spdlog::error("gateway: {} {}: {}", req.method, req.path, e.what());
-                send_error(out, 500, "the gateway failed on this request");
-            }
+        auto client = out;
+        try {
+            workers_.post([this, req = std::move(req), out = std::move(out)]() mutable {
+                try {
+                    route(req, out);
+                } catch (const ApiErrorReply & e) {
+                    send_error(out, e.status, e.message, e.retry_after_s);
+                } catch (const std::exception & e) {
+                    spdlog::error("gateway: {} {}: {}", req.method, req.path, e.what());
+                    send_error(out, 500, "the gateway failed on this request");
+                } catch (...) {
+                    send_error(out, 500, "the gateway failed on this request");
+                }
+                --in_flight_;
+            });
+        } catch (const std::exception & e) {
+            // No thread could be started (the process is at its limit): the client hears so.
             --in_flight_;
-        });
+            spdlog::error("gateway: no worker thread for a request: {}", e.what());
+            send_error(client, 503, "the gateway is overloaded; retry shortly", 1, "overloaded");
+        }
     }
 
   private:
@@ -589,6 +599,9 @@ class Gateway {
         double head_s = 0;       // how long its head took
         bool client_gone = false;
         bool cut = false;  // a stream that ended with an error (the upstream went away mid-way)
+        //! The request was written to the upstream: it is up and taking connections, even if it
+        //! then said nothing (hung). Only one that could not be reached is forgotten.
+        bool reached = false;
     };
     //! Forwards `req` to `t` and answers the client with what it said (streamed when it streams).
     Relayed relay_to(const RelayTarget & t, const HttpRequest & req, const std::shared_ptr<Responder> & out,
@@ -625,6 +638,7 @@ class Gateway {
             cancel, t.idle_ms);
         if (!streaming) res.head_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         res.status = r.status;
+        res.reached = r.sent;
         res.client_gone = cancel->cancelled() || out->closed();
         if (usage) usage->status = r.status != 0 ? r.status : (streaming ? 200 : 0);
         if (r.status == 0) {
@@ -674,17 +688,17 @@ class Gateway {
     }
     //! Forwards to node `node_name` (see relay_to); false when it could not be reached and
     //! nothing was sent to the client.
-    bool relay(const std::string & node_name, const HttpRequest & req, const std::shared_ptr<Responder> & out,
-               UsageScan * usage = nullptr, int timeout_ms = 600000, const api::Headers & extra = {}) {
+    Relayed relay(const std::string & node_name, const HttpRequest & req, const std::shared_ptr<Responder> & out,
+                  UsageScan * usage = nullptr, int timeout_ms = 600000, const api::Headers & extra = {}) {
         auto v = node(node_name);
-        if (!v) return false;
+        if (!v) return {};
         RelayTarget t;
         t.base = v->load.url;
         t.headers = pass_headers(req);
         t.body = &req.body;
         t.timeout_ms = timeout_ms;
         t.extra = extra;
-        return relay_to(t, req, out, usage).delivered;
+        return relay_to(t, req, out, usage);
     }
     //! Forwards to the node with the most room, then to another if it does not answer.
     void relay_by_load(const HttpRequest & req, const std::shared_ptr<Responder> & out,
@@ -694,9 +708,12 @@ class Gateway {
         for (int attempt = 0; attempt < 3; ++attempt) {
             auto n = attempt == 0 && first ? first : by_load({}, tried);
             if (!n) break;
-            if (relay(*n, req, out, usage, 600000, extra)) return;
+            const Relayed r = relay(*n, req, out, usage, 600000, extra);
+            if (r.delivered) return;
             tried = *n;
-            forget(*n);
+            // A node that took the request and said nothing may be hung, not gone: it keeps its
+            // sessions (forgetting it would route them around a live holder).
+            if (!r.reached) forget(*n);
         }
         send_error(out, 503, "no node of the cluster is ready to take this request; retry shortly", 2, "no_node");
     }
@@ -1270,7 +1287,7 @@ class Gateway {
                 seen = std::move(r);
             } else {
                 tried = *n;
-                forget(*n);
+                if (!r.sent) forget(*n);  // unreachable; a hung node keeps its sessions
             }
         }
         if (!seen) return send_error(out, 503, "no node of the cluster is ready; retry shortly", 2, "no_node");
@@ -1356,7 +1373,7 @@ class Gateway {
         if (redis_ && req.method == "GET" && sub.empty()) {
             if (auto n = redis_->get(route_key(caller, id)); n && node(*n)) {
                 ++route_hits_;
-                if (relay(*n, req, out, nullptr, kSessionRelayMs)) return;
+                if (relay(*n, req, out, nullptr, kSessionRelayMs).delivered) return;
                 redis_->del(route_key(caller, id));
             }
         }
@@ -1374,15 +1391,17 @@ class Gateway {
         // taking it would fence a live owner behind its cell's back. The client retries.
         std::string silent;
         for (int attempt = 0; attempt < 3; ++attempt) {
+            silent.clear();  // what the last attempt found decides the error
             auto h = holder(*rec);
             if (h && redis_) redis_->set(route_key(caller, id), *h, 30000);
             auto n = h ? h : by_load(rec->cell);
             if (!n) n = by_load();
             if (!n) break;
-            if (relay(*n, req, out, nullptr, kSessionRelayMs)) return;
+            const Relayed r = relay(*n, req, out, nullptr, kSessionRelayMs);
+            if (r.delivered) return;
             if (h) {
                 silent = *h;
-            } else {
+            } else if (!r.reached) {
                 forget(*n);
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -1501,7 +1520,9 @@ class Gateway {
                     return;
                 }
             }
-            if (r.status == 0) forget(*n);
+            // A holder that took the request and then said nothing is hung, not gone: it keeps
+            // the session (and the lookup above goes on naming it) until its lease ends.
+            if (r.status == 0 && !r.sent) forget(*n);
             if (!r.error.empty())
                 spdlog::warn("gateway: the event stream of session {} from {} broke: {}; following it", id, *n,
                              r.error);
