@@ -268,6 +268,7 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
         } else if (ended_ && !finished_) {
             finished_ = true;
             writing_ = true;
+            if (heartbeat_) heartbeat_->cancel();  // its wait holds this session alive
             net::async_write(stream_, http::make_chunk_last(),
                              [self = this->shared_from_this()](beast::error_code ec, size_t) {
                                  self->writing_ = false;
@@ -319,6 +320,7 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
     void fail() {
         exchange_done();
         if (closed_.exchange(true)) return;
+        if (heartbeat_) heartbeat_->cancel();  // the connection is freed now, not at the next tick
         beast::error_code ec;
         tcp().socket().shutdown(tcp::socket::shutdown_both, ec);
         tcp().socket().close(ec);

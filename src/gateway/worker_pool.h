@@ -28,6 +28,7 @@ class WorkerPool {
         gone_.wait(lk, [&] { return threads_ == 0; });
     }
 
+    //! Throws std::system_error when no thread can be started (the task is then dropped).
     void post(std::function<void()> task) {
         std::lock_guard lk(mu_);
         // Every queued task has an idle thread of its own waiting for it.
@@ -36,9 +37,12 @@ class WorkerPool {
             cv_.notify_one();
             return;
         }
+        // Counted once it exists: a thread that could not be started would otherwise stay
+        // counted, and the destructor wait for it forever. It takes mu_ only after its task.
+        std::thread th([this, t = std::move(task)]() mutable { loop(std::move(t)); });
         ++threads_;
         ++started_;
-        std::thread([this, t = std::move(task)]() mutable { loop(std::move(t)); }).detach();
+        th.detach();
     }
 
     //! Threads alive (busy or idle), idle ones, and threads started in all (tests, metrics).
