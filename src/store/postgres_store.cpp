@@ -376,6 +376,10 @@ void PostgresStore::commit(Batch batch, std::function<void(Status)> done) {
             parts[i].probe = true;
     }
     if (parts.empty()) parts[0];
+    if (batch.leader.rev > 0) {
+        for (auto & [i, part] : parts)
+            part.leader = batch.leader;
+    }
 
     struct Join {
         std::mutex mu;
@@ -473,7 +477,16 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
             fenced =
                 "session " + f.session_id + " is no longer held by " + f.node + " at epoch " + std::to_string(f.epoch);
         };
-        if (err.empty()) {
+        if (err.empty() && b.leader.rev > 0) {
+            // The leader's mark, raised to this one's, locked until COMMIT: a brain whose
+            // successor wrote first changes nothing.
+            Res r = exec(
+                "INSERT INTO meta(k,v) VALUES($1,$2) ON CONFLICT (k) DO UPDATE SET v=EXCLUDED.v "
+                "WHERE meta.v::bigint <= EXCLUDED.v::bigint",
+                {"leader:" + b.leader.election, std::to_string(b.leader.rev)});
+            if (err.empty() && r.affected() == 0) fenced = leader_fenced(b.leader);
+        }
+        if (err.empty() && fenced.empty()) {
             for (const auto & r : b.sessions) {
                 if (!err.empty() || !fenced.empty()) break;
                 auto f = fence_of.find(r.id);

@@ -223,8 +223,11 @@ Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status
     Stmt assign(wdb_,
                 "UPDATE sessions SET node=?, epoch=?, cell=CASE WHEN ?='' THEN cell ELSE ? END WHERE id=? AND epoch<?");
     Stmt probe(wdb_, "INSERT OR REPLACE INTO meta(k,v) VALUES('probe', ?)");
+    Stmt lead(wdb_,
+              "INSERT INTO meta(k,v) VALUES(?1,?2) ON CONFLICT(k) DO UPDATE SET v=excluded.v "
+              "WHERE CAST(meta.v AS INTEGER) <= CAST(excluded.v AS INTEGER)");
     bool ok = up.s && ins.s && del_steps.s && del_sess.s && up_agent.s && del_agent.s && up_resp.s && del_resp.s &&
-              fence.s && assign.s && probe.s;
+              fence.s && assign.s && probe.s && lead.s;
     auto run = [&](Stmt & q) {
         ok = ok && sqlite3_step(q.s) == SQLITE_DONE;
         return ok;
@@ -237,7 +240,14 @@ Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status
             break;
         }
         std::string fenced;
+        if (b->leader.rev > 0) {
+            sqlite3_reset(lead.s);
+            lead.text(1, "leader:" + b->leader.election);
+            lead.text(2, std::to_string(b->leader.rev));
+            if (run(lead) && sqlite3_changes(wdb_) == 0) fenced = leader_fenced(b->leader);
+        }
         for (const auto & f : b->fences) {
+            if (!ok || !fenced.empty()) break;
             sqlite3_reset(fence.s);
             fence.text(1, f.session_id);
             fence.text(2, f.node);

@@ -12,6 +12,13 @@ std::vector<SessionRecord> Store::open_sessions(const std::string & cell, const 
     return all;
 }
 
+std::string leader_fenced(const Batch::Leadership & l) {
+    return "a newer leader of " + l.election + " has written to the store; this one (epoch " + std::to_string(l.rev) +
+           ") no longer leads. If etcd's data was wiped (its revisions start again), delete the store's meta key "
+           "'leader:" +
+           l.election + "'";
+}
+
 Status Store::commit_sync(Batch batch) {
     std::promise<Status> p;
     auto f = p.get_future();

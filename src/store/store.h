@@ -96,7 +96,19 @@ struct Batch {
     std::vector<Assignment> assign;
     //! Writes a probe row and nothing else matters: readiness asks whether a write goes through.
     bool probe = false;
+    //! A brain's leadership (its election and etcd revision, its fencing epoch): when set, the
+    //! batch is written only if no leader with a greater revision has written to the store, and it
+    //! raises the mark to its own. A deposed brain that has not noticed yet is refused (fenced)
+    //! once its successor wrote. With shards, each shard the batch touches holds its own mark:
+    //! a new leader writes one batch to every shard (with `probe`) before anything else.
+    struct Leadership {
+        std::string election;
+        int64_t rev = 0;  // 0: not a brain's batch
+    } leader;
 };
+
+//! The error of a batch refused by its `leader` fence.
+std::string leader_fenced(const Batch::Leadership & l);
 
 //! How a store's connection pools have been waited on (PostgreSQL; SQLite has none).
 struct PoolStats {

@@ -282,6 +282,36 @@ TEST_P(StoreSuite, AnAssignmentNeverGoesBackwards) {
     EXPECT_TRUE(store->commit_sync(assign("nope", "node-1", 1)).fenced);
 }
 
+Batch led(Batch b, const std::string & election, int64_t rev) {
+    b.leader = {election, rev};
+    return b;
+}
+
+TEST_P(StoreSuite, ABrainWhoseSuccessorWroteIsRefusedWhateverItWrites) {
+    Batch b;
+    b.sessions.push_back(session("s1"));
+    b.sessions.push_back(session("s2"));
+    ASSERT_TRUE(store->commit_sync(std::move(b)).ok);
+    // The leader elected at revision 10 places s1.
+    ASSERT_TRUE(store->commit_sync(led(assign("s1", "node-1", 1), "cell0", 10)).ok);
+    ASSERT_TRUE(store->commit_sync(led(assign("s1", "node-1", 2), "cell0", 10)).ok);  // its mark again
+    // Its successor (revision 20) writes; the old one, paused through the election, then wakes
+    // and places a session nobody has placed: refused, nothing written.
+    ASSERT_TRUE(store->commit_sync(led(assign("s1", "node-2", 3), "cell0", 20)).ok);
+    const Status late = store->commit_sync(led(assign("s2", "node-1", 1), "cell0", 10));
+    EXPECT_FALSE(late.ok);
+    EXPECT_TRUE(late.fenced);
+    EXPECT_NE(late.error.find("newer leader of cell0"), std::string::npos) << late.error;
+    EXPECT_EQ(store->session("s2")->epoch, 0);
+    EXPECT_TRUE(store->session("s2")->node.empty());
+    EXPECT_TRUE(store->writable().ok);
+    // Another election is another mark; a batch without a leader is not a brain's.
+    EXPECT_TRUE(store->commit_sync(led(assign("s2", "node-1", 1), "global", 5)).ok);
+    EXPECT_TRUE(store->commit_sync(assign("s2", "node-1", 2)).ok);
+    EXPECT_TRUE(store->commit_sync(led(assign("s2", "node-3", 3), "cell0", 20)).ok);
+    EXPECT_EQ(store->session("s2")->node, "node-3");
+}
+
 TEST_P(StoreSuite, BatchesQueuedTogetherShareOneCommit) {
     {
         Batch b;
@@ -484,6 +514,31 @@ TEST(PostgresStore, SessionsAreShardedByIdOverSeveralDatabases) {
     EXPECT_EQ(store->sessions_not_in({}).size(), 30u);
     for (int i = 0; i < 30; ++i)
         EXPECT_EQ(store->steps("sess_" + std::to_string(i)).size(), 1u);
+}
+
+TEST(PostgresStore, ANewLeadersMarkReachesEveryShardWithAProbe) {
+    Fixture fx = fresh("postgres", 3);
+    std::string err;
+    auto store = fx.open(err);
+    ASSERT_TRUE(store) << err;
+    std::vector<std::string> ids;
+    for (int i = 0; i < 12; ++i) {
+        ids.push_back("sess_" + std::to_string(i));
+        Batch b;
+        b.sessions.push_back(session(ids.back()));
+        ASSERT_TRUE(store->commit_sync(std::move(b)).ok);
+    }
+    // The new leader's first write: a probe under its leadership, to every shard.
+    Batch first;
+    first.probe = true;
+    first.leader = {"cell0", 20};
+    ASSERT_TRUE(store->commit_sync(std::move(first)).ok);
+    // The old leader is refused on every shard, whichever session it places.
+    for (const auto & id : ids) {
+        const Status st = store->commit_sync(led(assign(id, "node-1", 1), "cell0", 10));
+        EXPECT_TRUE(st.fenced) << id << ": " << st.error;
+        EXPECT_EQ(store->session(id)->epoch, 0) << id;
+    }
 }
 
 TEST(PostgresStore, ARepeatedCommitIsHarmlessButADifferentStepAtAnIndexIsRefused) {
