@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -143,12 +144,18 @@ class CellProcess {
     //! sessions are reassigned with one transaction rather than one each.
     std::vector<store::Status> assign(const std::vector<Place> & decisions) {
         std::vector<store::Batch> batches(decisions.size());
-        for (size_t i = 0; i < decisions.size(); ++i)
+        for (size_t i = 0; i < decisions.size(); ++i) {
             batches[i].assign.push_back({decisions[i].session, decisions[i].node, decisions[i].epoch});
+            batches[i].leader = leader_;
+        }
         return commit_each(*store_, std::move(batches));
     }
 
     void lead(const EtcdLeader & me) {
+        // Every write under this leadership: one from a brain that was deposed while it paused
+        // is refused once this one has written.
+        leader_ = {brain_election(cfg_, o_.cell), me.rev};
+        if (!elected_.claim_store(*store_, leader_.election, me)) return;
         CellBrain brain;
         std::mutex mu;
         std::vector<EtcdEvent> events;  // guarded by mu
@@ -236,6 +243,10 @@ class CellProcess {
             }
             const auto decisions = brain.decide(brain_now_ms());
             const auto results = assign(decisions);
+            if (std::any_of(results.begin(), results.end(), newer_leader_wrote)) {
+                spdlog::warn("cell {}: a newer leader has written to the store; this brain stops leading", o_.cell);
+                break;
+            }
             for (size_t i = 0; i < decisions.size(); ++i) {
                 const Place & p = decisions[i];
                 const store::Status & st = results[i];
@@ -275,6 +286,7 @@ class CellProcess {
     std::unique_ptr<JetStream> js_;
     std::unique_ptr<Consumer> place_, events_;
     uint64_t placed_ = 0;
+    store::Batch::Leadership leader_;       // while it leads
     std::map<std::string, int> by_tenant_;  // open sessions per tenant, at the last reconcile
 };
 

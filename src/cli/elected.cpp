@@ -38,6 +38,10 @@ std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Bat
     return out;
 }
 
+bool newer_leader_wrote(const store::Status & s) {
+    return s.fenced && s.error.rfind("a newer leader of ", 0) == 0;
+}
+
 Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set)
     : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), stop_set_(stop_set) {}
 
@@ -110,6 +114,23 @@ std::string Elected::campaign(const std::string & election, const std::string & 
     }
     t.join();
     return e;
+}
+
+bool Elected::claim_store(store::Store & st, const std::string & election, const cluster::EtcdLeader & me) {
+    int pause_ms = 250;
+    for (;;) {
+        store::Batch b;
+        b.probe = true;  // a part for every shard
+        b.leader = {election, me.rev};
+        const store::Status s = commit_each(st, {std::move(b)}).at(0);
+        if (s.ok) return true;
+        if (s.fenced)
+            spdlog::error("{}: cannot lead: {}", what_, s.error);
+        else
+            spdlog::warn("{}: the store does not take this leader's mark yet: {}; retrying", what_, s.error);
+        if (wait_signal(cluster::jittered_ms(pause_ms)) || !still_leader(me, election)) return false;
+        pause_ms = std::min(pause_ms * 2, 5000);
+    }
 }
 
 bool Elected::still_leader(const cluster::EtcdLeader & me, const std::string & election) {

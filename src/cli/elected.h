@@ -41,6 +41,11 @@ class Elected {
     bool still_leader(const cluster::EtcdLeader & me, const std::string & election);
     //! The lease held now (0 while there is none): keys put under it go when this process does.
     int64_t lease() const { return lease_.load(); }
+    //! A new leader's first write: its mark (election, etcd revision) on every shard of `st`, so
+    //! that the brain it follows, if it still runs unaware, is refused from then on. Retries while
+    //! the store is away or refuses (a mark above this revision: etcd's data was wiped), as long
+    //! as this process leads; false on a stop or once it no longer leads.
+    bool claim_store(store::Store & st, const std::string & election, const cluster::EtcdLeader & me);
 
   private:
     static constexpr int kCampaignMs = 60000;
@@ -70,5 +75,7 @@ extern const std::vector<std::string> kEndedStates;
 //! Commits each batch on its own (each keeps its own epoch check) but hands them to the store
 //! together, so it groups them into one transaction; returns each one's status, in order.
 std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Batch> batches);
+//! Whether a write was refused because a newer leader wrote (the brain should stop leading).
+bool newer_leader_wrote(const store::Status & s);
 
 }  // namespace armada::cli

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -128,9 +129,16 @@ class GlobalProcess {
     void carry_out(GlobalBrain & brain, const std::vector<Rehome> & decisions) {
         if (decisions.empty()) return;
         std::vector<store::Batch> batches(decisions.size());
-        for (size_t i = 0; i < decisions.size(); ++i)
+        for (size_t i = 0; i < decisions.size(); ++i) {
             batches[i].assign.push_back({decisions[i].session, "", decisions[i].epoch, decisions[i].to});
+            batches[i].leader = leader_;
+        }
         const auto results = commit_each(*store_, std::move(batches));
+        if (std::any_of(results.begin(), results.end(), newer_leader_wrote)) {
+            spdlog::warn("global: a newer leader has written to the store; this brain stops leading");
+            deposed_ = true;
+            return;
+        }
         std::map<std::pair<std::string, std::string>, int> moved;
         for (size_t i = 0; i < decisions.size(); ++i) {
             const Rehome & d = decisions[i];
@@ -150,6 +158,9 @@ class GlobalProcess {
     }
 
     void lead(const EtcdLeader & me) {
+        leader_ = {global_election(cfg_), me.rev};
+        deposed_ = false;
+        if (!elected_.claim_store(*store_, leader_.election, me)) return;
         std::vector<CellSpec> specs;
         for (const auto & c : cfg_.cells)
             specs.push_back({c.name, c.domain, c.water});
@@ -231,6 +242,7 @@ class GlobalProcess {
                 it = was_lost.erase(it);
             }
             carry_out(brain, brain.decide(t));
+            if (deposed_) break;
             // The split every --shares-ms; and at once when a cell reaches its water level or
             // falls back under it, so that a burst of new sessions does not overshoot it by what
             // comes in one period. Written without a lease: gateways keep the last split while no
@@ -265,6 +277,8 @@ class GlobalProcess {
     std::unique_ptr<store::Store> store_;
     std::unique_ptr<JetStream> js_;
     std::unique_ptr<Subscription> reports_;
+    store::Batch::Leadership leader_;              // while it leads
+    bool deposed_ = false;                         // a newer leader wrote: it stops leading
     std::map<std::string, int64_t> last_pushed_;   // cell → when its last NATS report came
     std::map<std::string, int64_t> last_written_;  // cell → when its etcd report last changed
     std::map<std::string, int64_t> report_rev_;    // cell → its etcd report's last mod_revision
