@@ -233,6 +233,10 @@ void PoolSet::check_loop() {
         }
         const bool healthy = due->state == Upstream::State::up && copy.cfg.up_health_ms > 0;
         due->next_check_ms = now_ms() + (healthy ? copy.cfg.up_health_ms : copy.cfg.health_ms);
+        // An open breaker is probed again when its open time ends (half-open), not a health
+        // period later: with a long health_ms an upstream that was still restarting at its
+        // first probe would otherwise stay out for that long.
+        if (due->state == Upstream::State::open) due->next_check_ms = due->open_until_ms;
         cv_.notify_all();  // wait_warm
     }
 }

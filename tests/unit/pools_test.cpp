@@ -241,6 +241,30 @@ TEST(Pools, FailuresInARowOpenTheBreakerAndAProbeClosesIt) {
     s->stop();
 }
 
+TEST(Pools, AnOpenBreakerWhoseProbeFailsIsProbedAgainAfterItsOpenTimeNotTheHealthPeriod) {
+    FakeUpstreams f;
+    auto cfg = pool_of(1, 8);
+    cfg.health_ms = 60000;  // the breaker, not the health check, notices trouble
+    auto s = started(cfg, f);
+    ASSERT_TRUE(s);
+    gateway::PoolSet::Unavailable why;
+    f.health = 503;  // killed, then restarting (llama-server says 503 while it loads)
+    for (int i = 0; i < 2; ++i) {
+        auto a = s->acquire("gpu", {}, false, why);
+        ASSERT_TRUE(a);
+        s->release(*a, gateway::PoolOutcome::failed, 0);
+    }
+    ASSERT_EQ(s->status()["gpu"]["upstreams"][0]["state"], "open");
+    // The probe at the end of the open time fails: still open.
+    const int before = f.probes.load();
+    ASSERT_TRUE(eventually([&] { return f.probes.load() > before; }));
+    EXPECT_EQ(s->status()["gpu"]["upstreams"][0]["state"], "open");
+    // Back: the next probe, one open time later, closes it (not a health period later).
+    f.health = 200;
+    EXPECT_TRUE(eventually([&] { return s->status()["gpu"]["upstreams"][0]["state"] == "up"; }));
+    s->stop();
+}
+
 TEST(Pools, ARemovedUpstreamDrainsAndANewOneWarmsFirst) {
     FakeUpstreams f;
     auto s = started(pool_of(1, 8), f);
