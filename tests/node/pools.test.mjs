@@ -1,12 +1,13 @@
 // GPU pools through the gateway, with real upstreams: a llama-server built from the project's
 // llama.cpp (pool `gpu`) and a second `armada serve` behind an API key (pool `long`), both on the
-// CPU here. The cluster (`armada cluster up`: PostgreSQL, etcd, NATS, Redis, one node) holds 512
+// CPU here. The cluster (`armada cluster up`: PostgreSQL, etcd, NATS, Redis, two nodes) holds 512
 // tokens a sequence, so long prompts only fit the pools. The gateway counts prompt tokens with
-// the tiny model's own tokenizer.
+// the tiny model's own tokenizer; the nodes route their agents' steps by the same rules.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
 import path from 'node:path';
 import { startServer, tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
@@ -14,6 +15,7 @@ import { clusterUp, sanitizerReports, sleep, startLlamaServer, waitFor } from '.
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
+const TTL_S = timing ? 3 : 8;
 const POOL_KEY = 'sk-pool-upstream-key';
 const ADMIN = 'sk-gateway-admin';
 const LLAMA_SERVER = process.env.LLAMA_SERVER;
@@ -22,6 +24,7 @@ let up;
 let gw;
 let llama;  // { proc, port, log }
 let longPool;
+let tools;
 const LLAMA_ARGS = ['-c', '8192', '-np', '2', '-t', '1'];
 
 // Prompt tokens llama-server has processed, from its own metrics.
@@ -57,10 +60,54 @@ const pools = () => fetch(`${gw}/admin/pools`, { headers: { Authorization: `Bear
 // A user message of `n` copies of `word`.
 const say = (word, n) => [{ role: 'user', content: Array(n).fill(word).join(' ') }];
 
+// The agents' tool: the first call of each session returns a document of 800 words (a prompt
+// over 400 tokens, for the pool; too long for a node's 512), the next a short note. `onFirst`
+// (when set) runs before the document is sent.
+function startTools() {
+  const t = { calls: new Map(), onFirst: null };
+  const doc = Array.from({ length: 800 }, (_, i) => ['the', 'river', 'stone', 'light'][i % 4]).join(' ');
+  t.server = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', async () => {
+      const session = (req.headers['idempotency-key'] ?? '').split(':')[0];
+      const n = (t.calls.get(session) ?? 0) + 1;
+      t.calls.set(session, n);
+      if (n === 1 && t.onFirst) await t.onFirst();
+      res.writeHead(200, { 'Content-Type': 'text/plain' });
+      res.end(n === 1 ? doc : 'noted');
+    });
+  });
+  return new Promise((resolve) => t.server.listen(0, '127.0.0.1', () => {
+    t.url = `http://127.0.0.1:${t.server.address().port}`;
+    resolve(t);
+  }));
+}
+
 before(async () => {
   assert.ok(LLAMA_SERVER && fs.existsSync(LLAMA_SERVER), `llama-server is built (LLAMA_SERVER=${LLAMA_SERVER})`);
   dir = tempDir('armada-pools-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
+  tools = await startTools();
+  fs.writeFileSync(path.join(dir, 'agents.yaml'), `agents:
+  - id: reader
+    instructions: Read what the tool returns, then answer.
+    min_tool_steps: 2
+    answer_without_tools: true
+    parallel_tool_calls: false
+    sampling: { temperature: 0.7, seed: 11 }
+    limits: { max_steps: 4, max_tokens_per_step: 48, tool_timeout_ms: ${30000 * SLOW} }
+    tools:
+      - name: read
+        description: Read a part of the document
+        url: ${tools.url}/read
+        timeout_ms: ${30000 * SLOW}
+        parameters:
+          type: object
+          properties:
+            part: { type: string, enum: [intro, body, end] }
+          required: [part]
+          additionalProperties: false
+`);
   llama = await startLlamaServer(tinyModel, LLAMA_ARGS);
   longPool = await startServer(['-c', '16384', '-np', '2', '-t', '1'], { env: { ARMADA_API_KEY: POOL_KEY } });
   fs.writeFileSync(path.join(dir, 'pools.yaml'), `
@@ -74,7 +121,7 @@ pools:
     upstreams:
       - {url: 'http://127.0.0.1:${llama.port}', model: tiny, max_in_flight: 4}
   - name: long
-    context: 4096
+    context: 2048
     upstreams:
       - {url: '${longPool.base}', model: armada-tiny-q8_0, api_key_env: POOL_KEY, max_in_flight: 4}
 routes:
@@ -84,15 +131,15 @@ routes:
   - {when: {max_tokens_over: 500}, to: gpu}
   - {when: {latency: realtime}, to: gpu}
 `);
-  up = await clusterUp(['--cells', '1', '--nodes', '1', '--brains', '1', '-m', tinyModel, '--data-dir', path.join(dir, 'c'), '--port', '0', '--api-key', ADMIN,
-    '--pools', path.join(dir, 'pools.yaml'),
-    '--node-arg=-np', '--node-arg=2', '--node-arg=-c', '--node-arg=1024', '--node-arg=-t', '--node-arg=1'],
+  up = await clusterUp(['--cells', '1', '--nodes', '2', '--brains', '1', '-m', tinyModel, '--data-dir', path.join(dir, 'c'), '--port', '0', '--api-key', ADMIN,
+    '--pools', path.join(dir, 'pools.yaml'), '--agents', path.join(dir, 'agents.yaml'), '--lease-ttl', String(TTL_S),
+    '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=2', '--node-arg=-c', '--node-arg=1024', '--node-arg=-t', '--node-arg=1'],
   { env: { ...process.env, POOL_KEY }, timeoutMs: 120000 * SLOW });
   gw = up.gw;
   dir = path.join(dir, 'c');
-  await waitFor('a node, and both pools warmed', async () => {
+  await waitFor('two nodes, and both pools warmed', async () => {
     const r = await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null);
-    return r?.nodes >= 1 && r.pools?.gpu?.up === 1 && r.pools?.long?.up === 1;
+    return r?.nodes >= 2 && r.pools?.gpu?.up === 1 && r.pools?.long?.up === 1;
   }, 120000);
   // /readyz needs no key: it counts upstreams and never shows where they are.
   const ready = await fetch(gw + '/readyz').then((x) => x.text());
@@ -103,6 +150,7 @@ after(async () => {
   await up?.stop();
   if (llama?.proc.exitCode === null) { llama.proc.kill('SIGCONT'); llama.proc.kill('SIGKILL'); }
   await longPool?.stop();
+  tools?.server.close();
   if (dir) assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
 
@@ -168,11 +216,72 @@ test('a prompt too long for every target gets 413; one too long for the CPU goes
   assert.equal(r.status, 200, await r.text());
   assert.equal(r.headers.get('x-armada-route'), 'gpu');
   assert.equal(r.headers.get('x-armada-route-rule'), 'context');
+  // The rule names the long pool (2,048), which cannot hold 3,000 tokens, nor can the CPU: the
+  // gpu pool (4,096) can.
+  r = await chat({ model: 'long-model', messages: say('ox', 3000) });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+  assert.equal(r.headers.get('x-armada-route-rule'), 'context');
   r = await chat({ messages: say('ox', 5000) });
   const body = await r.json();
   assert.equal(r.status, 413, JSON.stringify(body));
   assert.equal(body.error.code, 'context_length_exceeded');
   assert.match(body.error.message, /4096.*512/);
+});
+
+test('a node killed while its agent step is on the pool: another node sends the step again and the session completes', { timeout: 180000 * SLOW }, async () => {
+  const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
+  const nodeOf = (name) => status().processes.find((p) => p.role === 'node' && p.name === name);
+  const poolSteps = (node) => metric(node.url, 'armada_session_pool_steps_total', 'pool="gpu"');
+  const sessionNow = async (id) => fetch(`${gw}/v1/sessions/${id}`, { headers: { Authorization: `Bearer ${ADMIN}` } })
+    .then((r) => r.json());
+  // The pool holds the step (SIGSTOP) until the node that sent it is dead.
+  tools.onFirst = async () => { llama.proc.kill('SIGSTOP'); };
+  let victim;
+  let id;
+  try {
+    const r = await fetch(`${gw}/v1/agents/reader/sessions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` },
+      body: JSON.stringify({ input: 'Read the document, then answer.' }),
+    });
+    const created = await r.json();
+    assert.equal(r.status, 201, JSON.stringify(created));
+    id = created.id;
+    victim = nodeOf((await waitFor('the session placed', async () => (await sessionNow(id)).placement?.node)));
+    // The node's own pool metrics: the step is in flight on llama-server (which holds it).
+    await waitFor('the step in flight on the pool', async () =>
+      (await metric(victim.url, 'armada_node_pool_upstream_in_flight', 'pool="gpu"')) === 1, 60000);
+    assert.equal(await poolSteps(victim), 1);
+    const exited = new Promise((res) => {
+      const t = setInterval(() => { try { process.kill(victim.pid, 0); } catch { clearInterval(t); res(); } }, 50);
+    });
+    process.kill(victim.pid, 'SIGKILL');
+    await exited;
+  } finally {
+    tools.onFirst = null;
+    llama.proc.kill('SIGCONT');
+  }
+  const s = await waitFor('the session ended', async () => {
+    const x = await sessionNow(id);
+    return ['completed', 'failed', 'cancelled'].includes(x.state) ? x : null;
+  }, 120000);
+  assert.equal(s.state, 'completed', s.reason);
+  assert.notEqual(s.placement.node, victim.name, 'another node finished it');
+  const out = s.steps.filter((x) => x.kind === 'model_output').map((x) => x.data);
+  assert.equal(out.length, 3, JSON.stringify(out));
+  assert.equal(out[0].ran_on, 'cpu');
+  // The step the dead node had sent was sent again by the new node, to the pool (it does not
+  // fit a node's 512 tokens), and its tool call is schema-valid.
+  assert.ok(out[1].prompt_tokens > 512, `${out[1].prompt_tokens}`);
+  assert.equal(out[1].ran_on, 'gpu', JSON.stringify(out[1]));
+  assert.equal(out[1].tool_calls.length, 1);
+  assert.ok(['intro', 'body', 'end'].includes(JSON.parse(out[1].tool_calls[0].arguments).part), out[1].tool_calls[0].arguments);
+  assert.ok(await poolSteps(nodeOf(s.placement.node)) >= 1);
+  // The tool call made before the kill was not made again.
+  assert.equal(tools.calls.get(id), 2);
+  // The victim comes back after its back-off; the next tests want two nodes again.
+  await waitFor('the killed node back', async () =>
+    (await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null))?.nodes >= 2, 60000);
 });
 
 test('a hung pool opens its breaker, requests fall back to the CPU with a header, and the breaker closes when it is back', { timeout: 180000 * SLOW }, async () => {
@@ -229,6 +338,45 @@ test('a pool that is down sends its requests to the CPU with the header, and tak
   const r = await chat({ messages: say('hello', 3), max_tokens: 501 });
   assert.equal(r.status, 200, await r.text());
   assert.equal(r.headers.get('x-armada-route'), 'gpu');
+});
+
+test('a full pool: a request that fits the CPU falls back with the header; one that fits only the pool gets 503 with Retry-After', { timeout: 120000 * SLOW }, async () => {
+  const full = () => metric(gw, 'armada_gateway_route_fallbacks_total', 'pool="long",reason="full"');
+  const f0 = await full();
+  // Four long streams fill the long pool (max_in_flight 4).
+  const streams = [];
+  const pending = [];
+  try {
+    for (let i = 0; i < 4; i++) {
+      const ac = new AbortController();
+      streams.push(ac);
+      pending.push(fetch(`${gw}/v1/chat/completions`, {
+        method: 'POST', signal: ac.signal,
+        headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` },
+        body: JSON.stringify({ model: 'long-model', messages: say('hello', 3), max_tokens: 8000, stream: true, temperature: 1 }),
+      }).catch(() => null));  // left unread: each holds its place on the pool until aborted
+    }
+    await waitFor('the long pool full', async () =>
+      (await metric(gw, 'armada_gateway_pool_upstream_in_flight', 'pool="long"')) === 4, 30000);
+    let r = await chat({ model: 'long-model', messages: say('hello', 3) });
+    assert.equal(r.status, 200, await r.text());
+    assert.equal(r.headers.get('x-armada-route'), 'cpu; degraded=long-unavailable');
+    assert.equal(await full(), f0 + 1);
+    // 600 tokens: over the CPU's 512, under the long pool's 2,048.
+    r = await chat({ model: 'long-model', messages: say('ox', 600) });
+    const body = await r.json();
+    assert.equal(r.status, 503, JSON.stringify(body));
+    assert.ok(Number(r.headers.get('retry-after')) > 0);
+    assert.match(body.error.message, /pool long is full/);
+  } finally {
+    for (const ac of streams) ac.abort();
+    await Promise.all(pending);
+  }
+  await waitFor('the long pool free again', async () =>
+    (await metric(gw, 'armada_gateway_pool_upstream_in_flight', 'pool="long"')) === 0, 30000);
+  const r = await chat({ model: 'long-model', messages: say('hello', 3) });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'long');
 });
 
 test('a client that goes away cancels its request on the pool', { timeout: 60000 * SLOW }, async () => {
