@@ -152,6 +152,34 @@ async function sseUntil(url, headers, stop) {
   return events;
 }
 
+test('a quiet event stream sends a keep-alive comment every 5 s, so proxies and clients see it live', async () => {
+  // No input: the session waits for a message, and its stream has nothing to say.
+  const r = await rawPost(srv.base, '/v1/agents/worker/sessions', {});
+  assert.equal(r.status, createdStatus, r.text);
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), 15000);
+  let raw = '';
+  let keptAt = 0;
+  const t0 = Date.now();
+  try {
+    const res = await fetch(`${srv.base}/v1/sessions/${r.json.id}/events`, { signal: ctl.signal });
+    assert.equal(res.status, 200);
+    const reader = res.body.getReader();
+    const dec = new TextDecoder();
+    while (!keptAt) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      raw += dec.decode(value, { stream: true });
+      if (raw.includes('\n: keep-alive\n\n') || raw.startsWith(': keep-alive\n\n')) keptAt = Date.now();
+    }
+  } catch { /* aborted: judged below */ } finally {
+    clearTimeout(timer);
+    ctl.abort();
+  }
+  assert.ok(keptAt, `a keep-alive within 15 s; the stream said: ${JSON.stringify(raw)}`);
+  assert.ok(keptAt - t0 >= 4000, `not before the 5 s period: ${keptAt - t0} ms`);
+});
+
 test('a later user message continues the same session', async () => {
   const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'first' });
   const id = r.json.id;
