@@ -282,6 +282,48 @@ test('tokens per minute: a request is charged what it may use when admitted', as
   assert.ok(Number(b.retryAfter) >= 1);
 });
 
+// Starts a streamed completion and reads its first events; `leave()` then hangs up.
+async function openStream(gw, key, body) {
+  const ac = new AbortController();
+  const r = await fetch(`${gw}/v1/chat/completions`, {
+    method: 'POST', signal: ac.signal,
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
+    body: JSON.stringify({ ...body, stream: true }),
+  });
+  if (r.status !== 200) return { status: r.status, text: await r.text(), leave: () => {} };
+  const reader = r.body.getReader();
+  let seen = '';
+  while ((seen.match(/\ndata: /g) ?? []).length < 3) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    seen += '\n' + new TextDecoder().decode(value);
+  }
+  return { status: 200, leave: () => ac.abort() };
+}
+
+test('tokens per minute: a stream the client leaves early is settled with what it used, and its room comes back', async () => {
+  const key = await newTenant('settle', { tokens_per_minute: 1000 });
+  await waitKnown(key);
+  const body = { model: 'tiny', max_tokens: 900, temperature: 0, messages: [{ role: 'user', content: 'write' }] };
+  const first = await openStream(gws[0], key, body);
+  assert.equal(first.status, 200, first.text);
+  // While it runs it holds the 900 it may use: another is refused.
+  const held = await call(gws[1], 'POST', '/v1/chat/completions', key, body);
+  assert.equal(held.status, 429, held.text);
+  first.leave();
+  // Settled with the few tokens it used: 900 more fit in the minute again (without the
+  // settlement they would not for 60 s).
+  let again;
+  const t0 = Date.now();
+  while (Date.now() - t0 < 10000) {
+    again = await openStream(gws[1], key, body);
+    if (again.status === 200) break;
+    await sleep(250);
+  }
+  again.leave();
+  assert.equal(again.status, 200, `refused ${Date.now() - t0} ms after the first stream ended: ${again.text}`);
+});
+
 test('tokens per minute: the model steps of a tenant\'s sessions count, on every gateway', async () => {
   const key = await newTenant('steps', { tokens_per_minute: 400 });
   await waitKnown(key);
