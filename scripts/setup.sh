@@ -94,6 +94,23 @@ build_llama() {
   log "llama.cpp installed into $llama_dir"
 }
 
+# promtool (Debian's prometheus package) lints every process's /metrics in the tests. Only the
+# tool is taken from the package: installing it would also start a Prometheus server.
+fetch_promtool() {
+  local dest="$cache/promtool/promtool"
+  if [ -x "$dest" ] || command -v promtool >/dev/null; then
+    log "promtool present"
+    return
+  fi
+  log "fetching promtool from Debian's prometheus package"
+  local tmp
+  tmp=$(mktemp -d)
+  (cd "$tmp" && { apt-get download -qq prometheus 2>/dev/null || { apt-get update -qq && apt-get download -qq prometheus; }; })
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
+  install -D -m 0755 "$tmp/x/usr/bin/promtool" "$dest"
+  rm -rf "$tmp"
+}
+
 install_npm_peers() {
   local dir="$here/tests/node"
   if [ -d "$dir/node_modules/openai" ] && [ -d "$dir/node_modules/@modelcontextprotocol/server-everything" ]; then
@@ -105,6 +122,7 @@ install_npm_peers() {
 }
 
 install_debs
+fetch_promtool
 fetch_llama
 build_llama
 [ -f "$here/tests/node/package.json" ] && install_npm_peers

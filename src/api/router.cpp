@@ -185,7 +185,7 @@ std::string Router::render_registry() {
         sync("armada_kv_journal_bytes_total", "Bytes written to session KV journals", js.bytes_written);
         sync("armada_kv_journal_skipped_total", "Steps not journaled because the writer was behind", js.skipped);
         sync("armada_kv_journal_failures_total", "Journal writes that failed", js.failed);
-        metrics_.gauge("armada_kv_journal_save_seconds_total", "Engine-thread time spent saving state for journals")
+        metrics_.gauge("armada_kv_journal_save_seconds", "Engine-thread time spent saving state for journals")
             .set(double(journal_ns) / 1e9);
     }
     return metrics_.render();

@@ -253,7 +253,7 @@ std::string Engine::start() {
     }
     if (cache_ && cache_->entries() > 0) spdlog::info("kv: {} prompt-cache entries found on disk", cache_->entries());
     if (metrics_) {
-        metrics_->gauge("armada_kv_bytes_total", "KV cache capacity in bytes")
+        metrics_->gauge("armada_kv_bytes_capacity", "KV cache capacity in bytes")
             .set(double(kv_bytes_per_cell_) * double(llama_n_ctx(ctx_)));
     }
     thread_ = std::thread([this] { loop(); });

@@ -429,8 +429,8 @@ TEST(KvSize, BytesPerTokenAgreeWithTheSavedStateWithinFivePercent) {
             << ggml_type_name(k) << "/" << ggml_type_name(v) << ": reported " << reported << " bytes per token, "
             << "the saved state holds " << measured;
         // The capacity the node reports is that size times the context's cells.
-        const double total = metrics.gauge("armada_kv_bytes_total", "").value();
-        EXPECT_NEAR(total / (measured * c.n_ctx), 1.0, 0.05) << "armada_kv_bytes_total " << total;
+        const double total = metrics.gauge("armada_kv_bytes_capacity", "").value();
+        EXPECT_NEAR(total / (measured * c.n_ctx), 1.0, 0.05) << "armada_kv_bytes_capacity " << total;
         if (k == GGML_TYPE_F16 && v == GGML_TYPE_F16) f16 = e.kv_bytes_per_cell();
         if (k == GGML_TYPE_Q8_0 && v == GGML_TYPE_Q8_0) EXPECT_LT(e.kv_bytes_per_cell(), f16 * 6 / 10);
     }

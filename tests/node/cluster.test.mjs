@@ -15,7 +15,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, chatTurn, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
+import { alive, assertLintedMetrics, chatTurn, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -256,12 +256,14 @@ test('each node reports its load in etcd under its lease', { timeout: 60000 * SL
   const metric = (text, name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))?.[1] ?? NaN);
   for (const p of status().processes.filter((x) => x.role === 'node')) {
     const text = await fetch(`${p.url}/metrics`).then((x) => x.text());
+    assertLintedMetrics(text, p.name);
     assert.equal(metric(text, 'armada_store_pool_connections'), 8, p.name);
     assert.equal(metric(text, 'armada_redis_pool_connections'), 2, p.name);
     for (const m of ['armada_store_pool_waits_total', 'armada_redis_pool_waits_total', 'armada_redis_pool_wait_seconds'])
       assert.ok(metric(text, m) >= 0, `${p.name} ${m}`);
   }
   const gwText = await fetch(`${gw}/metrics`).then((x) => x.text());
+  assertLintedMetrics(gwText, 'the gateway');
   assert.equal(metric(gwText, 'armada_store_pool_connections'), 8);
   assert.equal(metric(gwText, 'armada_redis_pool_connections'), 8);
   assert.ok(metric(gwText, 'armada_redis_pool_waits_total') >= 0, 'the gateway counts its Redis waits');

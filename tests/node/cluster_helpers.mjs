@@ -1,8 +1,22 @@
 // Helpers shared by the tests that start a cluster with `armada cluster up`.
 import fs from 'node:fs';
 import net from 'node:net';
-import { spawn } from 'node:child_process';
+import os from 'node:os';
+import path from 'node:path';
+import { spawn, spawnSync } from 'node:child_process';
 import assert from 'node:assert/strict';
+
+// promtool, as scripts/setup.sh fetches it (or one on the PATH).
+const cachedPromtool = path.join(process.env.ARMADA_CACHE ?? path.join(os.homedir(), '.cache', 'armada'), 'promtool', 'promtool');
+const promtool = process.env.PROMTOOL ?? (fs.existsSync(cachedPromtool) ? cachedPromtool : 'promtool');
+
+//! Asserts that a /metrics text passes `promtool check metrics` (Prometheus' own lint: types,
+//! names, help, suffixes), with its report in the message. `what` names the process.
+export function assertLintedMetrics(text, what) {
+  const r = spawnSync(promtool, ['check', 'metrics'], { input: text, encoding: 'utf8' });
+  assert.ok(!r.error, `promtool (${promtool}): ${r.error?.message}; scripts/setup.sh fetches it`);
+  assert.equal(r.status, 0, `${what}: promtool check metrics says:\n${(r.stdout + r.stderr).trim()}`);
+}
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 

@@ -6,6 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { startServer, rawPost } from './harness.mjs';
+import { assertLintedMetrics } from './cluster_helpers.mjs';
 
 // Behind a gateway, /metrics is the gateway's own: the node's engine gauges are read from the
 // node itself (`metricsBase`), while the requests go through the gateway.
@@ -444,8 +445,15 @@ test('/metrics exposes the armada_ families', async () => {
     'armada_prompt_tokens_total', 'armada_generated_tokens_total',
     'armada_time_to_first_token_seconds_bucket', 'armada_inter_token_seconds_bucket',
     'armada_batch_tokens_bucket', 'armada_sequences_active', 'armada_sequences_queued',
-    'armada_kv_bytes_used', 'armada_kv_bytes_total',
+    'armada_kv_bytes_used', 'armada_kv_bytes_capacity',
   ]) assert.ok(t.includes(name), `missing ${name}`);
+  assertLintedMetrics(t, srv.metricsBase);
+  if (srv.metricsBase !== srv.base) {
+    // Through a gateway: its own families pass the same lint.
+    const g = await fetch(srv.base + '/metrics');
+    assert.equal(g.status, 200);
+    assertLintedMetrics(await g.text(), `the gateway ${srv.base}`);
+  }
   for (const line of t.split('\n')) {
     if (!line || line.startsWith('#')) continue;
     const name = line.split(/[{ ]/)[0];

@@ -11,7 +11,7 @@ import http from 'node:http';
 import path from 'node:path';
 import { startServer, tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
-import { clusterUp, sanitizerReports, sleep, startLlamaServer, waitFor } from './cluster_helpers.mjs';
+import { assertLintedMetrics, clusterUp, sanitizerReports, sleep, startLlamaServer, waitFor } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
@@ -207,6 +207,13 @@ test('each rule routes: prompt tokens as the tokenizer counts them, max_tokens, 
   assert.ok(await metric(gw, 'armada_gateway_routed_total', 'route="long",rule="model=long-model"') >= 1);
   assert.equal(await metric(gw, 'armada_gateway_pool_upstream_up', 'pool="gpu"'), 1);
   assert.ok(await metric(gw, 'armada_gateway_pool_upstream_seconds_count', 'pool="gpu"') >= 3);
+  // The gateway's and the nodes' families, pools and routes included, pass Prometheus' lint.
+  const auth = { headers: { Authorization: `Bearer ${ADMIN}` } };
+  assertLintedMetrics(await fetch(`${gw}/metrics`, auth).then((x) => x.text()), 'the gateway');
+  const nodes = JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8')).processes.filter((x) => x.role === 'node');
+  assert.equal(nodes.length, 2);
+  for (const p of nodes)
+    assertLintedMetrics(await fetch(`${p.url}/metrics`, auth).then((x) => x.text()), p.name);
 });
 
 test('a prompt too long for every target gets 413; one too long for the CPU goes to a pool that holds it', { timeout: 60000 * SLOW }, async () => {
