@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <deque>
 #include <limits>
 #include <optional>
@@ -1762,12 +1761,13 @@ void SessionManager::drop_moved(const std::set<std::string> & assigned) {
         }
     }
     for (const auto & [id, epoch] : unlisted) {
-        auto r = store_.session(id);
+        const auto r = store_.session(id);
         if (!r) {
-            // Deleted, or the store cannot be read now: a probe write tells which. While it is
-            // away the rest wait for the next round (not one failing read after another).
-            if (!store_answers()) break;
-            r = store_.session(id);
+            // Deleted, or the store cannot be read now: one more read tells which. While it
+            // cannot be read the rest wait for the next round (not one failing read after another).
+            const auto exists = store_.has_session(id);
+            if (!exists) break;
+            if (*exists) continue;  // read again next round
         }
         // Still this node's, at its epoch or the next; or placed back here at a newer one, which
         // adopt_assigned takes up from the store in its next round.
@@ -1780,22 +1780,6 @@ void SessionManager::drop_moved(const std::set<std::string> & assigned) {
                                           " at epoch " + std::to_string(r->epoch) + ", this node ran it at epoch " +
                                           std::to_string(epoch));
     }
-}
-
-bool SessionManager::store_answers() {
-    store::Batch probe;
-    probe.probe = true;
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<bool> ok;
-    store_.commit(std::move(probe), [&](store::Status s) {
-        std::lock_guard lk(mu);
-        ok = s.ok;
-        cv.notify_all();
-    });
-    std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return ok.has_value(); });
-    return *ok;
 }
 
 void SessionManager::resume_loaded(Session & s) {

@@ -253,9 +253,6 @@ class SessionManager {
     //! write, never be fenced, and stay counted in this node's load. `assigned`: the open
     //! sessions the store lists for this node.
     void drop_moved(const std::set<std::string> & assigned);
-    //! Whether a write (a probe) goes through now; blocks until the store says. Not on a thread
-    //! the store's answer is posted to.
-    bool store_answers();
     //! True when session `id` is in memory; it then writes under `epoch` if that is newer. mu_ held.
     bool running_here(const std::string & id, int64_t epoch);
     //! Continues a session loaded from the store (after a restart, or assigned by the brain).

@@ -624,6 +624,14 @@ std::optional<SessionRecord> PostgresStore::session(const std::string & id) {
     return read_session(r, 0);
 }
 
+std::optional<bool> PostgresStore::has_session(const std::string & id) {
+    auto l = acquire(*shards_[shard_of(id)]);
+    if (!l) return std::nullopt;
+    Res r = l.query("SELECT 1 FROM sessions WHERE id=$1", {id});
+    if (!r.ok()) return std::nullopt;
+    return r.rows() > 0;
+}
+
 std::optional<ResponseRecord> PostgresStore::response(const std::string & id) {
     auto l = acquire(*shards_[shard_of(id)]);
     if (!l) return std::nullopt;

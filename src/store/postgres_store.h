@@ -63,6 +63,7 @@ class PostgresStore : public Store {
 
     void commit(Batch batch, std::function<void(Status)> done) override;
     std::optional<SessionRecord> session(const std::string & id) override;
+    std::optional<bool> has_session(const std::string & id) override;
     std::optional<ResponseRecord> response(const std::string & id) override;
     std::vector<StepRecord> steps(const std::string & id) override;
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) override;

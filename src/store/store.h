@@ -132,6 +132,9 @@ class Store {
     Status commit_sync(Batch batch);
 
     virtual std::optional<SessionRecord> session(const std::string & id) = 0;
+    //! Whether session `id`'s row exists; nullopt when the store could not be read (`session`
+    //! says nothing in both cases). A store whose reads cannot fail need not override it.
+    virtual std::optional<bool> has_session(const std::string & id) { return session(id).has_value(); }
     virtual std::optional<ResponseRecord> response(const std::string & id) = 0;
     virtual std::vector<StepRecord> steps(const std::string & id) = 0;
     //! Sessions whose state is not one of `ended_states`, oldest first.
@@ -173,6 +176,7 @@ class ForwardingStore : public Store {
         inner_.commit(std::move(batch), std::move(done));
     }
     std::optional<SessionRecord> session(const std::string & id) override { return inner_.session(id); }
+    std::optional<bool> has_session(const std::string & id) override { return inner_.has_session(id); }
     std::optional<ResponseRecord> response(const std::string & id) override { return inner_.response(id); }
     std::vector<StepRecord> steps(const std::string & id) override { return inner_.steps(id); }
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended) override {

@@ -293,12 +293,14 @@ async function openStream(gw, key, body) {
   if (r.status !== 200) return { status: r.status, text: await r.text(), leave: () => {} };
   const reader = r.body.getReader();
   let seen = '';
+  let ended = false;
   while ((seen.match(/\ndata: /g) ?? []).length < 3) {
     const { value, done } = await reader.read();
-    if (done) break;
+    if (done) { ended = true; break; }
     seen += '\n' + new TextDecoder().decode(value);
   }
-  return { status: 200, leave: () => ac.abort() };
+  ended = ended || seen.includes('[DONE]');
+  return { status: 200, ended, leave: () => ac.abort() };
 }
 
 test('tokens per minute: a stream the client leaves early is settled with what it used, and its room comes back', async () => {
@@ -307,6 +309,7 @@ test('tokens per minute: a stream the client leaves early is settled with what i
   const body = { model: 'tiny', max_tokens: 900, temperature: 0, messages: [{ role: 'user', content: 'write' }] };
   const first = await openStream(gws[0], key, body);
   assert.equal(first.status, 200, first.text);
+  assert.ok(!first.ended, 'the stream is still running when the client leaves');
   // While it runs it holds the 900 it may use: another is refused.
   const held = await call(gws[1], 'POST', '/v1/chat/completions', key, body);
   assert.equal(held.status, 429, held.text);

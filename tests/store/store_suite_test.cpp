@@ -648,12 +648,17 @@ TEST(PostgresStore, AServerRestartFailsWritesUntilItIsBackThenNothingIsLost) {
     EXPECT_FALSE(down.fenced);
     EXPECT_FALSE(store->writable().ok);
     EXPECT_FALSE(store->recover().ok);
+    // A read says nothing of the row then: not "missing" (a node would stop a live session).
+    EXPECT_FALSE(store->session("s1"));
+    EXPECT_FALSE(store->has_session("s1").has_value());
     ASSERT_EQ(g_pg->restart(), "");
     ASSERT_TRUE(store->recover().ok);
     EXPECT_TRUE(store->writable().ok);
     ASSERT_TRUE(store->commit_sync(fenced_step("s1", 2, "", 0)).ok);
     const auto steps = store->steps("s1");  // the read pool reconnects too
     ASSERT_EQ(steps.size(), 2u);
+    EXPECT_EQ(store->has_session("s1"), std::optional<bool>(true));
+    EXPECT_EQ(store->has_session("nope"), std::optional<bool>(false));
     EXPECT_GE(store->pool_stats()->reconnects, 1u);
 }
 
