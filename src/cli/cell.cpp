@@ -55,6 +55,10 @@ class CellProcess {
         if (!place_) return fail("NATS consumer: " + err);
         events_ = js_->consumer("ARMADA_EVENT", "cell-" + o_.cell + "-events", event_subject(o_.cell), 30000, 10, err);
         if (!events_) return fail("NATS consumer: " + err);
+        if (o_.metrics_port >= 0) {
+            if (auto e = elected_.serve_metrics(o_.metrics_host, o_.metrics_port); !e.empty())
+                return fail("metrics listener: " + e);
+        }
         printf("armada: cell brain %s of cell %s started\n", o_.name.c_str(), o_.cell.c_str());
         fflush(stdout);
         elected_.run(brain_election(cfg_, o_.cell), o_.name, [this](const EtcdLeader & me) {
@@ -151,6 +155,26 @@ class CellProcess {
         return commit_each(*store_, std::move(batches));
     }
 
+    //! Placements and moves written, refused, and how long deciding and writing them took.
+    void count_decisions(const std::vector<Place> & decisions, const std::vector<store::Status> & results,
+                         std::chrono::steady_clock::time_point since) {
+        if (decisions.empty()) return;
+        obs::Registry & m = elected_.metrics();
+        for (size_t i = 0; i < decisions.size(); ++i) {
+            if (results[i].ok)
+                m.counter("armada_brain_decisions_total", "Decisions written to the store, by kind",
+                          {{"kind", decisions[i].moved ? "move" : "place"}})
+                    .inc();
+            else
+                m.counter("armada_brain_decisions_refused_total",
+                          "Decisions the store refused (an epoch or leader fence) or could not write")
+                    .inc();
+        }
+        m.histogram("armada_brain_decision_seconds", "Time to decide one round of placements and write them",
+                    obs::latency_buckets())
+            .observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
+    }
+
     void lead(const EtcdLeader & me) {
         // Every write under this leadership: one from a brain that was deposed while it paused
         // is refused once this one has written.
@@ -191,6 +215,10 @@ class CellProcess {
             if ((watch_broken.load() && t >= retry_at) || t - last_reconcile >= o_.reconcile_ms) {
                 const int64_t rev = reconcile(brain);
                 last_reconcile = t;
+                elected_.metrics()
+                    .counter("armada_brain_reconciles_total", "Views rebuilt from etcd and PostgreSQL",
+                             {{"outcome", rev >= 0 ? "ok" : "failed"}})
+                    .inc();
                 if (rev >= 0) {
                     backoff_ms = 250;
                     if (watch_broken.load()) start_watch(rev + 1);
@@ -241,8 +269,10 @@ class CellProcess {
             } else {
                 take_events(brain);
             }
+            const auto decided_at = std::chrono::steady_clock::now();
             const auto decisions = brain.decide(brain_now_ms());
             const auto results = assign(decisions);
+            count_decisions(decisions, results, decided_at);
             if (std::any_of(results.begin(), results.end(), newer_leader_wrote)) {
                 spdlog::warn("cell {}: a newer leader has written to the store; this brain stops leading", o_.cell);
                 break;

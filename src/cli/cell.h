@@ -10,6 +10,8 @@ struct CellOptions {
     std::string name;  // in the election; default HOSTNAME-PID
     int reconcile_ms = 3000;
     std::string log_level = "info";
+    std::string metrics_host = "127.0.0.1";
+    int metrics_port = -1;  // /metrics for Prometheus (0: any free port; -1: none)
 };
 
 //! `armada cell`: a cell brain. Every brain of a cell campaigns in etcd; the leader places the

@@ -137,7 +137,9 @@ int cluster_up(const ClusterUpOptions & o) {
         p.role = "global";
         p.name = "global" + std::to_string(g);
         p.log = logs + p.name + ".log";
-        p.argv = {exe, "global", "--cluster", cfg_path, "--name", p.name};
+        const int mport = cluster::free_port();
+        p.url = "http://127.0.0.1:" + std::to_string(mport);  // its /metrics
+        p.argv = {exe, "global", "--cluster", cfg_path, "--name", p.name, "--metrics-port", std::to_string(mport)};
         procs.push_back(std::move(p));
     }
     for (int c = 0; c < o.cells; ++c) {
@@ -147,7 +149,10 @@ int cluster_up(const ClusterUpOptions & o) {
             p.role = "cell";
             p.name = cell + "-brain" + std::to_string(b);
             p.log = logs + p.name + ".log";
-            p.argv = {exe, "cell", "--cluster", cfg_path, "--cell", cell, "--name", p.name};
+            const int mport = cluster::free_port();
+            p.url = "http://127.0.0.1:" + std::to_string(mport);  // its /metrics
+            p.argv = {exe,  "cell",   "--cluster", cfg_path,         "--cell",
+                      cell, "--name", p.name,      "--metrics-port", std::to_string(mport)};
             procs.push_back(std::move(p));
         }
         for (int n = 0; n < o.nodes; ++n) {

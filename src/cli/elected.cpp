@@ -1,5 +1,6 @@
 #include "cli/elected.h"
 
+#include "api/http_server.h"
 #include "cluster/cluster_config.h"
 
 #include <spdlog/spdlog.h>
@@ -45,7 +46,34 @@ bool newer_leader_wrote(const store::Status & s) {
 Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set)
     : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), stop_set_(stop_set) {}
 
+std::string Elected::serve_metrics(const std::string & host, int port) {
+    api::HttpConfig mc;
+    mc.host = host;
+    mc.port = uint16_t(port);
+    mc.threads = 1;
+    mc.max_body = 4096;
+    mc.max_connections = 64;
+    auto http = std::make_shared<api::HttpServer>(mc, [this](api::HttpRequest && r,
+                                                             std::shared_ptr<api::Responder> out) {
+        if (r.method != "GET")
+            out->send(405, "application/json", R"({"error":{"message":"GET only","type":"invalid_request_error"}})");
+        else if (r.path == "/metrics")
+            out->send(200, "text/plain; version=0.0.4", metrics_.render());
+        else if (r.path == "/livez" || r.path == "/health")
+            out->send(200, "application/json", R"({"status":"ok"})");
+        else
+            out->send(404, "application/json", R"({"error":{"message":"not found","type":"invalid_request_error"}})");
+    });
+    if (auto e = http->listen(); !e.empty()) return e;
+    http->run();
+    printf("armada: metrics on http://%s:%u/metrics\n", host.c_str(), unsigned(http->port()));
+    fflush(stdout);
+    listener_ = http;
+    return {};
+}
+
 Elected::~Elected() {
+    if (listener_) std::static_pointer_cast<api::HttpServer>(listener_)->stop();
     quit_ = true;
     if (keepalive_.joinable()) keepalive_.join();
     if (observer_.joinable()) observer_.join();
@@ -82,7 +110,13 @@ void Elected::observe(const std::string & election) {
             [&](const cluster::EtcdLeader & l) {
                 std::lock_guard lk(seen_mu_);
                 observing_ = true;
-                if (l.key != seen_key_) spdlog::debug("{}: {} leads", what_, l.value);
+                if (l.key != seen_key_) {
+                    spdlog::debug("{}: {} leads", what_, l.value);
+                    metrics_
+                        .counter("armada_brain_leader_changes_total",
+                                 "Leaders this brain has seen take over its election (itself included)")
+                        .inc();
+                }
                 seen_key_ = l.key;
                 return !quit_.load();
             },
@@ -147,6 +181,9 @@ bool Elected::still_leader(const cluster::EtcdLeader & me, const std::string & e
 
 void Elected::run(const std::string & election, const std::string & name,
                   const std::function<void(const cluster::EtcdLeader &)> & lead) {
+    metrics_.gauge("armada_brain_leading", "1 while this brain leads its election").set(0);
+    metrics_.gauge("armada_brain_epoch", "The etcd revision this brain leads under (its fencing epoch; 0: not leading)")
+        .set(0);
     keepalive_ = std::thread([this] { keep_lease(); });
     observer_ = std::thread([this, election] { observe(election); });
     auto jitter = [] { return cluster::jittered_ms(1000); };
@@ -170,7 +207,13 @@ void Elected::run(const std::string & election, const std::string & name,
         }
         if (!still_leader(me, election)) continue;
         spdlog::info("{}: {} leads (epoch {})", what_, name, me.rev);
+        auto & leading = metrics_.gauge("armada_brain_leading", "");
+        auto & epoch = metrics_.gauge("armada_brain_epoch", "");
+        leading.set(1);
+        epoch.set(double(me.rev));
         lead(me);
+        leading.set(0);
+        epoch.set(0);
         if (stopping()) {
             if (auto r = etcd_.resign(me); r.empty())
                 spdlog::info("{}: {} resigned", what_, name);

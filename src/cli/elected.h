@@ -1,11 +1,13 @@
 #pragma once
 
 #include "cluster/etcd.h"
+#include "obs/metrics.h"
 #include "store/store.h"
 
 #include <atomic>
 #include <csignal>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -46,6 +48,11 @@ class Elected {
     //! the store is away or refuses (a mark above this revision: etcd's data was wiped), as long
     //! as this process leads; false on a stop or once it no longer leads.
     bool claim_store(store::Store & st, const std::string & election, const cluster::EtcdLeader & me);
+    //! The brain's metrics: the election's own (leading, leader changes seen) and the brain's.
+    obs::Registry & metrics() { return metrics_; }
+    //! Serves /metrics and /livez, with no key, for Prometheus, on `host`:`port` (0: any free
+    //! port), and prints where. "" on success.
+    std::string serve_metrics(const std::string & host, int port);
 
   private:
     static constexpr int kCampaignMs = 60000;
@@ -65,6 +72,8 @@ class Elected {
     mutable std::mutex seen_mu_;
     std::string seen_key_;    // the leader's key as the observer last saw it
     bool observing_ = false;  // the observer's stream is up
+    obs::Registry metrics_;
+    std::shared_ptr<void> listener_;  // the metrics listener, while there is one
 };
 
 //! What both brains share besides the election.

@@ -45,6 +45,10 @@ class GlobalProcess {
         if (!store_) return fail("PostgreSQL: " + err);
         js_ = JetStream::connect(cfg_.nats, err);
         if (!js_) return fail("NATS at " + cfg_.nats + ": " + err);
+        if (o_.metrics_port >= 0) {
+            if (auto e = elected_.serve_metrics(o_.metrics_host, o_.metrics_port); !e.empty())
+                return fail("metrics listener: " + e);
+        }
         printf("armada: global brain %s started\n", o_.name.c_str());
         fflush(stdout);
         elected_.run(global_election(cfg_), o_.name, [this](const EtcdLeader & me) {
@@ -128,12 +132,26 @@ class GlobalProcess {
     //! asks the new cell's brain to place it.
     void carry_out(GlobalBrain & brain, const std::vector<Rehome> & decisions) {
         if (decisions.empty()) return;
+        const auto since = std::chrono::steady_clock::now();
         std::vector<store::Batch> batches(decisions.size());
         for (size_t i = 0; i < decisions.size(); ++i) {
             batches[i].assign.push_back({decisions[i].session, "", decisions[i].epoch, decisions[i].to});
             batches[i].leader = leader_;
         }
         const auto results = commit_each(*store_, std::move(batches));
+        obs::Registry & m = elected_.metrics();
+        for (const auto & r : results) {
+            if (r.ok)
+                m.counter("armada_brain_decisions_total", "Decisions written to the store, by kind",
+                          {{"kind", "rehome"}})
+                    .inc();
+            else
+                m.counter("armada_brain_decisions_refused_total",
+                          "Decisions the store refused (an epoch or leader fence) or could not write")
+                    .inc();
+        }
+        m.histogram("armada_brain_decision_seconds", "Time to write one round of re-homes", obs::latency_buckets())
+            .observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
         if (std::any_of(results.begin(), results.end(), newer_leader_wrote)) {
             spdlog::warn("global: a newer leader has written to the store; this brain stops leading");
             deposed_ = true;

@@ -10,6 +10,8 @@ struct GlobalOptions {
     int tick_ms = 1000;    // how often cells are read and lost ones handed over
     int shares_ms = 5000;  // how often the split of new sessions is written
     std::string log_level = "info";
+    std::string metrics_host = "127.0.0.1";
+    int metrics_port = -1;  // /metrics for Prometheus (0: any free port; -1: none)
 };
 
 //! `armada global`: the global brain. Every one campaigns in etcd; the leader reads the cells'

@@ -20,6 +20,17 @@ using namespace armada;
 
 namespace {
 
+void add_brain_metrics_flags(CLI::App * cmd, std::string & host, int & port) {
+    cmd->add_option("--metrics-host", host, "address of the metrics listener")
+        ->envname("ARMADA_METRICS_HOST")
+        ->capture_default_str();
+    cmd->add_option("--metrics-port", port,
+                    "serve /metrics and /livez without a key on this port, for Prometheus; 0 = any free port; "
+                    "default: none")
+        ->check(CLI::Range(0, 65535))
+        ->envname("ARMADA_METRICS_PORT");
+}
+
 void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
     cmd->add_option("-m,--model", o.model, "GGUF model file")->envname("ARMADA_MODEL");
     cmd->add_option("-c,--ctx-size", o.engine.n_ctx, "total KV context in tokens, split across sequences")
@@ -266,6 +277,7 @@ int main(int argc, char ** argv) {
         ->check(CLI::Range(200, 600000))
         ->capture_default_str();
     ce->add_option("--log-level", cell.log_level, "trace, debug, info, warn, error")->capture_default_str();
+    add_brain_metrics_flags(ce, cell.metrics_host, cell.metrics_port);
 
     cli::GlobalOptions glo;
     auto * gl =
@@ -279,6 +291,7 @@ int main(int argc, char ** argv) {
         ->check(CLI::Range(100, 600000))
         ->capture_default_str();
     gl->add_option("--log-level", glo.log_level, "trace, debug, info, warn, error")->capture_default_str();
+    add_brain_metrics_flags(gl, glo.metrics_host, glo.metrics_port);
 
     gateway::GatewayOptions gwo;
     gwo.http.port = 8080;

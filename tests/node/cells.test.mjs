@@ -10,7 +10,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, chatTurn, clusterUp, etcdGet as etcdRead, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { alive, assertLintedMetrics, chatTurn, clusterUp, etcdGet as etcdRead, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -171,6 +171,12 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
   const leader = globals.find(leads);
   assert.ok(leader, 'a global brain leads');
   const standby = globals.find((g) => g !== leader);
+  // Each global brain serves its metrics, which pass Prometheus' lint; the leader says it leads.
+  for (const g of globals) {
+    const text = await fetch(`${g.url}/metrics`).then((x) => x.text());
+    assertLintedMetrics(text, g.name);
+    assert.match(text, new RegExp(`^armada_brain_leading ${g === leader ? 1 : 0}$`, 'm'), g.name);
+  }
   // Sessions already running when the leader dies go on, as do new ones.
   const running = await createSessions(4, 'running');
   await waitPlaced(running, 1);

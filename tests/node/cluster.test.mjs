@@ -885,11 +885,35 @@ test('a standby waits on observe, not by campaigning again; the leader resigns o
   // make dozens.
   const reads = after.ranges - before.ranges;
   assert.ok(reads <= 10, `${reads} etcd reads in 5 s at rest`);
+  // Each brain serves its own metrics (Prometheus' lint passes): who leads, the leaders it saw,
+  // the decisions it wrote.
+  const brainMetrics = async (b) => {
+    const text = await fetch(`${b.url}/metrics`).then((x) => x.text());
+    assertLintedMetrics(text, b.name);
+    const value = (name, labels = '') => {
+      let sum = 0;
+      for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\S+)$`, 'gm')))
+        if ((m[1] ?? '').includes(labels)) sum += Number(m[2]);
+      return sum;
+    };
+    return value;
+  };
+  const lm = await brainMetrics(leader);
+  const sm = await brainMetrics(standby);
+  assert.equal(lm('armada_brain_leading'), 1, leader.name);
+  assert.equal(sm('armada_brain_leading'), 0, standby.name);
+  assert.ok(lm('armada_brain_epoch') > 0);
+  assert.ok(lm('armada_brain_decisions_total', 'kind="place"') + sm('armada_brain_decisions_total', 'kind="place"') > 0,
+    'the sessions of the tests before were placed by these brains');
+  const changesSeen = sm('armada_brain_leader_changes_total');
+  assert.ok(changesSeen >= 1);
   const mark = logOf(standby.name).length;
   const leaderMark = logOf(leader.name).length;
   const t0 = Date.now();
   process.kill(leader.pid, 'SIGINT');
   const ledAt = await waitLog(standby.name, /leads cell/, mark, 10000);
+  await waitFor('the new leader\'s metrics', async () => (await brainMetrics(standby))('armada_brain_leading') === 1, 5000);
+  assert.ok((await brainMetrics(standby))('armada_brain_leader_changes_total') > changesSeen);
   console.log(`SIGINT ${leader.name}: ${standby.name} leads after ${ledAt - t0} ms`);
   // Well inside the lease TTL: the key went with the resignation, not with the lease's expiry.
   assert.ok(ledAt - t0 < (timing ? 1500 : TTL_S * 1000), `${standby.name} led after ${ledAt - t0} ms`);
