@@ -5,10 +5,10 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
-import http from 'node:http';
 import path from 'node:path';
 import { startServer, tinyModel, rawPost } from './harness.mjs';
 import { tempDir } from './agents.mjs';
+import { startDocumentTool } from './tool_server.mjs';
 import { waitFor as waitSession } from './session_helpers.mjs';
 import { startLlamaServer, waitFor } from './cluster_helpers.mjs';
 
@@ -25,31 +25,6 @@ async function llamaMetric(name) {
   return m ? Number(m[1]) : 0;
 }
 
-// The tool: the first call of each session returns a long document, the next a short note.
-// `onFirst` (when set) runs before the long answer is sent.
-function startTools() {
-  const calls = new Map();
-  const t = { calls, onFirst: null, args: [] };
-  const doc = Array.from({ length: WORDS }, (_, i) => ['the', 'river', 'stone', 'light'][i % 4]).join(' ');
-  t.server = http.createServer((req, res) => {
-    let body = '';
-    req.on('data', (d) => { body += d; });
-    req.on('end', async () => {
-      const session = (req.headers['idempotency-key'] ?? '').split(':')[0];
-      const n = (calls.get(session) ?? 0) + 1;
-      calls.set(session, n);
-      t.args.push(JSON.parse(body));
-      if (n === 1 && t.onFirst) await t.onFirst();
-      res.writeHead(200, { 'Content-Type': 'text/plain' });
-      res.end(n === 1 ? doc : 'noted');
-    });
-  });
-  return new Promise((resolve) => t.server.listen(0, '127.0.0.1', () => {
-    t.url = `http://127.0.0.1:${t.server.address().port}`;
-    resolve(t);
-  }));
-}
-
 const session = async (node = srv) => {
   const r = await rawPost(node.base, '/v1/agents/reader/sessions', { input: 'Read the document, then answer.' });
   assert.equal(r.status, 200, r.text);
@@ -61,7 +36,7 @@ const outputs = (s) => s.steps.filter((x) => x.kind === 'model_output').map((x) 
 before(async () => {
   assert.ok(LLAMA_SERVER && fs.existsSync(LLAMA_SERVER), `llama-server is built (LLAMA_SERVER=${LLAMA_SERVER})`);
   dir = tempDir('armada-pool-steps-');
-  tools = await startTools();
+  tools = await startDocumentTool(WORDS);
   // 12288 tokens a slot. The tiny model says it was trained on 4096, where llama-server caps a slot.
   llama = await startLlamaServer(tinyModel, ['-c', '24576', '-np', '2', '-t', '1',
     '--override-kv', 'qwen2.context_length=int:32768']);

@@ -7,10 +7,10 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import http from 'node:http';
 import path from 'node:path';
 import { startServer, tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
+import { startDocumentTool } from './tool_server.mjs';
 import { assertLintedMetrics, clusterUp, sanitizerReports, sleep, startLlamaServer, waitFor } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
@@ -60,34 +60,12 @@ const pools = () => fetch(`${gw}/admin/pools`, { headers: { Authorization: `Bear
 // A user message of `n` copies of `word`.
 const say = (word, n) => [{ role: 'user', content: Array(n).fill(word).join(' ') }];
 
-// The agents' tool: the first call of each session returns a document of 800 words (a prompt
-// over 400 tokens, for the pool; too long for a node's 512), the next a short note. `onFirst`
-// (when set) runs before the document is sent.
-function startTools() {
-  const t = { calls: new Map(), onFirst: null };
-  const doc = Array.from({ length: 800 }, (_, i) => ['the', 'river', 'stone', 'light'][i % 4]).join(' ');
-  t.server = http.createServer((req, res) => {
-    req.resume();
-    req.on('end', async () => {
-      const session = (req.headers['idempotency-key'] ?? '').split(':')[0];
-      const n = (t.calls.get(session) ?? 0) + 1;
-      t.calls.set(session, n);
-      if (n === 1 && t.onFirst) await t.onFirst();
-      res.writeHead(200, { 'Content-Type': 'text/plain' });
-      res.end(n === 1 ? doc : 'noted');
-    });
-  });
-  return new Promise((resolve) => t.server.listen(0, '127.0.0.1', () => {
-    t.url = `http://127.0.0.1:${t.server.address().port}`;
-    resolve(t);
-  }));
-}
-
 before(async () => {
   assert.ok(LLAMA_SERVER && fs.existsSync(LLAMA_SERVER), `llama-server is built (LLAMA_SERVER=${LLAMA_SERVER})`);
   dir = tempDir('armada-pools-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
-  tools = await startTools();
+  // 800 words: a prompt over 400 tokens, for the pool; too long for a node's 512.
+  tools = await startDocumentTool(800);
   fs.writeFileSync(path.join(dir, 'agents.yaml'), `agents:
   - id: reader
     instructions: Read what the tool returns, then answer.

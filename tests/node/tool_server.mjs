@@ -116,3 +116,25 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200, hold 
     close: () => new Promise((r) => server.close(r)),
   };
 }
+
+// A tool that answers the first call of each session (the session part of its Idempotency-Key)
+// with a document of `words` words, and every later call with a short note. `onFirst`, when set,
+// runs before the document goes out; `calls` counts the calls per session.
+export async function startDocumentTool(words) {
+  const t = { calls: new Map(), onFirst: null };
+  const doc = Array.from({ length: words }, (_, i) => ['the', 'river', 'stone', 'light'][i % 4]).join(' ');
+  t.server = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', async () => {
+      const session = (req.headers['idempotency-key'] ?? '').split(':')[0];
+      const n = (t.calls.get(session) ?? 0) + 1;
+      t.calls.set(session, n);
+      if (n === 1 && t.onFirst) await t.onFirst();
+      res.writeHead(200, { 'Content-Type': 'text/plain' });
+      res.end(n === 1 ? doc : 'noted');
+    });
+  });
+  await new Promise((r) => t.server.listen(0, '127.0.0.1', r));
+  t.url = `http://127.0.0.1:${t.server.address().port}`;
+  return t;
+}
