@@ -15,7 +15,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, assertLintedMetrics, chatTurn, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
+import { alive, assertLintedMetrics, chatTurn, metricSum, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -890,13 +890,7 @@ test('a standby waits on observe, not by campaigning again; the leader resigns o
   const brainMetrics = async (b) => {
     const text = await fetch(`${b.url}/metrics`).then((x) => x.text());
     assertLintedMetrics(text, b.name);
-    const value = (name, labels = '') => {
-      let sum = 0;
-      for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\S+)$`, 'gm')))
-        if ((m[1] ?? '').includes(labels)) sum += Number(m[2]);
-      return sum;
-    };
-    return value;
+    return (name, labels = '') => metricSum(text, name, labels);
   };
   const lm = await brainMetrics(leader);
   const sm = await brainMetrics(standby);

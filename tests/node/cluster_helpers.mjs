@@ -10,6 +10,14 @@ import assert from 'node:assert/strict';
 const cachedPromtool = path.join(process.env.ARMADA_CACHE ?? path.join(os.homedir(), '.cache', 'armada'), 'promtool', 'promtool');
 const promtool = process.env.PROMTOOL ?? (fs.existsSync(cachedPromtool) ? cachedPromtool : 'promtool');
 
+//! The sum of a family's samples in a /metrics text whose labels contain `labels` (all: '').
+export function metricSum(text, name, labels = '') {
+  let sum = 0;
+  for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\S+)$`, 'gm')))
+    if ((m[1] ?? '').includes(labels)) sum += Number(m[2]);
+  return sum;
+}
+
 //! Asserts that a /metrics text passes `promtool check metrics` (Prometheus' own lint: types,
 //! names, help, suffixes), with its report in the message. `what` names the process.
 export function assertLintedMetrics(text, what) {

@@ -11,7 +11,7 @@ import path from 'node:path';
 import { startServer, tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
 import { startDocumentTool } from './tool_server.mjs';
-import { assertLintedMetrics, clusterUp, sanitizerReports, sleep, startLlamaServer, waitFor } from './cluster_helpers.mjs';
+import { assertLintedMetrics, clusterUp, metricSum, sanitizerReports, sleep, startLlamaServer, waitFor } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
@@ -35,12 +35,7 @@ async function llamaPromptTokens() {
 }
 
 async function metric(base, name, labels = '', headers = { Authorization: `Bearer ${ADMIN}` }) {
-  const text = await fetch(`${base}/metrics`, { headers }).then((r) => r.text());
-  let sum = 0;
-  for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\S+)$`, 'gm'))) {
-    if ((m[1] ?? '').includes(labels)) sum += Number(m[2]);
-  }
-  return sum;
+  return metricSum(await fetch(`${base}/metrics`, { headers }).then((r) => r.text()), name, labels);
 }
 
 // Random weights write random bytes, which llama-server's output parser refuses (HTTP 500) once
