@@ -40,7 +40,7 @@ std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Bat
 }
 
 bool newer_leader_wrote(const store::Status & s) {
-    return s.fenced && s.error.rfind("a newer leader of ", 0) == 0;
+    return s.deposed;
 }
 
 Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set)

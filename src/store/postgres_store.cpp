@@ -466,6 +466,7 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
         const Batch & b = *group[bi];
         exec("SAVEPOINT batch");
         std::string fenced;
+        bool deposed = false;  // fenced by the leader mark
         // Fencing: a fenced session's row and steps are each written by one statement that holds
         // only while the row still names this node and epoch, and that locks the row until COMMIT
         // (a newer assignment waits for this batch, or came first and the write does nothing).
@@ -484,7 +485,10 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
                 "INSERT INTO meta(k,v) VALUES($1,$2) ON CONFLICT (k) DO UPDATE SET v=EXCLUDED.v "
                 "WHERE meta.v::bigint <= EXCLUDED.v::bigint",
                 {"leader:" + b.leader.election, std::to_string(b.leader.rev)});
-            if (err.empty() && r.affected() == 0) fenced = leader_fenced(b.leader);
+            if (err.empty() && r.affected() == 0) {
+                fenced = leader_fenced(b.leader);
+                deposed = true;
+            }
         }
         if (err.empty() && fenced.empty()) {
             for (const auto & r : b.sessions) {
@@ -603,7 +607,7 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
         }
         if (!err.empty()) break;
         if (!fenced.empty()) {
-            each[bi] = Status::Fenced(fenced);
+            each[bi] = deposed ? Status::Deposed(fenced) : Status::Fenced(fenced);
             exec("ROLLBACK TO SAVEPOINT batch");
         }
         exec("RELEASE SAVEPOINT batch");

@@ -240,11 +240,15 @@ Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status
             break;
         }
         std::string fenced;
+        bool deposed = false;  // fenced by the leader mark
         if (b->leader.rev > 0) {
             sqlite3_reset(lead.s);
             lead.text(1, "leader:" + b->leader.election);
             lead.text(2, std::to_string(b->leader.rev));
-            if (run(lead) && sqlite3_changes(wdb_) == 0) fenced = leader_fenced(b->leader);
+            if (run(lead) && sqlite3_changes(wdb_) == 0) {
+                fenced = leader_fenced(b->leader);
+                deposed = true;
+            }
         }
         for (const auto & f : b->fences) {
             if (!ok || !fenced.empty()) break;
@@ -349,7 +353,7 @@ Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status
         }
         if (!ok) break;
         if (!fenced.empty()) {
-            each[bi] = Status::Fenced(fenced);
+            each[bi] = deposed ? Status::Deposed(fenced) : Status::Fenced(fenced);
             ok = exec(wdb_, "ROLLBACK TO batch", err);
         }
         ok = ok && exec(wdb_, "RELEASE batch", err);

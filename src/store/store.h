@@ -15,9 +15,12 @@ struct Status {
     //! The batch was refused because a session it writes is no longer this writer's (another
     //! node holds a newer epoch). Not a store failure: nothing becomes sticky.
     bool fenced = false;
+    //! Fenced by `Batch::leader`: a newer leader of the brain's election has written.
+    bool deposed = false;
     static Status Ok() { return {}; }
     static Status Error(std::string e) { return {false, std::move(e)}; }
     static Status Fenced(std::string e) { return {false, std::move(e), true}; }
+    static Status Deposed(std::string e) { return {false, std::move(e), true, true}; }
 };
 
 //! The durable record of one session; the agent room owns the meaning of `state` and `data`.

@@ -275,6 +275,7 @@ TEST_P(StoreSuite, AnAssignmentNeverGoesBackwards) {
     ASSERT_TRUE(store->commit_sync(assign("s1", "node-2", 2)).ok);
     const Status late = store->commit_sync(assign("s1", "node-1", 1));  // a late, older decision
     EXPECT_TRUE(late.fenced) << late.error;
+    EXPECT_FALSE(late.deposed);
     const Status again = store->commit_sync(assign("s1", "node-2", 2));  // a repeated one
     EXPECT_TRUE(again.fenced) << again.error;
     EXPECT_EQ(store->session("s1")->node, "node-2");
@@ -301,6 +302,7 @@ TEST_P(StoreSuite, ABrainWhoseSuccessorWroteIsRefusedWhateverItWrites) {
     const Status late = store->commit_sync(led(assign("s2", "node-1", 1), "cell0", 10));
     EXPECT_FALSE(late.ok);
     EXPECT_TRUE(late.fenced);
+    EXPECT_TRUE(late.deposed);  // the brain stops leading on this, not on an epoch fence
     EXPECT_NE(late.error.find("newer leader of cell0"), std::string::npos) << late.error;
     EXPECT_EQ(store->session("s2")->epoch, 0);
     EXPECT_TRUE(store->session("s2")->node.empty());
