@@ -531,7 +531,7 @@ class Gateway {
         return it->second;
     }
     //! The live, non-draining node with the most room (round-robin among equals), or none.
-    std::optional<std::string> by_load(const std::string & cell = {}, const std::string & avoid = {}) {
+    std::optional<std::string> by_load(const std::string & cell = {}, const std::set<std::string> & avoid = {}) {
         std::lock_guard lk(mu_);
         const auto best = most_room(nodes_, cell, avoid);
         if (best.empty()) return std::nullopt;
@@ -704,13 +704,13 @@ class Gateway {
     void relay_by_load(const HttpRequest & req, const std::shared_ptr<Responder> & out,
                        std::optional<std::string> first = std::nullopt, UsageScan * usage = nullptr,
                        const api::Headers & extra = {}) {
-        std::string tried;
+        std::set<std::string> tried;  // a third attempt must not go back to a node that failed
         for (int attempt = 0; attempt < 3; ++attempt) {
             auto n = attempt == 0 && first ? first : by_load({}, tried);
             if (!n) break;
             const Relayed r = relay(*n, req, out, usage, 600000, extra);
             if (r.delivered) return;
-            tried = *n;
+            tried.insert(*n);
             // A node that took the request and said nothing may be hung, not gone: it keeps its
             // sessions (forgetting it would route them around a live holder).
             if (!r.reached) forget(*n);
@@ -1276,7 +1276,7 @@ class Gateway {
         probe.path = "/v1/agents/" + agent_id;
         probe.headers = req.headers;
         std::optional<UpstreamReply> seen;
-        std::string tried;
+        std::set<std::string> tried;
         for (int attempt = 0; attempt < 3 && !seen; ++attempt) {
             auto n = by_load({}, tried);
             if (!n) break;
@@ -1286,7 +1286,7 @@ class Gateway {
             if (r.status != 0) {
                 seen = std::move(r);
             } else {
-                tried = *n;
+                tried.insert(*n);
                 if (!r.sent) forget(*n);  // unreachable; a hung node keeps its sessions
             }
         }

@@ -2,11 +2,12 @@
 
 namespace armada::gateway {
 
-std::vector<std::string> most_room(const NodeViews & nodes, const std::string & cell, const std::string & avoid) {
+std::vector<std::string> most_room(const NodeViews & nodes, const std::string & cell,
+                                   const std::set<std::string> & avoid) {
     std::vector<std::string> best;
     int best_free = -1;
     for (const auto & [name, v] : nodes) {
-        if (v.load.draining || name == avoid || (!cell.empty() && v.cell != cell)) continue;
+        if (v.load.draining || avoid.count(name) || (!cell.empty() && v.cell != cell)) continue;
         if (v.load.free_seqs > best_free) {
             best.clear();
             best_free = v.load.free_seqs;

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,9 @@ struct NodeView {
 using NodeViews = std::map<std::string, NodeView>;
 
 //! The live, non-draining nodes with the most free sequences (all of them on a tie), in one cell
-//! when `cell` is given, never `avoid`.
+//! when `cell` is given, never one in `avoid` (the nodes a request already tried).
 std::vector<std::string> most_room(const NodeViews & nodes, const std::string & cell = {},
-                                   const std::string & avoid = {});
+                                   const std::set<std::string> & avoid = {});
 
 //! Where a chat turn goes: the node its conversation is bound to while that node is live, not
 //! draining and has a free sequence; else the node with most room, round-robin among equals (`rr`

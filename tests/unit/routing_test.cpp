@@ -73,7 +73,10 @@ TEST(MostRoom, KeepsToTheCellAndAvoidsTheNodeTried) {
     const auto n = three();
     EXPECT_EQ(most_room(n), (std::vector<std::string>{"b", "c"}));
     EXPECT_EQ(most_room(n, "cell0"), (std::vector<std::string>{"b"}));
-    EXPECT_EQ(most_room(n, "cell0", "b"), (std::vector<std::string>{"a"}));
+    EXPECT_EQ(most_room(n, "cell0", {"b"}), (std::vector<std::string>{"a"}));
+    // Every node tried so far is left out, not only the last one.
+    EXPECT_EQ(most_room(n, {}, {"b", "c"}), (std::vector<std::string>{"a"}));
+    EXPECT_TRUE(most_room(n, {}, {"a", "b", "c"}).empty());
     EXPECT_TRUE(most_room(n, "cell2").empty());
 }
 
