@@ -15,6 +15,7 @@
 #include "gateway/pools.h"
 #include "gateway/prompt_counter.h"
 #include "gateway/routing.h"
+#include "gateway/session_lookup.h"
 #include "gateway/upstream.h"
 #include "gateway/worker_pool.h"
 #include "obs/metrics.h"
@@ -1332,7 +1333,7 @@ class Gateway {
     store::Status commit(store::Batch b) {
         store::Status st;
         for (int attempt = 0; attempt < 2; ++attempt) {
-            if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cluster::jittered_ms(500)));
             if (!store_->writable().ok) store_->recover();
             st = store_->commit_sync(b);
             if (st.ok || st.fenced) return st;
@@ -1342,16 +1343,14 @@ class Gateway {
     //! The session's row; nullopt with `unavailable` set when the store cannot be read now (so
     //! that a client is told to retry, not that its session does not exist).
     std::optional<store::SessionRecord> lookup(const std::string & id, bool & unavailable) {
-        unavailable = false;
-        auto rec = store_->session(id);
-        if (rec) return rec;
-        store::Batch probe;
-        probe.probe = true;
-        if (!commit(std::move(probe)).ok) {
-            unavailable = true;
-            return std::nullopt;
-        }
-        return store_->session(id);
+        return lookup_session(
+            *store_, id,
+            [this] {
+                store::Batch probe;
+                probe.probe = true;
+                return commit(std::move(probe)).ok;
+            },
+            unavailable);
     }
 
     //! The node that holds session `rec` now, if it is live.
