@@ -802,7 +802,11 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
         ++s.commit_failures;
         metrics_.counter("armada_store_write_failures_total", "Checkpoint writes that failed and were retried").inc();
         emit_transient(s, "error", dump(json{{"message", "checkpoint write failed, retrying: " + st.error}}));
-        const int delay = std::min(5000, 100 << std::min(s.commit_failures, 6));
+        // Jittered, so that the sessions a restart of the store stopped together do not all try
+        // again at the same instants.
+        const int base = std::min(5000, 100 << std::min(s.commit_failures, 6));
+        thread_local std::mt19937 rng(std::random_device{}());
+        const int delay = std::uniform_int_distribution<int>(base / 2, base + base / 2)(rng);
         after_ms(delay, [this, id] {
             store_.recover();
             std::lock_guard lk2(mu_);
