@@ -1,0 +1,149 @@
+#include "obs/trace.h"
+#include "obs/metrics.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <condition_variable>
+#include <mutex>
+
+namespace {
+
+using armada::obs::Span;
+using armada::obs::SpanKind;
+using armada::obs::TraceContext;
+using armada::obs::Tracer;
+using json = nlohmann::json;
+
+TEST(TraceContext, ReadsAndWritesTraceparent) {
+    const auto c = TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+    EXPECT_EQ(c->span_id, "00f067aa0ba902b7");
+    EXPECT_TRUE(c->sampled);
+    EXPECT_EQ(c->traceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    const auto unsampled = TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00");
+    ASSERT_TRUE(unsampled);
+    EXPECT_FALSE(unsampled->sampled);
+    // A later version is read by its first four fields.
+    EXPECT_TRUE(TraceContext::parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"));
+}
+
+TEST(TraceContext, RefusesMalformedHeaders) {
+    for (const char * bad : {
+             "",
+             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",       // no flags
+             "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",    // upper case
+             "00-00000000000000000000000000000000-00f067aa0ba902b7-01",    // zero trace
+             "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",    // zero span
+             "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",    // forbidden version
+             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",  // v00 has no more fields
+             "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",    // separators
+             "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",    // not hex
+         }) {
+        EXPECT_FALSE(TraceContext::parse(bad)) << bad;
+    }
+}
+
+TEST(Span, AChildKeepsItsParentsTraceAndARootStartsANewOne) {
+    const Span root = Span::start("invoke_agent", SpanKind::internal, std::nullopt);
+    EXPECT_TRUE(root.ctx.valid());
+    EXPECT_TRUE(root.parent_id.empty());
+    const Span child = Span::start("chat", SpanKind::internal, root.context());
+    EXPECT_EQ(child.ctx.trace_id, root.ctx.trace_id);
+    EXPECT_EQ(child.parent_id, root.ctx.span_id);
+    EXPECT_NE(child.ctx.span_id, root.ctx.span_id);
+    const Span other = Span::start("chat", SpanKind::internal, std::nullopt);
+    EXPECT_NE(other.ctx.trace_id, root.ctx.trace_id);
+}
+
+TEST(Otlp, SpansBecomeAnExportRequestInOtlpJson) {
+    Span s = Span::start("execute_tool fetch", SpanKind::client, std::nullopt);
+    s.set("gen_ai.tool.name", std::string("fetch"));
+    s.set("gen_ai.usage.input_tokens", int64_t(12));
+    s.set("armada.retry", true);
+    s.set("armada.latency", 0.5);
+    s.fail("timed out");
+    s.end_ns = s.start_ns + 1000;
+    const json j =
+        json::parse(armada::obs::otlp_json({s}, "armada-node", {{"service.instance.id", std::string("n1")}}));
+    const json & rs = j.at("resourceSpans").at(0);
+    EXPECT_EQ(rs.at("resource").at("attributes").at(0).at("value").at("stringValue"), "armada-node");
+    EXPECT_EQ(rs.at("resource").at("attributes").at(1).at("key"), "service.instance.id");
+    const json & sp = rs.at("scopeSpans").at(0).at("spans").at(0);
+    EXPECT_EQ(sp.at("traceId"), s.ctx.trace_id);
+    EXPECT_EQ(sp.at("spanId"), s.ctx.span_id);
+    EXPECT_FALSE(sp.contains("parentSpanId"));
+    EXPECT_EQ(sp.at("kind"), 3);
+    EXPECT_EQ(sp.at("endTimeUnixNano"), std::to_string(s.start_ns + 1000));
+    EXPECT_EQ(sp.at("status").at("code"), 2);
+    EXPECT_EQ(sp.at("status").at("message"), "timed out");
+    const json & a = sp.at("attributes");
+    EXPECT_EQ(a.at(0).at("value").at("stringValue"), "fetch");
+    EXPECT_EQ(a.at(1).at("value").at("intValue"), "12");  // int64 as a string
+    EXPECT_EQ(a.at(2).at("value").at("boolValue"), true);
+    EXPECT_EQ(a.at(3).at("value").at("doubleValue"), 0.5);
+}
+
+TEST(Tracer, ExportsInBatchesAndCountsThem) {
+    std::mutex mu;
+    std::vector<json> bodies;
+    armada::obs::Registry m;
+    Tracer t(
+        {.service_name = "t", .max_batch = 2, .flush_ms = 10000},
+        [&](const std::string & body) {
+            std::lock_guard lk(mu);
+            bodies.push_back(json::parse(body));
+            return std::string();
+        },
+        &m);
+    for (int i = 0; i < 3; ++i)
+        t.end(Span::start("s" + std::to_string(i), SpanKind::internal, std::nullopt));
+    t.flush();
+    EXPECT_EQ(t.exported(), 3u);
+    size_t spans = 0;
+    for (const auto & b : bodies)
+        spans += b.at("resourceSpans").at(0).at("scopeSpans").at(0).at("spans").size();
+    EXPECT_EQ(spans, 3u);
+    EXPECT_GE(bodies.size(), 2u);  // batches hold at most 2
+    EXPECT_NE(m.render().find("armada_trace_spans_exported_total 3"), std::string::npos);
+}
+
+TEST(Tracer, AFullQueueOrAnAbsentCollectorDropsAndCounts) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool release = false, entered = false;
+    Tracer t({.max_queue = 2, .max_batch = 1, .flush_ms = 10}, [&](const std::string &) {
+        std::unique_lock lk(mu);
+        entered = true;
+        cv.notify_all();
+        cv.wait(lk, [&] { return release; });
+        return std::string("connection refused");
+    });
+    t.end(Span::start("first", SpanKind::internal, std::nullopt));
+    {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return entered; });  // the exporter holds "first" and waits
+    }
+    for (int i = 0; i < 5; ++i)
+        t.end(Span::start("more", SpanKind::internal, std::nullopt));
+    EXPECT_EQ(t.dropped(), 3u);  // two fit in the queue
+    {
+        std::lock_guard lk(mu);
+        release = true;
+    }
+    cv.notify_all();
+    t.flush();
+    EXPECT_EQ(t.dropped(), 6u);  // the collector refused all three batches it was sent
+    EXPECT_EQ(t.exported(), 0u);
+}
+
+TEST(Tracer, ADisabledTracerKeepsNothing) {
+    Tracer t({}, nullptr);
+    EXPECT_FALSE(t.enabled());
+    t.end(Span::start("x", SpanKind::internal, std::nullopt));
+    t.flush();
+    EXPECT_EQ(t.exported() + t.dropped(), 0u);
+}
+
+}  // namespace
