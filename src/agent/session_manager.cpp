@@ -257,6 +257,12 @@ struct SessionManager::Session {
     bool pool_local = false;
     std::string pool_fallback;
     int32_t pool_waits = 0;  // waits for a pool the step's prompt cannot leave
+    // Traces: the context of the request that starts the next turn, the turn's span and the
+    // spans of its model step and tool calls (by idempotency key) while they run.
+    std::optional<obs::TraceContext> trace_parent;
+    std::optional<obs::Span> turn_span, step_span;
+    std::map<std::string, obs::Span> tool_spans;
+    int64_t turn_prompt_tokens = 0, turn_completion_tokens = 0;  // the counts when the turn began
     // What readers see: the session as of its last durable batch, never ahead of the store.
     struct Durable {
         SessionState state = SessionState::Queued;
@@ -840,6 +846,46 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
     maybe_evict(s);
 }
 
+void SessionManager::begin_turn(Session & s) {
+    if (s.turn_span) return;
+    const std::string agent = s.agent ? s.agent->id : s.agent_id;
+    s.turn_span = obs::Span::start("invoke_agent " + agent, obs::SpanKind::internal, s.trace_parent);
+    s.trace_parent.reset();
+    obs::Span & sp = *s.turn_span;
+    sp.set("gen_ai.operation.name", std::string("invoke_agent"));
+    sp.set("gen_ai.agent.id", agent);
+    sp.set("gen_ai.agent.name", agent);
+    sp.set("gen_ai.conversation.id", s.id);
+    sp.set("armada.tenant", s.owner);
+    if (!opt_.node.empty()) sp.set("armada.node", opt_.node);
+    if (s.epoch > 0) sp.set("armada.epoch", s.epoch);
+    s.turn_prompt_tokens = s.prompt_tokens;
+    s.turn_completion_tokens = s.completion_tokens;
+}
+
+void SessionManager::end_turn(Session & s, const std::string & error) {
+    auto tracer = obs::tracer();
+    const std::string why = error.empty() ? std::string("the turn ended") : error;
+    if (s.step_span) {
+        s.step_span->fail(why);
+        tracer->end(std::move(*s.step_span));
+        s.step_span.reset();
+    }
+    for (auto & [key, sp] : s.tool_spans) {
+        sp.fail(why);
+        tracer->end(std::move(sp));
+    }
+    s.tool_spans.clear();
+    if (!s.turn_span) return;
+    obs::Span & sp = *s.turn_span;
+    sp.set("gen_ai.usage.input_tokens", s.prompt_tokens - s.turn_prompt_tokens);
+    sp.set("gen_ai.usage.output_tokens", s.completion_tokens - s.turn_completion_tokens);
+    sp.set("armada.state", std::string(state_name(s.state)));
+    if (!error.empty()) sp.fail(error);
+    tracer->end(std::move(sp));
+    s.turn_span.reset();
+}
+
 void SessionManager::drop_fenced(Session & s, const std::string & why) {
     spdlog::warn("session {}: fenced ({}); another node holds it now, so it stops here", s.id, why);
     ++fenced_;
@@ -853,6 +899,7 @@ void SessionManager::drop_fenced(Session & s, const std::string & why) {
         if (p.reply) p.reply({409, "session '" + s.id + "' moved to another node; retry the request", s.id, 1});
     }
     s.outbox.clear();
+    end_turn(s, "fenced: another node holds the session now");
     end_subscribers(s);
     count_state(s.state, -1);
     const std::string id = s.id;
@@ -1002,6 +1049,7 @@ void SessionManager::count_outcome(const Session & s) {
 
 void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reason) {
     if (!apply(s, ev, reason)) return;
+    end_turn(s, s.state == SessionState::Cancelled ? std::string() : reason);
     if (s.gen_cancel) s.gen_cancel->store(true);
     s.gen_cancel.reset();
     s.step_started_ms = 0;
@@ -1017,6 +1065,7 @@ void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reas
 void SessionManager::model_step(Session & s) {
     // Draining: the session is checkpointed between steps and goes on at the next start.
     if (draining_) return;
+    begin_turn(s);
     if (!s.agent) return fail(s, SessionEvent::Error, "its agent '" + s.agent_id + "' no longer exists");
     const AgentSpec & a = *s.agent;
     if (s.model_steps >= a.limits.max_steps) {
@@ -1118,6 +1167,17 @@ void SessionManager::model_step(Session & s) {
                              " removed"
                        : "; set limits.keep_tool_outputs to compact old tool outputs instead of failing";
             return fail(s, SessionEvent::LimitReached, why);
+        }
+        if (!s.step_span) {
+            const std::string model = !a.model.empty() ? a.model : opt_.model;
+            s.step_span =
+                obs::Span::start("chat " + model, pool.empty() ? obs::SpanKind::internal : obs::SpanKind::client,
+                                 s.turn_span ? std::optional(s.turn_span->context()) : std::nullopt);
+            s.step_span->set("gen_ai.operation.name", std::string("chat"));
+            s.step_span->set("gen_ai.request.model", model);
+            s.step_span->set("gen_ai.conversation.id", s.id);
+            s.step_span->set("gen_ai.request.max_tokens", int64_t(so.max_tokens));
+            s.step_span->set("armada.step", int64_t(s.model_steps + 1));
         }
         if (!pool.empty()) return delegate_step(s, pool, std::move(tools), so);
         req = format_.request(*s.turn, so, engine_.n_ctx_seq(), engine::choice_seed(so, 0));
@@ -1323,6 +1383,18 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
     }
     s.step_started_ms = 0;
     if (!ev.kv_source.empty()) out["kv_source"] = ev.kv_source;
+    if (s.step_span) {
+        obs::Span & sp = *s.step_span;
+        sp.set("gen_ai.usage.input_tokens", int64_t(ev.n_prompt));
+        sp.set("gen_ai.usage.output_tokens", int64_t(ev.n_generated));
+        sp.set("armada.cached_tokens", int64_t(ev.n_cached));
+        sp.set("armada.finish_reason", std::string(engine::finish_reason_name(ev.finish)));
+        sp.set("armada.ran_on", ran_on);
+        if (!upstream.empty()) sp.set("gen_ai.response.model", upstream);
+        sp.set("armada.tool_calls", int64_t(msg.tool_calls.size()));
+        obs::tracer()->end(std::move(sp));
+        s.step_span.reset();
+    }
     s.calls.clear();
     for (size_t i = 0; i < msg.tool_calls.size(); ++i) {
         auto & c = msg.tool_calls[i];
@@ -1349,6 +1421,7 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
         if (calls) {
             run_tools(ss);
         } else {
+            end_turn(ss, {});
             count_outcome(ss);
         }
     });
@@ -1375,6 +1448,15 @@ void SessionManager::run_tools(Session & s) {
         }
         HttpToolSpec capped = *spec;
         capped.timeout_ms = std::min(capped.timeout_ms, s.agent->limits.tool_timeout_ms);
+        obs::Span sp = obs::Span::start("execute_tool " + pc.call.name, obs::SpanKind::client,
+                                        s.turn_span ? std::optional(s.turn_span->context()) : std::nullopt);
+        sp.set("gen_ai.operation.name", std::string("execute_tool"));
+        sp.set("gen_ai.tool.name", pc.call.name);
+        sp.set("gen_ai.tool.call.id", pc.call.call_id);
+        sp.set("gen_ai.tool.type", std::string(spec->mcp_url.empty() ? "function" : "extension"));
+        sp.set("gen_ai.conversation.id", s.id);
+        pc.call.traceparent = sp.context().traceparent();
+        s.tool_spans[pc.call.idempotency_key] = std::move(sp);
         tools_.call(capped, pc.call,
                     [this, alive = alive_, id = s.id, key = pc.call.idempotency_key](tools::ToolResult r) {
                         if (*alive) post([this, id, key, r = std::move(r)] { on_tool_done(id, key, r); });
@@ -1396,6 +1478,13 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
     if (!pc || pc->done) return;
     pc->done = true;
     const std::string outcome = r.is_error ? "error" : "ok";
+    if (auto sp = s.tool_spans.find(key); sp != s.tool_spans.end()) {
+        sp->second.set("armada.tool.attempts", int64_t(r.attempts));
+        if (r.http_status > 0) sp->second.set("http.response.status_code", int64_t(r.http_status));
+        if (r.is_error) sp->second.fail("the tool call failed");  // its output may hold data: not copied
+        obs::tracer()->end(std::move(sp->second));
+        s.tool_spans.erase(sp);
+    }
     metrics_
         .counter("armada_tool_calls_total", "Tool calls by tool and result",
                  {{"tool", pc->call.name}, {"result", outcome}})
@@ -1437,7 +1526,7 @@ Outcome draining_outcome() {
 }  // namespace
 
 void SessionManager::create(const std::string & agent_id, const std::string & tenant, const std::string & input,
-                            std::function<void(Outcome)> done) {
+                            std::function<void(Outcome)> done, std::optional<obs::TraceContext> trace) {
     std::lock_guard lk(mu_);
     if (draining_) return done(draining_outcome());
     auto agent = lookup_agent(tenant, agent_id);
@@ -1453,6 +1542,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
     s.agent = std::move(agent);
     s.owner = tenant;
     s.created_ms = clock_.now_ms();
+    s.trace_parent = std::move(trace);
     if (!opt_.node.empty()) s.claim = 0;  // cluster mode: the new row is assigned to this node
     s.started = true;
     sessions_[s.id] = std::move(sp);
@@ -1479,7 +1569,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
 }
 
 void SessionManager::add_message(const std::string & id, const std::string & tenant, const std::string & text,
-                                 std::function<void(Outcome)> done) {
+                                 std::function<void(Outcome)> done, std::optional<obs::TraceContext> trace) {
     std::unique_lock lk(mu_);
     if (draining_) return done(draining_outcome());
     Session * s = find_or_load(lk, id, tenant);
@@ -1494,6 +1584,7 @@ void SessionManager::add_message(const std::string & id, const std::string & ten
     if (!s->agent) s->agent = lookup_agent(s->owner, s->agent_id);
     apply(*s, SessionEvent::UserMessage);
     s->started = true;
+    s->trace_parent = std::move(trace);
     common_chat_msg m;
     m.role = "user";
     m.content = text;
@@ -1651,7 +1742,7 @@ size_t SessionManager::resume_all() {
     return resumed;
 }
 
-bool SessionManager::adopt(const std::string & id, int64_t epoch) {
+bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<obs::TraceContext> trace) {
     auto rec = store_.session(id);
     if (!rec || rec->node != opt_.node || rec->epoch != epoch || rec->agent_id.rfind('@', 0) == 0) return false;
     const auto st = parse_state(rec->state);
@@ -1681,6 +1772,7 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch) {
     if (!sp) return false;
     sp->agent = lookup_agent(rec->owner, rec->agent_id);
     sp->epoch = epoch;
+    sp->trace_parent = std::move(trace);
     Session * ps = sp.get();
     if (auto it = sessions_.find(id); it != sessions_.end()) {
         // A copy loaded to be read or streamed (or one that ran here before the session moved

@@ -5,6 +5,7 @@
 #include "agent/session_state.h"
 #include "engine/chat_format.h"
 #include "obs/metrics.h"
+#include "obs/trace.h"
 #include "store/store.h"
 #include "tools/tool_transport.h"
 
@@ -16,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -110,6 +112,8 @@ struct SessionOptions {
     std::function<void(const std::string &, int64_t)> on_tokens;
     //! GPU pools: heavy steps (past the routing rules' thresholds) run there. Null: all here.
     StepPool * pool = nullptr;
+    //! The served model's name, for traces (an agent that names its own model wins).
+    std::string model;
 };
 
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change
@@ -155,12 +159,13 @@ class SessionManager {
     bool is_operator_agent(const std::string & id) const;
 
     // ---- sessions ----
-    //! Creates a session; `done` runs once it is durable, with its id (or an error).
+    //! Creates a session; `done` runs once it is durable, with its id (or an error). `trace`: the
+    //! request's trace context, the parent of the turn's `invoke_agent` span.
     void create(const std::string & agent_id, const std::string & tenant, const std::string & input,
-                std::function<void(Outcome)> done);
+                std::function<void(Outcome)> done, std::optional<obs::TraceContext> trace = std::nullopt);
     //! Adds a user turn to a session that finished its last turn or waits for input.
     void add_message(const std::string & id, const std::string & tenant, const std::string & text,
-                     std::function<void(Outcome)> done);
+                     std::function<void(Outcome)> done, std::optional<obs::TraceContext> trace = std::nullopt);
     std::optional<SessionView> get(const std::string & id, const std::string & tenant);
     void cancel(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done);
     void erase(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done);
@@ -180,7 +185,7 @@ class SessionManager {
     //! The cell brain assigned session `id` to this node under `epoch`: load it from the store and
     //! run it from its last checkpoint. Ignored (false) when the store says otherwise (a late or
     //! repeated command) or the session has ended; true when it runs here now.
-    bool adopt(const std::string & id, int64_t epoch);
+    bool adopt(const std::string & id, int64_t epoch, std::optional<obs::TraceContext> trace = std::nullopt);
     //! Level-triggered half of `adopt`: runs every open session the store assigns to this node
     //! that is not running here (a command lost, or a read that failed while PostgreSQL
     //! restarted). Returns how many it started.
@@ -257,6 +262,10 @@ class SessionManager {
     bool running_here(const std::string & id, int64_t epoch);
     //! Continues a session loaded from the store (after a restart, or assigned by the brain).
     void resume_loaded(Session & s);
+    // Traces: a turn is one `invoke_agent` span, with a `chat` span per model step and an
+    // `execute_tool` span per tool call under it.
+    void begin_turn(Session & s);
+    void end_turn(Session & s, const std::string & error);
     void send_next(Session & s);
     void on_committed(const std::string & id, store::Status st);
     //! An event that is not stored (token, error, …).

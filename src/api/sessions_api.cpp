@@ -165,9 +165,12 @@ bool SessionsApi::handle(const HttpRequest & req, const Caller & caller, const s
         route_name = "/v1/agents/{id}/sessions";
         if (m != "POST") throw ApiError(405, "use POST to create a session");
         const json body = req.body.empty() ? json::object() : parse_request_body(req.body);
-        mgr_.create(p[2], caller.tenant, text_input(body), [out](agent::Outcome o) {
-            reply(out, o, json{{"id", o.id}, {"object", "session"}});
-        });
+        mgr_.create(
+            p[2], caller.tenant, text_input(body),
+            [out](agent::Outcome o) {
+                reply(out, o, json{{"id", o.id}, {"object", "session"}});
+            },
+            obs::TraceContext::parse(req.header("traceparent")));
         return true;
     }
     if (p[1] != "sessions" || p.size() < 3) throw ApiError(404, "no route for " + m + " " + req.path);
@@ -192,9 +195,12 @@ bool SessionsApi::handle(const HttpRequest & req, const Caller & caller, const s
         route_name = "/v1/sessions/{id}/messages";
         if (m != "POST") throw ApiError(405, "use POST to add a message");
         const json body = parse_request_body(req.body);
-        mgr_.add_message(id, caller.tenant, text_input(body), [out](agent::Outcome o) {
-            reply(out, o, json{{"id", o.id}, {"object", "session"}});
-        });
+        mgr_.add_message(
+            id, caller.tenant, text_input(body),
+            [out](agent::Outcome o) {
+                reply(out, o, json{{"id", o.id}, {"object", "session"}});
+            },
+            obs::TraceContext::parse(req.header("traceparent")));
         return true;
     }
     if (p.size() == 4 && p[3] == "cancel") {

@@ -9,6 +9,7 @@
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
+#include "obs/trace.h"
 #include "store/postgres_store.h"
 
 #include <spdlog/spdlog.h>
@@ -21,6 +22,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -181,6 +183,9 @@ class CellProcess {
         leader_ = {brain_election(cfg_, o_.cell), me.rev};
         if (!elected_.claim_store(*store_, leader_.election, me)) return;
         CellBrain brain;
+        // The trace context each place request came with, and when it was taken (for its span).
+        constexpr size_t kMaxTraced = 65536;
+        std::map<std::string, std::pair<obs::TraceContext, int64_t>> traces;
         std::mutex mu;
         std::vector<EtcdEvent> events;  // guarded by mu
         std::atomic<bool> watch_stop{false}, watch_broken{true};
@@ -254,6 +259,13 @@ class CellProcess {
                 // A re-homed session comes with the epoch the global brain gave it (no node yet).
                 if (j.is_object() && j.contains("session") && j["session"].is_string()) {
                     const std::string id = j["session"].get<std::string>();
+                    // The gateway's request span, when it traces: the parent of this `place`.
+                    if (j.contains("traceparent") && j["traceparent"].is_string()) {
+                        if (auto tc = obs::TraceContext::parse(j["traceparent"].get<std::string>())) {
+                            if (traces.size() >= kMaxTraced) traces.clear();  // bounded; only spans are lost
+                            traces[id] = {*tc, obs::unix_now_ns()};
+                        }
+                    }
                     brain.session_open(
                         id, "", j.contains("epoch") && j["epoch"].is_number_integer() ? j["epoch"].get<int64_t>() : 0);
                     taken += " " + id;
@@ -280,12 +292,34 @@ class CellProcess {
             for (size_t i = 0; i < decisions.size(); ++i) {
                 const Place & p = decisions[i];
                 const store::Status & st = results[i];
+                // A `place` span for a new session (a child of its gateway request), a `migrate`
+                // span for a session moved off a node.
+                std::optional<obs::TraceContext> parent;
+                int64_t began_ns = 0;
+                if (auto tr = traces.find(p.session); tr != traces.end()) {
+                    parent = tr->second.first;
+                    began_ns = tr->second.second;
+                    traces.erase(tr);
+                }
+                obs::Span span = obs::Span::start(p.moved ? "migrate" : "place", obs::SpanKind::consumer, parent);
+                if (began_ns > 0) span.start_ns = began_ns;
+                span.set("armada.session.id", p.session);
+                span.set("gen_ai.conversation.id", p.session);
+                span.set("armada.cell", o_.cell);
+                span.set("armada.node", p.node);
+                span.set("armada.epoch", p.epoch);
+                span.set("armada.brain.epoch", me.rev);
                 if (!st.ok) {
                     if (!st.fenced) spdlog::warn("cell {}: assigning {}: {}", o_.cell, p.session, st.error);
                     brain.place_failed(p.session);
+                    span.fail(st.fenced ? "fenced" : "the assignment was not written");
+                    obs::tracer()->end(std::move(span));
                     continue;
                 }
-                const std::string cmd = json{{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}}.dump();
+                json run = {{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}};
+                if (obs::tracer()->enabled()) run["traceparent"] = span.context().traceparent();
+                obs::tracer()->end(std::move(span));
+                const std::string cmd = run.dump();
                 if (auto e = js_->publish(command_subject(p.node), cmd, p.session + ":" + std::to_string(p.epoch));
                     !e.empty())
                     spdlog::warn("cell {}: run command for {} to {}: {} (the node finds it at its next start)", o_.cell,

@@ -125,7 +125,11 @@ void ClusterNode::run_commands() {
                 j["epoch"].is_number_integer()) {
                 const std::string id = j["session"].get<std::string>();
                 const int64_t epoch = j["epoch"].get<int64_t>();
-                if (sm_.adopt(id, epoch))
+                // The brain's `place` span, when it traces: the parent of the session's next turn.
+                std::optional<obs::TraceContext> trace;
+                if (j.contains("traceparent") && j["traceparent"].is_string())
+                    trace = obs::TraceContext::parse(j["traceparent"].get<std::string>());
+                if (sm_.adopt(id, epoch, trace))
                     spdlog::info("cluster: running session {} (epoch {})", id, epoch);
                 else
                     spdlog::info("cluster: command for session {} at epoch {} is stale; ignored", id, epoch);

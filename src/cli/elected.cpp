@@ -2,6 +2,7 @@
 
 #include "api/http_server.h"
 #include "cluster/cluster_config.h"
+#include "obs/trace.h"
 
 #include <spdlog/spdlog.h>
 
@@ -44,7 +45,9 @@ bool newer_leader_wrote(const store::Status & s) {
 }
 
 Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set)
-    : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), stop_set_(stop_set) {}
+    : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), stop_set_(stop_set) {
+    obs::tracer()->count_in(metrics_);
+}
 
 std::string Elected::serve_metrics(const std::string & host, int port) {
     api::HttpConfig mc;

@@ -17,6 +17,7 @@
 #include "gateway/pool_steps.h"
 #include "gateway/pools.h"
 #include "obs/metrics.h"
+#include "obs/trace.h"
 #include "store/crash_point.h"
 #include "store/postgres_store.h"
 #include "store/sqlite_store.h"
@@ -336,6 +337,7 @@ int serve(const ServeOptions & opt) {
         configs.push_back(std::move(c));
     }
     obs::Registry metrics;
+    obs::tracer()->count_in(metrics);
     api::RateLimiter limiter({opt.rate_rpm, opt.rate_tpm});
     for (const auto & k : keys.keys()) {
         if (k.limits) limiter.set_limits(api::owner_of(k.key), *k.limits);
@@ -469,6 +471,7 @@ int serve(const ServeOptions & opt) {
     tools::RoutingTransport transport(http_tools, mcp_clients, client_calls, tool_gate);
     agent::SessionOptions sopt;
     sopt.ttl_ms = *ttl_ms;
+    sopt.model = model->id();
     // GPU pools: heavy agent steps run there (the cluster file's pools, or --pools on one node).
     std::unique_ptr<gateway::PoolSet> pool_set;
     std::unique_ptr<gateway::PoolStepRunner> pool_steps;

@@ -19,6 +19,7 @@
 #include "gateway/upstream.h"
 #include "gateway/worker_pool.h"
 #include "obs/metrics.h"
+#include "obs/trace.h"
 #include "store/postgres_store.h"
 
 #include <openssl/evp.h>
@@ -302,6 +303,27 @@ class Gateway {
         auto client = out;
         try {
             workers_.post([this, req = std::move(req), out = std::move(out)]() mutable {
+                // The gateway hop of a trace: a server span, the parent of whatever the request
+                // causes further on (the node's spans, the brain's `place`). Without a tracer
+                // the client's own context passes through untouched.
+                const auto tracer = obs::tracer();
+                std::optional<obs::Span> span;
+                if (tracer->enabled()) {
+                    const std::string route_name = http_route(req.path);
+                    span = obs::Span::start(req.method + " " + route_name, obs::SpanKind::server,
+                                            obs::TraceContext::parse(req.header("traceparent")));
+                    span->set("http.request.method", req.method);
+                    span->set("http.route", route_name);
+                    span->set("url.path", req.path);
+                    req.headers["traceparent"] = span->context().traceparent();
+                }
+                struct EndSpan {
+                    std::optional<obs::Span> & s;
+                    const std::shared_ptr<obs::Tracer> & t;
+                    ~EndSpan() {
+                        if (s) t->end(std::move(*s));
+                    }
+                } end_span{span, tracer};
                 try {
                     route(req, out);
                 } catch (const ApiErrorReply & e) {
@@ -1020,6 +1042,13 @@ class Gateway {
         }
         m.sync_counter("armada_gateway_requests_total", "Requests the gateway took", requests_.load());
         {
+            // A registry made per scrape: the tracer's running totals are copied, not attached.
+            const auto t = obs::tracer();
+            m.sync_counter("armada_trace_spans_exported_total", "Spans the OTLP collector accepted", t->exported());
+            m.sync_counter("armada_trace_spans_dropped_total",
+                           "Spans dropped: the queue was full or the collector refused or was away", t->dropped());
+        }
+        {
             std::lock_guard lk(mu_);
             for (const auto & [quota, n] : refused_)
                 m.sync_counter("armada_gateway_quota_refused_total", "Requests refused (429) by a quota", n,
@@ -1318,7 +1347,9 @@ class Gateway {
             return send_error(out, 503, "could not store the session: " + st.error, 2);
         }
         // The row is durable: the brain finds it at its next reconcile even if this is lost.
-        if (auto e = js_->publish(cluster::place_subject(cell), json{{"session", id}}.dump(), id); !e.empty())
+        json place = {{"session", id}};
+        if (const std::string tp = req.header("traceparent"); !tp.empty()) place["traceparent"] = tp;
+        if (auto e = js_->publish(cluster::place_subject(cell), place.dump(), id); !e.empty())
             spdlog::warn("gateway: place request for {} to {}: {} (the cell's reconcile places it)", id, cell, e);
         out->send(201, "application/json", json{{"id", id}, {"object", "session"}}.dump());
     }

@@ -17,6 +17,24 @@ std::vector<std::string> most_room(const NodeViews & nodes, const std::string & 
     return best;
 }
 
+std::string http_route(const std::string & path) {
+    // /v1/<collection>/<id>[/<sub>]: the third segment is an id for every collection with ids.
+    std::vector<std::string> parts;
+    size_t at = 1;
+    while (at <= path.size()) {
+        const size_t end = std::min(path.find('/', at), path.size());
+        parts.push_back(path.substr(at, end - at));
+        at = end + 1;
+    }
+    static const std::set<std::string> with_ids = {"sessions", "agents", "responses", "models"};
+    std::string out;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        const bool id = i == 2 && parts[0] == "v1" && with_ids.count(parts[1]);
+        out += "/" + (id ? std::string("{id}") : parts[i]);
+    }
+    return out.empty() ? "/" : out;
+}
+
 std::optional<std::string> chat_route(const NodeViews & nodes, const std::optional<std::string> & bound,
                                       uint64_t & rr) {
     if (bound) {

@@ -23,6 +23,10 @@ using NodeViews = std::map<std::string, NodeView>;
 std::vector<std::string> most_room(const NodeViews & nodes, const std::string & cell = {},
                                    const std::set<std::string> & avoid = {});
 
+//! The route template of a request path, for span names and attributes: ids in the path become
+//! `{id}` (`/v1/sessions/{id}/events`), so that names stay few.
+std::string http_route(const std::string & path);
+
 //! Where a chat turn goes: the node its conversation is bound to while that node is live, not
 //! draining and has a free sequence; else the node with most room, round-robin among equals (`rr`
 //! is the gateway's counter, advanced only by such a pick: turns that stay do not skew the next

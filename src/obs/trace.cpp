@@ -149,12 +149,19 @@ std::string otlp_json(const std::vector<Span> & spans, const std::string & servi
 }
 
 Tracer::Tracer(Options o, OtlpPost post, Registry * metrics) : o_(std::move(o)), post_(std::move(post)) {
-    if (metrics) {
-        exported_metric_ = &metrics->counter("armada_trace_spans_exported_total", "Spans the OTLP collector accepted");
-        dropped_metric_ = &metrics->counter("armada_trace_spans_dropped_total",
-                                            "Spans dropped: the queue was full or the collector refused or was away");
-    }
+    if (metrics) count_in(*metrics);
     if (post_) thread_ = std::thread([this] { run(); });
+}
+
+void Tracer::count_in(Registry & m) {
+    auto & e = m.counter("armada_trace_spans_exported_total", "Spans the OTLP collector accepted");
+    auto & d = m.counter("armada_trace_spans_dropped_total",
+                         "Spans dropped: the queue was full or the collector refused or was away");
+    std::lock_guard lk(mu_);  // the exporter counts under it too: nothing is counted twice or lost
+    e.inc(exported_.load());
+    d.inc(dropped_.load());
+    exported_metric_ = &e;
+    dropped_metric_ = &d;
 }
 
 Tracer::~Tracer() {
@@ -169,19 +176,14 @@ Tracer::~Tracer() {
 void Tracer::end(Span s) {
     if (!post_ || !s.ctx.sampled) return;
     if (s.end_ns == 0) s.end_ns = unix_now_ns();
-    bool full = false;
-    {
-        std::lock_guard lk(mu_);
-        if (queue_.size() >= o_.max_queue)
-            full = true;
-        else
-            queue_.push_back(std::move(s));
-        if (queue_.size() >= o_.max_batch) cv_.notify_one();
-    }
-    if (full) {
+    std::lock_guard lk(mu_);
+    if (queue_.size() >= o_.max_queue) {
         dropped_.fetch_add(1);
-        if (dropped_metric_) dropped_metric_->inc();
+        if (auto * d = dropped_metric_.load()) d->inc();
+        return;
     }
+    queue_.push_back(std::move(s));
+    if (queue_.size() >= o_.max_batch) cv_.notify_one();
 }
 
 void Tracer::flush() {
@@ -213,10 +215,10 @@ void Tracer::run() {
             // and the request path never waits on a collector that is away.
             if (err.empty()) {
                 exported_.fetch_add(batch.size());
-                if (exported_metric_) exported_metric_->inc(batch.size());
+                if (auto * e = exported_metric_.load()) e->inc(batch.size());
             } else {
                 dropped_.fetch_add(batch.size());
-                if (dropped_metric_) dropped_metric_->inc(batch.size());
+                if (auto * d = dropped_metric_.load()) d->inc(batch.size());
             }
             if (stop_) break;
         }

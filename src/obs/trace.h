@@ -101,6 +101,10 @@ class Tracer {
     //! Exports what is queued before returning (for shutdown and tests).
     void flush();
 
+    //! Counts exported and dropped spans in `m` from now on (a process makes its registry after
+    //! its tracer); what was counted before is added at once.
+    void count_in(Registry & m);
+
     uint64_t exported() const { return exported_.load(); }
     uint64_t dropped() const { return dropped_.load(); }
 
@@ -109,8 +113,7 @@ class Tracer {
 
     Options o_;
     OtlpPost post_;
-    Counter * exported_metric_ = nullptr;
-    Counter * dropped_metric_ = nullptr;
+    std::atomic<Counter *> exported_metric_{nullptr}, dropped_metric_{nullptr};
     std::mutex mu_;
     std::condition_variable cv_, idle_cv_;
     std::deque<Span> queue_;

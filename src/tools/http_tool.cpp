@@ -246,6 +246,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         req_.set(http::field::content_type, "application/json");
         req_.set(http::field::accept, "application/json, text/plain;q=0.9, */*;q=0.5");
         req_.set("Idempotency-Key", call_.idempotency_key);
+        if (!call_.traceparent.empty()) req_.set("traceparent", call_.traceparent);
         for (const auto & [k, v] : headers_) {
             // Once a redirect leaves the tool's origin, its credentials stay behind, as in browsers.
             if (cross_origin_ && dropped_across_origins(k, sensitive_)) continue;

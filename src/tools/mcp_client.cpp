@@ -18,6 +18,9 @@ using json = nlohmann::json;
 namespace {
 constexpr const char * kStateless = "2026-07-28";
 constexpr const char * kSession = "2025-11-25";
+// The trace context of the tool call this thread is making (a call runs on one worker thread,
+// from its first request to its last): each request of the call carries it.
+thread_local std::string t_traceparent;
 
 }  // namespace
 
@@ -31,6 +34,7 @@ json McpClient::post(const std::string & method, const json & msg, bool stateles
         version = version_;
         session = session_id_;
     }
+    if (!t_traceparent.empty()) headers.emplace_back("traceparent", t_traceparent);
     if (stateless) {
         headers.emplace_back("MCP-Protocol-Version", kStateless);
         headers.emplace_back("Mcp-Method", method);
@@ -219,7 +223,14 @@ std::string McpClient::list_tools(std::vector<HttpToolSpec> & out, const std::ve
     return "MCP server " + spec_.url + ": tools/list did not end after 100 pages";
 }
 
-ToolResult McpClient::call_tool(const std::string & name, const std::string & arguments, const std::string & key) {
+ToolResult McpClient::call_tool(const std::string & name, const std::string & arguments, const std::string & key,
+                                const std::string & traceparent) {
+    struct Scope {
+        explicit Scope(const std::string & tp) { t_traceparent = tp; }
+        ~Scope() { t_traceparent.clear(); }
+        Scope(const Scope &) = delete;
+        Scope & operator=(const Scope &) = delete;
+    } scope(traceparent);
     const auto t0 = std::chrono::steady_clock::now();
     ToolResult r;
     r.attempts = 1;
@@ -314,7 +325,7 @@ void RoutingTransport::call(const HttpToolSpec & spec, const ToolCall & call, st
     auto c = clients_.get(call.tenant, m);
     auto shared_done = std::make_shared<std::function<void(ToolResult)>>(std::move(done));
     const bool queued = calls_.run(call.tenant, [c, call, shared_done] {
-        (*shared_done)(c->call_tool(call.name, call.arguments, call.idempotency_key));
+        (*shared_done)(c->call_tool(call.name, call.arguments, call.idempotency_key, call.traceparent));
     });
     if (!queued) {
         ToolResult r;

@@ -39,7 +39,9 @@ class McpClient {
     std::string list_tools(std::vector<HttpToolSpec> & out, const std::vector<std::string> & allowed,
                            int budget_ms = 0);
     //! Calls one tool; failures come back as an error result for the model.
-    ToolResult call_tool(const std::string & name, const std::string & arguments, const std::string & key);
+    //! `traceparent` goes with each request the call makes.
+    ToolResult call_tool(const std::string & name, const std::string & arguments, const std::string & key,
+                         const std::string & traceparent = {});
     //! The protocol version in use ("" before the first request).
     std::string protocol();
 

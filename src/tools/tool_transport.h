@@ -16,6 +16,8 @@ struct ToolCall {
     std::string idempotency_key;  // <session>:<step>:<call>; the same on every retry and resume
     //! Whose call it is: connections and MCP sessions opened for one tenant never serve another.
     std::string tenant;
+    //! W3C trace context of the call's span, sent as `traceparent` ("" : none).
+    std::string traceparent;
 };
 
 //! How a call ended. A failure is still a result: it goes to the model as an error.

@@ -1,9 +1,11 @@
-// The small parsers at the edge: Last-Event-ID, query strings, durations, KV cache types, URLs
-// and the Location of a redirect. None may crash, and what they accept must be consistent.
+// The small parsers at the edge: Last-Event-ID, query strings, durations, KV cache types, URLs,
+// the Location of a redirect and W3C traceparent. None may crash, and what they accept must be
+// consistent.
 #include "agent/session_manager.h"
 #include "api/http_server.h"
 #include "cli/serve.h"
 #include "engine/engine.h"
+#include "obs/trace.h"
 #include "tools/http_tool.h"
 
 #include <cstdlib>
@@ -26,6 +28,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         const std::string next = armada::tools::resolve_location(base, text);
         armada::tools::Url u;
         if (armada::tools::parse_url(next, u) && armada::tools::same_origin(base, u) && u.port != base.port)
+            std::abort();
+    }
+    if (auto tc = armada::obs::TraceContext::parse(text)) {
+        // A context that parses is valid and prints back to a header that parses to the same ids.
+        auto again = armada::obs::TraceContext::parse(tc->traceparent());
+        if (!tc->valid() || !again || again->trace_id != tc->trace_id || again->span_id != tc->span_id ||
+            again->sampled != tc->sampled)
             std::abort();
     }
     armada::tools::Url any;

@@ -16,6 +16,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200, hold 
   const arrivals = new Map(); // key -> when each of its requests arrived (ms)
   const noKey = [];
   const secrets = [];
+  const traceparents = new Map();  // key -> the traceparent header of its first request
   let inFlight = 0;
   const seen = [];
   const server = http.createServer((req, res) => {
@@ -80,6 +81,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200, hold 
         return;
       }
       if (!key) noKey.push(req.url);
+      if (key && !traceparents.has(key)) traceparents.set(key, req.headers.traceparent ?? null);
       if (key && !firstAt.has(key)) firstAt.set(key, Date.now());
       if (key) arrivals.set(key, [...(arrivals.get(key) ?? []), Date.now()]);
       const delay = minDelayMs + Math.random() * (maxDelayMs - minDelayMs);
@@ -110,7 +112,7 @@ export async function startToolServer({ minDelayMs = 20, maxDelayMs = 200, hold 
   const { port } = server.address();
   return {
     url: `http://127.0.0.1:${port}`,
-    effects, replays, noKey, secrets, firstAt, replayAt, arrivals, seen,
+    effects, replays, noKey, secrets, firstAt, replayAt, arrivals, seen, traceparents,
     inFlight: () => inFlight,
     release: () => release(),
     close: () => new Promise((r) => server.close(r)),

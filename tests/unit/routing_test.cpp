@@ -69,6 +69,16 @@ TEST(ChatRoute, ANewConversationGoesToTheNodeWithMostRoomAndNoneWithoutNodes) {
     EXPECT_EQ(chat_route(n, std::string("a"), rr), std::nullopt);
 }
 
+TEST(HttpRoute, IdsInThePathBecomeAPlaceholder) {
+    EXPECT_EQ(http_route("/v1/sessions/sess_abc/events"), "/v1/sessions/{id}/events");
+    EXPECT_EQ(http_route("/v1/sessions/sess_abc"), "/v1/sessions/{id}");
+    EXPECT_EQ(http_route("/v1/agents/a1/sessions"), "/v1/agents/{id}/sessions");
+    EXPECT_EQ(http_route("/v1/chat/completions"), "/v1/chat/completions");
+    EXPECT_EQ(http_route("/v1/responses/resp_1"), "/v1/responses/{id}");
+    EXPECT_EQ(http_route("/healthz"), "/healthz");
+    EXPECT_EQ(http_route("/"), "/");
+}
+
 TEST(MostRoom, KeepsToTheCellAndAvoidsTheNodeTried) {
     const auto n = three();
     EXPECT_EQ(most_room(n), (std::vector<std::string>{"b", "c"}));

@@ -1,0 +1,180 @@
+// Traces: an agent session's spans reach an OTLP/HTTP collector (a small one in this test) with
+// the GenAI names, parents and attributes, and the W3C trace context flows from the client to the
+// tools. With ARMADA_VIA_GATEWAY=1 the same session goes through a gateway and a cell brain, and
+// their hops join the trace: client → gateway → place (brain) → invoke_agent (node).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { startServer, rawPost, createdStatus, viaGateway } from './harness.mjs';
+import { startToolServer } from './tool_server.mjs';
+import { startOtlpReceiver } from './otlp_receiver.mjs';
+import { agentYaml, tempDir, writeAgents } from './agents.mjs';
+import { waitFor } from './session_helpers.mjs';
+import { assertLintedMetrics, metricSum } from './cluster_helpers.mjs';
+
+let tools;
+let otlp;
+let srv;
+
+const clientTrace = 'a1b2c3d4e5f60718293a4b5c6d7e8f90';
+
+before(async () => {
+  tools = await startToolServer();
+  otlp = await startOtlpReceiver();
+  const dir = tempDir('armada-traces-');
+  const agents = writeAgents(dir, agentYaml(tools.url));
+  srv = await startServer(['--agents', agents, '--data-dir', path.join(dir, 'data'), '--tool-allow', '127.0.0.1'],
+    { env: { OTEL_EXPORTER_OTLP_ENDPOINT: otlp.endpoint } });
+});
+
+after(async () => {
+  if (srv) assert.equal(await srv.stop(), 0);
+  if (tools) await tools.close();
+  if (otlp) await otlp.close();
+});
+
+// Spans are exported in batches about once a second: wait until `pick` finds what it needs.
+async function spansWhere(pick, what) {
+  const deadline = Date.now() + 20000;
+  for (;;) {
+    const found = pick(otlp.spans);
+    if (found) return found;
+    if (Date.now() > deadline) {
+      throw new Error(`no ${what} among ${otlp.spans.length} spans: ` +
+        JSON.stringify(otlp.spans.map((s) => [s.name, s.service, s.attributes['gen_ai.conversation.id']])));
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+const conv = (s, id) => s.attributes['gen_ai.conversation.id'] === id;
+
+test('a session turn is an invoke_agent span with a chat span per step and an execute_tool span per call', async () => {
+  const parentSpan = '1122334455667788';
+  const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'Process record alpha' },
+    { traceparent: `00-${clientTrace}-${parentSpan}-01` });
+  assert.equal(r.status, createdStatus, r.text);
+  const id = r.json.id;
+  const s = await waitFor(srv.base, id, ['completed', 'failed']);
+  assert.equal(s.state, 'completed', s.reason);
+  const outputs = s.steps.filter((x) => x.kind === 'model_output');
+  const calls = s.steps.filter((x) => x.kind === 'tool_call');
+
+  const turn = await spansWhere((all) => all.find((x) => x.name.startsWith('invoke_agent') && conv(x, id)),
+    'invoke_agent span');
+  assert.equal(turn.name, 'invoke_agent worker');
+  assert.equal(turn.service, 'armada-node');
+  assert.equal(turn.traceId, clientTrace);
+  assert.equal(turn.attributes['gen_ai.operation.name'], 'invoke_agent');
+  assert.equal(turn.attributes['gen_ai.agent.id'], 'worker');
+  assert.equal(turn.attributes['gen_ai.usage.input_tokens'], s.usage.prompt_tokens);
+  assert.equal(turn.attributes['gen_ai.usage.output_tokens'], s.usage.completion_tokens);
+  assert.equal(turn.status?.code ?? 0, 0);
+  assert.ok(BigInt(turn.endTimeUnixNano) > BigInt(turn.startTimeUnixNano));
+
+  // The hops before the node: the client's span is the root of everything Armada did.
+  if (viaGateway) {
+    const place = otlp.spans.find((x) => x.spanId === turn.parentSpanId);
+    assert.ok(place, 'the turn\'s parent span was exported');
+    assert.equal(place.name, 'place');
+    assert.equal(place.service, 'armada-cell');
+    assert.equal(place.attributes['armada.session.id'], id);
+    assert.equal(place.traceId, clientTrace);
+    const hop = otlp.spans.find((x) => x.spanId === place.parentSpanId);
+    assert.ok(hop, 'the place span\'s parent was exported');
+    assert.equal(hop.service, 'armada-gateway');
+    assert.equal(hop.name, 'POST /v1/agents/{id}/sessions');
+    assert.equal(hop.kind, 2);  // server
+    assert.equal(hop.parentSpanId, parentSpan);
+  } else {
+    assert.equal(turn.parentSpanId, parentSpan);
+  }
+
+  const chats = await spansWhere((all) => {
+    const c = all.filter((x) => x.name.startsWith('chat') && conv(x, id));
+    return c.length >= outputs.length ? c : null;
+  }, `${outputs.length} chat spans`);
+  assert.equal(chats.length, outputs.length);
+  for (const c of chats) {
+    assert.equal(c.traceId, clientTrace);
+    assert.equal(c.parentSpanId, turn.spanId);
+    assert.equal(c.attributes['gen_ai.operation.name'], 'chat');
+    assert.ok(c.attributes['gen_ai.request.model'], 'the model is named');
+    assert.equal(c.name, `chat ${c.attributes['gen_ai.request.model']}`);
+  }
+  // Each step's tokens, as the session's log has them.
+  const byStep = (list) => list.map((x) => x).sort((a, b) => a - b);
+  assert.deepEqual(byStep(chats.map((c) => c.attributes['gen_ai.usage.input_tokens'])),
+    byStep(outputs.map((o) => o.data.prompt_tokens)));
+  assert.deepEqual(byStep(chats.map((c) => c.attributes['gen_ai.usage.output_tokens'])),
+    byStep(outputs.map((o) => o.data.completion_tokens)));
+
+  const toolSpans = await spansWhere((all) => {
+    const t = all.filter((x) => x.name.startsWith('execute_tool') && conv(x, id));
+    return t.length >= calls.length ? t : null;
+  }, `${calls.length} execute_tool spans`);
+  assert.equal(toolSpans.length, calls.length);
+  for (const call of calls) {
+    const sp = toolSpans.find((x) => x.attributes['gen_ai.tool.call.id'] === call.data.id);
+    assert.ok(sp, `a span for call ${call.data.id}`);
+    assert.equal(sp.name, `execute_tool ${call.data.name}`);
+    assert.equal(sp.attributes['gen_ai.tool.name'], call.data.name);
+    assert.equal(sp.parentSpanId, turn.spanId);
+    assert.equal(sp.kind, 3);  // client
+    // The tool received the call's own span as its parent.
+    assert.equal(tools.traceparents.get(call.idempotency_key), `00-${clientTrace}-${sp.spanId}-01`);
+  }
+});
+
+test('a later turn is a new invoke_agent span under the request that brought its message', async () => {
+  const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'Process record beta' });
+  assert.equal(r.status, createdStatus, r.text);
+  const id = r.json.id;
+  assert.equal((await waitFor(srv.base, id, ['completed', 'failed'])).state, 'completed');
+  const first = await spansWhere((all) => all.find((x) => x.name.startsWith('invoke_agent') && conv(x, id)),
+    'first turn');
+  // No traceparent from the client: the trace starts at Armada.
+  assert.notEqual(first.traceId, clientTrace);
+  if (!viaGateway) assert.equal(first.parentSpanId ?? '', '');
+
+  const trace2 = '0f0e0d0c0b0a09080706050403020100';
+  const m = await rawPost(srv.base, `/v1/sessions/${id}/messages`, { input: 'Now summarise.' },
+    { traceparent: `00-${trace2}-8877665544332211-01` });
+  assert.equal(m.status, 200, m.text);
+  await waitFor(srv.base, id, ['completed', 'failed']);
+  const second = await spansWhere((all) => all.find((x) => x.name.startsWith('invoke_agent') && conv(x, id) &&
+    x.traceId === trace2), 'second turn');
+  assert.notEqual(second.spanId, first.spanId);
+  if (viaGateway) {
+    const hop = otlp.spans.find((x) => x.spanId === second.parentSpanId);
+    assert.ok(hop, 'the gateway hop was exported');
+    assert.equal(hop.name, 'POST /v1/sessions/{id}/messages');
+    assert.equal(hop.parentSpanId, '8877665544332211');
+  } else {
+    assert.equal(second.parentSpanId, '8877665544332211');
+  }
+});
+
+test('spans the collector refuses are dropped and counted; sessions go on', async () => {
+  const metrics = async () => (await fetch(srv.metricsBase + '/metrics')).text();
+  const before = metricSum(await metrics(), 'armada_trace_spans_dropped_total');
+  otlp.state.refuse = true;
+  try {
+    const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'Process record gamma' });
+    assert.equal(r.status, createdStatus, r.text);
+    assert.equal((await waitFor(srv.base, r.json.id, ['completed', 'failed'])).state, 'completed');
+    const deadline = Date.now() + 20000;
+    let text = await metrics();
+    while (metricSum(text, 'armada_trace_spans_dropped_total') <= before && Date.now() < deadline) {
+      await new Promise((res) => setTimeout(res, 200));
+      text = await metrics();
+    }
+    assert.ok(otlp.state.refused > 0, 'the node tried to export');
+    assert.ok(metricSum(text, 'armada_trace_spans_dropped_total') > before, 'dropped spans are counted');
+    assert.ok(metricSum(text, 'armada_trace_spans_exported_total') > 0);
+    await assertLintedMetrics(text, 'node /metrics with trace counters');
+  } finally {
+    otlp.state.refuse = false;
+  }
+  assert.equal(otlp.state.badBodies, 0, 'every export was valid JSON');
+});
