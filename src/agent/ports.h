@@ -59,6 +59,7 @@ struct PoolStep {
     uint32_t seed = 0;
     std::string tenant;
     std::shared_ptr<std::atomic<bool>> cancelled;
+    std::string traceparent;  // the step's `chat` span, sent to the upstream ("" : none)
 };
 
 //! How a pool step ended. `ran` false: no upstream of the pool gave a whole answer (down, full,

@@ -1238,6 +1238,7 @@ void SessionManager::delegate_step(Session & s, const std::string & pool, std::v
     step.sampling = so;
     step.seed = engine::choice_seed(so, 0);
     step.tenant = s.owner;
+    if (s.step_span) step.traceparent = s.step_span->context().traceparent();
     step.cancelled = s.gen_cancel;
     auto strand = net::any_io_executor(net::make_strand(io_));
     opt_.pool->run(

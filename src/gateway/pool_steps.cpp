@@ -254,6 +254,7 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
         const json body = pool_step_body(step, lease->model, lease->grammar);
         HeaderList headers{{"content-type", "application/json"}, {"accept", "text/event-stream"}};
         if (!lease->key.empty()) headers.emplace_back("authorization", "Bearer " + lease->key);
+        if (!step.traceparent.empty()) headers.emplace_back("traceparent", step.traceparent);
         auto token = std::make_shared<CancelToken>();
         std::list<Flight>::iterator flight;
         {

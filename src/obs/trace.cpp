@@ -186,12 +186,12 @@ void Tracer::end(Span s) {
     if (queue_.size() >= o_.max_batch) cv_.notify_one();
 }
 
-void Tracer::flush() {
+void Tracer::flush(int max_ms) {
     if (!post_) return;
     std::unique_lock lk(mu_);
     flush_asked_ = true;
     cv_.notify_one();
-    idle_cv_.wait_for(lk, std::chrono::seconds(15), [&] { return (queue_.empty() && !sending_) || stop_; });
+    idle_cv_.wait_for(lk, std::chrono::milliseconds(max_ms), [&] { return (queue_.empty() && !sending_) || stop_; });
 }
 
 void Tracer::run() {

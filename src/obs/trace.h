@@ -98,8 +98,9 @@ class Tracer {
     bool enabled() const { return static_cast<bool>(post_); }
     //! Ends `s` now (if it has no end yet) and queues it. Never blocks on the network.
     void end(Span s);
-    //! Exports what is queued before returning (for shutdown and tests).
-    void flush();
+    //! Exports what is queued before returning, waiting at most `max_ms` (shutdown must not hang
+    //! on a collector that does not answer).
+    void flush(int max_ms = 5000);
 
     //! Counts exported and dropped spans in `m` from now on (a process makes its registry after
     //! its tracer); what was counted before is added at once.

@@ -12,7 +12,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <future>
+#include <mutex>
 #include <thread>
 
 using namespace armada;
@@ -141,6 +144,11 @@ class LocalUpstream {
     std::string base() const { return "http://127.0.0.1:" + std::to_string(port_); }
     std::atomic<int> completions{0};
     std::atomic<int> hung_up{0};  // completion requests whose client closed the connection
+    //! The head of the last completion request (request line and headers).
+    std::string last_head() {
+        std::lock_guard lk(mu_);
+        return last_head_;
+    }
 
   private:
     void serve() {
@@ -157,7 +165,11 @@ class LocalUpstream {
         while (req.find("\r\n\r\n") == std::string::npos && (n = ::read(c, buf, sizeof buf)) > 0)
             req.append(buf, size_t(n));
         const bool completion = req.rfind("POST /v1/completions", 0) == 0;
-        if (completion) ++completions;
+        if (completion) {
+            ++completions;
+            std::lock_guard lk(mu_);
+            last_head_ = req.substr(0, req.find("\r\n\r\n"));
+        }
         if (completion && hang_) {
             while ((n = ::read(c, buf, sizeof buf)) > 0) {
             }
@@ -187,6 +199,8 @@ class LocalUpstream {
     }
     bool hang_;
     int status_;
+    std::mutex mu_;
+    std::string last_head_;
     int fd_ = -1;
     uint16_t port_ = 0;
     std::atomic<bool> stop_{false};
@@ -275,8 +289,14 @@ TEST(PoolStepRunner, RoutesByTheRulesAndRunsOnAnUpstream) {
     // A step the pool's context cannot hold (prompt and max_tokens) stays on the node.
     EXPECT_EQ(rig.runner->route({9000, 4000, false, "t", ""}), "");
     std::string streamed;
-    const auto r = rig.run(step(false), &streamed);
+    auto s = step(false);
+    s.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const auto r = rig.run(s, &streamed);
     EXPECT_TRUE(r.ran) << r.error;
+    // The step's span is the upstream's parent.
+    std::string head = up.last_head();
+    std::transform(head.begin(), head.end(), head.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    EXPECT_NE(head.find("traceparent: " + s.traceparent), std::string::npos) << head;
     EXPECT_EQ(r.text, "fine");
     EXPECT_EQ(streamed, "fine");
     EXPECT_EQ(r.n_generated, 4);  // no usage in the stream: counted here
