@@ -1,5 +1,7 @@
 #include "agent/session_manager.h"
 
+#include "obs/log.h"
+
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -801,6 +803,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
     Session & s = *it->second;
+    const obs::LogScope log_scope(s.id, s.turn_span ? std::optional(s.turn_span->context()) : s.trace_parent);
     s.committing = false;
     if (st.fenced && !opt_.node.empty()) return drop_fenced(s, st.error);
     if (!st.ok) {
@@ -877,6 +880,7 @@ void SessionManager::end_turn(Session & s, const std::string & error) {
     }
     s.tool_spans.clear();
     if (!s.turn_span) return;
+    spdlog::debug("session {}: turn ended ({}){}", s.id, state_name(s.state), error.empty() ? "" : ": " + error);
     obs::Span & sp = *s.turn_span;
     sp.set("gen_ai.usage.input_tokens", s.prompt_tokens - s.turn_prompt_tokens);
     sp.set("gen_ai.usage.output_tokens", s.completion_tokens - s.turn_completion_tokens);
@@ -1259,6 +1263,7 @@ void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStep
     auto it = sessions_.find(id);
     if (it == sessions_.end() || it->second->gen != gen || it->second->state != SessionState::Running) return;
     Session & s = *it->second;
+    const obs::LogScope log_scope(s.id, s.turn_span ? std::optional(s.turn_span->context()) : s.trace_parent);
     s.gen_cancel.reset();
     if (r.cancelled) return;
     if (!r.ran) {
@@ -1324,6 +1329,7 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
     auto it = sessions_.find(id);
     if (it == sessions_.end() || it->second->gen != gen || it->second->state != SessionState::Running) return;
     Session & s = *it->second;
+    const obs::LogScope log_scope(s.id, s.turn_span ? std::optional(s.turn_span->context()) : s.trace_parent);
     s.gen_cancel.reset();
     if (ev.finish == engine::FinishReason::Cancelled) return;
     if (ev.finish == engine::FinishReason::Error) {
@@ -1470,6 +1476,7 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
     Session & s = *it->second;
+    const obs::LogScope log_scope(s.id, s.turn_span ? std::optional(s.turn_span->context()) : s.trace_parent);
     if (s.tools_in_flight > 0) --s.tools_in_flight;
     if (s.state != SessionState::WaitingTool) return maybe_evict(s);
     PendingCall * pc = nullptr;
@@ -1544,6 +1551,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
     s.owner = tenant;
     s.created_ms = clock_.now_ms();
     s.trace_parent = std::move(trace);
+    const obs::LogScope log_scope(s.id, s.turn_span ? std::optional(s.turn_span->context()) : s.trace_parent);
     if (!opt_.node.empty()) s.claim = 0;  // cluster mode: the new row is assigned to this node
     s.started = true;
     sessions_[s.id] = std::move(sp);
@@ -1586,6 +1594,7 @@ void SessionManager::add_message(const std::string & id, const std::string & ten
     apply(*s, SessionEvent::UserMessage);
     s->started = true;
     s->trace_parent = std::move(trace);
+    const obs::LogScope log_scope(s->id, s->trace_parent);
     common_chat_msg m;
     m.role = "user";
     m.content = text;
@@ -1880,6 +1889,7 @@ void SessionManager::drop_moved(const std::set<std::string> & assigned) {
 }
 
 void SessionManager::resume_loaded(Session & s) {
+    const obs::LogScope log_scope(s.id, s.turn_span ? std::optional(s.turn_span->context()) : s.trace_parent);
     s.started = true;
     Session * ps = &s;
     const std::string & agent_id = s.agent_id;

@@ -1,5 +1,7 @@
 #include "cli/cluster_node.h"
 
+#include "obs/log.h"
+
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
@@ -129,6 +131,7 @@ void ClusterNode::run_commands() {
                 std::optional<obs::TraceContext> trace;
                 if (j.contains("traceparent") && j["traceparent"].is_string())
                     trace = obs::TraceContext::parse(j["traceparent"].get<std::string>());
+                const obs::LogScope log_scope(id, trace);
                 if (sm_.adopt(id, epoch, trace))
                     spdlog::info("cluster: running session {} (epoch {})", id, epoch);
                 else

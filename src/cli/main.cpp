@@ -12,6 +12,7 @@
 #include "cli/tracing.h"
 #include "engine/memory_budget.h"
 #include "gateway/gateway.h"
+#include "obs/log.h"
 #include "obs/trace.h"
 
 #include <CLI/CLI.hpp>
@@ -33,10 +34,15 @@ void add_brain_metrics_flags(CLI::App * cmd, std::string & host, int & port) {
         ->envname("ARMADA_METRICS_PORT");
 }
 
-void add_otlp_flag(CLI::App * cmd, std::string & endpoint) {
+void add_observability_flags(CLI::App * cmd, std::string & endpoint, std::string & log_format) {
     cmd->add_option("--otlp-endpoint", endpoint,
                     "send trace spans to this OTLP/HTTP collector (e.g. http://127.0.0.1:4318); default: none")
         ->envname("OTEL_EXPORTER_OTLP_ENDPOINT");
+    cmd->add_option("--log-format", log_format,
+                    "text, or json: one JSON object per line, with session_id and trace_id where known")
+        ->check(CLI::IsMember({"text", "json"}))
+        ->envname("ARMADA_LOG_FORMAT")
+        ->capture_default_str();
 }
 
 void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
@@ -268,7 +274,8 @@ std::vector<int> parse_list(const std::string & s) {
 int main(int argc, char ** argv) {
     CLI::App app{"armada: serves LLM agents from CPU nodes (OpenAI-compatible API on llama.cpp)"};
     app.require_subcommand(1);
-    std::string otlp_endpoint;  // every long-running process traces the same way
+    std::string otlp_endpoint;  // every long-running process traces and logs the same way
+    std::string log_format = "text";
     // As with llama-server, a flag given twice takes its last value.
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     app.set_version_flag("--version", std::string("armada ") + ARMADA_VERSION);
@@ -276,7 +283,7 @@ int main(int argc, char ** argv) {
     cli::ServeOptions serve;
     auto * s = app.add_subcommand("serve", "run the node: load a model and serve the HTTP API");
     add_serve_flags(s, serve);
-    add_otlp_flag(s, otlp_endpoint);
+    add_observability_flags(s, otlp_endpoint, log_format);
 
     cli::CellOptions cell;
     auto * ce = app.add_subcommand("cell", "run a cell brain: places the cell's sessions on its nodes (one leads)");
@@ -288,7 +295,7 @@ int main(int argc, char ** argv) {
         ->capture_default_str();
     ce->add_option("--log-level", cell.log_level, "trace, debug, info, warn, error")->capture_default_str();
     add_brain_metrics_flags(ce, cell.metrics_host, cell.metrics_port);
-    add_otlp_flag(ce, otlp_endpoint);
+    add_observability_flags(ce, otlp_endpoint, log_format);
 
     cli::GlobalOptions glo;
     auto * gl =
@@ -303,7 +310,7 @@ int main(int argc, char ** argv) {
         ->capture_default_str();
     gl->add_option("--log-level", glo.log_level, "trace, debug, info, warn, error")->capture_default_str();
     add_brain_metrics_flags(gl, glo.metrics_host, glo.metrics_port);
-    add_otlp_flag(gl, otlp_endpoint);
+    add_observability_flags(gl, otlp_endpoint, log_format);
 
     gateway::GatewayOptions gwo;
     gwo.http.port = 8080;
@@ -321,7 +328,7 @@ int main(int argc, char ** argv) {
     gw->add_option("--affinity-ttl", gwo.affinity_ttl_s, "seconds a conversation stays bound to its node")
         ->capture_default_str();
     gw->add_option("--log-level", gwo.log_level, "trace, debug, info, warn, error")->capture_default_str();
-    add_otlp_flag(gw, otlp_endpoint);
+    add_observability_flags(gw, otlp_endpoint, log_format);
 
     cli::ClusterUpOptions cuo;
     auto * cl = app.add_subcommand("cluster", "a whole cluster on this machine, for trying and testing");
@@ -504,6 +511,7 @@ int main(int argc, char ** argv) {
     for (const auto & [cmd, service] : {std::pair{s, "armada-node"}, std::pair{ce, "armada-cell"},
                                         std::pair{gl, "armada-global"}, std::pair{gw, "armada-gateway"}}) {
         if (!cmd->parsed()) continue;
+        if (log_format == "json") obs::use_json_logs();
         if (auto e = cli::start_tracing(otlp_endpoint, service); !e.empty()) {
             fprintf(stderr, "error: %s\n", e.c_str());
             return 2;

@@ -18,6 +18,7 @@
 #include "gateway/session_lookup.h"
 #include "gateway/upstream.h"
 #include "gateway/worker_pool.h"
+#include "obs/log.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
 #include "store/postgres_store.h"
@@ -317,6 +318,14 @@ class Gateway {
                     span->set("url.path", req.path);
                     req.headers["traceparent"] = span->context().traceparent();
                 }
+                // Log lines about this request carry its trace (and its session, for session routes).
+                std::string session;
+                if (req.path.rfind("/v1/sessions/", 0) == 0) {
+                    const size_t end = req.path.find('/', 13);
+                    session = req.path.substr(13, end == std::string::npos ? std::string::npos : end - 13);
+                }
+                const obs::LogScope log_scope(session, span ? std::optional(span->context())
+                                                            : obs::TraceContext::parse(req.header("traceparent")));
                 struct EndSpan {
                     std::optional<obs::Span> & s;
                     const std::shared_ptr<obs::Tracer> & t;

@@ -23,8 +23,9 @@ before(async () => {
   otlp = await startOtlpReceiver();
   const dir = tempDir('armada-traces-');
   const agents = writeAgents(dir, agentYaml(tools.url));
-  srv = await startServer(['--agents', agents, '--data-dir', path.join(dir, 'data'), '--tool-allow', '127.0.0.1'],
-    { env: { OTEL_EXPORTER_OTLP_ENDPOINT: otlp.endpoint } });
+  srv = await startServer(['--agents', agents, '--data-dir', path.join(dir, 'data'), '--tool-allow', '127.0.0.1',
+    '--log-level', 'debug'],
+  { env: { OTEL_EXPORTER_OTLP_ENDPOINT: otlp.endpoint, ARMADA_LOG_FORMAT: 'json' } });
 });
 
 after(async () => {
@@ -124,6 +125,16 @@ test('a session turn is an invoke_agent span with a chat span per step and an ex
     // The tool received the call's own span as its parent.
     assert.equal(tools.traceparents.get(call.idempotency_key), `00-${clientTrace}-${sp.spanId}-01`);
   }
+
+  // Log lines are JSON objects; those about this session name it and its trace.
+  const lines = (srv.stdout() + '\n' + srv.stderr()).split('\n').map((l) => {
+    try { return JSON.parse(l); } catch { return null; }
+  }).filter((j) => j && j.msg !== undefined);
+  assert.ok(lines.length > 0, 'armada logs JSON lines');
+  for (const j of lines) assert.match(j.ts, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+  const about = lines.filter((j) => j.session_id === id);
+  assert.ok(about.length > 0, 'a log line names the session');
+  for (const j of about) assert.equal(j.trace_id, clientTrace, JSON.stringify(j));
 });
 
 test('a later turn is a new invoke_agent span under the request that brought its message', async () => {
