@@ -113,7 +113,8 @@ fetch_promtool() {
 
 install_npm_peers() {
   local dir="$here/tests/node"
-  if [ -d "$dir/node_modules/openai" ] && [ -d "$dir/node_modules/@modelcontextprotocol/server-everything" ]; then
+  if [ -d "$dir/node_modules/openai" ] && [ -d "$dir/node_modules/@modelcontextprotocol/server-everything" ] &&
+    [ -d "$dir/node_modules/kubernetes-models" ] && [ -d "$dir/node_modules/yaml" ]; then
     log "npm test peers present"
     return
   fi
