@@ -105,6 +105,12 @@ class CellProcess {
             ++by_tenant[r.owner];
         }
         by_tenant_ = std::move(by_tenant);
+        // A node whose lease went may show here before its watch event does: said the same way.
+        for (const auto & name : brain.live_nodes()) {
+            if (!live.count(name))
+                spdlog::warn("cell {}: node {} left (its lease is gone); {} sessions to move", o_.cell, name,
+                             brain.sessions_on(name));
+        }
         brain.reconcile(live, open);
         const int64_t t = brain_now_ms();
         for (const auto & l : loads)
@@ -117,6 +123,16 @@ class CellProcess {
     //! global brain as it is made; nothing is kept).
     void report(const CellBrain & brain, int64_t now) {
         const CellReport r = cell_report(o_.cell, brain.loads(now), by_tenant_, int(brain.queued()));
+        cell_metrics(elected_.metrics(), r);
+        const int64_t wall =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        if (wall - survival_at_ >= 5000) {
+            // The cell's chain survival, from the rows themselves: a new leader has it at once.
+            survival_at_ = wall;
+            survival_metrics(elected_.metrics(),
+                             cluster::survival_by_cell(store_->ended_since(o_.cell, wall - kSurvivalWindowMs)), false);
+        }
         const std::string encoded = encode_cell_report(r);
         if (auto e = etcd_.put(cell_report_key(cfg_, o_.cell), encoded, elected_.lease()); !e.empty())
             spdlog::warn("cell {}: cannot write its report: {}", o_.cell, e);
@@ -350,6 +366,7 @@ class CellProcess {
     std::unique_ptr<JetStream> js_;
     std::unique_ptr<Consumer> place_, events_;
     uint64_t placed_ = 0;
+    int64_t survival_at_ = 0;               // when the survival gauges were last read from the store (wall ms)
     store::Batch::Leadership leader_;       // while it leads
     std::map<std::string, int> by_tenant_;  // open sessions per tenant, at the last reconcile
 };

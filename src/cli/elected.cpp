@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <random>
@@ -42,6 +43,46 @@ std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Bat
 
 bool newer_leader_wrote(const store::Status & s) {
     return s.deposed;
+}
+
+void survival_metrics(obs::Registry & m, const std::map<std::string, cluster::Survival> & by_cell, bool cluster) {
+    const auto put = [&](const std::string & prefix, const cluster::Survival & s, const obs::Labels & where) {
+        m.gauge(prefix + "_chain_survival_ratio",
+                "Share of agent sessions ended in the last hour that completed; client cancels excluded", where)
+            .set(s.ratio());
+        const std::pair<const char *, int64_t> outcomes[] = {{"completed", s.completed},
+                                                             {"failed", s.failed},
+                                                             {"timed_out", s.timed_out},
+                                                             {"lost", s.lost},
+                                                             {"cancelled", s.cancelled}};
+        for (const auto & [outcome, n] : outcomes) {
+            obs::Labels l = where;
+            l.emplace_back("outcome", outcome);
+            m.gauge(prefix + "_sessions_ended", "Agent sessions that ended in the last hour, by outcome", l)
+                .set(double(n));
+        }
+    };
+    for (const auto & [cell, s] : by_cell) {
+        if (cell.empty()) {
+            if (cluster) put("armada_cluster", s, {});
+        } else {
+            put("armada_cell", s, {{"cell", cell}});
+        }
+    }
+}
+
+void cell_metrics(obs::Registry & m, const cluster::CellReport & r) {
+    const obs::Labels l{{"cell", r.cell}};
+    m.gauge("armada_cell_nodes", "Live nodes of the cell", l).set(r.nodes);
+    m.gauge("armada_cell_live_sessions", "Sessions the cell's nodes run", l).set(r.live_sessions);
+    m.gauge("armada_cell_queued_sessions", "Open sessions waiting for room on a node", l).set(r.queued);
+    m.gauge("armada_cell_free_sequences", "Session slots free on the cell's nodes that take work", l).set(r.free_seqs);
+    m.gauge("armada_cell_kv_headroom_bytes", "KV budget left on the cell's nodes that take work", l)
+        .set(double(r.kv_headroom));
+    m.gauge("armada_cell_kv_watermark_ratio", "Share of the cell's KV budget in use (NaN: not reported)", l)
+        .set(r.kv_budget > 0 ? 1.0 - double(r.kv_headroom) / double(r.kv_budget) : std::nan(""));
+    m.gauge("armada_cell_step_latency_seconds", "Recent model-step latency on the cell's nodes", l)
+        .set(r.step_ms / 1000.0);
 }
 
 Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set)

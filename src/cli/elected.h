@@ -1,6 +1,8 @@
 #pragma once
 
 #include "cluster/etcd.h"
+#include "cluster/global_brain.h"
+#include "cluster/survival.h"
 #include "obs/metrics.h"
 #include "store/store.h"
 
@@ -14,6 +16,16 @@
 #include <vector>
 
 namespace armada::cli {
+
+//! How far back the brains' chain survival rates look.
+constexpr int64_t kSurvivalWindowMs = 3600 * 1000;
+
+//! Chain survival as gauges: per cell in `by_cell` (`armada_cell_*`), and for the whole cluster
+//! (its "" entry, `armada_cluster_*`) when `cluster` is set.
+void survival_metrics(obs::Registry & m, const std::map<std::string, cluster::Survival> & by_cell, bool cluster);
+
+//! A cell's aggregate (what its leading brain reports) as `armada_cell_*` gauges.
+void cell_metrics(obs::Registry & m, const cluster::CellReport & r);
 
 //! A process that takes turns to lead through etcd's election (a cell brain, the global brain).
 //! It holds a lease, kept alive on a thread of its own, and observes the election on another

@@ -199,7 +199,7 @@ class GlobalProcess {
         bool heard = false;  // a report has come since this brain leads: its split is worth writing
         std::string last_shares;
         std::set<std::string> last_full;  // the cells the split last named full
-        int64_t last_shares_ms = 0, last_written_ms = 0, last_check = brain_now_ms();
+        int64_t last_shares_ms = 0, last_written_ms = 0, last_check = brain_now_ms(), survival_at = 0;
         while (!elected_.stopping()) {
             const int64_t t = brain_now_ms();
             if (!reports_ && t >= subscribe_at) {
@@ -229,6 +229,15 @@ class GlobalProcess {
                 if (cfg_.cells.empty() && known.insert(cell).second) brain.add_cell({cell, "", 0.57});
                 brain.report(r, t);
                 heard = true;
+            }
+            if (t - survival_at >= 5000) {
+                // Chain survival per cell and for the cluster, from the rows of every shard.
+                survival_at = t;
+                const int64_t wall = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::system_clock::now().time_since_epoch())
+                                         .count();
+                survival_metrics(elected_.metrics(),
+                                 cluster::survival_by_cell(store_->ended_since("", wall - kSurvivalWindowMs)), true);
             }
             const auto recent = [&](const std::map<std::string, int64_t> & at, const std::string & cell) {
                 const auto p = at.find(cell);

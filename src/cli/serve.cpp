@@ -617,6 +617,7 @@ int serve(const ServeOptions & opt) {
             l.ctx = eng.size() > 0 ? eng.n_ctx_seq() : 0;
             l.free_seqs = std::max(0, opt.cluster_sessions - live);
             l.kv_headroom = int64_t(eng.kv_headroom());
+            l.kv_budget = int64_t(eng.kv_budget());
             // What each tenant holds in memory (slots and RAM; KV parked on disk is not counted).
             for (const auto & [id, tenant] : sessions.live_owners()) {
                 if (auto u = eng.kv_usage(id); u && u->where != "disk") l.kv_by_tenant[tenant] += int64_t(u->bytes);

@@ -177,6 +177,13 @@ size_t CellBrain::sessions_on(const std::string & node) const {
     return n;
 }
 
+std::vector<std::string> CellBrain::live_nodes() const {
+    std::vector<std::string> out;
+    for (const auto & [name, n] : nodes_)
+        out.push_back(name);
+    return out;
+}
+
 std::vector<NodeLoad> CellBrain::loads(int64_t now_ms) const {
     std::vector<NodeLoad> out;
     for (const auto & [name, n] : nodes_)

@@ -15,6 +15,7 @@ struct NodeLoad {
     std::string node;
     int free_seqs = 0;                            // sequence slots not in use
     int64_t kv_headroom = 0;                      // bytes of KV budget left
+    int64_t kv_budget = 0;                        // bytes of KV it may hold in all (0: not reported)
     int sessions = 0;                             // sessions it runs
     std::map<std::string, int> by_state;          // of those, how many in each state
     std::map<std::string, int64_t> kv_by_tenant;  // KV bytes their sessions hold in memory, by tenant
@@ -103,6 +104,7 @@ class CellBrain {
     size_t queued() const { return todo_.size(); }  // of those, the ones to place when there is room
     size_t sessions_on(const std::string & node) const;
     bool live(const std::string & node) const { return nodes_.count(node) > 0; }
+    std::vector<std::string> live_nodes() const;
     std::optional<std::string> node_of(const std::string & session) const;
     //! The fresh reports of live nodes (what the cell's aggregate sums).
     std::vector<NodeLoad> loads(int64_t now_ms) const;

@@ -44,6 +44,7 @@ CellReport cell_report(const std::string & cell, const std::vector<NodeLoad> & l
         r.capacity += l.free_seqs + l.sessions;
         r.free_seqs += l.free_seqs;
         r.kv_headroom += l.kv_headroom;
+        r.kv_budget += l.kv_budget;
     }
     if (step_n > 0) r.step_ms = step_sum / step_n;
     r.by_tenant = by_tenant;

@@ -20,6 +20,7 @@ struct CellReport {
     int capacity = 0;         // session slots over its live, non-draining nodes (free + used)
     int free_seqs = 0;        // of those, free
     int64_t kv_headroom = 0;  // bytes
+    int64_t kv_budget = 0;    // bytes of KV its nodes may hold (0: not reported)
     int live_sessions = 0;
     int queued = 0;                        // open sessions its brain has yet to place (no room on its nodes now)
     double step_ms = 0;                    // recent model-step latency (p50); 0: not known

@@ -14,6 +14,7 @@ using json = nlohmann::json;
 std::string encode_load(const NodeLoad & l) {
     return json{{"free_seqs", l.free_seqs},
                 {"kv_headroom", l.kv_headroom},
+                {"kv_budget", l.kv_budget},
                 {"sessions", l.sessions},
                 {"version", l.version},
                 {"fingerprint", l.fingerprint},
@@ -37,6 +38,7 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
     try {
         l.free_seqs = j.value("free_seqs", 0);
         l.kv_headroom = j.value("kv_headroom", int64_t(0));
+        l.kv_budget = j.value("kv_budget", int64_t(0));
         l.sessions = j.value("sessions", 0);
         l.version = j.value("version", "");
         l.fingerprint = j.value("fingerprint", "");
@@ -70,6 +72,7 @@ std::string encode_cell_report(const CellReport & r) {
                 {"capacity", r.capacity},
                 {"free_seqs", r.free_seqs},
                 {"kv_headroom", r.kv_headroom},
+                {"kv_budget", r.kv_budget},
                 {"live_sessions", r.live_sessions},
                 {"queued", r.queued},
                 {"step_ms", r.step_ms},
@@ -88,6 +91,7 @@ std::optional<CellReport> decode_cell_report(const std::string & cell, const std
         r.capacity = j.value("capacity", 0);
         r.free_seqs = j.value("free_seqs", 0);
         r.kv_headroom = j.value("kv_headroom", int64_t(0));
+        r.kv_budget = j.value("kv_budget", int64_t(0));
         r.live_sessions = j.value("live_sessions", 0);
         r.queued = j.value("queued", 0);
         r.step_ms = j.value("step_ms", 0.0);

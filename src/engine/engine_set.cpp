@@ -37,6 +37,13 @@ uint64_t EngineSet::kv_headroom() const {
     return sum;
 }
 
+uint64_t EngineSet::kv_budget() const {
+    uint64_t sum = 0;
+    for (const auto * e : engines_)
+        sum += e->kv_budget();
+    return sum;
+}
+
 size_t EngineSet::route(const std::string & session) const {
     if (engines_.size() == 1) return 0;
     if (!session.empty()) {

@@ -46,6 +46,8 @@ class EngineSet {
     bool kv_pressure() const;
     //! KV budget left over all engines, in bytes (an engine under pressure counts none).
     uint64_t kv_headroom() const;
+    //! KV budget over all engines, in bytes.
+    uint64_t kv_budget() const;
     int32_t n_ctx_seq() const { return engines_.front()->n_ctx_seq(); }
     uint64_t kv_bytes_per_cell() const { return engines_.front()->kv_bytes_per_cell(); }
     //! No request running or waiting on any engine.

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <map>
 #include <set>
+#include <tuple>
 
 namespace armada::store {
 
@@ -859,6 +860,27 @@ std::vector<Store::MinuteCount> PostgresStore::count_since(const std::vector<std
     std::vector<MinuteCount> out;
     for (const auto & [k, n] : sum)
         out.push_back({k.first, k.second, n});
+    return out;
+}
+
+std::vector<Store::EndedCount> PostgresStore::ended_since(const std::string & cell, int64_t since_ms) {
+    const std::string sql =
+        "SELECT cell, state, reason LIKE 'deadline%', epoch > 1, count(*) FROM sessions "
+        "WHERE state IN ('completed','failed','cancelled') AND updated_ms >= $1 AND agent_id NOT LIKE '@%'" +
+        std::string(cell.empty() ? "" : " AND cell = $2") + " GROUP BY 1, 2, 3, 4";
+    std::vector<std::string> params{std::to_string(since_ms)};
+    if (!cell.empty()) params.push_back(cell);
+    std::map<std::tuple<std::string, std::string, bool, bool>, int64_t> sum;
+    for (auto & sh : shards_) {
+        auto l = acquire(*sh);
+        if (!l) continue;
+        Res r = l.query(sql, params);
+        for (int i = 0; r.ok() && i < r.rows(); ++i)
+            sum[{r.text(i, 0), r.text(i, 1), r.text(i, 2) == "t", r.text(i, 3) == "t"}] += r.i64(i, 4);
+    }
+    std::vector<EndedCount> out;
+    for (const auto & [k, n] : sum)
+        out.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), n});
     return out;
 }
 

@@ -494,6 +494,23 @@ std::vector<Store::MinuteCount> SqliteStore::count_since(const std::vector<std::
     return out;
 }
 
+std::vector<Store::EndedCount> SqliteStore::ended_since(const std::string & cell, int64_t since_ms) {
+    std::lock_guard lk(rmu_);
+    const std::string sql =
+        "SELECT cell, state, reason LIKE 'deadline%', epoch > 1, count(*) FROM sessions "
+        "WHERE state IN ('completed','failed','cancelled') AND updated_ms >= ? AND agent_id NOT LIKE '@%'" +
+        std::string(cell.empty() ? "" : " AND cell = ?") + " GROUP BY 1, 2, 3, 4";
+    Stmt q(rdb_, sql.c_str());
+    q.i64(1, since_ms);
+    if (!cell.empty()) q.text(2, cell);
+    std::vector<EndedCount> out;
+    while (sqlite3_step(q.s) == SQLITE_ROW) {
+        out.push_back({q.col(0), q.col(1), sqlite3_column_int64(q.s, 2) != 0, sqlite3_column_int64(q.s, 3) != 0,
+                       sqlite3_column_int64(q.s, 4)});
+    }
+    return out;
+}
+
 Status SqliteStore::writable() {
     std::lock_guard lk(mu_);
     return sticky_.empty() ? Status::Ok() : Status::Error("store failed: " + sticky_);

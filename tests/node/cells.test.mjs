@@ -10,7 +10,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, assertLintedMetrics, chatTurn, clusterUp, etcdGet as etcdRead, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { alive, assertLintedMetrics, chatTurn, clusterUp, etcdGet as etcdRead, metricSum, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -176,6 +176,15 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
     const text = await fetch(`${g.url}/metrics`).then((x) => x.text());
     assertLintedMetrics(text, g.name);
     assert.match(text, new RegExp(`^armada_brain_leading ${g === leader ? 1 : 0}$`, 'm'), g.name);
+    if (g !== leader) continue;
+    // The leader's chain survival: per cell and for the cluster, which is the cells together.
+    const ended = (labels) => metricSum(text, 'armada_cell_sessions_ended', labels);
+    const all = (o) => metricSum(text, 'armada_cluster_sessions_ended', `outcome="${o}"`);
+    for (const o of ['completed', 'failed', 'timed_out', 'lost', 'cancelled'])
+      assert.equal(all(o), ended(`outcome="${o}"`), `the cluster's ${o} is its cells' sum`);
+    assert.ok(all('completed') > 0, 'sessions of the tests before completed');
+    const decided = all('completed') + all('failed') + all('timed_out') + all('lost');
+    assert.ok(Math.abs(metricSum(text, 'armada_cluster_chain_survival_ratio') - all('completed') / decided) < 1e-9);
   }
   // Sessions already running when the leader dies go on, as do new ones.
   const running = await createSessions(4, 'running');

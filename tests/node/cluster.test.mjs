@@ -899,6 +899,16 @@ test('a standby waits on observe, not by campaigning again; the leader resigns o
   assert.ok(lm('armada_brain_epoch') > 0);
   assert.ok(lm('armada_brain_decisions_total', 'kind="place"') + sm('armada_brain_decisions_total', 'kind="place"') > 0,
     'the sessions of the tests before were placed by these brains');
+  // The cell's aggregates and its chain survival, read from the store's rows: the 64 sessions of
+  // the first fault test completed in this hour, whatever was killed under them.
+  const cell = (name, outcome) => lm(name, outcome ? `cell="cell0",outcome="${outcome}"` : 'cell="cell0"');
+  assert.ok(cell('armada_cell_sessions_ended', 'completed') >= 64, 'the fault tests\' sessions completed');
+  const decided = ['completed', 'failed', 'timed_out', 'lost'].reduce((n, o) => n + cell('armada_cell_sessions_ended', o), 0);
+  assert.ok(Math.abs(cell('armada_cell_chain_survival_ratio') - cell('armada_cell_sessions_ended', 'completed') / decided) < 1e-9);
+  assert.equal(cell('armada_cell_nodes'), status().processes.filter((p) => p.role === 'node' && alive(p.pid)).length);
+  const watermark = cell('armada_cell_kv_watermark_ratio');
+  assert.ok(watermark >= 0 && watermark < 1, `KV watermark ${watermark}`);
+  assert.ok(cell('armada_cell_free_sequences') > 0);
   const changesSeen = sm('armada_brain_leader_changes_total');
   assert.ok(changesSeen >= 1);
   const mark = logOf(standby.name).length;

@@ -437,6 +437,52 @@ TEST_P(StoreSuite, ExpiryAndCountsSeeEverySession) {
     EXPECT_EQ(store->sessions_not_in({"completed"}).size(), 6u);
 }
 
+TEST_P(StoreSuite, EndedSessionsAreCountedByCellStateDeadlineAndMove) {
+    auto rec = [](const std::string & id, const std::string & cell, const std::string & state,
+                  const std::string & reason = "", int64_t updated = 5000) {
+        SessionRecord r = session(id, state);
+        r.cell = cell;
+        r.reason = reason;
+        r.updated_ms = updated;
+        return r;
+    };
+    Batch b;
+    b.sessions = {rec("a1", "cell0", "completed"),
+                  rec("a2", "cell0", "failed", "deadline (60 s) passed"),
+                  rec("a3", "cell0", "failed", "the model failed: x"),
+                  rec("a4", "cell0", "failed", "the model failed: y"),
+                  rec("a5", "cell1", "cancelled"),
+                  rec("a6", "cell1", "running"),
+                  rec("a7", "cell0", "completed", "", 10)};  // before the window
+    ASSERT_TRUE(store->commit_sync(std::move(b)).ok);
+    for (int64_t epoch : {1, 2}) {  // a3 moved once; a4 was only placed
+        Batch a;
+        a.assign.push_back({"a3", "n" + std::to_string(epoch), epoch});
+        if (epoch == 1) a.assign.push_back({"a4", "n1", 1});
+        ASSERT_TRUE(store->commit_sync(std::move(a)).ok);
+    }
+    auto count = [](const std::vector<Store::EndedCount> & rows, const std::string & cell, const std::string & state,
+                    bool deadline, bool moved) {
+        int64_t n = 0;
+        for (const auto & r : rows)
+            if (r.cell == cell && r.state == state && r.deadline == deadline && r.moved == moved) n += r.count;
+        return n;
+    };
+    const auto all = store->ended_since("", 1000);
+    EXPECT_EQ(count(all, "cell0", "completed", false, false), 1);
+    EXPECT_EQ(count(all, "cell0", "failed", true, false), 1);
+    EXPECT_EQ(count(all, "cell0", "failed", false, true), 1);
+    EXPECT_EQ(count(all, "cell0", "failed", false, false), 1);
+    EXPECT_EQ(count(all, "cell1", "cancelled", false, false), 1);
+    int64_t total = 0;
+    for (const auto & r : all)
+        total += r.count;
+    EXPECT_EQ(total, 5);  // not the running one, not the one before the window
+    const auto one = store->ended_since("cell1", 1000);
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(one[0].state, "cancelled");
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, StoreSuite, ::testing::Values("sqlite", "postgres"),
                          [](const auto & info) { return info.param; });
 

@@ -33,6 +33,9 @@ TEST(CellBrain, PlacesOnTheNodeWithTheMostFreeSequencesThenTheMostKvHeadroom) {
     const auto d = b.decide(0);
     ASSERT_EQ(d.size(), 1u);
     EXPECT_EQ(d[0], (Place{"s1", "n3", 1, false}));
+    EXPECT_EQ(b.live_nodes(), (std::vector<std::string>{"n1", "n2", "n3"}));
+    b.node_down("n2");
+    EXPECT_EQ(b.live_nodes(), (std::vector<std::string>{"n1", "n3"}));
 }
 
 TEST(CellBrain, CountsWhatItPlacedSinceANodesLastReport) {

@@ -300,6 +300,7 @@ TEST(CellReport, SumsTheNodesAndLeavesADrainingNodesRoomOut) {
     a.sessions = 2;
     a.cores = 4;
     a.kv_headroom = 100;
+    a.kv_budget = 400;
     a.step_ms = 50;
     NodeLoad b = a;
     b.node = "b";
@@ -318,6 +319,8 @@ TEST(CellReport, SumsTheNodesAndLeavesADrainingNodesRoomOut) {
     EXPECT_EQ(r.capacity, 14);  // a: 6 + 2, b: 6 + 0; the draining node takes nothing
     EXPECT_EQ(r.free_seqs, 12);
     EXPECT_EQ(r.kv_headroom, 200);
+    EXPECT_EQ(r.kv_budget, 800);  // the draining node's KV is not room for new sessions
+    EXPECT_EQ(decode_cell_report("c", encode_cell_report(r))->kv_budget, 800);
     EXPECT_DOUBLE_EQ(r.step_ms, (50.0 * 3 + 110.0 * 1) / 4);  // weighted by sessions + 1
     EXPECT_EQ(r.by_tenant, (std::map<std::string, int>{{"t1", 7}}));
 }
