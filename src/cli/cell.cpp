@@ -130,8 +130,12 @@ class CellProcess {
         if (wall - survival_at_ >= 5000) {
             // The cell's chain survival, from the rows themselves: a new leader has it at once.
             survival_at_ = wall;
-            survival_metrics(elected_.metrics(),
-                             cluster::survival_by_cell(store_->ended_since(o_.cell, wall - kSurvivalWindowMs)), false);
+            // A shard that cannot be read leaves the last figures as they were.
+            if (auto rows = store_->ended_since(o_.cell, wall - kSurvivalWindowMs)) {
+                auto by = cluster::survival_by_cell(*rows);
+                by[o_.cell];  // none ended in the window: zeros, and no ratio
+                survival_metrics(elected_.metrics(), by, false);
+            }
         }
         const std::string encoded = encode_cell_report(r);
         if (auto e = etcd_.put(cell_report_key(cfg_, o_.cell), encoded, elected_.lease()); !e.empty())
@@ -333,7 +337,11 @@ class CellProcess {
                     continue;
                 }
                 json run = {{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}};
-                if (obs::tracer()->enabled()) run["traceparent"] = span.context().traceparent();
+                // Untraced here, the gateway's context still reaches the node.
+                if (obs::tracer()->enabled())
+                    run["traceparent"] = span.context().traceparent();
+                else if (parent)
+                    run["traceparent"] = parent->traceparent();
                 obs::tracer()->end(std::move(span));
                 const std::string cmd = run.dump();
                 if (auto e = js_->publish(command_subject(p.node), cmd, p.session + ":" + std::to_string(p.epoch));
@@ -356,6 +364,9 @@ class CellProcess {
         }
         watch_stop = true;
         if (watcher.joinable()) watcher.join();
+        // Only the leader speaks for the cell: a standby exports none of its figures.
+        elected_.metrics().erase_families("armada_cell_");
+        survival_at_ = 0;
     }
 
     ClusterConfig cfg_;

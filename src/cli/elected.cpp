@@ -87,7 +87,7 @@ void cell_metrics(obs::Registry & m, const cluster::CellReport & r) {
 
 Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set)
     : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), stop_set_(stop_set) {
-    obs::tracer()->count_in(metrics_);
+    trace_counts_ = obs::tracer()->count_in(metrics_);
 }
 
 std::string Elected::serve_metrics(const std::string & host, int port) {

@@ -85,7 +85,8 @@ class Elected {
     std::string seen_key_;    // the leader's key as the observer last saw it
     bool observing_ = false;  // the observer's stream is up
     obs::Registry metrics_;
-    std::shared_ptr<void> listener_;  // the metrics listener, while there is one
+    std::shared_ptr<void> trace_counts_;  // the tracer counts into metrics_ while this lives
+    std::shared_ptr<void> listener_;      // the metrics listener, while there is one
 };
 
 //! What both brains share besides the election.

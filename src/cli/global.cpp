@@ -236,8 +236,12 @@ class GlobalProcess {
                 const int64_t wall = std::chrono::duration_cast<std::chrono::milliseconds>(
                                          std::chrono::system_clock::now().time_since_epoch())
                                          .count();
-                survival_metrics(elected_.metrics(),
-                                 cluster::survival_by_cell(store_->ended_since("", wall - kSurvivalWindowMs)), true);
+                if (auto rows = store_->ended_since("", wall - kSurvivalWindowMs)) {
+                    auto by = cluster::survival_by_cell(*rows);
+                    for (const auto & cell : known)
+                        by[cell];  // a cell with none ended in the window: zeros, and no ratio
+                    survival_metrics(elected_.metrics(), by, true);
+                }
             }
             const auto recent = [&](const std::map<std::string, int64_t> & at, const std::string & cell) {
                 const auto p = at.find(cell);
@@ -295,6 +299,9 @@ class GlobalProcess {
             if (elected_.wait_signal(o_.tick_ms)) break;
         }
         reports_.reset();
+        // Only the leader speaks for the cells and the cluster.
+        elected_.metrics().erase_families("armada_cell_");
+        elected_.metrics().erase_families("armada_cluster_");
     }
 
     ClusterConfig cfg_;

@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 
 using namespace armada;
 
@@ -36,8 +37,8 @@ void add_brain_metrics_flags(CLI::App * cmd, std::string & host, int & port) {
 
 void add_observability_flags(CLI::App * cmd, std::string & endpoint, std::string & log_format) {
     cmd->add_option("--otlp-endpoint", endpoint,
-                    "send trace spans to this OTLP/HTTP collector (e.g. http://127.0.0.1:4318); default: none")
-        ->envname("OTEL_EXPORTER_OTLP_ENDPOINT");
+                    "send trace spans to this OTLP/HTTP collector (e.g. http://127.0.0.1:4318); default: "
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT, else none");
     cmd->add_option("--log-format", log_format,
                     "text, or json: one JSON object per line, with session_id and trace_id where known")
         ->check(CLI::IsMember({"text", "json"}))
@@ -512,7 +513,9 @@ int main(int argc, char ** argv) {
                                         std::pair{gl, "armada-global"}, std::pair{gw, "armada-gateway"}}) {
         if (!cmd->parsed()) continue;
         if (log_format == "json") obs::use_json_logs();
-        if (auto e = cli::start_tracing(otlp_endpoint, service); !e.empty()) {
+        const std::string url = cli::otlp_traces_url(otlp_endpoint, std::getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+                                                     std::getenv("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        if (auto e = cli::start_tracing(url, service); !e.empty()) {
             fprintf(stderr, "error: %s\n", e.c_str());
             return 2;
         }

@@ -337,7 +337,7 @@ int serve(const ServeOptions & opt) {
         configs.push_back(std::move(c));
     }
     obs::Registry metrics;
-    obs::tracer()->count_in(metrics);
+    const auto trace_counts = obs::tracer()->count_in(metrics);  // released before `metrics` goes
     api::RateLimiter limiter({opt.rate_rpm, opt.rate_tpm});
     for (const auto & k : keys.keys()) {
         if (k.limits) limiter.set_limits(api::owner_of(k.key), *k.limits);

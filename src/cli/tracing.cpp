@@ -11,19 +11,28 @@
 
 namespace armada::cli {
 
-std::string start_tracing(const std::string & endpoint, const std::string & service) {
-    if (endpoint.empty()) return {};
-    const bool https = endpoint.rfind("https://", 0) == 0;
-    if (!https && endpoint.rfind("http://", 0) != 0)
-        return "--otlp-endpoint must be an http:// or https:// URL (OTLP/HTTP), not '" + endpoint + "'";
-    std::string url = endpoint;
-    const size_t host_at = url.find("://") + 3;
-    const size_t path_at = url.find('/', host_at);
-    if (path_at == std::string::npos || path_at + 1 == url.size()) {
-        // A base URL, as OTEL_EXPORTER_OTLP_ENDPOINT gives it: the signal's path is added.
-        if (path_at != std::string::npos) url.pop_back();
-        url += "/v1/traces";
+std::string otlp_traces_url(const std::string & flag, const char * traces_env, const char * base_env) {
+    auto trimmed = [](std::string u) {
+        while (!u.empty() && u.back() == '/')
+            u.pop_back();
+        return u;
+    };
+    if (!flag.empty()) {
+        const size_t scheme = flag.find("://");
+        const size_t slash = scheme == std::string::npos ? std::string::npos : flag.find('/', scheme + 3);
+        const bool has_path = slash != std::string::npos && flag.find_first_not_of('/', slash) != std::string::npos;
+        return has_path ? flag : trimmed(flag) + "/v1/traces";
     }
+    if (traces_env && *traces_env) return traces_env;
+    if (base_env && *base_env) return trimmed(base_env) + "/v1/traces";
+    return {};
+}
+
+std::string start_tracing(const std::string & url, const std::string & service) {
+    if (url.empty()) return {};
+    const bool https = url.rfind("https://", 0) == 0;
+    if (!https && url.rfind("http://", 0) != 0)
+        return "the OTLP endpoint must be an http:// or https:// URL (OTLP/HTTP), not '" + url + "'";
     std::shared_ptr<boost::asio::ssl::context> tls;
     if (https) {
         std::string err;
@@ -38,7 +47,7 @@ std::string start_tracing(const std::string & endpoint, const std::string & serv
     }
     auto post = [url, guard, tls](const std::string & body) -> std::string {
         tools::HttpOptions o;
-        o.timeout_ms = 5000;
+        o.timeout_ms = 2000;  // a shutdown waits for at most one post in flight
         o.max_body = 1 << 16;
         o.follow_redirects = false;
         o.tls = tls.get();

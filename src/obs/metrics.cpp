@@ -72,6 +72,11 @@ Registry::Family & Registry::family(const std::string & name, const char * type,
     return f;
 }
 
+void Registry::erase_families(const std::string & prefix) {
+    std::lock_guard lk(mu_);
+    std::erase_if(families_, [&](const auto & f) { return f.first.rfind(prefix, 0) == 0; });
+}
+
 Counter & Registry::counter(const std::string & name, const std::string & help, const Labels & labels) {
     std::lock_guard lk(mu_);
     auto & slot = family(name, "counter", help).counters[format_labels(labels)];

@@ -67,6 +67,9 @@ class Registry {
     Histogram & histogram(const std::string & name, const std::string & help, const std::vector<double> & bounds,
                           const Labels & labels = {});
     std::string render() const;
+    //! Removes every family whose name starts with `prefix` (a brain that stops leading stops
+    //! exporting what only a leader knows). References to their metrics become invalid.
+    void erase_families(const std::string & prefix);
 
   private:
     struct Family {

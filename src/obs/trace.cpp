@@ -149,11 +149,11 @@ std::string otlp_json(const std::vector<Span> & spans, const std::string & servi
 }
 
 Tracer::Tracer(Options o, OtlpPost post, Registry * metrics) : o_(std::move(o)), post_(std::move(post)) {
-    if (metrics) count_in(*metrics);
+    if (metrics) metrics_binding_ = count_in(*metrics);
     if (post_) thread_ = std::thread([this] { run(); });
 }
 
-void Tracer::count_in(Registry & m) {
+std::shared_ptr<void> Tracer::count_in(Registry & m) {
     auto & e = m.counter("armada_trace_spans_exported_total", "Spans the OTLP collector accepted");
     auto & d = m.counter("armada_trace_spans_dropped_total",
                          "Spans dropped: the queue was full or the collector refused or was away");
@@ -162,6 +162,12 @@ void Tracer::count_in(Registry & m) {
     d.inc(dropped_.load());
     exported_metric_ = &e;
     dropped_metric_ = &d;
+    // The exporter and `end` count under `mu_`: once this runs, neither touches `m` again.
+    return std::shared_ptr<void>(nullptr, [this, pe = &e, pd = &d](void *) {
+        std::lock_guard lk2(mu_);
+        if (exported_metric_.load() == pe) exported_metric_ = nullptr;
+        if (dropped_metric_.load() == pd) dropped_metric_ = nullptr;
+    });
 }
 
 Tracer::~Tracer() {

@@ -103,8 +103,9 @@ class Tracer {
     void flush(int max_ms = 5000);
 
     //! Counts exported and dropped spans in `m` from now on (a process makes its registry after
-    //! its tracer); what was counted before is added at once.
-    void count_in(Registry & m);
+    //! its tracer); what was counted before is added at once. Counting stops when the returned
+    //! handle goes: keep it no longer than `m` lives.
+    [[nodiscard]] std::shared_ptr<void> count_in(Registry & m);
 
     uint64_t exported() const { return exported_.load(); }
     uint64_t dropped() const { return dropped_.load(); }
@@ -121,6 +122,7 @@ class Tracer {
     bool stop_ = false, flush_asked_ = false, sending_ = false;
     std::atomic<uint64_t> exported_{0}, dropped_{0};
     std::thread thread_;
+    std::shared_ptr<void> metrics_binding_;  // the constructor's registry, if given; last: it locks mu_
 };
 
 //! The process's tracer: a disabled one until `set_tracer` installs another.

@@ -863,7 +863,7 @@ std::vector<Store::MinuteCount> PostgresStore::count_since(const std::vector<std
     return out;
 }
 
-std::vector<Store::EndedCount> PostgresStore::ended_since(const std::string & cell, int64_t since_ms) {
+std::optional<std::vector<Store::EndedCount>> PostgresStore::ended_since(const std::string & cell, int64_t since_ms) {
     const std::string sql =
         "SELECT cell, state, reason LIKE 'deadline%', epoch > 1, count(*) FROM sessions "
         "WHERE state IN ('completed','failed','cancelled') AND updated_ms >= $1 AND agent_id NOT LIKE '@%'" +
@@ -873,9 +873,10 @@ std::vector<Store::EndedCount> PostgresStore::ended_since(const std::string & ce
     std::map<std::tuple<std::string, std::string, bool, bool>, int64_t> sum;
     for (auto & sh : shards_) {
         auto l = acquire(*sh);
-        if (!l) continue;
+        if (!l) return std::nullopt;
         Res r = l.query(sql, params);
-        for (int i = 0; r.ok() && i < r.rows(); ++i)
+        if (!r.ok()) return std::nullopt;
+        for (int i = 0; i < r.rows(); ++i)
             sum[{r.text(i, 0), r.text(i, 1), r.text(i, 2) == "t", r.text(i, 3) == "t"}] += r.i64(i, 4);
     }
     std::vector<EndedCount> out;

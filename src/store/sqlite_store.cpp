@@ -494,7 +494,7 @@ std::vector<Store::MinuteCount> SqliteStore::count_since(const std::vector<std::
     return out;
 }
 
-std::vector<Store::EndedCount> SqliteStore::ended_since(const std::string & cell, int64_t since_ms) {
+std::optional<std::vector<Store::EndedCount>> SqliteStore::ended_since(const std::string & cell, int64_t since_ms) {
     std::lock_guard lk(rmu_);
     const std::string sql =
         "SELECT cell, state, reason LIKE 'deadline%', epoch > 1, count(*) FROM sessions "

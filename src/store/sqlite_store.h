@@ -30,7 +30,7 @@ class SqliteStore : public Store {
     std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms, size_t limit) override;
     std::vector<std::string> expired_responses(int64_t before_ms, size_t limit) override;
     std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) override;
-    std::vector<EndedCount> ended_since(const std::string & cell, int64_t since_ms) override;
+    std::optional<std::vector<EndedCount>> ended_since(const std::string & cell, int64_t since_ms) override;
     Status recover() override;
     Status writable() override;
 

@@ -164,7 +164,8 @@ class Store {
     virtual std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) = 0;
     //! Sessions that ended (completed, failed or cancelled) since `since_ms`, counted by cell, state,
     //! whether a deadline ended them and whether they had moved (epoch above 1); in `cell` only
-    //! when it is not empty. For the chain survival rate of cells and of the cluster.
+    //! when it is not empty. For the chain survival rate of cells and of the cluster. nullopt when
+    //! a shard could not be read (a partial count would pass for the whole).
     struct EndedCount {
         std::string cell;
         std::string state;
@@ -172,7 +173,7 @@ class Store {
         bool moved = false;
         int64_t count = 0;
     };
-    virtual std::vector<EndedCount> ended_since(const std::string & cell, int64_t since_ms) = 0;
+    virtual std::optional<std::vector<EndedCount>> ended_since(const std::string & cell, int64_t since_ms) = 0;
     //! Clears a sticky failure if the store works again.
     virtual Status recover() = 0;
     //! A sticky failure, if the store has one (cheap; readiness then commits a probe batch).
@@ -208,7 +209,7 @@ class ForwardingStore : public Store {
     std::vector<std::string> expired_responses(int64_t before_ms, size_t limit) override {
         return inner_.expired_responses(before_ms, limit);
     }
-    std::vector<EndedCount> ended_since(const std::string & cell, int64_t since_ms) override {
+    std::optional<std::vector<EndedCount>> ended_since(const std::string & cell, int64_t since_ms) override {
         return inner_.ended_since(cell, since_ms);
     }
     std::vector<MinuteCount> count_since(const std::vector<std::string> & states, int64_t since_ms) override {

@@ -907,8 +907,10 @@ test('a standby waits on observe, not by campaigning again; the leader resigns o
   assert.ok(Math.abs(cell('armada_cell_chain_survival_ratio') - cell('armada_cell_sessions_ended', 'completed') / decided) < 1e-9);
   assert.equal(cell('armada_cell_nodes'), status().processes.filter((p) => p.role === 'node' && alive(p.pid)).length);
   const watermark = cell('armada_cell_kv_watermark_ratio');
-  assert.ok(watermark >= 0 && watermark < 1, `KV watermark ${watermark}`);
+  assert.ok(!Number.isNaN(watermark) && watermark >= 0 && watermark < 1, `KV watermark ${watermark} (every node reports its KV budget)`);
   assert.ok(cell('armada_cell_free_sequences') > 0);
+  // Only the leader speaks for the cell (a standby that led before has dropped its figures).
+  assert.doesNotMatch(await fetch(`${standby.url}/metrics`).then((x) => x.text()), /^armada_cell_/m, standby.name);
   const changesSeen = sm('armada_brain_leader_changes_total');
   assert.ok(changesSeen >= 1);
   const mark = logOf(standby.name).length;

@@ -75,14 +75,13 @@ test('a session turn is an invoke_agent span with a chat span per step and an ex
 
   // The hops before the node: the client's span is the root of everything Armada did.
   if (viaGateway) {
-    const place = otlp.spans.find((x) => x.spanId === turn.parentSpanId);
-    assert.ok(place, 'the turn\'s parent span was exported');
+    // Each process exports on its own timer: wait for the brain's and the gateway's batches.
+    const place = await spansWhere((all) => all.find((x) => x.spanId === turn.parentSpanId), 'the turn\'s parent');
     assert.equal(place.name, 'place');
     assert.equal(place.service, 'armada-cell');
     assert.equal(place.attributes['armada.session.id'], id);
     assert.equal(place.traceId, clientTrace);
-    const hop = otlp.spans.find((x) => x.spanId === place.parentSpanId);
-    assert.ok(hop, 'the place span\'s parent was exported');
+    const hop = await spansWhere((all) => all.find((x) => x.spanId === place.parentSpanId), 'the place span\'s parent');
     assert.equal(hop.service, 'armada-gateway');
     assert.equal(hop.name, 'POST /v1/agents/{id}/sessions');
     assert.equal(hop.kind, 2);  // server
@@ -134,7 +133,10 @@ test('a session turn is an invoke_agent span with a chat span per step and an ex
   for (const j of lines) assert.match(j.ts, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
   const about = lines.filter((j) => j.session_id === id);
   assert.ok(about.length > 0, 'a log line names the session');
-  for (const j of about) assert.equal(j.trace_id, clientTrace, JSON.stringify(j));
+  // The node's lines about the session's work carry the client's trace. (Through a gateway,
+  // the gateway's lines about the test's own status polls carry those requests' traces.)
+  assert.ok(about.some((j) => j.trace_id === clientTrace), JSON.stringify(about.slice(0, 5)));
+  if (!viaGateway) for (const j of about) assert.equal(j.trace_id, clientTrace, JSON.stringify(j));
 });
 
 test('a later turn is a new invoke_agent span under the request that brought its message', async () => {
@@ -157,8 +159,7 @@ test('a later turn is a new invoke_agent span under the request that brought its
     x.traceId === trace2), 'second turn');
   assert.notEqual(second.spanId, first.spanId);
   if (viaGateway) {
-    const hop = otlp.spans.find((x) => x.spanId === second.parentSpanId);
-    assert.ok(hop, 'the gateway hop was exported');
+    const hop = await spansWhere((all) => all.find((x) => x.spanId === second.parentSpanId), 'the gateway hop');
     assert.equal(hop.name, 'POST /v1/sessions/{id}/messages');
     assert.equal(hop.parentSpanId, '8877665544332211');
   } else {

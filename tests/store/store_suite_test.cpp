@@ -468,7 +468,7 @@ TEST_P(StoreSuite, EndedSessionsAreCountedByCellStateDeadlineAndMove) {
             if (r.cell == cell && r.state == state && r.deadline == deadline && r.moved == moved) n += r.count;
         return n;
     };
-    const auto all = store->ended_since("", 1000);
+    const auto all = store->ended_since("", 1000).value();
     EXPECT_EQ(count(all, "cell0", "completed", false, false), 1);
     EXPECT_EQ(count(all, "cell0", "failed", true, false), 1);
     EXPECT_EQ(count(all, "cell0", "failed", false, true), 1);
@@ -478,7 +478,7 @@ TEST_P(StoreSuite, EndedSessionsAreCountedByCellStateDeadlineAndMove) {
     for (const auto & r : all)
         total += r.count;
     EXPECT_EQ(total, 5);  // not the running one, not the one before the window
-    const auto one = store->ended_since("cell1", 1000);
+    const auto one = store->ended_since("cell1", 1000).value();
     ASSERT_EQ(one.size(), 1u);
     EXPECT_EQ(one[0].state, "cancelled");
 }

@@ -1,4 +1,5 @@
 #include "obs/trace.h"
+#include "cli/tracing.h"
 #include "obs/metrics.h"
 
 #include <gtest/gtest.h>
@@ -147,3 +148,16 @@ TEST(Tracer, ADisabledTracerKeepsNothing) {
 }
 
 }  // namespace
+
+TEST(OtlpUrl, TheFlagThenTheTracesVariableThenTheBaseVariable) {
+    using armada::cli::otlp_traces_url;
+    EXPECT_EQ(otlp_traces_url("http://c:4318", nullptr, nullptr), "http://c:4318/v1/traces");
+    EXPECT_EQ(otlp_traces_url("http://c:4318/", nullptr, nullptr), "http://c:4318/v1/traces");
+    EXPECT_EQ(otlp_traces_url("http://c:4318/custom/traces", nullptr, nullptr), "http://c:4318/custom/traces");
+    EXPECT_EQ(otlp_traces_url("http://c:4318", "http://t/x", "http://b"), "http://c:4318/v1/traces");
+    EXPECT_EQ(otlp_traces_url("", "http://t:4318/x", "http://b"), "http://t:4318/x");  // used as it is
+    // The base variable always gets the signal's path, after its own.
+    EXPECT_EQ(otlp_traces_url("", nullptr, "http://b:4318/otlp/"), "http://b:4318/otlp/v1/traces");
+    EXPECT_EQ(otlp_traces_url("", "", "http://b:4318"), "http://b:4318/v1/traces");
+    EXPECT_EQ(otlp_traces_url("", nullptr, nullptr), "");
+}
