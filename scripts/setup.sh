@@ -24,6 +24,7 @@ debs=(
   clang clang-format clang-tidy libclang-rt-14-dev
   gnuplot-nox python3 curl
   etcd-server nats-server redis-server postgresql libpq-dev libhiredis-dev libnats-dev
+  chromium fonts-dejavu-core
 )
 
 install_debs() {
@@ -114,7 +115,8 @@ fetch_promtool() {
 install_npm_peers() {
   local dir="$here/tests/node"
   if [ -d "$dir/node_modules/openai" ] && [ -d "$dir/node_modules/@modelcontextprotocol/server-everything" ] &&
-    [ -d "$dir/node_modules/kubernetes-models" ] && [ -d "$dir/node_modules/yaml" ]; then
+    [ -d "$dir/node_modules/kubernetes-models" ] && [ -d "$dir/node_modules/yaml" ] &&
+    [ -d "$dir/node_modules/playwright-core" ]; then
     log "npm test peers present"
     return
   fi

@@ -107,9 +107,7 @@ class CellProcess {
         by_tenant_ = std::move(by_tenant);
         // A node whose lease went may show here before its watch event does: said the same way.
         for (const auto & name : brain.live_nodes()) {
-            if (!live.count(name))
-                spdlog::warn("cell {}: node {} left (its lease is gone); {} sessions to move", o_.cell, name,
-                             brain.sessions_on(name));
+            if (!live.count(name)) node_left(brain, name);
         }
         brain.reconcile(live, open);
         const int64_t t = brain_now_ms();
@@ -118,11 +116,24 @@ class CellProcess {
         return rev;
     }
 
+    //! A node of the view whose lease is gone: said in the log and kept among the cell's recent
+    //! failovers (in its report, for the dashboard) when it held sessions.
+    void node_left(const CellBrain & brain, const std::string & name) {
+        const int n = brain.sessions_on(name);
+        spdlog::warn("cell {}: node {} left (its lease is gone); {} sessions to move", o_.cell, name, n);
+        if (n == 0) return;
+        const int64_t wall =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        failovers_.push_back({wall, name, n});
+        if (failovers_.size() > CellReport::kMaxFailovers) failovers_.erase(failovers_.begin());
+    }
+
     //! The cell's aggregate for the global brains, by both paths: in etcd under this brain's
     //! lease (it goes when no brain of the cell leads any more), and on NATS (pushed to every
     //! global brain as it is made; nothing is kept).
     void report(const CellBrain & brain, int64_t now) {
-        const CellReport r = cell_report(o_.cell, brain.loads(now), by_tenant_, int(brain.queued()));
+        CellReport r = cell_report(o_.cell, brain.loads(now), by_tenant_, int(brain.queued()));
         cell_metrics(elected_.metrics(), r);
         const int64_t wall =
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -133,10 +144,17 @@ class CellProcess {
             // A shard that cannot be read leaves the last figures as they were.
             if (auto rows = store_->ended_since(o_.cell, wall - kSurvivalWindowMs)) {
                 auto by = cluster::survival_by_cell(*rows);
-                by[o_.cell];  // none ended in the window: zeros, and no ratio
+                const cluster::Survival & s = by[o_.cell];  // none ended in the window: zeros, and no ratio
                 survival_metrics(elected_.metrics(), by, false);
+                ended_ = {{"completed", s.completed},
+                          {"failed", s.failed},
+                          {"timed_out", s.timed_out},
+                          {"lost", s.lost},
+                          {"cancelled", s.cancelled}};
             }
         }
+        r.ended = ended_;
+        r.failovers = failovers_;
         const std::string encoded = encode_cell_report(r);
         if (auto e = etcd_.put(cell_report_key(cfg_, o_.cell), encoded, elected_.lease()); !e.empty())
             spdlog::warn("cell {}: cannot write its report: {}", o_.cell, e);
@@ -261,9 +279,7 @@ class CellProcess {
                 if (ev.kv.key.rfind(prefix, 0) != 0) continue;
                 const std::string name = ev.kv.key.substr(prefix.size());
                 if (ev.type == EtcdEvent::Type::Delete) {
-                    if (brain.live(name))
-                        spdlog::warn("cell {}: node {} left (its lease is gone); {} sessions to move", o_.cell, name,
-                                     brain.sessions_on(name));
+                    if (brain.live(name)) node_left(brain, name);
                     brain.node_down(name);
                 } else {
                     if (!brain.live(name)) spdlog::info("cell {}: node {} joined", o_.cell, name);
@@ -367,6 +383,7 @@ class CellProcess {
         // Only the leader speaks for the cell: a standby exports none of its figures.
         elected_.metrics().erase_families("armada_cell_");
         survival_at_ = 0;
+        ended_.clear();
     }
 
     ClusterConfig cfg_;
@@ -380,6 +397,10 @@ class CellProcess {
     int64_t survival_at_ = 0;               // when the survival gauges were last read from the store (wall ms)
     store::Batch::Leadership leader_;       // while it leads
     std::map<std::string, int> by_tenant_;  // open sessions per tenant, at the last reconcile
+    std::map<std::string, int64_t> ended_;  // the survival window's outcomes, as last read
+    //! Nodes lost with sessions on them, latest last; kept across leaderships of this process
+    //! (a new leader elsewhere starts with none).
+    std::vector<CellReport::Failover> failovers_;
 };
 
 }  // namespace

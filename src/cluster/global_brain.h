@@ -25,6 +25,18 @@ struct CellReport {
     int queued = 0;                        // open sessions its brain has yet to place (no room on its nodes now)
     double step_ms = 0;                    // recent model-step latency (p50); 0: not known
     std::map<std::string, int> by_tenant;  // live sessions per tenant
+    //! Sessions of the cell that ended in the survival window, by outcome (completed, failed,
+    //! timed_out, lost, cancelled); empty until its brain has read them.
+    std::map<std::string, int64_t> ended;
+    //! A node the cell lost (its lease went while it held sessions), as its brain saw it.
+    struct Failover {
+        int64_t at_ms = 0;  // wall clock, ms since the epoch
+        std::string node;
+        int sessions = 0;  // that it held, to move
+        bool operator==(const Failover &) const = default;
+    };
+    std::vector<Failover> failovers;  // the latest last, at most kMaxFailovers
+    static constexpr size_t kMaxFailovers = 20;
 };
 
 //! A cell's aggregate from its live nodes' fresh reports (`CellBrain::loads`) and its open

@@ -67,17 +67,24 @@ NodeLoad NodeMembership::numbered() {
 }
 
 std::string encode_cell_report(const CellReport & r) {
-    return json{{"nodes", r.nodes},
-                {"cores", r.cores},
-                {"capacity", r.capacity},
-                {"free_seqs", r.free_seqs},
-                {"kv_headroom", r.kv_headroom},
-                {"kv_budget", r.kv_budget},
-                {"live_sessions", r.live_sessions},
-                {"queued", r.queued},
-                {"step_ms", r.step_ms},
-                {"by_tenant", r.by_tenant}}
-        .dump();
+    json j{{"nodes", r.nodes},
+           {"cores", r.cores},
+           {"capacity", r.capacity},
+           {"free_seqs", r.free_seqs},
+           {"kv_headroom", r.kv_headroom},
+           {"kv_budget", r.kv_budget},
+           {"live_sessions", r.live_sessions},
+           {"queued", r.queued},
+           {"step_ms", r.step_ms},
+           {"by_tenant", r.by_tenant}};
+    if (!r.ended.empty()) j["ended"] = r.ended;
+    if (!r.failovers.empty()) {
+        json f = json::array();
+        for (const auto & x : r.failovers)
+            f.push_back({{"at_ms", x.at_ms}, {"node", x.node}, {"sessions", x.sessions}});
+        j["failovers"] = std::move(f);
+    }
+    return j.dump();
 }
 
 std::optional<CellReport> decode_cell_report(const std::string & cell, const std::string & text) {
@@ -97,10 +104,27 @@ std::optional<CellReport> decode_cell_report(const std::string & cell, const std
         r.step_ms = j.value("step_ms", 0.0);
         if (j.contains("by_tenant") && j["by_tenant"].is_object())
             r.by_tenant = j["by_tenant"].get<std::map<std::string, int>>();
+        if (j.contains("ended") && j["ended"].is_object()) r.ended = j["ended"].get<std::map<std::string, int64_t>>();
+        if (j.contains("failovers") && j["failovers"].is_array()) {
+            for (const auto & f : j["failovers"]) {
+                if (r.failovers.size() >= CellReport::kMaxFailovers) break;
+                if (!f.is_object()) continue;
+                r.failovers.push_back(
+                    {f.value("at_ms", int64_t(0)), f.value("node", std::string()), f.value("sessions", 0)});
+            }
+        }
     } catch (const json::exception &) {
         return std::nullopt;
     }
     if (r.capacity < 0 || r.live_sessions < 0 || r.queued < 0 || !std::isfinite(r.step_ms)) return std::nullopt;
+    // Counts, summed by the dashboard: none negative, none near overflowing.
+    constexpr int64_t kMaxCount = int64_t(1) << 48;
+    for (const auto & [outcome, n] : r.ended) {
+        if (n < 0 || n > kMaxCount) return std::nullopt;
+    }
+    for (const auto & f : r.failovers) {
+        if (f.sessions < 0) return std::nullopt;
+    }
     return r;
 }
 

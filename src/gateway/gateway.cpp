@@ -12,6 +12,7 @@
 #include "cluster/queue.h"
 #include "cluster/quota.h"
 #include "cluster/redis.h"
+#include "gateway/dashboard.h"
 #include "gateway/pools.h"
 #include "gateway/prompt_counter.h"
 #include "gateway/routing.h"
@@ -29,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include <pthread.h>
+#include <strings.h>
 #include <unistd.h>
 #include <atomic>
 #include <chrono>
@@ -191,6 +193,8 @@ struct ApiErrorReply {
     int retry_after_s;
 };
 
+using Reports = std::map<std::string, cluster::CellReport>;
+
 class Gateway {
   public:
     Gateway(cluster::ClusterConfig cfg, GatewayOptions o, api::ApiKeys keys)
@@ -234,10 +238,14 @@ class Gateway {
     }
     //! Joins the live gateways in etcd as `name` (at `url`) and starts following the cluster.
     void announce(const std::string & name, const std::string & url) {
-        name_ = name;
+        {
+            std::lock_guard lk(mu_);  // the dashboard reads it
+            name_ = name;
+        }
         url_ = url;
         keep_announced();
         follower_ = std::thread([this] { follow(); });
+        dasher_ = std::thread([this] { feed_dashboards(); });
         watcher_ = std::thread([this] {
             while (!stop_.load()) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(250));
@@ -255,6 +263,7 @@ class Gateway {
         rewatch_ = true;  // after stop_: see follow()
         if (watcher_.joinable()) watcher_.join();
         if (follower_.joinable()) follower_.join();
+        if (dasher_.joinable()) dasher_.join();
         if (lease_ != 0) etcd_.revoke(lease_);  // the others' share of each quota grows at once
         if (pools_) pools_->stop();
     }
@@ -474,26 +483,39 @@ class Gateway {
         }
         etcd_warned_ = false;
         NodeViews next;
+        Reports next_reports;
         std::optional<cluster::Shares> shares;
         gateways_.clear();
         for (const auto & kv : kvs)
-            apply_key(kv.key, &kv.value, next, shares);
+            apply_key(kv.key, &kv.value, next, next_reports, shares);
         live_gateways_ = std::max(1, int(gateways_.size()));
         std::lock_guard lk(mu_);
         nodes_ = std::move(next);
+        reports_ = std::move(next_reports);
         if (shares) shares_ = std::move(*shares);
         return rev;
     }
-    //! One key of the cluster put (`value`) or deleted (null) into `nodes` and `shares`, or into
-    //! the live gateways; keys the gateway does not follow (reports, elections) change nothing.
-    void apply_key(const std::string & key, const std::string * value, NodeViews & nodes,
+    //! One key of the cluster put (`value`) or deleted (null) into `nodes`, the cells' `reports`
+    //! (for the dashboard) and `shares`, or into the live gateways; keys the gateway does not
+    //! follow (elections) change nothing.
+    void apply_key(const std::string & key, const std::string * value, NodeViews & nodes, Reports & reports,
                    std::optional<cluster::Shares> & shares) {
         const std::string cells = cluster::cells_prefix(cfg_), gws = cluster::gateways_prefix(cfg_);
         if (key.rfind(cells, 0) == 0) {
-            // <prefix>/cells/<cell>/nodes/<node>
+            // <prefix>/cells/<cell>/nodes/<node>, or <prefix>/cells/<cell>/report
             const std::string rest = key.substr(cells.size());
             const size_t slash = rest.find("/nodes/");
-            if (slash == std::string::npos) return;
+            if (slash == std::string::npos) {
+                const size_t r = rest.find('/');
+                if (r == std::string::npos || rest.substr(r) != "/report") return;
+                const std::string cell = rest.substr(0, r);
+                auto rep = value ? cluster::decode_cell_report(cell, *value) : std::nullopt;
+                if (rep)
+                    reports[cell] = std::move(*rep);
+                else
+                    reports.erase(cell);
+                return;
+            }
             const std::string cell = rest.substr(0, slash), node = rest.substr(slash + 7);
             auto l = value ? cluster::decode_load(node, *value) : std::nullopt;
             if (l && !l->url.empty())
@@ -532,7 +554,7 @@ class Gateway {
                             std::lock_guard lk(mu_);
                             for (const auto & ev : evs)
                                 apply_key(ev.kv.key, ev.type == cluster::EtcdEvent::Type::Put ? &ev.kv.value : nullptr,
-                                          nodes_, shares);
+                                          nodes_, reports_, shares);
                             if (shares) shares_ = std::move(*shares);
                         }
                         live_gateways_ = std::max(1, int(gateways_.size()));
@@ -780,6 +802,10 @@ class Gateway {
             }
             return;
         }
+        // A browser opens the dashboard with HTTP Basic credentials (the password is the API key):
+        // they come with its event stream too, which cannot carry a header of its own.
+        const bool dashboard = p == "/dashboard" || p.rfind("/dashboard/", 0) == 0;
+        if (dashboard) basic_as_bearer(req);
         if (!keys_.enabled() && !directory()) {
             // Without keys of its own, whether callers need one depends on PostgreSQL's.
             send_error(out, 503, "the gateway has not read its tenants and keys from PostgreSQL yet; retry shortly", 2,
@@ -794,6 +820,15 @@ class Gateway {
             return;
         }
         if (!authed) {
+            if (dashboard) {
+                out->send(401, "application/json",
+                          api::error_body(401,
+                                          "the dashboard needs an admin key: as the password of HTTP Basic, or "
+                                          "'Authorization: Bearer <key>'",
+                                          {}, "invalid_api_key"),
+                          {{"WWW-Authenticate", "Basic realm=\"Armada dashboard\", charset=\"UTF-8\""}});
+                return;
+            }
             send_error(out, 401, "missing or invalid API key; send 'Authorization: Bearer <key>'", 0,
                        "invalid_api_key");
             return;
@@ -804,6 +839,7 @@ class Gateway {
             out->send(200, "text/plain; version=0.0.4", render_metrics());
             return;
         }
+        if (dashboard) return dashboard_route(req, out, caller);
         const auto parts = split_path(p);
         if (!parts.empty() && parts[0] == "admin") return admin(req, out, caller, parts);
         rewrite_identity(req, *authed);
@@ -851,6 +887,90 @@ class Gateway {
                                  : s.events() > 0                 ? tokens.prompt + s.events()
                                                                   : tokens.hold.estimate;
             quotas_->settle_tokens(tokens.tenant, tokens.hold, used);
+        }
+    }
+
+    // ---- the dashboard ----
+    //! `Authorization: Basic base64(user:key)` as `Bearer key` (any user name).
+    static void basic_as_bearer(HttpRequest & req) {
+        const std::string a = req.header("authorization");
+        if (a.size() < 6 || strncasecmp(a.c_str(), "basic ", 6) != 0) return;
+        size_t b = 6;
+        while (b < a.size() && a[b] == ' ')
+            ++b;
+        const auto decoded = cluster::EtcdClient::unbase64(a.substr(b));
+        if (!decoded) return;  // not Basic after all: refused as an unknown key
+        const size_t colon = decoded->find(':');
+        req.headers["authorization"] = "Bearer " + (colon == std::string::npos ? *decoded : decoded->substr(colon + 1));
+    }
+    static api::Headers page_headers() {
+        return {{"Cache-Control", "no-store"},
+                {"X-Content-Type-Options", "nosniff"},
+                {"Referrer-Policy", "no-referrer"},
+                {"X-Frame-Options", "DENY"},
+                {"Content-Security-Policy",
+                 "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; "
+                 "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"}};
+    }
+    void dashboard_route(const HttpRequest & req, const std::shared_ptr<Responder> & out, const api::Caller & caller) {
+        if (!caller.admin) return send_error(out, 403, "the dashboard needs an admin key", 0, "permission_denied");
+        const std::string & p = req.path;
+        if (req.method != "GET") return send_error(out, 405, "the dashboard takes GET only");
+        if (p == "/dashboard" || p == "/dashboard/")
+            return out->send(200, "text/html; charset=utf-8", std::string(dashboard_html()), page_headers());
+        if (p == "/dashboard/app.js")
+            return out->send(200, "text/javascript; charset=utf-8", std::string(dashboard_js()), page_headers());
+        if (p == "/dashboard/snapshot") return out->send(200, "application/json", snapshot().dump(), page_headers());
+        if (p == "/dashboard/events") {
+            const std::string first = sse_snapshot();
+            std::lock_guard lk(dash_mu_);
+            if (dashboards_.size() >= kMaxDashboards)
+                return send_error(out, 503,
+                                  "this gateway already feeds " + std::to_string(kMaxDashboards) +
+                                      " dashboards; close one or open another gateway's",
+                                  5, "overloaded");
+            out->long_lived();
+            out->start_stream(200, {{"Cache-Control", "no-store"}, {"X-Accel-Buffering", "no"}});
+            out->write("retry: 2000\n\n" + first);
+            dashboards_.push_back(out);
+            return;
+        }
+        send_error(out, 404,
+                   "no dashboard route " + p +
+                       "; there are /dashboard (the page), /dashboard/events (its SSE stream) and /dashboard/snapshot "
+                       "(one snapshot as JSON)",
+                   0, "not_found");
+    }
+    //! The cluster as this gateway sees it now (see dashboard_snapshot).
+    json snapshot() {
+        DashboardView v;
+        v.at_ms = wall_ms();
+        v.gateways = live_gateways_.load();
+        {
+            std::lock_guard lk(mu_);
+            v.gateway = name_;
+            v.nodes = nodes_;
+            v.reports = reports_;
+            v.shares = shares_;
+        }
+        return dashboard_snapshot(v);
+    }
+    std::string sse_snapshot() { return "event: snapshot\ndata: " + snapshot().dump() + "\n\n"; }
+    //! Each second, one snapshot to every open dashboard (made once for all of them); the ones
+    //! whose browser went away are dropped.
+    void feed_dashboards() {
+        while (!stop_.load()) {
+            for (int i = 0; i < 20 && !stop_.load(); ++i)
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            {
+                std::lock_guard lk(dash_mu_);
+                std::erase_if(dashboards_, [](const auto & o) { return o->closed(); });
+                if (dashboards_.empty()) continue;
+            }
+            const std::string event = sse_snapshot();
+            std::lock_guard lk(dash_mu_);
+            for (const auto & o : dashboards_)
+                o->write(event);
         }
     }
 
@@ -1615,6 +1735,7 @@ class Gateway {
     std::shared_ptr<const Directory> directory_;                    // guarded by mu_
     std::map<std::string, uint64_t> refused_;                       // quota → 429s; mu_
     NodeViews nodes_;                                               // guarded by mu_
+    Reports reports_;                                               // the cells' aggregates; mu_
     cluster::Shares shares_;                                        // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
     uint64_t rr_ = 0;                                               // guarded by mu_
@@ -1627,7 +1748,11 @@ class Gateway {
     std::atomic<size_t> in_flight_{0};
     std::thread watcher_;   // keeps this gateway announced, reloads tenants and keys
     std::thread follower_;  // follows the cluster in etcd (`follow`)
-    WorkerPool workers_;    // runs each request (last: it ends first, once its requests have)
+    std::thread dasher_;    // feeds the open dashboards (`feed_dashboards`)
+    static constexpr size_t kMaxDashboards = 64;
+    std::mutex dash_mu_;
+    std::vector<std::shared_ptr<Responder>> dashboards_;  // open event streams; dash_mu_
+    WorkerPool workers_;  // runs each request (last: it ends first, once its requests have)
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
+#include "gateway/dashboard.h"
 #include "sim/scenario.h"
 
 #include <cstdlib>
@@ -21,7 +22,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         if (back->free_seqs != l->free_seqs || back->kv_by_tenant != l->kv_by_tenant) std::abort();
     }
     if (auto r = decode_cell_report("c", in)) {
-        if (decode_cell_report("c", encode_cell_report(*r))->capacity != r->capacity) std::abort();
+        auto back = decode_cell_report("c", encode_cell_report(*r));
+        if (back->capacity != r->capacity || back->ended != r->ended || back->failovers != r->failovers) std::abort();
+        armada::gateway::DashboardView v;
+        v.reports["c"] = *r;
+        armada::gateway::dashboard_snapshot(v).dump();  // what the dashboard sends: never throws
     }
     if (auto s = decode_shares(in)) {
         if (decode_shares(encode_shares(*s))->weight != s->weight) std::abort();

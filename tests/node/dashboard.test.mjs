@@ -1,0 +1,251 @@
+// The gateway's dashboard (GET /dashboard, admin key) in headless Chromium, against a real cluster
+// (`armada cluster up`: one cell of two nodes) where a node was killed under idle sessions. The
+// page loads with no console error, shows the failover, and its numbers are those of the leading
+// brain's and the surviving node's /metrics. A screenshot is kept in ARMADA_ARTIFACTS.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { chromium } from 'playwright-core';
+import { tinyModel } from './harness.mjs';
+import { startToolServer } from './tool_server.mjs';
+import { agentYaml, tempDir, writeAgents } from './agents.mjs';
+import { alive, metricSum, sanitizerReports, waitFor } from './cluster_helpers.mjs';
+
+const SLOW = process.env.ARMADA_TIMING === '0' ? 4 : 1;
+const KEY = 'sk-dashboard-admin-7f3a9c21d04e';
+const bearer = (k = KEY) => ({ Authorization: `Bearer ${k}` });
+const basic = (user, pass) => ({ Authorization: 'Basic ' + Buffer.from(`${user}:${pass}`).toString('base64') });
+const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
+const artifacts = process.env.ARMADA_ARTIFACTS ?? path.join(process.cwd(), 'artifacts');
+
+let tools;
+let dir;
+let up;
+let upLog = '';
+let gw;
+let stopped = 0;  // a node's pid, stopped by a test
+
+const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
+const procs = (role) => status().processes.filter((p) => p.role === role && alive(p.pid));
+
+before(async () => {
+  tools = await startToolServer();
+  dir = tempDir('armada-dashboard-');
+  fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
+  const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 1, maxSteps: 4 }));
+  up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--nodes', '2', '--brains', '1', '-m', tinyModel,
+    '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', '3', '--api-key', KEY,
+    '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
+    '--node-arg=8192', '--node-arg=-t', '--node-arg=1'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  up.stdout.on('data', (d) => { upLog += d; });
+  up.stderr.on('data', (d) => { upLog += d; });
+  gw = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + upLog)), 120000 * SLOW);
+    up.stdout.on('data', () => {
+      const m = upLog.match(/gateway at (http:\/\/[^\s]+)/);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    up.on('exit', (code) => { clearTimeout(timer); reject(new Error(`cluster up exited with ${code}\n${upLog}`)); });
+  });
+  dir = path.join(dir, 'c');
+  await waitFor('both nodes in the gateway\'s view', async () => {
+    const r = await fetch(`${gw}/readyz`).catch(() => null);
+    return r?.status === 200 && (await r.json()).nodes === 2;
+  }, 60000);
+});
+
+after(async () => {
+  if (up && up.exitCode === null) {
+    const done = new Promise((r) => up.on('exit', r));
+    if (stopped && alive(stopped)) process.kill(stopped, 'SIGCONT');  // it would hold the shutdown up
+    up.kill('SIGINT');
+    await done;
+  }
+  if (tools) await tools.close();
+  if (dir) assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
+});
+
+async function post(route, body, headers = bearer()) {
+  const r = await fetch(gw + route, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', ...headers }, body: JSON.stringify(body),
+  });
+  return { status: r.status, json: await r.json().catch(() => null) };
+}
+const session = (id) => fetch(`${gw}/v1/sessions/${id}`, { headers: bearer() }).then((r) => r.json());
+
+test('the dashboard takes an admin key only: as the password of HTTP Basic or as a bearer token', async () => {
+  const none = await fetch(`${gw}/dashboard`);
+  assert.equal(none.status, 401);
+  // A browser asks the person for the key.
+  assert.match(none.headers.get('www-authenticate') ?? '', /^Basic realm="Armada dashboard"/);
+  assert.equal((await fetch(`${gw}/dashboard`, { headers: basic('ops', 'not-the-key') })).status, 401);
+  assert.equal((await fetch(`${gw}/dashboard`, { headers: { Authorization: 'Basic %%%' } })).status, 401);
+  // A tenant's key is refused: the dashboard shows every tenant's load.
+  assert.equal((await post('/admin/tenants', { name: 'acme' })).status, 201);
+  const k = await post('/admin/keys', { tenant: 'acme' });
+  assert.equal(k.status, 201, JSON.stringify(k.json));
+  const tenantKey = k.json.key;
+  assert.equal((await fetch(`${gw}/dashboard`, { headers: basic('acme', tenantKey) })).status, 403);
+  assert.equal((await fetch(`${gw}/dashboard/events`, { headers: bearer(tenantKey) })).status, 403);
+
+  const page = await fetch(`${gw}/dashboard`, { headers: basic('ops', KEY) });
+  assert.equal(page.status, 200);
+  assert.match(page.headers.get('content-type'), /^text\/html/);
+  // Nothing from elsewhere: the page and its script come from the gateway.
+  assert.match(page.headers.get('content-security-policy'), /script-src 'self'/);
+  assert.match(await page.text(), /<script src="\/dashboard\/app.js">/);
+  const js = await fetch(`${gw}/dashboard/app.js`, { headers: bearer() });
+  assert.equal(js.status, 200);
+  assert.match(js.headers.get('content-type'), /^text\/javascript/);
+  assert.equal((await fetch(`${gw}/dashboard`, { method: 'POST', headers: bearer() })).status, 405);
+  const missing = await fetch(`${gw}/dashboard/nope`, { headers: bearer() });
+  assert.equal(missing.status, 404);
+  assert.match((await missing.json()).error.message, /\/dashboard\/events/);
+});
+
+test('the event stream sends a snapshot of the cluster about once a second', async () => {
+  const ac = new AbortController();
+  const r = await fetch(`${gw}/dashboard/events`, { headers: bearer(), signal: ac.signal });
+  assert.equal(r.status, 200);
+  assert.match(r.headers.get('content-type'), /^text\/event-stream/);
+  const snaps = [];
+  const reader = r.body.getReader();
+  let buf = '';
+  const t0 = Date.now();
+  while (snaps.length < 4) {
+    const { value, done } = await reader.read();
+    assert.ok(!done, 'the stream ended');
+    buf += Buffer.from(value).toString('utf8');
+    let i;
+    while ((i = buf.indexOf('\n\n')) >= 0) {
+      const frame = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      const data = frame.split('\n').find((l) => l.startsWith('data: '));
+      if (/^event: snapshot$/m.test(frame) && data) snaps.push(JSON.parse(data.slice(6)));
+    }
+  }
+  ac.abort();
+  const elapsed = Date.now() - t0;
+  // The first at once, then one a second: the fourth comes two to three seconds later.
+  assert.ok(elapsed >= 1900 && elapsed < 6000, `4 snapshots in ${elapsed} ms`);
+  assert.ok(snaps[3].at_ms > snaps[1].at_ms && snaps[1].at_ms >= snaps[0].at_ms);
+  const s = snaps[3];
+  assert.equal(s.totals.nodes, 2);
+  assert.deepEqual(s.cells.map((c) => c.name), ['cell0']);
+  assert.equal(s.cells[0].node_list.length, 2);
+  assert.equal(s.rollout, null);
+});
+
+test('in Chromium the page draws the cluster live: a lost node, sessions by state and survival, as /metrics says', { timeout: 300000 * SLOW }, async () => {
+  // Two sessions run to completion (the cell's chain survival), five wait for input.
+  const done = [];
+  for (let i = 0; i < 2; ++i) {
+    const r = await post('/v1/agents/worker/sessions', { input: `Process record ${['alpha', 'beta'][i]}` });
+    assert.equal(r.status, 201, JSON.stringify(r.json));
+    done.push(r.json.id);
+  }
+  const idle = [];
+  for (let i = 0; i < 5; ++i) {
+    const r = await post('/v1/agents/worker/sessions', {});
+    assert.equal(r.status, 201, JSON.stringify(r.json));
+    idle.push(r.json.id);
+  }
+  for (const id of done) {
+    const s = await waitFor(`session ${id} to end`, async () => {
+      const x = await session(id);
+      return ['completed', 'failed'].includes(x.state) && x;
+    }, 120000 * SLOW);
+    assert.equal(s.state, 'completed', s.reason);
+  }
+  const where = new Map();
+  for (const id of idle) {
+    const s = await waitFor(`session ${id} placed and waiting`, async () => {
+      const x = await session(id);
+      return x.state === 'waiting_input' && x.placement?.node && x;
+    }, 60000 * SLOW);
+    where.set(id, s.placement.node);
+  }
+  // The node with most of the idle sessions hangs past its lease (stopped, so that `cluster up`
+  // does not start it again as it would a crashed one): its cell's brain moves them to the other.
+  const counts = {};
+  for (const n of where.values()) counts[n] = (counts[n] ?? 0) + 1;
+  const victim = Object.entries(counts).sort((a, b) => b[1] - a[1])[0][0];
+  const survivor = procs('node').find((p) => p.name !== victim);
+  stopped = status().processes.find((p) => p.name === victim).pid;
+  process.kill(stopped, 'SIGSTOP');
+  for (const [id, n] of where) {
+    if (n !== victim) continue;
+    await waitFor(`session ${id} moved off ${victim}`, async () => {
+      const x = await session(id).catch(() => null);
+      return x?.state === 'waiting_input' && x.placement?.node === survivor.name;
+    }, 60000 * SLOW);
+  }
+
+  const browser = await chromium.launch({ executablePath: CHROMIUM });
+  try {
+    const context = await browser.newContext({
+      httpCredentials: { username: 'ops', password: KEY }, viewport: { width: 1120, height: 1100 },
+    });
+    const page = await context.newPage();
+    const problems = [];
+    page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') problems.push(`console ${m.type()}: ${m.text()}`); });
+    page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+    page.on('requestfailed', (r) => { if (!r.url().endsWith('/dashboard/events')) problems.push(`request failed: ${r.url()}`); });
+    const resp = await page.goto(`${gw}/dashboard`);
+    assert.equal(resp.status(), 200);
+    await page.waitForSelector('#status.live', { timeout: 10000 });
+    // The brain lists the lost node with the sessions it had.
+    const row = await page.waitForSelector(`[data-failover="${victim}"]`, { timeout: 30000 * SLOW });
+    assert.match(await row.textContent(), new RegExp(`cell0${victim}${counts[victim]}$`));
+
+    // The page's figures against the processes' own /metrics, read around the same second: at
+    // rest they agree (each poll reads both sides again).
+    const brain = procs('cell')[0];
+    const text = (sel) => page.locator(sel).first().textContent();
+    const cellField = (f) => text(`[data-cell="cell0"][data-field="${f}"]`);
+    let last;
+    await waitFor('the page to show what /metrics says', async () => {
+      const bm = await fetch(`${brain.url}/metrics`).then((r) => r.text());
+      const nm = await fetch(`${survivor.url}/metrics`, { headers: bearer() }).then((r) => r.text());
+      const c = (name, extra = '') => metricSum(bm, name, `cell="cell0"${extra}`);
+      const ratio = c('armada_cell_chain_survival_ratio');
+      const want = {
+        nodes: String(c('armada_cell_nodes')),
+        live: String(c('armada_cell_live_sessions')),
+        free: String(c('armada_cell_free_sequences')),
+        queued: String(c('armada_cell_queued_sessions')),
+        survival: Number.isNaN(ratio) ? '–' : `${(100 * ratio).toFixed(1)}%`,
+        waiting: String(metricSum(nm, 'armada_sessions_live', 'state="waiting_input"')),
+        liveTotal: String(c('armada_cell_live_sessions')),
+      };
+      const got = {
+        nodes: await cellField('nodes'),
+        live: await cellField('live_sessions'),
+        free: await cellField('free_seqs'),
+        queued: await cellField('queued'),
+        survival: await cellField('survival'),
+        waiting: await text('[data-state="waiting_input"]').catch(() => null),
+        liveTotal: await text('[data-total="live_sessions"]'),
+      };
+      last = { want, got };
+      return JSON.stringify(want) === JSON.stringify(got) && last;
+    }, 20000 * SLOW).catch((e) => { throw new Error(`${e.message}: ${JSON.stringify(last)}`); });
+    // What the cluster holds now: five idle sessions on the one node left; two completed.
+    assert.deepEqual(
+      { nodes: last.got.nodes, live: last.got.live, waiting: last.got.waiting, survival: last.got.survival },
+      { nodes: '1', live: '5', waiting: '5', survival: '100.0%' });
+    assert.equal(await page.locator(`[data-node="${survivor.name}"][data-field="sessions"]`).textContent(), '5');
+    assert.equal(await page.locator(`[data-node="${victim}"]`).count(), 0, 'the lost node is gone from the table');
+    assert.equal(await text('[data-field="rollout"]'), 'No rollout in progress.');
+    fs.mkdirSync(artifacts, { recursive: true });
+    const shot = path.join(artifacts, 'dashboard.png');
+    await page.screenshot({ path: shot, fullPage: true });
+    assert.ok(fs.statSync(shot).size > 10000, 'a screenshot of the page');
+    console.log(`screenshot: ${shot}`);
+    assert.deepEqual(problems, [], 'the page logged no error');
+  } finally {
+    await browser.close();
+  }
+});
