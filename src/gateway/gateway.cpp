@@ -195,6 +195,33 @@ struct ApiErrorReply {
 
 using Reports = std::map<std::string, cluster::CellReport>;
 
+//! The client's responder, passed through, keeping the status it was given (for the request's
+//! span). Only first status counts, as in the responder itself.
+class StatusTap final : public Responder {
+  public:
+    explicit StatusTap(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+    void send(int status, const std::string & content_type, std::string body, api::Headers extra) override {
+        int none = 0;
+        status_.compare_exchange_strong(none, status);
+        inner_->send(status, content_type, std::move(body), std::move(extra));
+    }
+    void start_stream(int status, api::Headers extra) override {
+        int none = 0;
+        status_.compare_exchange_strong(none, status);
+        inner_->start_stream(status, std::move(extra));
+    }
+    void write(std::string chunk) override { inner_->write(std::move(chunk)); }
+    void end() override { inner_->end(); }
+    bool closed() const override { return inner_->closed(); }
+    void on_close(std::function<void()> fn) override { inner_->on_close(std::move(fn)); }
+    void long_lived() override { inner_->long_lived(); }
+    int status() const { return status_.load(); }
+
+  private:
+    std::shared_ptr<Responder> inner_;
+    std::atomic<int> status_{0};
+};
+
 class Gateway {
   public:
     Gateway(cluster::ClusterConfig cfg, GatewayOptions o, api::ApiKeys keys)
@@ -318,7 +345,10 @@ class Gateway {
                 // the client's own context passes through untouched.
                 const auto tracer = obs::tracer();
                 std::optional<obs::Span> span;
+                std::shared_ptr<StatusTap> tap;  // the status, for the span
                 if (tracer->enabled()) {
+                    tap = std::make_shared<StatusTap>(out);
+                    out = tap;
                     const std::string route_name = http_route(req.path);
                     span = obs::Span::start(req.method + " " + route_name, obs::SpanKind::server,
                                             obs::TraceContext::parse(req.header("traceparent")));
@@ -337,11 +367,14 @@ class Gateway {
                                                             : obs::TraceContext::parse(req.header("traceparent")));
                 struct EndSpan {
                     std::optional<obs::Span> & s;
+                    const std::shared_ptr<StatusTap> & tap;
                     const std::shared_ptr<obs::Tracer> & t;
                     ~EndSpan() {
-                        if (s) t->end(std::move(*s));
+                        if (!s) return;
+                        s->http_status(tap->status());
+                        t->end(std::move(*s));
                     }
-                } end_span{span, tracer};
+                } end_span{span, tap, tracer};
                 try {
                     route(req, out);
                 } catch (const ApiErrorReply & e) {

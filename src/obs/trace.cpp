@@ -124,6 +124,12 @@ void Span::set(std::string key, AttrValue v) {
     attrs.emplace_back(std::move(key), std::move(v));
 }
 
+void Span::http_status(int status) {
+    if (status <= 0) return;  // answered elsewhere, or not at all: nothing to say
+    set("http.response.status_code", int64_t(status));
+    if (status >= 500 || (status >= 400 && kind == SpanKind::client)) fail("HTTP " + std::to_string(status));
+}
+
 std::string otlp_json(const std::vector<Span> & spans, const std::string & service_name,
                       const std::vector<std::pair<std::string, AttrValue>> & resource) {
     json list = json::array();

@@ -66,6 +66,10 @@ struct Span {
         error = true;
         status_message = std::move(message);
     }
+    //! The HTTP status a request got (`http.response.status_code`). As OpenTelemetry's HTTP
+    //! conventions say, a 5xx is an error of any span, a 4xx only of a client's (the caller's
+    //! mistake is not the server's failure). 0: none known (nothing is set).
+    void http_status(int status);
     //! What a callee carries forward as its parent.
     const TraceContext & context() const { return ctx; }
 };

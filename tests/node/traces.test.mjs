@@ -86,6 +86,8 @@ test('a session turn is an invoke_agent span with a chat span per step and an ex
     assert.equal(hop.name, 'POST /v1/agents/{id}/sessions');
     assert.equal(hop.kind, 2);  // server
     assert.equal(hop.parentSpanId, parentSpan);
+    assert.equal(hop.attributes['http.response.status_code'], 201);
+    assert.equal(hop.status?.code ?? 0, 0);
   } else {
     assert.equal(turn.parentSpanId, parentSpan);
   }
@@ -161,6 +163,7 @@ test('a later turn is a new invoke_agent span under the request that brought its
   if (viaGateway) {
     const hop = await spansWhere((all) => all.find((x) => x.spanId === second.parentSpanId), 'the gateway hop');
     assert.equal(hop.name, 'POST /v1/sessions/{id}/messages');
+    assert.equal(hop.attributes['http.response.status_code'], 200);
     assert.equal(hop.parentSpanId, '8877665544332211');
   } else {
     assert.equal(second.parentSpanId, '8877665544332211');

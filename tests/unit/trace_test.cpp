@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
@@ -160,4 +161,26 @@ TEST(OtlpUrl, TheFlagThenTheTracesVariableThenTheBaseVariable) {
     EXPECT_EQ(otlp_traces_url("", nullptr, "http://b:4318/otlp/"), "http://b:4318/otlp/v1/traces");
     EXPECT_EQ(otlp_traces_url("", "", "http://b:4318"), "http://b:4318/v1/traces");
     EXPECT_EQ(otlp_traces_url("", nullptr, nullptr), "");
+}
+
+TEST(Span, HttpStatusMarksServerErrorsAndClientRefusals) {
+    auto server = Span::start("POST /v1/chat/completions", SpanKind::server, std::nullopt);
+    server.http_status(404);  // the caller's mistake: the server did its job
+    EXPECT_FALSE(server.error);
+    server.http_status(503);
+    EXPECT_TRUE(server.error);
+    EXPECT_EQ(server.status_message, "HTTP 503");
+    const auto code = std::find_if(server.attrs.begin(), server.attrs.end(),
+                                   [](const auto & a) { return a.first == "http.response.status_code"; });
+    ASSERT_NE(code, server.attrs.end());
+    EXPECT_EQ(std::get<int64_t>(code->second), 503);
+
+    auto client = Span::start("POST", SpanKind::client, std::nullopt);
+    client.http_status(429);
+    EXPECT_TRUE(client.error);
+    auto ok = Span::start("GET", SpanKind::server, std::nullopt);
+    ok.http_status(200);
+    ok.http_status(0);  // not known: changes nothing
+    EXPECT_FALSE(ok.error);
+    EXPECT_EQ(ok.attrs.size(), 1u);
 }
