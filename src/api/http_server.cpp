@@ -142,6 +142,13 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
     void write(std::string chunk) override {
         if (!streaming_ || closed_ || ended_) return;
         wrote_ = true;
+        queued_ += chunk.size();
+        if (queued_ > cfg_.max_stream_backlog) {
+            spdlog::warn("http: a stream's client reads too slowly ({} bytes waiting for it); closing it", queued_);
+            out_.clear();
+            queued_ = 0;
+            return fail();
+        }
         out_.push_back(std::move(chunk));
         pump();
     }
@@ -259,6 +266,7 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
             writing_ = true;
             auto chunk = std::make_shared<std::string>(std::move(out_.front()));
             out_.pop_front();
+            queued_ -= chunk->size();
             net::async_write(stream_, http::make_chunk(net::buffer(*chunk)),
                              [self = this->shared_from_this(), chunk](beast::error_code ec, size_t) {
                                  self->writing_ = false;
@@ -307,7 +315,9 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
         heartbeat_->async_wait([self = this->shared_from_this(), gen](beast::error_code ec) {
             if (ec || gen != self->req_gen_ || self->closed_ || self->ended_ || !self->streaming_) return;
             if (!self->wrote_) {
-                self->out_.push_back(": keep-alive\n\n");
+                std::string comment = ": keep-alive\n\n";
+                self->queued_ += comment.size();
+                self->out_.push_back(std::move(comment));
                 self->pump();
             }
             self->wrote_ = false;
@@ -345,6 +355,7 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
     size_t drained_ = 0;
     std::atomic<bool> closed_{false};
     std::deque<std::string> out_;
+    size_t queued_ = 0;  // bytes in out_
     std::vector<std::function<void()>> close_fns_;
     std::optional<net::steady_timer> heartbeat_;
     bool wrote_ = false;  // since the last heartbeat tick

@@ -71,6 +71,10 @@ struct HttpConfig {
     //! Open connections beyond which new ones get 503 and are closed. 0: the process's file
     //! descriptor limit less a reserve for the store, the journal and tools.
     size_t max_connections = 0;
+    //! Bytes a stream may have queued for a client that does not read them; beyond it the client
+    //! is too slow (or gone without a word) and the connection is closed. Its EventSource
+    //! reconnects, with Last-Event-ID where the stream has ids.
+    size_t max_stream_backlog = 16u << 20;
     //! HTTPS (PEM files, as llama-server's --ssl-cert-file / --ssl-key-file); both or neither.
     std::string ssl_cert_file;
     std::string ssl_key_file;

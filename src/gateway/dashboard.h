@@ -18,7 +18,8 @@ namespace armada::gateway {
 struct DashboardView {
     int64_t at_ms = 0;  // wall clock, ms since the epoch
     std::string gateway;
-    int gateways = 1;  // live gateways in etcd
+    int gateways = 1;     // live gateways in etcd
+    bool etcd_ok = true;  // false: etcd cannot be read, and this is the last view it gave
     NodeViews nodes;
     std::map<std::string, cluster::CellReport> reports;  // by cell: the leading brains' aggregates
     cluster::Shares shares;

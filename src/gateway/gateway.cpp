@@ -542,6 +542,7 @@ class Gateway {
                 const size_t r = rest.find('/');
                 if (r == std::string::npos || rest.substr(r) != "/report") return;
                 const std::string cell = rest.substr(0, r);
+                if (!cluster::valid_cell_or_node_name(cell)) return;
                 auto rep = value ? cluster::decode_cell_report(cell, *value) : std::nullopt;
                 if (rep)
                     reports[cell] = std::move(*rep);
@@ -550,6 +551,7 @@ class Gateway {
                 return;
             }
             const std::string cell = rest.substr(0, slash), node = rest.substr(slash + 7);
+            if (!cluster::valid_cell_or_node_name(cell) || !cluster::valid_cell_or_node_name(node)) return;
             auto l = value ? cluster::decode_load(node, *value) : std::nullopt;
             if (l && !l->url.empty())
                 nodes[node] = {cell, *l};
@@ -942,7 +944,7 @@ class Gateway {
                 {"Referrer-Policy", "no-referrer"},
                 {"X-Frame-Options", "DENY"},
                 {"Content-Security-Policy",
-                 "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; "
+                 "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
                  "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"}};
     }
     void dashboard_route(const HttpRequest & req, const std::shared_ptr<Responder> & out, const api::Caller & caller) {
@@ -953,7 +955,7 @@ class Gateway {
             return out->send(200, "text/html; charset=utf-8", std::string(dashboard_html()), page_headers());
         if (p == "/dashboard/app.js")
             return out->send(200, "text/javascript; charset=utf-8", std::string(dashboard_js()), page_headers());
-        if (p == "/dashboard/snapshot") return out->send(200, "application/json", snapshot().dump(), page_headers());
+        if (p == "/dashboard/snapshot") return out->send(200, "application/json", dump(snapshot()), page_headers());
         if (p == "/dashboard/events") {
             const std::string first = sse_snapshot();
             std::lock_guard lk(dash_mu_);
@@ -962,8 +964,8 @@ class Gateway {
                                   "this gateway already feeds " + std::to_string(kMaxDashboards) +
                                       " dashboards; close one or open another gateway's",
                                   5, "overloaded");
-            out->long_lived();
             out->start_stream(200, {{"Cache-Control", "no-store"}, {"X-Accel-Buffering", "no"}});
+            out->long_lived();
             out->write("retry: 2000\n\n" + first);
             dashboards_.push_back(out);
             return;
@@ -979,6 +981,7 @@ class Gateway {
         DashboardView v;
         v.at_ms = wall_ms();
         v.gateways = live_gateways_.load();
+        v.etcd_ok = !etcd_warned_.load();
         {
             std::lock_guard lk(mu_);
             v.gateway = name_;
@@ -988,7 +991,9 @@ class Gateway {
         }
         return dashboard_snapshot(v);
     }
-    std::string sse_snapshot() { return "event: snapshot\ndata: " + snapshot().dump() + "\n\n"; }
+    //! Names come from etcd's keys: bytes that are not UTF-8 are replaced, never thrown on.
+    static std::string dump(const json & j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+    std::string sse_snapshot() { return "event: snapshot\ndata: " + dump(snapshot()) + "\n\n"; }
     //! Each second, one snapshot to every open dashboard (made once for all of them); the ones
     //! whose browser went away are dropped.
     void feed_dashboards() {
@@ -1000,10 +1005,14 @@ class Gateway {
                 std::erase_if(dashboards_, [](const auto & o) { return o->closed(); });
                 if (dashboards_.empty()) continue;
             }
-            const std::string event = sse_snapshot();
-            std::lock_guard lk(dash_mu_);
-            for (const auto & o : dashboards_)
-                o->write(event);
+            try {
+                const std::string event = sse_snapshot();
+                std::lock_guard lk(dash_mu_);
+                for (const auto & o : dashboards_)
+                    o->write(event);
+            } catch (const std::exception & e) {
+                spdlog::error("gateway: dashboard snapshot: {}", e.what());
+            }
         }
     }
 
@@ -1772,8 +1781,8 @@ class Gateway {
     cluster::Shares shares_;                                        // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
     uint64_t rr_ = 0;                                               // guarded by mu_
-    bool etcd_warned_ = false;                                      // the follower's (after start)
-    int64_t start_rev_ = -1;                                        // the revision read at start
+    std::atomic<bool> etcd_warned_{false};    // etcd could not be listed: the view is the last one
+    int64_t start_rev_ = -1;                  // the revision read at start
     std::atomic<bool> rewatch_{false};        // ends the follower's watch (a fresh list, or a stop)
     std::atomic<int64_t> watch_since_ms_{0};  // when the current watch began (0: none)
     std::set<std::string> gateways_;          // the follower's (after start)

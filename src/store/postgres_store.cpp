@@ -714,6 +714,18 @@ std::optional<std::vector<AgentRecord>> PostgresStore::agents() {
     return out;
 }
 
+template <class Take>
+bool PostgresStore::on_every_shard(const std::string & sql, const std::vector<std::string> & params, Take && take) {
+    for (auto & sh : shards_) {
+        auto l = acquire(*sh);
+        if (!l) return false;
+        Res r = l.query(sql, params);
+        if (!r.ok()) return false;
+        take(r);
+    }
+    return true;
+}
+
 std::optional<std::vector<std::string>> PostgresStore::open_ids_of(const std::string & owner,
                                                                    const std::vector<std::string> & ended) {
     std::vector<std::string> params = {owner};
@@ -721,14 +733,11 @@ std::optional<std::vector<std::string>> PostgresStore::open_ids_of(const std::st
     std::string sql = "SELECT id FROM sessions WHERE owner = $1 AND agent_id NOT LIKE '@%'";
     if (!ended.empty()) sql += " AND state NOT IN (" + in_list(ended.size(), 2) + ")";
     std::vector<std::string> out;
-    for (auto & sh : shards_) {
-        auto l = acquire(*sh);
-        if (!l) return std::nullopt;
-        Res r = l.query(sql, params);
-        if (!r.ok()) return std::nullopt;
+    const bool all = on_every_shard(sql, params, [&](const Res & r) {
         for (int i = 0; i < r.rows(); ++i)
             out.push_back(r.text(i, 0));
-    }
+    });
+    if (!all) return std::nullopt;
     return out;
 }
 
@@ -871,14 +880,11 @@ std::optional<std::vector<Store::EndedCount>> PostgresStore::ended_since(const s
     std::vector<std::string> params{std::to_string(since_ms)};
     if (!cell.empty()) params.push_back(cell);
     std::map<std::tuple<std::string, std::string, bool, bool>, int64_t> sum;
-    for (auto & sh : shards_) {
-        auto l = acquire(*sh);
-        if (!l) return std::nullopt;
-        Res r = l.query(sql, params);
-        if (!r.ok()) return std::nullopt;
+    const bool all = on_every_shard(sql, params, [&](const Res & r) {
         for (int i = 0; i < r.rows(); ++i)
             sum[{r.text(i, 0), r.text(i, 1), r.text(i, 2) == "t", r.text(i, 3) == "t"}] += r.i64(i, 4);
-    }
+    });
+    if (!all) return std::nullopt;
     std::vector<EndedCount> out;
     for (const auto & [k, n] : sum)
         out.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), n});

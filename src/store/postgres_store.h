@@ -111,6 +111,10 @@ class PostgresStore : public Store {
     class Lease;
     PostgresStore() = default;
     Lease acquire(Shard & s);
+    //! `sql` on every shard, each answer handed to `take`; false as soon as a shard cannot be
+    //! read (a partial answer would be a wrong one). Defined where it is used.
+    template <class Take>
+    bool on_every_shard(const std::string & sql, const std::vector<std::string> & params, Take && take);
     void writer_loop(Shard & s);
     std::string apply(Shard & s, const std::vector<Batch *> & group, std::vector<Status> & each);
 

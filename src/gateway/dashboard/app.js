@@ -68,7 +68,7 @@ function states(byState) {
   const legend = el('div', { class: 'legend' });
   for (const [state, n] of entries) {
     const w = (W * n) / total;
-    const c = STATE_COLORS[state] || '#5d6d7e';
+    const c = Object.hasOwn(STATE_COLORS, state) ? STATE_COLORS[state] : '#5d6d7e';
     const r = svg('rect', { x, y: 0, width: w, height: 24, fill: c });
     r.append(svg('title', {}, `${state}: ${n}`));
     s.append(r);
@@ -113,7 +113,9 @@ function survival(cells) {
 }
 
 function trend(snap) {
-  history.push({ at: snap.at_ms, cells: Object.fromEntries(snap.cells.map((c) => [c.name, c.live_sessions])) });
+  const cells = Object.create(null);
+  for (const c of snap.cells) cells[c.name] = c.live_sessions;
+  history.push({ at: snap.at_ms, cells });
   while (history.length > HISTORY) history.shift();
   const names = [...new Set(history.flatMap((h) => Object.keys(h.cells)))].sort();
   const W = 1040, H = 120, pad = 30;
@@ -126,7 +128,7 @@ function trend(snap) {
   const t0 = history[0].at, t1 = Math.max(history[history.length - 1].at, t0 + 1);
   const legend = el('div', { class: 'legend' });
   names.forEach((name, i) => {
-    const pts = history.filter((h) => name in h.cells)
+    const pts = history.filter((h) => Object.hasOwn(h.cells, name))
       .map((h) => `${pad + ((W - pad) * (h.at - t0)) / (t1 - t0)},${H - ((H - 4) * h.cells[name]) / max}`);
     if (pts.length === 1) pts.push(pts[0].replace(/^[^,]+/, String(W)));
     s.append(svg('polyline', { points: pts.join(' '), fill: 'none', stroke: color(i), 'stroke-width': 2 }));
@@ -198,9 +200,11 @@ function connect() {
   const status = document.getElementById('status');
   const es = new EventSource('/dashboard/events');
   es.addEventListener('snapshot', (ev) => {
-    status.textContent = 'live';
-    status.className = 'live';
-    draw(JSON.parse(ev.data));
+    const snap = JSON.parse(ev.data);
+    // The gateway keeps its last view while it cannot read etcd: say that it may be stale.
+    status.textContent = snap.etcd_ok ? 'live' : 'etcd unreachable: last known view';
+    status.className = snap.etcd_ok ? 'live' : 'down';
+    draw(snap);
   });
   es.onerror = () => {
     status.textContent = 'reconnecting';
