@@ -627,11 +627,10 @@ class Gateway {
         return best[rr_++ % best.size()];
     }
     //! The cell for a new session of `tenant`: --cell, else the global brain's split (the tenant's
-    //! home cell first) over the cells with a live node, else the cell whose nodes report the most
-    //! room, one under its water level first. When every cell is at its water level the session
-    //! still goes to the one with most room: its session count is a bound the sources plan by, not
-    //! the node's limit (parked sessions hold no sequence), and refusing would turn a busy cluster
-    //! into a failing one.
+    //! home cell first) over the cells with a live node, else the cell under its water level whose
+    //! nodes report the most room. "" when every cell that takes work is at its water level (the
+    //! split marks it full): the room above the water is the reserve that takes in a lost cell's
+    //! sessions, so new ones wait (503 and Retry-After) rather than eat it.
     std::string pick_cell(const std::string & tenant) {
         if (!o_.cell.empty()) return o_.cell;
         std::lock_guard lk(mu_);
@@ -645,12 +644,11 @@ class Gateway {
         if (std::string c = cluster::pick_cell(live, tenant); !c.empty()) return c;
         if (room.empty()) return "cell0";  // no node known yet: the session waits in cell0's queue
         std::string best;
-        std::pair<bool, int64_t> most{false, -1};  // (under water, room)
+        int64_t most = -1;
         for (const auto & [c, r] : room) {
-            const std::pair<bool, int64_t> key{!shares_.full.count(c), r};
-            if (key > most) {
+            if (!shares_.full.count(c) && r > most) {
                 best = c;
-                most = key;
+                most = r;
             }
         }
         return best;
@@ -1212,6 +1210,9 @@ class Gateway {
             m.gauge("armada_gateway_nodes", "Live nodes the gateway sees in etcd").set(double(nodes_.size()));
         }
         m.sync_counter("armada_gateway_requests_total", "Requests the gateway took", requests_.load());
+        m.sync_counter("armada_gateway_sessions_refused_full_total",
+                       "New sessions refused (503 cluster_full) because every cell was at its water level",
+                       refused_full_.load());
         {
             // A registry made per scrape: the tracer's running totals are copied, not attached.
             const auto t = obs::tracer();
@@ -1498,6 +1499,13 @@ class Gateway {
             return;
         }
         const std::string cell = pick_cell(caller.tenant);
+        if (cell.empty()) {
+            ++refused_full_;
+            return send_error(out, 503,
+                              "every cell is at its water level (the room above it is kept for the sessions of a cell "
+                              "that fails); retry shortly",
+                              5, "cluster_full");
+        }
         const std::string id = agent::SessionManager::new_id();
         // A tenant whose tokens of the minute are spent (its sessions' model steps count) gets no
         // new session; the one token taken here stands for the request.
@@ -1756,6 +1764,7 @@ class Gateway {
     std::unique_ptr<cluster::JetStream> js_;
     std::unique_ptr<cluster::RedisPool> redis_;
     std::atomic<uint64_t> requests_{0}, route_hits_{0};
+    std::atomic<uint64_t> refused_full_{0};  // new sessions refused: every cell at its water level
     std::unique_ptr<cluster::Quotas> quotas_;
     //! The routing rules and latency classes as of the last start or SIGHUP (mu_).
     std::shared_ptr<const cluster::RoutingConfig> routing_;

@@ -9,8 +9,8 @@ import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
-import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, assertLintedMetrics, chatTurn, clusterUp, etcdGet as etcdRead, metricSum, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { assertCompleteLog, assertNoFinishedCallRepeated } from './session_helpers.mjs';
+import { alive, assertLintedMetrics, chatTurn, clusterUp, etcdGet as etcdRead, etcdKv, metricSum, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -196,6 +196,8 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
   // While no global brain leads (the dead one's lease outlives it by the TTL), the split stays
   // exactly as it was, in etcd and in every gateway: nothing waits on a brain.
   assert.ok(before, 'there was a split before');
+  // Written without a lease, the split outlives its writer (a leased key would go with it).
+  assert.equal((await etcdKv(status().servers.etcd.endpoint, '/armada/global/shares')).lease, 0);
   const atKill = await etcdGet('/armada/global/shares');
   await sleep(1500);  // a window, under the TTL, in which nothing may change
   const whileLeaderless = await followed();
@@ -228,8 +230,14 @@ test('kill -9 every process of a cell: its sessions are re-homed to the other an
   assert.ok(theirs.length > 0, 'the lost cell held open sessions');
   const t0 = Date.now();
   for (const p of status().processes.filter((x) => x.name.startsWith(`${victim}-`))) process.kill(p.pid, 'SIGKILL');
+  // The tool server runs in this process: a call the lost cell sent before it died is recorded
+  // once this loop has turned. Everything recorded until then was sent before the kill.
+  await sleep(200);
+  const killedBy = Date.now();
   const done = await waitAll(ids);
   checkDone(done);
+  // A call sent again went out with the same key, and only because it was in flight at the kill.
+  assertNoFinishedCallRepeated(tools, [...done.values()], [killedBy]);
   // Each of its open sessions finished in the other cell, and its next step after the kill was
   // taken there.
   const next = [];
@@ -238,6 +246,7 @@ test('kill -9 every process of a cell: its sessions are re-homed to the other an
     assert.notEqual(cellOf(s.placement.node), victim, `${id} stayed in the lost cell`);
     const after = s.steps.map((x) => x.data?.started_ms ?? x.ts_ms).filter((x) => x > t0 + 1000);
     for (const [k, at] of tools.arrivals) if (k.startsWith(`${id}:`)) after.push(...at.filter((x) => x > t0 + 1000));
+    assert.ok(after.length > 0, `${id} took no step after the kill`);
     next.push(Math.min(...after) - t0);
   }
   next.sort((a, b) => a - b);

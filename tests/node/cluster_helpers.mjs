@@ -48,11 +48,18 @@ export function sanitizerReports(logsDir) {
 
 // The value of `key` in etcd (through its JSON gateway at `endpoint`), or null.
 export async function etcdGet(endpoint, key) {
+  const kv = await etcdKv(endpoint, key);
+  return kv ? kv.value : null;
+}
+
+// The key as etcd's JSON gateway gives it: { value, lease } (lease 0: none), or null.
+export async function etcdKv(endpoint, key) {
   const b64 = (s) => Buffer.from(s).toString('base64');
   const r = await fetch(`http://${endpoint.replace(/^https?:\/\//, '')}/v3/kv/range`, {
     method: 'POST', body: JSON.stringify({ key: b64(key) }),
   }).then((x) => x.json());
-  return r.kvs?.length ? Buffer.from(r.kvs[0].value, 'base64').toString() : null;
+  if (!r.kvs?.length) return null;
+  return { value: Buffer.from(r.kvs[0].value, 'base64').toString(), lease: Number(r.kvs[0].lease ?? 0) };
 }
 
 // One command to Redis at `addr` (host:port) over its own protocol (RESP), as a test reads what

@@ -1,7 +1,7 @@
 // Two small cells from `armada cluster up --cells 2` (one node each that takes 8 sessions, so a
 // cell's water level, 57% of its capacity, is 4 live sessions), real PostgreSQL, etcd, NATS and
 // Redis, with the tiny model: a tenant's sessions fill its home cell up to the water level, and
-// the next ones go to the other cell. The tool server holds every call until the test releases
+// the next ones go to the other cell; with both at their level, a new session is refused. The tool server holds every call until the test releases
 // it, so the sessions stay open exactly as long as the test needs.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -73,7 +73,7 @@ after(async () => {
   assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
 
-test('a tenant fills its home cell up to the water level; its next sessions go to the other cell', { timeout: 300000 * SLOW }, async () => {
+test('a tenant fills its home cell up to the water level; its next sessions go to the other cell; with both full, new ones wait', { timeout: 300000 * SLOW }, async () => {
   const home = [];
   for (let i = 0; i < WATER; i++) {
     const s = await createHeld(`home ${i}`);
@@ -90,8 +90,27 @@ test('a tenant fills its home cell up to the water level; its next sessions go t
   // At the water level the split says the home cell is full, and the gateway follows it.
   await waitFor(`${cell} marked full in the gateway's split`, async () =>
     (await fetch(gw + '/readyz').then((r) => r.json())).full_cells?.includes(cell));
-  const spill = [await createHeld('spill 0'), await createHeld('spill 1')];
-  for (const s of spill) assert.notEqual(s.cell, cell, `${s.id} went to the full cell`);
+  const spill = [];
+  for (let i = 0; i < WATER; i++) {
+    const s = await createHeld(`spill ${i}`);
+    assert.notEqual(s.cell, cell, `${s.id} went to the full cell`);
+    spill.push(s);
+    await waitFor(`cell ${s.cell} reporting ${i + 1} live`, async () =>
+      JSON.parse(await etcdGet(`/armada/cells/${s.cell}/report`) ?? '{}').live_sessions === i + 1);
+  }
+  // Both cells at their water level: the room above it is the reserve for a lost cell, so a new
+  // session is refused (503, retry later) rather than placed there.
+  await waitFor('both cells marked full in the gateway\'s split', async () =>
+    (await fetch(gw + '/readyz').then((r) => r.json())).full_cells?.length === 2);
+  const refused = await fetch(`${gw}/v1/agents/worker/sessions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ input: 'one too many' }),
+  });
+  const body = await refused.json();
+  assert.equal(refused.status, 503, JSON.stringify(body));
+  assert.equal(body.error.code, 'cluster_full');
+  assert.ok(Number(refused.headers.get('retry-after')) > 0);
+  const gm = await fetch(gw + '/metrics').then((r) => r.text());
+  assert.match(gm, /^armada_gateway_sessions_refused_full_total 1$/m);
   // Released, every session finishes with a whole log, each call having had one effect.
   tools.release();
   const ids = [...home, ...spill].map((s) => s.id);

@@ -327,7 +327,7 @@ TEST(CellReport, SumsTheNodesAndLeavesADrainingNodesRoomOut) {
 
 TEST(GlobalBrain, SessionsQueuedInACellTakeItsRoomForNewAndRehomedSessions) {
     GlobalBrain g(specs({{"a", ""}, {"b", ""}, {"c", ""}}));
-    auto b = cell("b", 100, 20);  // water 57: room for 37 by its running sessions alone
+    auto b = cell("b", 100, 20);  // water 50: room for 30 by its running sessions alone
     b.queued = 40;                // but 40 wait in its brain for room
     g.report(cell("a", 100, 0), 0);
     g.report(b, 0);
