@@ -5,7 +5,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { startServer, rawPost } from './harness.mjs';
+import { startServer, rawPost, createdStatus, viaGateway } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, richAgent, tempDir, writeAgents } from './agents.mjs';
 import { waitFor } from './session_helpers.mjs';
@@ -120,7 +120,7 @@ test('an agent declared by one tenant is invisible to another; the operator\'s a
 
 test('a live session is the tenant\'s too: another tenant cannot read, follow, message, cancel or delete it', async () => {
   const r = await rawPost(srv.base, '/v1/agents/slowpoke/sessions', { input: 'go' }, A1);
-  assert.equal(r.status, 200, r.text);
+  assert.equal(r.status, createdStatus, r.text);
   const id = r.json.id;
   await waitFor(srv.base, id, ['waiting_tool'], { headers: A2 });
   for (const h of [B, SOLO]) {
@@ -136,7 +136,7 @@ test('a live session is the tenant\'s too: another tenant cannot read, follow, m
 
 test('sessions, their events and stored responses belong to the tenant', async () => {
   const r = await rawPost(srv.base, '/v1/agents/rich/sessions', { input: 'go' }, A1);
-  assert.equal(r.status, 200, r.text);
+  assert.equal(r.status, createdStatus, r.text);
   const id = r.json.id;
   const s = await waitFor(srv.base, id, ['completed', 'failed'], { headers: A2 });
   assert.equal(s.state, 'completed', s.reason);
@@ -157,7 +157,9 @@ test('sessions, their events and stored responses belong to the tenant', async (
   assert.equal(cont.status, 404);
 });
 
-test('an API agent comes back unchanged after a restart, and its sessions run', async () => {
+test('an API agent comes back unchanged after a restart, and its sessions run', {
+  skip: viaGateway && 'a node restarting under a gateway is cluster_faults\' (this would kill the whole cluster)',
+}, async () => {
   const before = (await get('/v1/agents/rich', A1)).json;
   srv.proc.kill('SIGKILL');
   await new Promise((r) => srv.proc.on('exit', r));
@@ -179,6 +181,7 @@ test('/metrics needs an admin key on the main port and none on the metrics liste
   assert.equal(plain.status, 403);
   assert.match((await plain.json()).error.message, /admin key/);
   assert.equal((await fetch(srv.base + '/metrics', { headers: ADMIN })).status, 200);
+  if (viaGateway) return;  // a gateway has no metrics listener of its own: nodes and brains do
   const scraped = await fetch(metricsBase + '/metrics');
   assert.equal(scraped.status, 200);
   assert.match(await scraped.text(), /^armada_sessions_live\{state="running"\} /m);
@@ -211,6 +214,7 @@ test('the prompt cache is per tenant, and GET /v1/cache is for admins', async ()
   assert.equal(c.status, 200);
   assert.equal(c.json.enabled, true);
   assert.ok(c.json.hits >= 1 && c.json.tokens_saved >= same.prompt_tokens_details.cached_tokens, JSON.stringify(c.json));
+  if (viaGateway) return;  // the hits are counted on the node (its /metrics is checked on one)
   const m = await (await fetch(metricsBase + '/metrics')).text();
   assert.match(m, /^armada_prompt_cache_hits_total [1-9]/m);
 });
@@ -333,7 +337,9 @@ test('an MCP call redirected within its origin keeps the headers; follow_redirec
   }
 });
 
-test('an agent declared before tenants existed comes back with its numbers, shared and read-only', async () => {
+test('an agent declared before tenants existed comes back with its numbers, shared and read-only', {
+  skip: viaGateway && 'it writes a node\'s SQLite file; a cluster keeps agents in PostgreSQL',
+}, async () => {
   // What builds before this one stored: the YAML re-emitted with every scalar quoted, no tenant.
   const { spawnSync } = await import('node:child_process');
   const ldir = tempDir('armada-legacy-');
