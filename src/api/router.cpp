@@ -274,6 +274,24 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         count(route_name, 200);
         return;
     }
+    if (p == "/admin/drain") {
+        route_name = p;
+        if (req.method != "POST") throw ApiError(405, "use POST for /admin/drain");
+        if (!caller.admin) throw ApiError(403, "/admin/drain needs an admin key", {}, "permission_denied");
+        std::function<void()> start;
+        {
+            std::lock_guard lk(probes_mu_);
+            start = drain_request_;
+        }
+        if (!start) throw ApiError(501, "this server cannot be drained over HTTP; send it SIGTERM");
+        // Asked again while draining: the same answer, nothing new starts.
+        const bool already = draining_.load();
+        if (!already) start();
+        out->send(202, "application/json",
+                  std::string(R"({"status":"draining","already":)") + (already ? "true" : "false") + "}");
+        count(route_name, 202);
+        return;
+    }
     if (draining_.load()) {
         route_name = "draining";
         ApiError e(503, "the node is shutting down (draining); retry on another node or after its restart", {},

@@ -47,6 +47,12 @@ class Router {
     }
     //! From now on new requests get 503 with Retry-After; the probes and /metrics still answer.
     void set_draining() { draining_.store(true); }
+    //! What `POST /admin/drain` starts (the node's own drain, as SIGTERM would); unset: the
+    //! route answers 501.
+    void set_drain_request(std::function<void()> f) {
+        std::lock_guard lk(probes_mu_);
+        drain_request_ = std::move(f);
+    }
     bool draining() const { return draining_.load(); }
     void dispatch(HttpRequest && req, std::shared_ptr<Responder> out);
     //! The metrics listener (`--metrics-port`): /metrics without a key, and the probes.
@@ -83,7 +89,8 @@ class Router {
     std::atomic<SessionsApi *> sessions_{nullptr};
     std::atomic<ResponsesService *> responses_{nullptr};
     std::mutex probes_mu_;
-    Probes probes_;  // guarded by probes_mu_ (set while I/O threads already answer)
+    Probes probes_;                        // guarded by probes_mu_ (set while I/O threads already answer)
+    std::function<void()> drain_request_;  // guarded by probes_mu_
     std::atomic<bool> draining_{false};
 };
 

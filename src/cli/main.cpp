@@ -4,6 +4,7 @@
 #include "cli/bench_gateway.h"
 #include "cli/bench_kv.h"
 #include "cli/cell.h"
+#include "cli/cell_drain.h"
 #include "cli/cluster_up.h"
 #include "cli/global.h"
 #include "cli/mkmodel.h"
@@ -289,7 +290,7 @@ int main(int argc, char ** argv) {
     cli::CellOptions cell;
     auto * ce = app.add_subcommand("cell", "run a cell brain: places the cell's sessions on its nodes (one leads)");
     ce->add_option("--cluster", cell.cluster_file, "the cluster's YAML file")->required()->envname("ARMADA_CLUSTER");
-    ce->add_option("--cell", cell.cell, "the cell to run")->required()->envname("ARMADA_CELL");
+    ce->add_option("--cell", cell.cell, "the cell to run (required to run a brain)")->envname("ARMADA_CELL");
     ce->add_option("--name", cell.name, "this brain's name in the election (default: HOSTNAME-PID)");
     ce->add_option("--reconcile-ms", cell.reconcile_ms, "how often the view is rebuilt from etcd and PostgreSQL")
         ->check(CLI::Range(200, 600000))
@@ -297,6 +298,16 @@ int main(int argc, char ** argv) {
     ce->add_option("--log-level", cell.log_level, "trace, debug, info, warn, error")->capture_default_str();
     add_brain_metrics_flags(ce, cell.metrics_host, cell.metrics_port);
     add_observability_flags(ce, otlp_endpoint, log_format);
+    cli::DrainOptions drain;
+    auto * dr = ce->add_subcommand(
+        "drain", "drain a node: it takes nothing new, finishes its running steps and leaves (POST /admin/drain)");
+    dr->add_option("node", drain.node, "the node's name in the cluster")->required();
+    dr->add_option("--api-key", drain.api_key, "an admin key the node knows")->envname("ARMADA_API_KEY");
+    dr->add_flag("--wait", drain.wait, "return once the node has left the cluster");
+    dr->add_option("--timeout", drain.timeout_s, "seconds --wait waits at most")
+        ->check(CLI::Range(1, 86400))
+        ->capture_default_str();
+    dr->fallthrough();  // --cluster may follow the node
 
     cli::GlobalOptions glo;
     auto * gl =
@@ -525,7 +536,17 @@ int main(int argc, char ** argv) {
         ~FlushSpans() { obs::tracer()->flush(); }
     } flush_spans;
     if (s->parsed()) return cli::serve(serve);
-    if (ce->parsed()) return cli::cell_command(cell);
+    if (dr->parsed()) {
+        drain.cluster_file = cell.cluster_file;
+        return cli::drain_command(drain);
+    }
+    if (ce->parsed()) {
+        if (cell.cell.empty()) {
+            fprintf(stderr, "error: --cell is required to run a cell brain (or ARMADA_CELL)\n");
+            return 2;
+        }
+        return cli::cell_command(cell);
+    }
     if (gl->parsed()) return cli::global_command(glo);
     if (gw->parsed()) return gateway::gateway_command(gwo);
     if (cup->parsed()) return cli::cluster_up(cuo);

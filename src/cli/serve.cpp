@@ -585,6 +585,12 @@ int serve(const ServeOptions & opt) {
     router.set_probes(
         {[&eng] { return eng.stalled(120000); },
          [&store_ready](std::function<void(std::string)> answer) { store_ready.check(std::move(answer)); }});
+    // POST /admin/drain (an operator, `armada cell drain`, a Kubernetes preStop hook): the same
+    // drain as SIGTERM, started by sending it; asked twice, it still sends one (a second signal
+    // would stop at once).
+    router.set_drain_request([asked = std::make_shared<std::atomic<bool>>(false)] {
+        if (!asked->exchange(true)) ::kill(::getpid(), SIGTERM);
+    });
     router.set_service(&svc, &eng, &sessions_api, &responses);
     printf("armada: ready, model %s, %d sequences x %d tokens%s\n", model->id().c_str(), opt.engine.n_seq_max,
            eng.n_ctx_seq(), n_engines > 1 ? (" on " + std::to_string(n_engines) + " engines").c_str() : "");

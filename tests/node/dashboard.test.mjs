@@ -261,3 +261,33 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
     await browser.close();
   }
 });
+
+test('armada cell drain NODE: the node drains and leaves the cluster; an unknown name gets the live ones', { timeout: 120000 * SLOW }, async () => {
+  const { spawnSync } = await import('node:child_process');
+  const drain = (...args) => spawnSync(process.env.ARMADA_BIN,
+    ['cell', 'drain', ...args, '--cluster', path.join(dir, 'cluster.yaml')], { encoding: 'utf8', timeout: 60000 * SLOW });
+  const node = procs('node').find((p) => p.pid !== stopped);
+  assert.ok(node, 'a running node');
+  const unknown = drain('no-such-node', '--api-key', KEY);
+  assert.equal(unknown.status, 1);
+  assert.match(unknown.stderr, new RegExp(`no live node named 'no-such-node' in etcd; the live nodes are .*${node.name}`));
+  // Without an admin key the node refuses, and says what is missing.
+  const keyless = drain(node.name, '--api-key', 'sk-wrong');
+  assert.equal(keyless.status, 1);
+  assert.match(keyless.stderr, /refused the drain \(HTTP 401\): give an admin key/);
+  assert.equal((await fetch(`${node.url}/readyz`)).status, 200, 'the refused drain did not start one');
+
+  const exited = new Promise((r) => {
+    const t = setInterval(() => { if (!alive(node.pid)) { clearInterval(t); r(); } }, 100);
+  });
+  const r = drain(node.name, '--api-key', KEY, '--wait', '--timeout', String(60 * SLOW));
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, new RegExp(`node ${node.name} of cell cell0 drains`));
+  assert.match(r.stdout, new RegExp(`node ${node.name} left after [0-9.]+ s`));
+  // It left because it drained: its log says so, and it exited on its own (cleanly, so `cluster
+  // up` leaves it down).
+  await exited;
+  const log = fs.readFileSync(status().processes.find((p) => p.name === node.name).log, 'utf8');
+  assert.match(log, /draining/);
+  assert.match(log, /drained; stopping/);
+});
