@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <filesystem>
@@ -370,6 +372,71 @@ std::optional<KvBlob> KvJournal::load(const std::string & key, std::string & why
     std::lock_guard lk(mu_);
     if (st) stats_.loads++;
     return st;
+}
+
+std::optional<KvJournal::SendFile> KvJournal::open_for_send(const std::string & key, std::string & why, int wait_ms) {
+    std::unique_lock lk(mu_);
+    if (!idle_cv_.wait_for(lk, std::chrono::milliseconds(wait_ms),
+                           [&] { return !pending_.count(key) && writing_ != key; })) {
+        why = "its latest state is still being written";
+        return std::nullopt;
+    }
+    auto it = known_.find(key);
+    if (it == known_.end() || it->second.tokens.empty()) {
+        why = "not journaled";
+        return std::nullopt;
+    }
+    // Opened under the lock: the writer cannot be replacing the file in between.
+    const int fd = ::open(path_for(key).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        why = std::string("cannot open its journal: ") + std::strerror(errno);
+        return std::nullopt;
+    }
+    return SendFile{fd, it->second.file_bytes, it->second.tokens.size()};
+}
+
+std::string KvJournal::incoming_path(const std::string & key) const {
+    return path_for(key) + ".in.tmp";
+}
+
+std::string KvJournal::install(const std::string & key, const std::string & file) {
+    std::string image;
+    if (!read_whole_file(file, image)) return "cannot read the received journal";
+    Cursor c{image.data(), image.size()};
+    std::string fp, k;
+    if (!read_header(c, fp, k)) return "not a KV journal";
+    if (fp != cfg_.fingerprint) return "fingerprint differs (model, context or llama.cpp build)";
+    if (k != key) return "the journal belongs to another session";
+    Known known;
+    RecordView r;
+    size_t end = c.at;
+    while (next_record(c, r, true)) {
+        if (r.keep > known.tokens.size()) break;
+        known.tokens.resize(r.keep);
+        const size_t at = known.tokens.size();
+        known.tokens.resize(at + r.n_add);
+        if (r.n_add) std::memcpy(known.tokens.data() + at, r.add, size_t(r.n_add) * sizeof(llama_token));
+        end = c.at;
+    }
+    if (known.tokens.empty()) return "the journal holds no complete step";
+    std::error_code ec;
+    if (end < image.size()) {
+        fs::resize_file(file, end, ec);
+        if (ec) return "cannot cut the received journal: " + ec.message();
+    }
+    std::lock_guard lk(mu_);
+    if (pending_.count(key) || writing_ == key) return "a newer state of the session is being written here";
+    if (auto it = known_.find(key); it != known_.end()) forget_locked(it);
+    fs::rename(file, path_for(key), ec);
+    if (ec) return "cannot install the received journal: " + ec.message();
+    known.file_bytes = end;
+    known.live_bytes = end;
+    known.written = ++tick_;
+    stats_.disk_bytes += end;
+    stats_.files++;
+    known_[key] = std::move(known);
+    evict_locked(key);
+    return {};
 }
 
 void KvJournal::flush() {

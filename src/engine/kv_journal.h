@@ -64,6 +64,25 @@ class KvJournal {
     std::optional<KvEntryInfo> info(const std::string & key) const;
     //! Waits until everything queued is written.
     void flush();
+
+    //! The session's journal file, opened for sending to another node (a session moving with its
+    //! KV). Waits up to `wait_ms` for its last state to reach the disk first. The descriptor stays
+    //! valid when the file is later replaced or deleted; the caller closes it.
+    struct SendFile {
+        int fd = -1;
+        uint64_t bytes = 0;   // of the file, as written
+        size_t n_tokens = 0;  // the state it folds to
+    };
+    std::optional<SendFile> open_for_send(const std::string & key, std::string & why, int wait_ms = 5000);
+    //! Where a journal file received from another node is written before `install` (in this
+    //! journal's directory, so installing it is a rename; a leftover is swept at the next open).
+    std::string incoming_path(const std::string & key) const;
+    //! Takes `file` (a journal received from another node) as the session's journal: it must be
+    //! one with this journal's fingerprint and the session's key, and whole records are kept up
+    //! to the first torn or corrupt one. Returns an error message; on success the file is moved
+    //! into place and `load` finds its state. Refused while a state of the session is queued or
+    //! being written here (a newer one than the file's).
+    std::string install(const std::string & key, const std::string & file);
     KvJournalStats stats() const;
 
     //! One file's records folded into a state. Public for tests and the fuzz target.

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -304,4 +306,100 @@ TEST(KvJournal, OverTheDiskLimitTheOldestJournalsGo) {
     ASSERT_EQ(again.open(), "");
     EXPECT_EQ(again.stats().files, 3u);
     EXPECT_EQ(again.stats().disk_bytes, st.disk_bytes);
+}
+
+namespace {
+
+//! What a descriptor from `open_for_send` reads, as a node sending it would.
+std::string read_fd(int fd) {
+    std::string out;
+    char buf[4096];
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n <= 0) break;
+        out.append(buf, size_t(n));
+    }
+    ::close(fd);
+    return out;
+}
+
+void write_file(const std::string & path, const std::string & data) {
+    std::ofstream(path, std::ios::binary) << data;
+}
+
+}  // namespace
+
+// A session moving with its KV: one node sends its journal file, the other installs it and
+// loads the same state.
+TEST(KvJournal, AJournalSentToAnotherNodeLoadsThereAsItWas) {
+    Dir a, b;
+    KvJournal src(cfg(a.p)), dst(cfg(b.p));
+    ASSERT_EQ(src.open(), "");
+    ASSERT_EQ(dst.open(), "");
+    src.append("s1", blob(10));
+    src.append("s1", blob(25));  // still queued, maybe: open_for_send waits for the disk
+    std::string why;
+    auto f = src.open_for_send("s1", why);
+    ASSERT_TRUE(f) << why;
+    EXPECT_EQ(f->n_tokens, 25u);
+    const std::string sent = read_fd(f->fd);
+    EXPECT_EQ(sent.size(), f->bytes);
+
+    const std::string in = dst.incoming_path("s1");
+    EXPECT_EQ(fs::path(in).parent_path(), b.p);
+    write_file(in, sent);
+    ASSERT_EQ(dst.install("s1", in), "");
+    EXPECT_FALSE(fs::exists(in));
+    auto got = dst.load("s1", why);
+    ASSERT_TRUE(got) << why;
+    EXPECT_EQ(got->tokens, toks(25));
+    EXPECT_EQ(got->data, state(25));
+    EXPECT_EQ(dst.stats().files, 1u);
+    // The installed file is the session's journal from now on: the next step appends to it.
+    dst.append("s1", blob(30));
+    dst.flush();
+    got = dst.load("s1", why);
+    ASSERT_TRUE(got) << why;
+    EXPECT_EQ(got->data, state(30));
+
+    EXPECT_FALSE(src.open_for_send("nobody", why));
+    EXPECT_EQ(why, "not journaled");
+}
+
+TEST(KvJournal, AReceivedJournalOfAnotherModelSessionOrTornTailIsTakenOnlyAsFarAsItHolds) {
+    Dir a, b, c;
+    KvJournal src(cfg(a.p)), dst(cfg(b.p));
+    auto other_cfg = cfg(c.p);
+    other_cfg.fingerprint = "fp-2";
+    KvJournal other(other_cfg);
+    ASSERT_EQ(src.open(), "");
+    ASSERT_EQ(dst.open(), "");
+    ASSERT_EQ(other.open(), "");
+    src.append("s1", blob(10));
+    src.flush();
+    src.append("s1", blob(20));
+    src.flush();
+    other.append("s1", blob(10));
+    other.flush();
+    std::string why;
+    const auto gf = src.open_for_send("s1", why), ff = other.open_for_send("s1", why);
+    ASSERT_TRUE(gf && ff) << why;
+    const std::string good = read_fd(gf->fd), foreign = read_fd(ff->fd);
+
+    const std::string in = dst.incoming_path("s1");
+    write_file(in, foreign);
+    EXPECT_EQ(dst.install("s1", in), "fingerprint differs (model, context or llama.cpp build)");
+    write_file(in, good);
+    EXPECT_EQ(dst.install("s2", in), "the journal belongs to another session");
+    write_file(in, "not a journal at all");
+    EXPECT_EQ(dst.install("s1", in), "not a KV journal");
+    EXPECT_FALSE(dst.load("s1", why));
+
+    // Cut in the middle of its second record (a transfer that stopped): the first step is kept.
+    write_file(in, good.substr(0, good.size() - 7));
+    ASSERT_EQ(dst.install("s1", in), "");
+    auto got = dst.load("s1", why);
+    ASSERT_TRUE(got) << why;
+    EXPECT_EQ(got->tokens, toks(10));
+    EXPECT_EQ(got->data, state(10));
 }
