@@ -111,6 +111,23 @@ bool next_record(Cursor & c, RecordView & r, bool check) {
     return !check || sum == kv_checksum64(reinterpret_cast<const uint8_t *>(c.p + body), end - body);
 }
 
+//! The tokens a file's records describe, from the cursor (just past the header) to the first
+//! record that is torn, fails its checksum (when `check`) or keeps more than came before.
+//! Returns where the last good record ends.
+size_t fold_tokens(Cursor & c, Tokens & tokens, bool check) {
+    RecordView r;
+    size_t end = c.at;
+    while (next_record(c, r, check)) {
+        if (r.keep > tokens.size()) break;
+        tokens.resize(r.keep);
+        const size_t at = tokens.size();
+        tokens.resize(at + r.n_add);
+        if (r.n_add) std::memcpy(tokens.data() + at, r.add, size_t(r.n_add) * sizeof(llama_token));
+        end = c.at;
+    }
+    return end;
+}
+
 bool write_all(int fd, const std::string & data) {
     size_t off = 0;
     while (off < data.size()) {
@@ -229,16 +246,7 @@ std::string KvJournal::open() {
         }
         if (fp != cfg_.fingerprint) continue;  // another model or build; a restore would refuse it anyway
         Known k;
-        RecordView r;
-        size_t end = c.at;
-        while (next_record(c, r, false)) {
-            if (r.keep > k.tokens.size()) break;
-            k.tokens.resize(r.keep);
-            const size_t at = k.tokens.size();
-            k.tokens.resize(at + r.n_add);
-            if (r.n_add) std::memcpy(k.tokens.data() + at, r.add, size_t(r.n_add) * sizeof(llama_token));
-            end = c.at;
-        }
+        const size_t end = fold_tokens(c, k.tokens, false);
         if (end < image.size()) fs::resize_file(p, end, ec);
         k.file_bytes = end;
         k.live_bytes = end;
@@ -408,16 +416,7 @@ std::string KvJournal::install(const std::string & key, const std::string & file
     if (fp != cfg_.fingerprint) return "fingerprint differs (model, context or llama.cpp build)";
     if (k != key) return "the journal belongs to another session";
     Known known;
-    RecordView r;
-    size_t end = c.at;
-    while (next_record(c, r, true)) {
-        if (r.keep > known.tokens.size()) break;
-        known.tokens.resize(r.keep);
-        const size_t at = known.tokens.size();
-        known.tokens.resize(at + r.n_add);
-        if (r.n_add) std::memcpy(known.tokens.data() + at, r.add, size_t(r.n_add) * sizeof(llama_token));
-        end = c.at;
-    }
+    const size_t end = fold_tokens(c, known.tokens, true);
     if (known.tokens.empty()) return "the journal holds no complete step";
     std::error_code ec;
     if (end < image.size()) {
