@@ -898,7 +898,9 @@ void SessionManager::drop_fenced(Session & s, const std::string & why) {
         s.gen_cancel->store(true);
         engine_.wake();
     }
-    engine_.release(s.id, true);
+    // Draining, the session moved away between steps: its KV journal stays until the node that
+    // took it has fetched it.
+    engine_.release(s.id, !draining_);
     for (auto & p : s.outbox) {
         if (p.reply) p.reply({409, "session '" + s.id + "' moved to another node; retry the request", s.id, 1});
     }
@@ -1752,7 +1754,8 @@ size_t SessionManager::resume_all() {
     return resumed;
 }
 
-bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<obs::TraceContext> trace) {
+bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<obs::TraceContext> trace,
+                           std::optional<MoveNote> moved) {
     auto rec = store_.session(id);
     if (!rec || rec->node != opt_.node || rec->epoch != epoch || rec->agent_id.rfind('@', 0) == 0) return false;
     const auto st = parse_state(rec->state);
@@ -1809,8 +1812,63 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
     }
     sync_memory_gauge();
     count_state(ps->state, +1);
-    resume_loaded(*ps);
+    if (!moved) {
+        resume_loaded(*ps);
+        return true;
+    }
+    // The move is written first, under the new epoch: a node that lost the session meanwhile is
+    // fenced here, before any work.
+    json d = {{"from", moved->from},   {"to", opt_.node},     {"epoch", epoch},    {"kv_source", moved->kv_source},
+              {"bytes", moved->bytes}, {"tokens", moved->tokens}, {"ms", moved->ms}};
+    if (!moved->error.empty()) d["error"] = moved->error;
+    metrics_.counter("armada_kv_migrations_total", "Sessions that moved here from another node, by how their KV came",
+                     {{"kv_source", moved->kv_source}})
+        .inc();
+    metrics_.counter("armada_kv_migration_bytes_total", "KV journal bytes received with sessions that moved here")
+        .inc(double(moved->bytes));
+    ps->started = true;  // written to from here on; a repeated command finds it running
+    store::Batch b;
+    b.steps.push_back(step_record(*ps, "moved", dump(d)));
+    checkpoint(*ps, std::move(b), [this](Session & s) { resume_loaded(s); });
     return true;
+}
+
+void SessionManager::incoming(const std::string & id, bool on) {
+    std::lock_guard lk(mu_);
+    if (on)
+        incoming_.insert(id);
+    else
+        incoming_.erase(id);
+}
+
+std::vector<std::pair<std::string, int64_t>> SessionManager::movable() {
+    std::vector<std::pair<std::string, int64_t>> out;
+    if (opt_.node.empty()) return out;
+    for (const auto & r : store_.open_sessions(opt_.cell, opt_.node, kEnded)) {
+        if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
+        std::lock_guard lk(mu_);
+        auto it = sessions_.find(r.id);
+        if (it != sessions_.end() && it->second->busy()) continue;
+        out.emplace_back(r.id, r.epoch);
+    }
+    return out;
+}
+
+std::optional<size_t> SessionManager::open_here() {
+    if (opt_.node.empty()) return 0;
+    const auto open = store_.open_sessions(opt_.cell, opt_.node, kEnded);
+    size_t n = 0;
+    for (const auto & r : open)
+        n += r.node == opt_.node;
+    // An empty list may be a read that failed: the store is asked whether it can be read.
+    if (n == 0 && !store_.has_session("-").has_value()) return std::nullopt;
+    return n;
+}
+
+bool SessionManager::busy(const std::string & id) const {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    return it != sessions_.end() && it->second->busy();
 }
 
 bool SessionManager::running_here(const std::string & id, int64_t epoch) {
@@ -1841,7 +1899,8 @@ size_t SessionManager::adopt_assigned() {
             // Running here under this epoch (or the one before it: a command that moves it on
             // is on its way). A copy older than that ran here before the session went away and
             // came back: `adopt` replaces it from the store.
-            if ((it != sessions_.end() && it->second->started && it->second->epoch + 1 >= r.epoch) || draining_)
+            if ((it != sessions_.end() && it->second->started && it->second->epoch + 1 >= r.epoch) || draining_ ||
+                incoming_.count(r.id))
                 continue;
         }
         if (adopt(r.id, r.epoch)) {

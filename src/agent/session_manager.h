@@ -81,6 +81,17 @@ struct SessionView {
     int64_t epoch = 0;
 };
 
+//! How a session moved here from another node (cluster mode: a drain or a rebalance), recorded
+//! as its "moved" step.
+struct MoveNote {
+    std::string from;       // the node it ran on
+    std::string kv_source;  // "transfer": its KV journal came along; "none": it re-prefills
+    std::string error;      // why the KV did not come ("none")
+    uint64_t bytes = 0;     // of the journal received
+    int64_t tokens = 0;     // the KV's tokens
+    int64_t ms = 0;         // fetching and installing it
+};
+
 //! Outcome of a request to the manager; `status` is an HTTP-like code (200, 400, 403, 404, 409,
 //! 429, 503).
 struct Outcome {
@@ -185,7 +196,21 @@ class SessionManager {
     //! The cell brain assigned session `id` to this node under `epoch`: load it from the store and
     //! run it from its last checkpoint. Ignored (false) when the store says otherwise (a late or
     //! repeated command) or the session has ended; true when it runs here now.
-    bool adopt(const std::string & id, int64_t epoch, std::optional<obs::TraceContext> trace = std::nullopt);
+    //! `moved`: it came from another node that had it between steps; written as a "moved" step
+    //! before it goes on.
+    bool adopt(const std::string & id, int64_t epoch, std::optional<obs::TraceContext> trace = std::nullopt,
+               std::optional<MoveNote> moved = std::nullopt);
+    //! A session on its way here (its KV is being fetched): `adopt_assigned` leaves it alone
+    //! meanwhile, so it is not started before its KV is in place.
+    void incoming(const std::string & id, bool on);
+    //! Draining in cluster mode: this node's open sessions that may move now (none of their steps,
+    //! tool calls or writes is under way), with their epochs.
+    std::vector<std::pair<std::string, int64_t>> movable();
+    //! Open sessions the store assigns to this node (cluster mode); nullopt when the store
+    //! cannot be read.
+    std::optional<size_t> open_here();
+    //! Whether a step, tool call or write of the session is under way here.
+    bool busy(const std::string & id) const;
     //! Level-triggered half of `adopt`: runs every open session the store assigns to this node
     //! that is not running here (a command lost, or a read that failed while PostgreSQL
     //! restarted). Returns how many it started.
@@ -307,6 +332,7 @@ class SessionManager {
     bool draining_ = false;                                     // guarded by mu_
     std::map<SessionState, int64_t> live_counts_;               // guarded by mu_
     std::set<std::string> expiring_;                            // being deleted by retention; mu_
+    std::set<std::string> incoming_;                            // KV being fetched (`incoming`); mu_
     //! Ended sessions per minute over the survival window: (minute, completed, failed, cancelled).
     struct Minute {
         int64_t minute = 0;

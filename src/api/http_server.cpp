@@ -52,6 +52,11 @@ class Conn {
     virtual void on_close(std::function<void()> fn) = 0;
     virtual void long_lived() = 0;
     virtual net::any_io_executor executor() = 0;
+    virtual void abort() = 0;
+    // A stream's bytes not yet sent (Responder::backlog); changed on the connection's strand
+    // except `in_flight_`, which a Responder's `write` adds to before posting.
+    std::atomic<size_t> queued_{0};     // in the stream's queue
+    std::atomic<size_t> in_flight_{0};  // posted to `write`, not yet queued
 };
 
 std::shared_ptr<Responder> make_reply(std::shared_ptr<Conn> c);
@@ -140,11 +145,12 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
     }
 
     void write(std::string chunk) override {
+        in_flight_ -= chunk.size();
         if (!streaming_ || closed_ || ended_) return;
         wrote_ = true;
         queued_ += chunk.size();
         if (queued_ > cfg_.max_stream_backlog) {
-            spdlog::warn("http: a stream's client reads too slowly ({} bytes waiting for it); closing it", queued_);
+            spdlog::warn("http: a stream's client reads too slowly ({} bytes waiting for it); closing it", queued_.load());
             out_.clear();
             queued_ = 0;
             return fail();
@@ -327,6 +333,8 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
 
     bool finished_request(uint64_t gen) const { return gen != req_gen_ || (replied_ && !streaming_) || finished_; }
 
+    void abort() override { fail(); }
+
     void fail() {
         exchange_done();
         if (closed_.exchange(true)) return;
@@ -355,7 +363,6 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
     size_t drained_ = 0;
     std::atomic<bool> closed_{false};
     std::deque<std::string> out_;
-    size_t queued_ = 0;  // bytes in out_
     std::vector<std::function<void()>> close_fns_;
     std::optional<net::steady_timer> heartbeat_;
     bool wrote_ = false;  // since the last heartbeat tick
@@ -374,6 +381,7 @@ class Reply : public Responder {
         net::dispatch(s_->executor(), [s = s_, status, e = std::move(extra)] { s->start_stream(unsigned(status), e); });
     }
     void write(std::string chunk) override {
+        s_->in_flight_ += chunk.size();
         net::post(s_->executor(), [s = s_, c = std::move(chunk)]() mutable { s->write(std::move(c)); });
     }
     void end() override {
@@ -385,6 +393,10 @@ class Reply : public Responder {
     }
     void long_lived() override {
         net::dispatch(s_->executor(), [s = s_] { s->long_lived(); });
+    }
+    size_t backlog() const override { return s_->in_flight_.load() + s_->queued_.load(); }
+    void abort() override {
+        net::post(s_->executor(), [s = s_] { s->abort(); });
     }
 
   private:

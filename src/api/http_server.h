@@ -54,6 +54,12 @@ class Responder {
     //! This stream follows something that may last for hours (a session's events): a draining
     //! server does not wait for it to end.
     virtual void long_lived() {}
+    //! Bytes of a stream handed to `write` and not yet sent to the client. A sender of a large
+    //! body paces itself on it (past `HttpConfig::max_stream_backlog` the stream is closed).
+    virtual size_t backlog() const { return 0; }
+    //! Closes the connection without ending the response: the client sees the body break off
+    //! (a sender that cannot go on after its header went out).
+    virtual void abort() {}
 };
 
 using Handler = std::function<void(HttpRequest &&, std::shared_ptr<Responder>)>;

@@ -292,6 +292,22 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         count(route_name, 202);
         return;
     }
+    if (p.rfind("/admin/kv/", 0) == 0) {
+        route_name = "/admin/kv/{session}";
+        if (!get) throw ApiError(405, "use GET for /admin/kv/{session}");
+        if (!caller.admin) throw ApiError(403, "/admin/kv needs an admin key", {}, "permission_denied");
+        KvSender send;
+        {
+            std::lock_guard lk(probes_mu_);
+            send = kv_sender_;
+        }
+        const std::string id = p.substr(10);
+        if (!send || id.empty() || id.find('/') != std::string::npos)
+            throw ApiError(404, "no such route", {}, "not_found");
+        send(id, out);
+        count(route_name, 200);
+        return;
+    }
     if (draining_.load()) {
         route_name = "draining";
         ApiError e(503, "the node is shutting down (draining); retry on another node or after its restart", {},

@@ -53,6 +53,14 @@ class Router {
         std::lock_guard lk(probes_mu_);
         drain_request_ = std::move(f);
     }
+    //! GET /admin/kv/{session} (admin; cluster nodes fetch a moving session's KV journal):
+    //! answers through the responder, throwing ApiError when it cannot. Unset: 404. It answers
+    //! while the node drains, which is when sessions move away.
+    using KvSender = std::function<void(const std::string & session, std::shared_ptr<Responder> out)>;
+    void set_kv_sender(KvSender f) {
+        std::lock_guard lk(probes_mu_);
+        kv_sender_ = std::move(f);
+    }
     bool draining() const { return draining_.load(); }
     void dispatch(HttpRequest && req, std::shared_ptr<Responder> out);
     //! The metrics listener (`--metrics-port`): /metrics without a key, and the probes.
@@ -91,6 +99,7 @@ class Router {
     std::mutex probes_mu_;
     Probes probes_;                        // guarded by probes_mu_ (set while I/O threads already answer)
     std::function<void()> drain_request_;  // guarded by probes_mu_
+    KvSender kv_sender_;                   // guarded by probes_mu_
     std::atomic<bool> draining_{false};
 };
 

@@ -55,7 +55,19 @@ json view_json(const agent::SessionView & v) {
                 {"completion_tokens", v.completion_tokens},
                 {"total_tokens", v.prompt_tokens + v.completion_tokens}}},
               {"memory", memory_json(v)}};
-    if (!v.node.empty()) j["placement"] = {{"node", v.node}, {"epoch", v.epoch}};
+    if (!v.node.empty()) {
+        // Where it ran: each move between nodes, with how its KV came along.
+        json moves = json::array();
+        for (const auto & s : v.steps) {
+            if (s.kind != "moved") continue;
+            json p = json::parse(s.payload, nullptr, false);
+            if (!p.is_object()) continue;
+            p["seq"] = s.seq;
+            p["at"] = s.ts_ms;
+            moves.push_back(std::move(p));
+        }
+        j["placement"] = {{"node", v.node}, {"epoch", v.epoch}, {"moves", moves}};
+    }
     return j;
 }
 

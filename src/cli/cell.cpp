@@ -174,6 +174,9 @@ class CellProcess {
             const std::string op = str("op"), node = str("node"), session = str("session");
             if (op == "ended" && !session.empty()) {
                 if (brain.node_of(session) == node) brain.session_closed(session);
+            } else if (op == "movable" && !session.empty() && !node.empty() && j.contains("epoch") &&
+                       j["epoch"].is_number_integer()) {
+                brain.session_movable(session, node, j["epoch"].get<int64_t>());
             } else if (op == "draining" && !node.empty()) {
                 spdlog::info("cell {}: node {} drains; nothing more goes to it", o_.cell, node);
                 brain.node_draining(node);
@@ -203,7 +206,9 @@ class CellProcess {
         for (size_t i = 0; i < decisions.size(); ++i) {
             if (results[i].ok)
                 m.counter("armada_brain_decisions_total", "Decisions written to the store, by kind",
-                          {{"kind", decisions[i].moved ? "move" : "place"}})
+                          {{"kind", !decisions[i].from.empty() ? "migrate"
+                                   : decisions[i].moved       ? "move"
+                                                              : "place"}})
                     .inc();
             else
                 m.counter("armada_brain_decisions_refused_total",
@@ -353,6 +358,7 @@ class CellProcess {
                     continue;
                 }
                 json run = {{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}};
+                if (!p.from.empty()) run["from"] = p.from;  // the new node fetches its KV there
                 // Untraced here, the gateway's context still reaches the node.
                 if (obs::tracer()->enabled())
                     run["traceparent"] = span.context().traceparent();
@@ -365,7 +371,10 @@ class CellProcess {
                     spdlog::warn("cell {}: run command for {} to {}: {} (the node finds it at its next start)", o_.cell,
                                  p.session, p.node, e);
                 brain.place_done(p.session);
-                if (p.moved)
+                if (!p.from.empty())
+                    spdlog::info("cell {}: session {} moves from draining {} to {} with its KV (epoch {})", o_.cell,
+                                 p.session, p.from, p.node, p.epoch);
+                else if (p.moved)
                     spdlog::info("cell {}: session {} moved to {} (epoch {})", o_.cell, p.session, p.node, p.epoch);
                 else
                     spdlog::debug("cell {}: session {} placed on {} (epoch {})", o_.cell, p.session, p.node, p.epoch);

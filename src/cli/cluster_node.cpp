@@ -1,5 +1,6 @@
 #include "cli/cluster_node.h"
 
+#include "cluster/etcd.h"
 #include "obs/log.h"
 
 #include <spdlog/spdlog.h>
@@ -15,6 +16,13 @@ void NodeEvents::ended(const std::string & session, const std::string & state) {
 
 void NodeEvents::draining() {
     push(json{{"op", "draining"}, {"node", node_}}.dump(), {});
+}
+
+void NodeEvents::movable(const std::string & session, int64_t epoch, int64_t now_ms) {
+    // One a session and epoch per 10 s: JetStream drops the repeats in between, and a brain that
+    // took over meanwhile still hears of it soon.
+    push(json{{"op", "movable"}, {"session", session}, {"node", node_}, {"epoch", epoch}}.dump(),
+         session + ":" + std::to_string(epoch) + ":movable:" + std::to_string(now_ms / 10000));
 }
 
 void NodeEvents::push(std::string data, std::string msg_id) {
@@ -39,13 +47,14 @@ bool NodeEvents::pop(std::pair<std::string, std::string> & out, int wait_ms) {
 
 ClusterNode::ClusterNode(const cluster::ClusterConfig & cfg, std::string cell, std::string node,
                          agent::SessionManager & sm, std::function<cluster::NodeLoad()> load,
-                         std::shared_ptr<NodeEvents> events)
+                         std::shared_ptr<NodeEvents> events, FetchKv fetch_kv)
     : cfg_(cfg),
       cell_(std::move(cell)),
       node_(std::move(node)),
       sm_(sm),
       load_(std::move(load)),
-      events_(events ? std::move(events) : std::make_shared<NodeEvents>(node_)) {}
+      events_(events ? std::move(events) : std::make_shared<NodeEvents>(node_)),
+      fetch_kv_(std::move(fetch_kv)) {}
 
 ClusterNode::~ClusterNode() {
     stop();
@@ -69,11 +78,18 @@ std::string ClusterNode::start() {
     membership_->start();
     thread_ = std::thread([this] { run_commands(); });
     events_thread_ = std::thread([this] { publish_events(); });
+    // Sessions moving here fetch their KV on threads of their own: one large journal does not
+    // hold up the commands, nor the next move.
+    for (int i = 0; i < 2; ++i)
+        fetchers_.emplace_back([this] { take_arrivals(); });
     return {};
 }
 
 void ClusterNode::stop() {
     if (stop_.exchange(true)) return;
+    arrivals_cv_.notify_all();
+    for (auto & t : fetchers_)
+        if (t.joinable()) t.join();
     if (thread_.joinable()) thread_.join();
     if (events_thread_.joinable()) events_thread_.join();
     if (membership_) membership_->stop();
@@ -104,9 +120,57 @@ void ClusterNode::publish_events() {
     }
 }
 
+void ClusterNode::offer_movable() {
+    const int64_t now_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    for (const auto & [id, epoch] : sm_.movable())
+        events_->movable(id, epoch, now_ms);
+}
+
+void ClusterNode::take_arrivals() {
+    for (;;) {
+        Arrival a;
+        {
+            std::unique_lock lk(arrivals_mu_);
+            arrivals_cv_.wait(lk, [&] { return stop_.load() || !arrivals_.empty(); });
+            if (stop_.load()) return;  // what is left is adopted from the store at the next start
+            a = std::move(arrivals_.front());
+            arrivals_.pop_front();
+        }
+        const obs::LogScope log_scope(a.session, a.trace);
+        // Where the node it comes from answers: its load report in etcd (none: it is gone).
+        std::string url;
+        std::optional<cluster::EtcdKv> kv;
+        if (auto e = cluster::EtcdClient(cfg_.etcd).get(cluster::node_key(cfg_, cell_, a.from), kv); e.empty() && kv) {
+            if (auto l = cluster::decode_load(a.from, kv->value)) url = l->url;
+        }
+        agent::MoveNote note;
+        if (fetch_kv_) {
+            note = fetch_kv_(a.session, a.from, url);
+        } else {
+            note.from = a.from;
+            note.kv_source = "none";
+            note.error = "this node does not fetch KV";
+        }
+        if (sm_.adopt(a.session, a.epoch, a.trace, note))
+            spdlog::info("cluster: session {} moved here from {} (epoch {}, KV: {}{})", a.session, a.from, a.epoch,
+                         note.kv_source, note.kv_source == "transfer" ? ", " + std::to_string(note.bytes) + " bytes" : "");
+        else
+            spdlog::info("cluster: move of session {} at epoch {} is stale; ignored", a.session, a.epoch);
+        sm_.incoming(a.session, false);
+        --arriving_;
+    }
+}
+
 void ClusterNode::run_commands() {
     auto last_check = std::chrono::steady_clock::now();
+    auto last_offer = last_check;
     while (!stop_.load()) {
+        if (draining_.load() && std::chrono::steady_clock::now() - last_offer > std::chrono::seconds(1)) {
+            last_offer = std::chrono::steady_clock::now();
+            offer_movable();
+        }
         // Level-triggered: what the store assigns to this node runs here, command or not.
         if (std::chrono::steady_clock::now() - last_check > std::chrono::seconds(5)) {
             last_check = std::chrono::steady_clock::now();
@@ -132,7 +196,19 @@ void ClusterNode::run_commands() {
                 if (j.contains("traceparent") && j["traceparent"].is_string())
                     trace = obs::TraceContext::parse(j["traceparent"].get<std::string>());
                 const obs::LogScope log_scope(id, trace);
-                if (sm_.adopt(id, epoch, trace))
+                const std::string from = j.contains("from") && j["from"].is_string() ? j["from"].get<std::string>() : "";
+                if (!from.empty() && from != node_) {
+                    // A move between steps: its KV comes first, on a fetcher thread. The command
+                    // is acked now (a large journal takes longer than the redelivery time).
+                    sm_.incoming(id, true);
+                    ++arriving_;
+                    {
+                        std::lock_guard lk(arrivals_mu_);
+                        arrivals_.push_back({id, from, epoch, trace});
+                    }
+                    arrivals_cv_.notify_one();
+                    spdlog::info("cluster: session {} moves here from {} (epoch {}); fetching its KV", id, from, epoch);
+                } else if (sm_.adopt(id, epoch, trace))
                     spdlog::info("cluster: running session {} (epoch {})", id, epoch);
                 else
                     spdlog::info("cluster: command for session {} at epoch {} is stale; ignored", id, epoch);

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace armada::cli {
 
@@ -27,6 +28,9 @@ class NodeEvents {
     void ended(const std::string & session, const std::string & state);
     //! {"op":"draining","node"}.
     void draining();
+    //! {"op":"movable","session","node","epoch"}: draining, the node has the session between
+    //! steps, so the brain may move it with its KV. Repeated every few seconds while it stays.
+    void movable(const std::string & session, int64_t epoch, int64_t now_ms);
     //! The next event, waiting up to `wait_ms`; false when none came.
     bool pop(std::pair<std::string, std::string> & out, int wait_ms);
     uint64_t dropped() const { return dropped_.load(); }
@@ -46,18 +50,33 @@ class NodeEvents {
 //! armada.cmd.<node>). The sessions' writes are fenced by the SessionManager (cluster mode).
 class ClusterNode {
   public:
+    //! Fetches a moving session's KV from the node that had it (`from`, answering at `url`; ""
+    //! when it is gone) and installs it here.
+    using FetchKv =
+        std::function<agent::MoveNote(const std::string & session, const std::string & from, const std::string & url)>;
     ClusterNode(const cluster::ClusterConfig & cfg, std::string cell, std::string node, agent::SessionManager & sm,
-                std::function<cluster::NodeLoad()> load, std::shared_ptr<NodeEvents> events);
+                std::function<cluster::NodeLoad()> load, std::shared_ptr<NodeEvents> events, FetchKv fetch_kv = {});
     ~ClusterNode();
     //! Connects to NATS and etcd and starts reporting and taking commands; an error if it cannot.
     std::string start();
     //! Leaves the cell: revokes the lease (the brain moves what is left at once) and stops.
     void stop();
     uint64_t commands() const { return commands_.load(); }
+    //! The node drains: from now on its sessions are offered to the brain to move (`movable`).
+    void set_draining() { draining_ = true; }
+    //! Moves of sessions to this node whose KV is still being fetched.
+    int arriving() const { return arriving_.load(); }
 
   private:
+    struct Arrival {
+        std::string session, from;
+        int64_t epoch = 0;
+        std::optional<obs::TraceContext> trace;
+    };
     void run_commands();
     void publish_events();
+    void offer_movable();
+    void take_arrivals();
 
     cluster::ClusterConfig cfg_;
     std::string cell_, node_;
@@ -69,7 +88,14 @@ class ClusterNode {
     std::atomic<bool> stop_{false};
     std::atomic<uint64_t> commands_{0};
     std::shared_ptr<NodeEvents> events_;
+    FetchKv fetch_kv_;
+    std::atomic<bool> draining_{false};
+    std::atomic<int> arriving_{0};
+    std::mutex arrivals_mu_;
+    std::condition_variable arrivals_cv_;
+    std::deque<Arrival> arrivals_;  // guarded by arrivals_mu_
     std::thread thread_, events_thread_;
+    std::vector<std::thread> fetchers_;
 };
 
 }  // namespace armada::cli

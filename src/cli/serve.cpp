@@ -3,6 +3,7 @@
 #include "cli/stop_signals.h"
 
 #include "cli/cluster_node.h"
+#include "cli/kv_move.h"
 
 #include "agent/session_manager.h"
 #include "api/openai_service.h"
@@ -342,6 +343,12 @@ int serve(const ServeOptions & opt) {
     for (const auto & k : keys.keys()) {
         if (k.limits) limiter.set_limits(api::owner_of(k.key), *k.limits);
     }
+    // Nodes of a cluster share their keys: a node fetching a moving session's KV from another
+    // uses the first admin key.
+    std::string peer_key;
+    for (const auto & k : keys.keys()) {
+        if (k.admin && peer_key.empty()) peer_key = k.key;
+    }
     api::Router router(std::move(keys), metrics, &limiter);
     if (store->pool_stats()) {
         // PostgreSQL's read pools.
@@ -591,6 +598,14 @@ int serve(const ServeOptions & opt) {
     router.set_drain_request([asked = std::make_shared<std::atomic<bool>>(false)] {
         if (!asked->exchange(true)) ::kill(::getpid(), SIGTERM);
     });
+    // A session moving to another node takes its KV journal along: GET /admin/kv/{session}.
+    int kv_cut = 0;
+    if (const char * v = std::getenv("ARMADA_KV_SEND_CUT")) kv_cut = std::max(0, std::atoi(v));
+    KvSender kv_sender(eng, sessions, kv_cut);
+    if (ccfg)
+        router.set_kv_sender([&kv_sender](const std::string & id, std::shared_ptr<api::Responder> out) {
+            kv_sender.send(id, std::move(out));
+        });
     router.set_service(&svc, &eng, &sessions_api, &responses);
     printf("armada: ready, model %s, %d sequences x %d tokens%s\n", model->id().c_str(), opt.engine.n_seq_max,
            eng.n_ctx_seq(), n_engines > 1 ? (" on " + std::to_string(n_engines) + " engines").c_str() : "");
@@ -634,7 +649,12 @@ int serve(const ServeOptions & opt) {
             l.url = url;
             return l;
         };
-        cluster_node = std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, report, node_events);
+        auto fetch = [&eng, &peer_key, tls = tool_tls](const std::string & id, const std::string & from,
+                                                      const std::string & from_url) {
+            return fetch_kv(eng, id, from, from_url, peer_key, tls.get());
+        };
+        cluster_node =
+            std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, report, node_events, std::move(fetch));
         if (auto e = cluster_node->start(); !e.empty()) {
             fprintf(stderr, "error: cluster: %s\n", e.c_str());
             fflush(nullptr);
@@ -675,15 +695,34 @@ int serve(const ServeOptions & opt) {
     // running steps and completions finish, sessions between steps are already checkpointed.
     spdlog::info("signal {}: draining (at most {} s; a second signal stops at once)", sig, opt.drain_timeout_s);
     router.set_draining();
-    if (cluster_node)  // the brain stops placing here now, not at the next load report
+    if (cluster_node) {  // the brain stops placing here now, not at the next load report
         node_events->draining();
+        cluster_node->set_draining();  // and moves the sessions away, with their KV
+    }
     http.set_closing();
     sessions.drain();
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(opt.drain_timeout_s * 1000));
     bool drained = false;
+    // In a cell, the node is empty once the store gives it no open session, and no other node is
+    // still fetching KV from it (a move's fetch starts just after its assignment is written, so
+    // that has to hold for a while).
+    auto empty_since = std::chrono::steady_clock::time_point::max();
+    auto next_look = std::chrono::steady_clock::now();
     for (;;) {
-        if (sessions.quiet() && eng.idle() && http.exchanges() == 0 && !client_calls.busy()) {
+        const auto now = std::chrono::steady_clock::now();
+        if (cluster_node && now >= next_look) {
+            next_look = now + std::chrono::milliseconds(250);
+            const auto open = sessions.open_here();
+            if (open && *open == 0 && kv_sender.active() == 0 && cluster_node->arriving() == 0) {
+                if (empty_since == std::chrono::steady_clock::time_point::max()) empty_since = now;
+            } else {
+                empty_since = std::chrono::steady_clock::time_point::max();
+            }
+        }
+        const bool empty = !cluster_node || (empty_since != std::chrono::steady_clock::time_point::max() &&
+                                             now - empty_since >= std::chrono::seconds(2));
+        if (empty && sessions.quiet() && eng.idle() && http.exchanges() == 0 && !client_calls.busy()) {
             drained = true;
             break;
         }
@@ -696,6 +735,8 @@ int serve(const ServeOptions & opt) {
         // crash: nothing acknowledged is lost.
         spdlog::warn("stopping before the drain finished ({}); unfinished work resumes at the next start",
                      std::chrono::steady_clock::now() >= deadline ? "deadline" : "second signal");
+        // In a cell, they resume on other nodes at once: the lease goes now, not at its TTL.
+        if (cluster_node) cluster_node->stop();
         fflush(nullptr);
         std::_Exit(1);
     }

@@ -6,7 +6,7 @@
 namespace armada::cluster {
 
 void CellBrain::index(const std::string & id, const Session & s) {
-    if (!s.held && !s.confirming && !live(s.node))
+    if (!s.held && !s.confirming && (!live(s.node) || s.evacuate))
         todo_.emplace(s.order, id);
     else
         todo_.erase({s.order, id});
@@ -40,6 +40,20 @@ void CellBrain::node_draining(const std::string & node) {
     if (it != nodes_.end() && it->second.load) it->second.load->draining = true;
 }
 
+bool CellBrain::draining(const std::string & node) const {
+    auto it = nodes_.find(node);
+    return it != nodes_.end() && it->second.load && it->second.load->draining;
+}
+
+void CellBrain::session_movable(const std::string & id, const std::string & node, int64_t epoch) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    Session & s = it->second;
+    if (s.node != node || s.epoch != epoch || s.evacuate || !draining(node)) return;
+    s.evacuate = true;
+    index(id, s);
+}
+
 void CellBrain::session_open(const std::string & id, const std::string & node, int64_t epoch) {
     auto [it, fresh] = sessions_.try_emplace(id);
     Session & s = it->second;
@@ -49,6 +63,7 @@ void CellBrain::session_open(const std::string & id, const std::string & node, i
         s.epoch = epoch;
     } else if (epoch >= s.epoch) {
         // An older assignment heard late never overrides a newer one.
+        if (s.node != node || s.epoch != epoch) s.evacuate = false;
         s.node = node;
         s.epoch = epoch;
         s.held = false;
@@ -96,6 +111,8 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
             s.epoch = o.epoch;
         } else if (!(s.confirming && s.epoch > o.epoch)) {
             // (A decision still being written is newer than what the store showed when read.)
+            // An offer to move stands while the session stays where it was offered from.
+            if (s.node != o.node || s.epoch != o.epoch || !draining(o.node)) s.evacuate = false;
             s.node = o.node;
             s.epoch = o.epoch;
             s.held = false;
@@ -111,7 +128,7 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
             it = sessions_.erase(it);
             continue;
         }
-        if (!s.held && !s.confirming && !up.count(s.node)) todo_.emplace(s.order, it->first);
+        if (!s.held && !s.confirming && (!up.count(s.node) || s.evacuate)) todo_.emplace(s.order, it->first);
         ++it;
     }
 }
@@ -152,12 +169,15 @@ std::vector<Place> CellBrain::decide(int64_t now_ms) {
         }
         const std::string * n = pick(now_ms);
         if (!n) break;  // no room anywhere: they wait, in order
+        // From a live node that offered it: the KV comes along. From a dead one: re-prefill.
+        std::string from = s.evacuate && live(s.node) ? s.node : std::string();
+        s.evacuate = false;
         s.node = *n;
         s.epoch += 1;
         s.confirming = true;
         nodes_[*n].pending.push_back(now_ms);
         if (moved) tokens_ -= 1;
-        out.push_back({id, *n, s.epoch, moved});
+        out.push_back({id, *n, s.epoch, moved, std::move(from)});
         it = todo_.erase(it);
     }
     return out;

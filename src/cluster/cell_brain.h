@@ -33,12 +33,15 @@ struct NodeLoad {
 };
 
 //! A decision: run `session` on `node` under `epoch` (greater than any it had). `moved` is set
-//! when the session had a node before (a re-placement after a failure).
+//! when the session had a node before (a re-placement after a failure, or a move). `from` is set
+//! when that node is alive and has the session between steps (it drains): the new node fetches
+//! the session's KV from it.
 struct Place {
     std::string session;
     std::string node;
     int64_t epoch = 0;
     bool moved = false;
+    std::string from;
     bool operator==(const Place &) const = default;
 };
 
@@ -77,6 +80,10 @@ class CellBrain {
     //! A node said it drains (an event, ahead of its next report): nothing more goes to it until
     //! a report says otherwise.
     void node_draining(const std::string & node);
+    //! A draining node has the session between steps under `epoch`: it moves to another node,
+    //! which takes its KV along (paced like re-placements). Ignored unless the node drains and
+    //! the session is still its own at that epoch.
+    void session_movable(const std::string & id, const std::string & node, int64_t epoch);
     //! A session the cell must run, with its current assignment ("" and 0 when never placed).
     void session_open(const std::string & id, const std::string & node, int64_t epoch);
     //! A session ended (or left the cell): nothing more to place.
@@ -120,10 +127,12 @@ class CellBrain {
         int64_t epoch = 0;
         bool held = false;        // a decision failed: wait for reconcile
         bool confirming = false;  // a decision is being carried out: the store may not show it yet
+        bool evacuate = false;    // its draining node offered it (`session_movable`): move it
         uint64_t order = 0;       // arrival, for first-come placement
         uint64_t seen = 0;        // the reconcile that last found it in the store
     };
     const std::string * pick(int64_t now_ms) const;
+    bool draining(const std::string & node) const;
     //! Keeps `todo_` right for one session after any change to it or to its node's liveness.
     void index(const std::string & id, const Session & s);
     //! Re-indexes the sessions assigned to `node` (it joined or left).

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <filesystem>
 #include <thread>
 
@@ -625,6 +626,35 @@ void Engine::release(const std::string & session, bool drop) {
         });
     }
     cv_.notify_one();
+}
+
+std::string Engine::install_kv(const std::string & session, const std::string & file) {
+    if (!journal_) return "this node keeps no KV journal";
+    auto done = std::make_shared<std::promise<std::string>>();
+    auto answer = done->get_future();
+    {
+        std::lock_guard lk(mu_);
+        if (stopping_) return "the engine is stopping";
+        ops_.push_back([this, session, file, done] {
+            for (auto & s : slots_) {
+                if (s.owner != session) continue;
+                if (s.state != SlotState::Idle) return done->set_value("a request of the session runs here");
+                // An older copy of its KV in a slot: gone, so the received one is what loads.
+                s.pooled = true;
+                evict(s);
+            }
+            pool_->erase(session);  // a parked copy would be restored before the journal
+            done->set_value(journal_->install(session, file));
+        });
+    }
+    cv_.notify_one();
+    // The loop runs queued operations at its next turn; one that stops first drops them.
+    if (answer.wait_for(std::chrono::seconds(60)) != std::future_status::ready) return "the engine did not answer";
+    try {
+        return answer.get();
+    } catch (const std::future_error &) {
+        return "the engine stopped";
+    }
 }
 
 std::optional<KvUsage> Engine::kv_usage(const std::string & session) const {

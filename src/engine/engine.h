@@ -142,6 +142,11 @@ class Engine {
     //! Thread-safe. The session will not be back soon (`drop` false: spill it first) or at all
     //! (`drop` true: its KV is discarded, in slots, RAM and on disk).
     void release(const std::string & session, bool drop);
+    //! Thread-safe; blocks until the engine thread has done it. Takes `file` (a journal received
+    //! from another node, see KvJournal::incoming_path) as the session's KV, replacing whatever
+    //! this engine held of it. Refused while a request of the session runs here. Returns an
+    //! error message.
+    std::string install_kv(const std::string & session, const std::string & file);
     //! Thread-safe. Where the session's KV is and its size; nullopt when the engine holds none.
     std::optional<KvUsage> kv_usage(const std::string & session) const;
     const KvPool & pool() const { return *pool_; }

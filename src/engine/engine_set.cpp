@@ -106,6 +106,28 @@ void EngineSet::release(const std::string & session, bool drop) {
         e->release(session, drop);
 }
 
+std::optional<KvJournal::SendFile> EngineSet::open_kv(const std::string & session, std::string & why) const {
+    why = "this node keeps no KV journal";
+    for (auto * e : engines_) {
+        if (!e->journal() || !e->journal()->contains(session)) continue;
+        return e->journal()->open_for_send(session, why);
+    }
+    for (auto * e : engines_)
+        if (e->journal()) why = "not journaled";
+    return std::nullopt;
+}
+
+std::pair<std::string, size_t> EngineSet::incoming_kv(const std::string & session) const {
+    const size_t i = route(session);
+    if (!engines_[i]->journal()) return {{}, i};
+    return {engines_[i]->journal()->incoming_path(session), i};
+}
+
+std::string EngineSet::install_kv(size_t engine, const std::string & session, const std::string & file) {
+    if (engine >= engines_.size()) return "no such engine";
+    return engines_[engine]->install_kv(session, file);
+}
+
 std::optional<KvUsage> EngineSet::kv_usage(const std::string & session) const {
     for (size_t i = 0; i < engines_.size(); ++i) {
         if (auto u = engines_[i]->kv_usage(session)) {

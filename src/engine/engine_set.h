@@ -40,6 +40,14 @@ class EngineSet {
     bool has_room(int32_t n = 1) const;
     void wake();
     void release(const std::string & session, bool drop);
+    //! The session's KV journal, opened to send to another node (KvJournal::open_for_send), from
+    //! whichever engine holds it. On a miss `why` says why.
+    std::optional<KvJournal::SendFile> open_kv(const std::string & session, std::string & why) const;
+    //! Where a journal received for `session` is written before `install_kv`, and the engine it
+    //! goes to (the one `route` picks now); "" when no engine keeps a journal.
+    std::pair<std::string, size_t> incoming_kv(const std::string & session) const;
+    //! Engine::install_kv on engine `engine` (from `incoming_kv`).
+    std::string install_kv(size_t engine, const std::string & session, const std::string & file);
     //! Where the session's KV is, and on which engine.
     std::optional<KvUsage> kv_usage(const std::string & session) const;
     //! True when every engine is past its KV high watermark: new sessions wait.

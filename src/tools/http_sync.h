@@ -4,6 +4,8 @@
 
 #include <boost/asio/ssl/context.hpp>
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -38,5 +40,31 @@ struct HttpOptions {
 HttpReply http_request(const std::string & method, const std::string & url,
                        const std::vector<std::pair<std::string, std::string>> & headers, const std::string & body,
                        const HttpOptions & opt, const SsrfGuard & guard);
+
+//! How `http_download` behaves.
+struct DownloadOptions {
+    int connect_timeout_ms = 5000;  // resolving, connecting, TLS and the reply's header
+    int idle_timeout_ms = 10000;    // the longest wait for the next piece of the body
+    uint64_t max_bytes = 64ull << 30;
+    boost::asio::ssl::context * tls = nullptr;  // for https:// (verification on)
+    //! Called with the reply's status and headers (lower-case names) before any of the body is
+    //! kept; a non-empty answer stops the download with that error.
+    std::function<std::string(int status, const std::map<std::string, std::string> & headers)> check;
+};
+
+//! The result of `http_download`: `error` is empty only when the whole body of a 200 reply is in
+//! the file.
+struct Download {
+    int status = 0;
+    std::map<std::string, std::string> headers;
+    uint64_t bytes = 0;  // of the body written to the file
+    std::string error;
+};
+
+//! GET `url` into the file `path` (created or truncated), streamed: the body never sits whole in
+//! memory. Blocks the calling thread; no redirect is followed. A reply other than 200 is an
+//! error that quotes the start of its body. The file is left as it is on error.
+Download http_download(const std::string & url, const std::vector<std::pair<std::string, std::string>> & headers,
+                       const std::string & path, const DownloadOptions & opt, const SsrfGuard & guard);
 
 }  // namespace armada::tools

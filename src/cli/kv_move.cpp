@@ -1,0 +1,167 @@
+#include "cli/kv_move.h"
+
+#include "api/errors.h"
+#include "engine/kv_pool.h"
+#include "tools/http_sync.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+
+namespace armada::cli {
+
+std::string kv_fingerprint_tag(const std::string & fingerprint) {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016" PRIx64, engine::fnv1a64(fingerprint.data(), fingerprint.size()));
+    return hex;
+}
+
+KvSender::KvSender(engine::EngineSet & eng, agent::SessionManager & sessions, int cut_every)
+    : eng_(eng), sessions_(sessions), cut_every_(cut_every) {}
+
+KvSender::~KvSender() {
+    std::lock_guard lk(mu_);
+    for (auto & w : workers_)
+        if (w.thread.joinable()) w.thread.join();
+}
+
+void KvSender::send(const std::string & session, std::shared_ptr<api::Responder> out) {
+    if (sessions_.busy(session))
+        throw api::ApiError(409, "session '" + session + "' is in the middle of a step here; ask again after it",
+                            {}, "busy");
+    if (active_.fetch_add(1) >= kMaxSends) {
+        --active_;
+        api::ApiError e(503, "this node is sending " + std::to_string(kMaxSends) + " KV journals already", {},
+                        "busy");
+        e.retry_after_s = 1;
+        throw e;
+    }
+    std::string why;
+    auto file = eng_.open_kv(session, why);
+    if (!file) {
+        --active_;
+        throw api::ApiError(404, "no KV of session '" + session + "' here: " + why, {}, "not_found");
+    }
+    const uint64_t n = ++started_;
+    const bool cut = cut_every_ > 0 && n % uint64_t(cut_every_) == 0;
+    const std::string tag = kv_fingerprint_tag(eng_.at(0).fingerprint());
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::lock_guard lk(mu_);
+    // Threads that finished are joined here: a node sends a few journals at a time.
+    std::erase_if(workers_, [](Worker & w) {
+        if (!w.done->load()) return false;
+        w.thread.join();
+        return true;
+    });
+    workers_.push_back({std::thread([this, f = *file, out, cut, tag, done, session] {
+                            out->start_stream(200, {{"Content-Type", "application/octet-stream"},
+                                                    {"Cache-Control", "no-store"},
+                                                    {"X-Armada-KV-Bytes", std::to_string(f.bytes)},
+                                                    {"X-Armada-KV-Tokens", std::to_string(f.n_tokens)},
+                                                    {"X-Armada-KV-Fingerprint", tag}});
+                            const uint64_t limit = cut ? f.bytes / 2 : f.bytes;
+                            constexpr size_t kPiece = 1u << 20;
+                            constexpr size_t kAhead = 4u << 20;  // queued for the client at most
+                            std::string buf;
+                            uint64_t off = 0;
+                            bool ok = true;
+                            while (off < limit && !out->closed()) {
+                                if (out->backlog() > kAhead) {
+                                    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                                    continue;
+                                }
+                                buf.resize(size_t(std::min<uint64_t>(kPiece, limit - off)));
+                                const ssize_t r = ::pread(f.fd, buf.data(), buf.size(), off_t(off));
+                                if (r <= 0) {
+                                    spdlog::warn("kv: reading session {}'s journal to send it failed", session);
+                                    ok = false;
+                                    break;
+                                }
+                                buf.resize(size_t(r));
+                                off += uint64_t(r);
+                                out->write(std::move(buf));
+                                buf = {};
+                            }
+                            ::close(f.fd);
+                            if (cut) spdlog::warn("kv: session {}'s journal cut at {} bytes (ARMADA_KV_SEND_CUT)", session, off);
+                            if (ok && !cut)
+                                out->end();
+                            else
+                                out->abort();
+                            --active_;
+                            done->store(true);
+                        }),
+                        done});
+}
+
+agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, const std::string & from_node,
+                         const std::string & source_url, const std::string & admin_key,
+                         boost::asio::ssl::context * tls) {
+    agent::MoveNote note;
+    note.from = from_node;
+    note.kv_source = "none";
+    const auto t0 = std::chrono::steady_clock::now();
+    auto finish = [&](std::string error) {
+        note.ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        note.error = std::move(error);
+        if (!note.error.empty()) {
+            note.kv_source = "none";
+            spdlog::warn("kv: session {} moves from {} without its KV ({}); it re-prefills", session, from_node,
+                         note.error);
+        }
+        return note;
+    };
+    if (source_url.empty()) return finish("node " + from_node + " is gone");
+    const auto [path, engine] = eng.incoming_kv(session);
+    if (path.empty()) return finish("this node keeps no KV journal");
+    // The source's address comes from etcd, which the operator runs: any address is allowed.
+    tools::SsrfGuard guard;
+    for (const char * all : {"0.0.0.0/0", "::/0"}) {
+        tools::Cidr c;
+        if (tools::parse_cidr(all, c)) guard.allow(c);
+    }
+    const std::string want = kv_fingerprint_tag(eng.at(0).fingerprint());
+    uint64_t expect = 0;
+    tools::DownloadOptions o;
+    o.tls = tls;
+    o.check = [&](int, const std::map<std::string, std::string> & h) -> std::string {
+        auto fp = h.find("x-armada-kv-fingerprint");
+        if (fp == h.end() || fp->second != want)
+            return "fingerprint differs (the nodes run another model, context size or llama.cpp build)";
+        auto b = h.find("x-armada-kv-bytes");
+        if (b == h.end()) return "the reply does not say its size";
+        try {
+            expect = std::stoull(b->second);
+        } catch (...) {
+            return "the reply's size is not a number";
+        }
+        return {};
+    };
+    std::vector<std::pair<std::string, std::string>> headers;
+    if (!admin_key.empty()) headers.emplace_back("Authorization", "Bearer " + admin_key);
+    const auto d = tools::http_download(source_url + "/admin/kv/" + session, headers, path, o, guard);
+    std::error_code ec;
+    if (!d.error.empty()) {
+        std::filesystem::remove(path, ec);
+        return finish("fetching it from " + from_node + ": " + d.error);
+    }
+    if (d.bytes != expect) {
+        std::filesystem::remove(path, ec);
+        return finish("fetching it from " + from_node + ": " + std::to_string(d.bytes) + " of " +
+                      std::to_string(expect) + " bytes came");
+    }
+    if (auto e = eng.install_kv(engine, session, path); !e.empty()) {
+        std::filesystem::remove(path, ec);
+        return finish("installing it: " + e);
+    }
+    note.kv_source = "transfer";
+    note.bytes = d.bytes;
+    if (auto u = eng.kv_usage(session)) note.tokens = u->tokens;
+    return finish({});
+}
+
+}  // namespace armada::cli
