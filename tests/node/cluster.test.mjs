@@ -197,7 +197,9 @@ before(async () => {
   up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--nodes', '3', '-m', tinyModel, '--data-dir',
     path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', String(TTL_S),
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
-    '--node-arg=16384', '--node-arg=-t', '--node-arg=1'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    '--node-arg=16384', '--node-arg=-t', '--node-arg=1', '--node-arg=--drain-timeout', `--node-arg=${90 * SLOW}`],
+  // Every 5th KV journal a draining node sends breaks off halfway (the migration test).
+  { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ARMADA_KV_SEND_CUT: '5' } });
   up.stdout.on('data', (d) => { upLog += d; });
   up.stderr.on('data', (d) => { upLog += d; });
   gw = await new Promise((resolve, reject) => {
@@ -815,6 +817,91 @@ test('a chat completion whose node dies while answering gets 502 and is not sent
     });
     assert.equal(again.status, 200, await again.text());
   }
+});
+
+test('armada cell drain during 64 sessions: its sessions move with their KV, and all complete', { timeout: 300000 * SLOW }, async () => {
+  await nodesReady(3);
+  const ids = await createSessions(SESSIONS, 'drain');
+  const before = await waitProgress(ids, 24);
+  const count = new Map();
+  for (const p of before.values()) if (p.node) count.set(p.node, (count.get(p.node) ?? 0) + 1);
+  const victim = [...count.entries()].sort((a, b) => b[1] - a[1])[0][0];
+  const theirs = [...before.entries()].filter(([, p]) => p.node === victim && !ENDED.includes(p.state))
+    .map(([id]) => id);
+  assert.ok(theirs.length >= 4, `the drained node runs sessions: ${theirs.length}`);
+  const others = status().processes.filter((p) => p.role === 'node' && p.name !== victim && alive(p.pid));
+  const restores = async () => {
+    let journal = 0, failures = 0;
+    for (const p of others) {
+      const text = await fetch(`${p.url}/metrics`).then((x) => x.text());
+      journal += metricSum(text, 'armada_kv_restores_total', 'from="journal"');
+      failures += metricSum(text, 'armada_kv_restore_failures_total');
+    }
+    return { journal, failures };
+  };
+  const r0 = await restores();
+  const victimPid = proc(victim).pid;
+  const mark = logOf(victim).length;
+  const t0 = Date.now();
+  // Async: the tool server runs in this process and must keep answering meanwhile.
+  const drained = await new Promise((resolve) => {
+    const c = spawn(process.env.ARMADA_BIN, ['cell', 'drain', victim, '--wait', '--timeout', String(120 * SLOW),
+      '--cluster', path.join(dir, 'cluster.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    c.stdout.on('data', (d) => { out += d; });
+    c.stderr.on('data', (d) => { out += d; });
+    c.on('exit', (code) => resolve({ code, out }));
+  });
+  assert.equal(drained.code, 0, drained.out);
+  assert.match(drained.out, new RegExp(`node ${victim} left after`));
+  // It leaves etcd (its lease revoked) just before it exits.
+  const gone = Date.now() + 30000 * SLOW;
+  while (alive(victimPid) && Date.now() < gone) await sleep(100);
+  assert.ok(!alive(victimPid), 'the drained node exited');
+  const victimLog = logOf(victim).slice(mark);
+  assert.match(victimLog, /drained; stopping/, 'it left empty, not at its drain timeout');
+  // Nothing failed over: every session moved between steps, fetched by its new node.
+  const done = await waitAll(ids);
+  checkAll(done, []);
+  let transfers = 0, none = 0;
+  for (const id of theirs) {
+    const s = done.get(id);
+    assert.notEqual(s.placement.node, victim, id);
+    const moves = s.placement.moves.filter((m) => m.from === victim);
+    // A session may have ended on the drained node before the drain began.
+    if (s.steps.at(-1).ts_ms < t0 && moves.length === 0) continue;
+    assert.equal(moves.length, 1, `${id} moved once: ${JSON.stringify(s.placement.moves)}`);
+    const m = moves[0];
+    assert.notEqual(m.to, victim, id);
+    const at = s.steps.findIndex((x) => x.seq === m.seq);
+    assert.equal(s.steps[at].kind, 'moved');
+    const next = s.steps.slice(at + 1).find((x) => x.kind === 'model_output');
+    assert.ok(next, `${id} took a model step after its move`);
+    if (m.kv_source === 'transfer') {
+      ++transfers;
+      assert.ok(m.bytes > 0 && m.tokens > 0 && m.ms >= 0, JSON.stringify(m));
+      // It resumed from the transferred KV: no re-prefill of what it held. (The KV ends with
+      // the reply as generated; the next prompt renders that reply through the chat template,
+      // so the shared prefix is at least the last prompt, not every token of the reply.)
+      assert.equal(next.data.kv_source, 'journal', `${id}: ${JSON.stringify(next.data)}`);
+      const prev = s.steps.slice(0, at).filter((x) => x.kind === 'model_output').at(-1);
+      const floor = prev ? prev.data.prompt_tokens : 1;
+      assert.ok(next.data.cached_tokens >= floor && next.data.cached_tokens <= m.tokens,
+        `${id}: cached ${next.data.cached_tokens}, the last prompt ${floor}, the KV ${m.tokens}`);
+    } else {
+      ++none;
+      assert.equal(m.kv_source, 'none', JSON.stringify(m));
+      assert.ok(m.error, `a move without KV says why: ${JSON.stringify(m)}`);
+      assert.notEqual(next.data.kv_source, 'journal', id);
+    }
+  }
+  console.log(`drain of ${victim}: ${transfers} sessions moved with their KV, ${none} without ` +
+    `(ARMADA_KV_SEND_CUT=5 cuts every 5th send)`);
+  assert.ok(transfers > 0, 'some sessions moved with their KV');
+  assert.ok(none > 0, 'a cut transfer still moved its session (it re-prefilled)');
+  const r1 = await restores();
+  assert.ok(r1.journal - r0.journal >= transfers, `journal restores ${r0.journal} -> ${r1.journal}`);
+  assert.equal(r1.failures, r0.failures, 'no restore failed');
 });
 
 test('a node that drains tells the brain at once (an event on armada.event), then leaves', { timeout: 120000 * SLOW }, async () => {
