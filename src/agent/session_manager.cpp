@@ -1818,11 +1818,12 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
     }
     // The move is written first, under the new epoch: a node that lost the session meanwhile is
     // fenced here, before any work.
-    json d = {{"from", moved->from},   {"to", opt_.node},     {"epoch", epoch},    {"kv_source", moved->kv_source},
+    json d = {{"from", moved->from},   {"to", opt_.node},         {"epoch", epoch}, {"kv_source", moved->kv_source},
               {"bytes", moved->bytes}, {"tokens", moved->tokens}, {"ms", moved->ms}};
     if (!moved->error.empty()) d["error"] = moved->error;
-    metrics_.counter("armada_kv_migrations_total", "Sessions that moved here from another node, by how their KV came",
-                     {{"kv_source", moved->kv_source}})
+    metrics_
+        .counter("armada_kv_migrations_total", "Sessions that moved here from another node, by how their KV came",
+                 {{"kv_source", moved->kv_source}})
         .inc();
     metrics_.counter("armada_kv_migration_bytes_total", "KV journal bytes received with sessions that moved here")
         .inc(double(moved->bytes));

@@ -150,7 +150,8 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
         wrote_ = true;
         queued_ += chunk.size();
         if (queued_ > cfg_.max_stream_backlog) {
-            spdlog::warn("http: a stream's client reads too slowly ({} bytes waiting for it); closing it", queued_.load());
+            spdlog::warn("http: a stream's client reads too slowly ({} bytes waiting for it); closing it",
+                         queued_.load());
             out_.clear();
             queued_ = 0;
             return fail();

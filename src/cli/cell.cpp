@@ -207,8 +207,8 @@ class CellProcess {
             if (results[i].ok)
                 m.counter("armada_brain_decisions_total", "Decisions written to the store, by kind",
                           {{"kind", !decisions[i].from.empty() ? "migrate"
-                                   : decisions[i].moved       ? "move"
-                                                              : "place"}})
+                                    : decisions[i].moved       ? "move"
+                                                               : "place"}})
                     .inc();
             else
                 m.counter("armada_brain_decisions_refused_total",

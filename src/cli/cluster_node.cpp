@@ -155,7 +155,8 @@ void ClusterNode::take_arrivals() {
         }
         if (sm_.adopt(a.session, a.epoch, a.trace, note))
             spdlog::info("cluster: session {} moved here from {} (epoch {}, KV: {}{})", a.session, a.from, a.epoch,
-                         note.kv_source, note.kv_source == "transfer" ? ", " + std::to_string(note.bytes) + " bytes" : "");
+                         note.kv_source,
+                         note.kv_source == "transfer" ? ", " + std::to_string(note.bytes) + " bytes" : "");
         else
             spdlog::info("cluster: move of session {} at epoch {} is stale; ignored", a.session, a.epoch);
         sm_.incoming(a.session, false);
@@ -196,7 +197,8 @@ void ClusterNode::run_commands() {
                 if (j.contains("traceparent") && j["traceparent"].is_string())
                     trace = obs::TraceContext::parse(j["traceparent"].get<std::string>());
                 const obs::LogScope log_scope(id, trace);
-                const std::string from = j.contains("from") && j["from"].is_string() ? j["from"].get<std::string>() : "";
+                const std::string from =
+                    j.contains("from") && j["from"].is_string() ? j["from"].get<std::string>() : "";
                 if (!from.empty() && from != node_) {
                     // A move between steps: its KV comes first, on a fetcher thread. The command
                     // is acked now (a large journal takes longer than the redelivery time).

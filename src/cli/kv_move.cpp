@@ -31,12 +31,11 @@ KvSender::~KvSender() {
 
 void KvSender::send(const std::string & session, std::shared_ptr<api::Responder> out) {
     if (sessions_.busy(session))
-        throw api::ApiError(409, "session '" + session + "' is in the middle of a step here; ask again after it",
-                            {}, "busy");
+        throw api::ApiError(409, "session '" + session + "' is in the middle of a step here; ask again after it", {},
+                            "busy");
     if (active_.fetch_add(1) >= kMaxSends) {
         --active_;
-        api::ApiError e(503, "this node is sending " + std::to_string(kMaxSends) + " KV journals already", {},
-                        "busy");
+        api::ApiError e(503, "this node is sending " + std::to_string(kMaxSends) + " KV journals already", {}, "busy");
         e.retry_after_s = 1;
         throw e;
     }
@@ -87,7 +86,9 @@ void KvSender::send(const std::string & session, std::shared_ptr<api::Responder>
                                 buf = {};
                             }
                             ::close(f.fd);
-                            if (cut) spdlog::warn("kv: session {}'s journal cut at {} bytes (ARMADA_KV_SEND_CUT)", session, off);
+                            if (cut)
+                                spdlog::warn("kv: session {}'s journal cut at {} bytes (ARMADA_KV_SEND_CUT)", session,
+                                             off);
                             if (ok && !cut)
                                 out->end();
                             else

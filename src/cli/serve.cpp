@@ -650,7 +650,7 @@ int serve(const ServeOptions & opt) {
             return l;
         };
         auto fetch = [&eng, &peer_key, tls = tool_tls](const std::string & id, const std::string & from,
-                                                      const std::string & from_url) {
+                                                       const std::string & from_url) {
             return fetch_kv(eng, id, from, from_url, peer_key, tls.get());
         };
         cluster_node =

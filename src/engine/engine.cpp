@@ -12,8 +12,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <future>
 #include <filesystem>
+#include <future>
 #include <thread>
 
 namespace armada::engine {

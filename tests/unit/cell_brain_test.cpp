@@ -242,3 +242,57 @@ TEST(CellBrain, ReconcileDropsEndedSessionsAndDeadNodes) {
     ASSERT_EQ(d.size(), 1u);
     EXPECT_EQ(d[0], (Place{"s2", "n2", 2, true}));
 }
+
+TEST(CellBrain, ASessionOfferedByADrainingNodeMovesFromItWithItsKv) {
+    auto b = with_nodes({report("n1", 10), report("n2", 10)});
+    b.session_open("s1", "n1", 3);
+    b.session_open("s2", "n1", 2);
+    // Not draining yet: an offer is ignored (it would be a stale event).
+    b.session_movable("s1", "n1", 3);
+    EXPECT_TRUE(b.decide(0).empty());
+    b.node_draining("n1");
+    // An offer for an older epoch, or from another node, is stale too.
+    b.session_movable("s1", "n1", 2);
+    b.session_movable("s1", "n2", 3);
+    EXPECT_TRUE(b.decide(0).empty());
+    b.session_movable("s1", "n1", 3);
+    auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, "n1"}));
+    EXPECT_TRUE(b.decide(0).empty());  // decided once
+    // s2 was never offered (busy on n1): it stays until it is.
+    EXPECT_EQ(b.node_of("s2"), "n1");
+}
+
+TEST(CellBrain, AnOfferSurvivesAReconcileWhileTheSessionStaysPut) {
+    auto b = with_nodes({report("n1", 10, 1 << 30, true), report("n2", 0)});
+    b.session_open("s1", "n1", 3);
+    b.session_movable("s1", "n1", 3);
+    EXPECT_TRUE(b.decide(0).empty());  // no room anywhere yet
+    b.reconcile({"n1", "n2"}, {{"s1", "n1", 3}});
+    b.load(report("n2", 5), 10);
+    auto d = b.decide(10);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, "n1"}));
+}
+
+TEST(CellBrain, AnOfferIsDroppedWhenTheSessionMovedMeanwhile) {
+    auto b = with_nodes({report("n1", 10, 1 << 30, true), report("n2", 0), report("n3", 0)});
+    b.session_open("s1", "n1", 3);
+    b.session_movable("s1", "n1", 3);
+    // The store shows it elsewhere under a newer epoch (another leader moved it).
+    b.reconcile({"n1", "n2", "n3"}, {{"s1", "n3", 4}});
+    b.load(report("n2", 5), 10);
+    EXPECT_TRUE(b.decide(10).empty());
+    EXPECT_EQ(b.node_of("s1"), "n3");
+}
+
+TEST(CellBrain, ASessionOfADeadNodeMovesWithoutASourceToFetchFrom) {
+    auto b = with_nodes({report("n1", 10, 1 << 30, true), report("n2", 10)});
+    b.session_open("s1", "n1", 3);
+    b.session_movable("s1", "n1", 3);
+    b.node_down("n1");  // gone before the move was decided: its KV cannot come
+    auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, ""}));
+}

@@ -51,11 +51,11 @@ TEST(HttpServer, AStreamWhoseClientDoesNotReadIsClosedPastItsBacklog) {
     cfg.port = 0;
     cfg.max_stream_backlog = 1u << 20;
     std::atomic<bool> closed{false};
-    std::atomic<size_t> written{0};
+    std::atomic<size_t> written{0}, peak{0};
     std::thread writer;
     api::HttpServer http(cfg, [&](api::HttpRequest &&, std::shared_ptr<api::Responder> out) {
         out->start_stream(200);
-        writer = std::thread([out, &closed, &written] {
+        writer = std::thread([out, &closed, &written, &peak] {
             const std::string chunk(256 * 1024, 'x');
             // Far more than the socket buffers of both ends hold.
             while (written.load() < (512u << 20)) {
@@ -65,6 +65,7 @@ TEST(HttpServer, AStreamWhoseClientDoesNotReadIsClosedPastItsBacklog) {
                 }
                 out->write(chunk);
                 written += chunk.size();
+                peak = std::max(peak.load(), out->backlog());
                 std::this_thread::sleep_for(std::chrono::microseconds(200));
             }
         });
@@ -87,4 +88,6 @@ TEST(HttpServer, AStreamWhoseClientDoesNotReadIsClosedPastItsBacklog) {
     ::close(fd);
     http.stop();
     EXPECT_TRUE(closed.load()) << written.load() << " bytes written to a client that reads none";
+    // What it queued showed in its backlog, which a sender paces itself on.
+    EXPECT_GT(peak.load(), size_t(256u << 10));
 }
