@@ -120,6 +120,20 @@ void ClusterNode::publish_events() {
     }
 }
 
+std::optional<size_t> ClusterNode::peers_taking_work() const {
+    std::vector<cluster::EtcdKv> kvs;
+    int64_t rev = 0;
+    const std::string prefix = cluster::nodes_prefix(cfg_, cell_);
+    if (auto e = cluster::EtcdClient(cfg_.etcd).list(prefix, kvs, rev); !e.empty()) return std::nullopt;
+    size_t n = 0;
+    for (const auto & kv : kvs) {
+        const std::string name = kv.key.substr(prefix.size());
+        if (name == node_ || name.find('/') != std::string::npos) continue;
+        if (auto l = cluster::decode_load(name, kv.value); l && !l->draining) ++n;
+    }
+    return n;
+}
+
 void ClusterNode::offer_movable() {
     const int64_t now_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())

@@ -66,6 +66,9 @@ class ClusterNode {
     void set_draining() { draining_ = true; }
     //! Moves of sessions to this node whose KV is still being fetched.
     int arriving() const { return arriving_.load(); }
+    //! Other nodes of the cell that take work (in etcd, not draining); nullopt when etcd cannot
+    //! be read. A draining node with none has nowhere to move its sessions to.
+    std::optional<size_t> peers_taking_work() const;
 
   private:
     struct Arrival {

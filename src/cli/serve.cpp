@@ -713,7 +713,10 @@ int serve(const ServeOptions & opt) {
         const auto now = std::chrono::steady_clock::now();
         if (cluster_node && now >= next_look) {
             next_look = now + std::chrono::milliseconds(250);
-            const auto open = sessions.open_here();
+            auto open = sessions.open_here();
+            // With no other node taking work in the cell, its sessions have nowhere to go: they
+            // stay checkpointed for the next node that comes, as on a single node.
+            if (open && *open > 0 && cluster_node->peers_taking_work() == size_t(0)) open = 0;
             if (open && *open == 0 && kv_sender.active() == 0 && cluster_node->arriving() == 0) {
                 if (empty_since == std::chrono::steady_clock::time_point::max()) empty_since = now;
             } else {
