@@ -288,6 +288,9 @@ struct SessionManager::Session {
     // This node runs it (created, resumed, adopted or given a message here). A copy loaded only
     // to be read or streamed is not started: `adopt` replaces it with the store's state.
     bool started = false;
+    // Offered to move to another node with its KV since this time (`offer_to_move`): its next
+    // model step or tool call waits. 0: not offered.
+    int64_t leaving_ms = 0;
     std::deque<Pending> outbox;
     bool committing = false;
     int commit_failures = 0;
@@ -900,7 +903,7 @@ void SessionManager::drop_fenced(Session & s, const std::string & why) {
     }
     // Draining, the session moved away between steps: its KV journal stays until the node that
     // took it has fetched it.
-    engine_.release(s.id, !draining_);
+    engine_.release(s.id, !draining_ && s.leaving_ms == 0);
     for (auto & p : s.outbox) {
         if (p.reply) p.reply({409, "session '" + s.id + "' moved to another node; retry the request", s.id, 1});
     }
@@ -1069,8 +1072,9 @@ void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reas
 // ---- the loop -----------------------------------------------------------------------------
 
 void SessionManager::model_step(Session & s) {
-    // Draining: the session is checkpointed between steps and goes on at the next start.
-    if (draining_) return;
+    // Draining: the session is checkpointed between steps and goes on at the next start (or on
+    // the node it moves to). Offered to move: it waits for the move, or for `stay_unmoved`.
+    if (draining_ || s.leaving_ms > 0) return;
     begin_turn(s);
     if (!s.agent) return fail(s, SessionEvent::Error, "its agent '" + s.agent_id + "' no longer exists");
     const AgentSpec & a = *s.agent;
@@ -1437,7 +1441,7 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
 }
 
 void SessionManager::run_tools(Session & s) {
-    if (draining_) return;  // the calls are in the log; the next start sends them
+    if (draining_ || s.leaving_ms > 0) return;  // the calls are in the log; the next start sends them
     for (auto & pc : s.calls) {
         if (pc.started || pc.done) continue;
         pc.started = true;
@@ -1834,6 +1838,57 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
     return true;
 }
 
+size_t SessionManager::offer_to_move(size_t n) {
+    if (opt_.node.empty() || n == 0) return 0;
+    std::lock_guard lk(mu_);
+    if (draining_) return 0;
+    // Waiting for tools first (their next step is a while off), then by KV held, largest first.
+    std::vector<std::tuple<bool, int64_t, Session *>> c;
+    for (auto & [id, s] : sessions_) {
+        if (s->leaving_ms > 0 || !s->started || s->epoch <= 0 || has_ended(s->state) ||
+            s->state == SessionState::WaitingInput || incoming_.count(id))
+            continue;
+        const int64_t kv = s->kv_history.empty() ? 0 : s->kv_history.back().tokens;
+        c.emplace_back(s->state == SessionState::WaitingTool, kv, s.get());
+    }
+    std::sort(c.begin(), c.end(), [](const auto & a, const auto & b) {
+        return std::make_pair(std::get<0>(a), std::get<1>(a)) > std::make_pair(std::get<0>(b), std::get<1>(b));
+    });
+    const int64_t now = clock_.now_ms();
+    size_t picked = 0;
+    for (auto & [waiting, kv, s] : c) {
+        if (picked == n) break;
+        s->leaving_ms = now;
+        ++picked;
+        spdlog::info("session {}: offered for a move (this node's KV is past its watermark)", s->id);
+    }
+    return picked;
+}
+
+size_t SessionManager::stay_unmoved(int64_t after_ms) {
+    std::vector<std::pair<std::string, int64_t>> due;
+    {
+        std::lock_guard lk(mu_);
+        const int64_t now = clock_.now_ms();
+        for (const auto & [id, s] : sessions_)
+            if (s->leaving_ms > 0 && now - s->leaving_ms >= after_ms && !s->busy()) due.emplace_back(id, s->epoch);
+    }
+    size_t n = 0;
+    for (const auto & [id, epoch] : due) {
+        // Moved meanwhile: `drop_moved` stops it here; it must not take a step.
+        const auto r = store_.session(id);
+        if (!r || r->node != opt_.node || r->epoch != epoch) continue;
+        std::lock_guard lk(mu_);
+        auto it = sessions_.find(id);
+        if (it == sessions_.end() || it->second->leaving_ms == 0 || it->second->epoch != epoch || it->second->busy())
+            continue;
+        it->second->leaving_ms = 0;
+        resume_loaded(*it->second);
+        ++n;
+    }
+    return n;
+}
+
 void SessionManager::incoming(const std::string & id, bool on) {
     std::lock_guard lk(mu_);
     if (on)
@@ -1845,6 +1900,15 @@ void SessionManager::incoming(const std::string & id, bool on) {
 std::vector<std::pair<std::string, int64_t>> SessionManager::movable() {
     std::vector<std::pair<std::string, int64_t>> out;
     if (opt_.node.empty()) return out;
+    {
+        std::lock_guard lk(mu_);
+        if (!draining_) {
+            for (const auto & [id, s] : sessions_)
+                if (s->leaving_ms > 0 && s->started && s->epoch > 0 && !has_ended(s->state) && !s->busy())
+                    out.emplace_back(id, s->epoch);
+            return out;
+        }
+    }
     for (const auto & r : store_.open_sessions(opt_.cell, opt_.node, kEnded)) {
         if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
         std::lock_guard lk(mu_);

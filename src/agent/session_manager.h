@@ -203,9 +203,17 @@ class SessionManager {
     //! A session on its way here (its KV is being fetched): `adopt_assigned` leaves it alone
     //! meanwhile, so it is not started before its KV is in place.
     void incoming(const std::string & id, bool on);
-    //! Draining in cluster mode: this node's open sessions that may move now (none of their steps,
-    //! tool calls or writes is under way), with their epochs.
+    //! The sessions this node offers its cell's brain to move now, with their epochs: none of
+    //! their steps, tool calls or writes is under way. Draining (cluster mode): every open
+    //! session the store gives this node. Otherwise those `offer_to_move` picked.
     std::vector<std::pair<std::string, int64_t>> movable();
+    //! The node's KV is past its high watermark: up to `n` sessions (those holding the most KV,
+    //! waiting for tools first) stop before their next step, to be offered for a move with
+    //! their KV (a rebalance). Returns how many were picked.
+    size_t offer_to_move(size_t n);
+    //! Offered sessions still here and still this node's after `after_ms` (no node had room for
+    //! them, or the pressure passed: `after_ms` 0) go on here. Returns how many.
+    size_t stay_unmoved(int64_t after_ms);
     //! Open sessions the store assigns to this node (cluster mode); nullopt when the store
     //! cannot be read.
     std::optional<size_t> open_here();

@@ -138,8 +138,16 @@ void ClusterNode::offer_movable() {
     const int64_t now_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
             .count();
-    for (const auto & [id, epoch] : sm_.movable())
+    for (const auto & [id, epoch] : sm_.movable()) {
         events_->movable(id, epoch, now_ms);
+        std::lock_guard lk(offered_mu_);
+        offered_.insert(id);
+    }
+}
+
+std::set<std::string> ClusterNode::offered() const {
+    std::lock_guard lk(offered_mu_);
+    return offered_;
 }
 
 void ClusterNode::take_arrivals() {
@@ -182,8 +190,16 @@ void ClusterNode::run_commands() {
     auto last_check = std::chrono::steady_clock::now();
     auto last_offer = last_check;
     while (!stop_.load()) {
-        if (draining_.load() && std::chrono::steady_clock::now() - last_offer > std::chrono::seconds(1)) {
+        if (std::chrono::steady_clock::now() - last_offer > std::chrono::seconds(1)) {
             last_offer = std::chrono::steady_clock::now();
+            if (!draining_.load()) {
+                // A rebalance: while the KV is past its watermark, two more sessions a second
+                // stop before their next step and are offered; those no node took in 10 s (or
+                // all, once the pressure passed) go on here.
+                const bool high = kv_high_ && kv_high_();
+                if (high) sm_.offer_to_move(2);
+                sm_.stay_unmoved(high ? 10000 : 0);
+            }
             offer_movable();
         }
         // Level-triggered: what the store assigns to this node runs here, command or not.

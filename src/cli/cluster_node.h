@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,8 +65,13 @@ class ClusterNode {
     uint64_t commands() const { return commands_.load(); }
     //! The node drains: from now on its sessions are offered to the brain to move (`movable`).
     void set_draining() { draining_ = true; }
+    //! Whether the node's KV is past its high watermark; while it is, a few sessions a second
+    //! are offered to move elsewhere with their KV (a rebalance). Set before `start`.
+    void set_kv_high(std::function<bool()> f) { kv_high_ = std::move(f); }
     //! Moves of sessions to this node whose KV is still being fetched.
     int arriving() const { return arriving_.load(); }
+    //! Sessions this node has offered to move (while draining or rebalancing).
+    std::set<std::string> offered() const;
     //! Other nodes of the cell that take work (in etcd, not draining); nullopt when etcd cannot
     //! be read. A draining node with none has nowhere to move its sessions to.
     std::optional<size_t> peers_taking_work() const;
@@ -92,6 +98,9 @@ class ClusterNode {
     std::atomic<uint64_t> commands_{0};
     std::shared_ptr<NodeEvents> events_;
     FetchKv fetch_kv_;
+    std::function<bool()> kv_high_;
+    mutable std::mutex offered_mu_;
+    std::set<std::string> offered_;  // guarded by offered_mu_
     std::atomic<bool> draining_{false};
     std::atomic<int> arriving_{0};
     std::mutex arrivals_mu_;

@@ -29,6 +29,11 @@ KvSender::~KvSender() {
         if (w.thread.joinable()) w.thread.join();
 }
 
+bool KvSender::served(const std::string & session) const {
+    std::lock_guard lk(mu_);
+    return served_.count(session) > 0;
+}
+
 void KvSender::send(const std::string & session, std::shared_ptr<api::Responder> out) {
     if (sessions_.busy(session))
         throw api::ApiError(409, "session '" + session + "' is in the middle of a step here; ask again after it", {},
@@ -86,6 +91,9 @@ void KvSender::send(const std::string & session, std::shared_ptr<api::Responder>
                                 buf = {};
                             }
                             ::close(f.fd);
+                            // Sent whole: the session is another node's now (its assignment was
+                            // written before it asked), so the KV here only takes room.
+                            if (ok && !cut && off == f.bytes) eng_.release(session, true);
                             if (cut)
                                 spdlog::warn("kv: session {}'s journal cut at {} bytes (ARMADA_KV_SEND_CUT)", session,
                                              off);
@@ -93,6 +101,13 @@ void KvSender::send(const std::string & session, std::shared_ptr<api::Responder>
                                 out->end();
                             else
                                 out->abort();
+                            {
+                                std::lock_guard lk2(mu_);
+                                served_.insert(session);
+                            }
+                            last_served_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                  std::chrono::steady_clock::now().time_since_epoch())
+                                                  .count();
                             --active_;
                             done->store(true);
                         }),

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,10 @@ class KvSender {
     int active() const { return active_.load(); }
     //! Sends started so far.
     uint64_t started() const { return started_.load(); }
+    //! Whether a send of the session's KV has ended (whole or not) since this node started.
+    bool served(const std::string & session) const;
+    //! Steady-clock ms when the last send ended (0: none yet).
+    int64_t last_served_ms() const { return last_served_ms_.load(); }
 
     static constexpr int kMaxSends = 4;
 
@@ -49,8 +54,10 @@ class KvSender {
     int cut_every_;
     std::atomic<int> active_{0};
     std::atomic<uint64_t> started_{0};
-    std::mutex mu_;
+    std::atomic<int64_t> last_served_ms_{0};
+    mutable std::mutex mu_;
     std::vector<Worker> workers_;  // guarded by mu_
+    std::set<std::string> served_;  // guarded by mu_
 };
 
 //! The hash of a model fingerprint that X-Armada-KV-Fingerprint carries (16 hex digits).

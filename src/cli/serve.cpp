@@ -655,6 +655,9 @@ int serve(const ServeOptions & opt) {
         };
         cluster_node =
             std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, report, node_events, std::move(fetch));
+        // Past the high watermark (less than 10% of the KV budget left), sessions are offered to
+        // nodes with room: "compact or migrate, never let the OOM killer choose".
+        cluster_node->set_kv_high([&eng] { return eng.kv_budget() > 0 && eng.kv_headroom() * 10 < eng.kv_budget(); });
         if (auto e = cluster_node->start(); !e.empty()) {
             fprintf(stderr, "error: cluster: %s\n", e.c_str());
             fflush(nullptr);
@@ -708,6 +711,12 @@ int serve(const ServeOptions & opt) {
     // still fetching KV from it (a move's fetch starts just after its assignment is written, so
     // that has to hold for a while).
     auto empty_since = std::chrono::steady_clock::time_point::max();
+    auto steady_ms = [] {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+    };
+    const int64_t drain_started_ms = steady_ms();
     auto next_look = std::chrono::steady_clock::now();
     for (;;) {
         const auto now = std::chrono::steady_clock::now();
@@ -717,7 +726,20 @@ int serve(const ServeOptions & opt) {
             // With no other node taking work in the cell, its sessions have nowhere to go: they
             // stay checkpointed for the next node that comes, as on a single node.
             if (open && *open > 0 && cluster_node->peers_taking_work() == size_t(0)) open = 0;
-            if (open && *open == 0 && kv_sender.active() == 0 && cluster_node->arriving() == 0) {
+            // KV still owed: a session offered and moved away whose journal is here and has not
+            // been asked for yet (its new node's fetch waits for a fetcher thread). Owed KV holds
+            // the exit for at most 20 s with no send ending.
+            size_t owed = 0;
+            if (open && *open == 0) {
+                for (const auto & id : cluster_node->offered())
+                    owed += !kv_sender.served(id) && eng.kv_usage(id).has_value();
+                const int64_t idle_ms = steady_ms() - std::max(kv_sender.last_served_ms(), drain_started_ms);
+                if (owed > 0 && idle_ms > 20000) {
+                    spdlog::warn("drain: {} sessions moved away without asking for their KV in 20 s; not waiting", owed);
+                    owed = 0;
+                }
+            }
+            if (open && *open == 0 && owed == 0 && kv_sender.active() == 0 && cluster_node->arriving() == 0) {
                 if (empty_since == std::chrono::steady_clock::time_point::max()) empty_since = now;
             } else {
                 empty_since = std::chrono::steady_clock::time_point::max();

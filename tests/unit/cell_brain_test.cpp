@@ -296,3 +296,47 @@ TEST(CellBrain, ASessionOfADeadNodeMovesWithoutASourceToFetchFrom) {
     ASSERT_EQ(d.size(), 1u);
     EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, ""}));
 }
+
+namespace {
+NodeLoad kv_report(const std::string & node, int free, int64_t headroom, int64_t budget) {
+    NodeLoad l = report(node, free, headroom);
+    l.kv_budget = budget;
+    return l;
+}
+}  // namespace
+
+TEST(CellBrain, ANodePastItsKvWatermarkRebalancesToANodeWithKvRoom) {
+    // n1 has 5% of its KV left; n2 has more free sequences but 20% KV; n3 has 60% KV.
+    auto b = with_nodes({kv_report("n1", 10, 5, 100), kv_report("n2", 30, 20, 100), kv_report("n3", 2, 60, 100)});
+    b.session_open("s1", "n1", 1);
+    b.session_movable("s1", "n1", 1);
+    auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s1", "n3", 2, true, "n1"}));
+}
+
+TEST(CellBrain, ARebalanceOfferLapsesWhenNoNodeHasKvRoomAndHoldsNothingUp) {
+    auto b = with_nodes({kv_report("n1", 10, 5, 100), kv_report("n2", 30, 20, 100)});
+    b.session_open("s1", "n1", 1);
+    b.session_movable("s1", "n1", 1);
+    b.session_open("new", "", 0);  // arrives after the offer: still placed
+    auto d = b.decide(0);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].session, "new");
+    EXPECT_EQ(b.node_of("s1"), "n1");
+    // Room appears later: the old offer is gone; a new one moves it.
+    b.load(kv_report("n2", 30, 50, 100), 10);
+    EXPECT_TRUE(b.decide(10).empty());
+    b.session_movable("s1", "n1", 1);
+    d = b.decide(10);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 2, true, "n1"}));
+}
+
+TEST(CellBrain, AnOfferFromANodeWithKvToSpareIsIgnored) {
+    auto b = with_nodes({kv_report("n1", 10, 50, 100), kv_report("n2", 30, 90, 100)});
+    b.session_open("s1", "n1", 1);
+    b.session_movable("s1", "n1", 1);
+    EXPECT_TRUE(b.decide(0).empty());
+    EXPECT_EQ(b.node_of("s1"), "n1");
+}
