@@ -196,7 +196,8 @@ void ClusterNode::run_commands() {
                 // A rebalance: while the KV is past its watermark, two more sessions a second
                 // stop before their next step and are offered; those no node took in 10 s (or
                 // all, once the pressure passed) go on here.
-                const bool high = kv_high_ && kv_high_();
+                // (Only while another node takes work: else no move can happen.)
+                const bool high = kv_high_ && kv_high_() && peers_taking_work().value_or(0) > 0;
                 if (high) sm_.offer_to_move(2);
                 sm_.stay_unmoved(high ? 10000 : 0);
             }

@@ -56,7 +56,7 @@ class KvSender {
     std::atomic<uint64_t> started_{0};
     std::atomic<int64_t> last_served_ms_{0};
     mutable std::mutex mu_;
-    std::vector<Worker> workers_;  // guarded by mu_
+    std::vector<Worker> workers_;   // guarded by mu_
     std::set<std::string> served_;  // guarded by mu_
 };
 

@@ -241,6 +241,11 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
     cmd->add_option("--cluster-sessions", o.cluster_sessions, "sessions this node takes from its cell brain")
         ->check(CLI::Range(1, 1000000))
         ->capture_default_str();
+    cmd->add_option("--kv-rebalance-at", o.kv_rebalance_at,
+                    "share of the KV budget in use past which this node offers sessions to nodes with room, "
+                    "moving with their KV (0: never)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
 }
 
 // llama-server spells some flags with one dash and two letters; CLI11 takes one-letter short

@@ -655,9 +655,13 @@ int serve(const ServeOptions & opt) {
         };
         cluster_node =
             std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, report, node_events, std::move(fetch));
-        // Past the high watermark (less than 10% of the KV budget left), sessions are offered to
-        // nodes with room: "compact or migrate, never let the OOM killer choose".
-        cluster_node->set_kv_high([&eng] { return eng.kv_budget() > 0 && eng.kv_headroom() * 10 < eng.kv_budget(); });
+        // Past the high watermark (--kv-rebalance-at of the KV budget in use), sessions are offered
+        // to nodes with room: "compact or migrate, never let the OOM killer choose".
+        if (opt.kv_rebalance_at > 0)
+            cluster_node->set_kv_high([&eng, at = opt.kv_rebalance_at] {
+                const double budget = double(eng.kv_budget());
+                return budget > 0 && 1.0 - double(eng.kv_headroom()) / budget >= at;
+            });
         if (auto e = cluster_node->start(); !e.empty()) {
             fprintf(stderr, "error: cluster: %s\n", e.c_str());
             fflush(nullptr);
@@ -735,7 +739,8 @@ int serve(const ServeOptions & opt) {
                     owed += !kv_sender.served(id) && eng.kv_usage(id).has_value();
                 const int64_t idle_ms = steady_ms() - std::max(kv_sender.last_served_ms(), drain_started_ms);
                 if (owed > 0 && idle_ms > 20000) {
-                    spdlog::warn("drain: {} sessions moved away without asking for their KV in 20 s; not waiting", owed);
+                    spdlog::warn("drain: {} sessions moved away without asking for their KV in 20 s; not waiting",
+                                 owed);
                     owed = 0;
                 }
             }

@@ -62,6 +62,9 @@ struct ServeOptions {
     std::string node_name;       // default: this host's name and port
     std::string advertise;       // the URL gateways reach this node at; default http://HOST:PORT
     int cluster_sessions = 256;  // sessions this node takes from its cell brain
+    //! Share of the KV budget in use past which the node offers sessions to move, with their KV,
+    //! to nodes with room (a rebalance); 0 turns it off.
+    double kv_rebalance_at = 0.9;
 };
 
 //! "30d", "12h", "90m", "45s", or a number of seconds; "0" is forever. Milliseconds, or nullopt.

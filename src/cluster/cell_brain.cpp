@@ -45,18 +45,22 @@ bool CellBrain::draining(const std::string & node) const {
     return it != nodes_.end() && it->second.load && it->second.load->draining;
 }
 
-bool CellBrain::kv_high(const std::string & node) const {
+namespace {
+double free_share(const NodeLoad & l) {
+    return l.kv_budget > 0 ? double(std::max<int64_t>(l.kv_headroom, 0)) / double(l.kv_budget) : 1.0;
+}
+}  // namespace
+
+double CellBrain::kv_free(const std::string & node) const {
     auto it = nodes_.find(node);
-    if (it == nodes_.end() || !it->second.load || it->second.load->kv_budget <= 0) return false;
-    const auto & l = *it->second.load;
-    return double(l.kv_headroom) < cfg_.kv_high * double(l.kv_budget);
+    return it == nodes_.end() || !it->second.load ? 1.0 : free_share(*it->second.load);
 }
 
 void CellBrain::session_movable(const std::string & id, const std::string & node, int64_t epoch) {
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
     Session & s = it->second;
-    if (s.node != node || s.epoch != epoch || s.evacuate || (!draining(node) && !kv_high(node))) return;
+    if (s.node != node || s.epoch != epoch || s.evacuate || !live(node)) return;
     s.evacuate = true;
     index(id, s);
 }
@@ -119,7 +123,7 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
         } else if (!(s.confirming && s.epoch > o.epoch)) {
             // (A decision still being written is newer than what the store showed when read.)
             // An offer to move stands while the session stays where it was offered from.
-            if (s.node != o.node || s.epoch != o.epoch || (!draining(o.node) && !kv_high(o.node))) s.evacuate = false;
+            if (s.node != o.node || s.epoch != o.epoch) s.evacuate = false;
             s.node = o.node;
             s.epoch = o.epoch;
             s.held = false;
@@ -140,15 +144,14 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
     }
 }
 
-const std::string * CellBrain::pick(int64_t now_ms, const std::string * from, bool kv_room) const {
+const std::string * CellBrain::pick(int64_t now_ms, const std::string * from, double min_kv_free) const {
     const std::string * best = nullptr;
     int best_free = 0;
     int64_t best_kv = 0;
     for (const auto & [name, n] : nodes_) {
         if (!n.load || n.load->draining || now_ms - n.reported_ms > cfg_.report_ttl_ms) continue;
         if (from && name == *from) continue;
-        if (kv_room && !(n.load->kv_budget > 0 && double(n.load->kv_headroom) >= cfg_.kv_room * double(n.load->kv_budget)))
-            continue;
+        if (min_kv_free > 0 && free_share(*n.load) < min_kv_free) continue;
         const int free = n.load->free_seqs - int(n.pending.size());
         if (free <= 0) continue;
         if (!best || free > best_free || (free == best_free && n.load->kv_headroom > best_kv)) {
@@ -181,7 +184,10 @@ std::vector<Place> CellBrain::decide(int64_t now_ms) {
         // node does not drain) goes only to a node with KV room.
         const bool offered = s.evacuate && live(s.node);
         const bool rebalance = offered && !draining(s.node);
-        const std::string * n = offered ? pick(now_ms, &s.node, rebalance) : pick(now_ms);
+        const std::string * n = !offered ? pick(now_ms)
+                                : rebalance
+                                    ? pick(now_ms, &s.node, std::max(cfg_.kv_room, kv_free(s.node) + cfg_.kv_margin))
+                                    : pick(now_ms, &s.node);
         if (!n && rebalance) {  // nowhere better: the offer lapses, and the session stays
             s.evacuate = false;
             it = todo_.erase(it);

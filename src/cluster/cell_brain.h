@@ -48,10 +48,10 @@ struct Place {
 struct CellBrainConfig {
     //! A load report older than this is not trusted for placement (the node may be hung).
     int64_t report_ttl_ms = 5000;
-    //! Rebalancing: a node with less than this share of its KV budget left offers sessions to
-    //! move; a node takes them only with at least `kv_room` of its budget left.
-    double kv_high = 0.10;
+    //! Rebalancing: a node takes a session offered by a node that does not drain only with at
+    //! least this share of its KV budget free, and `kv_margin` more than the offering node.
     double kv_room = 0.30;
+    double kv_margin = 0.20;
     //! Re-placements (sessions whose node died) are paced by a token bucket, so a lost node
     //! does not turn into a stampede on the others: this many per second, bursts up to `burst`.
     double moves_per_s = 200;
@@ -85,10 +85,10 @@ class CellBrain {
     //! a report says otherwise.
     void node_draining(const std::string & node);
     //! A node has the session between steps under `epoch` and offers it: it moves to another
-    //! node, which takes its KV along (paced like re-placements). Taken when the node drains, or
-    //! when its KV is past the high watermark (a rebalance: then only to a node with KV room,
-    //! else the offer lapses and the session stays). Ignored unless the session is still the
-    //! node's own at that epoch.
+    //! node, which takes its KV along (paced like re-placements). A node offers sessions when it
+    //! drains, or when its KV is past its high watermark: a rebalance, which goes only to a node
+    //! with KV room (see CellBrainConfig), else the offer lapses and the session stays. Ignored
+    //! unless the session is still the node's own at that epoch.
     void session_movable(const std::string & id, const std::string & node, int64_t epoch);
     //! A session the cell must run, with its current assignment ("" and 0 when never placed).
     void session_open(const std::string & id, const std::string & node, int64_t epoch);
@@ -137,12 +137,12 @@ class CellBrain {
         uint64_t order = 0;       // arrival, for first-come placement
         uint64_t seen = 0;        // the reconcile that last found it in the store
     };
-    //! The node for the next placement; `from` (a move's source) is never picked, and with
-    //! `kv_room` only a node with KV room is.
-    const std::string * pick(int64_t now_ms, const std::string * from = nullptr, bool kv_room = false) const;
+    //! The node for the next placement; `from` (a move's source) is never picked, and only a
+    //! node with at least `min_kv_free` of its KV budget free is.
+    const std::string * pick(int64_t now_ms, const std::string * from = nullptr, double min_kv_free = 0) const;
     bool draining(const std::string & node) const;
-    //! Its last report shows its KV past the high watermark (less than 10% of the budget left).
-    bool kv_high(const std::string & node) const;
+    //! The share of its KV budget its last report shows free (1 when it reports none).
+    double kv_free(const std::string & node) const;
     //! Keeps `todo_` right for one session after any change to it or to its node's liveness.
     void index(const std::string & id, const Session & s);
     //! Re-indexes the sessions assigned to `node` (it joined or left).

@@ -32,8 +32,8 @@ before(async () => {
   const agents = writeAgents(root, agentYaml(tools.url, { toolSteps: 1, maxSteps: 4, toolTimeoutMs: 120000 * SLOW }));
   cluster = await clusterUp(['--nodes', '2', '--brains', '1', '-m', tinyModel, '--data-dir', dir, '--port', '0',
     '--agents', agents, '--lease-ttl', String(3 * SLOW), '--node-arg=--tool-allow', '--node-arg=127.0.0.1',
-    '--node-arg=-np', '--node-arg=8', '--node-arg=-c', '--node-arg=8192', '--node-arg=-t', '--node-arg=1',
-    '--node-arg=--kv-budget', '--node-arg=3M'], { timeoutMs: 120000 * SLOW });
+    '--node-arg=-np', '--node-arg=4', '--node-arg=-c', '--node-arg=4096', '--node-arg=-t', '--node-arg=1',
+    '--node-arg=--kv-budget', '--node-arg=2.5M', '--node-arg=--kv-rebalance-at', '--node-arg=0.4'], { timeoutMs: 120000 * SLOW });
   await waitFor('two nodes', async () => (await nodesInGateway()) === 2, 120000);
 });
 
@@ -51,12 +51,13 @@ test('a node past its KV watermark moves sessions with their KV to a node with r
   await waitFor('node1 out of the view', async () => (await nodesInGateway()) === 1, 60000);
   const ids = [];
   for (let i = 0; i < SESSIONS; i++) {
-    const input = `Task ${i}: ` + Array.from({ length: 300 }, (_, k) => ['alpha', 'beta', 'gamma', 'delta'][(k + i) % 4]).join(' ');
+    const input = `Task ${i}: ` + Array.from({ length: 200 }, (_, k) => ['alpha', 'beta', 'gamma', 'delta'][(k + i) % 4]).join(' ');
     const r = await fetch(`${cluster.gw}/v1/agents/worker/sessions`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ input }),
     });
-    assert.equal(r.status, 201, await r.text());
-    ids.push((await r.json()).id);
+    const text = await r.text();
+    assert.equal(r.status, 201, text);
+    ids.push(JSON.parse(text).id);
   }
   // All of them at their tool call (held), on node0.
   await waitFor('every tool call', async () =>

@@ -247,11 +247,12 @@ TEST(CellBrain, ASessionOfferedByADrainingNodeMovesFromItWithItsKv) {
     auto b = with_nodes({report("n1", 10), report("n2", 10)});
     b.session_open("s1", "n1", 3);
     b.session_open("s2", "n1", 2);
-    // Not draining yet: an offer is ignored (it would be a stale event).
+    // Not draining, and reporting no KV budget: as a rebalance, no node has more room, so the
+    // offer lapses.
     b.session_movable("s1", "n1", 3);
     EXPECT_TRUE(b.decide(0).empty());
     b.node_draining("n1");
-    // An offer for an older epoch, or from another node, is stale too.
+    // An offer for an older epoch, or from another node, is stale.
     b.session_movable("s1", "n1", 2);
     b.session_movable("s1", "n2", 3);
     EXPECT_TRUE(b.decide(0).empty());
@@ -333,8 +334,9 @@ TEST(CellBrain, ARebalanceOfferLapsesWhenNoNodeHasKvRoomAndHoldsNothingUp) {
     EXPECT_EQ(d[0], (Place{"s1", "n2", 2, true, "n1"}));
 }
 
-TEST(CellBrain, AnOfferFromANodeWithKvToSpareIsIgnored) {
-    auto b = with_nodes({kv_report("n1", 10, 50, 100), kv_report("n2", 30, 90, 100)});
+TEST(CellBrain, ARebalanceGoesOnlyToANodeWithClearlyMoreKvFree) {
+    // n2 has room (above 30% free), but not 20 points more than n1: the move would gain little.
+    auto b = with_nodes({kv_report("n1", 10, 40, 100), kv_report("n2", 30, 55, 100)});
     b.session_open("s1", "n1", 1);
     b.session_movable("s1", "n1", 1);
     EXPECT_TRUE(b.decide(0).empty());
