@@ -1866,24 +1866,20 @@ size_t SessionManager::offer_to_move(size_t n) {
 }
 
 size_t SessionManager::stay_unmoved(int64_t after_ms) {
-    std::vector<std::pair<std::string, int64_t>> due;
-    {
-        std::lock_guard lk(mu_);
-        const int64_t now = clock_.now_ms();
-        for (const auto & [id, s] : sessions_)
-            if (s->leaving_ms > 0 && now - s->leaving_ms >= after_ms && !s->busy()) due.emplace_back(id, s->epoch);
-    }
+    std::lock_guard lk(mu_);
+    const int64_t now = clock_.now_ms();
     size_t n = 0;
-    for (const auto & [id, epoch] : due) {
-        // Moved meanwhile: `drop_moved` stops it here; it must not take a step.
-        const auto r = store_.session(id);
-        if (!r || r->node != opt_.node || r->epoch != epoch) continue;
-        std::lock_guard lk(mu_);
-        auto it = sessions_.find(id);
-        if (it == sessions_.end() || it->second->leaving_ms == 0 || it->second->epoch != epoch || it->second->busy())
-            continue;
-        it->second->leaving_ms = 0;
-        resume_loaded(*it->second);
+    for (auto & [id, sp] : sessions_) {
+        Session & s = *sp;
+        if (s.leaving_ms == 0 || now - s.leaving_ms < after_ms || s.busy() || s.claim >= 0) continue;
+        // The offer is withdrawn through the fence: the session is taken again under the next
+        // epoch before it goes on. If the brain moved it first, that write is refused and the
+        // session stops here (`drop_fenced`); if this one wins, the brain's move is refused.
+        s.claim = s.epoch;
+        checkpoint(s, {}, [this](Session & ss) {
+            ss.leaving_ms = 0;
+            resume_loaded(ss);
+        });
         ++n;
     }
     return n;
@@ -1928,6 +1924,16 @@ std::optional<size_t> SessionManager::open_here() {
     // An empty list may be a read that failed: the store is asked whether it can be read.
     if (n == 0 && !store_.has_session("-").has_value()) return std::nullopt;
     return n;
+}
+
+std::optional<bool> SessionManager::held_elsewhere(const std::string & id) {
+    const auto r = store_.session(id);
+    if (!r) {
+        const auto exists = store_.has_session(id);
+        if (!exists) return std::nullopt;
+        return false;
+    }
+    return !r->node.empty() && r->node != opt_.node;
 }
 
 bool SessionManager::busy(const std::string & id) const {

@@ -219,6 +219,9 @@ class SessionManager {
     std::optional<size_t> open_here();
     //! Whether a step, tool call or write of the session is under way here.
     bool busy(const std::string & id) const;
+    //! Whether the store gives the open session to another node than this one; nullopt when the
+    //! store cannot be read (false too when it has no such session).
+    std::optional<bool> held_elsewhere(const std::string & id);
     //! Level-triggered half of `adopt`: runs every open session the store assigns to this node
     //! that is not running here (a command lost, or a read that failed while PostgreSQL
     //! restarted). Returns how many it started.

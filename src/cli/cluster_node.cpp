@@ -95,6 +95,10 @@ void ClusterNode::stop() {
     if (membership_) membership_->stop();
 }
 
+void ClusterNode::leave_now() {
+    if (membership_) membership_->stop();
+}
+
 void ClusterNode::publish_events() {
     const std::string subject = cluster::event_subject(cell_);
     std::pair<std::string, std::string> ev;

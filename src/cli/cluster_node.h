@@ -62,6 +62,9 @@ class ClusterNode {
     std::string start();
     //! Leaves the cell: revokes the lease (the brain moves what is left at once) and stops.
     void stop();
+    //! Revokes the lease at once and nothing else, for a process about to exit without stopping
+    //! (a drain past its deadline): its sessions fail over now, not at the lease's TTL.
+    void leave_now();
     uint64_t commands() const { return commands_.load(); }
     //! The node drains: from now on its sessions are offered to the brain to move (`movable`).
     void set_draining() { draining_ = true; }

@@ -11,6 +11,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 namespace armada::cli {
 
@@ -24,8 +25,13 @@ KvSender::KvSender(engine::EngineSet & eng, agent::SessionManager & sessions, in
     : eng_(eng), sessions_(sessions), cut_every_(cut_every) {}
 
 KvSender::~KvSender() {
-    std::lock_guard lk(mu_);
-    for (auto & w : workers_)
+    stopping_ = true;  // a send paced on a client the server no longer serves ends now
+    std::vector<Worker> workers;
+    {
+        std::lock_guard lk(mu_);
+        workers.swap(workers_);
+    }
+    for (auto & w : workers)
         if (w.thread.joinable()) w.thread.join();
 }
 
@@ -35,24 +41,12 @@ bool KvSender::served(const std::string & session) const {
 }
 
 void KvSender::send(const std::string & session, std::shared_ptr<api::Responder> out) {
-    if (sessions_.busy(session))
-        throw api::ApiError(409, "session '" + session + "' is in the middle of a step here; ask again after it", {},
-                            "busy");
     if (active_.fetch_add(1) >= kMaxSends) {
         --active_;
         api::ApiError e(503, "this node is sending " + std::to_string(kMaxSends) + " KV journals already", {}, "busy");
         e.retry_after_s = 1;
         throw e;
     }
-    std::string why;
-    auto file = eng_.open_kv(session, why);
-    if (!file) {
-        --active_;
-        throw api::ApiError(404, "no KV of session '" + session + "' here: " + why, {}, "not_found");
-    }
-    const uint64_t n = ++started_;
-    const bool cut = cut_every_ > 0 && n % uint64_t(cut_every_) == 0;
-    const std::string tag = kv_fingerprint_tag(eng_.at(0).fingerprint());
     auto done = std::make_shared<std::atomic<bool>>(false);
     std::lock_guard lk(mu_);
     // Threads that finished are joined here: a node sends a few journals at a time.
@@ -61,50 +55,10 @@ void KvSender::send(const std::string & session, std::shared_ptr<api::Responder>
         w.thread.join();
         return true;
     });
-    workers_.push_back({std::thread([this, f = *file, out, cut, tag, done, session] {
-                            out->start_stream(200, {{"Content-Type", "application/octet-stream"},
-                                                    {"Cache-Control", "no-store"},
-                                                    {"X-Armada-KV-Bytes", std::to_string(f.bytes)},
-                                                    {"X-Armada-KV-Tokens", std::to_string(f.n_tokens)},
-                                                    {"X-Armada-KV-Fingerprint", tag}});
-                            const uint64_t limit = cut ? f.bytes / 2 : f.bytes;
-                            constexpr size_t kPiece = 1u << 20;
-                            constexpr size_t kAhead = 4u << 20;  // queued for the client at most
-                            std::string buf;
-                            uint64_t off = 0;
-                            bool ok = true;
-                            while (off < limit && !out->closed()) {
-                                if (out->backlog() > kAhead) {
-                                    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-                                    continue;
-                                }
-                                buf.resize(size_t(std::min<uint64_t>(kPiece, limit - off)));
-                                const ssize_t r = ::pread(f.fd, buf.data(), buf.size(), off_t(off));
-                                if (r <= 0) {
-                                    spdlog::warn("kv: reading session {}'s journal to send it failed", session);
-                                    ok = false;
-                                    break;
-                                }
-                                buf.resize(size_t(r));
-                                off += uint64_t(r);
-                                out->write(std::move(buf));
-                                buf = {};
-                            }
-                            ::close(f.fd);
-                            // Sent whole: the session is another node's now (its assignment was
-                            // written before it asked), so the KV here only takes room.
-                            if (ok && !cut && off == f.bytes) eng_.release(session, true);
-                            if (cut)
-                                spdlog::warn("kv: session {}'s journal cut at {} bytes (ARMADA_KV_SEND_CUT)", session,
-                                             off);
-                            if (ok && !cut)
-                                out->end();
-                            else
-                                out->abort();
-                            {
-                                std::lock_guard lk2(mu_);
-                                served_.insert(session);
-                            }
+    // The checks read the store and wait for the journal's writer: on the send's own thread,
+    // not the I/O thread that took the request.
+    workers_.push_back({std::thread([this, out, done, session] {
+                            run(session, out);
                             last_served_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
                                                   std::chrono::steady_clock::now().time_since_epoch())
                                                   .count();
@@ -112,6 +66,68 @@ void KvSender::send(const std::string & session, std::shared_ptr<api::Responder>
                             done->store(true);
                         }),
                         done});
+}
+
+void KvSender::run(const std::string & session, const std::shared_ptr<api::Responder> & out) {
+    auto refuse = [&](int status, const std::string & code, const std::string & message) {
+        out->send(status, "application/json", api::error_body(status, message, {}, code));
+    };
+    if (sessions_.busy(session))
+        return refuse(409, "busy", "session '" + session + "' is in the middle of a step here; ask again after it");
+    // Only a session the store gives to another node now: its KV is no use here any more. (A
+    // request for one that still runs here is refused; the send would also drop its KV.)
+    if (auto elsewhere = sessions_.held_elsewhere(session); !elsewhere || !*elsewhere)
+        return refuse(409, "not_moved",
+                      !elsewhere ? "the store cannot be read now; ask again"
+                                 : "session '" + session + "' is not moving from this node");
+    std::string why;
+    auto file = eng_.open_kv(session, why);
+    if (!file) return refuse(404, "not_found", "no KV of session '" + session + "' here: " + why);
+    const engine::KvJournal::SendFile f = *file;
+    const uint64_t n = ++started_;
+    const bool cut = cut_every_ > 0 && n % uint64_t(cut_every_) == 0;
+    out->start_stream(200, {{"Content-Type", "application/octet-stream"},
+                            {"Cache-Control", "no-store"},
+                            {"X-Armada-KV-Bytes", std::to_string(f.bytes)},
+                            {"X-Armada-KV-Tokens", std::to_string(f.n_tokens)},
+                            {"X-Armada-KV-Fingerprint", kv_fingerprint_tag(eng_.at(0).fingerprint())}});
+    const uint64_t limit = cut ? f.bytes / 2 : f.bytes;
+    constexpr size_t kPiece = 1u << 20;
+    constexpr size_t kAhead = 4u << 20;  // queued for the client at most
+    std::string buf;
+    uint64_t off = 0;
+    bool ok = true;
+    while (off < limit && !out->closed()) {
+        if (stopping_.load()) {
+            ok = false;
+            break;
+        }
+        if (out->backlog() > kAhead) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            continue;
+        }
+        buf.resize(size_t(std::min<uint64_t>(kPiece, limit - off)));
+        const ssize_t r = ::pread(f.fd, buf.data(), buf.size(), off_t(off));
+        if (r <= 0) {
+            spdlog::warn("kv: reading session {}'s journal to send it failed", session);
+            ok = false;
+            break;
+        }
+        buf.resize(size_t(r));
+        off += uint64_t(r);
+        out->write(std::move(buf));
+        buf = {};
+    }
+    ::close(f.fd);
+    // Sent whole: the session is another node's (checked above), so the KV here only takes room.
+    if (ok && !cut && off == f.bytes) eng_.release(session, true);
+    if (cut) spdlog::warn("kv: session {}'s journal cut at {} bytes (ARMADA_KV_SEND_CUT)", session, off);
+    if (ok && !cut && off == f.bytes)
+        out->end();
+    else
+        out->abort();
+    std::lock_guard lk(mu_);
+    served_.insert(session);
 }
 
 agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, const std::string & from_node,
@@ -159,7 +175,15 @@ agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, c
     };
     std::vector<std::pair<std::string, std::string>> headers;
     if (!admin_key.empty()) headers.emplace_back("Authorization", "Bearer " + admin_key);
-    const auto d = tools::http_download(source_url + "/admin/kv/" + session, headers, path, o, guard);
+    // A busy source (a step still ending there, or its 4 sends in use) is asked again, for up
+    // to 15 s, before the session goes without its KV.
+    tools::Download d;
+    for (int pause_ms = 100;; pause_ms = std::min(pause_ms * 2, 2000)) {
+        d = tools::http_download(source_url + "/admin/kv/" + session, headers, path, o, guard);
+        const bool again = d.status == 409 || d.status == 503;
+        if (!again || std::chrono::steady_clock::now() - t0 > std::chrono::seconds(15)) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    }
     std::error_code ec;
     if (!d.error.empty()) {
         std::filesystem::remove(path, ec);

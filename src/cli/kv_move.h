@@ -3,6 +3,7 @@
 #include "agent/session_manager.h"
 #include "api/http_server.h"
 #include "engine/engine_set.h"
+#include "engine/kv_journal.h"
 
 #include <boost/asio/ssl/context.hpp>
 
@@ -30,8 +31,9 @@ class KvSender {
     KvSender(const KvSender &) = delete;
     KvSender & operator=(const KvSender &) = delete;
 
-    //! Starts the send on a thread of its own, or throws api::ApiError: 409 while the session is
-    //! busy here, 404 when this node holds no journal of it, 503 past 4 sends at once.
+    //! Starts the send on a thread of its own (503 past 4 at once). There it answers 409 while
+    //! the session is busy here or the store does not give it to another node, 404 when this
+    //! node holds no journal of it; else the journal. A whole send drops the KV here.
     void send(const std::string & session, std::shared_ptr<api::Responder> out);
     //! Sends under way.
     int active() const { return active_.load(); }
@@ -49,12 +51,15 @@ class KvSender {
         std::thread thread;
         std::shared_ptr<std::atomic<bool>> done;
     };
+    void run(const std::string & session, const std::shared_ptr<api::Responder> & out);
+
     engine::EngineSet & eng_;
     agent::SessionManager & sessions_;
     int cut_every_;
     std::atomic<int> active_{0};
     std::atomic<uint64_t> started_{0};
     std::atomic<int64_t> last_served_ms_{0};
+    std::atomic<bool> stopping_{false};
     mutable std::mutex mu_;
     std::vector<Worker> workers_;   // guarded by mu_
     std::set<std::string> served_;  // guarded by mu_

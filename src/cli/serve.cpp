@@ -766,11 +766,12 @@ int serve(const ServeOptions & opt) {
         spdlog::warn("stopping before the drain finished ({}); unfinished work resumes at the next start",
                      std::chrono::steady_clock::now() >= deadline ? "deadline" : "second signal");
         // In a cell, they resume on other nodes at once: the lease goes now, not at its TTL.
-        if (cluster_node) cluster_node->stop();
+        if (cluster_node) cluster_node->leave_now();
         fflush(nullptr);
         std::_Exit(1);
     }
     spdlog::info("drained; stopping");
+    router.set_kv_sender({});  // nothing more is sent; the sender goes before the HTTP server
     if (cluster_node) cluster_node->stop();
     if (pool_steps) pool_steps->stop();
     if (pool_set) pool_set->stop();

@@ -632,10 +632,12 @@ std::string Engine::install_kv(const std::string & session, const std::string & 
     if (!journal_) return "this node keeps no KV journal";
     auto done = std::make_shared<std::promise<std::string>>();
     auto answer = done->get_future();
+    auto abandoned = std::make_shared<std::atomic<bool>>(false);  // the caller stopped waiting
     {
         std::lock_guard lk(mu_);
         if (stopping_) return "the engine is stopping";
-        ops_.push_back([this, session, file, done] {
+        ops_.push_back([this, session, file, done, abandoned] {
+            if (abandoned->load()) return done->set_value("abandoned");
             for (auto & s : slots_) {
                 if (s.owner != session) continue;
                 if (s.state != SlotState::Idle) return done->set_value("a request of the session runs here");
@@ -649,7 +651,10 @@ std::string Engine::install_kv(const std::string & session, const std::string & 
     }
     cv_.notify_one();
     // The loop runs queued operations at its next turn; one that stops first drops them.
-    if (answer.wait_for(std::chrono::seconds(60)) != std::future_status::ready) return "the engine did not answer";
+    if (answer.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+        abandoned->store(true);
+        return "the engine did not answer within 60 s";
+    }
     try {
         return answer.get();
     } catch (const std::future_error &) {
