@@ -155,43 +155,49 @@ test('a second SIGTERM, or the drain deadline, stops at once; the next start res
   // Tool calls of 2 to 3 s hold the drain open longer than the 1 s deadline.
   const tools = await startToolServer({ minDelayMs: 2000, maxDelayMs: 3000 });
   const dir = tempDir('armada-stop-');
-  for (const how of ['second signal', 'deadline']) {
-    for (const m of [tools.effects, tools.replays, tools.firstAt]) m.clear();
-    const args = ['--agents', writeAgents(dir, agentYaml(tools.url)), '--data-dir', path.join(dir, how.replace(' ', '-')),
-      '--tool-allow', '127.0.0.1', '-c', '8192', '--drain-timeout', how === 'deadline' ? '1' : '120'];
-    let srv = await startServer(args);
-    try {
-      const ids = [];
-      for (let i = 0; i < 4; i++) ids.push((await rawPost(srv.base, '/v1/agents/worker/sessions', { input: `t${i}` })).json.id);
-      for (let i = 0; i < 1000 && tools.inFlight() === 0; i++) await sleep(10);
-      assert.ok(tools.inFlight() > 0, 'tool calls are running');
-      const t0 = Date.now();
-      srv.proc.kill('SIGTERM');
-      if (how === 'second signal') {
-        for (let i = 0; i < 200 && (await fetch(srv.base + '/readyz').then((r) => r.status).catch(() => 0)) === 200; i++) await sleep(10);
+  // A call's own timeout (and its retry under the same key) stays well clear of the tools'
+  // 2 to 3 s, so the only repeats are the calls the stop cut off.
+  const agents = () => writeAgents(dir, agentYaml(tools.url, { toolTimeoutMs: 10000 }));
+  try {
+    for (const how of ['second signal', 'deadline']) {
+      for (const m of [tools.effects, tools.replays, tools.firstAt]) m.clear();
+      const args = ['--agents', agents(), '--data-dir', path.join(dir, how.replace(' ', '-')),
+        '--tool-allow', '127.0.0.1', '-c', '8192', '--drain-timeout', how === 'deadline' ? '1' : '120'];
+      let srv = await startServer(args);
+      try {
+        const ids = [];
+        for (let i = 0; i < 4; i++) ids.push((await rawPost(srv.base, '/v1/agents/worker/sessions', { input: `t${i}` })).json.id);
+        for (let i = 0; i < 1000 && tools.inFlight() === 0; i++) await sleep(10);
+        assert.ok(tools.inFlight() > 0, 'tool calls are running');
+        const t0 = Date.now();
         srv.proc.kill('SIGTERM');
+        if (how === 'second signal') {
+          for (let i = 0; i < 200 && (await fetch(srv.base + '/readyz').then((r) => r.status).catch(() => 0)) === 200; i++) await sleep(10);
+          srv.proc.kill('SIGTERM');
+        }
+        const { code } = await exited(srv.proc);
+        const stoppedAt = Date.now();
+        const took = stoppedAt - t0;
+        assert.equal(code, 1, `${how}: the stop is not a finished drain`);
+        assert.ok(took < (how === 'deadline' ? 10000 : 5000), `${how}: stopped after ${took} ms`);
+        assert.match(srv.stdout(), how === 'deadline' ? /stopping before the drain finished \(deadline\)/ : /stopping before the drain finished \(second signal\)/);
+        srv = await startServer(args);
+        const done = [];
+        for (const id of ids) {
+          const s = await waitFor(srv.base, id, ['completed', 'failed'], { timeoutMs: 120000 });
+          assert.equal(s.state, 'completed', `${how}: ${s.reason}`);
+          assertCompleteLog(s, 3);
+          done.push(s);
+        }
+        // Only the calls cut off by the stop went out again.
+        assertNoFinishedCallRepeated(tools, done, [stoppedAt]);
+      } finally {
+        await srv.stop();
       }
-      const { code } = await exited(srv.proc);
-      const stoppedAt = Date.now();
-      const took = stoppedAt - t0;
-      assert.equal(code, 1, `${how}: the stop is not a finished drain`);
-      assert.ok(took < (how === 'deadline' ? 10000 : 5000), `${how}: stopped after ${took} ms`);
-      assert.match(srv.stdout(), how === 'deadline' ? /stopping before the drain finished \(deadline\)/ : /stopping before the drain finished \(second signal\)/);
-      srv = await startServer(args);
-      const done = [];
-      for (const id of ids) {
-        const s = await waitFor(srv.base, id, ['completed', 'failed'], { timeoutMs: 120000 });
-        assert.equal(s.state, 'completed', `${how}: ${s.reason}`);
-        assertCompleteLog(s, 3);
-        done.push(s);
-      }
-      // Only the calls cut off by the stop went out again.
-      assertNoFinishedCallRepeated(tools, done, [stoppedAt]);
-    } finally {
-      await srv.stop();
     }
+  } finally {
+    await tools.close();  // a failure above must not leave the file waiting on the server
   }
-  await tools.close();
 });
 
 test('a session mid-run at a crash: its stream resumes by id and goes on to the end', { timeout: 300000 }, async () => {
