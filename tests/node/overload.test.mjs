@@ -14,7 +14,7 @@ import path from 'node:path';
 import { startServer, rawPost } from './harness.mjs';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-// Latency bounds hold on a release build; sanitizer runs (make test-asan/tsan) set 0.
+// Latency bounds are ratios to the unloaded run and hold on a release build; sanitizer runs (make test-asan/tsan) set 0.
 const timing = process.env.ARMADA_TIMING !== '0';
 
 function rssMiB(pid) {
@@ -125,7 +125,9 @@ test('a flood at 10x capacity: admitted requests keep their p95, refusals are fa
     }
     if (timing) {
       assert.ok(p95Ok <= 2 * p95Solo, `admitted p95 ${p95Ok.toFixed(1)} ms > 2x unloaded ${p95Solo.toFixed(1)} ms`);
-      assert.ok(p99Refused < 50, `429s took ${p99Refused.toFixed(1)} ms at p99`);
+      // A refusal never waits on the engine: even its p99 under the flood beats one unloaded
+      // request. (An absolute bound measured CI's load, not the server: 83 ms once on 2 busy cores.)
+      assert.ok(p99Refused < p95Solo, `429s took ${p99Refused.toFixed(1)} ms at p99, unloaded requests ${p95Solo.toFixed(1)} ms`);
     }
     assert.ok(rssPeak - rssBefore < 64, `RSS grew ${(rssPeak - rssBefore).toFixed(1)} MiB under the flood`);
 
