@@ -1,0 +1,698 @@
+#include "cluster/rollout.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace armada::cluster {
+
+using json = nlohmann::json;
+
+// --- JSON (the etcd values; unknown fields are ignored, missing ones take their defaults) ---
+
+void to_json(json & j, const NodeSignals & s) {
+    j = json{{"started_ms", s.started_ms}, {"steps", s.steps},
+             {"step_s", s.step_s},         {"completed", s.completed},
+             {"failed", s.failed},         {"errors", s.errors},
+             {"renew_late", s.renew_late}, {"renew_failed", s.renew_failed},
+             {"lease_lost", s.lease_lost}};
+}
+void from_json(const json & j, NodeSignals & s) {
+    s.started_ms = j.value("started_ms", int64_t(0));
+    s.steps = j.value("steps", int64_t(0));
+    s.step_s = j.value("step_s", 0.0);
+    s.completed = j.value("completed", int64_t(0));
+    s.failed = j.value("failed", int64_t(0));
+    if (j.contains("errors")) s.errors = j.at("errors").get<std::map<std::string, int64_t>>();
+    s.renew_late = j.value("renew_late", int64_t(0));
+    s.renew_failed = j.value("renew_failed", int64_t(0));
+    s.lease_lost = j.value("lease_lost", int64_t(0));
+}
+void to_json(json & j, const GroupSignals & s) {
+    j = json{{"node_minutes", s.node_minutes}, {"steps", s.steps},   {"step_s", s.step_s},
+             {"completed", s.completed},       {"failed", s.failed}, {"errors", s.errors},
+             {"heartbeat", s.heartbeat}};
+}
+void from_json(const json & j, GroupSignals & s) {
+    s.node_minutes = j.value("node_minutes", 0.0);
+    s.steps = j.value("steps", int64_t(0));
+    s.step_s = j.value("step_s", 0.0);
+    s.completed = j.value("completed", int64_t(0));
+    s.failed = j.value("failed", int64_t(0));
+    if (j.contains("errors")) s.errors = j.at("errors").get<std::map<std::string, int64_t>>();
+    s.heartbeat = j.value("heartbeat", int64_t(0));
+}
+void to_json(json & j, const RolloutGates & g) {
+    j = json{{"success_drop", g.success_drop},         {"min_sessions", g.min_sessions},
+             {"latency_ratio", g.latency_ratio},       {"min_steps", g.min_steps},
+             {"error_ratio", g.error_ratio},           {"error_floor", g.error_floor},
+             {"heartbeat_excess", g.heartbeat_excess}, {"min_node_minutes", g.min_node_minutes}};
+}
+void from_json(const json & j, RolloutGates & g) {
+    const RolloutGates d;
+    g.success_drop = j.value("success_drop", d.success_drop);
+    g.min_sessions = j.value("min_sessions", d.min_sessions);
+    g.latency_ratio = j.value("latency_ratio", d.latency_ratio);
+    g.min_steps = j.value("min_steps", d.min_steps);
+    g.error_ratio = j.value("error_ratio", d.error_ratio);
+    g.error_floor = j.value("error_floor", d.error_floor);
+    g.heartbeat_excess = j.value("heartbeat_excess", d.heartbeat_excess);
+    g.min_node_minutes = j.value("min_node_minutes", d.min_node_minutes);
+}
+void to_json(json & j, const WaveNode & w) {
+    j = json{{"cell", w.cell},   {"from", w.from}, {"to", w.to},
+             {"phase", w.phase}, {"gen", w.gen},   {"since_ms", w.since_ms}};
+}
+void from_json(const json & j, WaveNode & w) {
+    w.cell = j.value("cell", "");
+    w.from = j.value("from", "");
+    w.to = j.value("to", "");
+    w.phase = j.value("phase", "");
+    w.gen = j.value("gen", int64_t(0));
+    w.since_ms = j.value("since_ms", int64_t(0));
+}
+void to_json(json & j, const GateReading & g) {
+    j = json{{"signal", g.signal}, {"code", g.code},     {"upgraded", g.upgraded},
+             {"rest", g.rest},     {"before", g.before}, {"limit", g.limit},
+             {"judged", g.judged}, {"fired", g.fired},   {"note", g.note}};
+}
+void from_json(const json & j, GateReading & g) {
+    g.signal = j.value("signal", "");
+    g.code = j.value("code", "");
+    g.upgraded = j.value("upgraded", 0.0);
+    g.rest = j.value("rest", 0.0);
+    g.before = j.value("before", 0.0);
+    g.limit = j.value("limit", 0.0);
+    g.judged = j.value("judged", false);
+    g.fired = j.value("fired", false);
+    g.note = j.value("note", "");
+}
+
+bool rollout_active(const std::string & phase) {
+    return phase == "running" || phase == "paused" || phase == "rolling_back";
+}
+
+std::string encode_rollout_spec(const RolloutSpec & s) {
+    return json{{"id", s.id},
+                {"version", s.version},
+                {"wave_percent", s.wave_percent},
+                {"max_per_cell", s.max_per_cell},
+                {"settle_ms", s.settle_ms},
+                {"ready_timeout_ms", s.ready_timeout_ms},
+                {"restarts_per_s", s.restarts_per_s},
+                {"ordinal_desc", s.ordinal_desc},
+                {"gates", s.gates},
+                {"at_ms", s.at_ms}}
+        .dump();
+}
+
+std::optional<RolloutSpec> decode_rollout_spec(const std::string & text) {
+    const auto j = json::parse(text, nullptr, false);
+    if (!j.is_object()) return std::nullopt;
+    RolloutSpec s;
+    try {
+        s.id = j.value("id", "");
+        s.version = j.value("version", "");
+        s.wave_percent = j.value("wave_percent", s.wave_percent);
+        s.max_per_cell = j.value("max_per_cell", s.max_per_cell);
+        s.settle_ms = j.value("settle_ms", s.settle_ms);
+        s.ready_timeout_ms = j.value("ready_timeout_ms", s.ready_timeout_ms);
+        s.restarts_per_s = j.value("restarts_per_s", s.restarts_per_s);
+        s.ordinal_desc = j.value("ordinal_desc", false);
+        if (j.contains("gates")) s.gates = j.at("gates").get<RolloutGates>();
+        s.at_ms = j.value("at_ms", int64_t(0));
+    } catch (const json::exception &) {
+        return std::nullopt;
+    }
+    if (s.id.empty() || s.version.empty() || !(s.wave_percent > 0) || s.max_per_cell < 1) return std::nullopt;
+    return s;
+}
+
+std::string encode_rollout_command(const RolloutCommand & c) {
+    return json{{"id", c.id}, {"seq", c.seq}, {"op", c.op}, {"rollback", c.rollback}}.dump();
+}
+
+std::optional<RolloutCommand> decode_rollout_command(const std::string & text) {
+    const auto j = json::parse(text, nullptr, false);
+    if (!j.is_object()) return std::nullopt;
+    RolloutCommand c;
+    try {
+        c.id = j.value("id", "");
+        c.seq = j.value("seq", int64_t(0));
+        c.op = j.value("op", "");
+        c.rollback = j.value("rollback", false);
+    } catch (const json::exception &) {
+        return std::nullopt;
+    }
+    if (c.op != "pause" && c.op != "resume" && c.op != "abort") return std::nullopt;
+    return c;
+}
+
+std::string encode_rollout_state(const RolloutState & s) {
+    json hist = json::array();
+    for (const auto & h : s.history)
+        hist.push_back({{"wave", h.wave}, {"nodes", h.nodes}, {"verdict", h.verdict}, {"at_ms", h.at_ms}});
+    return json{{"id", s.id},
+                {"version", s.version},
+                {"phase", s.phase},
+                {"wave", s.wave},
+                {"waves", s.waves},
+                {"command_seq", s.command_seq},
+                {"next_gen", s.next_gen},
+                {"reason", s.reason},
+                {"updated_ms", s.updated_ms},
+                {"wave_nodes", s.wave_nodes},
+                {"wave_order", s.wave_order},
+                {"wave_started_ms", s.wave_started_ms},
+                {"settle_from_ms", s.settle_from_ms},
+                {"after_rollback", s.after_rollback},
+                {"upgraded", s.upgraded},
+                {"upgraded_cell", s.upgraded_cell},
+                {"before", s.before},
+                {"gates", s.gates},
+                {"fired", s.fired},
+                {"history", hist}}
+        .dump();
+}
+
+std::optional<RolloutState> decode_rollout_state(const std::string & text) {
+    const auto j = json::parse(text, nullptr, false);
+    if (!j.is_object()) return std::nullopt;
+    RolloutState s;
+    try {
+        s.id = j.value("id", "");
+        s.version = j.value("version", "");
+        s.phase = j.value("phase", "");
+        s.wave = j.value("wave", 0);
+        s.waves = j.value("waves", 0);
+        s.command_seq = j.value("command_seq", int64_t(0));
+        s.next_gen = j.value("next_gen", int64_t(1));
+        s.reason = j.value("reason", "");
+        s.updated_ms = j.value("updated_ms", int64_t(0));
+        if (j.contains("wave_nodes")) s.wave_nodes = j.at("wave_nodes").get<std::map<std::string, WaveNode>>();
+        if (j.contains("wave_order")) s.wave_order = j.at("wave_order").get<std::vector<std::string>>();
+        s.wave_started_ms = j.value("wave_started_ms", int64_t(0));
+        s.settle_from_ms = j.value("settle_from_ms", int64_t(0));
+        s.after_rollback = j.value("after_rollback", "");
+        if (j.contains("upgraded"))
+            s.upgraded = j.at("upgraded").get<std::map<std::string, std::vector<std::string>>>();
+        if (j.contains("upgraded_cell"))
+            s.upgraded_cell = j.at("upgraded_cell").get<std::map<std::string, std::string>>();
+        if (j.contains("before")) s.before = j.at("before").get<GroupSignals>();
+        if (j.contains("gates")) s.gates = j.at("gates").get<std::vector<GateReading>>();
+        s.fired = j.value("fired", "");
+        if (j.contains("history")) {
+            for (const auto & h : j.at("history")) {
+                s.history.push_back({h.value("wave", 0), h.value("nodes", std::vector<std::string>{}),
+                                     h.value("verdict", ""), h.value("at_ms", int64_t(0))});
+            }
+        }
+    } catch (const json::exception &) {
+        return std::nullopt;
+    }
+    if (s.id.empty() || s.phase.empty()) return std::nullopt;
+    // Every node the wave names must be in it, or `decide` would skip it forever.
+    for (const auto & n : s.wave_order)
+        if (!s.wave_nodes.count(n)) return std::nullopt;
+    return s;
+}
+
+std::string encode_signals(const NodeSignals & s) {
+    return json(s).dump();
+}
+
+std::optional<NodeSignals> decode_signals(const std::string & text) {
+    const auto j = json::parse(text, nullptr, false);
+    if (!j.is_object()) return std::nullopt;
+    try {
+        return j.get<NodeSignals>();
+    } catch (const json::exception &) {
+        return std::nullopt;
+    }
+}
+
+void GroupSignals::add(const GroupSignals & o) {
+    node_minutes += o.node_minutes;
+    steps += o.steps;
+    step_s += o.step_s;
+    completed += o.completed;
+    failed += o.failed;
+    for (const auto & [code, n] : o.errors)
+        errors[code] += n;
+    heartbeat += o.heartbeat;
+}
+
+// --- the rollout ---
+
+namespace {
+
+constexpr size_t kMaxHistory = 20;
+
+//! What a node counted between two reports; a new process (another `started_ms`) counts from 0.
+GroupSignals delta(const NodeSignals & now, const NodeSignals * was, double minutes) {
+    const bool same = was && was->started_ms == now.started_ms;
+    const auto d = [&](int64_t a, int64_t b) { return std::max<int64_t>(0, a - (same ? b : 0)); };
+    GroupSignals g;
+    g.node_minutes = minutes;
+    g.steps = d(now.steps, was ? was->steps : 0);
+    g.step_s = std::max(0.0, now.step_s - (same ? was->step_s : 0.0));
+    g.completed = d(now.completed, was ? was->completed : 0);
+    g.failed = d(now.failed, was ? was->failed : 0);
+    for (const auto & [code, n] : now.errors) {
+        const auto it = same ? was->errors.find(code) : now.errors.end();
+        const int64_t v = std::max<int64_t>(0, n - (same && it != was->errors.end() ? it->second : 0));
+        if (v > 0) g.errors[code] = v;
+    }
+    g.heartbeat = d(now.renew_late, was ? was->renew_late : 0) + d(now.renew_failed, was ? was->renew_failed : 0) +
+                  d(now.lease_lost, was ? was->lease_lost : 0);
+    return g;
+}
+
+//! The number a StatefulSet pod's name ends in (-1: none).
+long ordinal(const std::string & node) {
+    size_t i = node.size();
+    while (i > 0 && node[i - 1] >= '0' && node[i - 1] <= '9')
+        --i;
+    if (i == node.size() || node.size() - i > 9) return -1;
+    return std::stol(node.substr(i));
+}
+
+GateReading reading(const char * signal, const std::string & code, double up, double rest, double before) {
+    GateReading r;
+    r.signal = signal;
+    r.code = code;
+    r.upgraded = up;
+    r.rest = rest;
+    r.before = before;
+    return r;
+}
+
+std::string num(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3g", v);
+    return b;
+}
+
+}  // namespace
+
+Rollout::Rollout(RolloutSpec spec, std::optional<RolloutState> persisted, int64_t now_ms) : spec_(std::move(spec)) {
+    if (persisted && persisted->id == spec_.id) {
+        st_ = std::move(*persisted);
+        // The old leader's counters are gone: a wave that was settling settles again.
+        if (st_.settle_from_ms > 0) st_.settle_from_ms = now_ms;
+    } else {
+        st_.id = spec_.id;
+        st_.version = spec_.version;
+        st_.phase = "running";
+    }
+    st_.updated_ms = now_ms;
+}
+
+bool Rollout::take_changed() {
+    const bool c = changed_;
+    changed_ = false;
+    return c;
+}
+
+void Rollout::fleet(const std::vector<FleetNode> & live, int64_t now_ms) {
+    const bool first_turn = last_turn_ms_ == 0;
+    const double minutes = first_turn ? 0 : double(std::clamp<int64_t>(now_ms - last_turn_ms_, 0, 10000)) / 60000.0;
+    last_turn_ms_ = now_ms;
+    const bool settling = st_.settle_from_ms > 0;
+    std::map<std::string, FleetNode> seen;
+    GroupSignals fleet_sum;
+    for (const auto & n : live) {
+        const auto was = last_.find(n.node);
+        // On this brain's first turn nothing has a baseline: counts start with the next. A node
+        // that appears later is a new process, all of whose counts are new.
+        const GroupSignals g =
+            first_turn ? GroupSignals{} : delta(n.signals, was == last_.end() ? nullptr : &was->second, minutes);
+        fleet_sum.add(g);
+        if (settling) {
+            const auto w = st_.wave_nodes.find(n.node);
+            (w != st_.wave_nodes.end() && w->second.phase == "ready" ? wave_sig_ : rest_sig_).add(g);
+        }
+        last_[n.node] = n.signals;
+        seen[n.node] = n;
+    }
+    // A key gone from a node not being restarted is a heartbeat anomaly.
+    for (const auto & [name, n] : live_) {
+        if (seen.count(name)) continue;
+        const auto w = st_.wave_nodes.find(name);
+        const bool restarting =
+            w != st_.wave_nodes.end() && (w->second.phase == "restarting" || w->second.phase == "rolling_back");
+        if (restarting) continue;
+        fleet_sum.heartbeat++;
+        if (settling) (w != st_.wave_nodes.end() && w->second.phase == "ready" ? wave_sig_ : rest_sig_).heartbeat++;
+    }
+    live_ = std::move(seen);
+    window_.emplace_back(now_ms, fleet_sum);
+    while (!window_.empty() && window_.front().first < now_ms - spec_.settle_ms)
+        window_.pop_front();
+
+    // Nodes back on the version asked for.
+    for (auto & [name, w] : st_.wave_nodes) {
+        if (w.phase != "restarting" && w.phase != "rolling_back") continue;
+        const auto it = live_.find(name);
+        if (it == live_.end() || it->second.draining || it->second.version != w.to) continue;
+        w.phase = w.phase == "restarting" ? "ready" : "rolled_back";
+        w.since_ms = now_ms;
+        change();
+    }
+}
+
+void Rollout::command(const RolloutCommand & c, int64_t now_ms) {
+    if ((!c.id.empty() && c.id != st_.id) || c.seq <= st_.command_seq) return;
+    st_.command_seq = c.seq;
+    change();
+    if (c.op == "pause" && st_.phase == "running") {
+        st_.phase = "paused";
+        st_.reason = "paused by the operator";
+    } else if (c.op == "resume" && st_.phase == "paused") {
+        st_.phase = "running";
+        st_.reason.clear();
+    } else if (c.op == "abort" && rollout_active(st_.phase)) {
+        if (!c.rollback) {
+            // Restarts in flight finish on their own; nothing more is asked for.
+            for (auto it = st_.wave_nodes.begin(); it != st_.wave_nodes.end();)
+                it = it->second.phase == "pending" ? st_.wave_nodes.erase(it) : std::next(it);
+            st_.phase = "aborted";
+            st_.reason = "aborted by the operator";
+            return;
+        }
+        // Every node this rollout upgraded goes back too.
+        for (const auto & [from, nodes] : st_.upgraded) {
+            for (const auto & n : nodes) {
+                if (st_.wave_nodes.count(n)) continue;
+                const auto cell = st_.upgraded_cell.find(n);
+                st_.wave_nodes[n] = {
+                    cell == st_.upgraded_cell.end() ? "" : cell->second, from, st_.version, "ready", 0, now_ms};
+                st_.wave_order.push_back(n);
+            }
+        }
+        st_.upgraded.clear();
+        st_.upgraded_cell.clear();
+        halt("aborted by the operator, rolling back", "aborted", now_ms);
+    }
+}
+
+void Rollout::restart_failed(const std::string & node, int64_t gen, const std::string & why, int64_t now_ms) {
+    const auto it = st_.wave_nodes.find(node);
+    if (it == st_.wave_nodes.end() || it->second.gen != gen) return;
+    if (it->second.phase == "restarting") {
+        GateReading r{"ready", "", 0, 0, 0, 0, true, true, node + ": " + why};
+        st_.gates = {r};
+        st_.fired = "ready fired: " + r.note;
+        halt(st_.fired, "halted", now_ms);
+    } else if (it->second.phase == "rolling_back") {
+        it->second.phase = "failed";
+        st_.reason += "; rollback of " + node + " failed: " + why;
+        change();
+    }
+}
+
+bool Rollout::take_token(int64_t now_ms) {
+    const double burst = std::max(1.0, spec_.restarts_per_s);
+    if (tokens_ < 0) {
+        tokens_ = burst;
+    } else {
+        tokens_ = std::min(burst, tokens_ + double(now_ms - tokens_at_ms_) / 1000.0 * spec_.restarts_per_s);
+    }
+    tokens_at_ms_ = now_ms;
+    if (tokens_ < 1) return false;
+    tokens_ -= 1;
+    return true;
+}
+
+void Rollout::start_wave(int64_t now_ms) {
+    std::map<std::string, std::vector<std::string>> by_cell;
+    size_t eligible = 0;
+    for (const auto & [name, n] : live_) {
+        if (n.draining || n.version == spec_.version) continue;
+        by_cell[n.cell].push_back(name);
+        eligible++;
+    }
+    if (eligible == 0) {
+        if (live_.empty()) return;  // no report yet: wait for one
+        st_.phase = "done";
+        st_.reason = "every live node runs " + spec_.version;
+        st_.updated_ms = now_ms;
+        change();
+        return;
+    }
+    for (auto & [cell, nodes] : by_cell) {
+        if (spec_.ordinal_desc) {
+            std::stable_sort(nodes.begin(), nodes.end(),
+                             [](const std::string & a, const std::string & b) { return ordinal(a) > ordinal(b); });
+        }
+    }
+    const size_t size =
+        std::max<size_t>(1, size_t(std::floor(double(live_.size()) * spec_.wave_percent / 100.0 + 1e-9)));
+    // Cell by cell: one node of each in turn.
+    std::vector<std::string> picked;
+    for (size_t round = 0; picked.size() < size; ++round) {
+        bool any = false;
+        for (const auto & [cell, nodes] : by_cell) {
+            if (round >= nodes.size() || picked.size() >= size) continue;
+            picked.push_back(nodes[round]);
+            any = true;
+        }
+        if (!any) break;
+    }
+    st_.wave++;
+    st_.waves = st_.wave - 1 + int((eligible + size - 1) / size);
+    st_.wave_nodes.clear();
+    st_.wave_order = picked;
+    for (const auto & name : picked) {
+        const auto & n = live_.at(name);
+        st_.wave_nodes[name] = {n.cell, n.version, spec_.version, "pending", 0, now_ms};
+    }
+    st_.wave_started_ms = now_ms;
+    st_.settle_from_ms = 0;
+    st_.before = {};
+    for (const auto & [t, g] : window_)
+        st_.before.add(g);
+    st_.gates.clear();
+    st_.reason.clear();
+    change();
+}
+
+void Rollout::start_restarts(int64_t now_ms, const std::string & phase_from, const std::string & phase_to) {
+    std::map<std::string, int> busy;  // restarting or rolling back, by cell
+    for (const auto & [name, w] : st_.wave_nodes)
+        if (w.phase == "restarting" || w.phase == "rolling_back") busy[w.cell]++;
+    for (const auto & name : st_.wave_order) {
+        auto & w = st_.wave_nodes.at(name);
+        if (w.phase != phase_from || busy[w.cell] >= spec_.max_per_cell) continue;
+        // Another node of the cell draining means the cell is short already.
+        const bool cell_short = std::any_of(live_.begin(), live_.end(), [&](const auto & kv) {
+            return kv.first != name && kv.second.cell == w.cell && kv.second.draining;
+        });
+        if (cell_short || !take_token(now_ms)) continue;
+        w.phase = phase_to;
+        w.gen = st_.next_gen++;
+        w.since_ms = now_ms;
+        busy[w.cell]++;
+        change();
+    }
+}
+
+void Rollout::halt(const std::string & why, const std::string & after, int64_t now_ms) {
+    std::vector<std::string> nodes;
+    for (auto it = st_.wave_nodes.begin(); it != st_.wave_nodes.end();) {
+        auto & w = it->second;
+        if (w.phase == "pending") {
+            st_.wave_order.erase(std::remove(st_.wave_order.begin(), st_.wave_order.end(), it->first),
+                                 st_.wave_order.end());
+            it = st_.wave_nodes.erase(it);
+            continue;
+        }
+        if (w.phase == "restarting" || w.phase == "ready") {
+            w.phase = "rollback_pending";
+            w.to = w.from;
+            nodes.push_back(it->first);
+        }
+        ++it;
+    }
+    if (st_.history.empty() || st_.history.back().wave != st_.wave || st_.history.back().verdict != why)
+        st_.history.push_back({st_.wave, nodes, why, now_ms});
+    if (st_.history.size() > kMaxHistory) st_.history.erase(st_.history.begin());
+    st_.reason = why;
+    st_.after_rollback = after;
+    st_.phase = nodes.empty() ? after : "rolling_back";
+    st_.settle_from_ms = 0;
+    change();
+}
+
+void Rollout::finish_wave(int64_t now_ms) {
+    std::vector<std::string> nodes;
+    for (const auto & name : st_.wave_order) {
+        const auto & w = st_.wave_nodes.at(name);
+        st_.upgraded[w.from].push_back(name);
+        st_.upgraded_cell[name] = w.cell;
+        nodes.push_back(name);
+    }
+    st_.history.push_back({st_.wave, nodes, "passed", now_ms});
+    if (st_.history.size() > kMaxHistory) st_.history.erase(st_.history.begin());
+    st_.wave_nodes.clear();
+    st_.wave_order.clear();
+    st_.settle_from_ms = 0;
+    change();
+}
+
+void Rollout::judge(int64_t now_ms) {
+    const GroupSignals & up = wave_sig_;
+    const GroupSignals & rest = rest_sig_;
+    const GroupSignals & before = st_.before;
+    const auto & g = spec_.gates;
+    std::vector<GateReading> out;
+
+    // Task success: the share of ended sessions that completed.
+    {
+        const auto rate = [](const GroupSignals & s) {
+            const int64_t n = s.completed + s.failed;
+            return n > 0 ? double(s.completed) / double(n) : -1.0;
+        };
+        GateReading r = reading("task_success", "", rate(up), rate(rest), rate(before));
+        double base = 1.0;
+        if (r.rest >= 0 || r.before >= 0) base = std::min(r.rest >= 0 ? r.rest : 1.0, r.before >= 0 ? r.before : 1.0);
+        r.limit = base - g.success_drop;
+        const int64_t decided = up.completed + up.failed;
+        r.judged = decided >= g.min_sessions;
+        r.fired = r.judged && r.upgraded < r.limit;
+        if (!r.judged) r.note = std::to_string(decided) + " of " + std::to_string(g.min_sessions) + " sessions ended";
+        out.push_back(r);
+    }
+    // Mean step latency.
+    {
+        const auto mean = [](const GroupSignals & s) { return s.steps > 0 ? s.step_s / double(s.steps) : -1.0; };
+        GateReading r = reading("step_latency", "", mean(up), mean(rest), mean(before));
+        const double base = std::max(r.rest, r.before);
+        r.limit = base * g.latency_ratio;
+        r.judged = up.steps >= g.min_steps && base > 0;
+        r.fired = r.judged && r.upgraded > r.limit;
+        if (up.steps < g.min_steps)
+            r.note = std::to_string(up.steps) + " of " + std::to_string(g.min_steps) + " steps";
+        else if (base <= 0)
+            r.note = "no steps elsewhere to compare with";
+        out.push_back(r);
+    }
+    // Error codes: each code's count per step.
+    {
+        std::map<std::string, int> codes;
+        for (const auto * s : {&up, &rest, &before})
+            for (const auto & [c, n] : s->errors)
+                codes[c] += n > 0;
+        const auto per_step = [](const GroupSignals & s, const std::string & c) {
+            const auto it = s.errors.find(c);
+            return it == s.errors.end() ? 0.0 : double(it->second) / double(std::max<int64_t>(1, s.steps));
+        };
+        const bool judged = up.steps >= g.min_steps;
+        const std::string note =
+            judged ? "" : std::to_string(up.steps) + " of " + std::to_string(g.min_steps) + " steps";
+        if (codes.empty()) out.push_back({"error_codes", "", 0, 0, 0, g.error_floor, judged, false, note});
+        for (const auto & [c, unused] : codes) {
+            GateReading r = reading("error_codes", c, per_step(up, c), per_step(rest, c), per_step(before, c));
+            r.limit = std::max(r.rest, r.before) * g.error_ratio + g.error_floor;
+            r.judged = judged;
+            r.fired = judged && r.upgraded > r.limit;
+            r.note = note;
+            out.push_back(r);
+        }
+    }
+    // Heartbeat anomalies per node-minute.
+    {
+        const auto per_min = [](const GroupSignals & s) {
+            return s.node_minutes > 0 ? double(s.heartbeat) / s.node_minutes : 0.0;
+        };
+        GateReading r = reading("heartbeat", "", per_min(up), per_min(rest), per_min(before));
+        r.limit = std::max(r.rest, r.before) + g.heartbeat_excess;
+        r.judged = up.node_minutes >= g.min_node_minutes;
+        r.fired = r.judged && r.upgraded > r.limit;
+        if (!r.judged) r.note = num(up.node_minutes) + " of " + num(g.min_node_minutes) + " node-minutes";
+        out.push_back(r);
+    }
+
+    if (out != st_.gates) {
+        st_.gates = out;
+        change();
+    }
+    for (const auto & r : out) {
+        if (!r.fired) continue;
+        std::string what = r.signal + (r.code.empty() ? "" : " (" + r.code + ")") + " fired: " + num(r.upgraded) +
+                           " on the wave vs " + num(r.rest) + " on the rest, " + num(r.before) + " before (limit " +
+                           num(r.limit) + ")";
+        st_.fired = what;
+        halt(what, "halted", now_ms);
+        return;
+    }
+}
+
+std::vector<RestartRequest> Rollout::decide(int64_t now_ms) {
+    if (st_.phase == "running" || st_.phase == "paused") {
+        if (st_.wave_nodes.empty() && st_.phase == "running") start_wave(now_ms);
+        for (const auto & [name, w] : st_.wave_nodes) {
+            if (w.phase == "restarting" && now_ms - w.since_ms > spec_.ready_timeout_ms) {
+                GateReading r{
+                    "ready",
+                    "",
+                    0,
+                    0,
+                    0,
+                    double(spec_.ready_timeout_ms) / 1000.0,
+                    true,
+                    true,
+                    name + " not back on " + w.to + " within " + std::to_string(spec_.ready_timeout_ms / 1000) + " s"};
+                st_.gates = {r};
+                st_.fired = "ready fired: " + r.note;
+                halt(st_.fired, "halted", now_ms);
+                break;
+            }
+        }
+    }
+    if (st_.phase == "running") start_restarts(now_ms, "pending", "restarting");
+    if ((st_.phase == "running" || st_.phase == "paused") && !st_.wave_nodes.empty()) {
+        const bool all_ready = std::all_of(st_.wave_nodes.begin(), st_.wave_nodes.end(),
+                                           [](const auto & kv) { return kv.second.phase == "ready"; });
+        if (all_ready && st_.settle_from_ms == 0) {
+            st_.settle_from_ms = now_ms;
+            wave_sig_ = {};
+            rest_sig_ = {};
+            change();
+        } else if (all_ready) {
+            judge(now_ms);
+            if ((st_.phase == "running" || st_.phase == "paused") && now_ms - st_.settle_from_ms >= spec_.settle_ms)
+                finish_wave(now_ms);
+        }
+    }
+    if (st_.phase == "rolling_back") {
+        start_restarts(now_ms, "rollback_pending", "rolling_back");
+        for (auto & [name, w] : st_.wave_nodes) {
+            if (w.phase == "rolling_back" && now_ms - w.since_ms > spec_.ready_timeout_ms) {
+                w.phase = "failed";
+                st_.reason += "; " + name + " not back on " + w.to + " in time";
+                change();
+            }
+        }
+        const bool back = std::all_of(st_.wave_nodes.begin(), st_.wave_nodes.end(), [](const auto & kv) {
+            return kv.second.phase == "rolled_back" || kv.second.phase == "failed";
+        });
+        if (back) {
+            st_.phase = st_.after_rollback.empty() ? "halted" : st_.after_rollback;
+            change();
+        }
+    }
+    if (changed_) st_.updated_ms = now_ms;
+
+    std::vector<RestartRequest> out;
+    if (!rollout_active(st_.phase)) return out;
+    for (const auto & name : st_.wave_order) {
+        const auto & w = st_.wave_nodes.at(name);
+        if (w.phase == "restarting" || w.phase == "rolling_back") out.push_back({w.cell, name, w.to, w.gen});
+    }
+    return out;
+}
+
+}  // namespace armada::cluster

@@ -1,0 +1,440 @@
+// The rollout's decisions against a simulated fleet: each turn the fleet reports, the rollout
+// decides, and the fleet carries out the restarts it asks for (a node is gone for two turns, then
+// back on the version asked for, its counters started over).
+#include "cluster/rollout.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <set>
+
+using namespace armada::cluster;
+
+namespace {
+
+struct Fleet {
+    struct Node {
+        std::string cell, version;
+        bool draining = false;
+        bool up = true;
+        int64_t gen = 0;
+        int down_turns = 0;
+        std::string next;
+        NodeSignals sig;
+    };
+    std::map<std::string, Node> nodes;
+    std::set<std::string> never_ready;  // versions that never come up
+    std::set<std::string> erroring;     // versions whose model steps fail
+    std::set<std::string> slow;         // versions whose steps take 3x
+    std::set<std::string> failing;      // versions whose sessions fail
+    int64_t t = 1'700'000'000'000;
+    std::map<std::string, std::vector<std::string>> restarts;  // node: versions asked for, in order
+    int max_down_in_a_cell = 0;
+
+    Fleet(int cells, int per_cell, const std::string & version = "v1") {
+        for (int c = 0; c < cells; ++c)
+            for (int i = 0; i < per_cell; ++i)
+                nodes[std::string(1, char('a' + c)) + "-" + std::to_string(i)] = {std::string(1, char('a' + c)),
+                                                                                  version};
+        for (auto & [n, node] : nodes)
+            node.sig.started_ms = t - 1000;
+    }
+    std::vector<FleetNode> live() const {
+        std::vector<FleetNode> out;
+        for (const auto & [n, node] : nodes)
+            if (node.up) out.push_back({n, node.cell, node.version, node.draining, node.sig});
+        return out;
+    }
+    void work() {
+        for (auto & [n, node] : nodes) {
+            if (!node.up) {
+                if (--node.down_turns <= 0 && !never_ready.count(node.next)) {
+                    node.up = true;
+                    node.version = node.next;
+                    node.sig = {};
+                    node.sig.started_ms = t;
+                }
+                continue;
+            }
+            node.sig.steps += 10;
+            node.sig.step_s += 10 * (slow.count(node.version) ? 0.3 : 0.1);
+            if (erroring.count(node.version)) node.sig.errors["model"] += 5;
+            if (failing.count(node.version))
+                node.sig.failed += 1;
+            else
+                node.sig.completed += 1;
+        }
+    }
+    std::vector<RestartRequest> turn(Rollout & r) {
+        t += 1000;
+        work();
+        r.fleet(live(), t);
+        auto reqs = r.decide(t);
+        for (const auto & q : reqs) {
+            auto & node = nodes.at(q.node);
+            EXPECT_EQ(node.cell, q.cell);
+            if (q.gen <= node.gen) continue;  // asked again: already being done
+            node.gen = q.gen;
+            node.up = false;
+            node.down_turns = 2;
+            node.next = q.version;
+            restarts[q.node].push_back(q.version);
+        }
+        std::map<std::string, int> down;
+        for (const auto & [n, node] : nodes)
+            if (!node.up) max_down_in_a_cell = std::max(max_down_in_a_cell, ++down[node.cell]);
+        return reqs;
+    }
+    //! Turns until the rollout stops being active (at most `max`).
+    int run(Rollout & r, int max = 500) {
+        int i = 0;
+        for (; i < max && !r.finished(); ++i)
+            turn(r);
+        return i;
+    }
+    int on(const std::string & v) const {
+        int n = 0;
+        for (const auto & [name, node] : nodes)
+            n += node.up && node.version == v;
+        return n;
+    }
+};
+
+RolloutSpec spec(double pct = 34, const std::string & version = "v2") {
+    RolloutSpec s;
+    s.id = "r-1";
+    s.version = version;
+    s.wave_percent = pct;
+    s.settle_ms = 5000;
+    s.ready_timeout_ms = 20000;
+    s.restarts_per_s = 10;
+    return s;
+}
+
+}  // namespace
+
+TEST(Rollout, UpgradesInWavesCellByCellOneNodeOfACellAtATime) {
+    Fleet f(2, 3);
+    Rollout r(spec(34), std::nullopt, f.t);
+    f.turn(r);
+    // 34% of 6 nodes: waves of 2, one from each cell.
+    ASSERT_EQ(r.state().wave, 1);
+    EXPECT_EQ(r.state().waves, 3);
+    std::set<std::string> cells;
+    for (const auto & [n, w] : r.state().wave_nodes)
+        cells.insert(w.cell);
+    EXPECT_EQ(cells, (std::set<std::string>{"a", "b"}));
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "done") << r.state().reason;
+    EXPECT_EQ(r.state().wave, 3);
+    EXPECT_EQ(f.on("v2"), 6);
+    EXPECT_EQ(f.max_down_in_a_cell, 1);
+    for (const auto & [n, vs] : f.restarts)
+        EXPECT_EQ(vs, std::vector<std::string>{"v2"}) << n;
+    EXPECT_EQ(f.restarts.size(), 6u);
+    ASSERT_EQ(r.state().history.size(), 3u);
+    for (const auto & h : r.state().history)
+        EXPECT_EQ(h.verdict, "passed");
+}
+
+TEST(Rollout, AWaveOfOneCellRestartsItsNodesOneAfterAnother) {
+    Fleet f(1, 4);
+    Rollout r(spec(50), std::nullopt, f.t);
+    auto reqs = f.turn(r);
+    ASSERT_EQ(r.state().wave_nodes.size(), 2u);
+    EXPECT_EQ(reqs.size(), 1u);  // max_per_cell 1
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "done");
+    EXPECT_EQ(f.max_down_in_a_cell, 1);
+    EXPECT_EQ(f.on("v2"), 4);
+}
+
+TEST(Rollout, MaxPerCellLetsMoreOfACellRestartAtOnce) {
+    Fleet f(1, 4);
+    auto s = spec(50);
+    s.max_per_cell = 2;
+    Rollout r(s, std::nullopt, f.t);
+    EXPECT_EQ(f.turn(r).size(), 2u);
+    f.run(r);
+    EXPECT_EQ(f.max_down_in_a_cell, 2);
+    EXPECT_EQ(r.state().phase, "done");
+}
+
+TEST(Rollout, RestartsArePacedByTheirRate) {
+    Fleet f(4, 1);
+    auto s = spec(100);
+    s.restarts_per_s = 1;
+    Rollout r(s, std::nullopt, f.t);
+    f.turn(r);  // 4 nodes picked (one a cell), one token a second
+    EXPECT_EQ(r.state().wave_nodes.size(), 4u);
+    EXPECT_EQ(f.restarts.size(), 1u);
+    f.turn(r);
+    EXPECT_EQ(f.restarts.size(), 2u);
+    f.turn(r);
+    EXPECT_EQ(f.restarts.size(), 3u);
+}
+
+TEST(Rollout, OrdinalDescTakesEachCellsHighestOrdinalFirst) {
+    Fleet f(1, 3);
+    auto s = spec(1);
+    s.ordinal_desc = true;
+    Rollout r(s, std::nullopt, f.t);
+    f.turn(r);
+    ASSERT_EQ(r.state().wave_order.size(), 1u);
+    EXPECT_EQ(r.state().wave_order[0], "a-2");
+}
+
+TEST(Rollout, ADrainingNodeInACellHoldsItsRestarts) {
+    Fleet f(2, 2);
+    f.nodes["a-1"].draining = true;
+    Rollout r(spec(50), std::nullopt, f.t);
+    const auto reqs = f.turn(r);
+    ASSERT_EQ(reqs.size(), 1u);
+    EXPECT_EQ(reqs[0].cell, "b");
+    f.nodes["a-1"].draining = false;
+    EXPECT_EQ(f.turn(r).size(), 2u);
+}
+
+TEST(Rollout, PauseStartsNothingNewAndResumeGoesOn) {
+    Fleet f(1, 4);
+    Rollout r(spec(25), std::nullopt, f.t);
+    f.turn(r);
+    r.command({"r-1", 1, "pause", false}, f.t);
+    EXPECT_EQ(r.state().phase, "paused");
+    for (int i = 0; i < 20; ++i)
+        f.turn(r);
+    // The restart in flight finished and its wave passed; no other wave started.
+    EXPECT_EQ(f.restarts.size(), 1u);
+    EXPECT_EQ(r.state().wave, 1);
+    EXPECT_EQ(r.state().phase, "paused");
+    r.command({"r-1", 1, "resume", false}, f.t);  // an old seq: ignored
+    EXPECT_EQ(r.state().phase, "paused");
+    r.command({"r-1", 2, "resume", false}, f.t);
+    EXPECT_EQ(r.state().phase, "running");
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "done");
+    EXPECT_EQ(f.on("v2"), 4);
+}
+
+TEST(Rollout, AbortStopsAndWithRollbackTakesEveryUpgradedNodeBack) {
+    {
+        Fleet f(1, 4);
+        Rollout r(spec(25), std::nullopt, f.t);
+        for (int i = 0; i < 12; ++i)
+            f.turn(r);
+        ASSERT_GE(r.state().wave, 2);
+        r.command({"r-1", 1, "abort", false}, f.t);
+        EXPECT_EQ(r.state().phase, "aborted");
+        EXPECT_TRUE(f.turn(r).empty());
+        EXPECT_LT(f.on("v2"), 4);
+    }
+    Fleet f(1, 4);
+    Rollout r(spec(25), std::nullopt, f.t);
+    for (int i = 0; i < 12; ++i)
+        f.turn(r);
+    const int upgraded = int(f.restarts.size());
+    ASSERT_GE(upgraded, 2);
+    r.command({"r-1", 1, "abort", true}, f.t);
+    EXPECT_EQ(r.state().phase, "rolling_back");
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "aborted");
+    EXPECT_EQ(f.on("v1"), 4);
+    for (const auto & [n, vs] : f.restarts) {
+        ASSERT_EQ(vs.size(), 2u) << n;
+        EXPECT_EQ(vs[1], "v1");
+    }
+}
+
+TEST(Rollout, ANodeNeverReadyHaltsTheRolloutAndItsWaveGoesBack) {
+    Fleet f(2, 2);
+    f.never_ready.insert("v2");
+    Rollout r(spec(50), std::nullopt, f.t);
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "halted");
+    ASSERT_FALSE(r.state().gates.empty());
+    EXPECT_EQ(r.state().gates[0].signal, "ready");
+    EXPECT_NE(r.state().fired.find("not back on v2"), std::string::npos) << r.state().fired;
+    EXPECT_EQ(f.on("v1"), 4);
+    EXPECT_EQ(f.restarts.size(), 2u);  // only the first wave's nodes
+}
+
+TEST(Rollout, ARestartThatFailsHaltsTheRollout) {
+    Fleet f(1, 2);
+    Rollout r(spec(50), std::nullopt, f.t);
+    const auto reqs = f.turn(r);
+    ASSERT_EQ(reqs.size(), 1u);
+    r.restart_failed(reqs[0].node, reqs[0].gen + 1, "not mine", f.t);  // another gen: ignored
+    EXPECT_EQ(r.state().phase, "running");
+    r.restart_failed(reqs[0].node, reqs[0].gen, "no such node", f.t);
+    EXPECT_EQ(r.state().phase, "rolling_back");
+    EXPECT_NE(r.state().fired.find("no such node"), std::string::npos);
+}
+
+TEST(Rollout, ModelErrorsOnTheWaveHaltItAndNameTheCodeWithNumbers) {
+    Fleet f(2, 3);
+    f.erroring.insert("v-bad");
+    Rollout r(spec(34, "v-bad"), std::nullopt, f.t);
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "halted");
+    EXPECT_NE(r.state().fired.find("error_codes (model) fired: 0.5 on the wave vs 0 on the rest"), std::string::npos)
+        << r.state().fired;
+    // Only the first wave (one node per cell) ran the bad version, and it is back.
+    EXPECT_EQ(f.restarts.size(), 2u);
+    for (const auto & [n, vs] : f.restarts)
+        EXPECT_EQ(vs, (std::vector<std::string>{"v-bad", "v1"})) << n;
+    EXPECT_EQ(f.on("v1"), 6);
+    EXPECT_EQ(r.state().wave, 1);
+}
+
+TEST(Rollout, FailingSessionsOnTheWaveFireTaskSuccess) {
+    Fleet f(2, 3);
+    f.failing.insert("v2");
+    auto s = spec(34);
+    s.gates.min_sessions = 3;
+    Rollout r(s, std::nullopt, f.t);
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "halted");
+    EXPECT_EQ(r.state().fired.rfind("task_success fired: 0 on the wave vs 1 on the rest", 0), 0u) << r.state().fired;
+}
+
+TEST(Rollout, SlowStepsOnTheWaveFireStepLatency) {
+    Fleet f(2, 3);
+    f.slow.insert("v2");
+    Rollout r(spec(34), std::nullopt, f.t);
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "halted");
+    EXPECT_EQ(r.state().fired.rfind("step_latency fired: 0.3 on the wave vs 0.1", 0), 0u) << r.state().fired;
+}
+
+TEST(Rollout, LateRenewalsOnTheWaveFireHeartbeat) {
+    Fleet f(2, 3);
+    auto s = spec(34);
+    s.settle_ms = 8000;  // 2 nodes x 8 s: past the gate's 0.2 node-minutes
+    Rollout r(s, std::nullopt, f.t);
+    for (int i = 0; i < 200 && r.state().settle_from_ms == 0; ++i)
+        f.turn(r);
+    ASSERT_GT(r.state().settle_from_ms, 0);
+    for (auto & [n, w] : r.state().wave_nodes)
+        f.nodes[n].sig.renew_late += 5;
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "halted");
+    EXPECT_EQ(r.state().fired.rfind("heartbeat fired", 0), 0u) << r.state().fired;
+}
+
+TEST(Rollout, AWaveWorseThanTheRestButNotThanBeforeDoesNotFire) {
+    // The whole fleet had model errors before the wave; only the rest got better meanwhile.
+    Fleet f(2, 3);
+    f.erroring.insert("v1");
+    f.erroring.insert("v2");
+    auto s = spec(34);
+    s.settle_ms = 8000;
+    Rollout r(s, std::nullopt, f.t);
+    for (int i = 0; i < 10; ++i) {  // the window before the first wave fills up
+        f.t += 1000;
+        f.work();
+        r.fleet(f.live(), f.t);
+    }
+    f.erroring.erase("v1");
+    for (int i = 0; i < 200 && r.state().history.empty(); ++i)
+        f.turn(r);
+    ASSERT_EQ(r.state().history.size(), 1u);
+    EXPECT_EQ(r.state().history[0].verdict, "passed") << r.state().fired;
+    bool judged_model = false;
+    for (const auto & g : r.state().gates)
+        judged_model |= g.signal == "error_codes" && g.code == "model" && g.judged && g.upgraded > g.rest;
+    EXPECT_TRUE(judged_model);
+}
+
+TEST(Rollout, GatesWaitForTheirMinimumSample) {
+    Fleet f(2, 3);
+    f.erroring.insert("v2");
+    auto s = spec(34);
+    s.gates.min_steps = 1000;  // more than a wave's settle sees
+    s.gates.min_node_minutes = 100;
+    Rollout r(s, std::nullopt, f.t);
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "done");
+    for (const auto & g : r.state().gates) {
+        if (g.signal == "error_codes" || g.signal == "step_latency") {
+            EXPECT_FALSE(g.judged);
+            EXPECT_NE(g.note.find("of 1000 steps"), std::string::npos) << g.note;
+        }
+    }
+}
+
+TEST(Rollout, ANewProcessCountsFromZero) {
+    Fleet f(2, 3);
+    f.erroring.insert("v-bad");
+    Rollout r(spec(34, "v-bad"), std::nullopt, f.t);
+    for (int i = 0; i < 200 && r.state().settle_from_ms == 0; ++i)
+        f.turn(r);
+    f.turn(r);
+    // A node of the rest restarts on its own with lower counters: no negative delta, no anomaly
+    // beyond the one turn its key was gone.
+    for (auto & [n, node] : f.nodes) {
+        if (r.state().wave_nodes.count(n)) continue;
+        node.sig = {};
+        node.sig.started_ms = f.t;
+        break;
+    }
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "halted");
+    for (const auto & g : r.state().gates) {
+        EXPECT_GE(g.rest, 0) << g.signal;
+        if (g.signal == "error_codes") EXPECT_EQ(g.rest, 0);
+    }
+}
+
+TEST(Rollout, ANewLeaderResumesFromTheStateWithTheSameGens) {
+    Fleet f(2, 3);
+    std::optional<Rollout> r;
+    r.emplace(spec(34), std::nullopt, f.t);
+    std::vector<RestartRequest> before;
+    for (int i = 0; i < 200; ++i) {
+        before = f.turn(*r);
+        if (r->state().wave == 2 && !before.empty()) break;
+    }
+    ASSERT_EQ(r->state().wave, 2);
+    ASSERT_FALSE(before.empty());
+    const auto text = encode_rollout_state(r->state());
+    const auto decoded = decode_rollout_state(text);
+    ASSERT_TRUE(decoded);
+    EXPECT_EQ(*decoded, r->state());
+    // The standby takes over: the same requests, under the same gens; the wave goes on.
+    r.emplace(spec(34), decoded, f.t);
+    f.t += 1000;
+    r->fleet(f.live(), f.t);
+    EXPECT_EQ(r->decide(f.t), before);
+    EXPECT_EQ(r->state().wave, 2);
+    f.run(*r);
+    EXPECT_EQ(r->state().phase, "done");
+    for (const auto & [n, vs] : f.restarts)
+        EXPECT_EQ(vs.size(), 1u) << n;
+    // Another rollout's state is not resumed.
+    auto other = spec(34, "v3");
+    other.id = "r-2";
+    Rollout fresh(other, decoded, f.t);
+    EXPECT_EQ(fresh.state().id, "r-2");
+    EXPECT_EQ(fresh.state().wave, 0);
+}
+
+TEST(Rollout, ItsValuesRoundTripAndGarbageIsRefused) {
+    auto s = spec(5);
+    s.gates.min_steps = 7;
+    s.at_ms = 42;
+    EXPECT_EQ(decode_rollout_spec(encode_rollout_spec(s)), s);
+    EXPECT_FALSE(decode_rollout_spec("{}"));
+    EXPECT_FALSE(decode_rollout_spec(R"({"id":"r","version":"v","wave_percent":0})"));
+    EXPECT_FALSE(decode_rollout_spec(R"({"id":"r","version":"v","gates":{"min_steps":"x"}})"));
+    EXPECT_FALSE(decode_rollout_spec("not json"));
+    const RolloutCommand c{"r-1", 3, "abort", true};
+    const auto c2 = decode_rollout_command(encode_rollout_command(c));
+    ASSERT_TRUE(c2);
+    EXPECT_EQ(c2->op, "abort");
+    EXPECT_TRUE(c2->rollback);
+    EXPECT_FALSE(decode_rollout_command(R"({"seq":1,"op":"reboot"})"));
+    NodeSignals sig{5, 10, 1.5, 2, 1, {{"model", 3}}, 1, 0, 0};
+    EXPECT_EQ(decode_signals(encode_signals(sig)), sig);
+    EXPECT_FALSE(decode_rollout_state(R"({"id":"r","phase":"running","wave_order":["x"]})"));
+    EXPECT_FALSE(decode_rollout_state("[]"));
+}
