@@ -260,6 +260,31 @@ std::string EtcdClient::erase(const std::string & key) {
     return call("/v3/kv/deleterange", json{{"key", base64(key)}}.dump(), r, timeout_ms_);
 }
 
+std::string EtcdClient::txn(const std::vector<EtcdCompare> & compares,
+                            const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
+                            int64_t & revision) {
+    json cmp = json::array();
+    for (const auto & c : compares) {
+        const bool create = c.target == EtcdCompare::Target::Create;
+        cmp.push_back({{"key", base64(c.key)},
+                       {"result", "EQUAL"},
+                       {"target", create ? "CREATE" : "MOD"},
+                       {create ? "create_revision" : "mod_revision", std::to_string(c.revision)}});
+    }
+    json ops = json::array();
+    for (const auto & [k, v] : puts)
+        ops.push_back({{"request_put", {{"key", base64(k)}, {"value", base64(v)}}}});
+    std::string r;
+    const json body{{"compare", cmp}, {"success", ops}};
+    if (auto e = call("/v3/kv/txn", body.dump(), r, timeout_ms_); !e.empty()) return e;
+    auto j = json::parse(r, nullptr, false);
+    if (!j.is_object()) return "etcd txn: unreadable reply";
+    // proto3 JSON leaves a false `succeeded` out.
+    succeeded = j.contains("succeeded") && j["succeeded"].is_boolean() && j["succeeded"].get<bool>();
+    revision = j.contains("header") ? i64(j["header"], "revision") : 0;
+    return {};
+}
+
 std::string EtcdClient::campaign(const std::string & name, const std::string & value, int64_t lease, int wait_ms,
                                  EtcdLeader & out, const std::atomic<bool> * give_up) {
     std::string r;

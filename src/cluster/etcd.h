@@ -15,6 +15,14 @@ struct EtcdKv {
     int64_t create_revision = 0, mod_revision = 0, lease = 0;
 };
 
+//! A condition of a transaction: `key`'s creation or last-modification revision equals
+//! `revision` (0: the key does not exist).
+struct EtcdCompare {
+    enum class Target { Create, Mod } target = Target::Mod;
+    std::string key;
+    int64_t revision = 0;
+};
+
 struct EtcdEvent {
     enum class Type { Put, Delete } type = Type::Put;
     EtcdKv kv;
@@ -47,6 +55,11 @@ class EtcdClient {
     //! Every key under `prefix`, and the store's revision at the time (to watch from after it).
     std::string list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision);
     std::string erase(const std::string & key);
+    //! Puts every `puts` pair only if every compare holds, atomically (etcd's txn). `succeeded`
+    //! says whether they held; `revision` is the store's revision after it.
+    std::string txn(const std::vector<EtcdCompare> & compares,
+                    const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
+                    int64_t & revision);
 
     //! Streams the changes under `prefix` from `start_revision` (0: from now) to `on_events`,
     //! each batch with its revision, until `stop` is set, `on_events` returns false, or the

@@ -187,3 +187,48 @@ TEST(Etcd, AnUnreachableEndpointIsNamedInTheError) {
     const std::string e = c.get("/x", kv);
     EXPECT_NE(e.find("etcd at 127.0.0.1:"), std::string::npos) << e;
 }
+
+TEST(Etcd, ATxnPutsOnlyWhileItsComparesHold) {
+    auto c = client();
+    bool ok = false;
+    int64_t rev = 0;
+    // A missing key has revision 0: "create it only if nobody has".
+    ASSERT_EQ(c.txn({{EtcdCompare::Target::Mod, "/t5/state", 0}}, {{"/t5/state", "a"}}, ok, rev), "");
+    EXPECT_TRUE(ok);
+    ASSERT_EQ(c.txn({{EtcdCompare::Target::Mod, "/t5/state", 0}}, {{"/t5/state", "b"}}, ok, rev), "");
+    EXPECT_FALSE(ok);
+    std::optional<EtcdKv> kv;
+    ASSERT_EQ(c.get("/t5/state", kv), "");
+    ASSERT_TRUE(kv);
+    EXPECT_EQ(kv->value, "a");
+    EXPECT_EQ(kv->mod_revision, rev);  // the failed txn changed nothing
+    // Its mod revision as read: the write goes in, and the same revision again is stale.
+    ASSERT_EQ(c.txn({{EtcdCompare::Target::Mod, "/t5/state", kv->mod_revision}}, {{"/t5/state", "c"}}, ok, rev), "");
+    EXPECT_TRUE(ok);
+    ASSERT_EQ(c.txn({{EtcdCompare::Target::Mod, "/t5/state", kv->mod_revision}}, {{"/t5/state", "d"}}, ok, rev), "");
+    EXPECT_FALSE(ok);
+    // A leader's fence: its election key's creation revision. Once it resigns, its writes fail.
+    int64_t lease = 0;
+    ASSERT_EQ(c.grant(10, lease), "");
+    EtcdLeader me;
+    ASSERT_EQ(c.campaign("/t5/election", "me", lease, 3000, me), "");
+    ASSERT_GT(me.rev, 0);
+    ASSERT_EQ(c.get("/t5/state", kv), "");
+    const std::vector<EtcdCompare> fence{{EtcdCompare::Target::Mod, "/t5/state", kv->mod_revision},
+                                         {EtcdCompare::Target::Create, me.key, me.rev}};
+    ASSERT_EQ(c.txn(fence, {{"/t5/state", "e"}, {"/t5/other", "f"}}, ok, rev), "");
+    EXPECT_TRUE(ok);
+    ASSERT_EQ(c.get("/t5/other", kv), "");
+    ASSERT_TRUE(kv);
+    EXPECT_EQ(kv->value, "f");
+    ASSERT_EQ(c.resign(me), "");
+    ASSERT_EQ(c.get("/t5/state", kv), "");
+    ASSERT_EQ(c.txn({{EtcdCompare::Target::Mod, "/t5/state", kv->mod_revision},
+                     {EtcdCompare::Target::Create, me.key, me.rev}},
+                    {{"/t5/state", "g"}}, ok, rev),
+              "");
+    EXPECT_FALSE(ok);
+    ASSERT_EQ(c.get("/t5/state", kv), "");
+    EXPECT_EQ(kv->value, "e");
+    c.revoke(lease);
+}
