@@ -813,6 +813,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
         // Nothing was acknowledged: say so, and write the same batch again after a pause.
         ++s.commit_failures;
         metrics_.counter("armada_store_write_failures_total", "Checkpoint writes that failed and were retried").inc();
+        sig_store_errors_++;
         emit_transient(s, "error", dump(json{{"message", "checkpoint write failed, retrying: " + st.error}}));
         // Jittered, so that the sessions a restart of the store stopped together do not all try
         // again at the same instants.
@@ -1044,6 +1045,18 @@ void SessionManager::update_survival() {
         .set(decided > 0 ? double(sum[0]) / double(decided) : std::nan(""));
 }
 
+StepSignals SessionManager::signals() const {
+    StepSignals g;
+    g.steps = sig_steps_.load();
+    g.step_s = double(sig_step_us_.load()) / 1e6;
+    g.completed = sig_completed_.load();
+    g.failed = sig_failed_.load();
+    g.model_errors = sig_model_errors_.load();
+    g.tool_errors = sig_tool_errors_.load();
+    g.store_errors = sig_store_errors_.load();
+    return g;
+}
+
 void SessionManager::count_outcome(const Session & s) {
     if (!has_ended(s.state)) return;
     // A completed session may get another message: its KV is kept, spilled first. An ended one
@@ -1053,6 +1066,10 @@ void SessionManager::count_outcome(const Session & s) {
         .counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", state_name(s.state)}})
         .inc();
     note_ended(s.state, clock_.now_ms());
+    if (s.state == SessionState::Completed)
+        sig_completed_++;
+    else if (s.state != SessionState::Cancelled)
+        sig_failed_++;
     if (opt_.on_ended) opt_.on_ended(s.id, state_name(s.state));
 }
 
@@ -1338,7 +1355,15 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
     const obs::LogScope log_scope(s.id, s.turn_span ? std::optional(s.turn_span->context()) : s.trace_parent);
     s.gen_cancel.reset();
     if (ev.finish == engine::FinishReason::Cancelled) return;
+    thread_local std::mt19937 test_rng(std::random_device{}());
+    if (opt_.test_step_errors > 0 && ev.finish != engine::FinishReason::Error &&
+        std::uniform_real_distribution<double>(0, 1)(test_rng) < opt_.test_step_errors) {
+        ev.finish = engine::FinishReason::Error;
+        ev.error = "injected by --test-step-errors";
+    }
     if (ev.finish == engine::FinishReason::Error) {
+        sig_steps_++;  // counted, timed with its retry (which keeps the first try's start)
+        sig_model_errors_++;
         if (++s.engine_retries > 2) return fail(s, SessionEvent::Error, "the model failed: " + ev.error);
         return model_step(s);
     }
@@ -1393,6 +1418,8 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
         // A moving average over about the last 20 steps (queueing included: what a session waits).
         const double took = double(clock_.now_ms() - s.step_started_ms), was = step_ms_.load();
         step_ms_.store(was == 0 ? took : was + (took - was) / 20);
+        sig_steps_++;
+        sig_step_us_ += int64_t(took * 1000);
     }
     s.step_started_ms = 0;
     if (!ev.kv_source.empty()) out["kv_source"] = ev.kv_source;
@@ -1492,6 +1519,7 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
     if (!pc || pc->done) return;
     pc->done = true;
     const std::string outcome = r.is_error ? "error" : "ok";
+    if (r.is_error) sig_tool_errors_++;
     if (auto sp = s.tool_spans.find(key); sp != s.tool_spans.end()) {
         sp->second.set("armada.tool.attempts", int64_t(r.attempts));
         if (r.http_status > 0) sp->second.set("http.response.status_code", int64_t(r.http_status));

@@ -125,6 +125,20 @@ struct SessionOptions {
     StepPool * pool = nullptr;
     //! The served model's name, for traces (an agent that names its own model wins).
     std::string model;
+    //! Tests only (`serve --test-step-errors P`): a finished model step fails with probability
+    //! P, as a bad build's would, so a rollout's gates have something to catch.
+    double test_step_errors = 0;
+};
+
+//! What the node counted since it started, for a rollout's gates (carried in its load report).
+struct StepSignals {
+    int64_t steps = 0;         // model steps that finished, failed ones included
+    double step_s = 0;         // latency of those that succeeded (from a step's first try), summed
+    int64_t completed = 0;     // sessions that ended completed
+    int64_t failed = 0;        // ended failed or timed out (cancels count on neither side)
+    int64_t model_errors = 0;  // model steps that failed
+    int64_t tool_errors = 0;   // tool calls that ended in an error
+    int64_t store_errors = 0;  // checkpoint writes that failed
 };
 
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change
@@ -252,6 +266,7 @@ class SessionManager {
     std::map<std::string, int> live_by_state() const;
     //! Model steps' recent latency on this node (a moving average, ms); 0 before the first.
     double recent_step_ms() const { return step_ms_.load(std::memory_order_relaxed); }
+    StepSignals signals() const;
     //! Open sessions in memory: (id, tenant).
     std::vector<std::pair<std::string, std::string>> live_owners() const;
     size_t sessions_in_memory() const;
@@ -354,6 +369,9 @@ class SessionManager {
     std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
     std::atomic<size_t> fenced_{0};
     std::atomic<double> step_ms_{0};  // recent_step_ms()
+    // signals()
+    std::atomic<int64_t> sig_steps_{0}, sig_step_us_{0}, sig_completed_{0}, sig_failed_{0}, sig_model_errors_{0},
+        sig_tool_errors_{0}, sig_store_errors_{0};
     //! How agents declared through the API are completed (their MCP tools), kept to load agents
     //! that another node declared (cluster mode).
     std::function<std::string(AgentSpec &)> prepare_agent_;

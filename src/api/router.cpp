@@ -32,6 +32,7 @@ void Router::set_service(OpenAIService * svc, const engine::EngineSet * engines,
 }
 
 void Router::count(const std::string & route, int code) {
+    if (code == 500 || code == 502 || code == 504) server_errors_++;
     metrics_
         .counter("armada_requests_total", "HTTP requests by route and status",
                  {{"route", route}, {"code", std::to_string(code)}})

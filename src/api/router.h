@@ -61,6 +61,8 @@ class Router {
         std::lock_guard lk(probes_mu_);
         kv_sender_ = std::move(f);
     }
+    //! Answers with 500, 502 or 504 since start (503, sent by drains and overload, is not one).
+    int64_t server_errors() const { return server_errors_.load(); }
     bool draining() const { return draining_.load(); }
     void dispatch(HttpRequest && req, std::shared_ptr<Responder> out);
     //! The metrics listener (`--metrics-port`): /metrics without a key, and the probes.
@@ -101,6 +103,7 @@ class Router {
     std::function<void()> drain_request_;  // guarded by probes_mu_
     KvSender kv_sender_;                   // guarded by probes_mu_
     std::atomic<bool> draining_{false};
+    std::atomic<int64_t> server_errors_{0};  // server_errors()
 };
 
 }  // namespace armada::api

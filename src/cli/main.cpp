@@ -246,6 +246,13 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
                     "moving with their KV (0: never)")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
+    cmd->add_option("--version-label", o.version_label,
+                    "the version this node reports to its cell, which rollouts go by (default: Armada's own)")
+        ->envname("ARMADA_VERSION_LABEL");
+    cmd->add_option("--test-step-errors", o.test_step_errors,
+                    "tests only: a finished model step fails with this probability")
+        ->check(CLI::Range(0.0, 1.0))
+        ->group("");
 }
 
 // llama-server spells some flags with one dash and two letters; CLI11 takes one-letter short

@@ -479,6 +479,7 @@ int serve(const ServeOptions & opt) {
     agent::SessionOptions sopt;
     sopt.ttl_ms = *ttl_ms;
     sopt.model = model->id();
+    sopt.test_step_errors = opt.test_step_errors;
     // GPU pools: heavy agent steps run there (the cluster file's pools, or --pools on one node).
     std::unique_ptr<gateway::PoolSet> pool_set;
     std::unique_ptr<gateway::PoolStepRunner> pool_steps;
@@ -620,7 +621,10 @@ int serve(const ServeOptions & opt) {
                                           (opt.http.host == "0.0.0.0" ? std::string("127.0.0.1") : opt.http.host) +
                                           ":" + std::to_string(http.port());
         const std::string fp = eng.size() > 0 ? eng.at(0).fingerprint() : std::string();
-        auto report = [&, url, fp] {
+        const int64_t started_wall_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        auto report = [&, url, fp, started_wall_ms] {
             cluster::NodeLoad l;
             l.by_state = sessions.live_by_state();
             int live = 0;
@@ -643,7 +647,19 @@ int serve(const ServeOptions & opt) {
             for (const auto & [id, tenant] : sessions.live_owners()) {
                 if (auto u = eng.kv_usage(id); u && u->where != "disk") l.kv_by_tenant[tenant] += int64_t(u->bytes);
             }
-            l.version = ARMADA_VERSION;
+            l.version = opt.version_label.empty() ? std::string(ARMADA_VERSION) : opt.version_label;
+            // What the rollouts' gates compare (the heartbeat counts are the membership's own).
+            const auto sig = sessions.signals();
+            l.signals.started_ms = started_wall_ms;
+            l.signals.steps = sig.steps;
+            l.signals.step_s = sig.step_s;
+            l.signals.completed = sig.completed;
+            l.signals.failed = sig.failed;
+            for (const auto & [code, n] : {std::pair<const char *, int64_t>{"model", sig.model_errors},
+                                           {"tool", sig.tool_errors},
+                                           {"store", sig.store_errors},
+                                           {"http_5xx", router.server_errors()}})
+                if (n > 0) l.signals.errors[code] = n;
             l.fingerprint = fp;
             l.draining = router.draining();
             l.url = url;

@@ -65,6 +65,10 @@ struct ServeOptions {
     //! Share of the KV budget in use past which the node offers sessions to move, with their KV,
     //! to nodes with room (a rebalance); 0 turns it off.
     double kv_rebalance_at = 0.9;
+    //! The version this node reports to its cell (rollouts go by it); empty: ARMADA_VERSION.
+    std::string version_label;
+    //! Tests only: a finished model step fails with this probability (a bad build, for rollouts).
+    double test_step_errors = 0;
 };
 
 //! "30d", "12h", "90m", "45s", or a number of seconds; "0" is forever. Milliseconds, or nullopt.

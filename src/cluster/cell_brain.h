@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cluster/rollout.h"
+
 namespace armada::cluster {
 
 //! What a node reports about itself, about once a second.
@@ -26,7 +28,8 @@ struct NodeLoad {
     std::string version;                          // Armada version
     std::string fingerprint;                      // model fingerprint (KV compatibility)
     bool draining = false;
-    std::string url;  // where its HTTP API answers, for gateways
+    std::string url;      // where its HTTP API answers, for gateways
+    NodeSignals signals;  // counts since the process started, for rollouts' gates
     //! The report's number, counting from a random start in each node process: the same report
     //! read again (a reconcile re-reads etcd) is not news. 0: not numbered.
     int64_t seq = 0;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <random>
 
@@ -26,7 +27,8 @@ std::string encode_load(const NodeLoad & l) {
                 {"step_ms", l.step_ms},
                 {"ctx", l.ctx},
                 {"kv_by_tenant", l.kv_by_tenant},
-                {"seq", l.seq}}
+                {"seq", l.seq},
+                {"signals", json::parse(encode_signals(l.signals))}}
         .dump();
 }
 
@@ -51,6 +53,8 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
         l.seq = j.value("seq", int64_t(0));
         if (j.contains("by_state") && j["by_state"].is_object())
             l.by_state = j["by_state"].get<std::map<std::string, int>>();
+        if (j.contains("signals") && j["signals"].is_object())
+            l.signals = decode_signals(j["signals"].dump()).value_or(NodeSignals{});
         if (j.contains("kv_by_tenant") && j["kv_by_tenant"].is_object())
             l.kv_by_tenant = j["kv_by_tenant"].get<std::map<std::string, int64_t>>();
     } catch (const json::exception &) {
@@ -63,6 +67,9 @@ NodeLoad NodeMembership::numbered() {
     if (seq_ == 0) seq_ = int64_t(std::random_device{}() & 0x3fffffff) << 20;
     NodeLoad l = load_();
     l.seq = ++seq_;
+    l.signals.renew_late = renew_late_.load();
+    l.signals.renew_failed = renew_failed_.load();
+    l.signals.lease_lost = lease_lost_.load();
     return l;
 }
 
@@ -181,6 +188,7 @@ void NodeMembership::run() {
     // A random pause of 0.5..1.5 times `ms`, for every retry and re-registration.
     auto jitter = [&](int ms) { return std::uniform_int_distribution<int>(ms / 2, ms + ms / 2)(rng); };
     int backoff = 500;
+    auto last_renewal = std::chrono::steady_clock::now();
     for (;;) {
         if (lease_.load() == 0) {
             int64_t lease = 0;
@@ -197,11 +205,22 @@ void NodeMembership::run() {
             const int n = ++registrations_;
             spdlog::info("cluster: {} {} (lease {:x}, ttl {} s)", n == 1 ? "joined as" : "joined again as", key_, lease,
                          ttl_s_);
+            last_renewal = std::chrono::steady_clock::now();
         }
         if (!pause(report_ms_)) return;
         int64_t ttl = 0;
         std::string e = etcd_.keepalive(lease_.load(), ttl);
+        // Heartbeat anomalies, for rollouts' gates: a renewal that failed, one late by over
+        // twice the report period (the process or its host stalled), a lease found gone.
+        if (!e.empty()) {
+            renew_failed_++;
+        } else if (ttl > 0) {
+            const auto now = std::chrono::steady_clock::now();
+            if (now - last_renewal > std::chrono::milliseconds(2 * report_ms_ + 500)) renew_late_++;
+            last_renewal = now;
+        }
         if (e.empty() && ttl <= 0) {
+            lease_lost_++;
             spdlog::warn("cluster: lease of {} expired (the node was away longer than {} s); joining again", key_,
                          ttl_s_);
             lease_ = 0;

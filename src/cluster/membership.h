@@ -54,6 +54,7 @@ class NodeMembership {
     NodeLoad numbered();
     std::atomic<int64_t> lease_{0};
     std::atomic<int> registrations_{0};
+    std::atomic<int64_t> renew_late_{0}, renew_failed_{0}, lease_lost_{0};  // in each report's signals
     std::mutex mu_;
     std::condition_variable cv_;
     bool stop_ = false;

@@ -46,6 +46,7 @@ TEST(NodeLoadCodec, RoundTripsAndRefusesJunk) {
     l.kv_by_tenant = {{"t:acme", 123456789012}, {"0123abcd", 5}};
     l.cores = 48;
     l.step_ms = 212.5;
+    l.signals = {1700000000000, 40, 12.5, 7, 2, {{"model", 3}, {"http_5xx", 1}}, 1, 2, 0};
     auto back = decode_load("n1", encode_load(l));
     ASSERT_TRUE(back);
     EXPECT_EQ(back->free_seqs, 17);
@@ -56,6 +57,10 @@ TEST(NodeLoadCodec, RoundTripsAndRefusesJunk) {
     EXPECT_EQ(back->kv_by_tenant, l.kv_by_tenant);
     EXPECT_EQ(back->cores, 48);
     EXPECT_DOUBLE_EQ(back->step_ms, 212.5);
+    EXPECT_EQ(back->signals, l.signals);
+    // A report without signals (an older node) reads as none; signals of the wrong shape too.
+    EXPECT_EQ(decode_load("n1", R"({"free_seqs":1})")->signals, NodeSignals{});
+    EXPECT_EQ(decode_load("n1", R"({"signals":{"steps":"x"}})")->signals, NodeSignals{});
     EXPECT_FALSE(decode_load("n1", "not json"));
     EXPECT_FALSE(decode_load("n1", "{\"kv_by_tenant\":{\"t:a\":\"lots\"}}"));
     EXPECT_FALSE(decode_load("n1", "{\"free_seqs\":\"many\"}"));
@@ -92,5 +97,20 @@ TEST(NodeMembership, ANodeWhoseLeaseWentJoinsAgain) {
     EXPECT_FALSE(reported(key));
     ASSERT_TRUE(eventually([&] { return m.registrations() == 2 && reported(key).has_value(); }));
     EXPECT_NE(m.lease(), old);
+    m.stop();
+}
+
+TEST(NodeMembership, RenewalsThatFailWhileEtcdIsAwayAreCountedInItsReports) {
+    const std::string key = "/m9/cells/c1/nodes/n1";
+    NodeMembership m(client(), key, 10, 200, [] { return NodeLoad{}; });
+    m.start();
+    ASSERT_TRUE(eventually([&] { return reported(key).has_value(); }));
+    EXPECT_EQ(reported(key)->signals.renew_failed, 0);
+    EXPECT_EQ(reported(key)->signals.lease_lost, 0);
+    ASSERT_EQ(servers().etcd.restart(), "");
+    ASSERT_TRUE(eventually([&] {
+        auto l = reported(key);
+        return l && l->signals.renew_failed + l->signals.renew_late >= 1;
+    }));
     m.stop();
 }
