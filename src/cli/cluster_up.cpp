@@ -3,7 +3,9 @@
 #include "cli/stop_signals.h"
 
 #include "cluster/cluster_config.h"
+#include "cluster/etcd.h"
 #include "cluster/local_servers.h"
+#include "cluster/restarter.h"
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -11,11 +13,15 @@
 #include <pthread.h>
 #include <unistd.h>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -34,7 +40,91 @@ struct Proc {
     bool reported_exit = false;
     std::chrono::steady_clock::time_point restart_at{};  // when a crashed one starts again
     int restarts = 0;
+    // Nodes: the version it runs (its argv is built at each launch), and a rollout's restart.
+    std::string version;
+    int64_t gen = 0;           // the last restart request carried out
+    std::string next_version;  // asked for: it starts on this once it has exited
+    bool expect_exit = false;  // it was told to stop for a restart
 };
+
+//! Rollouts' restart requests, read from etcd on a thread of its own (an etcd call can block
+//! for seconds; the supervising loop must not), and the acknowledgements written back.
+class RestartPoller {
+  public:
+    RestartPoller(const std::string & endpoint, std::set<std::string> nodes)
+        : etcd_({endpoint}, 3000), nodes_(std::move(nodes)) {
+        thread_ = std::thread([this] { run(); });
+    }
+    ~RestartPoller() {
+        {
+            std::lock_guard lk(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    //! The latest request per node.
+    std::map<std::string, cluster::RestartRequest> requests() {
+        std::lock_guard lk(mu_);
+        return requests_;
+    }
+    void ack(const std::string & node, const cluster::RestartAck & a) {
+        std::lock_guard lk(mu_);
+        acks_[node] = a;
+    }
+
+  private:
+    void run() {
+        pthread_setname_np(pthread_self(), "armada-restarts");
+        const std::string prefix = cluster::rollout_prefix(cluster::ClusterConfig{});
+        std::unique_lock lk(mu_);
+        while (!stop_) {
+            auto acks = std::move(acks_);
+            acks_.clear();
+            lk.unlock();
+            for (const auto & [node, a] : acks)
+                if (auto e = etcd_.put(prefix + "restarted/" + node, cluster::encode_restart_ack(a)); !e.empty())
+                    spdlog::warn("cluster up: acknowledging the restart of {}: {}", node, e);
+            std::vector<cluster::EtcdKv> kvs;
+            int64_t rev = 0;
+            std::map<std::string, cluster::RestartRequest> got;
+            const bool read = etcd_.list(prefix + "restart/", kvs, rev).empty();
+            for (const auto & kv : kvs) {
+                const std::string node = kv.key.substr(prefix.size() + 8);
+                auto r = cluster::decode_restart_request(node, kv.value);
+                if (!r) continue;
+                if (!nodes_.count(node)) {
+                    // Not one of ours: said once per gen, so the rollout halts with a reason.
+                    if (refused_[node] < r->gen) {
+                        refused_[node] = r->gen;
+                        etcd_.put(prefix + "restarted/" + node,
+                                  cluster::encode_restart_ack({r->gen, r->version, 0, 0, "no node named " + node}));
+                    }
+                    continue;
+                }
+                got[node] = *r;
+            }
+            lk.lock();
+            if (read) requests_ = std::move(got);
+            cv_.wait_for(lk, std::chrono::seconds(1), [&] { return stop_ || !acks_.empty(); });
+        }
+    }
+
+    cluster::EtcdClient etcd_;
+    std::set<std::string> nodes_;
+    std::map<std::string, int64_t> refused_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::map<std::string, cluster::RestartRequest> requests_;
+    std::map<std::string, cluster::RestartAck> acks_;
+    std::thread thread_;
+};
+
+int64_t wall_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
 
 std::string self_exe() {
     std::error_code ec;
@@ -127,7 +217,16 @@ int cluster_up(const ClusterUpOptions & o) {
         std::vector<std::string> env;
         if (!o.api_key.empty() && (p.role == "node" || p.role == "gateway"))
             env.push_back("ARMADA_API_KEY=" + o.api_key);
-        p.child = Child::spawn(p.argv, p.log, "", err, env);
+        std::vector<std::string> argv = p.argv;
+        if (p.role == "node" && !p.version.empty()) {
+            // The version it runs now: its label, and the arguments given for it.
+            argv.insert(argv.end(), {"--version-label", p.version});
+            for (const auto & va : o.version_args) {
+                const auto eq = va.find('=');
+                if (eq != std::string::npos && va.substr(0, eq) == p.version) argv.push_back(va.substr(eq + 1));
+            }
+        }
+        p.child = Child::spawn(argv, p.log, "", err, env);
         if (!p.child) fprintf(stderr, "error: cannot start %s: %s\n", p.name.c_str(), err.c_str());
         return p.child.has_value();
     };
@@ -139,7 +238,8 @@ int cluster_up(const ClusterUpOptions & o) {
         p.log = logs + p.name + ".log";
         const int mport = cluster::free_port();
         p.url = "http://127.0.0.1:" + std::to_string(mport);  // its /metrics
-        p.argv = {exe, "global", "--cluster", cfg_path, "--name", p.name, "--metrics-port", std::to_string(mport)};
+        p.argv = {exe,    "global",         "--cluster",           cfg_path,      "--name",
+                  p.name, "--metrics-port", std::to_string(mport), "--restarter", "cluster-up"};
         procs.push_back(std::move(p));
     }
     for (int c = 0; c < o.cells; ++c) {
@@ -173,6 +273,7 @@ int cluster_up(const ClusterUpOptions & o) {
             if (!o.agents_file.empty()) p.argv.insert(p.argv.end(), {"--agents", o.agents_file});
             if (!o.api_key_file.empty()) p.argv.insert(p.argv.end(), {"--api-key-file", o.api_key_file});
             p.argv.insert(p.argv.end(), o.node_args.begin(), o.node_args.end());
+            p.version = o.version_label;
             procs.push_back(std::move(p));
         }
     }
@@ -196,7 +297,8 @@ int cluster_up(const ClusterUpOptions & o) {
                           {"name", p.name},
                           {"pid", p.child ? p.child->pid() : -1},
                           {"url", p.url},
-                          {"log", p.log}});
+                          {"log", p.log},
+                          {"version", p.version}});
         }
         json gateways = json::array();
         for (size_t i = first_gateway; i < procs.size(); ++i)
@@ -251,6 +353,10 @@ int cluster_up(const ClusterUpOptions & o) {
             const int base = std::max(10, 2 * o.lease_ttl_s);
             return std::chrono::seconds(std::min(300, base << std::min(restarts, 5)));
         };
+        std::set<std::string> node_names;
+        for (const auto & p : procs)
+            if (p.role == "node") node_names.insert(p.name);
+        RestartPoller restarts(etcd.endpoint(), node_names);
         for (;;) {
             timespec t{0, 200 * 1000 * 1000};
             if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
@@ -266,7 +372,50 @@ int cluster_up(const ClusterUpOptions & o) {
             revive("nats", nats.running(), [&] { return nats.restart(); });
             revive("redis", redis.running(), [&] { return redis.restart(); });
             const auto now = std::chrono::steady_clock::now();
+            // A rollout's restarts: SIGTERM (the node drains and exits), then a start on the
+            // version asked for. A node already down starts on it at once.
+            const auto asked = restarts.requests();
             for (auto & p : procs) {
+                const auto r = asked.find(p.name);
+                if (p.role != "node" || r == asked.end() || r->second.gen <= p.gen) continue;
+                p.gen = r->second.gen;
+                p.next_version = r->second.version;
+                spdlog::info("cluster up: restarting {} on version {} (rollout gen {})", p.name, p.next_version, p.gen);
+                if (p.child && p.child->running()) {
+                    p.expect_exit = true;
+                    p.child->signal(SIGTERM);
+                } else {
+                    p.expect_exit = true;
+                    p.reported_exit = true;
+                    p.restart_at = now;
+                }
+            }
+            for (auto & p : procs) {
+                if (p.child && !p.reported_exit && !p.child->running() && p.expect_exit) {
+                    // Stopped for a restart, drained or not: up again on its new version after a
+                    // jittered pause (many nodes restarted at once do not arrive at once).
+                    p.reported_exit = true;
+                    p.restart_at = now + std::chrono::milliseconds(cluster::jittered_ms(1000));
+                    spdlog::info("cluster up: {} stopped (exit {}) for its restart", p.name, p.child->exit_code());
+                    continue;
+                }
+                if (p.expect_exit && p.reported_exit && p.restart_at != std::chrono::steady_clock::time_point{} &&
+                    now >= p.restart_at) {
+                    p.restart_at = {};
+                    p.expect_exit = false;
+                    p.version = p.next_version;
+                    cluster::RestartAck a{p.gen, p.version, 0, wall_ms(), ""};
+                    if (launch(p)) {
+                        p.reported_exit = false;
+                        a.pid = p.child->pid();
+                        spdlog::info("cluster up: {} started on version {} (pid {})", p.name, p.version, a.pid);
+                    } else {
+                        a.error = "cannot start " + p.name;
+                    }
+                    restarts.ack(p.name, a);
+                    changed = true;
+                    continue;
+                }
                 if (p.child && !p.reported_exit && !p.child->running()) {
                     p.reported_exit = true;
                     const int code = p.child->exit_code();

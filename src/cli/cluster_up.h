@@ -20,6 +20,11 @@ struct ClusterUpOptions {
     int lease_ttl_s = 5;
     std::string pools_file;              // `pools:` and `routes:` for the cluster file (GPU pools)
     std::vector<std::string> node_args;  // passed to every `armada serve`
+    //! The version every node starts on (`serve --version-label`); empty: Armada's own.
+    std::string version_label;
+    //! "V=ARG": an argument for every node while it runs version V (repeatable). Rollouts
+    //! restart nodes onto other versions: the same binary, labelled and with these arguments.
+    std::vector<std::string> version_args;
 };
 
 //! `armada cluster up`: a whole cluster on this machine, for trying and testing it. Starts
@@ -30,6 +35,9 @@ struct ClusterUpOptions {
 //! would: at least twice the lease TTL, so that its cell has failed it over first; one that
 //! exits 0 (it drained) stays down. Ctrl-C stops all,
 //! in order: gateway, nodes, brains, then the servers. DATA_DIR/cluster.json lists every process.
+//! It carries out rollouts' restarts: a global brain (started with `--restarter cluster-up`)
+//! writes `<prefix>/rollout/restart/<node>`; the node gets SIGTERM (it drains), starts again on
+//! the version asked for after a jittered pause, and `restarted/<node>` says so.
 int cluster_up(const ClusterUpOptions & o);
 
 }  // namespace armada::cli

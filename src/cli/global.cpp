@@ -8,6 +8,8 @@
 #include "cluster/global_brain.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
+#include "cluster/restarter.h"
+#include "cluster/rollout.h"
 #include "store/postgres_store.h"
 
 #include <spdlog/spdlog.h>
@@ -34,7 +36,9 @@ class GlobalProcess {
         : cfg_(std::move(cfg)),
           o_(std::move(o)),
           etcd_(cfg_.etcd),
-          elected_(etcd_, cfg_.lease_ttl_s, "global", stop_set) {}
+          elected_(etcd_, cfg_.lease_ttl_s, "global", stop_set) {
+        if (o_.restarter == "cluster-up") restarter_ = std::make_unique<EtcdRestarter>(etcd_, cfg_);
+    }
 
     int run() {
         store::PostgresConfig pc;
@@ -72,6 +76,7 @@ class GlobalProcess {
         std::map<std::string, CellReport> reports;
         std::map<std::string, int64_t> report_rev;  // each report's etcd mod_revision
         std::set<std::string> alive;                // cells with any key under a lease
+        std::vector<FleetNode> nodes;               // live nodes, as their load reports show them
     };
     bool look(Seen & out) {
         std::vector<EtcdKv> kvs;
@@ -92,6 +97,10 @@ class GlobalProcess {
                     out.reports[cell] = *r;
                     out.report_rev[cell] = kv.mod_revision;
                 }
+            } else if (what.rfind("nodes/", 0) == 0) {
+                const std::string node = what.substr(6);
+                if (auto l = decode_load(node, kv.value))
+                    out.nodes.push_back({node, cell, l->version, l->draining, l->signals});
             }
         }
         return true;
@@ -173,6 +182,97 @@ class GlobalProcess {
         }
         for (const auto & [ft, n] : moved)
             spdlog::info("global: re-homed {} session(s) of lost cell {} to cell {}", n, ft.first, ft.second);
+    }
+
+    //! One turn of the rollout, if one is under way: read its keys, feed the Rollout the live
+    //! nodes and the operator's command, write its state under this leader's fence, and only
+    //! then ask for the restarts it wants. A new leader builds it from the state written.
+    void rollout_turn(const EtcdLeader & me, const Seen & seen) {
+        const int64_t wall =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        std::vector<EtcdKv> kvs;
+        int64_t rev = 0;
+        const std::string prefix = rollout_prefix(cfg_);
+        if (auto e = etcd_.list(prefix, kvs, rev); !e.empty()) {
+            spdlog::warn("global: cannot read the rollout keys: {}", e);
+            return;
+        }
+        std::optional<RolloutSpec> spec;
+        std::optional<RolloutState> state;
+        std::optional<RolloutCommand> cmd;
+        int64_t state_rev = 0;
+        for (const auto & kv : kvs) {
+            const std::string what = kv.key.substr(prefix.size());
+            if (what == "spec") {
+                spec = decode_rollout_spec(kv.value);
+                if (!spec) spdlog::warn("global: the rollout spec in etcd is unreadable; ignored");
+            } else if (what == "state") {
+                state = decode_rollout_state(kv.value);
+                state_rev = kv.mod_revision;
+            } else if (what == "command") {
+                cmd = decode_rollout_command(kv.value);
+            }
+        }
+        if (!spec) {
+            rollout_.reset();
+            return;
+        }
+        if (!rollout_ || rollout_->spec().id != spec->id) {
+            if (state && state->id == spec->id && !rollout_active(state->phase)) return;  // over, and written
+            rollout_.emplace(*spec, state && state->id == spec->id ? state : std::nullopt, wall);
+            asked_.clear();
+            spdlog::info("global: rollout {} to {}: {} (wave {})", spec->id, spec->version,
+                         state && state->id == spec->id ? "resumed" : "started", rollout_->state().wave);
+        }
+        Rollout & r = *rollout_;
+        const bool was_active = !r.finished();
+        if (cmd) r.command(*cmd, wall);
+        if (restarter_) {
+            for (const auto & [node, ack] : restarter_->acks())
+                if (!ack.error.empty()) r.restart_failed(node, ack.gen, ack.error, wall);
+        }
+        r.fleet(seen.nodes, wall);
+        const auto wanted = r.decide(wall);
+        if (!restarter_) {
+            for (const auto & q : wanted)
+                r.restart_failed(q.node, q.gen, "this global brain has no --restarter", wall);
+        }
+        if (r.take_changed() || wall - state_written_ms_ >= 5000 || !state || state->id != spec->id) {
+            RolloutState out = r.state();
+            out.updated_ms = wall;  // `status` tells a live rollout from one no brain runs
+            bool ok = false;
+            int64_t at = 0;
+            const std::vector<EtcdCompare> fence{{EtcdCompare::Target::Mod, prefix + "state", state_rev},
+                                                 {EtcdCompare::Target::Create, me.key, me.rev}};
+            const auto e = etcd_.txn(fence, {{prefix + "state", encode_rollout_state(out)}}, ok, at);
+            if (!e.empty() || !ok) {
+                spdlog::warn("global: rollout state not written: {}", e.empty() ? "fenced (read again)" : e);
+                rollout_.reset();  // built again from what etcd holds
+                if (e.empty() && !elected_.still_leader(me, global_election(cfg_))) deposed_ = true;
+                return;
+            }
+            state_written_ms_ = wall;
+        }
+        if (was_active && r.finished())
+            spdlog::info("global: rollout {} {}: {}", spec->id, r.state().phase, r.state().reason);
+        obs::Registry & m = elected_.metrics();
+        for (const char * ph : {"running", "paused", "rolling_back", "halted", "aborted", "done"})
+            m.gauge("armada_rollout_phase", "The rollout's phase (1 for the current one)", {{"phase", ph}})
+                .set(r.state().phase == ph ? 1 : 0);
+        m.gauge("armada_rollout_wave", "The rollout's current wave").set(r.state().wave);
+        if (!restarter_) return;
+        for (const auto & q : wanted) {
+            if (asked_[q.node] == q.gen) continue;
+            if (auto e = restarter_->restart(q, spec->id, me); !e.empty()) {
+                spdlog::warn("global: rollout: restart of {} at {}: {} (asked again)", q.node, q.version, e);
+                continue;
+            }
+            asked_[q.node] = q.gen;
+            m.counter("armada_rollout_restarts_total", "Node restarts a rollout asked for").inc();
+            spdlog::info("global: rollout {}: restart {} ({}) on {} (gen {})", spec->id, q.node, q.cell, q.version,
+                         q.gen);
+        }
     }
 
     void lead(const EtcdLeader & me) {
@@ -274,6 +374,8 @@ class GlobalProcess {
             }
             carry_out(brain, brain.decide(t));
             if (deposed_) break;
+            if (looked) rollout_turn(me, seen);
+            if (deposed_) break;
             // The split every --shares-ms; and at once when a cell reaches its water level or
             // falls back under it, so that a burst of new sessions does not overshoot it by what
             // comes in one period. Written without a lease: gateways keep the last split while no
@@ -299,7 +401,9 @@ class GlobalProcess {
             if (elected_.wait_signal(o_.tick_ms)) break;
         }
         reports_.reset();
+        rollout_.reset();  // the next leader (maybe this brain again) resumes it from etcd
         // Only the leader speaks for the cells and the cluster.
+        elected_.metrics().erase_families("armada_rollout_");
         elected_.metrics().erase_families("armada_cell_");
         elected_.metrics().erase_families("armada_cluster_");
     }
@@ -317,6 +421,10 @@ class GlobalProcess {
     std::map<std::string, int64_t> last_written_;  // cell → when its etcd report last changed
     std::map<std::string, int64_t> report_rev_;    // cell → its etcd report's last mod_revision
     std::map<std::string, int> paths_;             // cell → the paths last logged (bit 1 etcd, 2 NATS)
+    std::unique_ptr<NodeRestarter> restarter_;     // none: rollouts halt at once
+    std::optional<Rollout> rollout_;               // the rollout under way, while leading
+    std::map<std::string, int64_t> asked_;         // node → the restart gen asked for
+    int64_t state_written_ms_ = 0;
 };
 
 }  // namespace

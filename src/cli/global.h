@@ -12,6 +12,9 @@ struct GlobalOptions {
     std::string log_level = "info";
     std::string metrics_host = "127.0.0.1";
     int metrics_port = -1;  // /metrics for Prometheus (0: any free port; -1: none)
+    //! How rollouts restart nodes: "cluster-up" (request keys in etcd that `armada cluster up`
+    //! carries out) or "none" (a rollout halts at once, saying so).
+    std::string restarter = "none";
 };
 
 //! `armada global`: the global brain. Every one campaigns in etcd; the leader reads the cells'

@@ -8,6 +8,7 @@
 #include "cli/cluster_up.h"
 #include "cli/global.h"
 #include "cli/mkmodel.h"
+#include "cli/rollout_command.h"
 #include "cli/serve.h"
 #include "cli/sim_command.h"
 #include "cli/tracing.h"
@@ -333,8 +334,58 @@ int main(int argc, char ** argv) {
         ->check(CLI::Range(100, 600000))
         ->capture_default_str();
     gl->add_option("--log-level", glo.log_level, "trace, debug, info, warn, error")->capture_default_str();
+    gl->add_option("--restarter", glo.restarter,
+                   "how rollouts restart nodes: cluster-up (armada cluster up carries them out) or none")
+        ->check(CLI::IsMember({"none", "cluster-up"}))
+        ->capture_default_str();
     add_brain_metrics_flags(gl, glo.metrics_host, glo.metrics_port);
     add_observability_flags(gl, otlp_endpoint, log_format);
+
+    cli::RolloutOptions ro;
+    auto * rl = app.add_subcommand("rollout", "a rolling upgrade of the nodes, in waves gated on four signals");
+    rl->add_option("--cluster", ro.cluster_file, "the cluster's YAML file")->required()->envname("ARMADA_CLUSTER");
+    rl->require_subcommand(1);
+    auto * rl_start = rl->add_subcommand("start", "start a rollout: every node to --version, wave by wave");
+    rl_start->add_option("--version", ro.version, "the version the nodes go to (their --version-label)")->required();
+    rl_start->add_option("--wave-percent", ro.wave_percent, "share of the fleet one wave restarts")
+        ->check(CLI::Range(0.1, 100.0))
+        ->capture_default_str();
+    rl_start->add_option("--max-per-cell", ro.max_per_cell, "nodes of one cell restarting at once")
+        ->check(CLI::Range(1, 1000))
+        ->capture_default_str();
+    rl_start->add_option("--settle", ro.settle_s, "seconds each wave is watched before the next")
+        ->check(CLI::Range(0, 86400))
+        ->capture_default_str();
+    rl_start->add_option("--ready-timeout", ro.ready_timeout_s, "seconds a restarted node has to be back")
+        ->check(CLI::Range(1, 86400))
+        ->capture_default_str();
+    rl_start->add_option("--restarts-per-s", ro.restarts_per_s, "restarts started per second at most")
+        ->check(CLI::Range(0.01, 1000.0))
+        ->capture_default_str();
+    rl_start->add_option("--gate-min-sessions", ro.gate_min_sessions, "sessions ended on a wave to judge success")
+        ->capture_default_str();
+    rl_start->add_option("--gate-min-steps", ro.gate_min_steps, "steps on a wave to judge latency and errors")
+        ->capture_default_str();
+    rl_start->add_option("--gate-success-drop", ro.gate_success_drop, "task success drop that halts")
+        ->capture_default_str();
+    rl_start->add_option("--gate-latency-ratio", ro.gate_latency_ratio, "mean step latency ratio that halts")
+        ->capture_default_str();
+    rl_start->add_option("--gate-error-ratio", ro.gate_error_ratio, "errors per step ratio that halts")
+        ->capture_default_str();
+    rl_start->add_option("--gate-error-floor", ro.gate_error_floor, "errors per step added to the ratio's limit")
+        ->capture_default_str();
+    rl_start
+        ->add_option("--gate-heartbeat-excess", ro.gate_heartbeat_excess,
+                     "heartbeat anomalies per node-minute above the fleet's that halt")
+        ->capture_default_str();
+    auto * rl_status = rl->add_subcommand("status", "the rollout's phase, wave, nodes and gates");
+    rl_status->add_flag("--json", ro.json, "as JSON");
+    auto * rl_pause = rl->add_subcommand("pause", "start no more restarts (those under way finish)");
+    auto * rl_resume = rl->add_subcommand("resume", "go on with a paused rollout");
+    auto * rl_abort = rl->add_subcommand("abort", "stop the rollout");
+    rl_abort->add_flag("--rollback", ro.rollback, "and take every node it upgraded back to its version");
+    for (auto * sub : {rl_start, rl_status, rl_pause, rl_resume, rl_abort})
+        sub->fallthrough();  // --cluster may follow the action
 
     gateway::GatewayOptions gwo;
     gwo.http.port = 8080;
@@ -377,6 +428,11 @@ int main(int argc, char ** argv) {
                     "a YAML file with the cluster file's pools: and routes: (GPU pools; tokenizer: defaults to -m)")
         ->check(CLI::ExistingFile);
     cup->add_option("--node-arg", cuo.node_args, "an argument for every `armada serve` (repeat it)")
+        ->allow_extra_args(false);
+    cup->add_option("--version-label", cuo.version_label,
+                    "the version every node starts on (rollouts restart nodes onto others)");
+    cup->add_option("--version-arg", cuo.version_args,
+                    "V=ARG: an argument for every node while it runs version V (repeat it)")
         ->allow_extra_args(false);
 
     cli::MkModelOptions mk;
@@ -560,6 +616,11 @@ int main(int argc, char ** argv) {
         return cli::cell_command(cell);
     }
     if (gl->parsed()) return cli::global_command(glo);
+    if (rl->parsed()) {
+        for (auto * sub : {rl_start, rl_status, rl_pause, rl_resume, rl_abort})
+            if (sub->parsed()) ro.action = sub->get_name();
+        return cli::rollout_command(ro);
+    }
     if (gw->parsed()) return gateway::gateway_command(gwo);
     if (cup->parsed()) return cli::cluster_up(cuo);
     if (sm->parsed()) return cli::sim_command(simo);

@@ -249,6 +249,7 @@ void GroupSignals::add(const GroupSignals & o) {
 namespace {
 
 constexpr size_t kMaxHistory = 20;
+constexpr int64_t kMinAnomalies = 3;  // on the wave, for the heartbeat gate to fire
 
 //! What a node counted between two reports; a new process (another `started_ms`) counts from 0.
 GroupSignals delta(const NodeSignals & now, const NodeSignals * was, double minutes) {
@@ -306,6 +307,10 @@ Rollout::Rollout(RolloutSpec spec, std::optional<RolloutState> persisted, int64_
         st_.id = spec_.id;
         st_.version = spec_.version;
         st_.phase = "running";
+        // Gens grow across rollouts too (a restarter acts on a node's gen once): each rollout
+        // counts from its start time in ms times 1,000, which stays exact in JSON's doubles
+        // (under 2^53) and leaves a rollout 1,000 restarts per ms until the next one starts.
+        st_.next_gen = std::max<int64_t>(1, spec_.at_ms * 1000);
     }
     st_.updated_ms = now_ms;
 }
@@ -610,7 +615,8 @@ void Rollout::judge(int64_t now_ms) {
         GateReading r = reading("heartbeat", "", per_min(up), per_min(rest), per_min(before));
         r.limit = std::max(r.rest, r.before) + g.heartbeat_excess;
         r.judged = up.node_minutes >= g.min_node_minutes;
-        r.fired = r.judged && r.upgraded > r.limit;
+        // One late renewal in a short settle is a high rate and no signal: it takes a few.
+        r.fired = r.judged && up.heartbeat >= kMinAnomalies && r.upgraded > r.limit;
         if (!r.judged) r.note = num(up.node_minutes) + " of " + num(g.min_node_minutes) + " node-minutes";
         out.push_back(r);
     }

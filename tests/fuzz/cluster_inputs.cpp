@@ -1,9 +1,12 @@
 // What the cluster reads from elsewhere: its YAML config, a node's load report (JSON from etcd),
-// a line of etcd's watch stream, etcd's base64 and a simulator scenario. Any bytes must give a value
+// a line of etcd's watch stream, etcd's base64, a simulator scenario, and a rollout's keys (spec,
+// state, command, restart requests and acknowledgements). Any bytes must give a value
 // or a reason, never a crash.
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
+#include "cluster/restarter.h"
+#include "cluster/rollout.h"
 #include "gateway/dashboard.h"
 #include "sim/scenario.h"
 
@@ -32,6 +35,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         if (decode_shares(encode_shares(*s))->weight != s->weight) std::abort();
         pick_cell(*s, in);
     }
+    if (auto s = decode_rollout_spec(in)) {
+        if (decode_rollout_spec(encode_rollout_spec(*s)) != s) std::abort();
+    }
+    if (auto c = decode_rollout_command(in)) {
+        if (decode_rollout_command(encode_rollout_command(*c))->seq != c->seq) std::abort();
+    }
+    if (auto st = decode_rollout_state(in)) {
+        // A new leader resumes from any state it can read, and decides without a crash.
+        RolloutSpec spec;
+        spec.id = st->id;
+        spec.version = st->version.empty() ? "v" : st->version;
+        Rollout r(spec, st, 1000);
+        r.fleet({{"n", "c", "v0", false, {}}}, 2000);
+        r.decide(2000);
+        encode_rollout_state(r.state());
+    }
+    if (auto sig = decode_signals(in)) {
+        if (decode_signals(encode_signals(*sig)) != sig) std::abort();
+    }
+    decode_restart_request("n", in);
+    decode_restart_ack(in);
     std::vector<EtcdEvent> events;
     int64_t revision = 0;
     if (!EtcdClient::parse_watch_message(in, events, revision, error) && error.empty()) std::abort();

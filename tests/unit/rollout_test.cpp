@@ -316,6 +316,16 @@ TEST(Rollout, LateRenewalsOnTheWaveFireHeartbeat) {
     ASSERT_GT(r.state().settle_from_ms, 0);
     for (auto & [n, w] : r.state().wave_nodes)
         f.nodes[n].sig.renew_late += 5;
+    // One late renewal alone would be a high rate over a short settle, but no signal.
+    Fleet one(2, 3);
+    Rollout r1(s, std::nullopt, one.t);
+    for (int i = 0; i < 200 && r1.state().settle_from_ms == 0; ++i)
+        one.turn(r1);
+    one.nodes[r1.state().wave_order[0]].sig.renew_late += 1;
+    for (int i = 0; i < 200 && r1.state().history.empty(); ++i)
+        one.turn(r1);
+    ASSERT_FALSE(r1.state().history.empty());
+    EXPECT_EQ(r1.state().history[0].verdict, "passed");
     f.run(r);
     EXPECT_EQ(r.state().phase, "halted");
     EXPECT_EQ(r.state().fired.rfind("heartbeat fired", 0), 0u) << r.state().fired;
@@ -410,12 +420,14 @@ TEST(Rollout, ANewLeaderResumesFromTheStateWithTheSameGens) {
     EXPECT_EQ(r->state().phase, "done");
     for (const auto & [n, vs] : f.restarts)
         EXPECT_EQ(vs.size(), 1u) << n;
-    // Another rollout's state is not resumed.
+    // Another rollout's state is not resumed, and its gens are above this one's.
     auto other = spec(34, "v3");
     other.id = "r-2";
+    other.at_ms = f.t;
     Rollout fresh(other, decoded, f.t);
     EXPECT_EQ(fresh.state().id, "r-2");
     EXPECT_EQ(fresh.state().wave, 0);
+    EXPECT_GT(fresh.state().next_gen, r->state().next_gen);
 }
 
 TEST(Rollout, ItsValuesRoundTripAndGarbageIsRefused) {

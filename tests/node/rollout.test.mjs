@@ -1,0 +1,246 @@
+// Rolling upgrades with `armada rollout`, on 2 cells x 3 nodes from `armada cluster up` (real
+// PostgreSQL, etcd, NATS and Redis, one brain per cell, two global brains, the tiny model). The
+// versions are the same binary with other labels; `v-bad` fails every model step
+// (--test-step-errors=1). Sessions keep arriving throughout.
+// - v1 -> v2 in waves, at most one node of a cell at a time; the leading global brain is killed
+//   mid-rollout and the standby resumes it; no session lost, no tool effect repeated;
+// - v2 -> v-bad halts after its first wave, names the gate with its numbers, and rolls it back.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { execFile } from 'node:child_process';
+import { tinyModel } from './harness.mjs';
+import { startToolServer } from './tool_server.mjs';
+import { agentYaml, tempDir, writeAgents } from './agents.mjs';
+import { assertCompleteLog } from './session_helpers.mjs';
+import { alive, clusterUp, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
+
+const timing = process.env.ARMADA_TIMING !== '0';
+const SLOW = timing ? 1 : 4;
+const TTL_S = timing ? 3 : 8;
+const ENDED = ['completed', 'failed', 'cancelled'];
+let tools;
+let dir;
+let up;
+let gw;
+let stopAll = false;  // set once the tests are over: creating loops a failed test left stop
+
+const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
+const logOf = (name) => fs.readFileSync(status().processes.find((p) => p.name === name).log, 'utf8');
+
+// `armada rollout ARGS --cluster …`, asynchronously (the tool server runs in this process).
+function rollout(...args) {
+  return new Promise((resolve) => {
+    execFile(process.env.ARMADA_BIN, ['rollout', ...args, '--cluster', status().config], { timeout: 30000 },
+      (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr }));
+  });
+}
+async function rolloutStatus() {
+  const r = await rollout('status', '--json');
+  assert.equal(r.code, 0, r.stderr);
+  return JSON.parse(r.stdout);
+}
+
+// A 503 with Retry-After (no node ready, or every cell at its water level) is retried as a
+// client would, and counted: the test prints how many there were.
+let refusals = 0;
+async function createSession(label) {
+  for (let attempt = 0; ; attempt++) {
+    const r = await fetch(`${gw}/v1/agents/worker/sessions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ input: label }),
+    });
+    const text = await r.text();
+    if (r.status === 503 && attempt < 10 && Number(r.headers.get('retry-after')) > 0) {
+      refusals++;
+      await sleep(1000);
+      continue;
+    }
+    assert.equal(r.status, 201, text);
+    return JSON.parse(text).id;
+  }
+}
+
+// Creates a session about every 1.5 s until stop() is called, which returns their ids (or
+// throws what a create met). A test that fails first stops it in its `finally`.
+function keepCreating(label) {
+  const ids = [];
+  let stopped = false;
+  let error = null;
+  const loop = (async () => {
+    for (let i = 0; !stopped && !stopAll; i++) {
+      try {
+        ids.push(await createSession(`${label} ${i}`));
+      } catch (e) {
+        error = e;
+        return;
+      }
+      await sleep(1500);
+    }
+  })();
+  return {
+    ids,
+    async stop() {
+      stopped = true;
+      await loop;
+      if (error) throw error;
+      return ids;
+    },
+  };
+}
+
+async function waitAll(ids, timeoutMs = 240000) {
+  const deadline = Date.now() + timeoutMs * SLOW;
+  for (;;) {
+    const all = await Promise.all(ids.map((id) => fetch(`${gw}/v1/sessions/${id}`).then((r) => r.json()).catch(() => null)));
+    const done = all.filter((s) => s && ENDED.includes(s.state));
+    if (done.length === ids.length) return done;
+    if (Date.now() > deadline) throw new Error(`only ${done.length} of ${ids.length} sessions ended`);
+    await sleep(500);
+  }
+}
+
+function checkCompleted(done) {
+  for (const s of done) {
+    assert.equal(s.state, 'completed', `${s.id}: ${s.reason}`);
+    assertCompleteLog(s, 3);
+    for (const st of s.steps.filter((x) => x.kind === 'tool_call'))
+      assert.equal(tools.effects.get(st.idempotency_key), 1, `effects of ${st.idempotency_key}`);
+  }
+}
+
+// Polls the rollout's status each second until `until(st)` holds, calling `each(st)` on every
+// reading; returns the last one.
+async function watch(each, until, timeoutMs) {
+  const deadline = Date.now() + timeoutMs * SLOW;
+  for (;;) {
+    const st = await rolloutStatus();
+    each(st);
+    if (until(st)) return st;
+    if (Date.now() > deadline) throw new Error(`rollout did not finish: ${JSON.stringify(st.state)}`);
+    await sleep(1000);
+  }
+}
+
+// How many times `cluster up` started `name` on `version` for a rollout.
+const nodeStarts = (name, version) =>
+  up.log().split('\n').filter((l) => l.includes(`cluster up: ${name} started on version ${version} `)).length;
+
+before(async () => {
+  tools = await startToolServer({ minDelayMs: 300, maxDelayMs: 600 });
+  dir = tempDir('armada-rollout-');
+  fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
+  const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 3, maxSteps: 6, toolTimeoutMs: 3000 * SLOW }));
+  up = await clusterUp(['--cells', '2', '--nodes', '3', '--brains', '1', '--globals', '2', '-m', tinyModel,
+    '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', String(TTL_S),
+    '--version-label', 'v1', '--version-arg', 'v-bad=--test-step-errors=1',
+    '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
+    '--node-arg=16384', '--node-arg=-t', '--node-arg=1', '--node-arg=--drain-timeout', '--node-arg=40'],
+  { timeoutMs: 120000 * SLOW });
+  gw = up.gw;
+  dir = path.join(dir, 'c');
+  await waitFor('6 nodes on v1', async () => {
+    const st = await rolloutStatus();
+    return st.nodes.length === 6 && st.nodes.every((n) => n.version === 'v1');
+  }, 120000);
+});
+
+after(async () => {
+  stopAll = true;
+  await up?.stop();
+  if (tools) await tools.close();
+  assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
+});
+
+test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed mid-rollout; no session lost', { timeout: 480000 * SLOW }, async () => {
+  assert.match((await rollout('status')).stdout, /no rollout has been started/);
+  const work = keepCreating('wave');
+  await sleep(3000);
+  const start = await rollout('start', '--version', 'v2', '--wave-percent', '34', '--settle', '8',
+    '--ready-timeout', String(90 * SLOW), '--gate-min-steps', '5', '--gate-latency-ratio', '5');
+  assert.equal(start.code, 0, start.stderr);
+  const id = start.stdout.match(/rollout (r-\d+) started/)[1];
+  // A second start while this one runs is refused, naming it.
+  const again = await rollout('start', '--version', 'v3');
+  assert.notEqual(again.code, 0);
+  assert.match(again.stderr, new RegExp(`rollout ${id} to v2 is (running|starting)`));
+
+  const globals = status().processes.filter((p) => p.role === 'global');
+  let killed = null;
+  let maxWave = 0;
+  let maxRestartingInACell = 0;
+  const ids = new Set();
+  const final = await watch((st) => {
+    if (!st.state) return;
+    ids.add(st.state.id);
+    assert.ok(st.state.wave >= maxWave, `the wave went back from ${maxWave} to ${st.state.wave}`);
+    maxWave = st.state.wave;
+    const restarting = {};
+    for (const w of Object.values(st.state.wave_nodes))
+      if (w.phase === 'restarting') restarting[w.cell] = (restarting[w.cell] ?? 0) + 1;
+    maxRestartingInACell = Math.max(maxRestartingInACell, ...Object.values(restarting), 0);
+    // Mid-rollout, the leading global brain dies; the standby must carry on from etcd.
+    if (!killed && st.state.wave === 2 && Object.keys(restarting).length > 0) {
+      killed = globals.find((g) => alive(g.pid) && logOf(g.name).includes('leads'));
+      assert.ok(killed, 'a global brain leads');
+      process.kill(killed.pid, 'SIGKILL');
+    }
+  }, (st) => st.state && !['running', 'paused', 'rolling_back'].includes(st.state.phase), 360000);
+  assert.equal(final.state.phase, 'done', JSON.stringify(final.state));
+  assert.deepEqual([...ids], [id], 'one rollout throughout');
+  assert.ok(final.state.wave >= 3, `waves: ${final.state.wave}`);
+  assert.equal(maxRestartingInACell, 1, 'never two nodes of a cell restarting at once');
+  assert.ok(killed, 'the leader was killed mid-rollout');
+  const standby = globals.find((g) => g !== killed);
+  assert.match(logOf(standby.name), new RegExp(`rollout ${id} to v2: resumed`));
+  for (const h of final.state.history) assert.equal(h.verdict, 'passed', JSON.stringify(h));
+  // Every node is on v2, restarted exactly once, under one gen each.
+  assert.equal(final.nodes.length, 6);
+  for (const n of final.nodes) assert.equal(n.version, 'v2', n.name);
+  for (const p of status().processes.filter((x) => x.role === 'node')) {
+    assert.equal(final.acks[p.name]?.version, 'v2', p.name);
+    assert.equal(nodeStarts(p.name, 'v2'), 1, `${p.name} started on v2 once`);
+  }
+  assert.equal(new Set(status().processes.filter((x) => x.role === 'node').map((p) => final.acks[p.name].gen)).size, 6);
+  const text = await rollout('status');
+  assert.match(text.stdout, new RegExp(`rollout ${id} to v2: done, wave \\d+ of \\d+, 6 of 6 live nodes on v2`));
+  // Sessions ran through it: every one completed, no tool effect repeated.
+  const created = await work.stop();
+  assert.ok(created.length >= 10, `sessions created during the rollout: ${created.length}`);
+  console.log(`# ${created.length} sessions created during the rollout; ${refusals} creates refused with 503 and retried`);
+  checkCompleted(await waitAll(created));
+  for (const [k, n] of tools.effects) assert.equal(n, 1, `key ${k} had ${n} effects`);
+});
+
+test('v2 -> v-bad halts after its first wave, says which gate fired with its numbers, and rolls the wave back', { timeout: 480000 * SLOW }, async () => {
+  const pids = new Map(status().processes.filter((p) => p.role === 'node').map((p) => [p.name, p.pid]));
+  const work = keepCreating('bad');
+  const start = await rollout('start', '--version', 'v-bad', '--wave-percent', '34', '--settle', '20',
+    '--ready-timeout', String(90 * SLOW), '--gate-min-steps', '3', '--gate-latency-ratio', '5');
+  assert.equal(start.code, 0, start.stderr);
+  const everBad = new Set();
+  const final = await watch((st) => {
+    for (const n of st.nodes) if (n.version === 'v-bad') everBad.add(n.name);
+  }, (st) => st.state?.version === 'v-bad' && !['running', 'paused', 'rolling_back'].includes(st.state.phase), 300000);
+  assert.equal(final.state.phase, 'halted', JSON.stringify(final.state));
+  assert.equal(final.state.wave, 1, 'halted after its first wave');
+  assert.match(final.state.fired, /^(error_codes \(model\)|task_success) fired: [\d.]+ on the wave vs [\d.]+ on the rest, [\d.]+ before \(limit [\d.]+\)$/);
+  // Only first-wave nodes, one per cell, ever ran it; they are back on v2; no other node restarted.
+  assert.ok(everBad.size >= 1 && everBad.size <= 2, [...everBad].join(','));
+  const cells = [...everBad].map((n) => n.replace(/-node\d+$/, ''));
+  assert.equal(new Set(cells).size, cells.length, 'at most one node of a cell');
+  for (const n of final.nodes) assert.equal(n.version, 'v2', n.name);
+  for (const p of status().processes.filter((x) => x.role === 'node'))
+    if (!everBad.has(p.name)) assert.equal(p.pid, pids.get(p.name), `${p.name} was not restarted`);
+  const text = await rollout('status');
+  assert.match(text.stdout, /halted: (error_codes \(model\)|task_success) fired/);
+  // Sessions created after the rollback complete; a new rollout can start.
+  await work.stop();
+  const fresh = [];
+  for (let i = 0; i < 4; i++) fresh.push(await createSession(`after ${i}`));
+  checkCompleted(await waitAll(fresh));
+  const next = await rollout('start', '--version', 'v3', '--wave-percent', '100');
+  assert.equal(next.code, 0, next.stderr);
+  const abort = await rollout('abort');
+  assert.equal(abort.code, 0, abort.stderr);
+});
