@@ -14,7 +14,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, clusterUp, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
+import { alive, clusterUp, metricSum, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
@@ -123,6 +123,37 @@ async function watch(each, until, timeoutMs) {
 }
 
 // How many times `cluster up` started `name` on `version` for a rollout.
+// Samples, once a second, etcd's writes (its revision), leases granted (registrations), and the
+// cell brains' placements; keeps each one's peak per second. For the figures in docs/SCALE.md:
+// rates are measured here, not judged.
+function rateSampler() {
+  const peaks = { etcd_writes: 0, etcd_leases: 0, brain_decisions: 0 };
+  let last = null;
+  let stopped = false;
+  const read = async () => {
+    const etcd = await fetch(`http://${status().servers.etcd.endpoint}/metrics`).then((r) => r.text());
+    let decisions = 0;
+    for (const b of status().processes.filter((p) => p.role === 'cell' && alive(p.pid))) {
+      const text = await fetch(`${b.url}/metrics`).then((r) => r.text()).catch(() => '');
+      decisions += metricSum(text, 'armada_brain_decisions_total');
+    }
+    return { t: Date.now(), etcd_writes: metricSum(etcd, 'etcd_debugging_mvcc_current_revision'),
+      etcd_leases: metricSum(etcd, 'etcd_debugging_lease_granted_total'), brain_decisions: decisions };
+  };
+  const loop = (async () => {
+    while (!stopped && !stopAll) {
+      const now = await read().catch(() => null);
+      if (now && last) {
+        const s = (now.t - last.t) / 1000;
+        for (const k of Object.keys(peaks)) peaks[k] = Math.max(peaks[k], Math.max(0, now[k] - last[k]) / s);
+      }
+      if (now) last = now;
+      await sleep(1000);
+    }
+  })();
+  return { async stop() { stopped = true; await loop; return peaks; } };
+}
+
 const nodeStarts = (name, version) =>
   up.log().split('\n').filter((l) => l.includes(`cluster up: ${name} started on version ${version} `)).length;
 
@@ -155,6 +186,7 @@ after(async () => {
 test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed mid-rollout; no session lost', { timeout: 480000 * SLOW }, async () => {
   assert.match((await rollout('status')).stdout, /no rollout has been started/);
   const work = keepCreating('wave');
+  const rates = rateSampler();
   await sleep(3000);
   const start = await rollout('start', '--version', 'v2', '--wave-percent', '34', '--settle', '8',
     '--ready-timeout', String(90 * SLOW), '--gate-min-steps', '5', '--gate-latency-ratio', '5');
@@ -186,6 +218,9 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
       process.kill(killed.pid, 'SIGKILL');
     }
   }, (st) => st.state && !['running', 'paused', 'rolling_back'].includes(st.state.phase), 360000);
+  const peaks = await rates.stop();
+  console.log(`peaks per second during the rollout: ${Object.entries(peaks).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(', ')}`);
+  assert.ok(peaks.etcd_writes > 0, 'the sampler read etcd');
   assert.equal(final.state.phase, 'done', JSON.stringify(final.state));
   assert.deepEqual([...ids], [id], 'one rollout throughout');
   assert.ok(final.state.wave >= 3, `waves: ${final.state.wave}`);
@@ -207,7 +242,7 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   // Sessions ran through it: every one completed, no tool effect repeated.
   const created = await work.stop();
   assert.ok(created.length >= 10, `sessions created during the rollout: ${created.length}`);
-  console.log(`# ${created.length} sessions created during the rollout; ${refusals} creates refused with 503 and retried`);
+  console.log(`${created.length} sessions created during the rollout; ${refusals} creates refused with 503 and retried`);
   checkCompleted(await waitAll(created));
   for (const [k, n] of tools.effects) assert.equal(n, 1, `key ${k} had ${n} effects`);
 });
