@@ -48,6 +48,49 @@ json node_json(const std::string & name, const cluster::NodeLoad & l) {
 
 }  // namespace
 
+//! The rollout panel: progress, the wave's nodes, and the gates with the one that fired.
+json rollout_json(const DashboardView & v) {
+    if (!v.rollout) return nullptr;
+    const auto & st = *v.rollout;
+    int upgraded = 0;
+    for (const auto & [name, n] : v.nodes)
+        upgraded += n.load.version == st.version;
+    json nodes = json::array();
+    for (const auto & name : st.wave_order) {
+        const auto it = st.wave_nodes.find(name);
+        if (it == st.wave_nodes.end()) continue;
+        nodes.push_back({{"name", name},
+                         {"cell", it->second.cell},
+                         {"from", it->second.from},
+                         {"to", it->second.to},
+                         {"phase", it->second.phase}});
+    }
+    json gates = json::array();
+    for (const auto & g : st.gates) {
+        gates.push_back({{"signal", g.signal},
+                         {"code", g.code},
+                         {"wave", g.upgraded},
+                         {"rest", g.rest},
+                         {"before", g.before},
+                         {"limit", g.limit},
+                         {"judged", g.judged},
+                         {"fired", g.fired},
+                         {"note", g.note}});
+    }
+    return {{"id", st.id},
+            {"version", st.version},
+            {"phase", st.phase},
+            {"wave", st.wave},
+            {"waves", std::max(st.wave, st.waves)},
+            {"upgraded", upgraded},
+            {"total", v.nodes.size()},
+            {"nodes", std::move(nodes)},
+            {"gates", std::move(gates)},
+            {"fired", st.fired},
+            {"reason", st.reason},
+            {"updated_ms", st.updated_ms}};
+}
+
 json dashboard_snapshot(const DashboardView & v) {
     std::map<std::string, std::vector<const std::pair<const std::string, NodeView> *>> by_cell;
     for (const auto & kv : v.nodes)
@@ -122,8 +165,7 @@ json dashboard_snapshot(const DashboardView & v) {
               {"survival", any_ended ? survival_json(ended_all) : json(nullptr)}}},
             {"cells", std::move(out_cells)},
             {"failovers", std::move(failovers)},
-            // No rollout is run by the cluster yet: the page says so.
-            {"rollout", nullptr}};
+            {"rollout", rollout_json(v)}};
 }
 
 }  // namespace armada::gateway

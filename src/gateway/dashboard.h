@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,8 @@ struct DashboardView {
     NodeViews nodes;
     std::map<std::string, cluster::CellReport> reports;  // by cell: the leading brains' aggregates
     cluster::Shares shares;
+    //! The rollout's state as the leading global brain last wrote it (none: never started).
+    std::optional<cluster::RolloutState> rollout;
 };
 
 //! One event of the dashboard's stream. Cell figures are the leading brain's report (what its

@@ -12,6 +12,7 @@
 #include "cluster/queue.h"
 #include "cluster/quota.h"
 #include "cluster/redis.h"
+#include "cluster/restarter.h"
 #include "gateway/dashboard.h"
 #include "gateway/pools.h"
 #include "gateway/prompt_counter.h"
@@ -518,13 +519,15 @@ class Gateway {
         NodeViews next;
         Reports next_reports;
         std::optional<cluster::Shares> shares;
+        std::optional<cluster::RolloutState> rollout;
         gateways_.clear();
         for (const auto & kv : kvs)
-            apply_key(kv.key, &kv.value, next, next_reports, shares);
+            apply_key(kv.key, &kv.value, next, next_reports, shares, rollout);
         live_gateways_ = std::max(1, int(gateways_.size()));
         std::lock_guard lk(mu_);
         nodes_ = std::move(next);
         reports_ = std::move(next_reports);
+        rollout_ = std::move(rollout);
         if (shares) shares_ = std::move(*shares);
         return rev;
     }
@@ -532,7 +535,7 @@ class Gateway {
     //! (for the dashboard) and `shares`, or into the live gateways; keys the gateway does not
     //! follow (elections) change nothing.
     void apply_key(const std::string & key, const std::string * value, NodeViews & nodes, Reports & reports,
-                   std::optional<cluster::Shares> & shares) {
+                   std::optional<cluster::Shares> & shares, std::optional<cluster::RolloutState> & rollout) {
         const std::string cells = cluster::cells_prefix(cfg_), gws = cluster::gateways_prefix(cfg_);
         if (key.rfind(cells, 0) == 0) {
             // <prefix>/cells/<cell>/nodes/<node>, or <prefix>/cells/<cell>/report
@@ -557,6 +560,9 @@ class Gateway {
                 nodes[node] = {cell, *l};
             else
                 nodes.erase(node);
+        } else if (key == cluster::rollout_prefix(cfg_) + "state") {
+            // The rollout's progress, for the dashboard.
+            rollout = value ? cluster::decode_rollout_state(*value) : std::nullopt;
         } else if (key == cluster::shares_key(cfg_)) {
             // The global brain's split of new sessions: kept when deleted (no brain leads now).
             if (value) shares = cluster::decode_shares(*value);
@@ -589,7 +595,7 @@ class Gateway {
                             std::lock_guard lk(mu_);
                             for (const auto & ev : evs)
                                 apply_key(ev.kv.key, ev.type == cluster::EtcdEvent::Type::Put ? &ev.kv.value : nullptr,
-                                          nodes_, reports_, shares);
+                                          nodes_, reports_, shares, rollout_);
                             if (shares) shares_ = std::move(*shares);
                         }
                         live_gateways_ = std::max(1, int(gateways_.size()));
@@ -986,6 +992,7 @@ class Gateway {
             v.nodes = nodes_;
             v.reports = reports_;
             v.shares = shares_;
+            v.rollout = rollout_;
         }
         return dashboard_snapshot(v);
     }
@@ -1787,6 +1794,7 @@ class Gateway {
     std::map<std::string, uint64_t> refused_;                       // quota → 429s; mu_
     NodeViews nodes_;                                               // guarded by mu_
     Reports reports_;                                               // the cells' aggregates; mu_
+    std::optional<cluster::RolloutState> rollout_;                  // the rollout's state in etcd; mu_
     cluster::Shares shares_;                                        // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
     uint64_t rr_ = 0;                                               // guarded by mu_

@@ -115,7 +115,7 @@ async function watch(each, until, timeoutMs) {
   const deadline = Date.now() + timeoutMs * SLOW;
   for (;;) {
     const st = await rolloutStatus();
-    each(st);
+    await each(st);
     if (until(st)) return st;
     if (Date.now() > deadline) throw new Error(`rollout did not finish: ${JSON.stringify(st.state)}`);
     await sleep(1000);
@@ -202,7 +202,10 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   let maxWave = 0;
   let maxRestartingInACell = 0;
   const ids = new Set();
-  const final = await watch((st) => {
+  const dashboard = [];  // the gateway dashboard's rollout panel, as read each second
+  const final = await watch(async (st) => {
+    const snap = await fetch(`${gw}/dashboard/snapshot`).then((r) => r.json()).catch(() => null);
+    if (snap?.rollout) dashboard.push(snap.rollout);
     if (!st.state) return;
     ids.add(st.state.id);
     assert.ok(st.state.wave >= maxWave, `the wave went back from ${maxWave} to ${st.state.wave}`);
@@ -239,6 +242,15 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   assert.equal(new Set(status().processes.filter((x) => x.role === 'node').map((p) => final.acks[p.name].gen)).size, 6);
   const text = await rollout('status');
   assert.match(text.stdout, new RegExp(`rollout ${id} to v2: done, wave \\d+ of \\d+, 6 of 6 live nodes on v2`));
+  // The dashboard followed it: running with its count of upgraded nodes rising, then done.
+  const running = dashboard.filter((r) => r.id === id && r.phase === 'running');
+  assert.ok(running.length > 0, 'the dashboard showed the rollout running');
+  assert.ok(running.some((r) => r.upgraded > 0 && r.upgraded < 6 && r.total === 6), JSON.stringify(running.map((r) => r.upgraded)));
+  assert.ok(running.some((r) => r.nodes.length > 0), 'the dashboard listed a wave\'s nodes');
+  await waitFor('the dashboard to show the rollout done', async () => {
+    const r = (await fetch(`${gw}/dashboard/snapshot`).then((x) => x.json())).rollout;
+    return r?.id === id && r.phase === 'done' && r.upgraded === 6;
+  }, 10000);
   // Sessions ran through it: every one completed, no tool effect repeated.
   const created = await work.stop();
   assert.ok(created.length >= 10, `sessions created during the rollout: ${created.length}`);
@@ -269,6 +281,10 @@ test('v2 -> v-bad halts after its first wave, says which gate fired with its num
     if (!everBad.has(p.name)) assert.equal(p.pid, pids.get(p.name), `${p.name} was not restarted`);
   const text = await rollout('status');
   assert.match(text.stdout, /halted: (error_codes \(model\)|task_success) fired/);
+  await waitFor('the dashboard to show the gate that fired', async () => {
+    const r = (await fetch(`${gw}/dashboard/snapshot`).then((x) => x.json())).rollout;
+    return r?.phase === 'halted' && r.fired === final.state.fired && r.gates.some((g) => g.fired);
+  }, 10000);
   // Sessions created after the rollback complete; a new rollout can start.
   await work.stop();
   const fresh = [];

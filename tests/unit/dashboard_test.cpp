@@ -105,6 +105,48 @@ TEST(Dashboard, CellFiguresComeFromTheBrainsReportAndNodesFromTheirOwn) {
     EXPECT_TRUE(s["rollout"].is_null());
 }
 
+TEST(Dashboard, TheRolloutPanelShowsProgressTheWaveAndTheGateThatFired) {
+    DashboardView v;
+    v.nodes["a1"] = {"a", load("a1", 1, 1, 1, 1)};
+    v.nodes["a2"] = {"a", load("a2", 1, 1, 1, 1)};
+    v.nodes["b1"] = {"b", load("b1", 1, 1, 1, 1)};
+    v.nodes["a1"].load.version = "v2";
+    v.nodes["a2"].load.version = "v1";
+    v.nodes["b1"].load.version = "v2";
+    cluster::RolloutState st;
+    st.id = "r-7";
+    st.version = "v2";
+    st.phase = "rolling_back";
+    st.wave = 2;
+    st.waves = 2;
+    st.wave_nodes["b1"] = {"b", "v1", "v1", "rolling_back", 12, 0};
+    st.wave_order = {"b1"};
+    cluster::GateReading g;
+    g.signal = "error_codes";
+    g.code = "model";
+    g.upgraded = 0.5;
+    g.limit = 0.02;
+    g.judged = g.fired = true;
+    st.gates = {g};
+    st.fired = "error_codes (model) fired: 0.5 on the wave vs 0 on the rest, 0 before (limit 0.02)";
+    v.rollout = st;
+    const auto r = dashboard_snapshot(v)["rollout"];
+    EXPECT_EQ(r["id"], "r-7");
+    EXPECT_EQ(r["phase"], "rolling_back");
+    EXPECT_EQ(r["wave"], 2);
+    EXPECT_EQ(r["upgraded"], 2);  // the nodes reporting v2
+    EXPECT_EQ(r["total"], 3);
+    ASSERT_EQ(r["nodes"].size(), 1u);
+    EXPECT_EQ(r["nodes"][0]["name"], "b1");
+    EXPECT_EQ(r["nodes"][0]["phase"], "rolling_back");
+    ASSERT_EQ(r["gates"].size(), 1u);
+    EXPECT_TRUE(r["gates"][0]["fired"].get<bool>());
+    EXPECT_DOUBLE_EQ(r["gates"][0]["wave"].get<double>(), 0.5);
+    EXPECT_EQ(r["fired"], st.fired);
+    // The page draws it with its own script: the panel is no longer the raw JSON.
+    EXPECT_NE(dashboard_js().find("data-rollout-node"), std::string_view::npos);
+}
+
 TEST(Dashboard, FailoversAreTheLatestFirstAndAtMostAPage) {
     DashboardView v;
     for (int c = 0; c < 3; ++c) {

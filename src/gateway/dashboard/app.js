@@ -168,9 +168,33 @@ function cellsTable(cells) {
   replace('cells', el('table', {}, el('thead', {}, head), el('tbody', {}, ...body)));
 }
 
+// `armada rollout`: its progress, the current wave's nodes, and the gates (a fired one marked).
 function rollout(r) {
   if (!r) return replace('rollout', el('div', { class: 'empty', 'data-field': 'rollout' }, 'No rollout in progress.'));
-  replace('rollout', el('pre', {}, JSON.stringify(r, null, 2)));
+  const num = (x) => (Math.round(x * 1000) / 1000).toString();
+  const head = el('div', { 'data-field': 'rollout' },
+    `${r.id} to ${r.version}: `, el('b', { 'data-field': 'rollout_phase' }, r.phase),
+    `, wave ${r.wave} of ${r.waves}, `, el('span', { 'data-field': 'rollout_upgraded' }, `${r.upgraded} of ${r.total}`),
+    ' nodes on it');
+  const kids = [head, el('div', {}, meter(r.total > 0 ? r.upgraded / r.total : 0, 240))];
+  if (r.fired) kids.push(el('div', { class: 'fired', 'data-field': 'rollout_fired' }, 'halted: ' + r.fired));
+  else if (r.reason) kids.push(el('div', {}, r.reason));
+  if (r.nodes.length > 0) {
+    kids.push(el('table', {},
+      el('thead', {}, el('tr', {}, ...['node', 'cell', 'from', 'to', 'phase'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, ...r.nodes.map((n) => el('tr', { 'data-rollout-node': n.name },
+        el('td', {}, n.name), el('td', {}, n.cell), el('td', {}, n.from), el('td', {}, n.to), el('td', {}, n.phase))))));
+  }
+  if (r.gates.length > 0) {
+    kids.push(el('table', {},
+      el('thead', {}, el('tr', {}, ...['gate', 'wave', 'rest', 'before', 'limit', ''].map((h) => el('th', {}, h)))),
+      el('tbody', {}, ...r.gates.map((g) => el('tr', { class: g.fired ? 'fired' : '', 'data-gate': g.signal + (g.code ? ':' + g.code : '') },
+        el('td', {}, g.signal + (g.code ? ` (${g.code})` : '')), el('td', { class: 'num' }, num(g.wave)),
+        el('td', { class: 'num' }, num(g.rest)), el('td', { class: 'num' }, num(g.before)),
+        el('td', { class: 'num' }, num(g.limit)),
+        el('td', {}, g.fired ? 'fired' : g.judged ? 'ok' : g.note))))));
+  }
+  replace('rollout', ...kids);
 }
 
 function failovers(list) {
