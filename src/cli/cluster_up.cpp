@@ -82,9 +82,13 @@ class RestartPoller {
             auto acks = std::move(acks_);
             acks_.clear();
             lk.unlock();
-            for (const auto & [node, a] : acks)
-                if (auto e = etcd_.put(prefix + "restarted/" + node, cluster::encode_restart_ack(a)); !e.empty())
-                    spdlog::warn("cluster up: acknowledging the restart of {}: {}", node, e);
+            std::map<std::string, cluster::RestartAck> unsent;
+            for (const auto & [node, a] : acks) {
+                if (auto e = etcd_.put(prefix + "restarted/" + node, cluster::encode_restart_ack(a)); !e.empty()) {
+                    spdlog::warn("cluster up: acknowledging the restart of {}: {} (again in 1 s)", node, e);
+                    unsent[node] = a;
+                }
+            }
             std::vector<cluster::EtcdKv> kvs;
             int64_t rev = 0;
             std::map<std::string, cluster::RestartRequest> got;
@@ -93,6 +97,10 @@ class RestartPoller {
                 const std::string node = kv.key.substr(prefix.size() + 8);
                 auto r = cluster::decode_restart_request(node, kv.value);
                 if (!r) continue;
+                // Requests already there when this `cluster up` started were for processes it did
+                // not start (a data directory used again): not carried out again.
+                if (first_read_) baseline_[node] = r->gen;
+                if (const auto b = baseline_.find(node); b != baseline_.end() && r->gen <= b->second) continue;
                 if (!nodes_.count(node)) {
                     // Not one of ours: said once per gen, so the rollout halts with a reason.
                     if (refused_[node] < r->gen) {
@@ -104,7 +112,10 @@ class RestartPoller {
                 }
                 got[node] = *r;
             }
+            if (read) first_read_ = false;
             lk.lock();
+            for (auto & [node, a] : unsent)
+                acks_.try_emplace(node, a);
             if (read) requests_ = std::move(got);
             cv_.wait_for(lk, std::chrono::seconds(1), [&] { return stop_ || !acks_.empty(); });
         }
@@ -113,6 +124,8 @@ class RestartPoller {
     cluster::EtcdClient etcd_;
     std::set<std::string> nodes_;
     std::map<std::string, int64_t> refused_;
+    std::map<std::string, int64_t> baseline_;  // node → the gen of a request older than this process
+    bool first_read_ = true;
     std::mutex mu_;
     std::condition_variable cv_;
     bool stop_ = false;

@@ -220,7 +220,7 @@ class GlobalProcess {
         }
         if (!rollout_ || rollout_->spec().id != spec->id) {
             if (state && state->id == spec->id && !rollout_active(state->phase)) return;  // over, and written
-            rollout_.emplace(*spec, state && state->id == spec->id ? state : std::nullopt, wall);
+            rollout_.emplace(*spec, state, wall);  // the same id resumes; another one's gens are passed
             asked_.clear();
             spdlog::info("global: rollout {} to {}: {} (wave {})", spec->id, spec->version,
                          state && state->id == spec->id ? "resumed" : "started", rollout_->state().wave);

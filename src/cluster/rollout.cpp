@@ -126,7 +126,8 @@ std::optional<RolloutSpec> decode_rollout_spec(const std::string & text) {
     } catch (const json::exception &) {
         return std::nullopt;
     }
-    if (s.id.empty() || s.version.empty() || !(s.wave_percent > 0) || s.max_per_cell < 1) return std::nullopt;
+    if (s.id.empty() || s.version.empty() || !(s.wave_percent > 0) || s.max_per_cell < 1 || !(s.restarts_per_s > 0))
+        return std::nullopt;
     return s;
 }
 
@@ -299,6 +300,10 @@ std::string num(double v) {
 }  // namespace
 
 Rollout::Rollout(RolloutSpec spec, std::optional<RolloutState> persisted, int64_t now_ms) : spec_(std::move(spec)) {
+    // Gens grow across rollouts too (a restarter acts on a node's gen once): each rollout counts
+    // from its start time in ms times 1,000 (exact in JSON's doubles, under 2^53), and never from
+    // below where the previous rollout stopped, whatever the clock of the host that started it.
+    const int64_t previous_gen = persisted && persisted->id != spec_.id ? persisted->next_gen : 0;
     if (persisted && persisted->id == spec_.id) {
         st_ = std::move(*persisted);
         // The old leader's counters are gone: a wave that was settling settles again.
@@ -307,10 +312,7 @@ Rollout::Rollout(RolloutSpec spec, std::optional<RolloutState> persisted, int64_
         st_.id = spec_.id;
         st_.version = spec_.version;
         st_.phase = "running";
-        // Gens grow across rollouts too (a restarter acts on a node's gen once): each rollout
-        // counts from its start time in ms times 1,000, which stays exact in JSON's doubles
-        // (under 2^53) and leaves a rollout 1,000 restarts per ms until the next one starts.
-        st_.next_gen = std::max<int64_t>(1, spec_.at_ms * 1000);
+        st_.next_gen = std::max<int64_t>({1, spec_.at_ms * 1000, previous_gen});
     }
     st_.updated_ms = now_ms;
 }
@@ -381,8 +383,15 @@ void Rollout::command(const RolloutCommand & c, int64_t now_ms) {
     } else if (c.op == "abort" && rollout_active(st_.phase)) {
         if (!c.rollback) {
             // Restarts in flight finish on their own; nothing more is asked for.
-            for (auto it = st_.wave_nodes.begin(); it != st_.wave_nodes.end();)
-                it = it->second.phase == "pending" ? st_.wave_nodes.erase(it) : std::next(it);
+            for (auto it = st_.wave_nodes.begin(); it != st_.wave_nodes.end();) {
+                if (it->second.phase != "pending") {
+                    ++it;
+                    continue;
+                }
+                st_.wave_order.erase(std::remove(st_.wave_order.begin(), st_.wave_order.end(), it->first),
+                                     st_.wave_order.end());
+                it = st_.wave_nodes.erase(it);
+            }
             st_.phase = "aborted";
             st_.reason = "aborted by the operator";
             return;
@@ -434,13 +443,18 @@ bool Rollout::take_token(int64_t now_ms) {
 void Rollout::start_wave(int64_t now_ms) {
     std::map<std::string, std::vector<std::string>> by_cell;
     size_t eligible = 0;
+    bool waiting = false;  // a node on another version drains now: not done before it is back
     for (const auto & [name, n] : live_) {
-        if (n.draining || n.version == spec_.version) continue;
+        if (n.version == spec_.version) continue;
+        if (n.draining) {
+            waiting = true;
+            continue;
+        }
         by_cell[n.cell].push_back(name);
         eligible++;
     }
     if (eligible == 0) {
-        if (live_.empty()) return;  // no report yet: wait for one
+        if (live_.empty() || waiting) return;  // no report yet, or a node to wait for
         st_.phase = "done";
         st_.reason = "every live node runs " + spec_.version;
         st_.updated_ms = now_ms;
@@ -518,6 +532,8 @@ void Rollout::halt(const std::string & why, const std::string & after, int64_t n
             w.phase = "rollback_pending";
             w.to = w.from;
             nodes.push_back(it->first);
+        } else if (w.phase == "rollback_pending" || w.phase == "rolling_back") {
+            nodes.push_back(it->first);  // a rollback under way goes on (an abort during a halt)
         }
         ++it;
     }
@@ -572,7 +588,12 @@ void Rollout::judge(int64_t now_ms) {
     }
     // Mean step latency.
     {
-        const auto mean = [](const GroupSignals & s) { return s.steps > 0 ? s.step_s / double(s.steps) : -1.0; };
+        // Failed model steps are counted in `steps` but carry no time: the mean is over the rest.
+        const auto mean = [](const GroupSignals & s) {
+            const auto e = s.errors.find("model");
+            const int64_t timed = s.steps - (e == s.errors.end() ? 0 : e->second);
+            return timed > 0 ? s.step_s / double(timed) : -1.0;
+        };
         GateReading r = reading("step_latency", "", mean(up), mean(rest), mean(before));
         const double base = std::max(r.rest, r.before);
         r.limit = base * g.latency_ratio;

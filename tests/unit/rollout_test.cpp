@@ -56,9 +56,11 @@ struct Fleet {
                 }
                 continue;
             }
+            // As a node counts them: failed model steps in `steps`, their time not in `step_s`.
+            const int failed_steps = erroring.count(node.version) ? 5 : 0;
             node.sig.steps += 10;
-            node.sig.step_s += 10 * (slow.count(node.version) ? 0.3 : 0.1);
-            if (erroring.count(node.version)) node.sig.errors["model"] += 5;
+            node.sig.step_s += (10 - failed_steps) * (slow.count(node.version) ? 0.3 : 0.1);
+            if (failed_steps) node.sig.errors["model"] += failed_steps;
             if (failing.count(node.version))
                 node.sig.failed += 1;
             else
@@ -225,8 +227,22 @@ TEST(Rollout, AbortStopsAndWithRollbackTakesEveryUpgradedNodeBack) {
         ASSERT_GE(r.state().wave, 2);
         r.command({"r-1", 1, "abort", false}, f.t);
         EXPECT_EQ(r.state().phase, "aborted");
+        // What is written to etcd reads back (nodes never restarted leave the wave whole).
+        EXPECT_EQ(decode_rollout_state(encode_rollout_state(r.state())), r.state());
         EXPECT_TRUE(f.turn(r).empty());
         EXPECT_LT(f.on("v2"), 4);
+    }
+    {
+        // Aborted with a node of the wave not restarted yet (one cell, one at a time).
+        Fleet f(1, 4);
+        Rollout r(spec(50), std::nullopt, f.t);
+        f.turn(r);
+        ASSERT_EQ(r.state().wave_order.size(), 2u);
+        r.command({"r-1", 1, "abort", false}, f.t);
+        EXPECT_EQ(r.state().wave_order.size(), 1u);
+        const auto back = decode_rollout_state(encode_rollout_state(r.state()));
+        ASSERT_TRUE(back);
+        EXPECT_EQ(*back, r.state());
     }
     Fleet f(1, 4);
     Rollout r(spec(25), std::nullopt, f.t);
@@ -428,6 +444,10 @@ TEST(Rollout, ANewLeaderResumesFromTheStateWithTheSameGens) {
     EXPECT_EQ(fresh.state().id, "r-2");
     EXPECT_EQ(fresh.state().wave, 0);
     EXPECT_GT(fresh.state().next_gen, r->state().next_gen);
+    // Even when the host that started it has a clock behind the last one's.
+    other.at_ms = 1;
+    Rollout behind(other, r->state(), f.t);
+    EXPECT_GE(behind.state().next_gen, r->state().next_gen);
 }
 
 TEST(Rollout, ItsValuesRoundTripAndGarbageIsRefused) {
@@ -439,6 +459,7 @@ TEST(Rollout, ItsValuesRoundTripAndGarbageIsRefused) {
     EXPECT_FALSE(decode_rollout_spec(R"({"id":"r","version":"v","wave_percent":0})"));
     EXPECT_FALSE(decode_rollout_spec(R"({"id":"r","version":"v","gates":{"min_steps":"x"}})"));
     EXPECT_FALSE(decode_rollout_spec("not json"));
+    EXPECT_FALSE(decode_rollout_spec(R"({"id":"r","version":"v","restarts_per_s":0})"));
     const RolloutCommand c{"r-1", 3, "abort", true};
     const auto c2 = decode_rollout_command(encode_rollout_command(c));
     ASSERT_TRUE(c2);
