@@ -1484,7 +1484,7 @@ class Gateway {
         probe.method = "GET";
         probe.path = "/v1/agents/" + agent_id;
         probe.headers = req.headers;
-        std::optional<UpstreamReply> seen;
+        std::optional<UpstreamReply> seen, last_refusal;
         std::set<std::string> tried;
         for (int attempt = 0; attempt < 3 && !seen; ++attempt) {
             auto n = by_load({}, tried);
@@ -1492,17 +1492,34 @@ class Gateway {
             auto v = node(*n);
             if (!v) break;
             auto r = forward(v->load.url, "GET", probe.path, pass_headers(probe), "", 10000);
-            if (r.status != 0) {
-                seen = std::move(r);
-            } else {
+            if (r.status == 0) {
                 tried.insert(*n);
                 if (!r.sent) forget(*n);  // unreachable; a hung node keeps its sessions
+                continue;
             }
+            // A node that began draining (or is still loading) since its last report refuses
+            // with 503: another node answers for the cluster.
+            if (r.status == 503) {
+                tried.insert(*n);
+                last_refusal = std::move(r);
+                continue;
+            }
+            seen = std::move(r);
         }
+        if (!seen && last_refusal) seen = std::move(last_refusal);
         if (!seen) return send_error(out, 503, "no node of the cluster is ready; retry shortly", 2, "no_node");
         if (seen->status == 404) return send_error(out, 404, "no agent with id '" + agent_id + "'");
         if (seen->status != 200) {
-            out->send(seen->status, "application/json", seen->body);
+            // The node's answer as it gave it, with its Retry-After.
+            std::string ctype = "application/json";
+            api::Headers h;
+            for (const auto & [k, val] : seen->headers) {
+                if (strcasecmp(k.c_str(), "content-type") == 0)
+                    ctype = val;
+                else
+                    h.emplace_back(k, val);
+            }
+            out->send(seen->status, ctype, seen->body, std::move(h));
             return;
         }
         const std::string cell = pick_cell(caller.tenant);

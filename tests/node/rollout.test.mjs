@@ -223,6 +223,10 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   }, (st) => st.state && !['running', 'paused', 'rolling_back'].includes(st.state.phase), 360000);
   const peaks = await rates.stop();
   console.log(`peaks per second during the rollout: ${Object.entries(peaks).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(', ')}`);
+  // What the assertions below judge, in one line first: CI keeps only the head of the output.
+  console.log(`rollout ended: ${JSON.stringify({ phase: final.state.phase, wave: final.state.wave, fired: final.state.fired,
+    reason: final.state.reason, history: final.state.history?.map((h) => [h.wave, h.verdict]), killed: killed?.name,
+    maxRestartingInACell, ids: [...ids], gates: final.state.gates?.filter((g) => g.fired) })}`);
   assert.ok(peaks.etcd_writes > 0, 'the sampler read etcd');
   assert.equal(final.state.phase, 'done', JSON.stringify(final.state));
   assert.deepEqual([...ids], [id], 'one rollout throughout');
