@@ -57,6 +57,25 @@ json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) 
     for (const auto & v : r.violations)
         violations.push_back({{"t_ms", v.t_ms}, {"what", v.what}});
     const double ended = double(r.sessions_completed + r.sessions_stranded);
+    json rollout = nullptr;
+    if (r.rollout.ran) {
+        const auto & o = r.rollout;
+        rollout = {{"phase", o.phase},
+                   {"fired", o.fired},
+                   {"waves", o.waves},
+                   {"started_s", o.started_s},
+                   {"ended_s", o.ended_s},
+                   {"restarts", o.restarts},
+                   {"nodes_on_new", o.nodes_on_new},
+                   {"drain_moves", o.drain_moves},
+                   {"failed_over", o.failed_over},
+                   {"peak_etcd_writes_per_s", o.peak_etcd_writes_per_s},
+                   {"peak_leases_per_s", o.peak_leases_per_s},
+                   {"peak_nats_msgs_per_s", o.peak_nats_msgs_per_s},
+                   {"peak_moves_per_s", o.peak_moves_per_s},
+                   {"peak_pg_commits_per_s", o.peak_pg_commits_per_s},
+                   {"gates", o.gates}};
+    }
     return {
         {"scenario", sc.name},
         {"seed", seed},
@@ -83,6 +102,7 @@ json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) 
         {"slo_2s", r.steps > 0 ? double(r.steps_in_slo) / double(r.steps) : 1.0},
         {"fenced_writes", r.fenced_writes},
         {"faults", faults},
+        {"rollout", rollout},
         {"violations", violations}};
 }
 
@@ -112,6 +132,19 @@ std::string markdown(const json & j) {
           << " of " << f["sessions_hit"] << " resumed, the last " << f["last_resume_s"].get<double>()
           << " s after; peak " << f["peak_moves_per_s"] << " moves/s, " << f["peak_etcd_writes_per_s"]
           << " etcd writes/s |\n";
+    if (const auto & o = j["rollout"]; !o.is_null()) {
+        m << "| rollout from " << o["started_s"].get<double>() << " s | " << o["phase"].get<std::string>();
+        if (!o["fired"].get<std::string>().empty()) m << " (" << o["fired"].get<std::string>() << ")";
+        m << " at " << o["ended_s"].get<double>() << " s; " << o["waves"] << " waves, " << o["restarts"]
+          << " restarts, " << o["nodes_on_new"] << " nodes on the new version |\n";
+        m << "| rollout: sessions moved by drains / failed over at the drain timeout | " << o["drain_moves"] << " / "
+          << o["failed_over"] << " |\n";
+        m << "| rollout peaks per second: etcd writes, leases, NATS messages, moves, PostgreSQL commits | "
+          << o["peak_etcd_writes_per_s"] << ", " << o["peak_leases_per_s"] << ", " << o["peak_nats_msgs_per_s"] << ", "
+          << o["peak_moves_per_s"] << ", " << o["peak_pg_commits_per_s"] << " |\n";
+        for (const auto & g : o["gates"])
+            m << "| rollout gate, last wave | " << g.get<std::string>() << " |\n";
+    }
     m << "\nInvariants: " << (j["violations"].empty() ? std::string("all held") : j["violations"].dump()) << "\n";
     return m.str();
 }

@@ -63,9 +63,10 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
     try {
         const YAML::Node root = YAML::Load(text);
         MapReader r{root, "scenario", error};
-        if (!r.check({"name", "cells", "nodes_per_cell", "water", "domains", "node", "tenants", "faults", "duration_s",
-                      "lease_ttl_ms", "report_ms", "cell_tick_ms", "global_tick_ms", "shares_ms", "reconcile_ms",
-                      "commit_ms", "nats_ms", "watch_ms", "buggify"}))
+        if (!r.check({"name",      "cells",        "nodes_per_cell", "water",      "domains",
+                      "node",      "tenants",      "faults",         "duration_s", "lease_ttl_ms",
+                      "report_ms", "cell_tick_ms", "global_tick_ms", "shares_ms",  "reconcile_ms",
+                      "commit_ms", "nats_ms",      "watch_ms",       "buggify",    "rollout"}))
             return std::nullopt;
         if (root["name"]) s.name = root["name"].as<std::string>();
         if (!r.get("cells", s.cells, 1, 1024) || !r.get("nodes_per_cell", s.nodes_per_cell, 1, 1024) ||
@@ -86,6 +87,20 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
                 !nr.get("step_tokens", s.node.step_tokens, 1, 100000) ||
                 !nr.get("restore_ms", s.node.restore_ms, 0, 600000) || !nr.get("cores", s.node.cores, 1, 4096))
                 return std::nullopt;
+        }
+        if (const YAML::Node n = root["rollout"]) {
+            MapReader rr{n, "rollout", error};
+            RolloutPlan & p = s.rollout;
+            p.on = true;
+            if (!rr.check({"at_s", "wave_percent", "max_per_cell", "settle_s", "restarts_per_s", "restart_s",
+                           "jitter_s", "drain_timeout_s", "bad"}) ||
+                !rr.get("at_s", p.at_s, 0, 86400) || !rr.get("wave_percent", p.wave_percent, 0.01, 100) ||
+                !rr.get("max_per_cell", p.max_per_cell, 1, 1024) || !rr.get("settle_s", p.settle_s, 0, 86400) ||
+                !rr.get("restarts_per_s", p.restarts_per_s, 0.01, 100000) ||
+                !rr.get("restart_s", p.restart_s, 0, 3600) || !rr.get("jitter_s", p.jitter_s, 0, 3600) ||
+                !rr.get("drain_timeout_s", p.drain_timeout_s, 0, 86400))
+                return std::nullopt;
+            if (n["bad"]) p.bad = n["bad"].as<bool>();
         }
         if (const YAML::Node ts = root["tenants"]) {
             if (!ts.IsSequence()) {

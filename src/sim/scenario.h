@@ -40,6 +40,22 @@ struct NodeModel {
     int cores = 2;
 };
 
+//! A rolling upgrade run by the real `cluster::Rollout` from `at_s`: each node asked to restart
+//! drains (its cell brain moves its sessions away between steps, KV along), exits, and is back on
+//! the new version `restart_s` plus up to `jitter_s` later.
+struct RolloutPlan {
+    bool on = false;
+    double at_s = 60;
+    double wave_percent = 5;
+    int max_per_cell = 1;
+    double settle_s = 30;
+    double restarts_per_s = 20;
+    double restart_s = 10;
+    double jitter_s = 1;
+    double drain_timeout_s = 60;  // sessions still on the node then take the failover path
+    bool bad = false;             // the new version fails every model step: the gates must halt it
+};
+
 //! A simulated cluster and what happens to it: read from YAML by `parse_scenario`.
 struct Scenario {
     std::string name = "scenario";
@@ -50,6 +66,7 @@ struct Scenario {
     NodeModel node;
     std::vector<TenantLoad> tenants;
     std::vector<Fault> faults;
+    RolloutPlan rollout;
     double duration_s = 60;
     int lease_ttl_ms = 3000;
     int report_ms = 1000;       // node load reports

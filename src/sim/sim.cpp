@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <queue>
@@ -11,6 +12,7 @@
 
 #include "cluster/cell_brain.h"
 #include "cluster/global_brain.h"
+#include "cluster/rollout.h"
 #include "sim/splitmix.h"
 
 namespace armada::sim {
@@ -42,6 +44,8 @@ enum Kind : uint8_t {
     kCellBack,    // a: cell (a lost cell's processes start again)
     kEtcdUp,
     kSecond,
+    kMovable,     // a: session, b: node (a draining node offers it to its cell brain, between steps)
+    kDrainCheck,  // a: node, b: its drain's number (empty yet, or past the drain timeout?)
 };
 
 struct Ev {
@@ -148,6 +152,13 @@ struct Node {
     cluster::NodeLoad last;
     int64_t report_seq = 0;
     bool reported = false;
+    // Rollouts.
+    std::string version = "v1", next_version;
+    bool draining = false;
+    uint32_t drains = 0;  // numbers its drains (a check of an earlier one is stale)
+    int64_t drain_until = 0;
+    int64_t acted_gen = 0;     // the restart generation it last carried out
+    cluster::NodeSignals sig;  // steps of runs that stopped on this process; the rest is counted live
 };
 
 struct Cell {
@@ -348,6 +359,9 @@ class World {
         r_.steps += k;
         if (s.gen_ms <= 2000) r_.steps_in_slo += k;
         s.done += k;
+        cluster::NodeSignals & sig = nodes_[size_t(s.node)].sig;
+        sig.steps += k;
+        sig.step_s += double(k) * s.gen_ms / 1000.0;
         ++s.seg;  // its pending end is stale
     }
 
@@ -483,6 +497,10 @@ class World {
                 return etcd_up();
             case kSecond:
                 return second();
+            case kMovable:
+                return movable(e.a, int32_t(e.b));
+            case kDrainCheck:
+                return drain_check(int32_t(e.a), e.b);
         }
     }
 
@@ -532,6 +550,7 @@ class World {
         if (!n.up || n.hung) return;
         stop_run(id);
         node_remove(s.node, id);
+        (bad(n) ? n.sig.failed : n.sig.completed)++;
         const int32_t cell = s.cell;
         s.node = kNone;
         s.open = false;
@@ -560,6 +579,8 @@ class World {
             l.kv_headroom = int64_t(1) << 40;
             l.step_ms = gen_ms(n.sessions.size(), 1000);
             l.seq = ++n.report_seq;
+            l.version = n.version;
+            l.draining = n.draining;
             n.last = l;
             n.reported = true;
             count(r_.etcd_writes, now_);
@@ -577,6 +598,7 @@ class World {
         n.lease = true;
         ++n.lease_gen;
         count(r_.etcd_writes, now_, 2);  // grant, put
+        count(r_.leases, now_);
     }
 
     //! The time a node's lease runs out if it stops renewing now: keepalives go every TTL/3.
@@ -625,6 +647,11 @@ class World {
         if (n.up) return;
         n.up = true;
         n.report_seq = int64_t(rng_.range(1, 1 << 30)) << 20;  // a new process numbers afresh
+        if (!n.next_version.empty()) n.version = n.next_version;
+        n.next_version.clear();
+        n.draining = false;
+        n.sig = {};
+        n.sig.started_ms = now_ + 1;  // its counters start over
         renew_lease(ni);
         // It runs what is still assigned to it (its lease may not have run out meanwhile).
         for (uint32_t id : std::vector<uint32_t>(cells_[size_t(n.cell)].open)) {
@@ -708,6 +735,14 @@ class World {
             s.epoch = p.epoch;
             s.row_node = ni;
             b.place_done(p.session);
+            if (!p.from.empty() && s.node == node_index(p.from) && !s.paused) {
+                // Its draining node gives it up between steps; the new node takes its KV.
+                stop_run(id);
+                node_remove(s.node, id);
+                s.node = kNone;
+                s.waiting_since = now_;
+                ++r_.rollout.drain_moves;
+            }
             if (p.moved) count(r_.moves, now_);
             send(commit_delay() + s_.nats_ms, kRunMsg, id, uint32_t(ni), p.epoch);
         }
@@ -782,6 +817,7 @@ class World {
             count(r_.moves, now_);
             send(commit_delay() + s_.nats_ms, kPlaceMsg, id, uint32_t(to), rh.epoch);
         }
+        rollout_turn();
         if (!etcd_down_ && (split.full != last_split_.full || now_ - last_split_ms_ >= s_.shares_ms)) {
             last_split_ms_ = now_;
             if (!(split == last_split_)) {
@@ -856,6 +892,174 @@ class World {
         }
     }
 
+    // ---- rollouts ----
+    //! The version the rollout goes to (the scenario's node processes start on "v1").
+    static constexpr const char * kNewVersion = "v2";
+    bool bad(const Node & n) const { return s_.rollout.bad && n.version == kNewVersion; }
+
+    //! What a node's report carries: its counts since it started, the runs still going counted
+    //! up to now (a run's steps are otherwise counted only when it stops).
+    cluster::NodeSignals signals(int32_t ni) const {
+        const Node & n = nodes_[size_t(ni)];
+        cluster::NodeSignals g = n.sig;
+        for (uint32_t id : n.sessions) {
+            const Session & s = sessions_[id];
+            if (s.node != ni || s.paused || now_ <= s.seg_start) continue;
+            const int64_t k = std::min<int64_t>((now_ - s.seg_start) / s.period, s.steps - s.done);
+            g.steps += k;
+            g.step_s += double(k) * s.gen_ms / 1000.0;
+        }
+        if (bad(n)) g.errors["model"] = g.steps;
+        return g;
+    }
+
+    //! The global leader's turn: the live nodes to the real Rollout, its restart requests to the
+    //! restarter (this simulator, standing for `armada cluster up`).
+    void rollout_turn() {
+        const RolloutPlan & p = s_.rollout;
+        RolloutOutcome & ro = r_.rollout;
+        if (!p.on || now_ < int64_t(p.at_s * 1000) || etcd_down_) return;
+        if (!rollout_) {
+            cluster::RolloutSpec spec;
+            spec.id = "r-sim";
+            spec.version = kNewVersion;
+            spec.wave_percent = p.wave_percent;
+            spec.max_per_cell = p.max_per_cell;
+            spec.settle_ms = int64_t(p.settle_s * 1000);
+            spec.restarts_per_s = p.restarts_per_s;
+            spec.ready_timeout_ms = int64_t((p.drain_timeout_s + p.restart_s + p.jitter_s) * 1000) + 60000;
+            spec.at_ms = now_;
+            rollout_ = std::make_unique<cluster::Rollout>(spec, std::nullopt, now_);
+            ro.ran = true;
+            ro.started_s = double(now_) / 1000.0;
+            count(r_.etcd_writes, now_);  // the spec
+        }
+        if (rollout_->finished()) return;
+        std::vector<cluster::FleetNode> live;
+        for (size_t i = 0; i < nodes_.size(); ++i) {
+            const Node & n = nodes_[i];
+            if (!n.lease || !n.up || !n.reported) continue;
+            live.push_back({n.name, cells_[size_t(n.cell)].name, n.version, n.draining, signals(int32_t(i))});
+        }
+        rollout_->fleet(live, now_);
+        const auto wanted = rollout_->decide(now_);
+        if (rollout_->take_changed()) count(r_.etcd_writes, now_);  // the state, fenced on the leader's key
+        for (const auto & q : wanted) {
+            const int32_t ni = node_index(q.node);
+            Node & n = nodes_[size_t(ni)];
+            if (q.gen <= n.acted_gen) continue;  // a restarter acts on a gen once
+            n.acted_gen = q.gen;
+            count(r_.etcd_writes, now_, 2);  // the request, and the restarter's acknowledgement
+            trace(now_, 102, uint32_t(ni), 0, q.gen);
+            begin_drain(ni, q.version);
+        }
+        if (rollout_->finished()) ro.ended_s = double(now_) / 1000.0;
+    }
+
+    //! SIGTERM: the node turns unready and offers each session at its next step boundary.
+    void begin_drain(int32_t ni, const std::string & version) {
+        Node & n = nodes_[size_t(ni)];
+        n.next_version = version;
+        const int64_t back = int64_t(s_.rollout.restart_s * 1000) + rng_.range(0, int64_t(s_.rollout.jitter_s * 1000));
+        if (!n.up) {  // down already: it only has to start on the new version
+            at(now_ + back, kRestart, uint32_t(ni));
+            return;
+        }
+        n.draining = true;
+        n.drain_until = now_ + int64_t(s_.rollout.drain_timeout_s * 1000);
+        ++n.drains;
+        if (Cell & c = cells_[size_t(n.cell)]; c.brain) c.brain->node_draining(n.name);
+        publish(ni);
+        for (uint32_t id : n.sessions) {
+            const Session & s = sessions_[id];
+            if (s.node != ni || s.paused) continue;
+            const int64_t into = std::max<int64_t>(0, now_ - s.seg_start);
+            at(now_ + (s.period - into % s.period) % s.period, kMovable, id, uint32_t(ni));
+        }
+        at(now_ + 1000, kDrainCheck, uint32_t(ni), n.drains);
+    }
+
+    void movable(uint32_t id, int32_t ni) {
+        Node & n = nodes_[size_t(ni)];
+        const Session & s = sessions_[id];
+        if (!n.draining || !n.up || n.hung || s.node != ni || !s.open) return;
+        count(r_.nats_msgs, now_);
+        if (Cell & c = cells_[size_t(n.cell)]; c.brain) c.brain->session_movable(sid(id), n.name, s.epoch);
+    }
+
+    void drain_check(int32_t ni, uint32_t drain) {
+        Node & n = nodes_[size_t(ni)];
+        if (!n.draining || n.drains != drain || !n.up) return;
+        if (n.hung) {
+            at(now_ + 1000, kDrainCheck, uint32_t(ni), drain);
+            return;
+        }
+        size_t running = 0;
+        for (uint32_t id : n.sessions)
+            running += sessions_[id].node == ni;
+        if (running > 0 && now_ < n.drain_until) {
+            // Offers a new brain has not heard (its leader changed) are made again every few seconds.
+            if ((now_ / 1000) % 5 == 0)
+                for (uint32_t id : n.sessions)
+                    if (sessions_[id].node == ni) at(now_, kMovable, id, uint32_t(ni));
+            at(now_ + 1000, kDrainCheck, uint32_t(ni), drain);
+            return;
+        }
+        // Empty or out of time: it exits, revoking its lease; what it still ran fails over.
+        for (uint32_t id : n.sessions) {
+            Session & s = sessions_[id];
+            if (s.node != ni) continue;
+            stop_run(id);
+            s.node = kNone;
+            s.paused = false;
+            s.waiting_since = now_;
+            ++r_.rollout.failed_over;
+        }
+        n.sessions.clear();
+        n.held_runs.clear();
+        n.up = false;
+        n.draining = false;
+        n.lease = false;
+        ++n.lease_gen;
+        count(r_.etcd_writes, now_);  // the revoke
+        if (Cell & c = cells_[size_t(n.cell)]; c.brain) c.brain->node_down(n.name);
+        ++r_.rollout.restarts;
+        at(now_ + int64_t(s_.rollout.restart_s * 1000) + rng_.range(0, int64_t(s_.rollout.jitter_s * 1000)), kRestart,
+           uint32_t(ni));
+    }
+
+    void rollout_finish() {
+        RolloutOutcome & ro = r_.rollout;
+        if (!rollout_) return;
+        const auto & st = rollout_->state();
+        ro.phase = st.phase;
+        ro.fired = st.fired;
+        ro.waves = st.wave;
+        for (const auto & g : st.gates) {
+            char b[200];
+            std::snprintf(b, sizeof b, "%s%s: wave %.3g, rest %.3g, before %.3g, limit %.3g%s%s%s", g.signal.c_str(),
+                          g.code.empty() ? "" : (" (" + g.code + ")").c_str(), g.upgraded, g.rest, g.before, g.limit,
+                          g.fired ? ", fired" : (g.judged ? "" : ", not judged"), g.note.empty() ? "" : ": ",
+                          g.note.c_str());
+            ro.gates.push_back(b);
+        }
+        for (const auto & n : nodes_)
+            ro.nodes_on_new += n.up && n.lease && n.version == kNewVersion;
+        const size_t from = sec(int64_t(ro.started_s * 1000));
+        const size_t to = ro.ended_s < 0 ? ~size_t(0) : sec(int64_t(ro.ended_s * 1000)) + 1;
+        const auto peak = [&](const std::vector<int64_t> & v) {
+            int64_t m = 0;
+            for (size_t i = from; i < std::min(v.size(), to); ++i)
+                m = std::max(m, v[i]);
+            return m;
+        };
+        ro.peak_etcd_writes_per_s = peak(r_.etcd_writes);
+        ro.peak_leases_per_s = peak(r_.leases);
+        ro.peak_nats_msgs_per_s = peak(r_.nats_msgs);
+        ro.peak_moves_per_s = peak(r_.moves);
+        ro.peak_pg_commits_per_s = peak(r_.pg_commits);
+    }
+
     void second() {
         at(now_ + 1000, kSecond);
         // Keepalives: each leased, running node renews every TTL/3.
@@ -911,6 +1115,7 @@ class World {
             for (size_t i = from; i < std::min(r_.etcd_writes.size(), from + 60); ++i)
                 f.peak_etcd_writes_per_s = std::max(f.peak_etcd_writes_per_s, r_.etcd_writes[i]);
         }
+        rollout_finish();
         r_.trace_hash = hash_;
     }
 
@@ -927,6 +1132,7 @@ class World {
     std::vector<Cell> cells_;
     std::vector<int32_t> think_;
     std::unique_ptr<cluster::GlobalBrain> global_;
+    std::unique_ptr<cluster::Rollout> rollout_;
     cluster::Shares gw_shares_, last_split_;
     int64_t last_split_ms_ = -1000000;
     std::vector<int> cell_free_;

@@ -30,6 +30,23 @@ struct FaultOutcome {
     int64_t peak_etcd_writes_per_s = 0;  // in the busiest second of the minute after it
 };
 
+//! What the scenario's rollout did, and what it cost the control plane while it ran.
+struct RolloutOutcome {
+    bool ran = false;
+    std::string phase;  // the real Rollout's phase at the end: done, halted, running...
+    std::string fired;  // the gate that halted it
+    int waves = 0;
+    double started_s = 0, ended_s = -1;  // ended: when it left running (-1: still running)
+    int restarts = 0;                    // node restarts carried out (rollbacks included)
+    int nodes_on_new = 0;                // live nodes on the new version at the end
+    int64_t drain_moves = 0;             // sessions moved off draining nodes, between steps
+    int64_t failed_over = 0;             // sessions still on a node at its drain timeout
+    // The busiest second while it ran.
+    int64_t peak_etcd_writes_per_s = 0, peak_leases_per_s = 0, peak_nats_msgs_per_s = 0, peak_moves_per_s = 0;
+    int64_t peak_pg_commits_per_s = 0;
+    std::vector<std::string> gates;  // the last wave's gate readings, as `armada rollout status` prints them
+};
+
 struct SimResult {
     uint64_t trace_hash = 0;  // over every event and decision, in order
     uint64_t events = 0;
@@ -48,7 +65,9 @@ struct SimResult {
     int64_t sessions_queued = 0, sessions_stranded = 0;
     int64_t steps = 0, steps_in_slo = 0;  // steps whose model part took at most 2 s
     int64_t fenced_writes = 0;            // writes of a woken node refused by the epoch
+    std::vector<int64_t> leases;          // leases granted, per simulated second
     std::vector<FaultOutcome> faults;
+    RolloutOutcome rollout;
     std::vector<Violation> violations;
 };
 

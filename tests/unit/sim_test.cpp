@@ -70,6 +70,70 @@ TEST(Sim, AScenarioWithAnUnknownOrOutOfRangeSettingIsRefusedByName) {
     EXPECT_NE(err.find("tenants"), std::string::npos) << err;
     EXPECT_FALSE(parse_scenario("[unclosed", err));
     EXPECT_TRUE(parse_scenario("tenants: [{}]\n", err)) << err;
+    EXPECT_FALSE(parse_scenario("tenants: [{}]\nrollout: {wave_percent: 0}\n", err));
+    EXPECT_NE(err.find("rollout.wave_percent"), std::string::npos) << err;
+    EXPECT_FALSE(parse_scenario("tenants: [{}]\nrollout: {waves: 3}\n", err));
+    EXPECT_NE(err.find("'waves'"), std::string::npos) << err;
+}
+
+// 4 cells of 4 nodes, sessions running throughout; the real Rollout upgrades them in waves of
+// 25%, one node per cell at a time. The simulator carries out its restarts as `cluster up` does:
+// drain (the cell brain moves sessions between steps), exit, start on the new version.
+const char * kRollout = R"(
+name: rollout
+cells: 4
+nodes_per_cell: 4
+duration_s: 400
+node: {sessions: 16, tokens_per_s: 55, seq_tokens_per_s: 20, step_tokens: 32, restore_ms: 150, cores: 2}
+tenants:
+  - {name: acme, rate_per_s: 2, steps: 6, tool_ms: 1000, think_ms: 2000, initial: 60}
+  - {name: globex, rate_per_s: 1, steps: 4, tool_ms: 800, initial: 20}
+rollout:
+  at_s: 20
+  wave_percent: 25
+  max_per_cell: 1
+  settle_s: 10
+  restarts_per_s: 2
+  restart_s: 4
+  jitter_s: 1
+  drain_timeout_s: 30
+)";
+
+//! With `bad`, the new version fails every model step, and the wave settles for 30 s: time for
+//! the 30 steps on the wave that the error gate needs to judge.
+Scenario rollout_scenario(bool bad) {
+    std::string err;
+    auto s = parse_scenario(std::string(kRollout) + (bad ? "  bad: true\n" : ""), err);
+    EXPECT_TRUE(s) << err;
+    if (bad) s->rollout.settle_s = 30;
+    return *s;
+}
+
+TEST(Sim, ARolloutUpgradesEveryNodeInWavesWithNoSessionLost) {
+    const Scenario s = rollout_scenario(false);
+    const auto r = run(s, {5, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    ASSERT_TRUE(r.rollout.ran);
+    EXPECT_EQ(r.rollout.phase, "done") << r.rollout.fired;
+    EXPECT_EQ(r.rollout.waves, 4);  // 25% of 16 nodes is 4, one per cell
+    EXPECT_EQ(r.rollout.restarts, 16);
+    EXPECT_EQ(r.rollout.nodes_on_new, 16);
+    EXPECT_GT(r.rollout.ended_s, r.rollout.started_s);
+    // Drains moved sessions away between steps; none waited for the drain timeout.
+    EXPECT_GT(r.rollout.drain_moves, 0);
+    EXPECT_EQ(r.rollout.failed_over, 0);
+    EXPECT_GT(r.rollout.peak_leases_per_s, 0);
+    EXPECT_EQ(run(s, {5, false}).trace_hash, r.trace_hash);
+}
+
+TEST(Sim, ARolloutToABadVersionHaltsAfterItsFirstWaveAndRollsItBack) {
+    const auto r = run(rollout_scenario(true), {5, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    EXPECT_EQ(r.rollout.phase, "halted");
+    EXPECT_EQ(r.rollout.waves, 1);
+    EXPECT_NE(r.rollout.fired.find("error_codes (model) fired"), std::string::npos) << r.rollout.fired;
+    EXPECT_EQ(r.rollout.restarts, 8);  // the wave's 4 nodes, there and back
+    EXPECT_EQ(r.rollout.nodes_on_new, 0);
 }
 
 }  // namespace
