@@ -356,6 +356,11 @@ int main(int argc, char ** argv) {
     rl_start->add_option("--settle", ro.settle_s, "seconds each wave is watched before the next")
         ->check(CLI::Range(0, 86400))
         ->capture_default_str();
+    rl_start
+        ->add_option("--watch-before", ro.watch_before_s,
+                     "seconds the fleet is watched before the first wave, for its gates' 'before' (default: the "
+                     "settle time, at most 60)")
+        ->check(CLI::Range(0, 86400));
     rl_start->add_option("--ready-timeout", ro.ready_timeout_s, "seconds a restarted node has to be back")
         ->check(CLI::Range(1, 86400))
         ->capture_default_str();

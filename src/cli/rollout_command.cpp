@@ -110,6 +110,7 @@ int start(EtcdClient & etcd, const ClusterConfig & cfg, const RolloutOptions & o
     s.wave_percent = o.wave_percent;
     s.max_per_cell = o.max_per_cell;
     s.settle_ms = int64_t(o.settle_s) * 1000;
+    s.before_ms = o.watch_before_s >= 0 ? int64_t(o.watch_before_s) * 1000 : std::min<int64_t>(s.settle_ms, 60000);
     s.ready_timeout_ms = int64_t(o.ready_timeout_s) * 1000;
     s.restarts_per_s = o.restarts_per_s;
     s.gates.min_sessions = o.gate_min_sessions;

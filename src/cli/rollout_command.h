@@ -12,6 +12,7 @@ struct RolloutOptions {
     double wave_percent = 5;
     int max_per_cell = 1;
     int settle_s = 120;
+    int watch_before_s = -1;  // -1: the settle time, at most 60 s
     int ready_timeout_s = 600;
     double restarts_per_s = 2;
     int gate_min_sessions = 10;

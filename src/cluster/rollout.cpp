@@ -103,6 +103,7 @@ std::string encode_rollout_spec(const RolloutSpec & s) {
                 {"ready_timeout_ms", s.ready_timeout_ms},
                 {"restarts_per_s", s.restarts_per_s},
                 {"ordinal_desc", s.ordinal_desc},
+                {"before_ms", s.before_ms},
                 {"gates", s.gates},
                 {"at_ms", s.at_ms}}
         .dump();
@@ -121,6 +122,7 @@ std::optional<RolloutSpec> decode_rollout_spec(const std::string & text) {
         s.ready_timeout_ms = j.value("ready_timeout_ms", s.ready_timeout_ms);
         s.restarts_per_s = j.value("restarts_per_s", s.restarts_per_s);
         s.ordinal_desc = j.value("ordinal_desc", false);
+        s.before_ms = j.value("before_ms", int64_t(0));
         if (j.contains("gates")) s.gates = j.at("gates").get<RolloutGates>();
         s.at_ms = j.value("at_ms", int64_t(0));
     } catch (const json::exception &) {
@@ -315,6 +317,7 @@ Rollout::Rollout(RolloutSpec spec, std::optional<RolloutState> persisted, int64_
         st_.next_gen = std::max<int64_t>({1, spec_.at_ms * 1000, previous_gen});
     }
     st_.updated_ms = now_ms;
+    born_ms_ = now_ms;
 }
 
 bool Rollout::take_changed() {
@@ -659,7 +662,19 @@ void Rollout::judge(int64_t now_ms) {
 
 std::vector<RestartRequest> Rollout::decide(int64_t now_ms) {
     if (st_.phase == "running" || st_.phase == "paused") {
-        if (st_.wave_nodes.empty() && st_.phase == "running") start_wave(now_ms);
+        if (st_.wave_nodes.empty() && st_.phase == "running") {
+            // Before the first wave the fleet is watched for `before_ms` (by this brain: a new
+            // leader starts its watch over), which the first wave's gates compare with.
+            if (st_.wave == 0 && now_ms - born_ms_ < spec_.before_ms) {
+                const std::string why = "watching the fleet before the first wave";
+                if (st_.reason != why) {
+                    st_.reason = why;
+                    change();
+                }
+            } else {
+                start_wave(now_ms);
+            }
+        }
         for (const auto & [name, w] : st_.wave_nodes) {
             if (w.phase == "restarting" && now_ms - w.since_ms > spec_.ready_timeout_ms) {
                 GateReading r{

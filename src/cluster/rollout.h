@@ -71,6 +71,9 @@ struct RolloutSpec {
     int64_t ready_timeout_ms = 600000;
     double restarts_per_s = 2;
     bool ordinal_desc = false;  // a StatefulSet's pods go highest ordinal first
+    //! The fleet is watched this long before the first wave, so its gates compare with a
+    //! "before" too (later waves have the previous settle). From the brain that runs it.
+    int64_t before_ms = 0;
     RolloutGates gates;
     int64_t at_ms = 0;  // when it was started (wall clock)
     bool operator==(const RolloutSpec &) const = default;
@@ -207,6 +210,7 @@ class Rollout {
     GroupSignals wave_sig_, rest_sig_;  // since the wave's settle started
     double tokens_ = -1;
     int64_t tokens_at_ms_ = 0;
+    int64_t born_ms_ = 0;  // when this brain took the rollout on
 };
 
 }  // namespace armada::cluster

@@ -926,6 +926,7 @@ class World {
             spec.wave_percent = p.wave_percent;
             spec.max_per_cell = p.max_per_cell;
             spec.settle_ms = int64_t(p.settle_s * 1000);
+            spec.before_ms = spec.settle_ms;
             spec.restarts_per_s = p.restarts_per_s;
             spec.ready_timeout_ms = int64_t((p.drain_timeout_s + p.restart_s + p.jitter_s) * 1000) + 60000;
             spec.at_ms = now_;

@@ -201,6 +201,7 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   let killed = null;
   let maxWave = 0;
   let maxRestartingInACell = 0;
+  let watched = false;  // the first wave waited while the fleet was watched (--settle 8: 8 s)
   const ids = new Set();
   const dashboard = [];  // the gateway dashboard's rollout panel, as read each second
   const final = await watch(async (st) => {
@@ -208,6 +209,7 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
     if (snap?.rollout) dashboard.push(snap.rollout);
     if (!st.state) return;
     ids.add(st.state.id);
+    if (st.state.wave === 0 && st.state.reason === 'watching the fleet before the first wave') watched = true;
     assert.ok(st.state.wave >= maxWave, `the wave went back from ${maxWave} to ${st.state.wave}`);
     maxWave = st.state.wave;
     const restarting = {};
@@ -231,6 +233,7 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   assert.equal(final.state.phase, 'done', JSON.stringify(final.state));
   assert.deepEqual([...ids], [id], 'one rollout throughout');
   assert.ok(final.state.wave >= 3, `waves: ${final.state.wave}`);
+  assert.ok(watched, 'status said the fleet was watched before the first wave');
   assert.equal(maxRestartingInACell, 1, 'never two nodes of a cell restarting at once');
   assert.ok(killed, 'the leader was killed mid-rollout');
   const standby = globals.find((g) => g !== killed);
@@ -266,7 +269,7 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
 test('v2 -> v-bad halts after its first wave, says which gate fired with its numbers, and rolls the wave back', { timeout: 480000 * SLOW }, async () => {
   const pids = new Map(status().processes.filter((p) => p.role === 'node').map((p) => [p.name, p.pid]));
   const work = keepCreating('bad');
-  const start = await rollout('start', '--version', 'v-bad', '--wave-percent', '34', '--settle', '20',
+  const start = await rollout('start', '--version', 'v-bad', '--wave-percent', '34', '--settle', '20', '--watch-before', '5',
     '--ready-timeout', String(90 * SLOW), '--gate-min-steps', '3', '--gate-latency-ratio', '5');
   assert.equal(start.code, 0, start.stderr);
   const everBad = new Set();

@@ -371,6 +371,34 @@ TEST(Rollout, AWaveWorseThanTheRestButNotThanBeforeDoesNotFire) {
     EXPECT_TRUE(judged_model);
 }
 
+TEST(Rollout, TheFirstWaveWaitsWhileTheFleetIsWatchedAndItsGatesCompareWithThat) {
+    // The fleet had model errors when the rollout started; they stop on the rest as the first
+    // wave goes out on a version that still has them. Watched before, that is no regression.
+    Fleet f(2, 3);
+    f.erroring.insert("v1");
+    f.erroring.insert("v2");
+    auto s = spec(34);
+    s.settle_ms = 8000;
+    s.before_ms = 8000;
+    Rollout r(s, std::nullopt, f.t);
+    const int64_t t0 = f.t;
+    for (;;) {
+        const bool asked = !f.turn(r).empty();
+        if (r.state().wave > 0) break;
+        EXPECT_FALSE(asked);
+        EXPECT_EQ(r.state().reason, "watching the fleet before the first wave");
+        ASSERT_LT(f.t - t0, 20000);
+    }
+    EXPECT_GE(f.t - t0, 8000);
+    EXPECT_GT(r.state().before.steps, 0);
+    EXPECT_EQ(r.state().before.errors.at("model"), r.state().before.steps / 2);
+    f.erroring.erase("v1");
+    for (int i = 0; i < 200 && r.state().history.empty(); ++i)
+        f.turn(r);
+    ASSERT_EQ(r.state().history.size(), 1u);
+    EXPECT_EQ(r.state().history[0].verdict, "passed") << r.state().fired;
+}
+
 TEST(Rollout, GatesWaitForTheirMinimumSample) {
     Fleet f(2, 3);
     f.erroring.insert("v2");
@@ -454,6 +482,7 @@ TEST(Rollout, ItsValuesRoundTripAndGarbageIsRefused) {
     auto s = spec(5);
     s.gates.min_steps = 7;
     s.at_ms = 42;
+    s.before_ms = 3000;
     EXPECT_EQ(decode_rollout_spec(encode_rollout_spec(s)), s);
     EXPECT_FALSE(decode_rollout_spec("{}"));
     EXPECT_FALSE(decode_rollout_spec(R"({"id":"r","version":"v","wave_percent":0})"));
