@@ -127,6 +127,12 @@ class CellProcess {
                 .count();
         failovers_.push_back({wall, name, n});
         if (failovers_.size() > CellReport::kMaxFailovers) failovers_.erase(failovers_.begin());
+        // Kept where the next leader of the cell finds them (the report goes with this lease).
+        CellReport kept;
+        kept.cell = o_.cell;
+        kept.failovers = failovers_;
+        if (auto e = etcd_.put(cell_failovers_key(cfg_, o_.cell), encode_cell_report(kept)); !e.empty())
+            spdlog::warn("cell {}: cannot keep its failovers in etcd: {}", o_.cell, e);
     }
 
     //! The cell's aggregate for the global brains, by both paths: in etcd under this brain's
@@ -225,6 +231,14 @@ class CellProcess {
         // is refused once this one has written.
         leader_ = {brain_election(cfg_, o_.cell), me.rev};
         if (!elected_.claim_store(*store_, leader_.election, me)) return;
+        // The cell's recent failovers, as the leaders before this one saw them.
+        failovers_.clear();
+        std::optional<EtcdKv> kept;
+        if (auto e = etcd_.get(cell_failovers_key(cfg_, o_.cell), kept); !e.empty()) {
+            spdlog::warn("cell {}: cannot read its recent failovers: {}", o_.cell, e);
+        } else if (kept) {
+            if (auto r = decode_cell_report(o_.cell, kept->value)) failovers_ = r->failovers;
+        }
         CellBrain brain;
         // The trace context each place request came with, and when it was taken (for its span).
         constexpr size_t kMaxTraced = 65536;

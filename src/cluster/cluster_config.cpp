@@ -178,6 +178,10 @@ std::string cell_report_key(const ClusterConfig & c, const std::string & cell) {
     return c.prefix + "/cells/" + cell + "/report";
 }
 
+std::string cell_failovers_key(const ClusterConfig & c, const std::string & cell) {
+    return c.prefix + "/failovers/" + cell;
+}
+
 std::string cells_prefix(const ClusterConfig & c) {
     return c.prefix + "/cells/";
 }

@@ -51,6 +51,8 @@ std::string nodes_prefix(const ClusterConfig & c, const std::string & cell);
 std::string brain_election(const ClusterConfig & c, const std::string & cell);
 //! A cell's aggregate report, written by its leading brain under its lease.
 std::string cell_report_key(const ClusterConfig & c, const std::string & cell);
+//! A cell's recent failovers, kept without a lease so that the next leader of the cell has them.
+std::string cell_failovers_key(const ClusterConfig & c, const std::string & cell);
 std::string cells_prefix(const ClusterConfig & c);
 std::string global_election(const ClusterConfig & c);
 //! The global brain's split of new sessions (no lease: it outlives a global leader).

@@ -559,6 +559,11 @@ test('kill -9 the leading cell brain: a standby leads within the TTL + 1 s and p
   assert.ok(leader, 'a brain leads');
   const standby = brains.find((b) => b !== leader);
   const mark = logOf(standby.name).length;
+  // The failovers of the node tests before this one, as the dashboard shows them now.
+  const failoversOf = async () => (await fetch(`${gw}/dashboard/snapshot`).then((r) => r.json())).failovers
+    .map((f) => `${f.node}@${f.at_ms}`);
+  const seen = await failoversOf();
+  assert.ok(seen.length > 0, 'the nodes killed and stopped earlier are among the recent failovers');
   // Sessions are running when it dies, and more come while no brain leads.
   await nodesReady(3);
   const running = await createSessions(SESSIONS - 16, 'brain');
@@ -573,6 +578,9 @@ test('kill -9 the leading cell brain: a standby leads within the TTL + 1 s and p
   checkAll(done, faults);
   // No node died meanwhile: each session was placed once, at epoch 1.
   for (const s of done.values()) assert.equal(s.placement?.epoch, 1, `${s.id} placed more than once`);
+  // The new leader reports the failovers its predecessor saw.
+  const now = await failoversOf();
+  for (const f of seen) assert.ok(now.includes(f), `${f} is still among the recent failovers: ${now}`);
 });
 
 test('a new leader moves the sessions of a node that dies after it took over (it knows them from PostgreSQL)', { timeout: 300000 * SLOW }, async () => {
