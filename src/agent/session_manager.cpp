@@ -1989,6 +1989,7 @@ size_t SessionManager::adopt_assigned() {
     if (opt_.node.empty()) return 0;
     size_t n = 0;
     std::set<std::string> assigned;
+    std::map<std::string, int64_t> unrun;
     for (const auto & r : store_.open_sessions(opt_.cell, opt_.node, kEnded)) {
         if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
         assigned.insert(r.id);
@@ -2002,11 +2003,18 @@ size_t SessionManager::adopt_assigned() {
                 incoming_.count(r.id))
                 continue;
         }
+        // New since the last call: its command is likely on its way (see the header).
+        unrun[r.id] = r.epoch;
+        const auto seen = unrun_assigned_.find(r.id);
+        if (adopt_scanned_ && (seen == unrun_assigned_.end() || seen->second != r.epoch)) continue;
+        unrun.erase(r.id);
         if (adopt(r.id, r.epoch)) {
             spdlog::info("session {}: assigned to this node (epoch {}) but not running here; started", r.id, r.epoch);
             ++n;
         }
     }
+    unrun_assigned_ = std::move(unrun);
+    adopt_scanned_ = true;
     drop_moved(assigned);
     return n;
 }

@@ -238,7 +238,10 @@ class SessionManager {
     std::optional<bool> held_elsewhere(const std::string & id);
     //! Level-triggered half of `adopt`: runs every open session the store assigns to this node
     //! that is not running here (a command lost, or a read that failed while PostgreSQL
-    //! restarted). Returns how many it started.
+    //! restarted). After the first call, only an assignment seen by the call before too: a
+    //! brain writes the row before it sends the command (which may be a move whose KV comes
+    //! first), so a fresh one is the command's to carry out. Returns how many it started.
+    //! One caller thread.
     size_t adopt_assigned();
     //! The row and first step of a new session, as a gateway writes them before any node holds
     //! it: state queued (waiting_input without input), in `cell`. The node that adopts it starts
@@ -309,6 +312,9 @@ class SessionManager {
     //! write, never be fenced, and stay counted in this node's load. `assigned`: the open
     //! sessions the store lists for this node.
     void drop_moved(const std::set<std::string> & assigned);
+    //! Assignments `adopt_assigned` found not running here at its last call, by epoch.
+    std::map<std::string, int64_t> unrun_assigned_;
+    bool adopt_scanned_ = false;
     //! True when session `id` is in memory; it then writes under `epoch` if that is newer. mu_ held.
     bool running_here(const std::string & id, int64_t epoch);
     //! Continues a session loaded from the store (after a restart, or assigned by the brain).

@@ -127,12 +127,45 @@ class CellProcess {
                 .count();
         failovers_.push_back({wall, name, n});
         if (failovers_.size() > CellReport::kMaxFailovers) failovers_.erase(failovers_.begin());
-        // Kept where the next leader of the cell finds them (the report goes with this lease).
+        failovers_dirty_ = true;  // kept in etcd with the next report, off the failover's path
+    }
+
+    //! The failovers kept by the leaders before, ahead of any this one saw; false when etcd could
+    //! not be read (the report loop tries again).
+    bool read_failovers() {
+        std::optional<EtcdKv> kept;
+        if (auto e = etcd_.get(cell_failovers_key(cfg_, o_.cell), kept); !e.empty()) {
+            spdlog::warn("cell {}: cannot read its recent failovers: {}", o_.cell, e);
+            return false;
+        }
+        if (kept) {
+            if (auto r = decode_cell_report(o_.cell, kept->value)) {
+                std::vector<CellReport::Failover> all = r->failovers;
+                all.insert(all.end(), failovers_.begin(), failovers_.end());
+                if (all.size() > CellReport::kMaxFailovers)
+                    all.erase(all.begin(), all.end() - CellReport::kMaxFailovers);
+                failovers_ = std::move(all);
+            }
+        }
+        return true;
+    }
+
+    //! The recent failovers, where the next leader of the cell finds them (the report goes with
+    //! this leader's lease): only while `me` leads, and only once they were read at takeover, so
+    //! a write never drops what the leaders before saw.
+    void keep_failovers(const EtcdLeader & me) {
+        if (!failovers_dirty_ || !failovers_read_) return;
         CellReport kept;
         kept.cell = o_.cell;
         kept.failovers = failovers_;
-        if (auto e = etcd_.put(cell_failovers_key(cfg_, o_.cell), encode_cell_report(kept)); !e.empty())
+        bool ok = false;
+        int64_t rev = 0;
+        const std::vector<EtcdCompare> fence{{EtcdCompare::Target::Create, me.key, me.rev}};
+        if (auto e = etcd_.txn(fence, {{cell_failovers_key(cfg_, o_.cell), encode_cell_report(kept)}}, ok, rev);
+            !e.empty())
             spdlog::warn("cell {}: cannot keep its failovers in etcd: {}", o_.cell, e);
+        else
+            failovers_dirty_ = false;  // written, or refused: another brain leads now
     }
 
     //! The cell's aggregate for the global brains, by both paths: in etcd under this brain's
@@ -233,12 +266,7 @@ class CellProcess {
         if (!elected_.claim_store(*store_, leader_.election, me)) return;
         // The cell's recent failovers, as the leaders before this one saw them.
         failovers_.clear();
-        std::optional<EtcdKv> kept;
-        if (auto e = etcd_.get(cell_failovers_key(cfg_, o_.cell), kept); !e.empty()) {
-            spdlog::warn("cell {}: cannot read its recent failovers: {}", o_.cell, e);
-        } else if (kept) {
-            if (auto r = decode_cell_report(o_.cell, kept->value)) failovers_ = r->failovers;
-        }
+        failovers_read_ = read_failovers();
         CellBrain brain;
         // The trace context each place request came with, and when it was taken (for its span).
         constexpr size_t kMaxTraced = 65536;
@@ -397,6 +425,8 @@ class CellProcess {
             if (t - last_check >= 1000) {
                 last_check = t;
                 if (!still_leader(me)) break;
+                if (!failovers_read_) failovers_read_ = read_failovers();
+                keep_failovers(me);
                 report(brain, t);
             }
             if (wait_signal(0)) break;
@@ -424,6 +454,7 @@ class CellProcess {
     //! Nodes lost with sessions on them, latest last; kept across leaderships of this process
     //! (a new leader elsewhere starts with none).
     std::vector<CellReport::Failover> failovers_;
+    bool failovers_dirty_ = false, failovers_read_ = false;
 };
 
 }  // namespace
