@@ -359,7 +359,7 @@ void Rollout::fleet(const std::vector<FleetNode> & live, int64_t now_ms) {
     }
     live_ = std::move(seen);
     window_.emplace_back(now_ms, fleet_sum);
-    while (!window_.empty() && window_.front().first < now_ms - spec_.settle_ms)
+    while (!window_.empty() && window_.front().first < now_ms - std::max(spec_.settle_ms, spec_.before_ms))
         window_.pop_front();
 
     // Nodes back on the version asked for.
@@ -383,6 +383,7 @@ void Rollout::command(const RolloutCommand & c, int64_t now_ms) {
     } else if (c.op == "resume" && st_.phase == "paused") {
         st_.phase = "running";
         st_.reason.clear();
+        blocked_since_.clear();  // a node still held waits its full time again
     } else if (c.op == "abort" && rollout_active(st_.phase)) {
         if (!c.rollback) {
             // Restarts in flight finish on their own; nothing more is asked for.
@@ -507,12 +508,32 @@ void Rollout::start_restarts(int64_t now_ms, const std::string & phase_from, con
         if (w.phase == "restarting" || w.phase == "rolling_back") busy[w.cell]++;
     for (const auto & name : st_.wave_order) {
         auto & w = st_.wave_nodes.at(name);
-        if (w.phase != phase_from || busy[w.cell] >= spec_.max_per_cell) continue;
-        // Another node of the cell draining means the cell is short already.
-        const bool cell_short = std::any_of(live_.begin(), live_.end(), [&](const auto & kv) {
-            return kv.first != name && kv.second.cell == w.cell && kv.second.draining;
+        if (w.phase != phase_from || busy[w.cell] >= spec_.max_per_cell) {
+            blocked_since_.erase(name);
+            continue;
+        }
+        // Another node of the cell draining outside the wave (an operator's drain) means the
+        // cell is short already. (The wave's own restarts are bounded by max_per_cell.)
+        const auto blocker = std::find_if(live_.begin(), live_.end(), [&](const auto & kv) {
+            if (kv.first == name || kv.second.cell != w.cell || !kv.second.draining) return false;
+            const auto o = st_.wave_nodes.find(kv.first);
+            return o == st_.wave_nodes.end() || (o->second.phase != "restarting" && o->second.phase != "rolling_back");
         });
-        if (cell_short || !take_token(now_ms)) continue;
+        if (blocker != live_.end()) {
+            // Held too long (a drain that does not end): the operator is asked to look.
+            const int64_t since = blocked_since_.try_emplace(name, now_ms).first->second;
+            if (phase_from == "pending" && st_.phase == "running" && now_ms - since > spec_.ready_timeout_ms) {
+                st_.phase = "paused";
+                st_.reason = name + " has waited over " + std::to_string(spec_.ready_timeout_ms / 1000) +
+                             " s to restart while " + blocker->first + " of cell " + w.cell +
+                             " drains; resume once that drain is over";
+                change();
+                return;
+            }
+            continue;
+        }
+        blocked_since_.erase(name);
+        if (!take_token(now_ms)) continue;
         w.phase = phase_to;
         w.gen = st_.next_gen++;
         w.since_ms = now_ms;
@@ -663,10 +684,11 @@ void Rollout::judge(int64_t now_ms) {
 std::vector<RestartRequest> Rollout::decide(int64_t now_ms) {
     if (st_.phase == "running" || st_.phase == "paused") {
         if (st_.wave_nodes.empty() && st_.phase == "running") {
-            // Before the first wave the fleet is watched for `before_ms` (by this brain: a new
-            // leader starts its watch over), which the first wave's gates compare with.
-            if (st_.wave == 0 && now_ms - born_ms_ < spec_.before_ms) {
-                const std::string why = "watching the fleet before the first wave";
+            // The fleet is watched for `before_ms` by the brain that runs the rollout before it
+            // starts a wave: the wave's gates compare with that. (Later waves have the settle
+            // of the one before; a new leader has watched nothing yet and watches first.)
+            if (now_ms - born_ms_ < spec_.before_ms) {
+                const std::string why = "watching the fleet before wave " + std::to_string(st_.wave + 1);
                 if (st_.reason != why) {
                     st_.reason = why;
                     change();

@@ -211,6 +211,8 @@ class Rollout {
     double tokens_ = -1;
     int64_t tokens_at_ms_ = 0;
     int64_t born_ms_ = 0;  // when this brain took the rollout on
+    //! Wave nodes held back by another node of their cell that drains outside the wave, since when.
+    std::map<std::string, int64_t> blocked_since_;
 };
 
 }  // namespace armada::cluster

@@ -52,6 +52,8 @@ std::optional<Fault::Kind> fault_kind(const std::string & s) {
     if (s == "brain_crash") return Fault::Kind::BrainCrash;
     if (s == "etcd_restart") return Fault::Kind::EtcdRestart;
     if (s == "restart_storm") return Fault::Kind::RestartStorm;
+    if (s == "partition") return Fault::Kind::Partition;
+    if (s == "slow_disk") return Fault::Kind::SlowDisk;
     return std::nullopt;
 }
 
@@ -129,17 +131,18 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
                 Fault f;
                 const std::string where = "faults[" + std::to_string(i) + "]";
                 MapReader fr{fs[i], where, error};
-                if (!fr.check({"kind", "at_s", "cell", "node", "for_s", "jitter"})) return std::nullopt;
+                if (!fr.check({"kind", "at_s", "cell", "node", "for_s", "jitter", "ms"})) return std::nullopt;
                 const auto k = fault_kind(fs[i]["kind"] ? fs[i]["kind"].as<std::string>() : "");
                 if (!k) {
                     error = where +
-                            ".kind: must be node_crash, node_hang, cell_lost, brain_crash, etcd_restart or "
-                            "restart_storm";
+                            ".kind: must be node_crash, node_hang, cell_lost, brain_crash, etcd_restart, "
+                            "restart_storm, partition or slow_disk";
                     return std::nullopt;
                 }
                 f.kind = *k;
                 if (!fr.get("at_s", f.at_s, 0, 86400) || !fr.get("cell", f.cell, 0, s.cells - 1) ||
-                    !fr.get("node", f.node, 0, s.nodes_per_cell - 1) || !fr.get("for_s", f.for_s, 0, 86400))
+                    !fr.get("node", f.node, 0, s.nodes_per_cell - 1) || !fr.get("for_s", f.for_s, 0, 86400) ||
+                    !fr.get("ms", f.ms, 0, 600000))
                     return std::nullopt;
                 if (fs[i]["jitter"]) f.jitter = fs[i]["jitter"].as<bool>();
                 s.faults.push_back(f);

@@ -21,12 +21,16 @@ struct TenantLoad {
 
 //! A fault injected at `at_s` (simulated seconds).
 struct Fault {
-    enum class Kind { NodeCrash, NodeHang, CellLost, BrainCrash, EtcdRestart, RestartStorm };
+    //! Partition: the node keeps running but reaches neither etcd nor NATS (its lease lapses, its
+    //! sessions move, its next commits for them are fenced). SlowDisk: each of the node's steps
+    //! takes `ms` longer (its checkpoint's fsync) for `for_s`.
+    enum class Kind { NodeCrash, NodeHang, CellLost, BrainCrash, EtcdRestart, RestartStorm, Partition, SlowDisk };
     Kind kind = Kind::NodeCrash;
     double at_s = 0;
     int cell = 0;
     int node = 0;        // within the cell
-    double for_s = 0;    // hang or outage length
+    double for_s = 0;    // hang, outage, partition or slow disk length
+    int ms = 0;          // slow disk: added to each step
     bool jitter = true;  // restarts: reconnects spread over a random delay, or all at once
 };
 

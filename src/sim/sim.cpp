@@ -46,6 +46,8 @@ enum Kind : uint8_t {
     kSecond,
     kMovable,     // a: session, b: node (a draining node offers it to its cell brain, between steps)
     kDrainCheck,  // a: node, b: its drain's number (empty yet, or past the drain timeout?)
+    kHeal,        // a: node (a partition ends)
+    kDiskOk,      // a: node (a slow disk is fast again)
 };
 
 struct Ev {
@@ -145,6 +147,11 @@ struct Node {
     int32_t cell = 0;
     std::string name;
     bool up = true, hung = false, lease = true;
+    // Cut off from etcd and NATS, not from PostgreSQL: it runs and commits, unseen, until heal_at.
+    bool partitioned = false;
+    int64_t heal_at = 0;
+    int32_t partition_fault = kNone;
+    int32_t slow_ms = 0;  // a slow disk: added to each step
     uint32_t lease_gen = 0;
     int32_t phase = 0;                                    // keepalive and report phase, ms
     std::vector<uint32_t> sessions;                       // the sessions it runs (a hung node also those moved away)
@@ -334,7 +341,7 @@ class World {
         s.run_epoch = epoch;
         s.paused = false;
         const int32_t wait = s.tool_ms + think_[s.tenant];
-        s.gen_ms = gen_ms(n.sessions.size(), wait);
+        s.gen_ms = gen_ms(n.sessions.size(), wait) + n.slow_ms;
         s.period = std::max(1, s.gen_ms + wait);
         s.seg_start = now_ + (restore ? s_.node.restore_ms : 0);
         ++s.seg;
@@ -440,6 +447,10 @@ class World {
                 return std::string("etcd restart") + (f.jitter ? "" : " (no jitter)");
             case Fault::Kind::RestartStorm:
                 return std::string("restart storm") + (f.jitter ? "" : " (no jitter)");
+            case Fault::Kind::Partition:
+                return "partition " + node;
+            case Fault::Kind::SlowDisk:
+                return "slow disk " + node;
         }
         return "fault";
     }
@@ -501,6 +512,10 @@ class World {
                 return movable(e.a, int32_t(e.b));
             case kDrainCheck:
                 return drain_check(int32_t(e.a), e.b);
+            case kHeal:
+                return heal(int32_t(e.a));
+            case kDiskOk:
+                return slow_disk(int32_t(e.a), 0);
         }
     }
 
@@ -535,7 +550,7 @@ class World {
         Session & s = sessions_[id];
         Node & n = nodes_[size_t(ni)];
         if (!n.up) return;  // a dead node's commands wait for it; its lease going moves the session
-        if (n.hung) {
+        if (n.hung || n.partitioned) {
             n.held_runs.emplace_back(id, epoch);
             return;
         }
@@ -548,9 +563,23 @@ class World {
         if (s.seg != seg || s.node == kNone || s.paused) return;
         Node & n = nodes_[size_t(s.node)];
         if (!n.up || n.hung) return;
+        if (s.epoch != s.run_epoch) {
+            // The row moved on (a partitioned node's session was placed elsewhere): its last
+            // commit is refused, and the run stops here.
+            stop_run(id);
+            node_remove(s.node, id);
+            s.node = kNone;
+            s.waiting_since = now_;
+            ++r_.fenced_writes;
+            return;
+        }
         stop_run(id);
         node_remove(s.node, id);
         (bad(n) ? n.sig.failed : n.sig.completed)++;
+        if (s.fault != kNone) {  // it ended on a partitioned node before it was moved: nothing to resume
+            ++r_.faults[size_t(s.fault)].resumed;
+            s.fault = kNone;
+        }
         const int32_t cell = s.cell;
         s.node = kNone;
         s.open = false;
@@ -559,7 +588,10 @@ class World {
         --open_;
         ++r_.sessions_completed;
         count(r_.pg_commits, now_);
-        send(s_.nats_ms, kClosedMsg, id, uint32_t(cell), 0);
+        if (n.partitioned)
+            at(n.heal_at + s_.nats_ms, kClosedMsg, id, uint32_t(cell));  // NATS is out of its reach
+        else
+            send(s_.nats_ms, kClosedMsg, id, uint32_t(cell), 0);
     }
 
     void report(int32_t ni) {
@@ -570,7 +602,7 @@ class World {
     //! The node writes its load to its key in etcd; the cell's brain hears it on its watch.
     void publish(int32_t ni) {
         Node & n = nodes_[size_t(ni)];
-        if (n.up && !n.hung && !etcd_down_) {
+        if (n.up && !n.hung && !n.partitioned && !etcd_down_) {
             cluster::NodeLoad l;
             l.node = n.name;
             l.sessions = int(n.sessions.size());
@@ -610,7 +642,7 @@ class World {
 
     void lease_check(int32_t ni, uint32_t gen) {
         Node & n = nodes_[size_t(ni)];
-        if (gen != n.lease_gen || !n.lease || (n.up && !n.hung)) return;
+        if (gen != n.lease_gen || !n.lease || (n.up && !n.hung && !n.partitioned)) return;
         if (etcd_down_) {
             at(etcd_up_at_ + s_.lease_ttl_ms, kLeaseCheck, uint32_t(ni), gen);  // etcd renews leases on restart
             return;
@@ -639,6 +671,7 @@ class World {
         n.held_runs.clear();
         n.up = false;
         n.hung = false;
+        n.draining = false;  // a drain it was in ends with it
         at(lease_end(n), kLeaseCheck, uint32_t(ni), n.lease_gen);
     }
 
@@ -706,6 +739,56 @@ class World {
         for (const auto & [id, epoch] : held)
             run_msg(id, ni, epoch);
         publish(ni);
+    }
+
+    void partition(int32_t ni, double for_s, int32_t fault) {
+        Node & n = nodes_[size_t(ni)];
+        if (!n.up || n.hung || n.partitioned) return;
+        n.partitioned = true;
+        n.heal_at = now_ + int64_t(for_s * 1000);
+        n.partition_fault = fault;
+        for (uint32_t id : n.sessions) {
+            Session & s = sessions_[id];
+            if (s.node != ni || s.paused || s.fault != kNone) continue;
+            s.fault = fault;
+            ++r_.faults[size_t(fault)].sessions_hit;
+        }
+        at(lease_end(n), kLeaseCheck, uint32_t(ni), n.lease_gen);
+        at(n.heal_at, kHeal, uint32_t(ni));
+    }
+
+    void heal(int32_t ni) {
+        Node & n = nodes_[size_t(ni)];
+        if (!n.partitioned) return;
+        n.partitioned = false;
+        if (n.up && !n.lease) renew_lease(ni);
+        // What it still runs was never interrupted (its lease outlived the partition, or the
+        // brain had not moved it yet).
+        for (uint32_t id : n.sessions) {
+            Session & s = sessions_[id];
+            if (s.node != ni || s.fault != n.partition_fault || s.fault == kNone) continue;
+            ++r_.faults[size_t(s.fault)].resumed;
+            s.fault = kNone;
+        }
+        auto held = std::move(n.held_runs);
+        n.held_runs.clear();
+        for (const auto & [id, epoch] : held)
+            run_msg(id, ni, epoch);
+        publish(ni);
+    }
+
+    //! Each step of the node takes `ms` more from now on: its runs are cut at this point and go
+    //! on at the new pace.
+    void slow_disk(int32_t ni, int32_t ms) {
+        Node & n = nodes_[size_t(ni)];
+        n.slow_ms = ms;
+        if (!n.up || n.hung) return;
+        for (uint32_t id : std::vector<uint32_t>(n.sessions)) {
+            const Session & s = sessions_[id];
+            if (s.node != ni || s.paused || !s.open) continue;
+            stop_run(id);
+            start_run(id, ni, s.run_epoch, false);
+        }
     }
 
     void cell_tick(uint32_t ci) {
@@ -881,6 +964,12 @@ class World {
                 etcd_up_at_ = now_ + int64_t(f.for_s * 1000);
                 at(etcd_up_at_, kEtcdUp);
                 return;
+            case Fault::Kind::Partition:
+                return partition(ni, f.for_s, fi);
+            case Fault::Kind::SlowDisk:
+                slow_disk(ni, f.ms);
+                at(now_ + int64_t(f.for_s * 1000), kDiskOk, uint32_t(ni));
+                return;
             case Fault::Kind::RestartStorm:
                 for (size_t i = 0; i < nodes_.size(); ++i) {
                     crash(int32_t(i), fi);
@@ -933,6 +1022,10 @@ class World {
             rollout_ = std::make_unique<cluster::Rollout>(spec, std::nullopt, now_);
             ro.ran = true;
             ro.started_s = double(now_) / 1000.0;
+            // Sessions a drain leaves behind at its timeout are checked like a fault's: each must
+            // be resumed elsewhere.
+            rollout_fault_ = int32_t(r_.faults.size());
+            r_.faults.push_back({"rollout drain timeouts", ro.started_s});
             count(r_.etcd_writes, now_);  // the spec
         }
         if (rollout_->finished()) return;
@@ -962,8 +1055,11 @@ class World {
         Node & n = nodes_[size_t(ni)];
         n.next_version = version;
         const int64_t back = int64_t(s_.rollout.restart_s * 1000) + rng_.range(0, int64_t(s_.rollout.jitter_s * 1000));
-        if (!n.up) {  // down already: it only has to start on the new version
-            at(now_ + back, kRestart, uint32_t(ni));
+        if (!n.up) {  // down already: it only has to start on the new version (unless its cell is lost)
+            if (!cells_[size_t(n.cell)].lost) {
+                ++r_.rollout.restarts;
+                at(now_ + back, kRestart, uint32_t(ni));
+            }
             return;
         }
         n.draining = true;
@@ -971,13 +1067,17 @@ class World {
         ++n.drains;
         if (Cell & c = cells_[size_t(n.cell)]; c.brain) c.brain->node_draining(n.name);
         publish(ni);
-        for (uint32_t id : n.sessions) {
-            const Session & s = sessions_[id];
-            if (s.node != ni || s.paused) continue;
-            const int64_t into = std::max<int64_t>(0, now_ - s.seg_start);
-            at(now_ + (s.period - into % s.period) % s.period, kMovable, id, uint32_t(ni));
-        }
+        for (uint32_t id : n.sessions)
+            if (sessions_[id].node == ni) offer_at_boundary(id, ni);
         at(now_ + 1000, kDrainCheck, uint32_t(ni), n.drains);
+    }
+
+    //! The node offers the session once its step under way is done.
+    void offer_at_boundary(uint32_t id, int32_t ni) {
+        const Session & s = sessions_[id];
+        if (s.paused) return;
+        const int64_t into = std::max<int64_t>(0, now_ - s.seg_start);
+        at(now_ + (s.period - into % s.period) % s.period, kMovable, id, uint32_t(ni));
     }
 
     void movable(uint32_t id, int32_t ni) {
@@ -1002,7 +1102,7 @@ class World {
             // Offers a new brain has not heard (its leader changed) are made again every few seconds.
             if ((now_ / 1000) % 5 == 0)
                 for (uint32_t id : n.sessions)
-                    if (sessions_[id].node == ni) at(now_, kMovable, id, uint32_t(ni));
+                    if (sessions_[id].node == ni) offer_at_boundary(id, ni);
             at(now_ + 1000, kDrainCheck, uint32_t(ni), drain);
             return;
         }
@@ -1015,6 +1115,10 @@ class World {
             s.paused = false;
             s.waiting_since = now_;
             ++r_.rollout.failed_over;
+            if (s.fault == kNone) {
+                s.fault = rollout_fault_;
+                ++r_.faults[size_t(rollout_fault_)].sessions_hit;
+            }
         }
         n.sessions.clear();
         n.held_runs.clear();
@@ -1067,7 +1171,7 @@ class World {
         int64_t leased = 0, sum = 0, most = 0, running = 0;
         for (const auto & n : nodes_) {
             if (!n.up || n.hung) continue;
-            leased += n.lease;
+            leased += n.lease && !n.partitioned;
             ++running;
             sum += int64_t(n.sessions.size());
             most = std::max(most, int64_t(n.sessions.size()));
@@ -1134,6 +1238,7 @@ class World {
     std::vector<int32_t> think_;
     std::unique_ptr<cluster::GlobalBrain> global_;
     std::unique_ptr<cluster::Rollout> rollout_;
+    int32_t rollout_fault_ = kNone;
     cluster::Shares gw_shares_, last_split_;
     int64_t last_split_ms_ = -1000000;
     std::vector<int> cell_free_;

@@ -201,7 +201,7 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   let killed = null;
   let maxWave = 0;
   let maxRestartingInACell = 0;
-  let watched = false;  // the first wave waited while the fleet was watched (--settle 8: 8 s)
+  let firstWaveAt = null;  // when wave 1 started: after 8 s of watching the fleet (--settle 8)
   const ids = new Set();
   const dashboard = [];  // the gateway dashboard's rollout panel, as read each second
   const final = await watch(async (st) => {
@@ -209,7 +209,7 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
     if (snap?.rollout) dashboard.push(snap.rollout);
     if (!st.state) return;
     ids.add(st.state.id);
-    if (st.state.wave === 0 && st.state.reason === 'watching the fleet before the first wave') watched = true;
+    if (st.state.wave === 1 && firstWaveAt === null) firstWaveAt = st.state.wave_started_ms;
     assert.ok(st.state.wave >= maxWave, `the wave went back from ${maxWave} to ${st.state.wave}`);
     maxWave = st.state.wave;
     const restarting = {};
@@ -233,7 +233,8 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   assert.equal(final.state.phase, 'done', JSON.stringify(final.state));
   assert.deepEqual([...ids], [id], 'one rollout throughout');
   assert.ok(final.state.wave >= 3, `waves: ${final.state.wave}`);
-  assert.ok(watched, 'status said the fleet was watched before the first wave');
+  const startedAt = Number(id.slice(2));  // r-<ms>: when `start` wrote it
+  assert.ok(firstWaveAt - startedAt >= 8000, `wave 1 started ${firstWaveAt - startedAt} ms after the start`);
   assert.equal(maxRestartingInACell, 1, 'never two nodes of a cell restarting at once');
   assert.ok(killed, 'the leader was killed mid-rollout');
   const standby = globals.find((g) => g !== killed);

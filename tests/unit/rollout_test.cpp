@@ -197,6 +197,31 @@ TEST(Rollout, ADrainingNodeInACellHoldsItsRestarts) {
     EXPECT_EQ(f.turn(r).size(), 2u);
 }
 
+TEST(Rollout, ANodeHeldByADrainThatDoesNotEndPausesTheRolloutAndSaysWhy) {
+    Fleet f(2, 3);
+    f.nodes["a-2"].draining = true;  // an operator's drain that never ends
+    auto s = spec(34);
+    Rollout r(s, std::nullopt, f.t);
+    f.turn(r);
+    ASSERT_EQ(r.state().wave_nodes.count("a-0"), 1u);
+    EXPECT_EQ(r.state().wave_nodes.at("a-0").phase, "pending");
+    for (int i = 0; i < 40 && r.state().phase == "running"; ++i)
+        f.turn(r);
+    EXPECT_EQ(r.state().phase, "paused");
+    EXPECT_EQ(r.state().reason,
+              "a-0 has waited over 20 s to restart while a-2 of cell a drains; resume once that "
+              "drain is over");
+    EXPECT_EQ(r.state().wave_nodes.at("a-0").phase, "pending");
+    EXPECT_EQ(f.restarts.count("a-0"), 0u);
+    EXPECT_EQ(f.restarts.count("b-0"), 1u);  // the other cell went on
+    // The drain ends; the operator resumes; the rollout finishes.
+    f.nodes["a-2"].draining = false;
+    r.command({"r-1", 1, "resume", false}, f.t);
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "done");
+    EXPECT_EQ(f.on("v2"), 6);
+}
+
 TEST(Rollout, PauseStartsNothingNewAndResumeGoesOn) {
     Fleet f(1, 4);
     Rollout r(spec(25), std::nullopt, f.t);
@@ -386,7 +411,7 @@ TEST(Rollout, TheFirstWaveWaitsWhileTheFleetIsWatchedAndItsGatesCompareWithThat)
         const bool asked = !f.turn(r).empty();
         if (r.state().wave > 0) break;
         EXPECT_FALSE(asked);
-        EXPECT_EQ(r.state().reason, "watching the fleet before the first wave");
+        EXPECT_EQ(r.state().reason, "watching the fleet before wave 1");
         ASSERT_LT(f.t - t0, 20000);
     }
     EXPECT_GE(f.t - t0, 8000);
@@ -437,6 +462,28 @@ TEST(Rollout, ANewProcessCountsFromZero) {
         EXPECT_GE(g.rest, 0) << g.signal;
         if (g.signal == "error_codes") EXPECT_EQ(g.rest, 0);
     }
+}
+
+TEST(Rollout, ALeaderThatTakesOverBetweenWavesWatchesTheFleetBeforeTheNext) {
+    Fleet f(2, 3);
+    auto s = spec(34);
+    s.before_ms = 5000;
+    std::optional<Rollout> r;
+    r.emplace(s, std::nullopt, f.t);
+    for (int i = 0; i < 200 && r->state().history.empty(); ++i)
+        f.turn(*r);
+    ASSERT_EQ(r->state().history.size(), 1u);
+    ASSERT_TRUE(r->state().wave_nodes.empty());  // wave 1 passed; wave 2 not started yet
+    const RolloutState persisted = r->state();
+    r.emplace(s, persisted, f.t);
+    const int64_t took_over = f.t;
+    while (r->state().wave == 1) {
+        EXPECT_TRUE(f.turn(*r).empty() || r->state().wave == 2);
+        if (r->state().wave == 1) EXPECT_EQ(r->state().reason, "watching the fleet before wave 2");
+        ASSERT_LT(f.t - took_over, 20000);
+    }
+    EXPECT_GE(f.t - took_over, 5000);
+    EXPECT_GT(r->state().before.steps, 0);
 }
 
 TEST(Rollout, ANewLeaderResumesFromTheStateWithTheSameGens) {

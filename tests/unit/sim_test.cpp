@@ -76,6 +76,69 @@ TEST(Sim, AScenarioWithAnUnknownOrOutOfRangeSettingIsRefusedByName) {
     EXPECT_NE(err.find("'waves'"), std::string::npos) << err;
 }
 
+// One cell of 3 nodes; a node is cut off from etcd and NATS (not from PostgreSQL) at 10 s.
+Scenario partitioned(double for_s) {
+    std::string err;
+    auto s = parse_scenario(R"(
+cells: 1
+nodes_per_cell: 3
+duration_s: 120
+node: {sessions: 16}
+tenants:
+  - {name: a, rate_per_s: 1, steps: 8, tool_ms: 500, think_ms: 1000, initial: 24}
+faults:
+  - {kind: partition, at_s: 10, cell: 0, node: 1, for_s: )" +
+                                std::to_string(for_s) + "}\n",
+                            err);
+    EXPECT_TRUE(s) << err;
+    return *s;
+}
+
+TEST(Sim, APartitionPastTheLeaseMovesTheNodesSessionsAndFencesItsLateCommits) {
+    const auto r = run(partitioned(10), {4, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    ASSERT_EQ(r.faults.size(), 1u);
+    EXPECT_EQ(r.faults[0].what, "partition cell0-n1");
+    EXPECT_GT(r.faults[0].sessions_hit, 0);
+    EXPECT_EQ(r.faults[0].resumed, r.faults[0].sessions_hit);
+    // Resumed elsewhere after the lease (3 s) ran out, while the node still ran them: those
+    // runs were stopped at their next commit.
+    EXPECT_GT(r.faults[0].last_resume_s, 3.0);
+    EXPECT_GT(r.fenced_writes, 0);
+    EXPECT_EQ(r.sessions_stranded, 0);
+}
+
+TEST(Sim, APartitionShorterThanTheLeaseMovesNothing) {
+    const auto r = run(partitioned(1), {4, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    EXPECT_GT(r.faults[0].sessions_hit, 0);
+    EXPECT_EQ(r.faults[0].resumed, r.faults[0].sessions_hit);
+    EXPECT_EQ(r.fenced_writes, 0);
+    EXPECT_EQ(r.faults[0].peak_moves_per_s, 0);
+}
+
+TEST(Sim, ASlowDiskSlowsTheNodesStepsForItsTime) {
+    std::string err;
+    const std::string base = R"(
+cells: 1
+nodes_per_cell: 2
+duration_s: 60
+node: {sessions: 16, tokens_per_s: 800, seq_tokens_per_s: 25, step_tokens: 32}
+tenants:
+  - {name: a, rate_per_s: 1, steps: 8, tool_ms: 500, think_ms: 1000, initial: 20}
+)";
+    const auto fast = parse_scenario(base, err);
+    const auto slow =
+        parse_scenario(base + "faults: [{kind: slow_disk, at_s: 5, cell: 0, node: 0, for_s: 30, ms: 3000}]\n", err);
+    ASSERT_TRUE(fast && slow) << err;
+    const auto a = run(*fast, {2, false}), b = run(*slow, {2, false});
+    EXPECT_TRUE(b.violations.empty()) << b.violations.front().what;
+    const double slo_a = double(a.steps_in_slo) / double(a.steps), slo_b = double(b.steps_in_slo) / double(b.steps);
+    EXPECT_EQ(slo_a, 1.0);
+    EXPECT_LT(slo_b, 0.9) << b.steps_in_slo << " of " << b.steps;
+    EXPECT_LT(b.steps, a.steps);
+}
+
 // 4 cells of 4 nodes, sessions running throughout; the real Rollout upgrades them in waves of
 // 25%, one node per cell at a time. The simulator carries out its restarts as `cluster up` does:
 // drain (the cell brain moves sessions between steps), exit, start on the new version.
@@ -118,12 +181,23 @@ TEST(Sim, ARolloutUpgradesEveryNodeInWavesWithNoSessionLost) {
     EXPECT_EQ(r.rollout.waves, 4);  // 25% of 16 nodes is 4, one per cell
     EXPECT_EQ(r.rollout.restarts, 16);
     EXPECT_EQ(r.rollout.nodes_on_new, 16);
-    EXPECT_GT(r.rollout.ended_s, r.rollout.started_s);
     // Drains moved sessions away between steps; none waited for the drain timeout.
     EXPECT_GT(r.rollout.drain_moves, 0);
     EXPECT_EQ(r.rollout.failed_over, 0);
-    EXPECT_GT(r.rollout.peak_leases_per_s, 0);
     EXPECT_EQ(run(s, {5, false}).trace_hash, r.trace_hash);
+}
+
+TEST(Sim, SessionsADrainLeavesAtItsTimeoutFailOverAndAreResumed) {
+    Scenario s = rollout_scenario(false);
+    s.rollout.drain_timeout_s = 1;  // shorter than a step: most sessions are still there
+    const auto r = run(s, {5, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    EXPECT_EQ(r.rollout.phase, "done") << r.rollout.fired;
+    EXPECT_GT(r.rollout.failed_over, 0);
+    ASSERT_EQ(r.faults.size(), 1u);
+    EXPECT_EQ(r.faults[0].what, "rollout drain timeouts");
+    EXPECT_EQ(r.faults[0].sessions_hit, r.rollout.failed_over);
+    EXPECT_EQ(r.faults[0].resumed, r.faults[0].sessions_hit);
 }
 
 TEST(Sim, ARolloutToABadVersionHaltsAfterItsFirstWaveAndRollsItBack) {
