@@ -652,12 +652,14 @@ class World {
         if (cells_[size_t(n.cell)].brain) cells_[size_t(n.cell)].brain->node_down(n.name);
     }
 
-    void crash(int32_t ni, int32_t fault) {
-        Node & n = nodes_[size_t(ni)];
-        if (!n.up) return;
-        for (uint32_t id : n.sessions) {
+    //! The node stops: its runs' finished steps are durable, and the sessions wait for another
+    //! node, marked with `fault` (if any, and none marks them yet). Returns how many it ran.
+    int64_t release_runs(int32_t ni, int32_t fault) {
+        int64_t n = 0;
+        for (uint32_t id : nodes_[size_t(ni)].sessions) {
             Session & s = sessions_[id];
             if (s.node != ni) continue;
+            ++n;
             stop_run(id);
             s.node = kNone;
             s.paused = false;
@@ -667,6 +669,13 @@ class World {
                 ++r_.faults[size_t(fault)].sessions_hit;
             }
         }
+        return n;
+    }
+
+    void crash(int32_t ni, int32_t fault) {
+        Node & n = nodes_[size_t(ni)];
+        if (!n.up) return;
+        release_runs(ni, fault);
         n.sessions.clear();
         n.held_runs.clear();
         n.up = false;
@@ -1107,19 +1116,7 @@ class World {
             return;
         }
         // Empty or out of time: it exits, revoking its lease; what it still ran fails over.
-        for (uint32_t id : n.sessions) {
-            Session & s = sessions_[id];
-            if (s.node != ni) continue;
-            stop_run(id);
-            s.node = kNone;
-            s.paused = false;
-            s.waiting_since = now_;
-            ++r_.rollout.failed_over;
-            if (s.fault == kNone) {
-                s.fault = rollout_fault_;
-                ++r_.faults[size_t(rollout_fault_)].sessions_hit;
-            }
-        }
+        r_.rollout.failed_over += release_runs(ni, rollout_fault_);
         n.sessions.clear();
         n.held_runs.clear();
         n.up = false;
