@@ -291,3 +291,34 @@ test('armada cell drain NODE: the node drains and leaves the cluster; an unknown
   assert.match(log, /draining/);
   assert.match(log, /drained; stopping/);
 });
+
+test('with etcd gone the page says its view is the last known one, and it goes live when etcd is back', { timeout: 120000 * SLOW }, async () => {
+  const snapshot = () => fetch(`${gw}/dashboard/snapshot`, { headers: bearer() }).then((r) => r.json());
+  assert.equal((await snapshot()).etcd_ok, true);
+  const browser = await chromium.launch({ executablePath: CHROMIUM });
+  try {
+    const context = await browser.newContext({ httpCredentials: { username: 'ops', password: KEY } });
+    const page = await context.newPage();
+    const problems = [];
+    page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+    assert.equal((await page.goto(`${gw}/dashboard`)).status(), 200);
+    await page.waitForSelector('#status.live', { timeout: 10000 });
+    // `cluster up` would start etcd again within a fraction of a second: it is held while etcd is
+    // down, then let go.
+    process.kill(up.pid, 'SIGSTOP');
+    try {
+      process.kill(status().servers.etcd.pid, 'SIGKILL');
+      await page.waitForSelector('#status.down', { timeout: 20000 * SLOW });
+      assert.equal(await page.locator('#status').textContent(), 'etcd unreachable: last known view');
+      assert.equal((await snapshot()).etcd_ok, false);
+    } finally {
+      process.kill(up.pid, 'SIGCONT');
+    }
+    await page.waitForSelector('#status.live', { timeout: 30000 * SLOW });
+    assert.equal(await page.locator('#status').textContent(), 'live');
+    assert.equal((await snapshot()).etcd_ok, true);
+    assert.deepEqual(problems, [], 'the page raised no error');
+  } finally {
+    await browser.close();
+  }
+});
