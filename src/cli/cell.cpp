@@ -9,6 +9,7 @@
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
+#include "obs/log.h"
 #include "obs/trace.h"
 #include "store/postgres_store.h"
 
@@ -61,11 +62,9 @@ class CellProcess {
             if (auto e = elected_.serve_metrics(o_.metrics_host, o_.metrics_port); !e.empty())
                 return fail("metrics listener: " + e);
         }
-        printf("armada: cell brain %s of cell %s started\n", o_.name.c_str(), o_.cell.c_str());
-        fflush(stdout);
+        obs::announce(fmt::format("armada: cell brain {} of cell {} started", o_.name, o_.cell));
         elected_.run(brain_election(cfg_, o_.cell), o_.name, [this](const EtcdLeader & me) {
-            printf("armada: cell brain %s leads cell %s\n", o_.name.c_str(), o_.cell.c_str());
-            fflush(stdout);
+            obs::announce(fmt::format("armada: cell brain {} leads cell {}", o_.name, o_.cell));
             lead(me);
         });
         spdlog::info("cell {}: brain {} stopped", o_.cell, o_.name);
@@ -392,6 +391,9 @@ class CellProcess {
                 span.set("armada.node", p.node);
                 span.set("armada.epoch", p.epoch);
                 span.set("armada.brain.epoch", me.rev);
+                // The lines below about this session carry it and its trace (JSON logs).
+                const obs::LogScope log_scope(p.session,
+                                              obs::tracer()->enabled() ? std::optional(span.context()) : parent);
                 if (!st.ok) {
                     if (!st.fenced) spdlog::warn("cell {}: assigning {}: {}", o_.cell, p.session, st.error);
                     brain.place_failed(p.session);

@@ -2,6 +2,7 @@
 
 #include "api/http_server.h"
 #include "cluster/cluster_config.h"
+#include "obs/log.h"
 #include "obs/trace.h"
 
 #include <spdlog/spdlog.h>
@@ -110,8 +111,7 @@ std::string Elected::serve_metrics(const std::string & host, int port) {
     });
     if (auto e = http->listen(); !e.empty()) return e;
     http->run();
-    printf("armada: metrics on http://%s:%u/metrics\n", host.c_str(), unsigned(http->port()));
-    fflush(stdout);
+    obs::announce(fmt::format("armada: metrics on http://{}:{}/metrics", host, http->port()));
     listener_ = http;
     return {};
 }

@@ -10,6 +10,7 @@
 #include "cluster/queue.h"
 #include "cluster/restarter.h"
 #include "cluster/rollout.h"
+#include "obs/log.h"
 #include "store/postgres_store.h"
 
 #include <spdlog/spdlog.h>
@@ -53,11 +54,9 @@ class GlobalProcess {
             if (auto e = elected_.serve_metrics(o_.metrics_host, o_.metrics_port); !e.empty())
                 return fail("metrics listener: " + e);
         }
-        printf("armada: global brain %s started\n", o_.name.c_str());
-        fflush(stdout);
+        obs::announce(fmt::format("armada: global brain {} started", o_.name));
         elected_.run(global_election(cfg_), o_.name, [this](const EtcdLeader & me) {
-            printf("armada: global brain %s leads\n", o_.name.c_str());
-            fflush(stdout);
+            obs::announce(fmt::format("armada: global brain {} leads", o_.name));
             lead(me);
         });
         spdlog::info("global: brain {} stopped", o_.name);

@@ -17,6 +17,7 @@
 #include "engine/model.h"
 #include "gateway/pool_steps.h"
 #include "gateway/pools.h"
+#include "obs/log.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
 #include "store/crash_point.h"
@@ -388,12 +389,11 @@ int serve(const ServeOptions & opt) {
             return 1;
         }
         metrics_http->run();
-        printf("armada: metrics on http://%s:%u/metrics\n", opt.metrics_host.c_str(), unsigned(metrics_http->port()));
+        obs::announce(fmt::format("armada: metrics on http://{}:{}/metrics", opt.metrics_host, metrics_http->port()));
     }
     http.run();
-    printf("armada: listening on %s://%s:%u (loading model)\n", http.tls() ? "https" : "http", opt.http.host.c_str(),
-           unsigned(http.port()));
-    fflush(stdout);
+    obs::announce(fmt::format("armada: listening on {}://{}:{} (loading model)", http.tls() ? "https" : "http",
+                              opt.http.host, http.port()));
     auto stop_listeners = [&] {
         http.stop();
         if (metrics_http) metrics_http->stop();
@@ -573,9 +573,9 @@ int serve(const ServeOptions & opt) {
         return tools::import_mcp_tools(a.mcp_servers, a.tools, guard, tool_tls.get(), opt.mcp_discover_ms);
     });
     if (declared > 0)
-        printf("armada: %zu agents declared through the API loaded from %s\n", declared, opt.data_dir.c_str());
+        obs::announce(fmt::format("armada: {} agents declared through the API loaded from {}", declared, opt.data_dir));
     const size_t resumed = sessions.resume_all();
-    if (resumed > 0) printf("armada: resumed %zu sessions from %s\n", resumed, opt.data_dir.c_str());
+    if (resumed > 0) obs::announce(fmt::format("armada: resumed {} sessions from {}", resumed, opt.data_dir));
     api::SessionsApi sessions_api(sessions, [&](agent::AgentSpec a, const std::string & tenant,
                                                 std::function<void(std::string, agent::AgentSpec)> done) {
         auto spec = std::make_shared<agent::AgentSpec>(std::move(a));
@@ -608,9 +608,8 @@ int serve(const ServeOptions & opt) {
             kv_sender.send(id, std::move(out));
         });
     router.set_service(&svc, &eng, &sessions_api, &responses);
-    printf("armada: ready, model %s, %d sequences x %d tokens%s\n", model->id().c_str(), opt.engine.n_seq_max,
-           eng.n_ctx_seq(), n_engines > 1 ? (" on " + std::to_string(n_engines) + " engines").c_str() : "");
-    fflush(stdout);
+    obs::announce(fmt::format("armada: ready, model {}, {} sequences x {} tokens{}", model->id(), opt.engine.n_seq_max,
+                              eng.n_ctx_seq(), n_engines > 1 ? " on " + std::to_string(n_engines) + " engines" : ""));
 
     // Cluster mode: join the cell (a lease and load reports in etcd) and take its commands.
     std::unique_ptr<ClusterNode> cluster_node;
@@ -683,8 +682,7 @@ int serve(const ServeOptions & opt) {
             fflush(nullptr);
             std::_Exit(1);
         }
-        printf("armada: node %s joined cell %s at %s\n", node_name.c_str(), opt.cell.c_str(), url.c_str());
-        fflush(stdout);
+        obs::announce(fmt::format("armada: node {} joined cell {} at {}", node_name, opt.cell, url));
     }
 
     // The main thread waits for a stop signal, and meanwhile deletes what outlived the TTL

@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 
 namespace armada::obs {
@@ -67,8 +69,26 @@ std::string json_log_line(int64_t unix_ms, const std::string & level, const std:
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+namespace {
+std::atomic<bool> g_json_logs{false};
+}
+
 void use_json_logs() {
+    g_json_logs = true;
     spdlog::set_formatter(std::make_unique<JsonFormatter>());
+}
+
+void announce(const std::string & line) {
+    std::string out = line;
+    if (g_json_logs.load()) {
+        const auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        out = json_log_line(int64_t(ms), "info", line, nullptr);
+    }
+    out += '\n';
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
 }
 
 }  // namespace armada::obs

@@ -36,4 +36,8 @@ std::string json_log_line(int64_t unix_ms, const std::string & level, const std:
 //! Switches the process's logger to JSON lines (same sink, one object per line).
 void use_json_logs();
 
+//! A line for the person or script that started the process ("listening on …", "leads …"), on
+//! stdout and flushed at once; with JSON logs, as a JSON line like the log's own.
+void announce(const std::string & line);
+
 }  // namespace armada::obs

@@ -254,4 +254,15 @@ test('kill -9 every process of a cell: its sessions are re-homed to the other an
     `${next[next.length >> 1]} max ${next.at(-1)}`);
   const g = status().processes.filter((p) => p.role === 'global').map((p) => logOf(p.name)).join('');
   assert.match(g, new RegExp(`re-homed \\d+ session\\(s\\) of lost cell ${victim}`));
+  // The global brains count those re-homes as decisions, and time them.
+  let rehomes = 0;
+  let timed = 0;
+  for (const p of status().processes.filter((x) => x.role === 'global' && alive(x.pid))) {
+    const text = await fetch(`${p.url}/metrics`).then((x) => x.text());
+    rehomes += metricSum(text, 'armada_brain_decisions_total', 'kind="rehome"');
+    timed += metricSum(text, 'armada_brain_decision_seconds_count');
+    assert.equal(metricSum(text, 'armada_brain_decision_seconds_bucket', 'le="+Inf"'),
+      metricSum(text, 'armada_brain_decision_seconds_count'), p.name);
+  }
+  assert.ok(rehomes > 0 && timed > 0, `${rehomes} re-homes counted, in ${timed} timed rounds`);
 });

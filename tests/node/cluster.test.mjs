@@ -998,6 +998,14 @@ test('a standby waits on observe, not by campaigning again; the leader resigns o
   assert.ok(lm('armada_brain_epoch') > 0);
   assert.ok(lm('armada_brain_decisions_total', 'kind="place"') + sm('armada_brain_decisions_total', 'kind="place"') > 0,
     'the sessions of the tests before were placed by these brains');
+  // Re-placements, by kind: sessions of the lost nodes moved (the fault tests), and the drained
+  // node's moved with their KV. Each round of decisions is timed.
+  const both = (name, labels) => lm(name, labels) + sm(name, labels);
+  assert.ok(both('armada_brain_decisions_total', 'kind="move"') > 0, 'the lost nodes\' sessions were re-placed');
+  assert.ok(both('armada_brain_decisions_total', 'kind="migrate"') > 0, 'the drained node\'s sessions migrated');
+  const rounds = both('armada_brain_decision_seconds_count');
+  assert.ok(rounds > 0 && both('armada_brain_decision_seconds_sum') > 0, `${rounds} timed rounds of decisions`);
+  assert.equal(both('armada_brain_decision_seconds_bucket', 'le="+Inf"'), rounds);
   // The cell's aggregates and its chain survival, read from the store's rows: the 64 sessions of
   // the first fault test completed in this hour, whatever was killed under them.
   const cell = (name, outcome) => lm(name, outcome ? `cell="cell0",outcome="${outcome}"` : 'cell="cell0"');

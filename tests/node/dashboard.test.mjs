@@ -230,7 +230,11 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
         kv: Number.isNaN(kv) ? '–' : `${(100 * kv).toFixed(1)}%`,
         waiting: String(metricSum(nm, 'armada_sessions_live', 'state="waiting_input"')),
         liveTotal: String(c('armada_cell_live_sessions')),
+        step: true,
       };
+      // The cell's step latency, shown to a tenth of a millisecond.
+      const stepMs = 1000 * c('armada_cell_step_latency_seconds');
+      const stepText = await cellField('step_ms');
       const got = {
         nodes: await cellField('nodes'),
         live: await cellField('live_sessions'),
@@ -240,6 +244,8 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
         kv: await cellField('kv_watermark'),
         waiting: await text('[data-state="waiting_input"]').catch(() => null),
         liveTotal: await text('[data-total="live_sessions"]'),
+        step: stepMs > 0 ? Math.abs(parseFloat(stepText) - stepMs) <= 0.051 && /^[0-9.]+ ms$/.test(stepText)
+          : stepText === '–',
       };
       last = { want, got };
       return JSON.stringify(want) === JSON.stringify(got) && last;

@@ -84,6 +84,8 @@ async function startCluster(args, { model, env }) {
     base,
     // The node's own address: its engine and session metrics are there, not on the gateway.
     metricsBase: status.processes.find((p) => p.role === 'node').url,
+    // Every process of the cluster (role, name, url, log) as `cluster up` lists them.
+    processes: status.processes,
     proc,
     stderr: () => out + logs(),
     stdout: () => out + logs(),

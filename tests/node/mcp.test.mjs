@@ -10,6 +10,7 @@ import OpenAI from 'openai';
 import { startServer, rawPost } from './harness.mjs';
 import { tempDir, writeAgents } from './agents.mjs';
 import { getJson, waitFor } from './session_helpers.mjs';
+import { startRecordingProxy } from './mcp_peer.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const everything = path.join(here, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js');
@@ -42,6 +43,8 @@ async function startEverything(port) {
 test('MCP tools are imported, called, and survive a server restart', { timeout: 300000 }, async () => {
   const port = await freePort();
   let mcp = await startEverything(port);
+  // The agent reaches the server through a proxy that records each request's trace context.
+  const proxy = await startRecordingProxy(port, ['traceparent']);
   const dir = tempDir('armada-mcp-');
   const yaml = `agents:
   - id: mcpworker
@@ -52,7 +55,7 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
     limits: { max_steps: 5, max_tokens_per_step: 96 }
     tools:
       - mcp:
-          url: http://127.0.0.1:${port}/mcp
+          url: ${proxy.url}
           allowed_tools: [get-sum]
 `;
   let srv;
@@ -62,8 +65,8 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
     const agents = await getJson(srv.base, '/v1/agents');
     assert.deepEqual(agents.json.data.find((a) => a.id === 'mcpworker').tools, ['get-sum']);
 
-    const run = async () => {
-      const r = await rawPost(srv.base, '/v1/agents/mcpworker/sessions', { input: 'add numbers' });
+    const run = async (headers = {}) => {
+      const r = await rawPost(srv.base, '/v1/agents/mcpworker/sessions', { input: 'add numbers' }, headers);
       assert.equal(r.status, 200, r.text);
       const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
       assert.equal(s.state, 'completed', s.reason);
@@ -74,7 +77,16 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
         assert.match(res.data.content, /^The sum of -?[\d.e+-]+ and -?[\d.e+-]+ is -?[\d.e+-]+\.$/);
       }
     };
-    await run();
+    // The client's trace goes on to the MCP server: each tools/call carries the context of the
+    // call's own execute_tool span, a child in the client's trace.
+    const trace = '5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d';
+    const clientSpan = '0102030405060708';
+    await run({ traceparent: `00-${trace}-${clientSpan}-01` });
+    const sent = proxy.log.filter((e) => e.method === 'tools/call');
+    assert.equal(sent.length, 2, JSON.stringify(proxy.log));
+    for (const e of sent) assert.match(e.traceparent ?? '', new RegExp(`^00-${trace}-[0-9a-f]{16}-01$`));
+    const spans = sent.map((e) => e.traceparent.split('-')[2]);
+    assert.equal(new Set([...spans, clientSpan]).size, 3, 'one span per call, neither the client\'s own');
     // A restarted server has forgotten the MCP session; the client initializes again.
     mcp.kill('SIGTERM');
     await new Promise((r) => mcp.on('exit', r));
@@ -110,5 +122,6 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
   } finally {
     if (srv) await srv.stop();
     mcp.kill('SIGTERM');
+    await proxy.close();
   }
 });

@@ -44,7 +44,7 @@ export async function startRecordingProxy(targetPort, watch = ['authorization', 
     req.on('end', () => {
       let method = null;
       try { method = JSON.parse(body).method ?? null; } catch { /* not JSON */ }
-      const entry = { method, session: req.headers['mcp-session-id'] ?? null };
+      const entry = { method, path: req.url, session: req.headers['mcp-session-id'] ?? null };
       for (const h of watch) entry[h] = req.headers[h] ?? null;
       log.push(entry);
       const up = http.request({ host: '127.0.0.1', port: targetPort, path: req.url, method: req.method, headers: req.headers },
@@ -53,12 +53,15 @@ export async function startRecordingProxy(targetPort, watch = ['authorization', 
           res.writeHead(r.statusCode, r.headers);
           r.pipe(res);
         });
-      up.on('error', () => { res.writeHead(502); res.end(); });
+      up.on('error', () => { if (!res.headersSent) res.writeHead(502); res.end(); });
+      // A client that goes away takes the upstream request with it.
+      res.on('close', () => { if (!res.writableFinished) up.destroy(); });
       up.end(body);
     });
   });
   await new Promise((r) => server.listen(0, '127.0.0.1', r));
-  return { url: `http://127.0.0.1:${server.address().port}/mcp`, log, close: () => new Promise((r) => server.close(r)) };
+  const base = `http://127.0.0.1:${server.address().port}`;
+  return { url: `${base}/mcp`, base, log, close: () => new Promise((r) => server.close(r)) };
 }
 
 // A server that accepts connections and never answers (a hung MCP server).

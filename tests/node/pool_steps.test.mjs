@@ -11,6 +11,7 @@ import { tempDir } from './agents.mjs';
 import { startDocumentTool } from './tool_server.mjs';
 import { waitFor as waitSession } from './session_helpers.mjs';
 import { startLlamaServer, waitFor } from './cluster_helpers.mjs';
+import { startRecordingProxy } from './mcp_peer.mjs';
 
 const LLAMA_SERVER = process.env.LLAMA_SERVER;
 let dir;
@@ -25,8 +26,8 @@ async function llamaMetric(name) {
   return m ? Number(m[1]) : 0;
 }
 
-const session = async (node = srv) => {
-  const r = await rawPost(node.base, '/v1/agents/reader/sessions', { input: 'Read the document, then answer.' });
+const session = async (node = srv, headers = {}) => {
+  const r = await rawPost(node.base, '/v1/agents/reader/sessions', { input: 'Read the document, then answer.' }, headers);
   assert.equal(r.status, 200, r.text);
   return r.json.id;
 };
@@ -162,6 +163,50 @@ test('SIGHUP reads the pools and rules again: with a higher threshold the long s
   } finally {
     fs.writeFileSync(file, original);
     await hup();
+  }
+});
+
+test('a step on the pool carries the trace context of its chat span to the upstream', async () => {
+  const file = path.join(dir, 'pools.yaml');
+  const original = fs.readFileSync(file, 'utf8');
+  const proxy = await startRecordingProxy(llama.port, ['traceparent']);
+  // Each upstream (by URL) says when it has answered /health and a warm-up request.
+  const warmed = (url) => (srv.stdout() + srv.stderr()).split(`pool gpu: ${url} is up (warmed)`).length - 1;
+  const reloads = () => (srv.stdout() + srv.stderr()).split('SIGHUP: pools reloaded').length - 1;
+  const hup = async () => {
+    const n = reloads();
+    srv.proc.kill('SIGHUP');
+    await waitFor('the pools reloaded', async () => reloads() > n, 30000);
+  };
+  try {
+    // The same llama-server behind a proxy that records each request's traceparent.
+    const w = warmed(proxy.base);
+    fs.writeFileSync(file, original.replace(`http://127.0.0.1:${llama.port}`, proxy.base));
+    await hup();
+    await waitFor('the proxied upstream warmed', async () => warmed(proxy.base) > w, 30000);
+    const trace = '0af7651916cd43dd8448eb211c80319c';
+    const clientSpan = 'b7ad6b7169203331';
+    const s = await waitSession(srv.base, await session(srv, { traceparent: `00-${trace}-${clientSpan}-01` }),
+      ['completed', 'failed'], { timeoutMs: 180000 });
+    assert.equal(s.state, 'completed', s.reason);
+    // The steps sent to the pool: those it ran, and those it failed that the node ran instead
+    // (llama-server can refuse this random-weight model's output as unparseable).
+    const sent = outputs(s).filter((o) => o.ran_on === 'gpu' || o.pool_fallback).length;
+    assert.ok(outputs(s).some((o) => o.ran_on === 'gpu'), JSON.stringify(outputs(s)) + '\n' + nodeLog().slice(-3000));
+    // One request per step sent carries the client's trace, each under a span of its own.
+    const traced = proxy.log.filter((e) => (e.traceparent ?? '').includes(trace));
+    assert.equal(traced.length, sent, JSON.stringify(proxy.log));
+    for (const e of traced) assert.match(e.traceparent, new RegExp(`^00-${trace}-[0-9a-f]{16}-01$`));
+    const spans = new Set(traced.map((e) => e.traceparent.split('-')[2]));
+    assert.equal(spans.size, sent);
+    assert.ok(!spans.has(clientSpan), 'a step\'s own span, not the client\'s');
+  } finally {
+    // Back to llama-server itself, warmed again before the next test's long step.
+    const w = warmed(`http://127.0.0.1:${llama.port}`);
+    fs.writeFileSync(file, original);
+    await hup();
+    await waitFor('llama-server warmed again', async () => warmed(`http://127.0.0.1:${llama.port}`) > w, 30000);
+    await proxy.close();
   }
 });
 

@@ -2,7 +2,8 @@
 // past its lease while sessions start, so node0 takes them all and passes its KV watermark. When
 // node1 is back, node0 offers sessions (a few a second) and the brain moves them to node1 with
 // their KV: "compact or migrate, never let the OOM killer choose". Every session still completes
-// with one effect per tool call.
+// with one effect per tool call. Each move is a `migrate` span of the cell brain (to a small OTLP
+// collector), and the brain's JSON log line about it names the session and its trace.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -11,6 +12,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
+import { startOtlpReceiver } from './otlp_receiver.mjs';
 import { alive, clusterUp, metricSum, sleep, waitFor } from './cluster_helpers.mjs';
 
 const SLOW = process.env.ARMADA_TIMING === '0' ? 4 : 1;
@@ -19,6 +21,7 @@ let tools;
 let dir;
 let cluster;
 let stopped = 0;
+let otlp;
 
 const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
 const node = (suffix) => status().processes.find((p) => p.role === 'node' && p.name.endsWith(suffix));
@@ -26,6 +29,7 @@ const nodesInGateway = async () => (await fetch(cluster.gw + '/readyz').then((r)
 
 before(async () => {
   tools = await startToolServer({ hold: true });
+  otlp = await startOtlpReceiver();
   const root = tempDir('armada-rebalance-');
   fs.chmodSync(root, 0o755);
   dir = path.join(root, 'c');
@@ -33,7 +37,10 @@ before(async () => {
   cluster = await clusterUp(['--nodes', '2', '--brains', '1', '-m', tinyModel, '--data-dir', dir, '--port', '0',
     '--agents', agents, '--lease-ttl', String(3 * SLOW), '--node-arg=--tool-allow', '--node-arg=127.0.0.1',
     '--node-arg=-np', '--node-arg=4', '--node-arg=-c', '--node-arg=4096', '--node-arg=-t', '--node-arg=1',
-    '--node-arg=--kv-budget', '--node-arg=2.5M', '--node-arg=--kv-rebalance-at', '--node-arg=0.4'], { timeoutMs: 120000 * SLOW });
+    '--node-arg=--kv-budget', '--node-arg=2.5M', '--node-arg=--kv-rebalance-at', '--node-arg=0.4'], {
+    timeoutMs: 120000 * SLOW,
+    env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: otlp.endpoint, ARMADA_LOG_FORMAT: 'json' },
+  });
   await waitFor('two nodes', async () => (await nodesInGateway()) === 2, 120000);
 });
 
@@ -41,6 +48,7 @@ after(async () => {
   if (stopped && alive(stopped)) process.kill(stopped, 'SIGCONT');
   if (cluster) await cluster.stop();
   if (tools) await tools.close();
+  if (otlp) await otlp.close();
 });
 
 test('a node past its KV watermark moves sessions with their KV to a node with room', { timeout: 300000 * SLOW }, async () => {
@@ -82,6 +90,7 @@ test('a node past its KV watermark moves sessions with their KV to a node with r
     return done.size === ids.length;
   }, 180000);
   let moved = 0;
+  const movedIds = [];
   for (const s of done.values()) {
     assert.equal(s.state, 'completed', `${s.id}: ${s.reason}`);
     assertCompleteLog(s, 1);
@@ -96,6 +105,7 @@ test('a node past its KV watermark moves sessions with their KV to a node with r
     const at = s.steps.findIndex((x) => x.seq === moves[0].seq);
     const next = s.steps.slice(at + 1).find((x) => x.kind === 'model_output');
     assert.equal(next.data.kv_source, 'journal', `${s.id} resumed from the moved KV: ${JSON.stringify(next.data)}`);
+    movedIds.push(s.id);
     ++moved;
   }
   // No tool call was sent twice: the tool server would answer a repeat from its store (one
@@ -105,4 +115,21 @@ test('a node past its KV watermark moves sessions with their KV to a node with r
   console.log(`rebalance: ${moved} of ${SESSIONS} sessions moved from ${n0.name} to ${n1.name} with their KV`);
   assert.ok(moved >= 1, 'a session moved');
   assert.ok(moved < SESSIONS, 'not every session moved: only while node0 was past its watermark');
+
+  // The brain's hop of each move: a `migrate` span naming the session and where it went, and its
+  // log line about the move, which carries the session and that span's trace.
+  const brain = status().processes.find((p) => p.role === 'cell');
+  const lines = fs.readFileSync(brain.log, 'utf8').split('\n').filter((l) => l.trim() !== '');
+  const json = lines.map((l) => { try { return JSON.parse(l); } catch { return null; } });
+  assert.deepEqual(lines.filter((l, i) => !json[i]), [], 'every line of the brain\'s log is JSON');
+  for (const id of movedIds) {
+    const span = await waitFor(`the migrate span of ${id}`, async () => otlp.spans.find((x) =>
+      x.name === 'migrate' && x.attributes['armada.session.id'] === id), 20000);
+    assert.equal(span.service, 'armada-cell');
+    assert.equal(span.attributes['armada.node'], n1.name);
+    assert.equal(span.attributes['armada.cell'], 'cell0');
+    const line = json.find((j) => j?.session_id === id && /moves from .* with its KV/.test(j.msg));
+    assert.ok(line, `the brain logged the move of ${id} with its id`);
+    assert.equal(line.trace_id, span.traceId);
+  }
 });

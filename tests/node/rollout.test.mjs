@@ -204,6 +204,17 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   let firstWaveAt = null;  // when wave 1 started: after 8 s of watching the fleet (--settle 8)
   const ids = new Set();
   const dashboard = [];  // the gateway dashboard's rollout panel, as read each second
+  // Nodes the dashboard showed as draining, polled more often than the panel: a drain lasts
+  // as long as its sessions take to reach a step's end.
+  const drainingSeen = new Set();
+  let polling = true;
+  const poller = (async () => {
+    while (polling) {
+      const snap = await fetch(`${gw}/dashboard/snapshot`).then((r) => r.json()).catch(() => null);
+      for (const n of (snap?.cells ?? []).flatMap((c) => c.node_list)) if (n.draining) drainingSeen.add(n.name);
+      await sleep(150);
+    }
+  })();
   const final = await watch(async (st) => {
     const snap = await fetch(`${gw}/dashboard/snapshot`).then((r) => r.json()).catch(() => null);
     if (snap?.rollout) dashboard.push(snap.rollout);
@@ -224,6 +235,8 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
     }
   }, (st) => st.state && !['running', 'paused', 'rolling_back'].includes(st.state.phase), 360000);
   const peaks = await rates.stop();
+  polling = false;
+  await poller;
   console.log(`peaks per second during the rollout: ${Object.entries(peaks).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(', ')}`);
   // What the assertions below judge, in one line first: CI keeps only the head of the output.
   console.log(`rollout ended: ${JSON.stringify({ phase: final.state.phase, wave: final.state.wave, fired: final.state.fired,
@@ -255,10 +268,19 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   assert.ok(running.length > 0, 'the dashboard showed the rollout running');
   assert.ok(running.some((r) => r.upgraded > 0 && r.upgraded < 6 && r.total === 6), JSON.stringify(running.map((r) => r.upgraded)));
   assert.ok(running.some((r) => r.nodes.length > 0), 'the dashboard listed a wave\'s nodes');
-  await waitFor('the dashboard to show the rollout done', async () => {
+  const shown = await waitFor('the dashboard to show the rollout done', async () => {
     const r = (await fetch(`${gw}/dashboard/snapshot`).then((x) => x.json())).rollout;
-    return r?.id === id && r.phase === 'done' && r.upgraded === 6;
+    return r?.id === id && r.phase === 'done' && r.upgraded === 6 && r;
   }, 10000);
+  // Its waves as the brain counted them, and the four signals of the last wave's gates.
+  assert.equal(shown.wave, final.state.wave);
+  assert.ok(running.some((r) => r.wave > running[0].wave), `the dashboard saw the wave advance: ${JSON.stringify(running.map((r) => r.wave))}`);
+  assert.deepEqual([...new Set(shown.gates.map((g) => g.signal))].sort(),
+    ['error_codes', 'heartbeat', 'step_latency', 'task_success'], JSON.stringify(shown.gates));
+  // Each restart began with a drain, and the dashboard marked draining nodes as such.
+  console.log(`the dashboard showed ${drainingSeen.size} node(s) draining: ${[...drainingSeen].join(', ')}`);
+  assert.ok(drainingSeen.size > 0, 'the dashboard showed a draining node');
+  for (const n of drainingSeen) assert.ok(status().processes.some((p) => p.role === 'node' && p.name === n), n);
   // Sessions ran through it: every one completed, no tool effect repeated.
   const created = await work.stop();
   assert.ok(created.length >= 10, `sessions created during the rollout: ${created.length}`);

@@ -173,6 +173,12 @@ test('a later turn is a new invoke_agent span under the request that brought its
 test('spans the collector refuses are dropped and counted; sessions go on', async () => {
   const metrics = async () => (await fetch(srv.metricsBase + '/metrics')).text();
   const before = metricSum(await metrics(), 'armada_trace_spans_dropped_total');
+  // Through a gateway, its hop and the brain's are dropped and counted in their processes too.
+  const others = viaGateway
+    ? [['gateway', srv.base], ['cell brain', srv.processes.find((p) => p.role === 'cell').url]] : [];
+  const dropped = async (base) => metricSum(await fetch(`${base}/metrics`).then((x) => x.text()),
+    'armada_trace_spans_dropped_total');
+  const othersBefore = await Promise.all(others.map(([, base]) => dropped(base)));
   otlp.state.refuse = true;
   try {
     const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'Process record gamma' });
@@ -188,6 +194,15 @@ test('spans the collector refuses are dropped and counted; sessions go on', asyn
     assert.ok(metricSum(text, 'armada_trace_spans_dropped_total') > before, 'dropped spans are counted');
     assert.ok(metricSum(text, 'armada_trace_spans_exported_total') > 0);
     await assertLintedMetrics(text, 'node /metrics with trace counters');
+    for (const [i, [what, base]] of others.entries()) {
+      const deadline2 = Date.now() + 20000;
+      let n = await dropped(base);
+      while (n <= othersBefore[i] && Date.now() < deadline2) {
+        await new Promise((res) => setTimeout(res, 200));
+        n = await dropped(base);
+      }
+      assert.ok(n > othersBefore[i], `the ${what} counts the spans it dropped (${othersBefore[i]} -> ${n})`);
+    }
   } finally {
     otlp.state.refuse = false;
   }
