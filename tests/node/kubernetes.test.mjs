@@ -65,6 +65,13 @@ test('every object of the base is valid against the Kubernetes API schemas', asy
   for (const o of objs) await assertValid(o);
 });
 
+test('the example overlay\'s own objects are valid too, with or without kustomize', async () => {
+  const k = YAML.parse(fs.readFileSync(path.join(overlay, 'kustomization.yaml'), 'utf8'));
+  const own = (k.resources ?? []).filter((r) => r.endsWith('.yaml'));
+  assert.ok(own.length > 0, 'the overlay adds objects of its own');
+  for (const f of own) for (const o of docs(fs.readFileSync(path.join(overlay, f), 'utf8'))) await assertValid(o);
+});
+
 test('a schema error is caught (the check can fail)', async () => {
   const node = find(baseObjects(), 'StatefulSet', 'armada-node');
   node.spec.template.spec.containers[0].ports[0].containerPort = 'eighty';
