@@ -11,6 +11,7 @@ import path from 'node:path';
 import { startServer, tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
 import { startDocumentTool } from './tool_server.mjs';
+import { startRecordingProxy } from './mcp_peer.mjs';
 import { assertLintedMetrics, clusterUp, metricSum, sanitizerReports, sleep, startLlamaServer, waitFor } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
@@ -451,4 +452,31 @@ test('SIGHUP reloads the pools and routes: a new upstream warms first, a removed
   assert.match(streamed, /data: \[DONE\]/);
   await waitFor('the drained upstream dropped', async () =>
     (await long()).upstreams.every((u) => u.url !== longPool.base), 30000);
+});
+
+test('a request relayed to a pool carries the client\'s trace context to the upstream', { timeout: 120000 * SLOW }, async () => {
+  const status = JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
+  const gatewayPid = status.processes.find((p) => p.role === 'gateway').pid;
+  // The long pool's llama-server, now behind a proxy that records each request's traceparent.
+  const proxy = await startRecordingProxy(llama.port, ['traceparent']);
+  try {
+    const file = path.join(dir, 'cluster.yaml');
+    const yaml = fs.readFileSync(file, 'utf8');
+    const upstream = `{url: 'http://127.0.0.1:${llama.port}', model: tiny, max_in_flight: 4}`;
+    const next = yaml.replaceAll(upstream, `{url: '${proxy.base}', model: tiny, max_in_flight: 4}`);
+    assert.notEqual(next, yaml, 'the test found the upstream in the cluster file');
+    fs.writeFileSync(file, next);
+    process.kill(gatewayPid, 'SIGHUP');
+    await waitFor('the proxied upstream warmed', async () =>
+      (await pools()).long.upstreams.some((u) => u.url === proxy.base && u.state === 'up'), 30000);
+    const trace = '4bf92f3577b34da6a3ce929d0e0e4736';
+    const r = await chat({ model: 'long-model', messages: say('hello', 3) }, { traceparent: `00-${trace}-00f067aa0ba902b7-01` });
+    assert.equal(r.status, 200, await r.text());
+    assert.equal(r.headers.get('x-armada-route'), 'long');
+    const sent = proxy.log.filter((e) => e.path === '/v1/chat/completions' && (e.traceparent ?? '').includes(trace));
+    assert.equal(sent.length, 1, JSON.stringify(proxy.log));
+    assert.match(sent[0].traceparent, new RegExp(`^00-${trace}-[0-9a-f]{16}-01$`));
+  } finally {
+    await proxy.close();
+  }
 });
