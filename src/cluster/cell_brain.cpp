@@ -57,17 +57,17 @@ double CellBrain::kv_free(const std::string & node) const {
 }
 
 void CellBrain::session_movable(const std::string & id, const std::string & node, int64_t epoch) {
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) return;
-    Session & s = it->second;
+    Session * found = sessions_.find(id);
+    if (!found) return;
+    Session & s = *found;
     if (s.node != node || s.epoch != epoch || s.evacuate || !live(node)) return;
     s.evacuate = true;
     index(id, s);
 }
 
 void CellBrain::session_open(const std::string & id, const std::string & node, int64_t epoch) {
-    auto [it, fresh] = sessions_.try_emplace(id);
-    Session & s = it->second;
+    auto [found, fresh] = sessions_.try_emplace(id);
+    Session & s = *found;
     if (fresh) {
         s.order = ++order_;
         s.node = node;
@@ -84,24 +84,24 @@ void CellBrain::session_open(const std::string & id, const std::string & node, i
 }
 
 void CellBrain::session_closed(const std::string & id) {
-    if (auto it = sessions_.find(id); it != sessions_.end()) {
-        todo_.erase({it->second.order, id});
-        sessions_.erase(it);
+    if (const Session * s = sessions_.find(id)) {
+        todo_.erase({s->order, id});
+        sessions_.erase(id);
     }
 }
 
 void CellBrain::place_done(const std::string & id) {
-    if (auto it = sessions_.find(id); it != sessions_.end()) {
-        it->second.confirming = false;
-        index(id, it->second);
+    if (Session * s = sessions_.find(id)) {
+        s->confirming = false;
+        index(id, *s);
     }
 }
 
 void CellBrain::place_failed(const std::string & id) {
-    if (auto it = sessions_.find(id); it != sessions_.end()) {
-        it->second.confirming = false;
-        it->second.held = true;
-        index(id, it->second);
+    if (Session * s = sessions_.find(id)) {
+        s->confirming = false;
+        s->held = true;
+        index(id, *s);
     }
 }
 
@@ -114,8 +114,8 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
     // what the store shows replaces what was known, and what it no longer shows goes.
     ++generation_;
     for (const auto & o : open) {
-        auto [it, fresh] = sessions_.try_emplace(o.id);
-        Session & s = it->second;
+        auto [found, fresh] = sessions_.try_emplace(o.id);
+        Session & s = *found;
         if (fresh) {
             s.order = ++order_;
             s.node = o.node;
@@ -123,8 +123,10 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
         } else if (!(s.confirming && s.epoch > o.epoch)) {
             // (A decision still being written is newer than what the store showed when read.)
             // An offer to move stands while the session stays where it was offered from.
-            if (s.node != o.node || s.epoch != o.epoch) s.evacuate = false;
-            s.node = o.node;
+            if (s.node != o.node || s.epoch != o.epoch) {
+                s.evacuate = false;
+                s.node = o.node;
+            }
             s.epoch = o.epoch;
             s.held = false;
             s.confirming = false;
@@ -133,14 +135,14 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
     }
     todo_.clear();
     const std::unordered_set<std::string> up(live_nodes.begin(), live_nodes.end());  // the nodes_ now
-    for (auto it = sessions_.begin(); it != sessions_.end();) {
-        const Session & s = it->second;
+    for (size_t i = 0; i < sessions_.size();) {
+        const auto & [id, s] = sessions_.at(i);
         if (s.seen != generation_) {
-            it = sessions_.erase(it);
+            sessions_.erase_at(i);  // the last one moves here: look at i again
             continue;
         }
-        if (!s.held && !s.confirming && (!up.count(s.node) || s.evacuate)) todo_.emplace(s.order, it->first);
-        ++it;
+        if (!s.held && !s.confirming && (!up.count(s.node) || s.evacuate)) todo_.emplace(s.order, id);
+        ++i;
     }
 }
 
@@ -174,7 +176,7 @@ std::vector<Place> CellBrain::decide(int64_t now_ms) {
     std::vector<Place> out;
     for (auto it = todo_.begin(); it != todo_.end();) {
         const std::string & id = it->second;
-        Session & s = sessions_[id];
+        Session & s = *sessions_.try_emplace(id).first;
         const bool moved = !s.node.empty();
         if (moved && tokens_ < 1) {  // new sessions may still go
             ++it;
@@ -236,9 +238,9 @@ std::vector<NodeLoad> CellBrain::loads(int64_t now_ms) const {
 }
 
 std::optional<std::string> CellBrain::node_of(const std::string & session) const {
-    auto it = sessions_.find(session);
-    if (it == sessions_.end()) return std::nullopt;
-    return it->second.node;
+    const Session * s = sessions_.find(session);
+    if (!s) return std::nullopt;
+    return s->node;
 }
 
 }  // namespace armada::cluster

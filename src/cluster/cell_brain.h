@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cluster/rollout.h"
+#include "cluster/string_map.h"
 
 namespace armada::cluster {
 
@@ -152,8 +153,8 @@ class CellBrain {
     void index_node(const std::string & node);
 
     CellBrainConfig cfg_;
-    std::map<std::string, Node> nodes_;                  // live nodes (lease held)
-    std::unordered_map<std::string, Session> sessions_;  // open sessions (order: `Session::order`)
+    std::map<std::string, Node> nodes_;  // live nodes (lease held)
+    StringMap<Session> sessions_;        // open sessions (order: `Session::order`)
     //! The sessions `decide` looks at (no live node, no decision pending or held), by arrival:
     //! it costs what there is to place, not what the cell runs.
     std::set<std::pair<uint64_t, std::string>> todo_;
