@@ -859,7 +859,11 @@ class World {
         std::vector<cluster::CellBrain::OpenSession> open;
         open.reserve(c.open.size());
         std::vector<int> per_tenant(s_.tenants.size(), 0);
-        for (uint32_t id : c.open) {
+        // A cell's sessions are scattered over millions: their records are fetched a few ahead.
+        constexpr size_t kAhead = 8;
+        for (size_t i = 0; i < c.open.size(); ++i) {
+            if (i + kAhead < c.open.size()) __builtin_prefetch(&sessions_[c.open[i + kAhead]]);
+            const uint32_t id = c.open[i];
             const Session & s = sessions_[id];
             open.push_back({sid(id), s.row_node == kNone ? "" : nodes_[size_t(s.row_node)].name, s.epoch});
             ++per_tenant[s.tenant];
