@@ -345,7 +345,10 @@ int main(int argc, char ** argv) {
     auto * rl = app.add_subcommand("rollout", "a rolling upgrade of the nodes, in waves gated on four signals");
     rl->add_option("--cluster", ro.cluster_file, "the cluster's YAML file")->required()->envname("ARMADA_CLUSTER");
     rl->require_subcommand(1);
-    auto * rl_start = rl->add_subcommand("start", "start a rollout: every node to --version, wave by wave");
+    auto * rl_start = rl->add_subcommand(
+        "start",
+        "start a rollout: every node to --version, wave by wave (a flag not given takes its value from the cluster "
+        "file's rollout: section, else the default shown)");
     rl_start->add_option("--version", ro.version, "the version the nodes go to (their --version-label)")->required();
     rl_start->add_option("--wave-percent", ro.wave_percent, "share of the fleet one wave restarts")
         ->check(CLI::Range(0.1, 100.0))
@@ -624,6 +627,9 @@ int main(int argc, char ** argv) {
     if (rl->parsed()) {
         for (auto * sub : {rl_start, rl_status, rl_pause, rl_resume, rl_abort})
             if (sub->parsed()) ro.action = sub->get_name();
+        // Flags not given come from the cluster file's `rollout:` section.
+        for (const CLI::Option * opt : rl_start->get_options())
+            if (opt->count() > 0) ro.given.insert(opt->get_name());
         return cli::rollout_command(ro);
     }
     if (gw->parsed()) return gateway::gateway_command(gwo);

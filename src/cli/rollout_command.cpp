@@ -94,6 +94,36 @@ std::string fmt(double v) {
     return b;
 }
 
+}  // namespace
+
+RolloutSpec rollout_spec(const RolloutOptions & o, const RolloutDefaults & d, int64_t now_ms) {
+    auto pick = [&](const char * flag, auto flag_value, auto file_value) {
+        return o.given.count(flag) ? flag_value : file_value;
+    };
+    RolloutSpec s;
+    s.at_ms = now_ms;
+    s.id = "r-" + std::to_string(s.at_ms);
+    s.version = o.version;
+    s.wave_percent = pick("--wave-percent", o.wave_percent, d.wave_percent);
+    s.max_per_cell = pick("--max-per-cell", o.max_per_cell, d.max_per_cell);
+    s.settle_ms = int64_t(pick("--settle", o.settle_s, d.settle_s)) * 1000;
+    const int before_s = pick("--watch-before", o.watch_before_s, d.watch_before_s);
+    s.before_ms = before_s >= 0 ? int64_t(before_s) * 1000 : std::min<int64_t>(s.settle_ms, 60000);
+    s.ready_timeout_ms = int64_t(pick("--ready-timeout", o.ready_timeout_s, d.ready_timeout_s)) * 1000;
+    s.restarts_per_s = pick("--restarts-per-s", o.restarts_per_s, d.restarts_per_s);
+    s.gates = d.gates;
+    s.gates.min_sessions = pick("--gate-min-sessions", o.gate_min_sessions, d.gates.min_sessions);
+    s.gates.min_steps = pick("--gate-min-steps", o.gate_min_steps, d.gates.min_steps);
+    s.gates.latency_ratio = pick("--gate-latency-ratio", o.gate_latency_ratio, d.gates.latency_ratio);
+    s.gates.error_ratio = pick("--gate-error-ratio", o.gate_error_ratio, d.gates.error_ratio);
+    s.gates.error_floor = pick("--gate-error-floor", o.gate_error_floor, d.gates.error_floor);
+    s.gates.success_drop = pick("--gate-success-drop", o.gate_success_drop, d.gates.success_drop);
+    s.gates.heartbeat_excess = pick("--gate-heartbeat-excess", o.gate_heartbeat_excess, d.gates.heartbeat_excess);
+    return s;
+}
+
+namespace {
+
 int start(EtcdClient & etcd, const ClusterConfig & cfg, const RolloutOptions & o) {
     if (o.version.empty()) return fail("rollout start needs --version");
     Keys k;
@@ -103,23 +133,7 @@ int start(EtcdClient & etcd, const ClusterConfig & cfg, const RolloutOptions & o
         return fail("rollout " + k.spec->id + " to " + k.spec->version + " is " + (st ? st->phase : "starting") +
                     "; pause, resume or abort it (armada rollout abort) before starting another");
     }
-    RolloutSpec s;
-    s.at_ms = wall_ms();
-    s.id = "r-" + std::to_string(s.at_ms);
-    s.version = o.version;
-    s.wave_percent = o.wave_percent;
-    s.max_per_cell = o.max_per_cell;
-    s.settle_ms = int64_t(o.settle_s) * 1000;
-    s.before_ms = o.watch_before_s >= 0 ? int64_t(o.watch_before_s) * 1000 : std::min<int64_t>(s.settle_ms, 60000);
-    s.ready_timeout_ms = int64_t(o.ready_timeout_s) * 1000;
-    s.restarts_per_s = o.restarts_per_s;
-    s.gates.min_sessions = o.gate_min_sessions;
-    s.gates.min_steps = o.gate_min_steps;
-    s.gates.latency_ratio = o.gate_latency_ratio;
-    s.gates.error_ratio = o.gate_error_ratio;
-    s.gates.error_floor = o.gate_error_floor;
-    s.gates.success_drop = o.gate_success_drop;
-    s.gates.heartbeat_excess = o.gate_heartbeat_excess;
+    const RolloutSpec s = rollout_spec(o, cfg.rollout, wall_ms());
     bool ok = false;
     int64_t rev = 0;
     const std::string prefix = rollout_prefix(cfg);

@@ -1,5 +1,9 @@
 #pragma once
 
+#include "cluster/cluster_config.h"
+
+#include <cstdint>
+#include <set>
 #include <string>
 
 namespace armada::cli {
@@ -22,6 +26,9 @@ struct RolloutOptions {
     double gate_error_floor = 0.02;
     double gate_success_drop = 0.05;
     double gate_heartbeat_excess = 0.5;
+    //! The start flags given on the command line ("--settle", ...): the others come from the
+    //! cluster file's `rollout:` section, or are the defaults above.
+    std::set<std::string> given;
     // status
     bool json = false;
     // abort
@@ -32,5 +39,9 @@ struct RolloutOptions {
 //! etcd only. The leading global brain runs the rollout (cluster::Rollout) from there, so it
 //! survives a brain failover. Returns the exit code.
 int rollout_command(const RolloutOptions & o);
+
+//! The rollout `start` writes: each setting from its flag when given, else from `d` (the cluster
+//! file's `rollout:`), else the default. Its id and start time are `now_ms`'.
+cluster::RolloutSpec rollout_spec(const RolloutOptions & o, const cluster::RolloutDefaults & d, int64_t now_ms);
 
 }  // namespace armada::cli

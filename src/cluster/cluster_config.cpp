@@ -7,6 +7,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <type_traits>
 
 namespace armada::cluster {
 
@@ -21,6 +22,75 @@ std::vector<std::string> list_of(const YAML::Node & n) {
             out.push_back(v.as<std::string>());
     }
     return out;
+}
+
+//! `rollout:`: each setting named, of its type, in its range.
+bool parse_rollout(const YAML::Node & n, RolloutDefaults & out, std::string & error) {
+    if (!n) return true;
+    if (!n.IsMap()) {
+        error = "rollout: must be a map of settings (wave_percent, max_per_cell, settle_s, ...)";
+        return false;
+    }
+    auto num = [&](const YAML::Node & m, const std::string & where, const char * key, double lo, double hi,
+                   auto & field) {
+        if (!m[key]) return true;
+        double v = 0;
+        try {
+            v = m[key].as<double>();
+        } catch (const YAML::Exception &) {
+            error = where + key + ": must be a number";
+            return false;
+        }
+        using T = std::decay_t<decltype(field)>;
+        if (!(v >= lo && v <= hi) || (std::is_integral_v<T> && v != double(int64_t(v)))) {
+            std::ostringstream os;
+            os << where << key << ": must be " << (std::is_integral_v<T> ? "a whole number " : "") << "from " << lo
+               << " to " << hi;
+            error = os.str();
+            return false;
+        }
+        field = T(v);
+        return true;
+    };
+    static const char * known[] = {"wave_percent",    "max_per_cell",   "settle_s", "watch_before_s",
+                                   "ready_timeout_s", "restarts_per_s", "gates"};
+    for (const auto & kv : n) {
+        const std::string k = kv.first.as<std::string>();
+        if (std::find(std::begin(known), std::end(known), k) == std::end(known)) {
+            error = "rollout: unknown setting '" + k + "'";
+            return false;
+        }
+    }
+    const std::string r = "rollout: ";
+    if (!num(n, r, "wave_percent", 0.1, 100, out.wave_percent) ||
+        !num(n, r, "max_per_cell", 1, 1000, out.max_per_cell) || !num(n, r, "settle_s", 0, 86400, out.settle_s) ||
+        !num(n, r, "watch_before_s", 0, 86400, out.watch_before_s) ||
+        !num(n, r, "ready_timeout_s", 1, 86400, out.ready_timeout_s) ||
+        !num(n, r, "restarts_per_s", 0.01, 1000, out.restarts_per_s))
+        return false;
+    if (const YAML::Node g = n["gates"]) {
+        if (!g.IsMap()) {
+            error = "rollout: gates: must be a map of settings (min_sessions, latency_ratio, ...)";
+            return false;
+        }
+        static const char * gates[] = {"min_sessions", "min_steps",   "success_drop",    "latency_ratio",
+                                       "error_ratio",  "error_floor", "heartbeat_excess"};
+        for (const auto & kv : g) {
+            const std::string k = kv.first.as<std::string>();
+            if (std::find(std::begin(gates), std::end(gates), k) == std::end(gates)) {
+                error = "rollout: gates: unknown setting '" + k + "'";
+                return false;
+            }
+        }
+        const std::string w = "rollout: gates: ";
+        RolloutGates & x = out.gates;
+        if (!num(g, w, "min_sessions", 0, 1e6, x.min_sessions) || !num(g, w, "min_steps", 0, 1e6, x.min_steps) ||
+            !num(g, w, "success_drop", 0, 1, x.success_drop) || !num(g, w, "latency_ratio", 1, 1000, x.latency_ratio) ||
+            !num(g, w, "error_ratio", 1, 1000, x.error_ratio) || !num(g, w, "error_floor", 0, 1000, x.error_floor) ||
+            !num(g, w, "heartbeat_excess", 0, 1e6, x.heartbeat_excess))
+            return false;
+    }
+    return true;
 }
 
 bool valid_name(const std::string & s) {
@@ -44,9 +114,9 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
             error = "the cluster file must be a map of settings";
             return std::nullopt;
         }
-        static const char * known[] = {"etcd",        "nats",      "redis",   "postgres",       "prefix",
-                                       "lease_ttl_s", "report_ms", "pg_pool", "redis_pool",     "cells",
-                                       "tokenizer",   "pools",     "routes",  "tenant_latency", "default_latency"};
+        static const char * known[] = {
+            "etcd",       "nats",  "redis",     "postgres", "prefix", "lease_ttl_s",    "report_ms",       "pg_pool",
+            "redis_pool", "cells", "tokenizer", "pools",    "routes", "tenant_latency", "default_latency", "rollout"};
         for (const auto & kv : root) {
             const std::string k = kv.first.as<std::string>();
             if (std::find(std::begin(known), std::end(known), k) == std::end(known)) {
@@ -103,6 +173,7 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
             }
         }
         if (!parse_routing(root, c.routing, error)) return std::nullopt;
+        if (!parse_rollout(root["rollout"], c.rollout, error)) return std::nullopt;
     } catch (const YAML::Exception & e) {
         error = std::string("cluster file: ") + e.what();
         return std::nullopt;

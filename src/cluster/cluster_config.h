@@ -1,6 +1,7 @@
 #pragma once
 
 #include "cluster/pools.h"
+#include "cluster/rollout.h"
 
 #include <optional>
 #include <string>
@@ -23,6 +24,18 @@ struct CellConfig {
     double water = 0.57;  // share of its capacity it may fill before it gets no new sessions
 };
 
+//! `rollout:` in the cluster file: what `armada rollout start` uses for each flag it is not
+//! given. The defaults are the flags' own.
+struct RolloutDefaults {
+    double wave_percent = 5;
+    int max_per_cell = 1;
+    int settle_s = 120;
+    int watch_before_s = -1;  // -1: the settle time, at most 60 s
+    int ready_timeout_s = 600;
+    double restarts_per_s = 2;
+    RolloutGates gates;
+};
+
 struct ClusterConfig {
     std::vector<std::string> etcd;      // host:port of each member
     std::string nats;                   // nats://host:port
@@ -35,6 +48,7 @@ struct ClusterConfig {
     int redis_pool = 8;
     std::vector<CellConfig> cells;  // empty: the global brain takes the cells it finds, with defaults
     RoutingConfig routing;          // GPU pools and the rules that send requests there (pools.h)
+    RolloutDefaults rollout;
 };
 
 //! Reads and checks the file; nullopt with `error` naming the field that is wrong.

@@ -1,4 +1,5 @@
 #include "cluster/cluster_config.h"
+#include "cli/rollout_command.h"
 
 #include <gtest/gtest.h>
 
@@ -70,4 +71,74 @@ TEST(ClusterConfig, RetryPausesAreSpreadOverHalfToOneAndAHalfTimes) {
     // Spread over the range, not one value for everyone: every 100 ms band from 500 to 1500 is hit.
     for (int band = 5; band < 15; ++band)
         EXPECT_TRUE(seen.count(band)) << band * 100;
+}
+
+TEST(ClusterConfig, RolloutSectionGivesStartItsDefaults) {
+    std::string err;
+    auto c = armada::cluster::parse_cluster_config(R"(etcd: [127.0.0.1:2379]
+postgres: [postgres://x]
+rollout:
+  wave_percent: 10
+  max_per_cell: 2
+  settle_s: 300
+  watch_before_s: 30
+  ready_timeout_s: 900
+  restarts_per_s: 0.5
+  gates: {min_sessions: 20, latency_ratio: 2, heartbeat_excess: 1.5}
+)",
+                                                   err);
+    ASSERT_TRUE(c) << err;
+    EXPECT_EQ(c->rollout.wave_percent, 10);
+    EXPECT_EQ(c->rollout.max_per_cell, 2);
+    EXPECT_EQ(c->rollout.settle_s, 300);
+    EXPECT_EQ(c->rollout.watch_before_s, 30);
+    EXPECT_EQ(c->rollout.ready_timeout_s, 900);
+    EXPECT_EQ(c->rollout.restarts_per_s, 0.5);
+    EXPECT_EQ(c->rollout.gates.min_sessions, 20);
+    EXPECT_EQ(c->rollout.gates.latency_ratio, 2);
+    EXPECT_EQ(c->rollout.gates.heartbeat_excess, 1.5);
+    EXPECT_EQ(c->rollout.gates.min_steps, armada::cluster::RolloutGates{}.min_steps);  // not named: default
+
+    // A flag given wins; one not given comes from the file; the rest are the defaults.
+    armada::cli::RolloutOptions o;
+    o.version = "v2";
+    o.settle_s = 60;
+    o.gate_min_sessions = 5;
+    o.wave_percent = 50;  // not marked as given: the file's 10 stands
+    o.given = {"--settle", "--gate-min-sessions"};
+    const auto s = armada::cli::rollout_spec(o, c->rollout, 1234);
+    EXPECT_EQ(s.id, "r-1234");
+    EXPECT_EQ(s.version, "v2");
+    EXPECT_EQ(s.settle_ms, 60000);
+    EXPECT_EQ(s.gates.min_sessions, 5);
+    EXPECT_EQ(s.wave_percent, 10);
+    EXPECT_EQ(s.max_per_cell, 2);
+    EXPECT_EQ(s.before_ms, 30000);
+    EXPECT_EQ(s.ready_timeout_ms, 900000);
+    EXPECT_EQ(s.restarts_per_s, 0.5);
+    EXPECT_EQ(s.gates.latency_ratio, 2);
+    EXPECT_EQ(s.gates.min_steps, armada::cluster::RolloutGates{}.min_steps);
+    // Without the section, the flags' defaults (and the watch: the settle time, at most 60 s).
+    const auto plain = armada::cli::rollout_spec(armada::cli::RolloutOptions{}, {}, 1);
+    EXPECT_EQ(plain.wave_percent, 5);
+    EXPECT_EQ(plain.settle_ms, 120000);
+    EXPECT_EQ(plain.before_ms, 60000);
+}
+
+TEST(ClusterConfig, RolloutSectionErrorsNameTheSetting) {
+    const std::string base = "etcd: [127.0.0.1:2379]\npostgres: [postgres://x]\n";
+    auto error_of = [&](const std::string & rollout) {
+        std::string err;
+        EXPECT_FALSE(armada::cluster::parse_cluster_config(base + rollout, err)) << rollout;
+        return err;
+    };
+    EXPECT_EQ(error_of("rollout: {wave_pct: 5}\n"), "rollout: unknown setting 'wave_pct'");
+    EXPECT_EQ(error_of("rollout: {wave_percent: 0}\n"), "rollout: wave_percent: must be from 0.1 to 100");
+    EXPECT_EQ(error_of("rollout: {max_per_cell: 1.5}\n"),
+              "rollout: max_per_cell: must be a whole number from 1 to 1000");
+    EXPECT_EQ(error_of("rollout: {settle_s: soon}\n"), "rollout: settle_s: must be a number");
+    EXPECT_EQ(error_of("rollout: {gates: {latency: 2}}\n"), "rollout: gates: unknown setting 'latency'");
+    EXPECT_EQ(error_of("rollout: {gates: {success_drop: 2}}\n"), "rollout: gates: success_drop: must be from 0 to 1");
+    EXPECT_EQ(error_of("rollout: 5\n"),
+              "rollout: must be a map of settings (wave_percent, max_per_cell, settle_s, ...)");
 }
