@@ -416,8 +416,8 @@ class CellProcess {
                                  p.session, p.node, e);
                 brain.place_done(p.session);
                 if (!p.from.empty())
-                    spdlog::info("cell {}: session {} moves from draining {} to {} with its KV (epoch {})", o_.cell,
-                                 p.session, p.from, p.node, p.epoch);
+                    spdlog::info("cell {}: session {} moves from {} to {} with its KV (epoch {})", o_.cell, p.session,
+                                 p.from, p.node, p.epoch);
                 else if (p.moved)
                     spdlog::info("cell {}: session {} moved to {} (epoch {})", o_.cell, p.session, p.node, p.epoch);
                 else

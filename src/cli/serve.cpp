@@ -50,6 +50,21 @@ namespace {
 void llama_log_quiet(ggml_log_level level, const char * text, void *) {
     if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
+//! With JSON logs, llama.cpp's lines become log lines too (it writes some in pieces: they are
+//! joined up to the newline). `quiet` (non-null): its errors only.
+void llama_log_to_spdlog(ggml_log_level level, const char * text, void * quiet) {
+    thread_local std::string line;
+    thread_local ggml_log_level first = GGML_LOG_LEVEL_NONE;
+    if (line.empty()) first = level;
+    line += text;
+    if (line.empty() || line.back() != '\n') return;
+    line.pop_back();
+    if (first >= GGML_LOG_LEVEL_ERROR)
+        spdlog::error("llama.cpp: {}", line);
+    else if (quiet == nullptr)
+        spdlog::log(first == GGML_LOG_LEVEL_WARN ? spdlog::level::warn : spdlog::level::debug, "llama.cpp: {}", line);
+    line.clear();
+}
 }  // namespace
 
 std::optional<engine::PlacementOptions> placement_options(const PlacementFlags & f, std::string & err) {
@@ -124,7 +139,10 @@ int serve(const ServeOptions & opt) {
     sigaddset(&wait_set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &wait_set, nullptr);
     spdlog::set_level(spdlog::level::from_str(opt.log_level));
-    if (opt.log_level != "debug") llama_log_set(llama_log_quiet, nullptr);
+    if (obs::json_logs())
+        llama_log_set(llama_log_to_spdlog, opt.log_level != "debug" ? reinterpret_cast<void *>(1) : nullptr);
+    else if (opt.log_level != "debug")
+        llama_log_set(llama_log_quiet, nullptr);
     if (opt.model.empty()) {
         fprintf(stderr, "error: no model given; use -m FILE or ARMADA_MODEL\n");
         return 2;
@@ -404,8 +422,12 @@ int serve(const ServeOptions & opt) {
     auto progress = [&](float p) {
         const int pct = int(p * 100);
         if (pct / 10 != last_pct / 10) {
-            fprintf(stderr, "\rloading %s: %3d%%", opt.model.c_str(), pct);
-            if (pct >= 100) fputc('\n', stderr);
+            if (obs::json_logs()) {
+                obs::announce(fmt::format("armada: loading {}: {}%", opt.model, pct));  // one JSON line each
+            } else {
+                fprintf(stderr, "\rloading %s: %3d%%", opt.model.c_str(), pct);
+                if (pct >= 100) fputc('\n', stderr);
+            }
             last_pct = pct;
         }
     };

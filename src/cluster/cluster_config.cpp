@@ -26,7 +26,7 @@ std::vector<std::string> list_of(const YAML::Node & n) {
 
 //! `rollout:`: each setting named, of its type, in its range.
 bool parse_rollout(const YAML::Node & n, RolloutDefaults & out, std::string & error) {
-    if (!n) return true;
+    if (!n || n.IsNull()) return true;  // absent, or `rollout:` with nothing under it
     if (!n.IsMap()) {
         error = "rollout: must be a map of settings (wave_percent, max_per_cell, settle_s, ...)";
         return false;

@@ -7,6 +7,7 @@
 // pointers through scattered nodes. Erasing moves the last entry into the hole: iteration order is
 // not insertion order, and references to entries are good only until the next insert or erase.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>

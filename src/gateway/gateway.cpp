@@ -1878,8 +1878,7 @@ int gateway_command(const GatewayOptions & opt) {
         const std::string url = "http://" + opt.http.host + ":" + std::to_string(http.port());
         gw.announce(opt.name.empty() ? std::string(host) + "-" + std::to_string(http.port()) : opt.name, url);
     }
-    printf("armada: gateway listening on http://%s:%u\n", opt.http.host.c_str(), unsigned(http.port()));
-    fflush(stdout);
+    obs::announce(fmt::format("armada: gateway listening on http://{}:{}", opt.http.host, http.port()));
     int sig = 0;
     for (;;) {
         sig = sigwaitinfo(&stop_set, nullptr);

@@ -78,6 +78,10 @@ void use_json_logs() {
     spdlog::set_formatter(std::make_unique<JsonFormatter>());
 }
 
+bool json_logs() {
+    return g_json_logs.load();
+}
+
 void announce(const std::string & line) {
     std::string out = line;
     if (g_json_logs.load()) {

@@ -39,5 +39,7 @@ void use_json_logs();
 //! A line for the person or script that started the process ("listening on …", "leads …"), on
 //! stdout and flushed at once; with JSON logs, as a JSON line like the log's own.
 void announce(const std::string & line);
+//! Whether `use_json_logs` was called.
+bool json_logs();
 
 }  // namespace armada::obs

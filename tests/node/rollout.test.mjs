@@ -277,10 +277,22 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
   assert.ok(running.some((r) => r.wave > running[0].wave), `the dashboard saw the wave advance: ${JSON.stringify(running.map((r) => r.wave))}`);
   assert.deepEqual([...new Set(shown.gates.map((g) => g.signal))].sort(),
     ['error_codes', 'heartbeat', 'step_latency', 'task_success'], JSON.stringify(shown.gates));
+  // With the numbers the brain judged them by.
+  for (const g of final.state.gates) {
+    const d = shown.gates.find((x) => x.signal === g.signal && x.code === g.code);
+    assert.ok(d, `the dashboard shows gate ${g.signal} ${g.code}`);
+    assert.deepEqual([d.wave, d.rest, d.before, d.limit, d.fired], [g.upgraded, g.rest, g.before, g.limit, g.fired], g.signal);
+  }
   // Each restart began with a drain, and the dashboard marked draining nodes as such.
   console.log(`the dashboard showed ${drainingSeen.size} node(s) draining: ${[...drainingSeen].join(', ')}`);
   assert.ok(drainingSeen.size > 0, 'the dashboard showed a draining node');
   for (const n of drainingSeen) assert.ok(status().processes.some((p) => p.role === 'node' && p.name === n), n);
+  // Once every node is back, none is shown draining.
+  await waitFor('no node draining on the dashboard', async () => {
+    const snap = await fetch(`${gw}/dashboard/snapshot`).then((r) => r.json());
+    const nodes = snap.cells.flatMap((c) => c.node_list);
+    return nodes.length === 6 && nodes.every((n) => !n.draining);
+  }, 20000);
   // Sessions ran through it: every one completed, no tool effect repeated.
   const created = await work.stop();
   assert.ok(created.length >= 10, `sessions created during the rollout: ${created.length}`);

@@ -141,4 +141,6 @@ TEST(ClusterConfig, RolloutSectionErrorsNameTheSetting) {
     EXPECT_EQ(error_of("rollout: {gates: {success_drop: 2}}\n"), "rollout: gates: success_drop: must be from 0 to 1");
     EXPECT_EQ(error_of("rollout: 5\n"),
               "rollout: must be a map of settings (wave_percent, max_per_cell, settle_s, ...)");
+    std::string err;
+    EXPECT_TRUE(armada::cluster::parse_cluster_config(base + "rollout:\n", err)) << err;  // empty: the defaults
 }
