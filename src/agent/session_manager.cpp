@@ -263,6 +263,9 @@ struct SessionManager::Session {
     // spans of its model step and tool calls (by idempotency key) while they run.
     std::optional<obs::TraceContext> trace_parent;
     std::optional<obs::Span> turn_span, step_span;
+    // The trace the session is in: its current or last turn's span (untraced here, the context
+    // that turn came with). Kept in its record, so a brain that moves it continues that trace.
+    std::optional<obs::TraceContext> trace_last;
     std::map<std::string, obs::Span> tool_spans;
     int64_t turn_prompt_tokens = 0, turn_completion_tokens = 0;  // the counts when the turn began
     // What readers see: the session as of its last durable batch, never ahead of the store.
@@ -696,6 +699,7 @@ std::unique_ptr<SessionManager::Session> SessionManager::rebuild(const store::Se
         s.compactions = data.value("compactions", 0);
         s.dropped_tools = data.value("dropped_tools", 0);
     }
+    s.trace_last = record_trace(r.data);
     // The context, rebuilt from the log: every durable step, in order, once.
     for (const auto & step : steps) {
         s.next_seq = step.seq + 1;
@@ -742,11 +746,13 @@ store::SessionRecord SessionManager::record(const Session & s) const {
     r.owner = s.owner;
     r.state = state_name(s.state);
     r.reason = s.reason;
-    r.data = dump(json{{"model_steps", s.model_steps},
-                       {"prompt_tokens", s.prompt_tokens},
-                       {"completion_tokens", s.completion_tokens},
-                       {"compactions", s.compactions},
-                       {"dropped_tools", s.dropped_tools}});
+    json data = {{"model_steps", s.model_steps},
+                 {"prompt_tokens", s.prompt_tokens},
+                 {"completion_tokens", s.completion_tokens},
+                 {"compactions", s.compactions},
+                 {"dropped_tools", s.dropped_tools}};
+    if (s.trace_last) data["traceparent"] = s.trace_last->traceparent();
+    r.data = dump(data);
     r.created_ms = s.created_ms;
     r.updated_ms = clock_.now_ms();
     r.cell = opt_.cell;  // kept by the store only when the row is first written
@@ -857,6 +863,7 @@ void SessionManager::begin_turn(Session & s) {
     if (s.turn_span) return;
     const std::string agent = s.agent ? s.agent->id : s.agent_id;
     s.turn_span = obs::Span::start("invoke_agent " + agent, obs::SpanKind::internal, s.trace_parent);
+    s.trace_last = obs::tracer()->enabled() ? std::optional(s.turn_span->context()) : s.trace_parent;
     s.trace_parent.reset();
     obs::Span & sp = *s.turn_span;
     sp.set("gen_ai.operation.name", std::string("invoke_agent"));
@@ -909,7 +916,14 @@ void SessionManager::drop_fenced(Session & s, const std::string & why) {
         if (p.reply) p.reply({409, "session '" + s.id + "' moved to another node; retry the request", s.id, 1});
     }
     s.outbox.clear();
-    end_turn(s, "fenced: another node holds the session now");
+    // A move this node offered (or a drain) hands the turn on: the next node continues it, under
+    // the brain's `migrate` span. Anything else is a fence.
+    if (draining_ || s.leaving_ms > 0) {
+        if (s.turn_span) s.turn_span->set("armada.handed_off", true);
+        end_turn(s, {});
+    } else {
+        end_turn(s, "fenced: another node holds the session now");
+    }
     end_subscribers(s);
     count_state(s.state, -1);
     const std::string id = s.id;
@@ -1921,15 +1935,25 @@ void SessionManager::incoming(const std::string & id, bool on) {
         incoming_.erase(id);
 }
 
-std::vector<std::pair<std::string, int64_t>> SessionManager::movable() {
-    std::vector<std::pair<std::string, int64_t>> out;
+std::optional<obs::TraceContext> SessionManager::record_trace(std::string_view data) {
+    // `record` writes it with nlohmann's compact dump: the key, then a string with no escapes.
+    constexpr std::string_view key = "\"traceparent\":\"";
+    const size_t at = data.find(key);
+    if (at == std::string_view::npos) return std::nullopt;
+    const size_t from = at + key.size(), to = data.find('"', from);
+    if (to == std::string_view::npos) return std::nullopt;
+    return obs::TraceContext::parse(data.substr(from, to - from));
+}
+
+std::vector<SessionManager::Movable> SessionManager::movable() {
+    std::vector<Movable> out;
     if (opt_.node.empty()) return out;
     {
         std::lock_guard lk(mu_);
         if (!draining_) {
             for (const auto & [id, s] : sessions_)
                 if (s->leaving_ms > 0 && s->started && s->epoch > 0 && !has_ended(s->state) && !s->busy())
-                    out.emplace_back(id, s->epoch);
+                    out.push_back({id, s->epoch, s->trace_last});
             return out;
         }
     }
@@ -1938,7 +1962,7 @@ std::vector<std::pair<std::string, int64_t>> SessionManager::movable() {
         std::lock_guard lk(mu_);
         auto it = sessions_.find(r.id);
         if (it != sessions_.end() && it->second->busy()) continue;
-        out.emplace_back(r.id, r.epoch);
+        out.push_back({r.id, r.epoch, it != sessions_.end() ? it->second->trace_last : record_trace(r.data)});
     }
     return out;
 }

@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace armada::agent {
@@ -220,7 +221,12 @@ class SessionManager {
     //! The sessions this node offers its cell's brain to move now, with their epochs: none of
     //! their steps, tool calls or writes is under way. Draining (cluster mode): every open
     //! session the store gives this node. Otherwise those `offer_to_move` picked.
-    std::vector<std::pair<std::string, int64_t>> movable();
+    struct Movable {
+        std::string id;
+        int64_t epoch = 0;
+        std::optional<obs::TraceContext> trace;  // the trace it is in (`record_trace`)
+    };
+    std::vector<Movable> movable();
     //! The node's KV is past its high watermark: up to `n` sessions (those holding the most KV,
     //! waiting for tools first) stop before their next step, to be offered for a move with
     //! their KV (a rebalance). Returns how many were picked.
@@ -250,6 +256,10 @@ class SessionManager {
                                           const std::string & tenant, const std::string & input,
                                           const std::string & cell, int64_t now_ms);
     static std::string new_id();
+    //! The trace a session is in, as its record keeps it (the `traceparent` of its current or
+    //! last turn): a brain that moves the session continues that trace. Cheap enough to run
+    //! over every open row at each reconcile; nullopt when the record holds none.
+    static std::optional<obs::TraceContext> record_trace(std::string_view data);
     //! Sessions whose writes were refused because another node holds them now.
     size_t fenced_sessions() const { return fenced_.load(); }
 

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 namespace armada::cli {
 
@@ -99,11 +100,14 @@ class CellProcess {
         }
         std::vector<CellBrain::OpenSession> open;
         std::map<std::string, int> by_tenant;
+        std::unordered_map<std::string, obs::TraceContext> traced;
         for (const auto & r : store_->open_sessions(o_.cell, "", kEndedStates)) {
             open.push_back({r.id, r.node, r.epoch});
             ++by_tenant[r.owner];
+            if (auto tc = agent::SessionManager::record_trace(r.data)) traced.emplace(r.id, std::move(*tc));
         }
         by_tenant_ = std::move(by_tenant);
+        session_traces_ = std::move(traced);
         // A node whose lease went may show here before its watch event does: said the same way.
         for (const auto & name : brain.live_nodes()) {
             if (!live.count(name)) node_left(brain, name);
@@ -214,6 +218,8 @@ class CellProcess {
                 if (brain.node_of(session) == node) brain.session_closed(session);
             } else if (op == "movable" && !session.empty() && !node.empty() && j.contains("epoch") &&
                        j["epoch"].is_number_integer()) {
+                if (const std::string tp = str("traceparent"); !tp.empty())
+                    if (auto tc = obs::TraceContext::parse(tp)) session_traces_[session] = std::move(*tc);
                 brain.session_movable(session, node, j["epoch"].get<int64_t>());
             } else if (op == "draining" && !node.empty()) {
                 spdlog::info("cell {}: node {} drains; nothing more goes to it", o_.cell, node);
@@ -382,6 +388,9 @@ class CellProcess {
                     parent = tr->second.first;
                     began_ns = tr->second.second;
                     traces.erase(tr);
+                } else if (p.moved) {
+                    // A move continues the session's trace: under its turn on the node it leaves.
+                    if (auto st = session_traces_.find(p.session); st != session_traces_.end()) parent = st->second;
                 }
                 obs::Span span = obs::Span::start(p.moved ? "migrate" : "place", obs::SpanKind::consumer, parent);
                 if (began_ns > 0) span.start_ns = began_ns;
@@ -389,6 +398,7 @@ class CellProcess {
                 span.set("gen_ai.conversation.id", p.session);
                 span.set("armada.cell", o_.cell);
                 span.set("armada.node", p.node);
+                if (!p.from.empty()) span.set("armada.node.from", p.from);
                 span.set("armada.epoch", p.epoch);
                 span.set("armada.brain.epoch", me.rev);
                 // The lines below about this session carry it and its trace (JSON logs).
@@ -452,6 +462,9 @@ class CellProcess {
     int64_t survival_at_ = 0;               // when the survival gauges were last read from the store (wall ms)
     store::Batch::Leadership leader_;       // while it leads
     std::map<std::string, int> by_tenant_;  // open sessions per tenant, at the last reconcile
+    // The trace each open session is in, from its row at the last reconcile and from its node's
+    // `movable` events since: a session's `migrate` span goes in it.
+    std::unordered_map<std::string, obs::TraceContext> session_traces_;
     std::map<std::string, int64_t> ended_;  // the survival window's outcomes, as last read
     //! Nodes lost with sessions on them, latest last; kept across leaderships of this process
     //! (a new leader elsewhere starts with none).

@@ -18,11 +18,13 @@ void NodeEvents::draining() {
     push(json{{"op", "draining"}, {"node", node_}}.dump(), {});
 }
 
-void NodeEvents::movable(const std::string & session, int64_t epoch, int64_t now_ms) {
+void NodeEvents::movable(const std::string & session, int64_t epoch, const std::string & traceparent,
+                         int64_t now_ms) {
     // One a session and epoch per 10 s: JetStream drops the repeats in between, and a brain that
     // took over meanwhile still hears of it soon.
-    push(json{{"op", "movable"}, {"session", session}, {"node", node_}, {"epoch", epoch}}.dump(),
-         session + ":" + std::to_string(epoch) + ":movable:" + std::to_string(now_ms / 10000));
+    json ev = {{"op", "movable"}, {"session", session}, {"node", node_}, {"epoch", epoch}};
+    if (!traceparent.empty()) ev["traceparent"] = traceparent;
+    push(ev.dump(), session + ":" + std::to_string(epoch) + ":movable:" + std::to_string(now_ms / 10000));
 }
 
 void NodeEvents::push(std::string data, std::string msg_id) {
@@ -142,10 +144,10 @@ void ClusterNode::offer_movable() {
     const int64_t now_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
             .count();
-    for (const auto & [id, epoch] : sm_.movable()) {
-        events_->movable(id, epoch, now_ms);
+    for (const auto & m : sm_.movable()) {
+        events_->movable(m.id, m.epoch, m.trace ? m.trace->traceparent() : std::string(), now_ms);
         std::lock_guard lk(offered_mu_);
-        offered_.insert(id);
+        offered_.insert(m.id);
     }
 }
 

@@ -29,9 +29,10 @@ class NodeEvents {
     void ended(const std::string & session, const std::string & state);
     //! {"op":"draining","node"}.
     void draining();
-    //! {"op":"movable","session","node","epoch"}: draining, the node has the session between
-    //! steps, so the brain may move it with its KV. Repeated every few seconds while it stays.
-    void movable(const std::string & session, int64_t epoch, int64_t now_ms);
+    //! {"op":"movable","session","node","epoch"[,"traceparent"]}: draining or past its KV
+    //! watermark, the node has the session between steps, so the brain may move it with its KV
+    //! (its `migrate` span goes in the session's trace). Repeated every few seconds while it stays.
+    void movable(const std::string & session, int64_t epoch, const std::string & traceparent, int64_t now_ms);
     //! The next event, waiting up to `wait_ms`; false when none came.
     bool pop(std::pair<std::string, std::string> & out, int wait_ms);
     uint64_t dropped() const { return dropped_.load(); }

@@ -10,7 +10,9 @@
 #include "cluster/queue.h"
 #include "cluster/restarter.h"
 #include "cluster/rollout.h"
+#include "agent/session_manager.h"
 #include "obs/log.h"
+#include "obs/trace.h"
 #include "store/postgres_store.h"
 
 #include <spdlog/spdlog.h>
@@ -23,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 
 namespace armada::cli {
 
@@ -165,19 +168,49 @@ class GlobalProcess {
             deposed_ = true;
             return;
         }
+        // Each re-home is a `migrate` span in the session's trace, from the decision to its place
+        // request.
+        std::vector<obs::Span> spans;
+        spans.reserve(decisions.size());
+        const int64_t began_ns = obs::unix_now_ns() - int64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                                  std::chrono::steady_clock::now() - since)
+                                                                  .count());
+        for (const Rehome & d : decisions) {
+            const auto t = traces_.find(d.session);
+            obs::Span span = obs::Span::start("migrate", obs::SpanKind::internal,
+                                              t != traces_.end() ? std::optional(t->second) : std::nullopt);
+            span.start_ns = began_ns;
+            span.set("armada.session.id", d.session);
+            span.set("gen_ai.conversation.id", d.session);
+            span.set("armada.cell.from", d.from);
+            span.set("armada.cell", d.to);
+            span.set("armada.epoch", d.epoch);
+            span.set("armada.brain.epoch", leader_.rev);
+            spans.push_back(std::move(span));
+        }
         std::map<std::pair<std::string, std::string>, int> moved;
         for (size_t i = 0; i < decisions.size(); ++i) {
             const Rehome & d = decisions[i];
             brain.rehome_done(d.session);  // written or refused: the next read of the store says where it is
             if (!results[i].ok) {
                 if (!results[i].fenced) spdlog::warn("global: re-homing {}: {}", d.session, results[i].error);
+                spans[i].fail(results[i].fenced ? "fenced" : "the assignment was not written");
                 continue;
             }
             ++moved[{d.from, d.to}];
-            if (auto e = js_->publish(place_subject(d.to), json{{"session", d.session}, {"epoch", d.epoch}}.dump(),
-                                      d.session + ":" + std::to_string(d.epoch));
+            json place = {{"session", d.session}, {"epoch", d.epoch}};
+            // The new cell's `place` span is a child of this one, in the session's trace.
+            if (obs::tracer()->enabled())
+                place["traceparent"] = spans[i].context().traceparent();
+            else if (auto t = traces_.find(d.session); t != traces_.end())
+                place["traceparent"] = t->second.traceparent();
+            if (auto e = js_->publish(place_subject(d.to), place.dump(), d.session + ":" + std::to_string(d.epoch));
                 !e.empty())
                 spdlog::warn("global: place request for {} to {}: {} (its reconcile finds it)", d.session, d.to, e);
+        }
+        for (size_t i = 0; i < decisions.size(); ++i) {
+            traces_.erase(decisions[i].session);
+            obs::tracer()->end(std::move(spans[i]));
         }
         for (const auto & [ft, n] : moved)
             spdlog::info("global: re-homed {} session(s) of lost cell {} to cell {}", n, ft.first, ft.second);
@@ -354,8 +387,10 @@ class GlobalProcess {
             }
             for (const auto & cell : brain.lost_cells(t)) {
                 std::vector<GlobalBrain::OpenSession> open;
-                for (const auto & r : store_->open_sessions(cell, "", kEndedStates))
+                for (const auto & r : store_->open_sessions(cell, "", kEndedStates)) {
                     open.push_back({r.id, r.owner, r.epoch});
+                    if (auto tc = agent::SessionManager::record_trace(r.data)) traces_[r.id] = std::move(*tc);
+                }
                 if (was_lost.insert(cell).second)
                     spdlog::warn(
                         "global: cell {} is lost (no report, or every lease gone); {} open session(s) to "
@@ -424,6 +459,9 @@ class GlobalProcess {
     std::optional<Rollout> rollout_;               // the rollout under way, while leading
     std::map<std::string, int64_t> asked_;         // node → the restart gen asked for
     int64_t state_written_ms_ = 0;
+    // The trace each open session of a lost cell is in (from its row): its re-home's `migrate`
+    // span goes in it. Replaced at each read of a lost cell; entries go once re-homed.
+    std::unordered_map<std::string, obs::TraceContext> traces_;
 };
 
 }  // namespace

@@ -684,6 +684,19 @@ int serve(const ServeOptions & opt) {
             l.fingerprint = fp;
             l.draining = router.draining();
             l.url = url;
+            // The figures the cell's brain and the dashboard see for this node, in its /metrics too.
+            metrics.gauge("armada_node_free_sequences", "Sessions this node can still take, as it reports to its cell")
+                .set(double(l.free_seqs));
+            metrics
+                .gauge("armada_node_step_latency_seconds",
+                       "Recent model step time (a moving average), as the node reports it to its cell")
+                .set(l.step_ms / 1000.0);
+            if (l.kv_budget > 0)
+                metrics
+                    .gauge("armada_node_kv_watermark_ratio",
+                           "Share of the KV budget in use (prompt-cache entries, which yield, not counted), as the "
+                           "node reports it to its cell")
+                    .set(double(l.kv_budget - l.kv_headroom) / double(l.kv_budget));
             return l;
         };
         auto fetch = [&eng, &peer_key, tls = tool_tls](const std::string & id, const std::string & from,

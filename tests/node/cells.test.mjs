@@ -1,16 +1,20 @@
 // Two cells of two nodes from `armada cluster up --cells 2` (real PostgreSQL, etcd, NATS and
 // Redis, one brain per cell, two global brains, a gateway), with the tiny model: a tenant's
 // sessions land in one cell; losing the global leader changes nothing; losing a whole cell
-// (kill -9 of its brain and nodes) re-homes its sessions to the other, where all of them finish.
+// (kill -9 of its brain and nodes) re-homes its sessions to the other, where all of them finish,
+// each re-home a `migrate` span of the global brain in the session's trace (to a small OTLP
+// collector).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
+import { startOtlpReceiver } from './otlp_receiver.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog, assertNoFinishedCallRepeated } from './session_helpers.mjs';
-import { alive, assertLintedMetrics, chatTurn, clusterUp, etcdGet as etcdRead, etcdKv, metricSum, redisCommand, sanitizerReports, sleep } from './cluster_helpers.mjs';
+import { alive, assertLintedMetrics, chatTurn, clusterUp, etcdGet as etcdRead, etcdKv, metricSum, redisCommand, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -19,6 +23,7 @@ const SLOW = timing ? 1 : 4;
 const TTL_S = timing ? 3 : 8;
 const ENDED = ['completed', 'failed', 'cancelled'];
 let tools;
+let otlp;
 let dir;
 let up;
 let gw;
@@ -29,16 +34,21 @@ const cellOf = (node) => node.replace(/-node\d+$/, '');
 
 const etcdGet = (key) => etcdRead(status().servers.etcd.endpoint, key);
 
-async function createSessions(n, label, pauseMs = 0) {
+// Each session in a trace of its own, which the client starts (`traces` maps id → trace id).
+async function createSessions(n, label, pauseMs = 0, traces = null) {
   const ids = [];
   for (let i = 0; i < n; i++) {
     if (i > 0 && pauseMs) await sleep(pauseMs);
+    const traceId = crypto.randomBytes(16).toString('hex');
+    const headers = { 'Content-Type': 'application/json' };
+    if (traces) headers.traceparent = `00-${traceId}-${crypto.randomBytes(8).toString('hex')}-01`;
     const r = await fetch(`${gw}/v1/agents/worker/sessions`, {
-      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ input: `${label} ${i}` }),
+      method: 'POST', headers, body: JSON.stringify({ input: `${label} ${i}` }),
     });
     const text = await r.text();
     assert.equal(r.status, 201, text);
     ids.push(JSON.parse(text).id);
+    if (traces) traces.set(ids.at(-1), traceId);
   }
   return ids;
 }
@@ -86,13 +96,16 @@ function checkDone(done) {
 
 before(async () => {
   tools = await startToolServer({ minDelayMs: 800, maxDelayMs: 1200 });
+  otlp = await startOtlpReceiver();
   dir = tempDir('armada-cells-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
   const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 3, maxSteps: 6, toolTimeoutMs: 3000 * SLOW }));
   up = await clusterUp(['--cells', '2', '--nodes', '2', '--brains', '1', '--gateways', '2', '-m', tinyModel,
     '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', String(TTL_S),
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
-    '--node-arg=16384', '--node-arg=-t', '--node-arg=1'], { timeoutMs: 120000 * SLOW });
+    '--node-arg=16384', '--node-arg=-t', '--node-arg=1'], {
+    timeoutMs: 120000 * SLOW, env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: otlp.endpoint },
+  });
   gw = up.gw;
   dir = path.join(dir, 'c');
   // Ready: four nodes, and the gateway follows a split of the global brain's that names both cells.
@@ -108,6 +121,7 @@ before(async () => {
 after(async () => {
   await up?.stop();
   if (tools) await tools.close();
+  if (otlp) await otlp.close();
   assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
 
@@ -220,7 +234,8 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
 });
 
 test('kill -9 every process of a cell: its sessions are re-homed to the other and all 64 complete', { timeout: 400000 * SLOW }, async () => {
-  const ids = await createSessions(64, 'lose');
+  const traces = new Map();
+  const ids = await createSessions(64, 'lose', 0, traces);
   const placed = await waitPlaced(ids, 3);
   const count = new Map();
   for (const s of placed.values()) count.set(cellOf(s.placement.node), (count.get(cellOf(s.placement.node)) ?? 0) + 1);
@@ -265,4 +280,23 @@ test('kill -9 every process of a cell: its sessions are re-homed to the other an
       metricSum(text, 'armada_brain_decision_seconds_count'), p.name);
   }
   assert.ok(rehomes > 0 && timed > 0, `${rehomes} re-homes counted, in ${timed} timed rounds`);
+  // Each re-home is a `migrate` span of the global brain in the trace the client started; the
+  // other cell's `place` is its child, and the turn that goes on there a child of that.
+  const spansOf = (id) => otlp.spans.filter((x) => x.attributes['armada.session.id'] === id ||
+    x.attributes['gen_ai.conversation.id'] === id);
+  for (const id of theirs) {
+    const other = cellOf(done.get(id).placement.node);
+    const mig = await waitFor(`the re-home span of ${id}`, () => spansOf(id).find((x) => x.name === 'migrate' &&
+      x.service === 'armada-global'), 20000);
+    assert.equal(mig.traceId, traces.get(id), `${id}: the re-home is in the session's trace`);
+    assert.ok(mig.parentSpanId, `${id}: the re-home has a parent (the session's turn in the lost cell)`);
+    assert.deepEqual([mig.attributes['armada.cell.from'], mig.attributes['armada.cell']], [victim, other]);
+    const place = await waitFor(`the place span of ${id} in ${other}`, () => spansOf(id).find((x) =>
+      x.name === 'place' && x.service === 'armada-cell' && x.attributes['armada.cell'] === other), 20000);
+    assert.equal(place.traceId, mig.traceId);
+    assert.equal(place.parentSpanId, mig.spanId, `${id}: the new cell's place is a child of the re-home`);
+    const turn = await waitFor(`the turn of ${id} in ${other}`, () => spansOf(id).find((x) =>
+      x.name.startsWith('invoke_agent') && cellOf(x.attributes['armada.node'] ?? '') === other), 20000);
+    assert.equal(turn.parentSpanId, place.spanId, `${id}: the turn in ${other} is a child of its place`);
+  }
 });

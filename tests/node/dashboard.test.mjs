@@ -1,7 +1,8 @@
 // The gateway's dashboard (GET /dashboard, admin key) in headless Chromium, against a real cluster
 // (`armada cluster up`: one cell of two nodes) where a node was killed under idle sessions. The
-// page loads with no console error, shows the failover, and its numbers are those of the leading
-// brain's and the surviving node's /metrics. A screenshot is kept in ARMADA_ARTIFACTS.
+// page loads with no console error, shows the failover, and its numbers (the cell's, and the
+// surviving node's sessions, engines, free sequences, KV watermark and step time) are those of the
+// leading brain's and the surviving node's /metrics. A screenshot is kept in ARMADA_ARTIFACTS.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -208,6 +209,16 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
     const row = await page.waitForSelector(`[data-failover="${victim}"]`, { timeout: 30000 * SLOW });
     assert.match(await row.textContent(), new RegExp(`cell0${victim}${counts[victim]}$`));
     await page.waitForSelector(`[data-node="${victim}"]`, { state: 'detached', timeout: 10000 * SLOW });
+    // One of the moved sessions takes a turn on the survivor, so that it has step times to show.
+    const turned = [...where.keys()].find((id) => where.get(id) === victim);
+    const m = await post(`/v1/sessions/${turned}/messages`, { content: 'Process record gamma' });
+    assert.equal(m.status, 200, JSON.stringify(m.json));
+    const t = await waitFor(`session ${turned} to end its turn`, async () => {
+      const x = await session(turned);
+      return ['completed', 'failed'].includes(x.state) && x;
+    }, 120000 * SLOW);
+    assert.equal(t.state, 'completed', t.reason);
+    assert.equal(t.placement.node, survivor.name);
 
     // The page's figures against the processes' own /metrics, read around the same second: at
     // rest they agree (each poll reads both sides again).
@@ -235,6 +246,17 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
       // The cell's step latency, shown to a tenth of a millisecond.
       const stepMs = 1000 * c('armada_cell_step_latency_seconds');
       const stepText = await cellField('step_ms');
+      // The survivor's own row, against what its /metrics says it reported.
+      const nodeField = (f) => text(`[data-node="${survivor.name}"][data-field="${f}"]`);
+      const nodeStepMs = 1000 * metricSum(nm, 'armada_node_step_latency_seconds');
+      const nodeStepText = await nodeField('step_ms');
+      want.node = {
+        sessions: String(metricSum(nm, 'armada_sessions_live')),
+        engines: String(metricSum(nm, 'armada_engines')),
+        free: String(metricSum(nm, 'armada_node_free_sequences')),
+        kv: `${(100 * metricSum(nm, 'armada_node_kv_watermark_ratio')).toFixed(1)}%`,
+        step: true,
+      };
       const got = {
         nodes: await cellField('nodes'),
         live: await cellField('live_sessions'),
@@ -244,17 +266,24 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
         kv: await cellField('kv_watermark'),
         waiting: await text('[data-state="waiting_input"]').catch(() => null),
         liveTotal: await text('[data-total="live_sessions"]'),
-        step: stepMs > 0 ? Math.abs(parseFloat(stepText) - stepMs) <= 0.051 && /^[0-9.]+ ms$/.test(stepText)
-          : stepText === '–',
+        step: stepMs > 0 && Math.abs(parseFloat(stepText) - stepMs) <= 0.051 && /^[0-9.]+ ms$/.test(stepText),
+        node: {
+          sessions: await nodeField('sessions'),
+          engines: await nodeField('engines'),
+          free: await nodeField('free_seqs'),
+          kv: await nodeField('kv_watermark'),
+          step: nodeStepMs > 0 && Math.abs(parseFloat(nodeStepText) - nodeStepMs) <= 0.051 &&
+            /^[0-9.]+ ms$/.test(nodeStepText),
+        },
       };
       last = { want, got };
       return JSON.stringify(want) === JSON.stringify(got) && last;
     }, 20000 * SLOW).catch((e) => { throw new Error(`${e.message}: ${JSON.stringify(last)}`); });
-    // What the cluster holds now: five idle sessions on the one node left; two completed.
+    // What the cluster holds now: four idle sessions on the one node left; three completed.
     assert.deepEqual(
       { nodes: last.got.nodes, live: last.got.live, waiting: last.got.waiting, survival: last.got.survival },
-      { nodes: '1', live: '5', waiting: '5', survival: '100.0%' });
-    assert.equal(await page.locator(`[data-node="${survivor.name}"][data-field="sessions"]`).textContent(), '5');
+      { nodes: '1', live: '4', waiting: '4', survival: '100.0%' });
+    assert.deepEqual([last.got.node.sessions, last.got.node.engines], ['4', '1']);
     assert.equal(await page.locator(`[data-node="${victim}"]`).count(), 0, 'the lost node is gone from the table');
     assert.equal(await text('[data-field="rollout"]'), 'No rollout in progress.');
     fs.mkdirSync(artifacts, { recursive: true });

@@ -116,8 +116,10 @@ test('a node past its KV watermark moves sessions with their KV to a node with r
   assert.ok(moved >= 1, 'a session moved');
   assert.ok(moved < SESSIONS, 'not every session moved: only while node0 was past its watermark');
 
-  // The brain's hop of each move: a `migrate` span naming the session and where it went, and its
-  // log line about the move, which carries the session and that span's trace.
+  // The brain's hop of each move: a `migrate` span naming the session and where it went, in the
+  // session's trace (a child of its turn on node0, which hands the turn on, and the parent of the
+  // turn that goes on on node1), and its log line about the move, which carries the session and
+  // that span's trace.
   const brain = status().processes.find((p) => p.role === 'cell');
   const lines = fs.readFileSync(brain.log, 'utf8').split('\n').filter((l) => l.trim() !== '');
   const json = lines.map((l) => { try { return JSON.parse(l); } catch { return null; } });
@@ -127,7 +129,18 @@ test('a node past its KV watermark moves sessions with their KV to a node with r
       x.name === 'migrate' && x.attributes['armada.session.id'] === id), 20000);
     assert.equal(span.service, 'armada-cell');
     assert.equal(span.attributes['armada.node'], n1.name);
+    assert.equal(span.attributes['armada.node.from'], n0.name);
     assert.equal(span.attributes['armada.cell'], 'cell0');
+    const turn = (node) => otlp.spans.find((x) => x.service === 'armada-node' && x.name.startsWith('invoke_agent') &&
+      x.attributes['gen_ai.conversation.id'] === id && x.attributes['armada.node'] === node);
+    const left = await waitFor(`the turn of ${id} on node0`, async () => turn(n0.name), 20000);
+    assert.equal(left.attributes['armada.handed_off'], true, JSON.stringify(left.attributes));
+    assert.notEqual(left.status?.code, 2, `the turn handed on is no error: ${JSON.stringify(left.status)}`);
+    assert.equal(span.traceId, left.traceId, 'the move is in the session\'s trace');
+    assert.equal(span.parentSpanId, left.spanId, 'the move is a child of the turn it interrupts');
+    const goes = await waitFor(`the turn of ${id} on node1`, async () => turn(n1.name), 20000);
+    assert.equal(goes.traceId, span.traceId);
+    assert.equal(goes.parentSpanId, span.spanId, 'the turn on node1 is a child of the move');
     const line = json.find((j) => j?.session_id === id && /moves from .* with its KV/.test(j.msg));
     assert.ok(line, `the brain logged the move of ${id} with its id`);
     assert.equal(line.trace_id, span.traceId);

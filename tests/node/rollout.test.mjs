@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { execFile } from 'node:child_process';
+import { chromium } from 'playwright-core';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
@@ -20,7 +21,10 @@ const timing = process.env.ARMADA_TIMING !== '0';
 const SLOW = timing ? 1 : 4;
 const TTL_S = timing ? 3 : 8;
 const ENDED = ['completed', 'failed', 'cancelled'];
+const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
+const artifacts = process.env.ARMADA_ARTIFACTS ?? path.join(process.cwd(), 'artifacts');
 let tools;
+let browser = null;  // Chromium, while a test has the dashboard open
 let dir;
 let up;
 let gw;
@@ -154,6 +158,36 @@ function rateSampler() {
   return { async stop() { stopped = true; await loop; return peaks; } };
 }
 
+// The gateway's dashboard in headless Chromium, recording what it draws: the draining badges and
+// the rollout's phases and waves, as each snapshot replaces the page's content.
+async function openDashboard(browser) {
+  const page = await browser.newPage();
+  const problems = [];
+  page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') problems.push(`console ${m.type()}: ${m.text()}`); });
+  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  assert.equal((await page.goto(`${gw}/dashboard`)).status(), 200);
+  await page.waitForSelector('#status.live', { timeout: 10000 });
+  await page.evaluate(() => {
+    const seen = { draining: [], phases: [], waves: [] };
+    window.drawn = seen;
+    const add = (list, v) => { if (v && !list.includes(v)) list.push(v); };
+    new MutationObserver(() => {
+      for (const b of document.querySelectorAll('[data-field="draining"]')) add(seen.draining, b.dataset.node);
+      add(seen.phases, document.querySelector('[data-field="rollout_phase"]')?.textContent);
+      const head = document.querySelector('[data-field="rollout"]')?.textContent ?? '';
+      add(seen.waves, head.match(/wave (\d+) of/)?.[1]);
+    }).observe(document.body, { childList: true, subtree: true });
+  });
+  return { page, problems, drawn: () => page.evaluate(() => window.drawn) };
+}
+
+// A gate's row as the page draws it: its numbers, rounded as the page rounds them.
+async function gateRow(page, g) {
+  const cells = await page.locator(`[data-gate="${g.signal}${g.code ? ':' + g.code : ''}"] td`).allTextContents();
+  const num = (x) => (Math.round(x * 1000) / 1000).toString();
+  return { got: cells.slice(1, 6), want: [num(g.upgraded), num(g.rest), num(g.before), num(g.limit), g.fired ? 'fired' : g.judged ? 'ok' : g.note] };
+}
+
 const nodeStarts = (name, version) =>
   up.log().split('\n').filter((l) => l.includes(`cluster up: ${name} started on version ${version} `)).length;
 
@@ -178,6 +212,7 @@ before(async () => {
 
 after(async () => {
   stopAll = true;
+  await browser?.close().catch(() => {});
   await up?.stop();
   if (tools) await tools.close();
   assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
@@ -185,6 +220,8 @@ after(async () => {
 
 test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed mid-rollout; no session lost', { timeout: 480000 * SLOW }, async () => {
   assert.match((await rollout('status')).stdout, /no rollout has been started/);
+  browser = await chromium.launch({ executablePath: CHROMIUM });
+  const dash = await openDashboard(browser);
   const work = keepCreating('wave');
   const rates = rateSampler();
   await sleep(3000);
@@ -293,6 +330,31 @@ test('v1 -> v2 in waves, one node of a cell at a time; the global leader killed 
     const nodes = snap.cells.flatMap((c) => c.node_list);
     return nodes.length === 6 && nodes.every((n) => !n.draining);
   }, 20000);
+  // The page in Chromium drew the same: the rollout running wave after wave, draining badges on
+  // nodes of the cluster, then done with six of six and the gates with the brain's numbers.
+  try {
+    const { page } = dash;
+    await page.waitForFunction(() => document.querySelector('[data-field="rollout_phase"]')?.textContent === 'done',
+      null, { timeout: 10000 * SLOW });
+    await page.waitForFunction(() => document.querySelectorAll('[data-field="draining"]').length === 0, null,
+      { timeout: 10000 * SLOW });
+    const drawn = await dash.drawn();
+    console.log(`the page drew: ${JSON.stringify(drawn)}`);
+    assert.ok(drawn.phases.includes('running'), JSON.stringify(drawn.phases));
+    assert.ok(drawn.waves.length >= 2, `the page drew the waves advance: ${JSON.stringify(drawn.waves)}`);
+    assert.ok(drawn.draining.length > 0, 'the page drew a draining badge');
+    for (const n of drawn.draining) assert.ok(status().processes.some((p) => p.role === 'node' && p.name === n), n);
+    assert.equal(await page.locator('[data-field="rollout_upgraded"]').textContent(), '6 of 6');
+    for (const g of final.state.gates) {
+      const row = await gateRow(page, g);
+      assert.deepEqual(row.got, row.want, `gate ${g.signal} ${g.code ?? ''}`);
+    }
+    fs.mkdirSync(artifacts, { recursive: true });
+    await page.screenshot({ path: path.join(artifacts, 'dashboard-rollout.png'), fullPage: true });
+    assert.deepEqual(dash.problems, [], 'the page logged no error');
+  } finally {
+    await browser.close();
+  }
   // Sessions ran through it: every one completed, no tool effect repeated.
   const created = await work.stop();
   assert.ok(created.length >= 10, `sessions created during the rollout: ${created.length}`);
@@ -328,6 +390,23 @@ test('v2 -> v-bad halts after its first wave, says which gate fired with its num
     const r = (await fetch(`${gw}/dashboard/snapshot`).then((x) => x.json())).rollout;
     return r?.phase === 'halted' && r.fired === final.state.fired && r.gates.some((g) => g.fired);
   }, 10000);
+  // In Chromium: halted, the gate that fired marked, with the brain's numbers.
+  browser = await chromium.launch({ executablePath: CHROMIUM });
+  try {
+    const { page, problems } = await openDashboard(browser);
+    await page.waitForSelector('[data-field="rollout_fired"]', { timeout: 10000 * SLOW });
+    assert.equal(await page.locator('[data-field="rollout_phase"]').textContent(), 'halted');
+    assert.equal(await page.locator('[data-field="rollout_fired"]').textContent(), `halted: ${final.state.fired}`);
+    const fired = final.state.gates.filter((g) => g.fired);
+    assert.ok(fired.length > 0, JSON.stringify(final.state.gates));
+    for (const g of fired) {
+      const row = await gateRow(page, g);
+      assert.deepEqual(row.got, row.want, `gate ${g.signal} ${g.code ?? ''}`);
+    }
+    assert.deepEqual(problems, [], 'the page logged no error');
+  } finally {
+    await browser.close();
+  }
   // Sessions created after the rollback complete; a new rollout can start.
   await work.stop();
   const fresh = [];

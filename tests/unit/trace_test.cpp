@@ -1,4 +1,5 @@
 #include "obs/trace.h"
+#include "agent/session_manager.h"
 #include "cli/tracing.h"
 #include "obs/metrics.h"
 
@@ -45,6 +46,27 @@ TEST(TraceContext, RefusesMalformedHeaders) {
          }) {
         EXPECT_FALSE(TraceContext::parse(bad)) << bad;
     }
+}
+
+// A session's row keeps the trace it is in (its `data`, as `SessionManager::record` dumps it); a
+// brain that moves the session reads it back with `record_trace`.
+TEST(SessionRecordTrace, ReadsTheTraceARowKeeps) {
+    using armada::agent::SessionManager;
+    const Span turn = Span::start("invoke_agent a", SpanKind::internal, std::nullopt);
+    const std::string tp = turn.context().traceparent();
+    const json data = {{"model_steps", 3}, {"prompt_tokens", 120}, {"traceparent", tp}, {"dropped_tools", 0}};
+    const auto got = SessionManager::record_trace(data.dump());
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->trace_id, turn.ctx.trace_id);
+    EXPECT_EQ(got->span_id, turn.ctx.span_id);
+    // A row from before traces were kept, or none at all.
+    EXPECT_FALSE(SessionManager::record_trace(R"({"model_steps":3,"prompt_tokens":120})").has_value());
+    EXPECT_FALSE(SessionManager::record_trace("").has_value());
+    // Damaged: cut short, or not a trace context.
+    EXPECT_FALSE(SessionManager::record_trace(R"({"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad)")
+                     .has_value());
+    EXPECT_FALSE(SessionManager::record_trace(R"({"traceparent":"nope"})").has_value());
+    EXPECT_FALSE(SessionManager::record_trace(R"({"traceparent":")").has_value());
 }
 
 TEST(Span, AChildKeepsItsParentsTraceAndARootStartsANewOne) {
