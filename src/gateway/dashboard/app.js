@@ -36,12 +36,13 @@ function ms(x) { return x > 0 ? x.toFixed(1) + ' ms' : '–'; }
 function color(i) { return CELL_COLORS[i % CELL_COLORS.length]; }
 function replace(id, ...kids) { document.getElementById(id).replaceChildren(...kids); }
 
-// A horizontal bar from 0 to 1: green below 70%, amber to 90%, red above (for KV watermarks).
-function meter(x, width = 120) {
+// A horizontal bar from 0 to 1: for KV watermarks, green below 70%, amber to 90%, red above; for
+// progress (`progress` set), blue throughout.
+function meter(x, width = 120, progress = false) {
   const s = svg('svg', { width, height: 12, role: 'img' });
   s.append(svg('rect', { x: 0, y: 1, width, height: 10, rx: 2, fill: '#e3e6eb' }));
   if (x !== null && x !== undefined) {
-    const fill = x < 0.7 ? '#2e9d5b' : x < 0.9 ? '#d9931f' : '#d04437';
+    const fill = progress ? '#3b6fd8' : x < 0.7 ? '#2e9d5b' : x < 0.9 ? '#d9931f' : '#d04437';
     s.append(svg('rect', { x: 0, y: 1, width: Math.max(1, width * x), height: 10, rx: 2, fill }));
   }
   return s;
@@ -176,7 +177,7 @@ function rollout(r) {
     `${r.id} to ${r.version}: `, el('b', { 'data-field': 'rollout_phase' }, r.phase),
     `, wave ${r.wave} of ${r.waves}, `, el('span', { 'data-field': 'rollout_upgraded' }, `${r.upgraded} of ${r.total}`),
     ' nodes on it');
-  const kids = [head, el('div', {}, meter(r.total > 0 ? r.upgraded / r.total : 0, 240))];
+  const kids = [head, el('div', {}, meter(r.total > 0 ? r.upgraded / r.total : 0, 240, true))];
   if (r.fired) kids.push(el('div', { class: 'fired', 'data-field': 'rollout_fired' }, 'halted: ' + r.fired));
   else if (r.reason) kids.push(el('div', {}, r.reason));
   if (r.nodes.length > 0) {
