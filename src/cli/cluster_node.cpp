@@ -18,8 +18,7 @@ void NodeEvents::draining() {
     push(json{{"op", "draining"}, {"node", node_}}.dump(), {});
 }
 
-void NodeEvents::movable(const std::string & session, int64_t epoch, const std::string & traceparent,
-                         int64_t now_ms) {
+void NodeEvents::movable(const std::string & session, int64_t epoch, const std::string & traceparent, int64_t now_ms) {
     // One a session and epoch per 10 s: JetStream drops the repeats in between, and a brain that
     // took over meanwhile still hears of it soon.
     json ev = {{"op", "movable"}, {"session", session}, {"node", node_}, {"epoch", epoch}};

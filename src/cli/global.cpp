@@ -3,6 +3,7 @@
 #include "cli/elected.h"
 #include "cli/stop_signals.h"
 
+#include "agent/session_manager.h"
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
 #include "cluster/global_brain.h"
@@ -10,7 +11,6 @@
 #include "cluster/queue.h"
 #include "cluster/restarter.h"
 #include "cluster/rollout.h"
-#include "agent/session_manager.h"
 #include "obs/log.h"
 #include "obs/trace.h"
 #include "store/postgres_store.h"
@@ -172,9 +172,10 @@ class GlobalProcess {
         // request.
         std::vector<obs::Span> spans;
         spans.reserve(decisions.size());
-        const int64_t began_ns = obs::unix_now_ns() - int64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                                  std::chrono::steady_clock::now() - since)
-                                                                  .count());
+        const int64_t began_ns =
+            obs::unix_now_ns() -
+            int64_t(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count());
         for (const Rehome & d : decisions) {
             const auto t = traces_.find(d.session);
             obs::Span span = obs::Span::start("migrate", obs::SpanKind::internal,

@@ -63,8 +63,8 @@ TEST(SessionRecordTrace, ReadsTheTraceARowKeeps) {
     EXPECT_FALSE(SessionManager::record_trace(R"({"model_steps":3,"prompt_tokens":120})").has_value());
     EXPECT_FALSE(SessionManager::record_trace("").has_value());
     // Damaged: cut short, or not a trace context.
-    EXPECT_FALSE(SessionManager::record_trace(R"({"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad)")
-                     .has_value());
+    EXPECT_FALSE(
+        SessionManager::record_trace(R"({"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad)").has_value());
     EXPECT_FALSE(SessionManager::record_trace(R"({"traceparent":"nope"})").has_value());
     EXPECT_FALSE(SessionManager::record_trace(R"({"traceparent":")").has_value());
 }
