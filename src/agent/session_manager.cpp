@@ -1831,6 +1831,8 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
     if (!sp) return false;
     sp->agent = lookup_agent(rec->owner, rec->agent_id);
     sp->epoch = epoch;
+    // A session that has not taken a turn yet is in the trace of the `place` that brought it.
+    if (!sp->trace_last) sp->trace_last = trace;
     sp->trace_parent = std::move(trace);
     Session * ps = sp.get();
     if (auto it = sessions_.find(id); it != sessions_.end()) {

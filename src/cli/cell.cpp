@@ -104,7 +104,12 @@ class CellProcess {
         for (const auto & r : store_->open_sessions(o_.cell, "", kEndedStates)) {
             open.push_back({r.id, r.node, r.epoch});
             ++by_tenant[r.owner];
-            if (auto tc = agent::SessionManager::record_trace(r.data)) traced.emplace(r.id, std::move(*tc));
+            // Its row says which trace it is in once it has taken a turn; before, the `place` this
+            // brain gave it does (kept from before this reconcile).
+            if (auto tc = agent::SessionManager::record_trace(r.data))
+                traced.emplace(r.id, std::move(*tc));
+            else if (auto old = session_traces_.find(r.id); old != session_traces_.end())
+                traced.emplace(r.id, old->second);
         }
         by_tenant_ = std::move(by_tenant);
         session_traces_ = std::move(traced);
@@ -414,10 +419,13 @@ class CellProcess {
                 json run = {{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}};
                 if (!p.from.empty()) run["from"] = p.from;  // the new node fetches its KV there
                 // Untraced here, the gateway's context still reaches the node.
-                if (obs::tracer()->enabled())
+                if (obs::tracer()->enabled()) {
                     run["traceparent"] = span.context().traceparent();
-                else if (parent)
+                    session_traces_[p.session] = span.context();
+                } else if (parent) {
                     run["traceparent"] = parent->traceparent();
+                    session_traces_[p.session] = *parent;
+                }
                 obs::tracer()->end(std::move(span));
                 const std::string cmd = run.dump();
                 if (auto e = js_->publish(command_subject(p.node), cmd, p.session + ":" + std::to_string(p.epoch));

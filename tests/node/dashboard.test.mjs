@@ -11,6 +11,7 @@ import path from 'node:path';
 import { chromium } from 'playwright-core';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
+import { startOtlpReceiver } from './otlp_receiver.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { alive, metricSum, sanitizerReports, waitFor } from './cluster_helpers.mjs';
 
@@ -22,6 +23,7 @@ const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
 const artifacts = process.env.ARMADA_ARTIFACTS ?? path.join(process.cwd(), 'artifacts');
 
 let tools;
+let otlp;
 let dir;
 let up;
 let upLog = '';
@@ -33,13 +35,18 @@ const procs = (role) => status().processes.filter((p) => p.role === role && aliv
 
 before(async () => {
   tools = await startToolServer();
+  otlp = await startOtlpReceiver();
   dir = tempDir('armada-dashboard-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
-  const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 1, maxSteps: 4 }));
+  // `doomed` needs three tool steps and may take two: its sessions fail (max_steps).
+  const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 1, maxSteps: 4 }) +
+    agentYaml(tools.url, { id: 'doomed', toolSteps: 3, maxSteps: 2 }).replace(/^agents:\n/, ''));
   up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--nodes', '2', '--brains', '1', '-m', tinyModel,
     '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', '3', '--api-key', KEY,
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
-    '--node-arg=8192', '--node-arg=-t', '--node-arg=1'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    '--node-arg=8192', '--node-arg=-t', '--node-arg=1'], {
+    stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: otlp.endpoint },
+  });
   up.stdout.on('data', (d) => { upLog += d; });
   up.stderr.on('data', (d) => { upLog += d; });
   gw = await new Promise((resolve, reject) => {
@@ -65,6 +72,7 @@ after(async () => {
     await done;
   }
   if (tools) await tools.close();
+  if (otlp) await otlp.close();
   if (dir) assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
 
@@ -164,6 +172,21 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
     }, 120000 * SLOW);
     assert.equal(s.state, 'completed', s.reason);
   }
+  // One fails, and one is cancelled by its client (in no ratio).
+  const doomed = await post('/v1/agents/doomed/sessions', { input: 'Process record alpha' });
+  assert.equal(doomed.status, 201, JSON.stringify(doomed.json));
+  const failed = await waitFor('the doomed session to end', async () => {
+    const x = await session(doomed.json.id);
+    return ['completed', 'failed'].includes(x.state) && x;
+  }, 120000 * SLOW);
+  assert.equal(failed.state, 'failed', JSON.stringify(failed));
+  const dropped = await post('/v1/agents/worker/sessions', {});
+  assert.equal(dropped.status, 201, JSON.stringify(dropped.json));
+  await waitFor('the session to drop to be placed', async () => (await session(dropped.json.id)).state === 'waiting_input',
+    60000 * SLOW);
+  const c = await post(`/v1/sessions/${dropped.json.id}/cancel`, {});
+  assert.equal(c.status, 200, JSON.stringify(c.json));
+  await waitFor('the cancel', async () => (await session(dropped.json.id)).state === 'cancelled', 30000 * SLOW);
   const where = new Map();
   for (const id of idle) {
     const s = await waitFor(`session ${id} placed and waiting`, async () => {
@@ -204,6 +227,17 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
         const x = await session(id).catch(() => null);
         return x?.state === 'waiting_input' && x.placement?.node === survivor.name;
       }, 60000 * SLOW);
+    }
+    // Each move is a `migrate` span of the brain, in the session's trace: a child of the `place`
+    // that sent it to the lost node (these sessions had taken no turn).
+    for (const [id, n] of where) {
+      if (n !== victim) continue;
+      const ofIt = (name, node) => otlp.spans.find((x) => x.service === 'armada-cell' && x.name === name &&
+        x.attributes['armada.session.id'] === id && x.attributes['armada.node'] === node);
+      const mig = await waitFor(`the migrate span of ${id}`, async () => ofIt('migrate', survivor.name), 20000);
+      const placed = await waitFor(`the place span of ${id}`, async () => ofIt('place', victim), 20000);
+      assert.equal(mig.traceId, placed.traceId, `${id}: the move is in the session's trace`);
+      assert.equal(mig.parentSpanId, placed.spanId, `${id}: the move is a child of its place`);
     }
     // The brain lists the lost node with the sessions it had, and the node leaves the table.
     const row = await page.waitForSelector(`[data-failover="${victim}"]`, { timeout: 30000 * SLOW });
@@ -278,13 +312,18 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
       };
       last = { want, got };
       // Agreeing, once the brain's report has caught up with the turn that ended (a report
-      // from before it says 5 on both sides).
-      return JSON.stringify(want) === JSON.stringify(got) && got.live === '4' && last;
+      // from before it says 5 live and 66.7% on both sides).
+      return JSON.stringify(want) === JSON.stringify(got) && got.live === '4' && got.survival === '75.0%' && last;
     }, 20000 * SLOW).catch((e) => { throw new Error(`${e.message}: ${JSON.stringify(last)}`); });
-    // What the cluster holds now: four idle sessions on the one node left; three completed.
+    // What the cluster holds now: four idle sessions on the one node left; three completed and one
+    // failed (75%: the cancelled one is in no ratio).
     assert.deepEqual(
       { nodes: last.got.nodes, live: last.got.live, waiting: last.got.waiting, survival: last.got.survival },
-      { nodes: '1', live: '4', waiting: '4', survival: '100.0%' }, JSON.stringify(last));
+      { nodes: '1', live: '4', waiting: '4', survival: '75.0%' }, JSON.stringify(last));
+    const bm = await fetch(`${brain.url}/metrics`).then((r) => r.text());
+    const ended = Object.fromEntries(['completed', 'failed', 'timed_out', 'lost', 'cancelled'].map((o) =>
+      [o, metricSum(bm, 'armada_cell_sessions_ended', `cell="cell0",outcome="${o}"`)]));
+    assert.deepEqual(ended, { completed: 3, failed: 1, timed_out: 0, lost: 0, cancelled: 1 });
     assert.deepEqual([last.got.node.sessions, last.got.node.engines], ['4', '1']);
     assert.equal(await page.locator(`[data-node="${victim}"]`).count(), 0, 'the lost node is gone from the table');
     assert.equal(await text('[data-field="rollout"]'), 'No rollout in progress.');
