@@ -16,7 +16,7 @@ struct Survival {
     int64_t completed = 0;
     int64_t failed = 0;     // the agent or the model gave up (errors, max_steps, token budget)
     int64_t timed_out = 0;  // the agent's deadline passed
-    int64_t lost = 0;       // failed after the session had moved (a failover did not save it)
+    int64_t lost = 0;       // failed after the session had moved (a failover, drain, rebalance or re-home)
     int64_t cancelled = 0;  // by the client: not a lost chain
     //! completed / (completed + failed + timed_out + lost); NaN when none of those ended.
     double ratio() const;

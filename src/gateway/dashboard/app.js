@@ -105,7 +105,7 @@ function survival(cells) {
     s.append(svg('text', { x: W - 64, y: y + 13, 'data-cell': c.name, 'data-field': 'survival' }, pct(v.ratio)));
   });
   const legend = el('div', { class: 'legend' });
-  for (const [k, col] of [['completed', '#2e9d5b'], ['failed', '#d04437'], ['timed out', '#d9931f'], ['lost on failover', '#7a1f16']]) {
+  for (const [k, col] of [['completed', '#2e9d5b'], ['failed', '#d04437'], ['timed out', '#d9931f'], ['lost after a move', '#7a1f16']]) {
     const i = el('i');
     i.style.background = col;
     legend.append(el('span', {}, i, k));
