@@ -145,6 +145,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     std::map<std::string, std::pair<std::string, std::shared_ptr<tools::McpClient>>> mcp;  // tool → (label, client)
     json items = json::array();  // mcp_list_tools and mcp_call items, in order
     int iterations = 0, pending = 0;
+    std::optional<obs::TraceContext> trace;  // the request's, the parent of the MCP calls' spans
     int64_t in_tokens = 0, out_tokens = 0, cached_tokens = 0;
 
     std::mutex mu;
@@ -309,8 +310,19 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         pending = int(msg.tool_calls.size());
         for (const auto & c : msg.tool_calls) {
             const auto & entry = mcp.at(c.name);
-            svc->run_mcp(owner, entry.second, c,
-                         [self = shared_from_this(), c, label = entry.first](tools::ToolResult r) {
+            // Each call is an `execute_tool` span, sent along as the call's `traceparent`.
+            auto sp =
+                std::make_shared<obs::Span>(obs::Span::start("execute_tool " + c.name, obs::SpanKind::client, trace));
+            sp->set("gen_ai.operation.name", std::string("execute_tool"));
+            sp->set("gen_ai.tool.name", c.name);
+            sp->set("gen_ai.tool.call.id", c.id);
+            sp->set("gen_ai.tool.type", std::string("extension"));
+            sp->set("armada.mcp.server", entry.first);
+            sp->set("armada.tenant", owner);
+            svc->run_mcp(owner, entry.second, c, sp->context().traceparent(),
+                         [self = shared_from_this(), c, label = entry.first, sp](tools::ToolResult r) {
+                             if (r.is_error) sp->fail(r.content.substr(0, 200));
+                             obs::tracer()->end(std::move(*sp));
                              net::post(self->strand, [self, c, label, r] { self->on_mcp_result(c, label, r); });
                          });
         }
@@ -423,9 +435,11 @@ ResponsesService::ResponsesService(std::shared_ptr<engine::Model> model, engine:
 
 ResponsesService::~ResponsesService() = default;
 
-void ResponsesService::create(const json & body, const Caller & caller, std::shared_ptr<Responder> out) {
+void ResponsesService::create(const json & body, const Caller & caller, std::shared_ptr<Responder> out,
+                              std::optional<obs::TraceContext> trace) {
     auto run = std::make_shared<Run>(io_);
     run->out = out;
+    run->trace = std::move(trace);
     run->store = &store_;
     run->format = &format_;
     run->owner = caller.tenant;
@@ -636,10 +650,12 @@ void ResponsesService::add_mcp_tools(Run & run, const std::string & label,
 }
 
 void ResponsesService::run_mcp(const std::string & tenant, const std::shared_ptr<tools::McpClient> & client,
-                               const common_chat_tool_call & call, std::function<void(tools::ToolResult)> done) {
+                               const common_chat_tool_call & call, const std::string & traceparent,
+                               std::function<void(tools::ToolResult)> done) {
     auto shared_done = std::make_shared<std::function<void(tools::ToolResult)>>(std::move(done));
-    const bool queued = calls_.run(
-        tenant, [client, call, shared_done] { (*shared_done)(client->call_tool(call.name, call.arguments, call.id)); });
+    const bool queued = calls_.run(tenant, [client, call, traceparent, shared_done] {
+        (*shared_done)(client->call_tool(call.name, call.arguments, call.id, traceparent));
+    });
     if (!queued) {
         tools::ToolResult r;
         r.is_error = true;

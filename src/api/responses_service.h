@@ -5,6 +5,7 @@
 #include "api/json_util.h"
 #include "engine/chat_format.h"
 #include "engine/engine_set.h"
+#include "obs/trace.h"
 #include "store/store.h"
 #include "tools/client_calls.h"
 #include "tools/mcp_client.h"
@@ -33,7 +34,9 @@ class ResponsesService {
     ~ResponsesService();
 
     //! Stored responses belong to `caller.tenant`; tokens are charged to `caller.account`.
-    void create(const json & body, const Caller & caller, std::shared_ptr<Responder> out);
+    //! `trace`: the request's W3C context, the parent of each MCP call's `execute_tool` span.
+    void create(const json & body, const Caller & caller, std::shared_ptr<Responder> out,
+                std::optional<obs::TraceContext> trace = std::nullopt);
     void get(const std::string & id, const std::string & tenant, const std::shared_ptr<Responder> & out);
     void erase(const std::string & id, const std::string & tenant, const std::shared_ptr<Responder> & out);
 
@@ -46,9 +49,10 @@ class ResponsesService {
     //! Adds a server's listed tools to the run.
     void add_mcp_tools(Run & run, const std::string & label, const std::shared_ptr<tools::McpClient> & client,
                        const std::vector<tools::HttpToolSpec> & listed);
-    //! Calls an MCP tool on a client-call worker; `done` runs there.
+    //! Calls an MCP tool on a client-call worker, sending `traceparent` with it; `done` runs there.
     void run_mcp(const std::string & tenant, const std::shared_ptr<tools::McpClient> & client,
-                 const common_chat_tool_call & call, std::function<void(tools::ToolResult)> done);
+                 const common_chat_tool_call & call, const std::string & traceparent,
+                 std::function<void(tools::ToolResult)> done);
 
     std::shared_ptr<engine::Model> model_;
     engine::EngineSet & engine_;

@@ -346,7 +346,7 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         if (p == "/v1/responses") {
             if (!post) throw ApiError(405, "use POST for /v1/responses");
             if (!is_json_type(req.header("content-type"))) throw ApiError(415, "content type must be application/json");
-            rs->create(parse_request_body(req.body), caller, out);
+            rs->create(parse_request_body(req.body), caller, out, obs::TraceContext::parse(req.header("traceparent")));
         } else {
             const std::string id = p.substr(std::string("/v1/responses/").size());
             if (req.method == "GET")

@@ -11,6 +11,8 @@ import { startServer, rawPost } from './harness.mjs';
 import { tempDir, writeAgents } from './agents.mjs';
 import { getJson, waitFor } from './session_helpers.mjs';
 import { startRecordingProxy } from './mcp_peer.mjs';
+import { startOtlpReceiver } from './otlp_receiver.mjs';
+import { waitFor as until } from './cluster_helpers.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const everything = path.join(here, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js');
@@ -45,6 +47,7 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
   let mcp = await startEverything(port);
   // The agent reaches the server through a proxy that records each request's trace context.
   const proxy = await startRecordingProxy(port, ['traceparent']);
+  const otlp = await startOtlpReceiver();
   const dir = tempDir('armada-mcp-');
   const yaml = `agents:
   - id: mcpworker
@@ -61,7 +64,7 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
   let srv;
   try {
     srv = await startServer(['--agents', writeAgents(dir, yaml), '--data-dir', path.join(dir, 'data'),
-      '--tool-allow', '127.0.0.1', '-c', '8192']);
+      '--tool-allow', '127.0.0.1', '-c', '8192'], { env: { OTEL_EXPORTER_OTLP_ENDPOINT: otlp.endpoint } });
     const agents = await getJson(srv.base, '/v1/agents');
     assert.deepEqual(agents.json.data.find((a) => a.id === 'mcpworker').tools, ['get-sum']);
 
@@ -87,6 +90,17 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
     for (const e of sent) assert.match(e.traceparent ?? '', new RegExp(`^00-${trace}-[0-9a-f]{16}-01$`));
     const spans = sent.map((e) => e.traceparent.split('-')[2]);
     assert.equal(new Set([...spans, clientSpan]).size, 3, 'one span per call, neither the client\'s own');
+    // Those are the execute_tool spans the node exported, as MCP (`extension`) tools.
+    const exported = (ids) =>
+      until('the execute_tool spans', () => {
+        const got = ids.map((id) => otlp.spans.find((x) => x.spanId === id));
+        return got.every(Boolean) && got;
+      }, 10000);
+    for (const sp of await exported(spans)) {
+      assert.equal(sp.name, 'execute_tool get-sum');
+      assert.equal(sp.traceId, trace);
+      assert.equal(sp.attributes['gen_ai.tool.type'], 'extension');
+    }
     // A restarted server has forgotten the MCP session; the client initializes again.
     mcp.kill('SIGTERM');
     await new Promise((r) => mcp.on('exit', r));
@@ -94,13 +108,17 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
     await run();
 
     // The Responses API runs {"type":"mcp"} tools on the server, with the official client.
+    // Through the recording proxy, in a trace of the client's: each call is an execute_tool
+    // span, a child of the client's span, and the MCP server gets its context.
     const client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'unused', maxRetries: 0 });
+    const trace2 = '0f1e2d3c4b5a69788796a5b4c3d2e1f0';
+    const before = proxy.log.length;
     const resp = await client.responses.create({
       model: 'x', input: 'Add two numbers', max_output_tokens: 96, parallel_tool_calls: false,
-      tools: [{ type: 'mcp', server_label: 'everything', server_url: `http://127.0.0.1:${port}/mcp`,
+      tools: [{ type: 'mcp', server_label: 'everything', server_url: proxy.url,
         allowed_tools: ['get-sum'], require_approval: 'never' }],
       tool_choice: 'required',
-    });
+    }, { headers: { traceparent: `00-${trace2}-${clientSpan}-01` } });
     assert.equal(resp.output[0].type, 'mcp_list_tools');
     assert.deepEqual(resp.output[0].tools.map((t) => t.name), ['get-sum']);
     const calls = resp.output.filter((o) => o.type === 'mcp_call');
@@ -111,6 +129,15 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
       assert.match(c.output, /^The sum of /);
     }
     assert.ok(['message', 'mcp_call'].includes(resp.output.at(-1).type));
+    const sent2 = proxy.log.slice(before).filter((e) => e.method === 'tools/call');
+    assert.equal(sent2.length, calls.length, JSON.stringify(proxy.log.slice(before)));
+    for (const e of sent2) assert.match(e.traceparent ?? '', new RegExp(`^00-${trace2}-[0-9a-f]{16}-01$`));
+    for (const sp of await exported(sent2.map((e) => e.traceparent.split('-')[2]))) {
+      assert.equal(sp.name, 'execute_tool get-sum');
+      assert.equal(sp.traceId, trace2);
+      assert.equal(sp.parentSpanId, clientSpan);
+      assert.equal(sp.attributes['armada.mcp.server'], 'everything');
+    }
 
     // Tools of an agent posted at run time are imported too; an unreachable server is a clear 400.
     const bad = await fetch(`${srv.base}/v1/agents`, {
@@ -123,5 +150,6 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
     if (srv) await srv.stop();
     mcp.kill('SIGTERM');
     await proxy.close();
+    await otlp.close();
   }
 });
