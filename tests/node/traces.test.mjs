@@ -4,6 +4,7 @@
 // their hops join the trace: client → gateway → place (brain) → invoke_agent (node).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import path from 'node:path';
 import { startServer, rawPost, createdStatus, viaGateway } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
@@ -133,7 +134,17 @@ test('a session turn is an invoke_agent span with a chat span per step and an ex
     try { return JSON.parse(l); } catch { return null; }
   }).filter((j) => j && j.msg !== undefined);
   // Every line the node wrote is one (through a gateway, `cluster up`'s own output is mixed in).
-  if (!viaGateway) assert.deepEqual(raw.filter((l) => { try { JSON.parse(l); return false; } catch { return true; } }), []);
+  const notJson = (l) => { try { JSON.parse(l); return false; } catch { return true; } };
+  if (!viaGateway) assert.deepEqual(raw.filter(notJson), []);
+  // Through a gateway, every line each process of the cluster (gateway, brains, node) wrote.
+  if (viaGateway) {
+    assert.ok(srv.processes.length >= 3, JSON.stringify(srv.processes.map((p) => p.name)));
+    for (const p of srv.processes) {
+      const own = fs.readFileSync(p.log, 'utf8').split('\n').filter((l) => l.trim() !== '');
+      assert.ok(own.length > 0, `${p.name} logged`);
+      assert.deepEqual(own.filter(notJson), [], `every line of ${p.name}'s log is JSON`);
+    }
+  }
   assert.ok(lines.length > 0, 'armada logs JSON lines');
   for (const j of lines) assert.match(j.ts, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
   const about = lines.filter((j) => j.session_id === id);
