@@ -303,7 +303,7 @@ class SessionManager {
                        const engine::SamplingOptions & so);
     void on_pool_done(const std::string & id, uint64_t gen, PoolStepResult r);
     //! A model step that ended: parse its calls (or take `call`), record where it ran, checkpoint.
-    void finish_step(Session & s, const engine::GenEvent & ev, const std::string & ran_on, const std::string & upstream,
+    void finish_step(Session & s, const engine::GenEvent & ev, const std::string & where, const std::string & upstream,
                      std::optional<common_chat_msg> call);
     void run_tools(Session & s);
     void on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r);

@@ -12,12 +12,14 @@ import { startDocumentTool } from './tool_server.mjs';
 import { waitFor as waitSession } from './session_helpers.mjs';
 import { startLlamaServer, waitFor } from './cluster_helpers.mjs';
 import { startRecordingProxy } from './mcp_peer.mjs';
+import { startOtlpReceiver } from './otlp_receiver.mjs';
 
 const LLAMA_SERVER = process.env.LLAMA_SERVER;
 let dir;
 let srv;
 let llama;
 let tools;
+let otlp;  // the node's spans
 const WORDS = 9000;  // the first tool result: ~9K tokens, so the next step's prompt passes 8192
 
 async function llamaMetric(name) {
@@ -84,7 +86,8 @@ pools:
 const nodeArgs = () => ['--agents', path.join(dir, 'agents.yaml'), '--data-dir', path.join(dir, 'data'),
   '--tool-allow', '127.0.0.1', '--pools', path.join(dir, 'pools.yaml'), '-c', '24576', '-np', '2', '-t', '1'];
 async function startNode() {
-  const node = await startServer(nodeArgs());
+  otlp ??= await startOtlpReceiver();
+  const node = await startServer(nodeArgs(), { env: { OTEL_EXPORTER_OTLP_ENDPOINT: otlp.endpoint } });
   // The node's pool checker says when the upstream answered /health and a warm-up request.
   await waitFor('the pool warmed', async () => /pool gpu: \S+ is up \(warmed\)/.test(node.stdout() + node.stderr()), 30000);
   return node;
@@ -100,6 +103,7 @@ after(async () => {
   await srv?.stop();
   if (llama?.proc.exitCode === null) { llama.proc.kill('SIGCONT'); llama.proc.kill('SIGKILL'); }
   tools?.server.close();
+  await otlp?.close();
   if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });
 
@@ -200,6 +204,17 @@ test('a step on the pool carries the trace context of its chat span to the upstr
     const spans = new Set(traced.map((e) => e.traceparent.split('-')[2]));
     assert.equal(spans.size, sent);
     assert.ok(!spans.has(clientSpan), 'a step\'s own span, not the client\'s');
+    // Those are the node's `chat` spans, in the client's trace, saying where each step ran.
+    const chats = await waitFor('the chat spans', () => {
+      const got = [...spans].map((id) => otlp.spans.find((x) => x.spanId === id));
+      return got.every(Boolean) && got;
+    }, 10000);
+    for (const c of chats) {
+      assert.match(c.name, /^chat /);
+      assert.equal(c.traceId, trace);
+      assert.equal(c.attributes['gen_ai.operation.name'], 'chat');
+    }
+    assert.ok(chats.some((c) => c.attributes['armada.ran_on'] === 'gpu'), JSON.stringify(chats.map((c) => c.attributes)));
   } finally {
     // Back to llama-server itself, warmed again before the next test's long step.
     const w = warmed(`http://127.0.0.1:${llama.port}`);
