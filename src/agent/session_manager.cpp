@@ -1219,6 +1219,7 @@ void SessionManager::model_step(Session & s) {
             s.step_span->set("gen_ai.conversation.id", s.id);
             s.step_span->set("gen_ai.request.max_tokens", int64_t(so.max_tokens));
             s.step_span->set("armada.step", int64_t(s.model_steps + 1));
+            if (!opt_.node.empty()) s.step_span->set("armada.node", opt_.node);
         }
         if (!pool.empty()) return delegate_step(s, pool, std::move(tools), so);
         req = format_.request(*s.turn, so, engine_.n_ctx_seq(), engine::choice_seed(so, 0));

@@ -284,12 +284,19 @@ test('kill -9 every process of a cell: its sessions are re-homed to the other an
   // other cell's `place` is its child, and the turn that goes on there a child of that.
   const spansOf = (id) => otlp.spans.filter((x) => x.attributes['armada.session.id'] === id ||
     x.attributes['gen_ai.conversation.id'] === id);
+  let parentSeen = 0;
   for (const id of theirs) {
     const other = cellOf(done.get(id).placement.node);
     const mig = await waitFor(`the re-home span of ${id}`, () => spansOf(id).find((x) => x.name === 'migrate' &&
       x.service === 'armada-global'), 20000);
     assert.equal(mig.traceId, traces.get(id), `${id}: the re-home is in the session's trace`);
-    assert.ok(mig.parentSpanId, `${id}: the re-home has a parent (the session's turn in the lost cell)`);
+    // Its parent is the session's turn in the lost cell. That turn never ended (its node was
+    // killed), but the steps it took there did, as its children.
+    const step = spansOf(id).find((x) => x.name.startsWith('chat') && cellOf(x.attributes['armada.node'] ?? '') === victim);
+    if (step) {
+      assert.equal(mig.parentSpanId, step.parentSpanId, `${id}: the re-home is a child of its turn in ${victim}`);
+      ++parentSeen;
+    }
     assert.deepEqual([mig.attributes['armada.cell.from'], mig.attributes['armada.cell']], [victim, other]);
     const place = await waitFor(`the place span of ${id} in ${other}`, () => spansOf(id).find((x) =>
       x.name === 'place' && x.service === 'armada-cell' && x.attributes['armada.cell'] === other), 20000);
@@ -299,4 +306,6 @@ test('kill -9 every process of a cell: its sessions are re-homed to the other an
       x.name.startsWith('invoke_agent') && cellOf(x.attributes['armada.node'] ?? '') === other), 20000);
     assert.equal(turn.parentSpanId, place.spanId, `${id}: the turn in ${other} is a child of its place`);
   }
+  // Every one took steps in the lost cell for seconds before the kill; spans leave each second.
+  assert.ok(parentSeen >= theirs.length / 2, `the lost cell's steps of ${parentSeen} of ${theirs.length} sessions were exported`);
 });
