@@ -1388,7 +1388,7 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
 void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const std::string & where,
                                  const std::string & upstream, std::optional<common_chat_msg> call) {
     // A copy: `where` may be the session's `step_pool`, which is cleared below.
-    const std::string ran_on = where;
+    const std::string ran_on = where;  // NOLINT(performance-unnecessary-copy-initialization)
     common_chat_msg msg = call ? std::move(*call) : format_.parse(*s.turn, s.gen_text, false);
     // A call cut off by max_tokens has arguments that are not JSON: it is not a call. A step that
     // had to call a tool and produced no whole call is run again (twice at most).
