@@ -182,8 +182,12 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
   assert.equal(failed.state, 'failed', JSON.stringify(failed));
   const dropped = await post('/v1/agents/worker/sessions', {});
   assert.equal(dropped.status, 201, JSON.stringify(dropped.json));
-  await waitFor('the session to drop to be placed', async () => (await session(dropped.json.id)).state === 'waiting_input',
-    60000 * SLOW);
+  // (A session created without input is waiting_input from the start; its cancel goes to the node
+  // that holds it, once it is placed.)
+  await waitFor('the session to drop to be placed', async () => {
+    const x = await session(dropped.json.id);
+    return x.state === 'waiting_input' && x.placement?.node;
+  }, 60000 * SLOW);
   const c = await post(`/v1/sessions/${dropped.json.id}/cancel`, {});
   assert.equal(c.status, 200, JSON.stringify(c.json));
   await waitFor('the cancel', async () => (await session(dropped.json.id)).state === 'cancelled', 30000 * SLOW);
