@@ -461,7 +461,8 @@ class GlobalProcess {
     std::map<std::string, int64_t> asked_;         // node → the restart gen asked for
     int64_t state_written_ms_ = 0;
     // The trace each open session of a lost cell is in (from its row): its re-home's `migrate`
-    // span goes in it. Replaced at each read of a lost cell; entries go once re-homed.
+    // span goes in it. Filled at each read of a lost cell; an entry goes once its session is
+    // re-homed (those of a cell that came back stay, bounded by the sessions it had).
     std::unordered_map<std::string, obs::TraceContext> traces_;
 };
 
