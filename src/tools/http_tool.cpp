@@ -4,9 +4,11 @@
 #include "tools/tls.h"
 
 #include <openssl/ssl.h>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
@@ -142,16 +144,22 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   public:
     Exchange(net::any_io_executor io, const SsrfGuard & guard, std::shared_ptr<net::ssl::context> tls,
              HttpToolSpec spec, ToolCall call, std::function<void(ToolResult)> done)
-        : io_(io),
+        : io_(net::make_strand(io)),
           guard_(guard),
           tls_(std::move(tls)),
           spec_(std::move(spec)),
           call_(std::move(call)),
           done_(std::move(done)),
-          resolver_(io),
-          timer_(io),
+          resolver_(io_),
+          timer_(io_),
           t0_(std::chrono::steady_clock::now()) {}
 
+    //! Starts the call on its strand.
+    void begin() {
+        net::dispatch(io_, [self = shared_from_this()] { self->start(); });
+    }
+
+  private:
     void start() {
         for (const auto & [k, v] : spec_.headers) {
             // Only the operator's agents name secrets; a client's headers are sent as written.
@@ -165,7 +173,6 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         attempt();
     }
 
-  private:
     void attempt() {
         ++attempts_;
         attempt_t0_ = std::chrono::steady_clock::now();
@@ -354,6 +361,9 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         if (done) done(std::move(r));
     }
 
+    // The I/O threads run many handlers at once. A strand runs this call's one at a time: without
+    // it, a stream's deadline (which closes the socket) could fire on one thread while a read
+    // finishes on the other, and the socket was closed twice (a crash in the reactor).
     net::any_io_executor io_;
     const SsrfGuard & guard_;
     std::shared_ptr<net::ssl::context> tls_;
@@ -380,7 +390,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 }  // namespace
 
 void HttpToolTransport::call(const HttpToolSpec & spec, const ToolCall & call, std::function<void(ToolResult)> done) {
-    std::make_shared<Exchange>(io_, guard_, tls_, spec, call, std::move(done))->start();
+    std::make_shared<Exchange>(io_, guard_, tls_, spec, call, std::move(done))->begin();
 }
 
 }  // namespace armada::tools

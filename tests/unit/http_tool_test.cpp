@@ -1,0 +1,144 @@
+// HTTP tool calls on I/O threads shared by many calls, against a plain socket server whose
+// answers arrive just around each call's deadline.
+#include "tools/http_tool.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace net = boost::asio;
+
+//! A socket listening on a free loopback port (its fd in `ls`, -1 on failure); its port.
+int listen_loopback(int & ls) {
+    ls = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    if (ls < 0 || ::bind(ls, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 || ::listen(ls, 256) != 0 ||
+        ::getsockname(ls, reinterpret_cast<sockaddr *>(&a), &al) != 0) {
+        if (ls >= 0) ::close(ls);
+        ls = -1;
+        return 0;
+    }
+    return ntohs(a.sin_port);
+}
+
+//! Reads a request head and its Content-Length body; false on EOF.
+bool read_request(int fd) {
+    std::string in;
+    char b[4096];
+    for (;;) {
+        const size_t end = in.find("\r\n\r\n");
+        if (end != std::string::npos) {
+            size_t len = 0;
+            if (auto p = in.find("Content-Length: "); p != std::string::npos) len = std::stoul(in.substr(p + 16));
+            if (in.size() >= end + 4 + len) return true;
+        }
+        const ssize_t n = ::read(fd, b, sizeof b);
+        if (n <= 0) return false;
+        in.append(b, size_t(n));
+    }
+}
+
+}  // namespace
+
+// Answers come from half the deadline to one and a half times it, so deadlines and answers
+// land together, on two I/O threads: a deadline closes the socket as the read that got the
+// answer finishes. Every
+// call must still end exactly once, and nothing may crash (before each call ran on a strand of
+// its own, this crashed in Asio's reactor now and then, and ThreadSanitizer reported the race).
+TEST(HttpTool, DeadlinesThatRaceTheirAnswersOnTwoThreadsEndEachCallOnce) {
+    int ls = -1;
+    const int port = listen_loopback(ls);
+    ASSERT_GE(ls, 0);
+    constexpr int kCalls = 200;
+    constexpr int kTimeoutMs = 100;
+
+    std::mutex mu;
+    std::vector<std::thread> answering;
+    std::thread acceptor([&] {
+        std::mt19937 rng(7);
+        for (int i = 0; i < kCalls; ++i) {
+            const int c = ::accept(ls, nullptr, nullptr);
+            if (c < 0) return;
+            const int delay_us = int(rng() % 100000) + 50000;  // 50..150 ms
+            std::lock_guard lk(mu);
+            answering.emplace_back([c, delay_us] {
+                if (read_request(c)) {
+                    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+                    const std::string r = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok";
+                    (void)!::write(c, r.data(), r.size());
+                }
+                ::close(c);
+            });
+        }
+    });
+
+    net::io_context ioc;
+    auto work = net::make_work_guard(ioc);
+    std::vector<std::thread> io;
+    for (int i = 0; i < 2; ++i)
+        io.emplace_back([&] { ioc.run(); });
+
+    armada::tools::SsrfGuard guard;
+    armada::tools::Cidr loop;
+    ASSERT_TRUE(armada::tools::parse_cidr("127.0.0.1/32", loop));
+    guard.allow(loop);
+    armada::tools::HttpToolTransport transport(ioc.get_executor(), guard);
+    armada::tools::HttpToolSpec spec;
+    spec.name = "race";
+    spec.url = "http://127.0.0.1:" + std::to_string(port) + "/race";
+    spec.timeout_ms = kTimeoutMs;
+
+    std::atomic<int> ended{0}, answered{0}, timed_out{0};
+    std::vector<std::atomic<int>> ends(kCalls);
+    for (int i = 0; i < kCalls; ++i) {
+        armada::tools::ToolCall call;
+        call.session_id = "s";
+        call.name = "race";
+        call.arguments = "{}";
+        call.idempotency_key = "s:1:" + std::to_string(i);
+        transport.call(spec, call, [&, i](armada::tools::ToolResult r) {
+            ends[size_t(i)]++;
+            if (!r.is_error && r.content == "ok") answered++;
+            if (r.is_error && r.content.find("did not answer within") != std::string::npos) timed_out++;
+            ended++;
+        });
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (ended.load() < kCalls && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+
+    ::shutdown(ls, SHUT_RDWR);
+    acceptor.join();
+    {
+        std::lock_guard lk(mu);
+        for (auto & t : answering)
+            t.join();
+    }
+    work.reset();
+    for (auto & t : io)
+        t.join();
+    ::close(ls);
+
+    EXPECT_EQ(ended.load(), kCalls);
+    for (int i = 0; i < kCalls; ++i)
+        EXPECT_EQ(ends[size_t(i)].load(), 1) << "call " << i;
+    // Each ended as an answer or as a deadline, nothing else.
+    EXPECT_EQ(answered.load() + timed_out.load(), kCalls);
+    std::printf("answered %d, timed out %d\n", answered.load(), timed_out.load());
+}
