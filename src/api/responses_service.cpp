@@ -8,6 +8,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <map>
@@ -147,6 +148,17 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     int iterations = 0, pending = 0;
     std::optional<obs::TraceContext> trace;  // the request's, the parent of the MCP calls' spans
     int64_t in_tokens = 0, out_tokens = 0, cached_tokens = 0;
+    // One flag for every step of the run: the client hanging up stops whichever is running.
+    std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+    // GPU pools (svc->pool_ set): where steps ran, for X-Armada-Route.
+    std::string model_asked;               // the request's `model`, for the rules that name one
+    std::string route = "cpu";             // the first step's pool, or cpu
+    std::string degraded;                  // "<pool>-unavailable" once a pool step fell back here
+    std::string step_pool;                 // the pool running the current step ("" : this node)
+    bool pool_local = false;               // a pool failed: the run's later steps stay here
+    bool streaming = false;                // start_stream was called
+    int error_status = 500;                // for a failure before any stream
+    std::optional<common_chat_msg> pool_call;  // a call read from a pool's response_format reply
 
     std::mutex mu;
     std::vector<engine::GenEvent> events;  // guarded by mu
@@ -229,11 +241,14 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
                 send_event("response.failed", {{"response", resp}});
                 out->end();
             } else {
-                out->send(500, "application/json", error_body(500, resp["error"]["message"]));
+                Headers h = route_headers();
+                if (error_status == 503) h.emplace_back("Retry-After", "1");
+                out->send(error_status, "application/json", error_body(error_status, resp["error"]["message"]), h);
             }
             return;
         }
-        common_chat_msg msg = format->parse(*turn, text, false);
+        common_chat_msg msg = pool_call ? *pool_call : format->parse(*turn, text, false);
+        pool_call.reset();
         in_tokens += ev.n_prompt;
         out_tokens += ev.n_generated;
         cached_tokens += ev.n_cached;
@@ -362,17 +377,15 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
             // After a forced call, the model may answer freely.
             const auto c = choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED ? COMMON_CHAT_TOOL_CHOICE_AUTO : choice;
             turn = std::make_shared<engine::ChatTurn>(format->render(msgs, tools, c, parallel));
-            req = format->request(*turn, so, engine->n_ctx_seq(), engine::choice_seed(so, iterations));
         } catch (const std::exception & e) {
             engine::GenEvent ev;
             ev.finish = engine::FinishReason::Error;
             ev.error = e.what();
             return finish(ev);
         }
-        req->sink = [self = shared_from_this()](engine::GenEvent && ev) { self->push(std::move(ev)); };
-        req->account = account;
-        req->tenant = owner;
-        if (engine->submit(std::move(req)) != engine::SubmitStatus::Accepted) {
+        if (const std::string p = choose_pool(); !p.empty()) return delegate(p);
+        step_pool.clear();
+        if (!submit_here()) {
             engine::GenEvent ev;
             ev.finish = engine::FinishReason::Error;
             ev.error = "the server is at capacity";
@@ -380,9 +393,119 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         }
     }
 
+    //! Submits the step to this node's engine; false when it is not taken.
+    bool submit_here() {
+        std::unique_ptr<engine::GenRequest> req;
+        try {
+            req = format->request(*turn, so, engine->n_ctx_seq(), engine::choice_seed(so, iterations));
+        } catch (const std::exception &) {
+            return false;
+        }
+        req->sink = [self = shared_from_this()](engine::GenEvent && ev) { self->push(std::move(ev)); };
+        req->account = account;
+        req->tenant = owner;
+        req->cancelled = cancelled;
+        return engine->submit(std::move(req)) == engine::SubmitStatus::Accepted;
+    }
+
+    //! The pool the routing rules send this step to ("" : this node).
+    std::string choose_pool() const {
+        if (!svc->pool_ || pool_local) return {};
+        return svc->pool_->route({int64_t(turn->prompt.size()), so.max_tokens, false, owner, model_asked,
+                                  int64_t(engine->n_ctx_seq())});
+    }
+
+    //! X-Armada-Route, on a node with pools: where the first step ran, and a fallback.
+    Headers route_headers() const {
+        if (!svc->pool_) return {};
+        return {{"X-Armada-Route", degraded.empty() ? route : "cpu; degraded=" + degraded}};
+    }
+
+    void ensure_stream() {
+        if (!stream || streaming) return;
+        streaming = true;
+        out->start_stream(200, route_headers());
+    }
+
+    //! Sends the step to `name`: the rendered prompt, the token limit and sampling, nothing else.
+    //! Text and the end come back on the strand, in order.
+    void delegate(const std::string & name) {
+        step_pool = name;
+        text.clear();
+        agent::PoolStep step;
+        step.pool = name;
+        step.turn = turn;
+        step.tools = tools;
+        step.sampling = so;
+        step.seed = engine::choice_seed(so, iterations);
+        step.tenant = owner;
+        step.cancelled = cancelled;
+        if (trace) step.traceparent = trace->traceparent();
+        svc->pool_->run(
+            std::move(step),
+            [self = shared_from_this()](std::string t) {
+                net::post(self->strand, [self, t = std::move(t)]() mutable { self->on_pool_text(std::move(t)); });
+            },
+            [self = shared_from_this()](agent::PoolStepResult r) {
+                net::post(self->strand, [self, r = std::move(r)]() mutable { self->on_pool_done(std::move(r)); });
+            });
+    }
+
+    void on_pool_text(std::string t) {
+        ensure_stream();
+        if (t.empty()) {
+            // An upstream failed midway and the step starts again on the next one: its text so
+            // far is void. Deltas already sent stay sent; the final text is in the done events.
+            text.clear();
+            return;
+        }
+        engine::GenEvent ev;
+        ev.kind = engine::GenEvent::Kind::Text;
+        ev.text = std::move(t);
+        on_event(std::move(ev));
+    }
+
+    void on_pool_done(agent::PoolStepResult r) {
+        engine::GenEvent ev;
+        ev.kind = engine::GenEvent::Kind::Done;
+        if (r.cancelled) {
+            ensure_stream();
+            ev.finish = engine::FinishReason::Cancelled;
+            ev.error = "the request was cancelled";
+            return on_event(std::move(ev));
+        }
+        if (!r.ran) {
+            // The pool could not take it: the step (and the run's later ones) runs here if the
+            // prompt fits this node.
+            spdlog::warn("responses: pool '{}' did not run a step ({})", step_pool, r.error);
+            const bool fits = int64_t(turn->prompt.size()) < int64_t(engine->n_ctx_seq()) - 1;
+            if (degraded.empty()) degraded = step_pool + "-unavailable";
+            pool_local = true;
+            if (fits && submit_here()) {
+                ensure_stream();
+                return;
+            }
+            ensure_stream();
+            error_status = 503;
+            ev.finish = engine::FinishReason::Error;
+            ev.error = fits ? "pool '" + step_pool + "' is unavailable and this node is at capacity"
+                            : "pool '" + step_pool + "' is unavailable (" + r.error + ") and the prompt (" +
+                                  std::to_string(turn->prompt.size()) + " tokens) does not fit this node's context (" +
+                                  std::to_string(engine->n_ctx_seq()) + " tokens)";
+            return on_event(std::move(ev));
+        }
+        ensure_stream();
+        text = std::move(r.text);
+        pool_call = std::move(r.call);
+        ev.finish = r.finish;
+        ev.n_prompt = r.n_prompt;
+        ev.n_generated = r.n_generated;
+        on_event(std::move(ev));
+    }
+
     void deliver(const json & output) {
         if (!stream) {
-            out->send(200, "application/json", dump(resp));
+            out->send(200, "application/json", dump(resp), route_headers());
             return;
         }
         for (size_t i = 0; i < output.size(); ++i) {
@@ -449,6 +572,7 @@ void ResponsesService::create(const json & body, const Caller & caller, std::sha
     run->msg_id = random_id("msg_");
     run->svc = this;
     run->engine = &engine_;
+    run->model_asked = get_string(body, "model");
     if (!engine_.has_room()) throw at_capacity();
 
     const std::string prev = get_string(body, "previous_response_id");
@@ -586,11 +710,23 @@ void ResponsesService::begin(const std::shared_ptr<Run> & run) {
     }
     msgs.insert(msgs.end(), run->conversation.begin(), run->conversation.end());
     run->turn = std::make_shared<engine::ChatTurn>(format_.render(msgs, run->tools, run->choice, run->parallel));
+    auto cancelled = run->cancelled;
+    if (const std::string p = run->choose_pool(); !p.empty()) {
+        // The stream starts with the first thing the pool sends, so its headers can say where
+        // the step ran (or that it fell back here).
+        run->route = p;
+        run->delegate(p);
+        run->out->on_close([cancelled, eng = &engine_] {
+            cancelled->store(true);
+            eng->wake();
+        });
+        return;
+    }
     auto req = format_.request(*run->turn, run->so, engine_.n_ctx_seq(), engine::choice_seed(run->so, 0));
     req->sink = [run](engine::GenEvent && ev) { run->push(std::move(ev)); };
     req->account = run->account;
     req->tenant = run->owner;
-    auto cancelled = req->cancelled;
+    req->cancelled = cancelled;
     const auto st = engine_.submit(std::move(req));
     if (st == engine::SubmitStatus::QueueFull) throw at_capacity();
     if (st != engine::SubmitStatus::Accepted) {
@@ -602,7 +738,7 @@ void ResponsesService::begin(const std::shared_ptr<Run> & run) {
         cancelled->store(true);
         eng->wake();
     });
-    if (run->stream) run->out->start_stream(200);
+    run->ensure_stream();
 }
 
 std::pair<std::string, tools::McpServerSpec> ResponsesService::mcp_server(const json & t) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "agent/ports.h"
 #include "api/auth.h"
 #include "api/http_server.h"
 #include "api/json_util.h"
@@ -39,6 +40,10 @@ class ResponsesService {
                 std::optional<obs::TraceContext> trace = std::nullopt);
     void get(const std::string & id, const std::string & tenant, const std::shared_ptr<Responder> & out);
     void erase(const std::string & id, const std::string & tenant, const std::shared_ptr<Responder> & out);
+    //! GPU pools: a model step the routing rules send to a pool runs there (only its prompt, token
+    //! limit and sampling leave the node); the loop, MCP calls and the stored response stay here.
+    //! One the pool cannot take runs on this node if it fits. Set before requests arrive.
+    void set_pool(agent::StepPool * pool) { pool_ = pool; }
 
   private:
     struct Run;
@@ -62,6 +67,7 @@ class ResponsesService {
     tools::McpClients & mcp_;
     tools::ClientCalls & calls_;
     int discover_budget_ms_;
+    agent::StepPool * pool_ = nullptr;
 };
 
 }  // namespace armada::api

@@ -608,6 +608,7 @@ int serve(const ServeOptions & opt) {
         });
     });
     api::ResponsesService responses(model, eng, *st, http.executor(), mcp_clients, client_calls, opt.mcp_discover_ms);
+    if (pool_steps) responses.set_pool(pool_steps.get());
 
     // Probes. Live: the engines' loops turn (a stuck decode for two minutes is not alive).
     // Ready: loaded and warm (set_service below), not draining, and a write reaches the store.
