@@ -6,9 +6,9 @@
 #include "api/openai_service.h"
 #include "api/sse.h"
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
-#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <map>
@@ -151,13 +151,13 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     // One flag for every step of the run: the client hanging up stops whichever is running.
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
     // GPU pools (svc->pool_ set): where steps ran, for X-Armada-Route.
-    std::string model_asked;               // the request's `model`, for the rules that name one
-    std::string route = "cpu";             // the first step's pool, or cpu
-    std::string degraded;                  // "<pool>-unavailable" once a pool step fell back here
-    std::string step_pool;                 // the pool running the current step ("" : this node)
-    bool pool_local = false;               // a pool failed: the run's later steps stay here
-    bool streaming = false;                // start_stream was called
-    int error_status = 500;                // for a failure before any stream
+    std::string model_asked;                   // the request's `model`, for the rules that name one
+    std::string route = "cpu";                 // the first step's pool, or cpu
+    std::string degraded;                      // "<pool>-unavailable" once a pool step fell back here
+    std::string step_pool;                     // the pool running the current step ("" : this node)
+    bool pool_local = false;                   // a pool failed: the run's later steps stay here
+    bool streaming = false;                    // start_stream was called
+    int error_status = 500;                    // for a failure before any stream
     std::optional<common_chat_msg> pool_call;  // a call read from a pool's response_format reply
 
     std::mutex mu;
@@ -411,8 +411,8 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     //! The pool the routing rules send this step to ("" : this node).
     std::string choose_pool() const {
         if (!svc->pool_ || pool_local) return {};
-        return svc->pool_->route({int64_t(turn->prompt.size()), so.max_tokens, false, owner, model_asked,
-                                  int64_t(engine->n_ctx_seq())});
+        return svc->pool_->route(
+            {int64_t(turn->prompt.size()), so.max_tokens, false, owner, model_asked, int64_t(engine->n_ctx_seq())});
     }
 
     //! X-Armada-Route, on a node with pools: where the first step ran, and a fallback.

@@ -135,6 +135,52 @@ test('a step whose context passes 8K runs on the pool; its tool call is schema-v
   assert.equal(s.transcript.at(-1).role, 'assistant');
 });
 
+// The Responses API: the loop stays on the node, and a model step the rules send to the pool (the
+// default: over 500 tokens to generate) runs there. X-Armada-Route says where.
+test('a Responses request over 500 output tokens runs on the pool; a short one stays on the node', async () => {
+  const predicted = await llamaMetric('tokens_predicted_total');
+  const requests = await llamaMetric('prompt_tokens_total');
+  const short = await rawPost(srv.base, '/v1/responses', { input: 'Say hello.', max_output_tokens: 16, temperature: 0 });
+  assert.equal(short.status, 200, short.text);
+  assert.equal(short.headers.get('x-armada-route'), 'cpu');
+  assert.equal(await llamaMetric('prompt_tokens_total'), requests, 'the pool saw nothing of the short request');
+  const long = await rawPost(srv.base, '/v1/responses', { input: 'Write at length.', max_output_tokens: 600, temperature: 0 });
+  assert.equal(long.status, 200, long.text);
+  assert.equal(long.headers.get('x-armada-route'), 'gpu', nodeLog().slice(-2000));
+  assert.ok(['completed', 'incomplete'].includes(long.json.status), long.text);
+  const generated = await llamaMetric('tokens_predicted_total') - predicted;
+  assert.ok(generated > 0, 'the pool generated the long one');
+  assert.equal(long.json.usage.output_tokens, generated, 'what the node reports is what the pool generated');
+  assert.equal(long.json.output[0].type, 'message');
+});
+
+test('a streamed Responses request on the pool: its forced function call is schema-valid', async () => {
+  const r = await fetch(srv.base + '/v1/responses', {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({
+      input: 'Look up the weather.', stream: true, max_output_tokens: 600, temperature: 0.7,
+      tools: [{ type: 'function', name: 'weather', description: 'The weather in a city',
+        parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer', enum: [1, 2] } },
+          required: ['city', 'days'], additionalProperties: false } }],
+      tool_choice: 'required',
+    }),
+  });
+  assert.equal(r.status, 200);
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+  const text = await r.text();
+  const events = text.split('\n').filter((l) => l.startsWith('data: ')).map((l) => JSON.parse(l.slice(6)));
+  assert.equal(events[0].type, 'response.created');
+  const done = events.at(-1);
+  assert.ok(['response.completed', 'response.incomplete'].includes(done.type), text.slice(-500));
+  const calls = done.response.output.filter((o) => o.type === 'function_call');
+  assert.equal(calls.length >= 1, true, JSON.stringify(done.response.output));
+  const args = JSON.parse(calls[0].arguments);
+  assert.equal(calls[0].name, 'weather');
+  assert.deepEqual(Object.keys(args).sort(), ['city', 'days']);
+  assert.ok(['Paris', 'Oslo'].includes(args.city) && [1, 2].includes(args.days), calls[0].arguments);
+});
+
 test('SIGHUP reads the pools and rules again: with a higher threshold the long step stays on the node', async () => {
   const file = path.join(dir, 'pools.yaml');
   const original = fs.readFileSync(file, 'utf8');
@@ -281,6 +327,24 @@ test('cancelling a session whose step is on the pool cancels the request upstrea
   assert.equal(outputs(s).length, 0, 'no output was written for the cancelled step');
 });
 
+test('a client that leaves a Responses stream whose step is on the pool cancels the request upstream', async () => {
+  const predicted = await llamaMetric('tokens_predicted_total');
+  const ac = new AbortController();
+  const r = await fetch(srv.base + '/v1/responses', {
+    method: 'POST', signal: ac.signal, headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ input: 'Write a long story.', stream: true, max_output_tokens: 8000, temperature: 0 }),
+  });
+  assert.equal(r.status, 200);
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+  const decoded = await llamaMetric('n_decode_total');
+  await waitFor('the pool generating', async () => (await llamaMetric('n_decode_total')) >= decoded + 20, 30000);
+  assert.equal(await llamaMetric('requests_processing'), 1);
+  ac.abort();
+  await waitFor('llama-server to stop the request', async () => (await llamaMetric('requests_processing')) === 0, 3000);
+  const made = (await llamaMetric('tokens_predicted_total')) - predicted;
+  assert.ok(made > 0 && made < 4000, `llama-server generated ${made} tokens for the abandoned response`);
+});
+
 test('the node killed while its step is on the pool: the step is sent again when the session resumes', async () => {
   // The pool holds the step (SIGSTOP) while the node dies.
   tools.onFirst = async () => { llama.proc.kill('SIGSTOP'); };
@@ -330,4 +394,13 @@ test('the pool killed during a delegated step: the node runs the step itself and
   assert.ok(out[1].prompt_tokens > 8192);
   const metrics = await fetch(srv.base + '/metrics').then((r) => r.text());
   assert.match(metrics, /^armada_session_pool_fallbacks_total\{pool="gpu",to="cpu"\} [1-9]/m);
+});
+
+test('a Responses request for the pool while it is down runs on the node and says so', async () => {
+  assert.ok(llama.proc.exitCode !== null || llama.proc.signalCode !== null, 'the pool was killed above');
+  const r = await rawPost(srv.base, '/v1/responses', { input: 'Write at length.', max_output_tokens: 600, temperature: 0 });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.headers.get('x-armada-route'), 'cpu; degraded=gpu-unavailable');
+  assert.ok(['completed', 'incomplete'].includes(r.json.status), r.text);
+  assert.ok(r.json.usage.output_tokens > 0);
 });
