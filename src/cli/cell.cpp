@@ -403,7 +403,7 @@ class CellProcess {
                 span.set("gen_ai.conversation.id", p.session);
                 span.set("armada.cell", o_.cell);
                 span.set("armada.node", p.node);
-                if (!p.from.empty()) span.set("armada.node.from", p.from);
+                if (!p.left.empty()) span.set("armada.node.from", p.left);  // a failover's too
                 span.set("armada.epoch", p.epoch);
                 span.set("armada.brain.epoch", me.rev);
                 // The lines below about this session carry it and its trace (JSON logs).

@@ -197,13 +197,14 @@ std::vector<Place> CellBrain::decide(int64_t now_ms) {
         }
         if (!n) break;  // no room anywhere: they wait, in order
         std::string from = offered ? s.node : std::string();
+        std::string left = moved ? s.node : std::string();
         s.evacuate = false;
         s.node = *n;
         s.epoch += 1;
         s.confirming = true;
         nodes_[*n].pending.push_back(now_ms);
         if (moved) tokens_ -= 1;
-        out.push_back({id, *n, s.epoch, moved, std::move(from)});
+        out.push_back({id, *n, s.epoch, moved, std::move(from), std::move(left)});
         it = todo_.erase(it);
     }
     return out;

@@ -45,7 +45,8 @@ struct Place {
     std::string node;
     int64_t epoch = 0;
     bool moved = false;
-    std::string from;
+    std::string from;  // a live node to fetch its KV from (an offered move); "" otherwise
+    std::string left;  // the node it was on, live or dead (moved only)
     bool operator==(const Place &) const = default;
 };
 

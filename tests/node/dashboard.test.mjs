@@ -242,6 +242,7 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
       const placed = await waitFor(`the place span of ${id}`, async () => ofIt('place', victim), 20000);
       assert.equal(mig.traceId, placed.traceId, `${id}: the move is in the session's trace`);
       assert.equal(mig.parentSpanId, placed.spanId, `${id}: the move is a child of its place`);
+      assert.equal(mig.attributes['armada.node.from'], victim, `${id}: the move names the node it left`);
     }
     // The brain lists the lost node with the sessions it had, and the node leaves the table.
     const row = await page.waitForSelector(`[data-failover="${victim}"]`, { timeout: 30000 * SLOW });
