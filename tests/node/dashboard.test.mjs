@@ -38,9 +38,27 @@ before(async () => {
   otlp = await startOtlpReceiver();
   dir = tempDir('armada-dashboard-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
-  // `doomed` needs three tool steps and may take two: its sessions fail (max_steps).
+  // `doomed` needs three tool steps and may take two: its sessions fail (max_steps). `late` has a
+  // second to finish, and its tool takes three: its sessions time out.
   const agents = writeAgents(dir, agentYaml(tools.url, { toolSteps: 1, maxSteps: 4 }) +
-    agentYaml(tools.url, { id: 'doomed', toolSteps: 3, maxSteps: 2 }).replace(/^agents:\n/, ''));
+    agentYaml(tools.url, { id: 'doomed', toolSteps: 3, maxSteps: 2 }).replace(/^agents:\n/, '') + `
+  - id: late
+    instructions: Use the tool, then answer.
+    min_tool_steps: 1
+    answer_without_tools: true
+    limits: { max_steps: 4, max_tokens_per_step: 48, deadline_s: 1, tool_timeout_ms: 10000 }
+    tools:
+      - name: wait
+        description: Wait for a record
+        url: ${tools.url}/slow
+        timeout_ms: 10000
+        parameters:
+          type: object
+          properties:
+            record: { type: string, enum: [alpha] }
+          required: [record]
+          additionalProperties: false
+`);
   up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--nodes', '2', '--brains', '1', '-m', tinyModel,
     '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', '3', '--api-key', KEY,
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
@@ -165,6 +183,11 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
     assert.equal(r.status, 201, JSON.stringify(r.json));
     idle.push(r.json.id);
   }
+  // A `doomed` session waits too: its node is the one lost, and its turn after the move fails
+  // (a session lost after a move).
+  const doomedIdle = await post('/v1/agents/doomed/sessions', {});
+  assert.equal(doomedIdle.status, 201, JSON.stringify(doomedIdle.json));
+  idle.push(doomedIdle.json.id);
   for (const id of done) {
     const s = await waitFor(`session ${id} to end`, async () => {
       const x = await session(id);
@@ -180,6 +203,15 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
     return ['completed', 'failed'].includes(x.state) && x;
   }, 120000 * SLOW);
   assert.equal(failed.state, 'failed', JSON.stringify(failed));
+  // One passes its deadline.
+  const late = await post('/v1/agents/late/sessions', { input: 'Wait for record alpha' });
+  assert.equal(late.status, 201, JSON.stringify(late.json));
+  const timedOut = await waitFor('the late session to end', async () => {
+    const x = await session(late.json.id);
+    return ['completed', 'failed'].includes(x.state) && x;
+  }, 120000 * SLOW);
+  assert.equal(timedOut.state, 'failed', JSON.stringify(timedOut));
+  assert.match(timedOut.reason, /^deadline/);
   const dropped = await post('/v1/agents/worker/sessions', {});
   assert.equal(dropped.status, 201, JSON.stringify(dropped.json));
   // (A session created without input is waiting_input from the start; its cancel goes to the node
@@ -201,7 +233,7 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
   }
   const counts = {};
   for (const n of where.values()) counts[n] = (counts[n] ?? 0) + 1;
-  const victim = Object.entries(counts).sort((a, b) => b[1] - a[1])[0][0];
+  const victim = where.get(doomedIdle.json.id);
   const survivor = procs('node').find((p) => p.name !== victim);
 
   const browser = await chromium.launch({ executablePath: CHROMIUM });
@@ -248,8 +280,8 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
     const row = await page.waitForSelector(`[data-failover="${victim}"]`, { timeout: 30000 * SLOW });
     assert.match(await row.textContent(), new RegExp(`cell0${victim}${counts[victim]}$`));
     await page.waitForSelector(`[data-node="${victim}"]`, { state: 'detached', timeout: 10000 * SLOW });
-    // One of the moved sessions takes a turn on the survivor, so that it has step times to show.
-    const turned = [...where.keys()].find((id) => where.get(id) === victim);
+    // A worker takes a turn on the survivor, so that it has step times to show.
+    const turned = idle[0];
     const m = await post(`/v1/sessions/${turned}/messages`, { content: 'Process record gamma' });
     assert.equal(m.status, 200, JSON.stringify(m.json));
     const t = await waitFor(`session ${turned} to end its turn`, async () => {
@@ -258,6 +290,15 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
     }, 120000 * SLOW);
     assert.equal(t.state, 'completed', t.reason);
     assert.equal(t.placement.node, survivor.name);
+    // The moved `doomed` session fails its turn on the survivor: lost after a move.
+    const d = await post(`/v1/sessions/${doomedIdle.json.id}/messages`, { content: 'Process record beta' });
+    assert.equal(d.status, 200, JSON.stringify(d.json));
+    const lost = await waitFor('the moved doomed session to end', async () => {
+      const x = await session(doomedIdle.json.id);
+      return ['completed', 'failed'].includes(x.state) && x;
+    }, 120000 * SLOW);
+    assert.equal(lost.state, 'failed', JSON.stringify(lost));
+    assert.equal(lost.placement.node, survivor.name);
 
     // The page's figures against the processes' own /metrics, read around the same second: at
     // rest they agree (each poll reads both sides again), and show four idle sessions.
@@ -316,19 +357,22 @@ test('in Chromium the page draws the cluster live: a lost node, sessions by stat
         },
       };
       last = { want, got };
-      // Agreeing, once the brain's report has caught up with the turn that ended (a report
-      // from before it says 5 live and 66.7% on both sides).
-      return JSON.stringify(want) === JSON.stringify(got) && got.live === '4' && got.survival === '75.0%' && last;
+      // Agreeing, once the brain's report has caught up with the turns that ended (a report
+      // from before them says 6 or 5 live and 66.7% or 60.0% on both sides).
+      return JSON.stringify(want) === JSON.stringify(got) && got.live === '4' && got.survival === '50.0%' && last;
     }, 20000 * SLOW).catch((e) => { throw new Error(`${e.message}: ${JSON.stringify(last)}`); });
     // What the cluster holds now: four idle sessions on the one node left; three completed and one
-    // failed (75%: the cancelled one is in no ratio).
+    // failed, one timed out and one lost after its move (50%: the cancelled one is in no ratio).
     assert.deepEqual(
       { nodes: last.got.nodes, live: last.got.live, waiting: last.got.waiting, survival: last.got.survival },
-      { nodes: '1', live: '4', waiting: '4', survival: '75.0%' }, JSON.stringify(last));
+      { nodes: '1', live: '4', waiting: '4', survival: '50.0%' }, JSON.stringify(last));
     const bm = await fetch(`${brain.url}/metrics`).then((r) => r.text());
     const ended = Object.fromEntries(['completed', 'failed', 'timed_out', 'lost', 'cancelled'].map((o) =>
       [o, metricSum(bm, 'armada_cell_sessions_ended', `cell="cell0",outcome="${o}"`)]));
-    assert.deepEqual(ended, { completed: 3, failed: 1, timed_out: 0, lost: 0, cancelled: 1 });
+    assert.deepEqual(ended, { completed: 3, failed: 1, timed_out: 1, lost: 1, cancelled: 1 });
+    // The survival bar draws each outcome in its share.
+    const segments = await page.locator('svg[aria-label="chain survival"] rect title').allTextContents();
+    assert.deepEqual(segments, ['completed: 3', 'failed: 1', 'timed_out: 1', 'lost: 1']);
     assert.deepEqual([last.got.node.sessions, last.got.node.engines], ['4', '1']);
     assert.equal(await page.locator(`[data-node="${victim}"]`).count(), 0, 'the lost node is gone from the table');
     assert.equal(await text('[data-field="rollout"]'), 'No rollout in progress.');
