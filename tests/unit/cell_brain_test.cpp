@@ -111,7 +111,7 @@ TEST(CellBrain, ASessionThatEndedIsNotMovedWhenItsNodeDies) {
     b.node_down("n1");
     const auto d = b.decide(0);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0], (Place{"s2", "n2", 2, true}));
+    EXPECT_EQ(d[0], (Place{"s2", "n2", 2, true, "", "n1"}));
 }
 
 TEST(CellBrain, NeverPlacesOnANodeWhoseLeaseIsGone) {
@@ -151,7 +151,7 @@ TEST(CellBrain, ADeadNodesSessionsMoveUnderANewEpoch) {
     b.node_down("n1");
     const auto d = b.decide(0);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0], (Place{"s1", "n2", 5, true}));
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 5, true, "", "n1"}));
     EXPECT_TRUE(b.decide(0).empty());  // decided once, not again
 }
 
@@ -209,7 +209,7 @@ TEST(CellBrain, AFailedPlacementWaitsForTheNextReconcile) {
     b.reconcile({"n2"}, {{"s1", "n1", 7}});
     const auto d = b.decide(0);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0], (Place{"s1", "n2", 8, true}));
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 8, true, "", "n1"}));
 }
 
 TEST(CellBrain, AReconcileDoesNotUndoADecisionStillBeingWritten) {
@@ -240,7 +240,7 @@ TEST(CellBrain, ReconcileDropsEndedSessionsAndDeadNodes) {
     EXPECT_FALSE(b.live("n1"));
     const auto d = b.decide(0);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0], (Place{"s2", "n2", 2, true}));
+    EXPECT_EQ(d[0], (Place{"s2", "n2", 2, true, "", "n1"}));
 }
 
 TEST(CellBrain, ASessionOfferedByADrainingNodeMovesFromItWithItsKv) {
@@ -259,7 +259,7 @@ TEST(CellBrain, ASessionOfferedByADrainingNodeMovesFromItWithItsKv) {
     b.session_movable("s1", "n1", 3);
     auto d = b.decide(0);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, "n1"}));
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, "n1", "n1"}));
     EXPECT_TRUE(b.decide(0).empty());  // decided once
     // s2 was never offered (busy on n1): it stays until it is.
     EXPECT_EQ(b.node_of("s2"), "n1");
@@ -274,7 +274,7 @@ TEST(CellBrain, AnOfferSurvivesAReconcileWhileTheSessionStaysPut) {
     b.load(report("n2", 5), 10);
     auto d = b.decide(10);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, "n1"}));
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, "n1", "n1"}));
 }
 
 TEST(CellBrain, AnOfferIsDroppedWhenTheSessionMovedMeanwhile) {
@@ -295,7 +295,7 @@ TEST(CellBrain, ASessionOfADeadNodeMovesWithoutASourceToFetchFrom) {
     b.node_down("n1");  // gone before the move was decided: its KV cannot come
     auto d = b.decide(0);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, ""}));
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 4, true, "", "n1"}));
 }
 
 namespace {
@@ -313,7 +313,7 @@ TEST(CellBrain, ANodePastItsKvWatermarkRebalancesToANodeWithKvRoom) {
     b.session_movable("s1", "n1", 1);
     auto d = b.decide(0);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0], (Place{"s1", "n3", 2, true, "n1"}));
+    EXPECT_EQ(d[0], (Place{"s1", "n3", 2, true, "n1", "n1"}));
 }
 
 TEST(CellBrain, ARebalanceOfferLapsesWhenNoNodeHasKvRoomAndHoldsNothingUp) {
