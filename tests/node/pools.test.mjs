@@ -104,6 +104,7 @@ routes:
   - {when: {prompt_tokens_over: 400}, to: gpu}
   - {when: {max_tokens_over: 500}, to: gpu}
   - {when: {latency: realtime}, to: gpu}
+tenant_latency: {acme: realtime}
 `);
   up = await clusterUp(['--cells', '1', '--nodes', '2', '--brains', '1', '-m', tinyModel, '--data-dir', path.join(dir, 'c'), '--port', '0', '--api-key', ADMIN,
     '--pools', path.join(dir, 'pools.yaml'), '--agents', path.join(dir, 'agents.yaml'), '--lease-ttl', String(TTL_S),
@@ -154,6 +155,21 @@ test('each rule routes: prompt tokens as the tokenizer counts them, max_tokens, 
   assert.equal(r.status, 200, await r.text());
   assert.equal(r.headers.get('x-armada-route'), 'gpu');
   assert.equal(r.headers.get('x-armada-route-rule'), 'latency=realtime');
+  // A tenant's default class (tenant_latency), with no header: acme's requests are realtime.
+  const admin = (route, body) => fetch(gw + route, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` }, body: JSON.stringify(body),
+  });
+  assert.equal((await admin('/admin/tenants', { name: 'acme' })).status, 201);
+  const key = await admin('/admin/keys', { tenant: 'acme' }).then((x) => x.json());
+  r = await chat({ messages: say('hello', 3) }, { Authorization: `Bearer ${key.key}` });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'gpu');
+  assert.equal(r.headers.get('x-armada-route-rule'), 'latency=realtime');
+  // The header still overrides it.
+  r = await chat({ messages: say('hello', 3) }, { Authorization: `Bearer ${key.key}`, 'X-Armada-Latency': 'batch' });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'cpu');
+  assert.equal(r.headers.get('x-armada-route-rule'), 'latency=batch');
 
   const served = () => metric(longPool.base, 'armada_requests_total', 'route="/v1/chat/completions",code="200"',
     { Authorization: `Bearer ${POOL_KEY}` });
