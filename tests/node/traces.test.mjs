@@ -222,3 +222,37 @@ test('spans the collector refuses are dropped and counted; sessions go on', asyn
   }
   assert.equal(otlp.state.badBodies, 0, 'every export was valid JSON');
 });
+
+// A collector that is not there at all, and one that takes the connection and never answers: the
+// node serves as before, counts the spans it could not send, and still stops promptly.
+for (const how of ['refuses connections', 'never answers']) {
+  test(`a collector that ${how}: sessions go on, spans are dropped and counted, the node stops promptly`, { skip: viaGateway }, async () => {
+    const net = await import('node:net');
+    const held = [];
+    const sink = net.createServer((c) => { held.push(c); });  // accepts, reads nothing, says nothing
+    await new Promise((r) => sink.listen(0, '127.0.0.1', r));
+    const port = sink.address().port;
+    if (how === 'refuses connections') await new Promise((r) => sink.close(r));
+    const dir = tempDir('armada-traces-down-');
+    const node = await startServer(['--agents', writeAgents(dir, agentYaml(tools.url)), '--data-dir', path.join(dir, 'data'),
+      '--tool-allow', '127.0.0.1'], { env: { OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}` } });
+    try {
+      const r = await rawPost(node.base, '/v1/agents/worker/sessions', { input: 'Process record alpha' });
+      assert.equal(r.status, createdStatus, r.text);
+      assert.equal((await waitFor(node.base, r.json.id, ['completed', 'failed'])).state, 'completed');
+      const dropped = async () => metricSum(await fetch(node.metricsBase + '/metrics').then((x) => x.text()),
+        'armada_trace_spans_dropped_total');
+      const deadline = Date.now() + 20000;
+      while (await dropped() === 0 && Date.now() < deadline) await new Promise((res) => setTimeout(res, 200));
+      assert.ok(await dropped() > 0, 'the spans that could not be sent are counted');
+      if (how === 'never answers') assert.ok(held.length > 0, 'the node did connect to the collector');
+    } finally {
+      const t0 = Date.now();
+      assert.equal(await node.stop(), 0);
+      // At most one export in flight is waited for (2 s), however many spans are queued.
+      assert.ok(Date.now() - t0 < 15000, `stopped after ${Date.now() - t0} ms`);
+      for (const c of held) c.destroy();
+      if (how === 'never answers') await new Promise((r) => sink.close(r));
+    }
+  });
+}
