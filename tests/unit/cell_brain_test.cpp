@@ -331,7 +331,7 @@ TEST(CellBrain, ARebalanceOfferLapsesWhenNoNodeHasKvRoomAndHoldsNothingUp) {
     b.session_movable("s1", "n1", 1);
     d = b.decide(10);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0], (Place{"s1", "n2", 2, true, "n1"}));
+    EXPECT_EQ(d[0], (Place{"s1", "n2", 2, true, "n1", "n1"}));
 }
 
 TEST(CellBrain, ARebalanceGoesOnlyToANodeWithClearlyMoreKvFree) {
