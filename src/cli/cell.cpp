@@ -418,6 +418,8 @@ class CellProcess {
                 }
                 json run = {{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}};
                 if (!p.from.empty()) run["from"] = p.from;  // the new node fetches its KV there
+                // A failover: the node it left is gone, and the new node records the move.
+                if (p.from.empty() && !p.left.empty()) run["left"] = p.left;
                 // Untraced here, the gateway's context still reaches the node.
                 if (obs::tracer()->enabled()) {
                     run["traceparent"] = span.context().traceparent();

@@ -246,6 +246,19 @@ void ClusterNode::run_commands() {
                     }
                     arrivals_cv_.notify_one();
                     spdlog::info("cluster: session {} moves here from {} (epoch {}); fetching its KV", id, from, epoch);
+                } else if (const std::string left =
+                               j.contains("left") && j["left"].is_string() ? j["left"].get<std::string>() : "";
+                           !left.empty() && left != node_) {
+                    // A failover: its node was lost, so there is no KV to fetch. The move is
+                    // still recorded, as a "moved" step (it shows in placement.moves).
+                    agent::MoveNote note;
+                    note.from = left;
+                    note.kv_source = "none";
+                    note.error = "failover: node " + left + " was lost";
+                    if (sm_.adopt(id, epoch, trace, note))
+                        spdlog::info("cluster: running session {} (epoch {}), lost with node {}", id, epoch, left);
+                    else
+                        spdlog::info("cluster: command for session {} at epoch {} is stale; ignored", id, epoch);
                 } else if (sm_.adopt(id, epoch, trace))
                     spdlog::info("cluster: running session {} (epoch {})", id, epoch);
                 else

@@ -382,7 +382,16 @@ test('kill -9 a node: its sessions take their next step elsewhere within the lea
     assert.ok(moves.at(-1) <= TTL_S * 1000 + 2000, `re-placed within the TTL + 2 s: ${moves.at(-1)} ms`);
     assert.ok(nextStep.at(-1) <= TTL_S * 1000 + 2000, `every moved session took its next step within the TTL + 2 s: ${nextStep}`);
   }
-  for (const id of theirs) assert.notEqual(done.get(id).placement?.node, victim);
+  for (const id of theirs) {
+    const s = done.get(id);
+    assert.notEqual(s.placement?.node, victim);
+    // The failover is in its placement's moves, as a move without KV, and in its step log.
+    const lost = s.placement.moves.filter((m) => m.from === victim);
+    assert.equal(lost.length, 1, `${id}: ${JSON.stringify(s.placement.moves)}`);
+    assert.equal(lost[0].kv_source, 'none', JSON.stringify(lost[0]));
+    assert.match(lost[0].error, /^failover: node \S+ was lost$/, JSON.stringify(lost[0]));
+    assert.equal(s.steps.find((x) => x.seq === lost[0].seq)?.kind, 'moved');
+  }
   // `cluster up` starts the dead node again after its back-off (not before its sessions moved);
   // it joins the cell again, and the next tests have 3 nodes.
   const joined = await waitLog(victim, /node \S+ joined cell/, victimMark, 60000);
@@ -392,7 +401,8 @@ test('kill -9 a node: its sessions take their next step elsewhere within the lea
   // final state (the gateway reconnected to the new node with Last-Event-ID).
   for (const [id, evs] of await Promise.all(streams)) {
     const durable = evs.filter((e) => /^\d+$/.test(e.id)).map((e) => Number(e.id));
-    const want = done.get(id).steps.filter((x) => x.kind !== 'user_input').map((x) => x.seq);
+    // (A client's input and a move are in the log, not in the event stream.)
+    const want = done.get(id).steps.filter((x) => !['user_input', 'moved'].includes(x.kind)).map((x) => x.seq);
     assert.deepEqual(durable, want, `the stream of ${id} through the gateway`);
   }
 });
@@ -507,7 +517,7 @@ test('a client following a session through the gateway sees it go on when its no
   assert.notEqual(s.placement.node, victim);
   // Every durable event once, in step order (the gateway reconnected with Last-Event-ID).
   const durable = events.filter((e) => /^\d+$/.test(e.id)).map((e) => Number(e.id));
-  assert.deepEqual(durable, s.steps.filter((x) => x.kind !== 'user_input').map((x) => x.seq));
+  assert.deepEqual(durable, s.steps.filter((x) => !['user_input', 'moved'].includes(x.kind)).map((x) => x.seq));
   console.log(`hung ${victim}: the stream followed the session and ended ${endedAt - t0} ms after the stop`);
 });
 
