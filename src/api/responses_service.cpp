@@ -219,8 +219,12 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
             if (!stream || !mcp.empty()) return;  // with server tools, text goes out when the loop ends
             auto m = format->try_parse(*turn, text, true);
             if (!m) return;
-            if (m->content.size() > parsed.content.size() &&
-                m->content.compare(0, parsed.content.size(), parsed.content) == 0) {
+            // What went out is never sent again: text that does not extend it (a pool step begun
+            // again on another upstream, or here) adds deltas only once it goes past it.
+            if (m->content.size() < parsed.content.size() ||
+                m->content.compare(0, parsed.content.size(), parsed.content) != 0)
+                return;
+            if (m->content.size() > parsed.content.size()) {
                 open_message();
                 send_event("response.output_text.delta", {{"item_id", msg_id},
                                                           {"output_index", 0},
@@ -237,10 +241,12 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         if (ev.finish == engine::FinishReason::Error || ev.finish == engine::FinishReason::Cancelled) {
             resp["status"] = "failed";
             resp["error"] = {{"code", "server_error"}, {"message", ev.error.empty() ? "generation stopped" : ev.error}};
-            if (stream) {
+            if (stream && streaming) {
+                if (seq == 0) send_event("response.created", {{"response", resp}});
                 send_event("response.failed", {{"response", resp}});
                 out->end();
             } else {
+                // Nothing went out yet (a pool step that could run nowhere): a plain error.
                 Headers h = route_headers();
                 if (error_status == 503) h.emplace_back("Retry-After", "1");
                 out->send(error_status, "application/json", error_body(error_status, resp["error"]["message"]), h);
@@ -437,6 +443,12 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         step.turn = turn;
         step.tools = tools;
         step.sampling = so;
+        if (step.sampling.max_tokens <= 0) {
+            // No limit asked: as many as the pool's context (else this node's) holds. An upstream
+            // would otherwise apply its own default (16 tokens on vLLM's /v1/completions).
+            const int64_t ctx = svc->pool_->context(name) > 0 ? svc->pool_->context(name) : engine->n_ctx_seq();
+            step.sampling.max_tokens = int32_t(std::max<int64_t>(1, ctx - int64_t(turn->prompt.size()) - 1));
+        }
         step.seed = engine::choice_seed(so, iterations);
         step.tenant = owner;
         step.cancelled = cancelled;
@@ -457,6 +469,12 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
             // An upstream failed midway and the step starts again on the next one: its text so
             // far is void. Deltas already sent stay sent; the final text is in the done events.
             text.clear();
+            return;
+        }
+        if (turn->require_call) {
+            // A forced call is no text for the client (from a `response_format` upstream it is
+            // bare JSON): it goes out as a function_call item when the step ends.
+            text += t;
             return;
         }
         engine::GenEvent ev;
@@ -481,18 +499,18 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
             const bool fits = int64_t(turn->prompt.size()) < int64_t(engine->n_ctx_seq()) - 1;
             if (degraded.empty()) degraded = step_pool + "-unavailable";
             pool_local = true;
+            text.clear();
             if (fits && submit_here()) {
                 ensure_stream();
                 return;
             }
-            ensure_stream();
             error_status = 503;
             ev.finish = engine::FinishReason::Error;
             ev.error = fits ? "pool '" + step_pool + "' is unavailable and this node is at capacity"
                             : "pool '" + step_pool + "' is unavailable (" + r.error + ") and the prompt (" +
                                   std::to_string(turn->prompt.size()) + " tokens) does not fit this node's context (" +
                                   std::to_string(engine->n_ctx_seq()) + " tokens)";
-            return on_event(std::move(ev));
+            return finish(ev);
         }
         ensure_stream();
         text = std::move(r.text);

@@ -127,7 +127,8 @@ function checkAll(done, kills) {
     if (!mine.has(k)) continue;
     const doneAt = resultAt.get(k);
     const again = tools.replayAt.get(k);
-    assert.ok(kills.some(([a]) => doneAt >= a && again >= a),
+    const lastArrival = (tools.arrivals.get(k) ?? []).at(-1);
+    assert.ok(kills.some(([a]) => doneAt >= a && again >= a) && lastArrival <= doneAt,
       `key ${k} was sent ${n + 1} times, but it had finished before every fault (first sent ${tools.firstAt.get(k)}, ` +
       `repeated ${again}, result ${doneAt}, faults ${JSON.stringify(kills)})`);
   }

@@ -154,15 +154,17 @@ test('a Responses request over 500 output tokens runs on the pool; a short one s
   assert.equal(long.json.output[0].type, 'message');
 });
 
+const WEATHER = { type: 'function', name: 'weather', description: 'The weather in a city',
+  parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer', enum: [1, 2] } },
+    required: ['city', 'days'], additionalProperties: false } };
+
 test('a streamed Responses request on the pool: its forced function call is schema-valid', async () => {
   const r = await fetch(srv.base + '/v1/responses', {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({
       input: 'Look up the weather.', stream: true, max_output_tokens: 600, temperature: 0.7,
-      tools: [{ type: 'function', name: 'weather', description: 'The weather in a city',
-        parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer', enum: [1, 2] } },
-          required: ['city', 'days'], additionalProperties: false } }],
+      tools: [WEATHER],
       tool_choice: 'required',
     }),
   });
@@ -173,6 +175,9 @@ test('a streamed Responses request on the pool: its forced function call is sche
   assert.equal(events[0].type, 'response.created');
   const done = events.at(-1);
   assert.ok(['response.completed', 'response.incomplete'].includes(done.type), text.slice(-500));
+  // A forced call streams no text, and the reply holds no message item.
+  assert.equal(events.filter((e) => e.type === 'response.output_text.delta').length, 0, text.slice(0, 2000));
+  assert.ok(done.response.output.every((o) => o.type === 'function_call'), JSON.stringify(done.response.output));
   const calls = done.response.output.filter((o) => o.type === 'function_call');
   assert.equal(calls.length >= 1, true, JSON.stringify(done.response.output));
   const args = JSON.parse(calls[0].arguments);
@@ -298,6 +303,24 @@ pools:
     // The pool computed the long prompt: its own metrics count the tokens.
     const m = (await fetch(gpu.base + '/metrics').then((r) => r.text())).match(/^armada_prompt_tokens_total (\S+)$/m);
     assert.ok(m && Number(m[1]) > 8192, m?.[0]);
+    // A streamed Responses request with a forced call, on that pool: the reply is bare JSON,
+    // which reaches the client as a function_call item, never as text.
+    const r = await fetch(node.base + '/v1/responses', {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ input: 'Look up the weather.', stream: true, max_output_tokens: 600, tools: [WEATHER], tool_choice: 'required' }),
+    });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-armada-route'), 'gpu');
+    const text = await r.text();
+    const events = text.split('\n').filter((l) => l.startsWith('data: ')).map((l) => JSON.parse(l.slice(6)));
+    assert.equal(events.filter((e) => e.type === 'response.output_text.delta').length, 0, text.slice(0, 2000));
+    const last = events.at(-1);
+    assert.ok(['response.completed', 'response.incomplete'].includes(last.type), text.slice(-500));
+    assert.ok(last.response.output.length >= 1 && last.response.output.every((o) => o.type === 'function_call'),
+      JSON.stringify(last.response.output));
+    const a = JSON.parse(last.response.output[0].arguments);
+    assert.ok(['Paris', 'Oslo'].includes(a.city) && [1, 2].includes(a.days), last.response.output[0].arguments);
   } finally {
     await node.stop();
     await gpu.stop();

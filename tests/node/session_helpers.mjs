@@ -38,9 +38,10 @@ export function assertCompleteLog(s, toolSteps) {
 
 
 // A repeated delivery is allowed only for a call that was outstanding at a fault: its result was
-// not yet durable when the fault began, and the repeat came after the fault began. When the tool
-// server first read a call says little: a request a process wrote just before its SIGKILL is
-// still delivered by the kernel, and on 2 loaded cores the server may read it late.
+// not yet durable when the fault began, the repeat was answered after the fault began, and it
+// arrived before the result was durable (a repeat of a finished call is the bug this catches).
+// When the tool server first read a call says little: a request a process wrote just before its
+// SIGKILL is still delivered by the kernel, and on 2 loaded cores the server may read it late.
 export function assertNoFinishedCallRepeated(tools, sessions, kills) {
   const resultAt = new Map();
   for (const s of sessions) {
@@ -49,8 +50,9 @@ export function assertNoFinishedCallRepeated(tools, sessions, kills) {
   for (const [k, n] of tools.replays) {
     const done = resultAt.get(k);
     const again = tools.replayAt.get(k);
-    assert.ok(kills.some((t) => done >= t && again >= t),
+    const lastArrival = (tools.arrivals.get(k) ?? []).at(-1);
+    assert.ok(kills.some((t) => done >= t && again >= t) && lastArrival <= done,
       `key ${k} was sent ${n + 1} times, but it had finished before any fault (first sent ${tools.firstAt.get(k)}, ` +
-      `repeated ${again}, result ${done}, faults ${kills})`);
+      `repeated ${again}, last arrived ${lastArrival}, result ${done}, faults ${kills})`);
   }
 }
