@@ -294,6 +294,8 @@ struct SessionManager::Session {
     // Offered to move to another node with its KV since this time (`offer_to_move`): its next
     // model step or tool call waits. 0: not offered.
     int64_t leaving_ms = 0;
+    // Cluster mode: its tool calls wait for this node's lease to be current again (`run_tools`).
+    bool lease_wait = false;
     std::deque<Pending> outbox;
     bool committing = false;
     int commit_failures = 0;
@@ -1486,6 +1488,41 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
 
 void SessionManager::run_tools(Session & s) {
     if (draining_ || s.leaving_ms > 0) return;  // the calls are in the log; the next start sends them
+    if (opt_.lease_current && !opt_.lease_current()) {
+        // A call is an effect outside the store, which fencing cannot take back. A node whose
+        // lease may have lapsed (stopped or starved past its TTL) may have lost this session to
+        // another node, which has sent these calls already. So the calls wait until the lease
+        // is current again, and then until the store confirms, by a fenced write of nothing,
+        // that this node still holds the session; a node that lost it is fenced and stops it.
+        if (s.lease_wait) return;
+        s.lease_wait = true;
+        spdlog::info("session {}: tool calls wait for this node's lease to be current", s.id);
+        wait_for_lease(s.id);
+        return;
+    }
+    send_tools(s);
+}
+
+void SessionManager::wait_for_lease(const std::string & id) {
+    after_ms(100, [this, id] {
+        std::lock_guard lk(mu_);
+        auto it = sessions_.find(id);
+        if (it == sessions_.end()) return;
+        Session & s = *it->second;
+        if (!s.lease_wait) return;
+        if (s.state != SessionState::WaitingTool || !s.started || draining_ || s.leaving_ms > 0) {
+            s.lease_wait = false;
+            return;
+        }
+        if (!opt_.lease_current()) return wait_for_lease(id);
+        persist(s, {}, [this](Session & ss) {
+            ss.lease_wait = false;
+            if (ss.state == SessionState::WaitingTool && !draining_ && ss.leaving_ms == 0) send_tools(ss);
+        });
+    });
+}
+
+void SessionManager::send_tools(Session & s) {
     for (auto & pc : s.calls) {
         if (pc.started || pc.done) continue;
         pc.started = true;

@@ -115,6 +115,10 @@ struct SessionOptions {
     std::string node;
     //! Cluster mode: this node's cell, written into the rows of sessions created here.
     std::string cell;
+    //! Cluster mode: whether this node's lease is surely alive by its own clock. While it is
+    //! not (the process was stopped or starved past the TTL), tool calls wait, and go out only
+    //! once it is again and the store confirms the session is still this node's. Unset: always.
+    std::function<bool()> lease_current;
     //! Called once a session's final state is durable (id, state name), under the manager's lock:
     //! it must only hand the news on (a cluster node queues an event for its brain).
     std::function<void(const std::string &, const std::string &)> on_ended;
@@ -306,6 +310,8 @@ class SessionManager {
     void finish_step(Session & s, const engine::GenEvent & ev, const std::string & where, const std::string & upstream,
                      std::optional<common_chat_msg> call);
     void run_tools(Session & s);
+    void wait_for_lease(const std::string & id);
+    void send_tools(Session & s);
     void on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r);
     //! Writes `b` with the session record (and a state step when the state changed), then runs
     //! `after`; the batch's steps become events once durable.

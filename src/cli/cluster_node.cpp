@@ -76,6 +76,7 @@ std::string ClusterNode::start() {
                                                       l.node = node_;
                                                       return l;
                                                   });
+    if (lease_clock_) membership_->share_clock(lease_clock_);
     membership_->start();
     thread_ = std::thread([this] { run_commands(); });
     events_thread_ = std::thread([this] { publish_events(); });

@@ -66,6 +66,8 @@ class ClusterNode {
     //! Revokes the lease at once and nothing else, for a process about to exit without stopping
     //! (a drain past its deadline): its sessions fail over now, not at the lease's TTL.
     void leave_now();
+    //! Where the node's membership keeps until when its lease surely lives (set before `start`).
+    void share_lease_clock(cluster::LeaseClock c) { lease_clock_ = std::move(c); }
     uint64_t commands() const { return commands_.load(); }
     //! The node drains: from now on its sessions are offered to the brain to move (`movable`).
     void set_draining() { draining_ = true; }
@@ -98,6 +100,7 @@ class ClusterNode {
     std::unique_ptr<cluster::JetStream> js_;
     std::unique_ptr<cluster::Consumer> cmds_;
     std::unique_ptr<cluster::NodeMembership> membership_;
+    cluster::LeaseClock lease_clock_;
     std::atomic<bool> stop_{false};
     std::atomic<uint64_t> commands_{0};
     std::shared_ptr<NodeEvents> events_;

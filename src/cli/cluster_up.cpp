@@ -203,10 +203,23 @@ int cluster_up(const ClusterUpOptions & o) {
         fprintf(stderr, "error: %s: %s\n", what, e.c_str());
         return false;
     };
-    if (!up("postgresql", pg.start(dir + "/postgres")) || !up("postgresql database", pg.create_database("armada")) ||
-        !up("etcd", etcd.start(dir + "/etcd")) || !up("nats", nats.start(dir + "/nats")) ||
+    // The first shard keeps the name a one-database cluster has, so a data directory can grow.
+    std::vector<std::string> databases{"armada"};
+    for (int i = 1; i < o.pg_shards; ++i)
+        databases.push_back("armada_shard" + std::to_string(i));
+    if (!up("postgresql", pg.start(dir + "/postgres"))) return 1;
+    for (const auto & db : databases) {
+        if (!up(("postgresql database " + db).c_str(), pg.create_database(db))) return 1;
+    }
+    if (!up("etcd", etcd.start(dir + "/etcd")) || !up("nats", nats.start(dir + "/nats")) ||
         !up("redis", redis.start(dir + "/redis")))
         return 1;
+    std::string pg_urls;
+    json pg_url_list = json::array();
+    for (const auto & db : databases) {
+        pg_urls += (pg_urls.empty() ? "" : ", ") + pg.url(db);
+        pg_url_list.push_back(pg.url(db));
+    }
     const std::string cfg_path = dir + "/cluster.yaml";
     {
         std::ofstream f(cfg_path);
@@ -214,7 +227,7 @@ int cluster_up(const ClusterUpOptions & o) {
           << "etcd: [" << etcd.endpoint() << "]\n"
           << "nats: " << nats.url() << "\n"
           << "redis: " << redis.url() << "\n"
-          << "postgres: [" << pg.url("armada") << "]\n"
+          << "postgres: [" << pg_urls << "]\n"
           << "lease_ttl_s: " << o.lease_ttl_s << "\n"
           << "cells:\n";
         for (int c = 0; c < o.cells; ++c)
@@ -316,7 +329,7 @@ int cluster_up(const ClusterUpOptions & o) {
         json gateways = json::array();
         for (size_t i = first_gateway; i < procs.size(); ++i)
             gateways.push_back(procs[i].url);
-        json servers = {{"postgres", {{"pid", pg.pid()}, {"url", pg.url("armada")}}},
+        json servers = {{"postgres", {{"pid", pg.pid()}, {"url", pg.url("armada")}, {"shards", pg_url_list}}},
                         {"etcd", {{"pid", etcd.pid()}, {"endpoint", etcd.endpoint()}}},
                         {"nats", {{"pid", nats.pid()}, {"url", nats.url()}}},
                         {"redis", {{"pid", redis.pid()}, {"url", redis.url()}}}};

@@ -18,6 +18,8 @@ struct ClusterUpOptions {
     std::string api_key_file;
     std::string api_key;
     int lease_ttl_s = 5;
+    //! PostgreSQL databases the sessions are sharded over (by id), all on the one local server.
+    int pg_shards = 1;
     std::string pools_file;              // `pools:` and `routes:` for the cluster file (GPU pools)
     std::vector<std::string> node_args;  // passed to every `armada serve`
     //! The version every node starts on (`serve --version-label`); empty: Armada's own.

@@ -429,6 +429,9 @@ int main(int argc, char ** argv) {
     cup->add_option("--api-key-file", cuo.api_key_file, "API keys for the gateway and every node");
     cup->add_option("--api-key", cuo.api_key, "an admin API key for the gateway and every node")
         ->envname("ARMADA_API_KEY");
+    cup->add_option("--pg-shards", cuo.pg_shards,
+                    "PostgreSQL databases to shard sessions over, by id (1..8; on the one local server)")
+        ->check(CLI::Range(1, 8));
     cup->add_option("--lease-ttl", cuo.lease_ttl_s, "seconds before a silent process counts as gone")
         ->check(CLI::Range(1, 60))
         ->capture_default_str();

@@ -556,10 +556,13 @@ int serve(const ServeOptions & opt) {
         }
     }
     auto node_events = std::make_shared<NodeEvents>(node_name);
+    auto lease_clock = std::make_shared<std::atomic<int64_t>>(0);
     std::unique_ptr<cluster::TokenCharger> token_charger;
     if (ccfg) {
         sopt.node = node_name;
         sopt.cell = opt.cell;
+        // Tool calls go out only while the node's lease is current (set once it has joined).
+        sopt.lease_current = [lease_clock] { return cluster::lease_current(*lease_clock); };
         sopt.on_ended = [node_events](const std::string & id, const std::string & state) {
             node_events->ended(id, state);
         };
@@ -713,6 +716,7 @@ int serve(const ServeOptions & opt) {
                 const double budget = double(eng.kv_budget());
                 return budget > 0 && 1.0 - double(eng.kv_headroom()) / budget >= at;
             });
+        cluster_node->share_lease_clock(lease_clock);
         if (auto e = cluster_node->start(); !e.empty()) {
             fprintf(stderr, "error: cluster: %s\n", e.c_str());
             fflush(nullptr);

@@ -175,12 +175,24 @@ void NodeMembership::stop() {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+    *current_until_ms_ = 0;
     if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);
 }
 
 bool NodeMembership::pause(int ms) {
     std::unique_lock lk(mu_);
     return !cv_.wait_for(lk, std::chrono::milliseconds(ms), [&] { return stop_; });
+}
+
+namespace {
+int64_t steady_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+}  // namespace
+
+bool lease_current(const std::atomic<int64_t> & until_ms) {
+    return steady_ms() < until_ms.load();
 }
 
 void NodeMembership::run() {
@@ -192,6 +204,7 @@ void NodeMembership::run() {
     for (;;) {
         if (lease_.load() == 0) {
             int64_t lease = 0;
+            const int64_t sent_ms = steady_ms();
             std::string e = etcd_.grant(ttl_s_, lease);
             if (e.empty()) e = etcd_.put(key_, encode_load(numbered()), lease);
             if (!e.empty()) {
@@ -202,6 +215,7 @@ void NodeMembership::run() {
             }
             backoff = 500;
             lease_ = lease;
+            *current_until_ms_ = sent_ms + int64_t(ttl_s_) * 1000;
             const int n = ++registrations_;
             spdlog::info("cluster: {} {} (lease {:x}, ttl {} s)", n == 1 ? "joined as" : "joined again as", key_, lease,
                          ttl_s_);
@@ -209,7 +223,9 @@ void NodeMembership::run() {
         }
         if (!pause(report_ms_)) return;
         int64_t ttl = 0;
+        const int64_t sent_ms = steady_ms();
         std::string e = etcd_.keepalive(lease_.load(), ttl);
+        if (e.empty() && ttl > 0) *current_until_ms_ = sent_ms + ttl * 1000;
         // Heartbeat anomalies, for rollouts' gates: a renewal that failed, one late by over
         // twice the report period (the process or its host stalled), a lease found gone.
         if (!e.empty()) {
@@ -224,6 +240,7 @@ void NodeMembership::run() {
             spdlog::warn("cluster: lease of {} expired (the node was away longer than {} s); joining again", key_,
                          ttl_s_);
             lease_ = 0;
+            *current_until_ms_ = 0;
             if (!pause(jitter(1000))) return;
             continue;
         }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -22,6 +23,14 @@ std::optional<CellReport> decode_cell_report(const std::string & cell, const std
 //! The global brain's split of new sessions (its key in etcd, read by gateways) as JSON and back.
 std::string encode_shares(const Shares & s);
 std::optional<Shares> decode_shares(const std::string & json_text);
+
+//! Until when (steady clock, ms) a node's lease surely lives: the send time of the last grant
+//! or renewal etcd confirmed, plus the TTL it gave. 0: no lease.
+using LeaseClock = std::shared_ptr<std::atomic<int64_t>>;
+//! True while less than its TTL has passed since such a confirmed grant or renewal was sent.
+//! False after the process was stopped or starved for longer than the TTL, until it renews or
+//! joins again: its cell may have given its sessions to other nodes meanwhile.
+bool lease_current(const std::atomic<int64_t> & until_ms);
 
 //! A node's membership of its cell: it holds a lease in etcd and keeps its key (its load, about
 //! once a second) under it. When the process dies or hangs, the lease expires, the key goes,
@@ -39,6 +48,11 @@ class NodeMembership {
     int64_t lease() const { return lease_.load(); }
     //! How many times it registered (1 after the first; more after losing its lease).
     int registrations() const { return registrations_.load(); }
+    //! Whether the lease is surely still alive by this process's own clock (`lease_current`).
+    bool current() const { return lease_current(*current_until_ms_); }
+    //! Where it keeps until when its lease surely lives, for others to check; replace before
+    //! `start`.
+    void share_clock(LeaseClock c) { current_until_ms_ = std::move(c); }
 
   private:
     void run();
@@ -53,6 +67,9 @@ class NodeMembership {
     //! The node's load, numbered.
     NodeLoad numbered();
     std::atomic<int64_t> lease_{0};
+    //! Until when (steady clock, ms) the lease surely lives: the send time of the last confirmed
+    //! grant or renewal, plus the TTL etcd gave.
+    LeaseClock current_until_ms_ = std::make_shared<std::atomic<int64_t>>(0);
     std::atomic<int> registrations_{0};
     std::atomic<int64_t> renew_late_{0}, renew_failed_{0}, lease_lost_{0};  // in each report's signals
     std::mutex mu_;

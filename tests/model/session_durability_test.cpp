@@ -27,10 +27,16 @@ void quiet_log(ggml_log_level level, const char * text, void *) {
 class InstantTools : public tools::ToolTransport {
   public:
     std::atomic<int> calls{0};
+    std::mutex mu;
+    std::vector<std::string> keys;  // of every call sent
     std::string extra;  // appended to every result (a hostile tool)
     void call(const tools::HttpToolSpec &, const tools::ToolCall & c,
               std::function<void(tools::ToolResult)> done) override {
         ++calls;
+        {
+            std::lock_guard lk(mu);
+            keys.push_back(c.idempotency_key);
+        }
         tools::ToolResult r;
         r.content = "{\"ok\":true,\"key\":\"" + c.idempotency_key + "\"}" + extra;
         r.http_status = 200;
@@ -98,7 +104,7 @@ struct Rig {
     std::unique_ptr<agent::SessionManager> mgr;
 
     explicit Rig(agent::StepPool * pool = nullptr, const agent::AgentSpec & spec = worker(),
-                 const std::string & node = "") {
+                 const std::string & node = "", std::function<bool()> lease_current = {}) {
         llama_log_set(quiet_log, nullptr);
         std::string err;
         sqlite = store::SqliteStore::open(dir, err);
@@ -120,6 +126,7 @@ struct Rig {
         opt.pool = pool;
         opt.node = node;  // cluster mode: writes are fenced by the row's node and epoch
         opt.cell = node.empty() ? "" : "cell0";
+        opt.lease_current = std::move(lease_current);
         mgr = std::make_unique<agent::SessionManager>(*format, *port, *faults, tools, io.get_executor(), metrics, clock,
                                                       opt);
         mgr->put_operator_agent(spec);
@@ -281,6 +288,44 @@ TEST(SessionFencing, IdleSessionsTheStoreGaveAwayOrDeletedStopHereTheRestStay) {
     ASSERT_TRUE(r0);
     EXPECT_EQ(r0->node, "n2");
     EXPECT_EQ(r0->state, "waiting_input");
+}
+
+// A node stopped past its lease wakes in the middle of turns: a tool call it had logged before the
+// stop may have been sent and finished by the node its session moved to. So no call goes out while
+// the lease is not current, and then only for a session the store still gives this node.
+TEST(SessionFencing, ToolCallsWaitForACurrentLeaseAndGoOutOnlyForSessionsStillHeldHere) {
+    std::atomic<bool> lease{false};
+    Rig rig(nullptr, worker(), "n1", [&] { return lease.load(); });
+    const std::string moved = rig.create("Process record a"), kept = rig.create("Process record b");
+    // Each logs its first tool call (its durable state says so once the calls were handled).
+    for (const auto & id : {moved, kept}) {
+        std::string state;
+        for (int i = 0; i < 3000 && state != "waiting_tool"; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            auto v = rig.mgr->get(id, "");
+            state = v ? v->state : "";
+        }
+        ASSERT_EQ(state, "waiting_tool") << id;
+    }
+    EXPECT_EQ(rig.tools.calls.load(), 0) << "a call went out while the lease was not current";
+    // Meanwhile its cell gave the first session to n2.
+    store::Batch b;
+    b.assign.push_back({moved, "n2", 2});
+    commit_now(*rig.sqlite, std::move(b));
+    lease = true;
+    const auto v = rig.wait_end(kept);
+    EXPECT_EQ(v.state, "completed") << v.reason;
+    auto & fenced = rig.metrics.counter("armada_sessions_fenced_total", "");
+    for (int i = 0; i < 500 && fenced.value() < 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(fenced.value(), 1u);
+    std::lock_guard lk(rig.tools.mu);
+    EXPECT_FALSE(rig.tools.keys.empty());
+    for (const auto & k : rig.tools.keys)
+        EXPECT_EQ(k.rfind(kept + ":", 0), 0u) << "sent " << k << " of a session another node holds";
+    const auto r = rig.sqlite->session(moved);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->node, "n2");
 }
 
 TEST(SessionDurability, CompletedSessionIsOnDisk) {

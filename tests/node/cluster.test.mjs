@@ -8,7 +8,7 @@
 // finished call was sent again.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { tinyModel } from './harness.mjs';
@@ -198,7 +198,9 @@ before(async () => {
   up = spawn(process.env.ARMADA_BIN, ['cluster', 'up', '--nodes', '3', '-m', tinyModel, '--data-dir',
     path.join(dir, 'c'), '--port', '0', '--agents', agents, '--lease-ttl', String(TTL_S),
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=8', '--node-arg=-c',
-    '--node-arg=16384', '--node-arg=-t', '--node-arg=1', '--node-arg=--drain-timeout', `--node-arg=${90 * SLOW}`],
+    '--node-arg=16384', '--node-arg=-t', '--node-arg=1', '--node-arg=--drain-timeout', `--node-arg=${90 * SLOW}`,
+    // Sessions are sharded over two databases, so every fault below runs on a sharded store.
+    '--pg-shards', '2'],
   // Every 5th KV journal a draining node sends breaks off halfway (the migration test).
   { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ARMADA_KV_SEND_CUT: '5' } });
   up.stdout.on('data', (d) => { upLog += d; });
@@ -254,20 +256,20 @@ test('each node reports its load in etcd under its lease', { timeout: 60000 * SL
     // KV headroom in bytes: at least a few sequences' worth of this small model's cache.
     assert.ok(load.kv_headroom > 1 << 20, `${key} KV headroom ${load.kv_headroom}`);
   }
-  // Their pools, sized by the config (pg_pool 8, redis_pool 8: a node's one Redis user takes 2),
-  // show in /metrics with their waits; so do the gateway's.
+  // Their pools, sized by the config (pg_pool 8 per database: two here; redis_pool 8: a node's
+  // one Redis user takes 2), show in /metrics with their waits; so do the gateway's.
   const metric = (text, name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))?.[1] ?? NaN);
   for (const p of status().processes.filter((x) => x.role === 'node')) {
     const text = await fetch(`${p.url}/metrics`).then((x) => x.text());
     assertLintedMetrics(text, p.name);
-    assert.equal(metric(text, 'armada_store_pool_connections'), 8, p.name);
+    assert.equal(metric(text, 'armada_store_pool_connections'), 16, p.name);
     assert.equal(metric(text, 'armada_redis_pool_connections'), 2, p.name);
     for (const m of ['armada_store_pool_waits_total', 'armada_redis_pool_waits_total', 'armada_redis_pool_wait_seconds'])
       assert.ok(metric(text, m) >= 0, `${p.name} ${m}`);
   }
   const gwText = await fetch(`${gw}/metrics`).then((x) => x.text());
   assertLintedMetrics(gwText, 'the gateway');
-  assert.equal(metric(gwText, 'armada_store_pool_connections'), 8);
+  assert.equal(metric(gwText, 'armada_store_pool_connections'), 16);
   assert.equal(metric(gwText, 'armada_redis_pool_connections'), 8);
   assert.ok(metric(gwText, 'armada_redis_pool_waits_total') >= 0, 'the gateway counts its Redis waits');
 });
@@ -405,6 +407,43 @@ test('kill -9 a node: its sessions take their next step elsewhere within the lea
     // (A client's input and a move are in the log, not in the event stream.)
     const want = done.get(id).steps.filter((x) => !['user_input', 'moved'].includes(x.kind)).map((x) => x.seq);
     assert.deepEqual(durable, want, `the stream of ${id} through the gateway`);
+  }
+});
+
+// The shard a session id belongs to: FNV-1a 64 of the id, modulo the shard count (as the store).
+function shardOf(id, n) {
+  let h = 0xcbf29ce484222325n;
+  for (const ch of Buffer.from(id)) h = BigInt.asUintN(64, (h ^ BigInt(ch)) * 0x100000001b3n);
+  return Number(h % BigInt(n));
+}
+
+function psql(url, sql) {
+  const r = spawnSync('psql', [url, '-v', 'ON_ERROR_STOP=1', '-Atc', sql], { encoding: 'utf8' });
+  assert.equal(r.status, 0, `psql ${url}: ${r.stderr}`);
+  return r.stdout.split('\n').filter(Boolean);
+}
+
+test('sessions are sharded by id over the two PostgreSQL databases, each with its own steps', { timeout: 60000 * SLOW }, async () => {
+  const shards = status().servers.postgres.shards;
+  assert.equal(shards.length, 2, JSON.stringify(status().servers.postgres));
+  const cfg = fs.readFileSync(path.join(dir, 'cluster.yaml'), 'utf8');
+  for (const url of shards) assert.ok(cfg.includes(url), `cluster.yaml lists ${url}`);
+  const rows = shards.map((url) => psql(url, 'SELECT id FROM sessions'));
+  const stepOwners = shards.map((url) => psql(url, 'SELECT DISTINCT session_id FROM steps'));
+  // The tests before this one ran sessions: each database holds some of them.
+  for (let k = 0; k < 2; ++k) assert.ok(rows[k].length > 10, `shard ${k} holds ${rows[k].length} sessions`);
+  for (let k = 0; k < 2; ++k) {
+    for (const id of rows[k]) assert.equal(shardOf(id, 2), k, `session ${id} is on shard ${k}`);
+    const here = new Set(rows[k]);
+    for (const id of stepOwners[k]) assert.ok(here.has(id), `the steps of ${id} are on its session's shard ${k}`);
+  }
+  // Agents (declared through the API) are on the first database only, and sessions of both are
+  // read back through the gateway.
+  assert.deepEqual(psql(shards[1], 'SELECT id FROM agents'), []);
+  for (const id of [...rows[0].slice(0, 3), ...rows[1].slice(0, 3)]) {
+    const r = await get(`/v1/sessions/${id}`);
+    assert.equal(r.status, 200, `${id}: ${JSON.stringify(r.json)}`);
+    assert.ok(r.json.steps.length > 0, id);
   }
 });
 
