@@ -29,7 +29,7 @@ class InstantTools : public tools::ToolTransport {
     std::atomic<int> calls{0};
     std::mutex mu;
     std::vector<std::string> keys;  // of every call sent
-    std::string extra;  // appended to every result (a hostile tool)
+    std::string extra;              // appended to every result (a hostile tool)
     void call(const tools::HttpToolSpec &, const tools::ToolCall & c,
               std::function<void(tools::ToolResult)> done) override {
         ++calls;
