@@ -231,10 +231,44 @@ bool Router::probe(const HttpRequest & req, const std::shared_ptr<Responder> & o
     return true;
 }
 
+void Router::send_kv(const HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name) {
+    route_name = "/admin/kv/{session}";
+    // Inside a cluster, nodes fetch a moving session's KV with the cluster's peer key; an
+    // operator may use an admin key. Without either kind of key nothing opens it.
+    std::string bearer = req.header("authorization");
+    bearer = bearer.rfind("Bearer ", 0) == 0 ? bearer.substr(7) : std::string();
+    bool ok = !peer_key_.empty() && constant_time_equal(bearer, peer_key_);
+    if (!ok && keys_.enabled()) {
+        const ApiKeys::Key * key = keys_.check(req.header("authorization"), req.header("x-api-key"));
+        ok = key && keys_.caller(key).admin;
+        if (!ok && key) throw ApiError(403, "/admin/kv needs the cluster's peer key or an admin key", {}, "permission_denied");
+    }
+    if (!ok) {
+        if (peer_key_.empty() && !keys_.enabled())
+            throw ApiError(403,
+                           "/admin/kv is closed: this node has no API keys and no peer key; set ARMADA_PEER_KEY, the "
+                           "same on every node of the cluster, so that nodes can move sessions with their KV",
+                           {}, "permission_denied");
+        throw ApiError(401, "/admin/kv needs 'Authorization: Bearer <the cluster's peer key or an admin key>'", {},
+                       "invalid_api_key");
+    }
+    if (req.method != "GET") throw ApiError(405, "use GET for /admin/kv/{session}");
+    KvSender send;
+    {
+        std::lock_guard lk(probes_mu_);
+        send = kv_sender_;
+    }
+    const std::string id = req.path.substr(10);
+    if (!send || id.empty() || id.find('/') != std::string::npos) throw ApiError(404, "no such route", {}, "not_found");
+    send(id, out);
+    count(route_name, 200);
+}
+
 void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name) {
     const std::string & p = req.path;
     const bool get = req.method == "GET", post = req.method == "POST";
     if (probe(req, out, route_name)) return;
+    if (p.rfind("/admin/kv/", 0) == 0) return send_kv(req, out, route_name);
     const ApiKeys::Key * key =
         keys_.enabled() ? keys_.check(req.header("authorization"), req.header("x-api-key")) : nullptr;
     if (keys_.enabled() && !key) {
@@ -291,22 +325,6 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
         out->send(202, "application/json",
                   std::string(R"({"status":"draining","already":)") + (already ? "true" : "false") + "}");
         count(route_name, 202);
-        return;
-    }
-    if (p.rfind("/admin/kv/", 0) == 0) {
-        route_name = "/admin/kv/{session}";
-        if (!get) throw ApiError(405, "use GET for /admin/kv/{session}");
-        if (!caller.admin) throw ApiError(403, "/admin/kv needs an admin key", {}, "permission_denied");
-        KvSender send;
-        {
-            std::lock_guard lk(probes_mu_);
-            send = kv_sender_;
-        }
-        const std::string id = p.substr(10);
-        if (!send || id.empty() || id.find('/') != std::string::npos)
-            throw ApiError(404, "no such route", {}, "not_found");
-        send(id, out);
-        count(route_name, 200);
         return;
     }
     if (draining_.load()) {

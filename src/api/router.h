@@ -61,6 +61,11 @@ class Router {
         std::lock_guard lk(probes_mu_);
         kv_sender_ = std::move(f);
     }
+    //! The cluster's peer key (ARMADA_PEER_KEY, the same on every node): it opens
+    //! /admin/kv/{session}, as an admin key does. A node with no API keys and no peer key
+    //! refuses that route: another node's KV journal is never served to anyone who asks. Set
+    //! before serving.
+    void set_peer_key(std::string k) { peer_key_ = std::move(k); }
     //! Answers with 500, 502 or 504 since start (503, sent by drains and overload, is not one).
     int64_t server_errors() const { return server_errors_.load(); }
     bool draining() const { return draining_.load(); }
@@ -70,6 +75,9 @@ class Router {
 
   private:
     void route(HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name);
+    //! GET /admin/kv/{session}, with its own check: the peer key, or an admin key.
+    void send_kv(const HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name);
+    std::string peer_key_;
     //! /health, /livez, /readyz; true when `req` was one of them.
     bool probe(const HttpRequest & req, const std::shared_ptr<Responder> & out, std::string & route_name);
     void count(const std::string & route, int code);

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -28,6 +29,26 @@
 namespace armada::cli {
 
 namespace {
+
+// A key of 32 random bytes from the kernel, as hex: the nodes' peer key for this cluster.
+std::string random_key() {
+    unsigned char b[32] = {};
+    std::ifstream f("/dev/urandom", std::ios::binary);
+    f.read(reinterpret_cast<char *>(b), sizeof(b));
+    if (!f) {
+        // Never run without one: the random device failing is no reason to serve KV to anyone.
+        std::random_device rd;
+        for (auto & x : b)
+            x = static_cast<unsigned char>(rd());
+    }
+    static const char * hex = "0123456789abcdef";
+    std::string s;
+    for (unsigned char x : b) {
+        s += hex[x >> 4];
+        s += hex[x & 15];
+    }
+    return s;
+}
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -236,6 +257,7 @@ int cluster_up(const ClusterUpOptions & o) {
     }
 
     const std::string exe = self_exe();
+    const std::string peer_key = random_key();
     std::vector<Proc> procs;
     auto launch = [&](Proc & p) {
         std::string err;
@@ -243,6 +265,9 @@ int cluster_up(const ClusterUpOptions & o) {
         std::vector<std::string> env;
         if (!o.api_key.empty() && (p.role == "node" || p.role == "gateway"))
             env.push_back("ARMADA_API_KEY=" + o.api_key);
+        // Nodes move sessions' KV between them with a key of their own, whether or not clients
+        // need keys.
+        if (p.role == "node") env.push_back("ARMADA_PEER_KEY=" + peer_key);
         std::vector<std::string> argv = p.argv;
         if (p.role == "node" && !p.version.empty()) {
             // The version it runs now: its label, and the arguments given for it.

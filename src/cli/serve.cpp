@@ -362,13 +362,21 @@ int serve(const ServeOptions & opt) {
     for (const auto & k : keys.keys()) {
         if (k.limits) limiter.set_limits(api::owner_of(k.key), *k.limits);
     }
-    // Nodes of a cluster share their keys: a node fetching a moving session's KV from another
-    // uses the first admin key.
-    std::string peer_key;
+    // A node fetching a moving session's KV from another shows the cluster's peer key
+    // (ARMADA_PEER_KEY, the same on every node), or else the first admin key (nodes of a cluster
+    // share their keys).
+    const char * peer_env = std::getenv("ARMADA_PEER_KEY");
+    const std::string own_peer_key = peer_env ? peer_env : "";
+    std::string peer_key = own_peer_key;
     for (const auto & k : keys.keys()) {
         if (k.admin && peer_key.empty()) peer_key = k.key;
     }
+    if (ccfg && peer_key.empty())
+        spdlog::warn("cluster: this node has no API keys and no ARMADA_PEER_KEY, so it serves no session's KV to "
+                     "another node: sessions that move from here re-prefill; set ARMADA_PEER_KEY, the same on every "
+                     "node");
     api::Router router(std::move(keys), metrics, &limiter);
+    router.set_peer_key(own_peer_key);
     if (store->pool_stats()) {
         // PostgreSQL's read pools.
         router.add_metrics_source([s = store.get()](obs::Registry & m) {

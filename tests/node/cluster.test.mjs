@@ -274,6 +274,28 @@ test('each node reports its load in etcd under its lease', { timeout: 60000 * SL
   assert.ok(metric(gwText, 'armada_redis_pool_waits_total') >= 0, 'the gateway counts its Redis waits');
 });
 
+test('a node serves a session\'s KV journal only to the cluster\'s peer key, though clients need no key', { timeout: 30000 * SLOW }, async () => {
+  const n = status().processes.find((p) => p.role === 'node' && alive(p.pid));
+  // Clients need no key on this cluster: the API answers without one.
+  assert.equal((await fetch(`${n.url}/v1/models`)).status, 200);
+  const noKey = await fetch(`${n.url}/admin/kv/sess_x`);
+  assert.equal(noKey.status, 401);
+  assert.match((await noKey.json()).error.message, /peer key/);
+  const wrong = await fetch(`${n.url}/admin/kv/sess_x`, { headers: { Authorization: 'Bearer not-the-peer-key' } });
+  assert.equal(wrong.status, 401);
+  // `cluster up` hands the nodes their key through the environment, never on a command line.
+  const cmdline = fs.readFileSync(`/proc/${n.pid}/cmdline`, 'utf8');
+  const env = fs.readFileSync(`/proc/${n.pid}/environ`, 'utf8').split('\0');
+  const key = env.find((e) => e.startsWith('ARMADA_PEER_KEY='))?.slice('ARMADA_PEER_KEY='.length);
+  assert.ok(key && key.length >= 32, 'the node has a peer key');
+  assert.ok(!cmdline.includes(key), 'the peer key is not on the command line');
+  // With the key, the route answers: that session is not moving from this node.
+  const right = await fetch(`${n.url}/admin/kv/sess_x`, { headers: { Authorization: `Bearer ${key}` } });
+  const body = await right.text();
+  assert.equal(right.status, 409, body);
+  assert.match(body, /not moving from this node/);
+});
+
 test('an agent declared through one node is known to every node; deleted through another, it is gone from all', { timeout: 60000 * SLOW }, async () => {
   const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
   assert.equal(nodes.length, 3);
