@@ -241,7 +241,8 @@ void Router::send_kv(const HttpRequest & req, const std::shared_ptr<Responder> &
     if (!ok && keys_.enabled()) {
         const ApiKeys::Key * key = keys_.check(req.header("authorization"), req.header("x-api-key"));
         ok = key && keys_.caller(key).admin;
-        if (!ok && key) throw ApiError(403, "/admin/kv needs the cluster's peer key or an admin key", {}, "permission_denied");
+        if (!ok && key)
+            throw ApiError(403, "/admin/kv needs the cluster's peer key or an admin key", {}, "permission_denied");
     }
     if (!ok) {
         if (peer_key_.empty() && !keys_.enabled())

@@ -20,8 +20,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <random>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>

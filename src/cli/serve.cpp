@@ -372,9 +372,10 @@ int serve(const ServeOptions & opt) {
         if (k.admin && peer_key.empty()) peer_key = k.key;
     }
     if (ccfg && peer_key.empty())
-        spdlog::warn("cluster: this node has no API keys and no ARMADA_PEER_KEY, so it serves no session's KV to "
-                     "another node: sessions that move from here re-prefill; set ARMADA_PEER_KEY, the same on every "
-                     "node");
+        spdlog::warn(
+            "cluster: this node has no API keys and no ARMADA_PEER_KEY, so it serves no session's KV to "
+            "another node: sessions that move from here re-prefill; set ARMADA_PEER_KEY, the same on every "
+            "node");
     api::Router router(std::move(keys), metrics, &limiter);
     router.set_peer_key(own_peer_key);
     if (store->pool_stats()) {

@@ -4,6 +4,8 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -407,9 +409,49 @@ std::string KvJournal::incoming_path(const std::string & key) const {
     return path_for(key) + ".in.tmp";
 }
 
+namespace {
+// A file mapped read-only: a received journal (gigabytes for a large model's long session) is
+// checked from the page cache, never copied onto the heap whole.
+class MappedFile {
+  public:
+    explicit MappedFile(const std::string & path) {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return;
+        struct stat st {};
+        if (::fstat(fd, &st) == 0) {
+            ok_ = true;
+            if (st.st_size > 0) {
+                void * p = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+                if (p == MAP_FAILED) {
+                    ok_ = false;
+                } else {
+                    data_ = static_cast<const char *>(p);
+                    size_ = size_t(st.st_size);
+                    ::madvise(p, size_, MADV_SEQUENTIAL);
+                }
+            }
+        }
+        ::close(fd);
+    }
+    ~MappedFile() {
+        if (data_) ::munmap(const_cast<char *>(data_), size_);
+    }
+    MappedFile(const MappedFile &) = delete;
+    MappedFile & operator=(const MappedFile &) = delete;
+    bool ok() const { return ok_; }
+    const char * data() const { return data_ ? data_ : ""; }
+    size_t size() const { return size_; }
+
+  private:
+    const char * data_ = nullptr;
+    size_t size_ = 0;
+    bool ok_ = false;
+};
+}  // namespace
+
 std::string KvJournal::install(const std::string & key, const std::string & file) {
-    std::string image;
-    if (!read_whole_file(file, image)) return "cannot read the received journal";
+    const MappedFile image(file);
+    if (!image.ok()) return "cannot read the received journal";
     Cursor c{image.data(), image.size()};
     std::string fp, k;
     if (!read_header(c, fp, k)) return "not a KV journal";
