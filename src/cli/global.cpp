@@ -9,6 +9,7 @@
 #include "cluster/global_brain.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
+#include "cluster/kube_restarter.h"
 #include "cluster/restarter.h"
 #include "cluster/rollout.h"
 #include "obs/log.h"
@@ -42,6 +43,20 @@ class GlobalProcess {
           etcd_(cfg_.etcd),
           elected_(etcd_, cfg_.lease_ttl_s, "global", stop_set) {
         if (o_.restarter == "cluster-up") restarter_ = std::make_unique<EtcdRestarter>(etcd_, cfg_);
+        if (o_.restarter == "kubernetes") {
+            KubeConfig kc;
+            kc.image = o_.kube_image;
+            if (auto e = kube_config_in_pod(kc); !e.empty()) {
+                kube_error_ = e;
+            } else {
+                ledger_ = std::make_unique<EtcdLedger>(etcd_, cfg_);
+                restarter_ = std::make_unique<KubeRestarter>(std::move(kc), *ledger_, [] {
+                    return std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+                });
+            }
+        }
     }
 
     int run() {
@@ -253,6 +268,8 @@ class GlobalProcess {
         }
         if (!rollout_ || rollout_->spec().id != spec->id) {
             if (state && state->id == spec->id && !rollout_active(state->phase)) return;  // over, and written
+            // A StatefulSet's pods go from the highest ordinal down.
+            if (restarter_ && restarter_->highest_ordinal_first()) spec->ordinal_desc = true;
             rollout_.emplace(*spec, state, wall);  // the same id resumes; another one's gens are passed
             asked_.clear();
             spdlog::info("global: rollout {} to {}: {} (wave {})", spec->id, spec->version,
@@ -269,7 +286,10 @@ class GlobalProcess {
         const auto wanted = r.decide(wall);
         if (!restarter_) {
             for (const auto & q : wanted)
-                r.restart_failed(q.node, q.gen, "this global brain has no --restarter", wall);
+                r.restart_failed(q.node, q.gen,
+                                 kube_error_.empty() ? "this global brain has no --restarter"
+                                                     : "--restarter kubernetes: " + kube_error_,
+                                 wall);
         }
         if (r.take_changed() || wall - state_written_ms_ >= 5000 || !state || state->id != spec->id) {
             RolloutState out = r.state();
@@ -456,7 +476,9 @@ class GlobalProcess {
     std::map<std::string, int64_t> last_written_;  // cell → when its etcd report last changed
     std::map<std::string, int64_t> report_rev_;    // cell → its etcd report's last mod_revision
     std::map<std::string, int> paths_;             // cell → the paths last logged (bit 1 etcd, 2 NATS)
-    std::unique_ptr<NodeRestarter> restarter_;     // none: rollouts halt at once
+    std::unique_ptr<RestartLedger> ledger_;  // before the restarter that uses it
+    std::unique_ptr<NodeRestarter> restarter_;
+    std::string kube_error_;     // none: rollouts halt at once
     std::optional<Rollout> rollout_;               // the rollout under way, while leading
     std::map<std::string, int64_t> asked_;         // node → the restart gen asked for
     int64_t state_written_ms_ = 0;

@@ -13,8 +13,13 @@ struct GlobalOptions {
     std::string metrics_host = "127.0.0.1";
     int metrics_port = -1;  // /metrics for Prometheus (0: any free port; -1: none)
     //! How rollouts restart nodes: "cluster-up" (request keys in etcd that `armada cluster up`
-    //! carries out) or "none" (a rollout halts at once, saying so).
+    //! carries out), "kubernetes" (each cell's nodes are a StatefulSet's pods: the rollout drives
+    //! its partition, with the pod's service account) or "none" (a rollout halts at once, saying
+    //! so).
     std::string restarter = "none";
+    //! Kubernetes: the nodes' image for a version, `{version}` replaced; empty: the image stays and
+    //! only the version label changes.
+    std::string kube_image;
 };
 
 //! `armada global`: the global brain. Every one campaigns in etcd; the leader reads the cells'

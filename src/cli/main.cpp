@@ -335,9 +335,13 @@ int main(int argc, char ** argv) {
         ->capture_default_str();
     gl->add_option("--log-level", glo.log_level, "trace, debug, info, warn, error")->capture_default_str();
     gl->add_option("--restarter", glo.restarter,
-                   "how rollouts restart nodes: cluster-up (armada cluster up carries them out) or none")
-        ->check(CLI::IsMember({"none", "cluster-up"}))
+                   "how rollouts restart nodes: cluster-up (armada cluster up carries them out), kubernetes "
+                   "(each cell's nodes are a StatefulSet's pods; the rollout drives its partition) or none")
+        ->check(CLI::IsMember({"none", "cluster-up", "kubernetes"}))
         ->capture_default_str();
+    gl->add_option("--kube-image", glo.kube_image,
+                   "with --restarter kubernetes: the nodes' image for a version, {version} replaced (e.g. "
+                   "registry.example/armada:{version}); unset, only the version label changes");
     add_brain_metrics_flags(gl, glo.metrics_host, glo.metrics_port);
     add_observability_flags(gl, otlp_endpoint, log_format);
 

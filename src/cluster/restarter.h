@@ -45,6 +45,9 @@ class NodeRestarter {
     virtual std::string restart(const RestartRequest & r, const std::string & rollout_id, const EtcdLeader & me) = 0;
     //! The latest acknowledgement per node.
     virtual std::map<std::string, RestartAck> acks() = 0;
+    //! True when nodes must be restarted from the highest ordinal down in each cell (a
+    //! StatefulSet's partition): the rollout picks them in that order.
+    virtual bool highest_ordinal_first() const { return false; }
 };
 
 //! The restarter of `armada cluster up`: a request is the key `restart/<node>`, written under

@@ -182,4 +182,27 @@ test('the example overlay renders with kustomize into valid objects', async (t) 
   assert.ok(gib(c.resources.limits.memory) >= 1.5 * (4.4 + gib(argOf(c.args, 'kv-budget'))));
   find(objs, 'Secret', 'armada-keys');
   find(objs, 'Secret', 'armada-postgres');
+  find(objs, 'Secret', 'armada-peer');
+});
+
+test('rollouts drive the node StatefulSet: the global brain\'s account may do what the restarter does', () => {
+  const objs = baseObjects();
+  const global = find(objs, 'Deployment', 'armada-global');
+  assert.ok(global.spec.template.spec.containers[0].args.includes('--restarter=kubernetes'));
+  const account = global.spec.template.spec.serviceAccountName;
+  find(objs, 'ServiceAccount', account);
+  const binding = objs.find((o) => o.kind === 'RoleBinding' && o.subjects.some((s) => s.kind === 'ServiceAccount' && s.name === account));
+  assert.ok(binding, `a RoleBinding for ${account}`);
+  const role = find(objs, 'Role', binding.roleRef.name);
+  const may = (group, resource, verb) => role.rules.some((r) => r.apiGroups.includes(group) &&
+    r.resources.includes(resource) && r.verbs.includes(verb));
+  // What cluster/kube_restarter.cpp calls.
+  for (const [g, res, v] of [['apps', 'statefulsets', 'get'], ['apps', 'statefulsets', 'patch'],
+    ['apps', 'controllerrevisions', 'get'], ['', 'pods', 'get'], ['', 'pods', 'delete']])
+    assert.ok(may(g, res, v), `${v} ${g || 'core'}/${res}`);
+  // A partition only works with RollingUpdate (the default), and the nodes read their version
+  // label from the environment the restarter patches.
+  const node = find(objs, 'StatefulSet', 'armada-node');
+  assert.notEqual(node.spec.updateStrategy?.type, 'OnDelete');
+  assert.equal(node.spec.template.spec.containers[0].name, 'armada');
 });

@@ -1,0 +1,257 @@
+#include "cluster/kube_restarter.h"
+
+#include "tools/http_sync.h"
+#include "tools/ssrf.h"
+#include "tools/tls.h"
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace armada::cluster {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char * kVersionAnnotation = "armada.dev/version";
+constexpr const char * kServiceAccount = "/var/run/secrets/kubernetes.io/serviceaccount/";
+
+bool read_file(const std::string & path, std::string & out) {
+    std::ifstream f(path);
+    if (!f) return false;
+    std::stringstream ss;
+    ss << f.rdbuf();
+    out = ss.str();
+    while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' '))
+        out.pop_back();
+    return true;
+}
+
+// "armada-node-3" -> ("armada-node", 3); false for a name that is not NAME-ORDINAL.
+bool split_pod(const std::string & pod, std::string & set, int & ordinal) {
+    const auto dash = pod.rfind('-');
+    if (dash == std::string::npos || dash == 0 || dash + 1 >= pod.size() || pod.size() - dash > 7) return false;
+    ordinal = 0;
+    for (size_t i = dash + 1; i < pod.size(); ++i) {
+        if (pod[i] < '0' || pod[i] > '9') return false;
+        ordinal = ordinal * 10 + (pod[i] - '0');
+    }
+    set = pod.substr(0, dash);
+    return true;
+}
+
+std::string version_of(const json & template_spec) {
+    const auto * a = template_spec.contains("metadata") && template_spec["metadata"].is_object() &&
+                             template_spec["metadata"].contains("annotations") &&
+                             template_spec["metadata"]["annotations"].is_object()
+                         ? &template_spec["metadata"]["annotations"]
+                         : nullptr;
+    if (!a || !a->contains(kVersionAnnotation) || !(*a)[kVersionAnnotation].is_string()) return {};
+    return (*a)[kVersionAnnotation].get<std::string>();
+}
+
+}  // namespace
+
+std::string kube_config_in_pod(KubeConfig & c) {
+    const char * host = std::getenv("KUBERNETES_SERVICE_HOST");
+    const char * port = std::getenv("KUBERNETES_SERVICE_PORT");
+    if (!host || !*host) return "KUBERNETES_SERVICE_HOST is not set: this process does not run in a pod";
+    const std::string h = host;
+    c.api = "https://" + (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + (port && *port ? port : "443");
+    if (!read_file(std::string(kServiceAccount) + "token", c.token) || c.token.empty())
+        return std::string("cannot read the service account's token in ") + kServiceAccount;
+    if (!read_file(std::string(kServiceAccount) + "namespace", c.ns) || c.ns.empty())
+        return std::string("cannot read the pod's namespace in ") + kServiceAccount;
+    c.ca_file = std::string(kServiceAccount) + "ca.crt";
+    return {};
+}
+
+std::string EtcdLedger::put_ack(const std::string & node, const RestartAck & a) {
+    return etcd_.put(rollout_prefix(cfg_) + "restarted/" + node, encode_restart_ack(a));
+}
+
+struct KubeRestarter::Tls {
+    std::shared_ptr<boost::asio::ssl::context> ctx;
+};
+
+KubeRestarter::KubeRestarter(KubeConfig cfg, RestartLedger & ledger, std::function<int64_t()> wall_ms)
+    : cfg_(std::move(cfg)), ledger_(ledger), wall_ms_(std::move(wall_ms)), tls_(std::make_unique<Tls>()) {
+    if (cfg_.api.rfind("https://", 0) == 0) {
+        std::string err;
+        tls_->ctx = tools::client_tls(cfg_.ca_file, err);
+        if (!tls_->ctx) spdlog::error("kubernetes: the API server's CA {}: {}", cfg_.ca_file, err);
+    }
+}
+
+KubeRestarter::~KubeRestarter() = default;
+
+std::string KubeRestarter::restart(const RestartRequest & r, const std::string & rollout_id, const EtcdLeader & me) {
+    // Once per gen: a request carried out (or refused) is acknowledged in the ledger.
+    if (auto a = ledger_.acks(); a.count(r.node) && a.at(r.node).gen >= r.gen) return {};
+    if (auto e = ledger_.claim(r, rollout_id, me); !e.empty()) return e;
+    bool refused = false;
+    const std::string e = act(r, refused);
+    if (!e.empty() && !refused) return e;
+    RestartAck ack;
+    ack.gen = r.gen;
+    ack.version = r.version;
+    ack.at_ms = wall_ms_();
+    ack.error = e;
+    if (refused) spdlog::warn("kubernetes: restart of {} on {} refused: {}", r.node, r.version, e);
+    return ledger_.put_ack(r.node, ack);
+}
+
+std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
+    refused = false;
+    auto refuse = [&](std::string why) {
+        refused = true;
+        return why;
+    };
+    std::string set;
+    int ordinal = 0;
+    if (!split_pod(r.node, set, ordinal))
+        return refuse("node " + r.node + " is not named as a StatefulSet's pod (NAME-ORDINAL)");
+    if (cfg_.api.rfind("https://", 0) == 0 && !tls_->ctx)
+        return refuse("the Kubernetes API's CA (" + cfg_.ca_file + ") cannot be loaded");
+    // The API server is the operator's: any address is allowed.
+    tools::SsrfGuard guard;
+    for (const char * all : {"0.0.0.0/0", "::/0"}) {
+        tools::Cidr c;
+        if (tools::parse_cidr(all, c)) guard.allow(c);
+    }
+    tools::HttpOptions o;
+    o.timeout_ms = cfg_.timeout_ms;
+    o.follow_redirects = false;
+    o.tls = tls_->ctx.get();
+    auto call = [&](const std::string & method, const std::string & path, const std::string & content_type,
+                    const std::string & body) {
+        std::vector<std::pair<std::string, std::string>> h{{"Accept", "application/json"}};
+        if (!cfg_.token.empty()) h.emplace_back("Authorization", "Bearer " + cfg_.token);
+        if (!content_type.empty()) h.emplace_back("Content-Type", content_type);
+        return tools::http_request(method, cfg_.api + path, h, body, o, guard);
+    };
+    auto failed = [&](const std::string & what, const tools::HttpReply & rep) {
+        if (!rep.error.empty()) return what + ": " + rep.error;
+        std::string msg;
+        const auto j = json::parse(rep.body, nullptr, false);
+        if (j.is_object() && j.contains("message") && j["message"].is_string()) msg = j["message"].get<std::string>();
+        return what + ": HTTP " + std::to_string(rep.status) + (msg.empty() ? "" : " (" + msg + ")");
+    };
+    const std::string ns_path = "/namespaces/" + cfg_.ns;
+    const std::string sts_path = "/apis/apps/v1" + ns_path + "/statefulsets/" + set;
+
+    auto got = call("GET", sts_path, "", "");
+    if (got.status == 404) return refuse("there is no StatefulSet " + set + " in namespace " + cfg_.ns);
+    if (got.status == 401 || got.status == 403)
+        return refuse(failed("reading StatefulSet " + set + " (the global brain's service account needs get and "
+                             "patch on statefulsets, get on controllerrevisions and pods, delete on pods)",
+                             got));
+    if (got.status != 200) return failed("reading StatefulSet " + set, got);
+    const auto sts = json::parse(got.body, nullptr, false);
+    if (!sts.is_object() || !sts.contains("spec") || !sts["spec"].is_object())
+        return "reading StatefulSet " + set + ": not a StatefulSet";
+    const json & spec = sts["spec"];
+    int replicas = 1, partition = 0;
+    std::string strategy = "RollingUpdate", tmpl_version, current, update;
+    try {
+        replicas = spec.value("replicas", 1);
+        if (spec.contains("updateStrategy") && spec["updateStrategy"].is_object()) {
+            const json & us = spec["updateStrategy"];
+            strategy = us.value("type", "RollingUpdate");
+            if (us.contains("rollingUpdate") && us["rollingUpdate"].is_object())
+                partition = us["rollingUpdate"].value("partition", 0);
+        }
+        if (spec.contains("template") && spec["template"].is_object()) tmpl_version = version_of(spec["template"]);
+        if (sts.contains("status") && sts["status"].is_object()) {
+            current = sts["status"].value("currentRevision", "");
+            update = sts["status"].value("updateRevision", "");
+        }
+    } catch (const json::exception & e) {
+        return "reading StatefulSet " + set + ": " + e.what();
+    }
+    if (strategy != "RollingUpdate")
+        return refuse("StatefulSet " + set + " uses updateStrategy " + strategy + "; rollouts need RollingUpdate");
+    if (ordinal >= replicas)
+        return refuse("StatefulSet " + set + " has " + std::to_string(replicas) + " replicas; " + r.node +
+                      " is not one of them");
+    auto set_partition = [&](int p) -> std::string {
+        const json patch = {{"spec", {{"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", p}}}}}}}};
+        auto rep = call("PATCH", sts_path, "application/strategic-merge-patch+json", patch.dump());
+        if (rep.status != 200) return failed("setting the partition of " + set + " to " + std::to_string(p), rep);
+        spdlog::info("kubernetes: StatefulSet {}: partition {} -> {}", set, partition, p);
+        return {};
+    };
+    // Pods below the partition stay where they are; lowering it by more than one would restart
+    // pods nobody asked for.
+    auto only_this_one = [&](int from) -> std::string {
+        if (ordinal == from - 1) return {};
+        return refuse("StatefulSet " + set + " replaces pods from the highest ordinal down, so " + set + "-" +
+                      std::to_string(from - 1) + " goes before " + r.node + " (is it down?)");
+    };
+
+    if (!tmpl_version.empty() && tmpl_version == r.version) {
+        // The template is at the version already: the pod joins the updated range.
+        if (ordinal >= partition) return {};  // it is in it: the controller replaces it, or did
+        if (auto e = only_this_one(partition); !e.empty()) return e;
+        return set_partition(ordinal);
+    }
+    std::string current_version = tmpl_version;
+    if (!current.empty() && current != update) {
+        auto rev = call("GET", "/apis/apps/v1" + ns_path + "/controllerrevisions/" + current, "", "");
+        if (rev.status != 200) return failed("reading revision " + current + " of " + set, rev);
+        const auto j = json::parse(rev.body, nullptr, false);
+        current_version.clear();
+        if (j.is_object() && j.contains("data") && j["data"].is_object() && j["data"].contains("spec") &&
+            j["data"]["spec"].is_object() && j["data"]["spec"].contains("template") &&
+            j["data"]["spec"]["template"].is_object())
+            current_version = version_of(j["data"]["spec"]["template"]);
+    }
+    if (!current.empty() && current != update && !current_version.empty() && current_version == r.version) {
+        // Back to the current revision: out of the updated range, and made again.
+        if (partition <= ordinal) {
+            if (auto e = set_partition(ordinal + 1); !e.empty()) return e;
+        }
+        auto pod = call("GET", "/api/v1" + ns_path + "/pods/" + r.node, "", "");
+        if (pod.status == 404) return {};  // being made again already
+        if (pod.status != 200) return failed("reading pod " + r.node, pod);
+        const auto pj = json::parse(pod.body, nullptr, false);
+        std::string hash;
+        if (pj.is_object() && pj.contains("metadata") && pj["metadata"].is_object() &&
+            pj["metadata"].contains("labels") && pj["metadata"]["labels"].is_object())
+            hash = pj["metadata"]["labels"].value("controller-revision-hash", "");
+        if (hash == current) return {};
+        auto del = call("DELETE", "/api/v1" + ns_path + "/pods/" + r.node, "", "");
+        if (del.status != 200 && del.status != 202 && del.status != 404) return failed("deleting pod " + r.node, del);
+        spdlog::info("kubernetes: pod {} deleted; it comes back at revision {} ({})", r.node, current, r.version);
+        return {};
+    }
+    // A version the set does not have yet: a new template, from the highest ordinal down.
+    if (!current.empty() && current != update && partition < replicas)
+        return refuse("StatefulSet " + set + " is still part way to " +
+                      (tmpl_version.empty() ? std::string("another template") : tmpl_version) + " (partition " +
+                      std::to_string(partition) + " of " + std::to_string(replicas) +
+                      " replicas); finish or roll back that first");
+    if (auto e = only_this_one(replicas); !e.empty()) return e;
+    json container = {{"name", cfg_.container}, {"env", json::array({{{"name", "ARMADA_VERSION_LABEL"}, {"value", r.version}}})}};
+    if (!cfg_.image.empty()) {
+        std::string image = cfg_.image;
+        if (const auto at = image.find("{version}"); at != std::string::npos) image.replace(at, 9, r.version);
+        container["image"] = image;
+    }
+    const json patch = {
+        {"spec",
+         {{"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", ordinal}}}}},
+          {"template",
+           {{"metadata", {{"annotations", {{kVersionAnnotation, r.version}}}}},
+            {"spec", {{"containers", json::array({container})}}}}}}}};
+    auto rep = call("PATCH", sts_path, "application/strategic-merge-patch+json", patch.dump());
+    if (rep.status != 200) return failed("setting the template of " + set + " to " + r.version, rep);
+    spdlog::info("kubernetes: StatefulSet {}: template at {}, partition {} -> {}", set, r.version, partition, ordinal);
+    return {};
+}
+
+}  // namespace armada::cluster

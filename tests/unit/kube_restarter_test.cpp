@@ -1,0 +1,237 @@
+// The Kubernetes restarter against a stand-in API server (there is no Kubernetes here): it keeps
+// one StatefulSet's partition, template, revisions and pods, and acts as the StatefulSet
+// controller does on them (pods at or above the partition are at the update revision; a deleted
+// pod comes back at the revision its ordinal calls for).
+#include "api/http_server.h"
+#include "cluster/kube_restarter.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+using armada::cluster::EtcdLeader;
+using armada::cluster::KubeConfig;
+using armada::cluster::KubeRestarter;
+using armada::cluster::RestartAck;
+using armada::cluster::RestartLedger;
+using armada::cluster::RestartRequest;
+using json = nlohmann::json;
+
+class MemoryLedger : public RestartLedger {
+  public:
+    std::string claim(const RestartRequest & r, const std::string &, const EtcdLeader &) override {
+        requests.push_back(r);
+        return {};
+    }
+    std::string put_ack(const std::string & node, const RestartAck & a) override {
+        acked[node] = a;
+        return {};
+    }
+    std::map<std::string, RestartAck> acks() override { return acked; }
+    std::vector<RestartRequest> requests;
+    std::map<std::string, RestartAck> acked;
+};
+
+//! One StatefulSet, `armada-node`, in namespace `armada`, with `replicas` pods at version v1.
+struct FakeKube {
+    std::mutex mu;
+    int replicas = 3, partition = 0;
+    std::string version = "v1", current = "rev-v1", update = "rev-v1";
+    std::map<std::string, std::string> revisions{{"rev-v1", "v1"}};
+    std::map<int, std::string> pods;  // ordinal -> revision
+    std::vector<std::string> calls;   // "METHOD path"
+    std::vector<json> patches;
+    std::string auth;
+    int fail_gets = 0;  // the next GETs of the StatefulSet answer 500
+    std::unique_ptr<armada::api::HttpServer> http;
+
+    FakeKube() {
+        for (int i = 0; i < replicas; ++i)
+            pods[i] = current;
+        armada::api::HttpConfig c;
+        c.port = 0;
+        c.threads = 1;
+        http = std::make_unique<armada::api::HttpServer>(
+            c, [this](armada::api::HttpRequest && r, std::shared_ptr<armada::api::Responder> out) {
+                std::lock_guard lk(mu);
+                handle(r, *out);
+            });
+        EXPECT_EQ(http->listen(), "");
+        http->run();
+    }
+    ~FakeKube() { http->stop(); }
+    std::string url() const { return "http://127.0.0.1:" + std::to_string(http->port()); }
+
+    // The controller: pods at or above the partition go to the update revision.
+    void reconcile() {
+        for (auto & [i, rev] : pods)
+            if (i >= partition) rev = update;
+        bool all = true;
+        for (const auto & [i, rev] : pods)
+            all = all && rev == update;
+        if (all) current = update;
+    }
+
+    void handle(const armada::api::HttpRequest & r, armada::api::Responder & out) {
+        calls.push_back(r.method + " " + r.path);
+        auth = r.header("authorization");
+        const std::string sts = "/apis/apps/v1/namespaces/armada/statefulsets/armada-node";
+        const std::string pod = "/api/v1/namespaces/armada/pods/armada-node-";
+        if (r.path == sts && r.method == "GET") {
+            if (fail_gets > 0) {
+                --fail_gets;
+                return out.send(500, "application/json", R"({"kind":"Status","message":"etcdserver: leader changed"})");
+            }
+            const json j = {
+                {"spec",
+                 {{"replicas", replicas},
+                  {"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", partition}}}}},
+                  {"template", {{"metadata", {{"annotations", {{"armada.dev/version", version}}}}}}}}},
+                {"status", {{"currentRevision", current}, {"updateRevision", update}}}};
+            return out.send(200, "application/json", j.dump());
+        }
+        if (r.path == sts && r.method == "PATCH") {
+            EXPECT_EQ(r.header("content-type"), "application/strategic-merge-patch+json");
+            const json p = json::parse(r.body);
+            patches.push_back(p);
+            const json & s = p["spec"];
+            if (s.contains("template")) {
+                version = s["template"]["metadata"]["annotations"]["armada.dev/version"];
+                update = "rev-" + version;
+                revisions[update] = version;
+            }
+            partition = s["updateStrategy"]["rollingUpdate"]["partition"];
+            reconcile();
+            return out.send(200, "application/json", "{}");
+        }
+        if (r.path.rfind("/apis/apps/v1/namespaces/armada/controllerrevisions/", 0) == 0 && r.method == "GET") {
+            const std::string name = r.path.substr(r.path.rfind('/') + 1);
+            const json j = {
+                {"data",
+                 {{"spec", {{"template", {{"metadata", {{"annotations", {{"armada.dev/version", revisions[name]}}}}}}}}}}}};
+            return out.send(200, "application/json", j.dump());
+        }
+        if (r.path.rfind(pod, 0) == 0) {
+            const int i = std::stoi(r.path.substr(pod.size()));
+            if (r.method == "GET")
+                return out.send(200, "application/json",
+                                json{{"metadata", {{"labels", {{"controller-revision-hash", pods[i]}}}}}}.dump());
+            if (r.method == "DELETE") {
+                pods[i] = i >= partition ? update : current;
+                return out.send(200, "application/json", "{}");
+            }
+        }
+        out.send(404, "application/json", R"({"kind":"Status","message":"not found"})");
+    }
+    std::map<int, std::string> versions() {
+        std::lock_guard lk(mu);
+        std::map<int, std::string> v;
+        for (const auto & [i, rev] : pods)
+            v[i] = revisions[rev];
+        return v;
+    }
+    size_t patches_sent() {
+        std::lock_guard lk(mu);
+        return patches.size();
+    }
+};
+
+struct Rig {
+    FakeKube kube;
+    MemoryLedger ledger;
+    std::unique_ptr<KubeRestarter> k;
+    EtcdLeader me{"global", "global/1", "b1", 1, 1};
+    Rig() {
+        KubeConfig c;
+        c.api = kube.url();
+        c.token = "sa-token";
+        c.ns = "armada";
+        c.image = "registry.example/armada:{version}";
+        k = std::make_unique<KubeRestarter>(c, ledger, [] { return int64_t(1000); });
+    }
+    std::string restart(int ordinal, const std::string & version, int64_t gen) {
+        return k->restart({"cell0", "armada-node-" + std::to_string(ordinal), version, gen}, "r1", me);
+    }
+    std::string ack_error(int ordinal) { return ledger.acked.at("armada-node-" + std::to_string(ordinal)).error; }
+};
+
+TEST(KubeRestarter, UpgradesPodsFromTheHighestOrdinalDownByLoweringThePartition) {
+    Rig rig;
+    EXPECT_TRUE(rig.k->highest_ordinal_first());
+    ASSERT_EQ(rig.restart(2, "v2", 1), "");
+    EXPECT_EQ(rig.ack_error(2), "");
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v2"}}));
+    {
+        // One patch: the template (version label, annotation and image) and the partition.
+        std::lock_guard lk(rig.kube.mu);
+        EXPECT_EQ(rig.kube.auth, "Bearer sa-token");
+        const json & c = rig.kube.patches.at(0)["spec"]["template"]["spec"]["containers"][0];
+        EXPECT_EQ(c["name"], "armada");
+        EXPECT_EQ(c["image"], "registry.example/armada:v2");
+        EXPECT_EQ(c["env"][0], (json{{"name", "ARMADA_VERSION_LABEL"}, {"value", "v2"}}));
+        EXPECT_EQ(rig.kube.partition, 2);
+    }
+    ASSERT_EQ(rig.restart(1, "v2", 2), "");
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v2"}, {2, "v2"}}));
+    // The same gen asked again (a new leader, or the next turn) changes nothing.
+    const size_t patches = rig.kube.patches_sent();
+    ASSERT_EQ(rig.restart(1, "v2", 2), "");
+    EXPECT_EQ(rig.kube.patches_sent(), patches);
+    ASSERT_EQ(rig.restart(0, "v2", 3), "");
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v2"}, {1, "v2"}, {2, "v2"}}));
+    std::lock_guard lk(rig.kube.mu);
+    EXPECT_EQ(rig.kube.partition, 0);
+    EXPECT_EQ(rig.kube.current, "rev-v2");
+}
+
+TEST(KubeRestarter, APodOutOfOrderIsRefusedWithoutTouchingTheSet) {
+    Rig rig;
+    // armada-node-2 must go first: lowering the partition to 0 would restart all three.
+    ASSERT_EQ(rig.restart(0, "v2", 1), "");
+    EXPECT_NE(rig.ack_error(0).find("armada-node-2 goes before armada-node-0"), std::string::npos)
+        << rig.ack_error(0);
+    EXPECT_EQ(rig.kube.patches_sent(), 0u);
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v1"}}));
+    // So is skipping one once the update is under way.
+    ASSERT_EQ(rig.restart(2, "v2", 2), "");
+    ASSERT_EQ(rig.restart(0, "v2", 3), "");
+    EXPECT_NE(rig.ack_error(0).find("armada-node-1 goes before"), std::string::npos) << rig.ack_error(0);
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v2"}}));
+}
+
+TEST(KubeRestarter, RollsAPodBackToTheCurrentRevisionByRaisingThePartitionAndDeletingIt) {
+    Rig rig;
+    ASSERT_EQ(rig.restart(2, "v2", 1), "");
+    ASSERT_EQ(rig.restart(1, "v2", 2), "");
+    // The wave of armada-node-1 halted: it goes back to v1, armada-node-2 (an earlier wave) stays.
+    ASSERT_EQ(rig.restart(1, "v1", 3), "");
+    EXPECT_EQ(rig.ack_error(1), "");
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v2"}}));
+    std::lock_guard lk(rig.kube.mu);
+    EXPECT_EQ(rig.kube.partition, 2);
+    EXPECT_EQ(rig.kube.calls.back(), "DELETE /api/v1/namespaces/armada/pods/armada-node-1");
+}
+
+TEST(KubeRestarter, AnAnswerWorthWaitingForIsAskedAgainAndOneThatNeverWillHaltsTheRollout) {
+    Rig rig;
+    rig.kube.fail_gets = 1;
+    // The API server's 500: not acknowledged, so the brain asks again next turn.
+    const std::string e = rig.restart(2, "v2", 1);
+    EXPECT_NE(e.find("HTTP 500 (etcdserver: leader changed)"), std::string::npos) << e;
+    EXPECT_EQ(rig.ledger.acked.count("armada-node-2"), 0u);
+    ASSERT_EQ(rig.restart(2, "v2", 1), "");
+    EXPECT_EQ(rig.ack_error(2), "");
+    // A node that is no StatefulSet's pod, or a set that does not exist: refused, with why.
+    ASSERT_EQ(rig.k->restart({"cell0", "node7", "v2", 2}, "r1", rig.me), "");
+    EXPECT_NE(rig.ledger.acked.at("node7").error.find("not named as a StatefulSet's pod"), std::string::npos);
+    ASSERT_EQ(rig.k->restart({"cell0", "other-set-0", "v2", 3}, "r1", rig.me), "");
+    EXPECT_EQ(rig.ledger.acked.at("other-set-0").error, "there is no StatefulSet other-set in namespace armada");
+}
+
+}  // namespace
