@@ -354,10 +354,12 @@ void Rollout::fleet(const std::vector<FleetNode> & live, int64_t now_ms) {
         const bool restarting =
             w != st_.wave_nodes.end() && (w->second.phase == "restarting" || w->second.phase == "rolling_back");
         if (restarting) continue;
+        if (n.version != spec_.version) away_[name] = {n.version, now_ms};
         fleet_sum.heartbeat++;
         if (settling) (w != st_.wave_nodes.end() && w->second.phase == "ready" ? wave_sig_ : rest_sig_).heartbeat++;
     }
     live_ = std::move(seen);
+    std::erase_if(away_, [&](const auto & a) { return live_.count(a.first) > 0; });
     window_.emplace_back(now_ms, fleet_sum);
     while (!window_.empty() && window_.front().first < now_ms - std::max(spec_.settle_ms, spec_.before_ms))
         window_.pop_front();
@@ -459,8 +461,18 @@ void Rollout::start_wave(int64_t now_ms) {
     }
     if (eligible == 0) {
         if (live_.empty() || waiting) return;  // no report yet, or a node to wait for
+        // A node that went down on an older version may come back on it: wait for it, up to the
+        // ready timeout.
+        std::string gone;
+        for (const auto & [name, a] : away_) {
+            if (now_ms - a.second < spec_.ready_timeout_ms) return;
+            gone += (gone.empty() ? "" : ", ") + name + " (" + a.first + ")";
+        }
         st_.phase = "done";
         st_.reason = "every live node runs " + spec_.version;
+        if (!gone.empty())
+            st_.reason += "; not back after " + std::to_string(spec_.ready_timeout_ms / 1000) +
+                          " s, still on an older version when last seen: " + gone;
         st_.updated_ms = now_ms;
         change();
         return;

@@ -547,3 +547,34 @@ TEST(Rollout, ItsValuesRoundTripAndGarbageIsRefused) {
     EXPECT_FALSE(decode_rollout_state(R"({"id":"r","phase":"running","wave_order":["x"]})"));
     EXPECT_FALSE(decode_rollout_state("[]"));
 }
+
+// A node that goes down on the old version (not restarted by the rollout) may come back on it:
+// the rollout is not done before it is back and upgraded, or gone past the ready timeout.
+TEST(Rollout, ANodeDownOnTheOldVersionIsWaitedForThenUpgradedOrNamedWhenDone) {
+    Fleet f(1, 3);
+    Rollout r(spec(34), std::nullopt, f.t);
+    f.turn(r);
+    auto & lost = f.nodes.at("a-2");
+    lost.up = false;
+    lost.next = "v1";
+    lost.down_turns = 15;  // back on v1 after 15 s, within the 20 s ready timeout
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "done") << r.state().reason;
+    EXPECT_EQ(f.on("v2"), 3);
+    EXPECT_EQ(f.restarts["a-2"], std::vector<std::string>{"v2"});
+
+    // One that never comes back: done once the ready timeout has passed, and named.
+    Fleet g(1, 3);
+    Rollout r2(spec(34), std::nullopt, g.t);
+    g.turn(r2);
+    auto & gone = g.nodes.at("a-2");
+    gone.up = false;
+    gone.next = "v1";
+    gone.down_turns = 1000;
+    const int64_t down_at = g.t;
+    g.run(r2);
+    EXPECT_EQ(r2.state().phase, "done");
+    EXPECT_GE(g.t - down_at, spec().ready_timeout_ms);
+    EXPECT_NE(r2.state().reason.find("still on an older version when last seen: a-2 (v1)"), std::string::npos)
+        << r2.state().reason;
+}
