@@ -7,9 +7,9 @@
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
 #include "cluster/global_brain.h"
+#include "cluster/kube_restarter.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
-#include "cluster/kube_restarter.h"
 #include "cluster/restarter.h"
 #include "cluster/rollout.h"
 #include "obs/log.h"
@@ -476,11 +476,11 @@ class GlobalProcess {
     std::map<std::string, int64_t> last_written_;  // cell → when its etcd report last changed
     std::map<std::string, int64_t> report_rev_;    // cell → its etcd report's last mod_revision
     std::map<std::string, int> paths_;             // cell → the paths last logged (bit 1 etcd, 2 NATS)
-    std::unique_ptr<RestartLedger> ledger_;  // before the restarter that uses it
+    std::unique_ptr<RestartLedger> ledger_;        // before the restarter that uses it
     std::unique_ptr<NodeRestarter> restarter_;
-    std::string kube_error_;     // none: rollouts halt at once
-    std::optional<Rollout> rollout_;               // the rollout under way, while leading
-    std::map<std::string, int64_t> asked_;         // node → the restart gen asked for
+    std::string kube_error_;                // none: rollouts halt at once
+    std::optional<Rollout> rollout_;        // the rollout under way, while leading
+    std::map<std::string, int64_t> asked_;  // node → the restart gen asked for
     int64_t state_written_ms_ = 0;
     // The trace each open session of a lost cell is in (from its row): its re-home's `migrate`
     // span goes in it. Filled at each read of a lost cell; an entry goes once its session is

@@ -147,8 +147,9 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
     auto got = call("GET", sts_path, "", "");
     if (got.status == 404) return refuse("there is no StatefulSet " + set + " in namespace " + cfg_.ns);
     if (got.status == 401 || got.status == 403)
-        return refuse(failed("reading StatefulSet " + set + " (the global brain's service account needs get and "
-                             "patch on statefulsets, get on controllerrevisions and pods, delete on pods)",
+        return refuse(failed("reading StatefulSet " + set +
+                                 " (the global brain's service account needs get and "
+                                 "patch on statefulsets, get on controllerrevisions and pods, delete on pods)",
                              got));
     if (got.status != 200) return failed("reading StatefulSet " + set, got);
     const auto sts = json::parse(got.body, nullptr, false);
@@ -179,7 +180,8 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
         return refuse("StatefulSet " + set + " has " + std::to_string(replicas) + " replicas; " + r.node +
                       " is not one of them");
     auto set_partition = [&](int p) -> std::string {
-        const json patch = {{"spec", {{"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", p}}}}}}}};
+        const json patch = {
+            {"spec", {{"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", p}}}}}}}};
         auto rep = call("PATCH", sts_path, "application/strategic-merge-patch+json", patch.dump());
         if (rep.status != 200) return failed("setting the partition of " + set + " to " + std::to_string(p), rep);
         spdlog::info("kubernetes: StatefulSet {}: partition {} -> {}", set, partition, p);
@@ -236,18 +238,18 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
                       std::to_string(partition) + " of " + std::to_string(replicas) +
                       " replicas); finish or roll back that first");
     if (auto e = only_this_one(replicas); !e.empty()) return e;
-    json container = {{"name", cfg_.container}, {"env", json::array({{{"name", "ARMADA_VERSION_LABEL"}, {"value", r.version}}})}};
+    json container = {{"name", cfg_.container},
+                      {"env", json::array({{{"name", "ARMADA_VERSION_LABEL"}, {"value", r.version}}})}};
     if (!cfg_.image.empty()) {
         std::string image = cfg_.image;
         if (const auto at = image.find("{version}"); at != std::string::npos) image.replace(at, 9, r.version);
         container["image"] = image;
     }
-    const json patch = {
-        {"spec",
-         {{"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", ordinal}}}}},
-          {"template",
-           {{"metadata", {{"annotations", {{kVersionAnnotation, r.version}}}}},
-            {"spec", {{"containers", json::array({container})}}}}}}}};
+    const json patch = {{"spec",
+                         {{"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", ordinal}}}}},
+                          {"template",
+                           {{"metadata", {{"annotations", {{kVersionAnnotation, r.version}}}}},
+                            {"spec", {{"containers", json::array({container})}}}}}}}};
     auto rep = call("PATCH", sts_path, "application/strategic-merge-patch+json", patch.dump());
     if (rep.status != 200) return failed("setting the template of " + set + " to " + r.version, rep);
     spdlog::info("kubernetes: StatefulSet {}: template at {}, partition {} -> {}", set, r.version, partition, ordinal);

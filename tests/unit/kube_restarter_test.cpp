@@ -2,8 +2,8 @@
 // one StatefulSet's partition, template, revisions and pods, and acts as the StatefulSet
 // controller does on them (pods at or above the partition are at the update revision; a deleted
 // pod comes back at the revision its ordinal calls for).
-#include "api/http_server.h"
 #include "cluster/kube_restarter.h"
+#include "api/http_server.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -114,7 +114,8 @@ struct FakeKube {
             const std::string name = r.path.substr(r.path.rfind('/') + 1);
             const json j = {
                 {"data",
-                 {{"spec", {{"template", {{"metadata", {{"annotations", {{"armada.dev/version", revisions[name]}}}}}}}}}}}};
+                 {{"spec",
+                   {{"template", {{"metadata", {{"annotations", {{"armada.dev/version", revisions[name]}}}}}}}}}}}};
             return out.send(200, "application/json", j.dump());
         }
         if (r.path.rfind(pod, 0) == 0) {
@@ -194,8 +195,7 @@ TEST(KubeRestarter, APodOutOfOrderIsRefusedWithoutTouchingTheSet) {
     Rig rig;
     // armada-node-2 must go first: lowering the partition to 0 would restart all three.
     ASSERT_EQ(rig.restart(0, "v2", 1), "");
-    EXPECT_NE(rig.ack_error(0).find("armada-node-2 goes before armada-node-0"), std::string::npos)
-        << rig.ack_error(0);
+    EXPECT_NE(rig.ack_error(0).find("armada-node-2 goes before armada-node-0"), std::string::npos) << rig.ack_error(0);
     EXPECT_EQ(rig.kube.patches_sent(), 0u);
     EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v1"}}));
     // So is skipping one once the update is under way.
