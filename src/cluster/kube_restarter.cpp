@@ -94,7 +94,7 @@ std::string KubeRestarter::restart(const RestartRequest & r, const std::string &
     if (auto a = ledger_.acks(); a.count(r.node) && a.at(r.node).gen >= r.gen) return {};
     if (auto e = ledger_.claim(r, rollout_id, me); !e.empty()) return e;
     bool refused = false;
-    const std::string e = act(r, refused);
+    std::string e = act(r, refused);
     if (!e.empty() && !refused) return e;
     RestartAck ack;
     ack.gen = r.gen;
