@@ -1865,6 +1865,16 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
     // is restarting). Rebuilding from nothing would write over step 1; the periodic
     // `adopt_assigned` tries again.
     if (steps.empty()) return false;
+    if (moved && moved->from.empty()) {
+        // Adopted without its command: where it ran last is where its last move took it, if it
+        // moved before; otherwise the store does not say.
+        for (auto s = steps.rbegin(); s != steps.rend(); ++s) {
+            if (s->kind != "moved") continue;
+            const auto d = json::parse(s->payload, nullptr, false);
+            if (d.is_object() && d.contains("to") && d["to"].is_string()) moved->from = d["to"].get<std::string>();
+            break;
+        }
+    }
     std::lock_guard lk(mu_);
     if (running_here(id, epoch)) return true;  // started meanwhile
     auto sp = rebuild(*rec, steps);
@@ -1906,8 +1916,9 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
     }
     // The move is written first, under the new epoch: a node that lost the session meanwhile is
     // fenced here, before any work.
-    json d = {{"from", moved->from},   {"to", opt_.node},         {"epoch", epoch}, {"kv_source", moved->kv_source},
+    json d = {{"to", opt_.node},       {"epoch", epoch},          {"kv_source", moved->kv_source},
               {"bytes", moved->bytes}, {"tokens", moved->tokens}, {"ms", moved->ms}};
+    if (!moved->from.empty()) d["from"] = moved->from;  // unknown for a first move adopted without its command
     if (!moved->error.empty()) d["error"] = moved->error;
     metrics_
         .counter("armada_kv_migrations_total", "Sessions that moved here from another node, by how their KV came",
@@ -2074,7 +2085,15 @@ size_t SessionManager::adopt_assigned() {
         const auto seen = unrun_assigned_.find(r.id);
         if (adopt_scanned_ && (seen == unrun_assigned_.end() || seen->second != r.epoch)) continue;
         unrun.erase(r.id);
-        if (adopt(r.id, r.epoch)) {
+        // Its command did not come (NATS lost it, or it waits there): a session past its first
+        // assignment moved here all the same, without its KV, and its log says so.
+        std::optional<MoveNote> note;
+        if (r.epoch > 1) {
+            note.emplace();
+            note->kv_source = "none";
+            note->error = "its move's command did not come; taken up from the store";
+        }
+        if (adopt(r.id, r.epoch, std::nullopt, note)) {
             spdlog::info("session {}: assigned to this node (epoch {}) but not running here; started", r.id, r.epoch);
             ++n;
         }

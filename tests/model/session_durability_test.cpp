@@ -328,6 +328,52 @@ TEST(SessionFencing, ToolCallsWaitForACurrentLeaseAndGoOutOnlyForSessionsStillHe
     EXPECT_EQ(r->node, "n2");
 }
 
+// A session given to this node while its move's command never came (NATS lost it) is taken up by
+// the node's own pass over the store; its log still records the move, without KV.
+TEST(SessionFencing, ASessionTakenUpWithoutItsCommandRecordsItsMove) {
+    Rig rig(nullptr, worker(), "n2");
+    const std::string id = rig.create("");
+    std::optional<store::SessionRecord> r;
+    for (int i = 0; i < 500 && !(r && r->state == "waiting_input"); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        r = rig.sqlite->session(id);
+    }
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->epoch, 1);
+    // It went to n1, and stopped here; then came back to this node, but no command said so.
+    store::Batch away;
+    away.assign.push_back({id, "n1", 2});
+    commit_now(*rig.sqlite, std::move(away));
+    auto & fenced = rig.metrics.counter("armada_sessions_fenced_total", "");
+    for (int i = 0; i < 200 && fenced.value() < 1; ++i) {
+        rig.mgr->adopt_assigned();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(fenced.value(), 1u);
+    store::Batch back;
+    back.assign.push_back({id, "n2", 3});
+    commit_now(*rig.sqlite, std::move(back));
+    // The pass takes it up once it has seen the assignment twice (its command may be coming).
+    size_t taken = 0;
+    for (int i = 0; i < 3 && taken == 0; ++i)
+        taken = rig.mgr->adopt_assigned();
+    ASSERT_EQ(taken, 1u);
+    std::optional<agent::SessionView> v;
+    for (int i = 0; i < 500; ++i) {
+        v = rig.mgr->get(id, "");
+        if (v && !v->steps.empty() && v->steps.back().kind == "moved") break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(v);
+    ASSERT_EQ(v->steps.back().kind, "moved");
+    const auto d = nlohmann::json::parse(v->steps.back().payload);
+    EXPECT_EQ(d["to"], "n2");
+    EXPECT_EQ(d["epoch"], 3);
+    EXPECT_EQ(d["kv_source"], "none");
+    EXPECT_EQ(d["error"], "its move's command did not come; taken up from the store");
+    EXPECT_FALSE(d.contains("from")) << "no move before this one says where it ran";
+}
+
 TEST(SessionDurability, CompletedSessionIsOnDisk) {
     std::string dir;
     std::string id;
