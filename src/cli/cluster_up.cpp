@@ -224,7 +224,22 @@ int cluster_up(const ClusterUpOptions & o) {
         fprintf(stderr, "error: %s: %s\n", what, e.c_str());
         return false;
     };
-    // The first shard keeps the name a one-database cluster has, so a data directory can grow.
+    // A session's shard is a hash of its id modulo the count: a data directory keeps the count
+    // it was made with, or its sessions would be looked for in the wrong databases.
+    {
+        const std::string count_file = dir + "/postgres/shards";
+        std::ifstream in(count_file);
+        int had = 0;
+        // (A directory from before the count was kept has the one database.)
+        if (!(in >> had) && fs::exists(dir + "/postgres/data/PG_VERSION", ec)) had = 1;
+        if (had > 0 && had != o.pg_shards) {
+            fprintf(stderr,
+                    "error: %s keeps its sessions in %d PostgreSQL database(s), placed by a hash of their id; "
+                    "--pg-shards %d would look for them in the wrong ones. Use --pg-shards %d, or a new --data-dir\n",
+                    dir.c_str(), had, o.pg_shards, had);
+            return 2;
+        }
+    }
     std::vector<std::string> databases{"armada"};
     for (int i = 1; i < o.pg_shards; ++i)
         databases.push_back("armada_shard" + std::to_string(i));
@@ -232,6 +247,7 @@ int cluster_up(const ClusterUpOptions & o) {
     for (const auto & db : databases) {
         if (!up(("postgresql database " + db).c_str(), pg.create_database(db))) return 1;
     }
+    std::ofstream(dir + "/postgres/shards") << o.pg_shards << "\n";
     if (!up("etcd", etcd.start(dir + "/etcd")) || !up("nats", nats.start(dir + "/nats")) ||
         !up("redis", redis.start(dir + "/redis")))
         return 1;

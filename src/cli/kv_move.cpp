@@ -131,7 +131,7 @@ void KvSender::run(const std::string & session, const std::shared_ptr<api::Respo
 }
 
 agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, const std::string & from_node,
-                         const std::string & source_url, const std::string & admin_key,
+                         const std::string & source_url, const std::vector<std::string> & keys,
                          boost::asio::ssl::context * tls) {
     agent::MoveNote note;
     note.from = from_node;
@@ -173,13 +173,21 @@ agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, c
         }
         return {};
     };
-    std::vector<std::pair<std::string, std::string>> headers;
-    if (!admin_key.empty()) headers.emplace_back("Authorization", "Bearer " + admin_key);
+    size_t key = 0;
+    auto headers_for = [&] {
+        std::vector<std::pair<std::string, std::string>> h;
+        if (key < keys.size() && !keys[key].empty()) h.emplace_back("Authorization", "Bearer " + keys[key]);
+        return h;
+    };
     // A busy source (a step still ending there, or its 4 sends in use) is asked again, for up
     // to 15 s, before the session goes without its KV.
     tools::Download d;
     for (int pause_ms = 100;; pause_ms = std::min(pause_ms * 2, 2000)) {
-        d = tools::http_download(source_url + "/admin/kv/" + session, headers, path, o, guard);
+        d = tools::http_download(source_url + "/admin/kv/" + session, headers_for(), path, o, guard);
+        if ((d.status == 401 || d.status == 403) && key + 1 < keys.size()) {
+            ++key;  // the next key, at once
+            continue;
+        }
         const bool again = d.status == 409 || d.status == 503;
         if (!again || std::chrono::steady_clock::now() - t0 > std::chrono::seconds(15)) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));

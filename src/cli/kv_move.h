@@ -71,9 +71,10 @@ std::string kv_fingerprint_tag(const std::string & fingerprint);
 //! The receiving half: fetches the session's journal from the node at `source_url` into the
 //! engine that will run it, and installs it. Never fails the move: a KV that cannot come (the
 //! node is gone, the transfer breaks off, another model) is a note with kv_source "none" and the
-//! reason, and the session re-prefills.
+//! reason, and the session re-prefills. `keys`: shown in turn while the source refuses one (the
+//! peer key first, then an admin key: a node of the release before peer keys knows only that).
 agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, const std::string & from_node,
-                         const std::string & source_url, const std::string & admin_key,
+                         const std::string & source_url, const std::vector<std::string> & keys,
                          boost::asio::ssl::context * tls);
 
 }  // namespace armada::cli

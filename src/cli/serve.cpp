@@ -363,15 +363,19 @@ int serve(const ServeOptions & opt) {
         if (k.limits) limiter.set_limits(api::owner_of(k.key), *k.limits);
     }
     // A node fetching a moving session's KV from another shows the cluster's peer key
-    // (ARMADA_PEER_KEY, the same on every node), or else the first admin key (nodes of a cluster
-    // share their keys).
+    // (ARMADA_PEER_KEY, the same on every node), and if refused the first admin key (nodes of a
+    // cluster share their keys; a node from before peer keys knows only those).
     const char * peer_env = std::getenv("ARMADA_PEER_KEY");
     const std::string own_peer_key = peer_env ? peer_env : "";
-    std::string peer_key = own_peer_key;
+    std::vector<std::string> peer_keys;
+    if (!own_peer_key.empty()) peer_keys.push_back(own_peer_key);
     for (const auto & k : keys.keys()) {
-        if (k.admin && peer_key.empty()) peer_key = k.key;
+        if (k.admin) {
+            peer_keys.push_back(k.key);
+            break;
+        }
     }
-    if (ccfg && peer_key.empty())
+    if (ccfg && peer_keys.empty())
         spdlog::warn(
             "cluster: this node has no API keys and no ARMADA_PEER_KEY, so it serves no session's KV to "
             "another node: sessions that move from here re-prefill; set ARMADA_PEER_KEY, the same on every "
@@ -712,9 +716,9 @@ int serve(const ServeOptions & opt) {
                     .set(double(l.kv_budget - l.kv_headroom) / double(l.kv_budget));
             return l;
         };
-        auto fetch = [&eng, &peer_key, tls = tool_tls](const std::string & id, const std::string & from,
-                                                       const std::string & from_url) {
-            return fetch_kv(eng, id, from, from_url, peer_key, tls.get());
+        auto fetch = [&eng, &peer_keys, tls = tool_tls](const std::string & id, const std::string & from,
+                                                        const std::string & from_url) {
+            return fetch_kv(eng, id, from, from_url, peer_keys, tls.get());
         };
         cluster_node =
             std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, report, node_events, std::move(fetch));

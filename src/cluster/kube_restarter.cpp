@@ -62,7 +62,8 @@ std::string kube_config_in_pod(KubeConfig & c) {
     if (!host || !*host) return "KUBERNETES_SERVICE_HOST is not set: this process does not run in a pod";
     const std::string h = host;
     c.api = "https://" + (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + (port && *port ? port : "443");
-    if (!read_file(std::string(kServiceAccount) + "token", c.token) || c.token.empty())
+    c.token_file = std::string(kServiceAccount) + "token";
+    if (!read_file(c.token_file, c.token) || c.token.empty())
         return std::string("cannot read the service account's token in ") + kServiceAccount;
     if (!read_file(std::string(kServiceAccount) + "namespace", c.ns) || c.ns.empty())
         return std::string("cannot read the pod's namespace in ") + kServiceAccount;
@@ -122,6 +123,11 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
     for (const char * all : {"0.0.0.0/0", "::/0"}) {
         tools::Cidr c;
         if (tools::parse_cidr(all, c)) guard.allow(c);
+    }
+    // Bound service-account tokens rotate: the file is read again for each request.
+    if (!cfg_.token_file.empty()) {
+        std::string t;
+        if (read_file(cfg_.token_file, t) && !t.empty()) cfg_.token = std::move(t);
     }
     tools::HttpOptions o;
     o.timeout_ms = cfg_.timeout_ms;
@@ -223,8 +229,11 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
         const auto pj = json::parse(pod.body, nullptr, false);
         std::string hash;
         if (pj.is_object() && pj.contains("metadata") && pj["metadata"].is_object() &&
-            pj["metadata"].contains("labels") && pj["metadata"]["labels"].is_object())
-            hash = pj["metadata"]["labels"].value("controller-revision-hash", "");
+            pj["metadata"].contains("labels") && pj["metadata"]["labels"].is_object()) {
+            const json & l = pj["metadata"]["labels"];
+            if (l.contains("controller-revision-hash") && l["controller-revision-hash"].is_string())
+                hash = l["controller-revision-hash"].get<std::string>();
+        }
         if (hash == current) return {};
         auto del = call("DELETE", "/api/v1" + ns_path + "/pods/" + r.node, "", "");
         if (del.status != 200 && del.status != 202 && del.status != 404) return failed("deleting pod " + r.node, del);
@@ -237,7 +246,17 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
                       (tmpl_version.empty() ? std::string("another template") : tmpl_version) + " (partition " +
                       std::to_string(partition) + " of " + std::to_string(replicas) +
                       " replicas); finish or roll back that first");
-    if (auto e = only_this_one(replicas); !e.empty()) return e;
+    if (auto e = only_this_one(replicas); !e.empty()) {
+        // Or a way back: once every pod reached the template's version, the set's current
+        // revision is that one, and a StatefulSet cannot take one pod back without the others.
+        if (!tmpl_version.empty() && current == update)
+            e += "; if " + r.node + " is to go back to " + r.version + ": every pod of " + set + " runs " +
+                 tmpl_version +
+                 " now, so one pod cannot go back alone: roll the whole set back (kubectl rollout "
+                 "undo statefulset/" +
+                 set + ")";
+        return e;
+    }
     json container = {{"name", cfg_.container},
                       {"env", json::array({{{"name", "ARMADA_VERSION_LABEL"}, {"value", r.version}}})}};
     if (!cfg_.image.empty()) {

@@ -24,10 +24,11 @@ namespace armada::cluster {
 
 //! Where the Kubernetes API is and how to reach it.
 struct KubeConfig {
-    std::string api;      // https://host:port (in a pod: from KUBERNETES_SERVICE_HOST/PORT)
-    std::string token;    // the service account's bearer token
-    std::string ca_file;  // the API server's CA (https only)
-    std::string ns;       // the namespace of the StatefulSets
+    std::string api;         // https://host:port (in a pod: from KUBERNETES_SERVICE_HOST/PORT)
+    std::string token;       // the service account's bearer token
+    std::string token_file;  // read again before each request when set (bound tokens rotate)
+    std::string ca_file;     // the API server's CA (https only)
+    std::string ns;          // the namespace of the StatefulSets
     std::string container = "armada";
     //! The image for a version: `{version}` is replaced (e.g. registry/armada:{version}). Empty:
     //! the image stays, and only the version label changes.

@@ -204,5 +204,9 @@ test('rollouts drive the node StatefulSet: the global brain\'s account may do wh
   // label from the environment the restarter patches.
   const node = find(objs, 'StatefulSet', 'armada-node');
   assert.notEqual(node.spec.updateStrategy?.type, 'OnDelete');
-  assert.equal(node.spec.template.spec.containers[0].name, 'armada');
+  const c = node.spec.template.spec.containers[0];
+  assert.equal(c.name, 'armada');
+  const label = c.env.find((e) => e.name === 'ARMADA_VERSION_LABEL')?.value;
+  assert.ok(label, 'the nodes\' version label is in their environment');
+  assert.equal(node.spec.template.metadata.annotations['armada.dev/version'], label);
 });

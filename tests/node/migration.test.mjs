@@ -43,7 +43,7 @@ after(async () => {
   if (tools) await tools.close();
 });
 
-test('sessions with 4K tokens of KV move with it; a transfer cut halfway re-prefills; both complete', { timeout: 900000 * SLOW }, async () => {
+test('sessions with 4K tokens of KV move with it; a transfer cut halfway re-prefills; both complete', { timeout: 500000 * SLOW }, async () => {
   // Idle sessions until two are on node0 (the brain spreads them by room).
   const n0 = node('node0').name;
   const mine = [];
@@ -114,7 +114,9 @@ test('sessions with 4K tokens of KV move with it; a transfer cut halfway re-pref
     } else {
       // Cut halfway: the new node noticed, and the session re-prefilled from its transcript.
       assert.equal(m.kv_source, 'none', JSON.stringify(m));
-      assert.match(m.error, /bytes came|fetching it/, JSON.stringify(m));
+      // (The sender closes the connection halfway: the body breaks off, or ends short.)
+      assert.match(m.error, /^fetching it from \S+: (the transfer broke off after \d+ bytes|the transfer ended early|\d+ of \d+ bytes came)/,
+        JSON.stringify(m));
       assert.ok(computed > WORDS / 2, `${id}: re-prefill computed ${computed} tokens`);
     }
     how[m.kv_source] = (how[m.kv_source] ?? 0) + 1;

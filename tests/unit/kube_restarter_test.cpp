@@ -186,9 +186,17 @@ TEST(KubeRestarter, UpgradesPodsFromTheHighestOrdinalDownByLoweringThePartition)
     EXPECT_EQ(rig.kube.patches_sent(), patches);
     ASSERT_EQ(rig.restart(0, "v2", 3), "");
     EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v2"}, {1, "v2"}, {2, "v2"}}));
-    std::lock_guard lk(rig.kube.mu);
-    EXPECT_EQ(rig.kube.partition, 0);
-    EXPECT_EQ(rig.kube.current, "rev-v2");
+    {
+        std::lock_guard lk(rig.kube.mu);
+        EXPECT_EQ(rig.kube.partition, 0);
+        EXPECT_EQ(rig.kube.current, "rev-v2");
+    }
+    // Every pod runs v2, so the set's current revision is v2's: one pod cannot go back alone,
+    // and the refusal says what to do instead.
+    ASSERT_EQ(rig.restart(0, "v1", 4), "");
+    EXPECT_NE(rig.ack_error(0).find("one pod cannot go back alone: roll the whole set back"), std::string::npos)
+        << rig.ack_error(0);
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v2"}, {1, "v2"}, {2, "v2"}}));
 }
 
 TEST(KubeRestarter, APodOutOfOrderIsRefusedWithoutTouchingTheSet) {
