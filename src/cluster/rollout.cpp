@@ -173,6 +173,7 @@ std::string encode_rollout_state(const RolloutState & s) {
                 {"after_rollback", s.after_rollback},
                 {"upgraded", s.upgraded},
                 {"upgraded_cell", s.upgraded_cell},
+                {"away", s.away},
                 {"before", s.before},
                 {"gates", s.gates},
                 {"fired", s.fired},
@@ -203,6 +204,7 @@ std::optional<RolloutState> decode_rollout_state(const std::string & text) {
             s.upgraded = j.at("upgraded").get<std::map<std::string, std::vector<std::string>>>();
         if (j.contains("upgraded_cell"))
             s.upgraded_cell = j.at("upgraded_cell").get<std::map<std::string, std::string>>();
+        if (j.contains("away")) s.away = j.at("away").get<std::map<std::string, std::pair<std::string, int64_t>>>();
         if (j.contains("before")) s.before = j.at("before").get<GroupSignals>();
         if (j.contains("gates")) s.gates = j.at("gates").get<std::vector<GateReading>>();
         s.fired = j.value("fired", "");
@@ -354,12 +356,15 @@ void Rollout::fleet(const std::vector<FleetNode> & live, int64_t now_ms) {
         const bool restarting =
             w != st_.wave_nodes.end() && (w->second.phase == "restarting" || w->second.phase == "rolling_back");
         if (restarting) continue;
-        if (n.version != spec_.version) away_[name] = {n.version, now_ms};
+        if (n.version != spec_.version && !st_.away.count(name)) {
+            st_.away[name] = {n.version, now_ms};
+            change();
+        }
         fleet_sum.heartbeat++;
         if (settling) (w != st_.wave_nodes.end() && w->second.phase == "ready" ? wave_sig_ : rest_sig_).heartbeat++;
     }
     live_ = std::move(seen);
-    std::erase_if(away_, [&](const auto & a) { return live_.count(a.first) > 0; });
+    if (std::erase_if(st_.away, [&](const auto & a) { return live_.count(a.first) > 0; }) > 0) change();
     window_.emplace_back(now_ms, fleet_sum);
     while (!window_.empty() && window_.front().first < now_ms - std::max(spec_.settle_ms, spec_.before_ms))
         window_.pop_front();
@@ -464,7 +469,7 @@ void Rollout::start_wave(int64_t now_ms) {
         // A node that went down on an older version may come back on it: wait for it, up to the
         // ready timeout.
         std::string gone;
-        for (const auto & [name, a] : away_) {
+        for (const auto & [name, a] : st_.away) {
             if (now_ms - a.second < spec_.ready_timeout_ms) return;
             gone += (gone.empty() ? "" : ", ") + name + " (" + a.first + ")";
         }

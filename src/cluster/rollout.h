@@ -142,6 +142,10 @@ struct RolloutState {
     //! Nodes upgraded by earlier waves, by the version they ran before (for abort --rollback).
     std::map<std::string, std::vector<std::string>> upgraded;
     std::map<std::string, std::string> upgraded_cell;  // their cells
+    //! Nodes on another version whose key went while nothing restarted them (down, or cut off):
+    //! the version they ran, and when they were last seen (wall ms). The rollout is not done
+    //! before they are back, or gone for longer than the ready timeout.
+    std::map<std::string, std::pair<std::string, int64_t>> away;
     GroupSignals before;                               // the fleet over the settle-length window before the wave
     std::vector<GateReading> gates;
     std::string fired;  // the gate that halted it, with its numbers
@@ -203,10 +207,6 @@ class Rollout {
     RolloutState st_;
     bool changed_ = true;
     std::map<std::string, FleetNode> live_;
-    //! Nodes on another version whose key went while nothing restarted them (down, or cut off):
-    //! the version they ran, and when they were last seen. A rollout is not done before they
-    //! are back, or gone for longer than the ready timeout.
-    std::map<std::string, std::pair<std::string, int64_t>> away_;
     std::map<std::string, NodeSignals> last_;  // each node's counters at the last turn
     int64_t last_turn_ms_ = 0;
     //! The fleet's per-turn sums over the last `settle_ms` (what `before` is frozen from).

@@ -558,8 +558,15 @@ TEST(Rollout, ANodeDownOnTheOldVersionIsWaitedForThenUpgradedOrNamedWhenDone) {
     lost.up = false;
     lost.next = "v1";
     lost.down_turns = 15;  // back on v1 after 15 s, within the 20 s ready timeout
-    f.run(r);
-    EXPECT_EQ(r.state().phase, "done") << r.state().reason;
+    for (int i = 0; i < 3; ++i)
+        f.turn(r);
+    ASSERT_EQ(r.state().away.count("a-2"), 1u);
+    // A new leader takes over from what the old one wrote to etcd, and still waits for it.
+    const auto kept = decode_rollout_state(encode_rollout_state(r.state()));
+    ASSERT_TRUE(kept);
+    Rollout r1(spec(34), kept, f.t);
+    f.run(r1);
+    EXPECT_EQ(r1.state().phase, "done") << r1.state().reason;
     EXPECT_EQ(f.on("v2"), 3);
     EXPECT_EQ(f.restarts["a-2"], std::vector<std::string>{"v2"});
 
