@@ -552,19 +552,21 @@ TEST(Rollout, ItsValuesRoundTripAndGarbageIsRefused) {
 // the rollout is not done before it is back and upgraded, or gone past the ready timeout.
 TEST(Rollout, ANodeDownOnTheOldVersionIsWaitedForThenUpgradedOrNamedWhenDone) {
     Fleet f(1, 3);
-    Rollout r(spec(34), std::nullopt, f.t);
+    RolloutSpec patient = spec(34);
+    patient.ready_timeout_ms = 60000;
+    Rollout r(patient, std::nullopt, f.t);
     f.turn(r);
     auto & lost = f.nodes.at("a-2");
     lost.up = false;
     lost.next = "v1";
-    lost.down_turns = 15;  // back on v1 after 15 s, within the 20 s ready timeout
+    lost.down_turns = 40;  // back on v1 after 40 s (the others are done long before), within 60 s
     for (int i = 0; i < 3; ++i)
         f.turn(r);
     ASSERT_EQ(r.state().away.count("a-2"), 1u);
     // A new leader takes over from what the old one wrote to etcd, and still waits for it.
     const auto kept = decode_rollout_state(encode_rollout_state(r.state()));
     ASSERT_TRUE(kept);
-    Rollout r1(spec(34), kept, f.t);
+    Rollout r1(patient, kept, f.t);
     f.run(r1);
     EXPECT_EQ(r1.state().phase, "done") << r1.state().reason;
     EXPECT_EQ(f.on("v2"), 3);
