@@ -146,7 +146,7 @@ struct RolloutState {
     //! the version they ran, and when they were last seen (wall ms). The rollout is not done
     //! before they are back, or gone for longer than the ready timeout.
     std::map<std::string, std::pair<std::string, int64_t>> away;
-    GroupSignals before;                               // the fleet over the settle-length window before the wave
+    GroupSignals before;  // the fleet over the settle-length window before the wave
     std::vector<GateReading> gates;
     std::string fired;  // the gate that halted it, with its numbers
     struct History {
