@@ -1874,6 +1874,7 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
             if (d.is_object() && d.contains("to") && d["to"].is_string()) moved->from = d["to"].get<std::string>();
             break;
         }
+        if (moved->from == opt_.node) moved.reset();  // it was here last: no move
     }
     std::lock_guard lk(mu_);
     if (running_here(id, epoch)) return true;  // started meanwhile
