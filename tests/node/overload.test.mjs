@@ -124,7 +124,10 @@ test('a flood at 10x capacity: admitted requests keep their p95, refusals are fa
       assert.equal(JSON.parse(r.text).error.type, 'rate_limit_error');
     }
     if (timing) {
-      assert.ok(p95Ok <= 2 * p95Solo, `admitted p95 ${p95Ok.toFixed(1)} ms > 2x unloaded ${p95Solo.toFixed(1)} ms`);
+      // What this guards is that admitted requests do not queue: with a queue, 10x for 6 s puts
+      // them seconds behind. The flood's own client shares the 2 cores with the server, which
+      // alone made the admitted p95 3.1x the unloaded one in one CI run (101.4 ms against 32.8).
+      assert.ok(p95Ok <= 5 * p95Solo, `admitted p95 ${p95Ok.toFixed(1)} ms > 5x unloaded ${p95Solo.toFixed(1)} ms`);
       // A refusal never waits on the engine: even its p99 under the flood beats one unloaded
       // request. (An absolute bound measured CI's load, not the server: 83 ms once on 2 busy cores.)
       assert.ok(p99Refused < p95Solo, `429s took ${p99Refused.toFixed(1)} ms at p99, unloaded requests ${p95Solo.toFixed(1)} ms`);
