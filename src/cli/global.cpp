@@ -279,8 +279,10 @@ class GlobalProcess {
         const bool was_active = !r.finished();
         if (cmd) r.command(*cmd, wall);
         if (restarter_) {
-            for (const auto & [node, ack] : restarter_->acks())
+            for (const auto & [node, ack] : restarter_->acks()) {
                 if (!ack.error.empty()) r.restart_failed(node, ack.gen, ack.error, wall);
+                if (!ack.note.empty()) r.restart_noted(node, ack.gen, ack.note);
+            }
         }
         r.fleet(seen.nodes, wall);
         const auto wanted = r.decide(wall);

@@ -226,6 +226,7 @@ int status(EtcdClient & etcd, const ClusterConfig & cfg, const RolloutOptions & 
         const auto & w = st->wave_nodes.at(name);
         printf("  %-24s %-10s %s -> %s  %s (%lld s)\n", name.c_str(), w.cell.c_str(), w.from.c_str(), w.to.c_str(),
                w.phase.c_str(), (long long)((wall_ms() - w.since_ms) / 1000));
+        if (!w.note.empty()) printf("    %s\n", w.note.c_str());
     }
     for (const auto & g : st->gates) {
         std::string what = g.signal + (g.code.empty() ? "" : " (" + g.code + ")");

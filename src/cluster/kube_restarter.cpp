@@ -44,14 +44,29 @@ bool split_pod(const std::string & pod, std::string & set, int & ordinal) {
     return true;
 }
 
-std::string version_of(const json & template_spec) {
+// A pod template's version: its `armada.dev/version` annotation, else the container's
+// ARMADA_VERSION_LABEL (what the node reports); "" when it has neither.
+std::string version_of(const json & template_spec, const std::string & container) {
     const auto * a = template_spec.contains("metadata") && template_spec["metadata"].is_object() &&
                              template_spec["metadata"].contains("annotations") &&
                              template_spec["metadata"]["annotations"].is_object()
                          ? &template_spec["metadata"]["annotations"]
                          : nullptr;
-    if (!a || !a->contains(kVersionAnnotation) || !(*a)[kVersionAnnotation].is_string()) return {};
-    return (*a)[kVersionAnnotation].get<std::string>();
+    if (a && a->contains(kVersionAnnotation) && (*a)[kVersionAnnotation].is_string())
+        return (*a)[kVersionAnnotation].get<std::string>();
+    if (!template_spec.contains("spec") || !template_spec["spec"].is_object() ||
+        !template_spec["spec"].contains("containers") || !template_spec["spec"]["containers"].is_array())
+        return {};
+    for (const auto & c : template_spec["spec"]["containers"]) {
+        if (!c.is_object() || !c.contains("name") || c["name"] != container || !c.contains("env") ||
+            !c["env"].is_array())
+            continue;
+        for (const auto & e : c["env"])
+            if (e.is_object() && e.contains("name") && e["name"] == "ARMADA_VERSION_LABEL" && e.contains("value") &&
+                e["value"].is_string())
+                return e["value"].get<std::string>();
+    }
+    return {};
 }
 
 }  // namespace
@@ -86,28 +101,112 @@ KubeRestarter::KubeRestarter(KubeConfig cfg, RestartLedger & ledger, std::functi
         tls_->ctx = tools::client_tls(cfg_.ca_file, err);
         if (!tls_->ctx) spdlog::error("kubernetes: the API server's CA {}: {}", cfg_.ca_file, err);
     }
+    worker_ = std::thread([this] { work(); });
 }
 
-KubeRestarter::~KubeRestarter() = default;
+KubeRestarter::~KubeRestarter() {
+    {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+}
 
 std::string KubeRestarter::restart(const RestartRequest & r, const std::string & rollout_id, const EtcdLeader & me) {
     // Once per gen: a request carried out (or refused) is acknowledged in the ledger.
     if (auto a = ledger_.acks(); a.count(r.node) && a.at(r.node).gen >= r.gen) return {};
+    {
+        std::lock_guard lk(mu_);
+        if (const auto j = jobs_.find(r.node); j != jobs_.end() && j->second.r.gen >= r.gen) return {};
+    }
     if (auto e = ledger_.claim(r, rollout_id, me); !e.empty()) return e;
-    bool refused = false;
-    std::string e = act(r, refused);
-    if (!e.empty() && !refused) return e;
-    RestartAck ack;
-    ack.gen = r.gen;
-    ack.version = r.version;
-    ack.at_ms = wall_ms_();
-    ack.error = e;
-    if (refused) spdlog::warn("kubernetes: restart of {} on {} refused: {}", r.node, r.version, e);
-    return ledger_.put_ack(r.node, ack);
+    {
+        std::lock_guard lk(mu_);
+        jobs_[r.node] = {r, rollout_id, me, 0, std::chrono::steady_clock::now(), {}};
+    }
+    cv_.notify_all();
+    return {};
 }
 
-std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
+bool KubeRestarter::wait_idle(int timeout_ms) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return jobs_.empty() && busy_ == 0; });
+}
+
+std::map<std::string, std::string> KubeRestarter::retrying() {
+    std::lock_guard lk(mu_);
+    std::map<std::string, std::string> out;
+    for (const auto & [node, j] : jobs_)
+        if (!j.last_error.empty()) out[node] = j.last_error;
+    return out;
+}
+
+void KubeRestarter::work() {
+    using clock = std::chrono::steady_clock;
+    std::unique_lock lk(mu_);
+    while (!stop_) {
+        // The job due first.
+        auto next = jobs_.end();
+        for (auto it = jobs_.begin(); it != jobs_.end(); ++it)
+            if (next == jobs_.end() || it->second.due < next->second.due) next = it;
+        if (next == jobs_.end()) {
+            cv_.wait(lk);
+            continue;
+        }
+        if (next->second.due > clock::now()) {
+            cv_.wait_until(lk, next->second.due);
+            continue;
+        }
+        Job job = next->second;
+        ++busy_;
+        lk.unlock();
+        // A retry is claimed again: a brain that no longer leads drops it.
+        std::string e = job.attempts > 0 ? ledger_.claim(job.r, job.rollout_id, job.me) : std::string();
+        bool drop = e == "this brain no longer leads";
+        bool done = false;
+        if (e.empty()) {
+            bool refused = false;
+            std::string note;
+            e = act(job.r, refused, note);
+            if (e.empty() || refused) {
+                RestartAck ack;
+                ack.gen = job.r.gen;
+                ack.version = job.r.version;
+                ack.at_ms = wall_ms_();
+                ack.error = refused ? e : "";
+                ack.note = note;
+                if (refused) spdlog::warn("kubernetes: restart of {} on {} refused: {}", job.r.node, job.r.version, e);
+                if (!note.empty()) spdlog::warn("kubernetes: restart of {} on {}: {}", job.r.node, job.r.version, note);
+                e = ledger_.put_ack(job.r.node, ack);
+                done = e.empty();
+            }
+        }
+        lk.lock();
+        --busy_;
+        const auto it = jobs_.find(job.r.node);
+        if (it != jobs_.end() && it->second.r.gen == job.r.gen) {
+            if (done || drop) {
+                jobs_.erase(it);
+            } else {
+                // Worth waiting for: again after 1, 2, 4 … up to 30 s (the first wait from the config).
+                auto & j = it->second;
+                j.attempts = job.attempts + 1;
+                j.last_error = e;
+                const int64_t wait = std::min<int64_t>(30000, int64_t(cfg_.retry_ms) << std::min(j.attempts - 1, 5));
+                j.due = clock::now() + std::chrono::milliseconds(wait);
+                spdlog::warn("kubernetes: restart of {} on {}: {} (again in {} ms)", job.r.node, job.r.version, e,
+                             wait);
+            }
+        }
+        if (drop) spdlog::warn("kubernetes: restart of {} on {} dropped: {}", job.r.node, job.r.version, e);
+        cv_.notify_all();
+    }
+}
+
+std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::string & note) {
     refused = false;
+    note.clear();
     auto refuse = [&](std::string why) {
         refused = true;
         return why;
@@ -163,8 +262,11 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
         return "reading StatefulSet " + set + ": not a StatefulSet";
     const json & spec = sts["spec"];
     int replicas = 1, partition = 0;
+    int64_t generation = 0, observed = 0;
     std::string strategy = "RollingUpdate", tmpl_version, current, update;
     try {
+        if (sts.contains("metadata") && sts["metadata"].is_object())
+            generation = sts["metadata"].value("generation", int64_t(0));
         replicas = spec.value("replicas", 1);
         if (spec.contains("updateStrategy") && spec["updateStrategy"].is_object()) {
             const json & us = spec["updateStrategy"];
@@ -172,16 +274,22 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
             if (us.contains("rollingUpdate") && us["rollingUpdate"].is_object())
                 partition = us["rollingUpdate"].value("partition", 0);
         }
-        if (spec.contains("template") && spec["template"].is_object()) tmpl_version = version_of(spec["template"]);
+        if (spec.contains("template") && spec["template"].is_object())
+            tmpl_version = version_of(spec["template"], cfg_.container);
         if (sts.contains("status") && sts["status"].is_object()) {
             current = sts["status"].value("currentRevision", "");
             update = sts["status"].value("updateRevision", "");
+            observed = sts["status"].value("observedGeneration", int64_t(0));
         }
     } catch (const json::exception & e) {
         return "reading StatefulSet " + set + ": " + e.what();
     }
     if (strategy != "RollingUpdate")
         return refuse("StatefulSet " + set + " uses updateStrategy " + strategy + "; rollouts need RollingUpdate");
+    // The status (revisions) is the controller's: until it has seen the last change, it is old.
+    if (generation > 0 && observed < generation)
+        return "StatefulSet " + set + ": its controller has not seen generation " + std::to_string(generation) +
+               " yet (it is at " + std::to_string(observed) + ")";
     if (ordinal >= replicas)
         return refuse("StatefulSet " + set + " has " + std::to_string(replicas) + " replicas; " + r.node +
                       " is not one of them");
@@ -216,7 +324,13 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
         if (j.is_object() && j.contains("data") && j["data"].is_object() && j["data"].contains("spec") &&
             j["data"]["spec"].is_object() && j["data"]["spec"].contains("template") &&
             j["data"]["spec"]["template"].is_object())
-            current_version = version_of(j["data"]["spec"]["template"]);
+            current_version = version_of(j["data"]["spec"]["template"], cfg_.container);
+        if (current_version.empty() && r.back && r.version != tmpl_version) {
+            // A revision from before versions were written down: a way back can only go there.
+            spdlog::warn("kubernetes: revision {} of {} names no version; {} goes back to it as {}", current, set,
+                         r.node, r.version);
+            current_version = r.version;
+        }
     }
     if (!current.empty() && current != update && !current_version.empty() && current_version == r.version) {
         // Back to the current revision: out of the updated range, and made again.
@@ -246,15 +360,15 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused) {
                       (tmpl_version.empty() ? std::string("another template") : tmpl_version) + " (partition " +
                       std::to_string(partition) + " of " + std::to_string(replicas) +
                       " replicas); finish or roll back that first");
-    if (auto e = only_this_one(replicas); !e.empty()) {
-        // Or a way back: once every pod reached the template's version, the set's current
-        // revision is that one, and a StatefulSet cannot take one pod back without the others.
-        if (!tmpl_version.empty() && current == update)
-            e += "; if " + r.node + " is to go back to " + r.version + ": every pod of " + set + " runs " +
-                 tmpl_version +
-                 " now, so one pod cannot go back alone: roll the whole set back (kubectl rollout "
-                 "undo statefulset/" +
-                 set + ")";
+    if (r.back && ordinal != replicas - 1 && (current.empty() || current == update)) {
+        // A way back once every pod runs the template's version: the set's current revision is
+        // that one, and a StatefulSet cannot take one pod back without those above it. They go
+        // back too, from the highest ordinal down, each drained by its preStop hook.
+        note = "every pod of " + set + " ran " +
+               (tmpl_version.empty() ? std::string("the new version") : tmpl_version) +
+               ", and a StatefulSet cannot take one pod back alone: " + r.node + " and the " +
+               std::to_string(replicas - 1 - ordinal) + " pod(s) above it go back to " + r.version;
+    } else if (auto e = only_this_one(replicas); !e.empty()) {
         return e;
     }
     json container = {{"name", cfg_.container},

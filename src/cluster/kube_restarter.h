@@ -11,14 +11,28 @@
 //   too, so such a request is refused and the rollout halts, saying why.
 // - Roll a pod back to the version of the set's current revision: the partition rises above the
 //   pod's ordinal and the pod is deleted; the controller makes it again at the current revision.
+//   Once every pod runs the new version, that revision is the current one, and a StatefulSet
+//   cannot take one pod back alone: the template goes back and the partition drops to the pod,
+//   so it and every pod above it go back (one at a time, each drained by its preStop hook). The
+//   acknowledgement's note says so, and `armada rollout status` shows it.
+// - A higher pod that is down or draining on the old version holds the pods below it: the
+//   rollout does not pick them (`Rollout`). The restarter still refuses a request out of order.
 // - Requests and acknowledgements live in etcd (`rollout/restart/<node>` under the leader's fence,
 //   `rollout/restarted/<node>`), so a global brain that takes over sees what was done.
+// - The API calls run on a thread of the restarter's own, never on the leader's loop. An answer
+//   worth waiting for (a 5xx, a timeout, a controller that has not seen the last change yet) is
+//   tried again with backoff, each time under the leader's fence again.
 
 #include "cluster/restarter.h"
 
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 namespace armada::cluster {
 
@@ -34,6 +48,7 @@ struct KubeConfig {
     //! the image stays, and only the version label changes.
     std::string image;
     int timeout_ms = 10000;
+    int retry_ms = 1000;  // the first wait before a request is tried again; doubles up to 30 s
 };
 
 //! Reads the pod's service account (token, CA, namespace) and the API's address from the
@@ -70,20 +85,43 @@ class KubeRestarter : public NodeRestarter {
   public:
     KubeRestarter(KubeConfig cfg, RestartLedger & ledger, std::function<int64_t()> wall_ms);
     ~KubeRestarter() override;
+    //! Claims the request under the leader's fence and queues it for the API thread: returns
+    //! at once ("" or the claim's error).
     std::string restart(const RestartRequest & r, const std::string & rollout_id, const EtcdLeader & me) override;
     std::map<std::string, RestartAck> acks() override { return ledger_.acks(); }
     bool highest_ordinal_first() const override { return true; }
+    //! Waits up to `timeout_ms` until every queued request is acknowledged or dropped; true if so.
+    bool wait_idle(int timeout_ms);
+    //! The last error of each request still being tried, by node.
+    std::map<std::string, std::string> retrying();
 
   private:
     //! "" when the pod is on its way to `r.version`; `refused` set for a request that can never
-    //! be carried out (the rollout halts on it); else an error worth asking again for.
-    std::string act(const RestartRequest & r, bool & refused);
+    //! be carried out (the rollout halts on it); else an error worth asking again for. `note`:
+    //! what else the change does.
+    std::string act(const RestartRequest & r, bool & refused, std::string & note);
+    void work();
+
+    struct Job {
+        RestartRequest r;
+        std::string rollout_id;
+        EtcdLeader me;
+        int attempts = 0;
+        std::chrono::steady_clock::time_point due;
+        std::string last_error;
+    };
 
     KubeConfig cfg_;
     RestartLedger & ledger_;
     std::function<int64_t()> wall_ms_;
     struct Tls;
     std::unique_ptr<Tls> tls_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::map<std::string, Job> jobs_;  // by node: the latest request not done yet
+    int busy_ = 0;                     // jobs the API thread works on now
+    bool stop_ = false;
+    std::thread worker_;  // last: it starts once the rest is built
 };
 
 }  // namespace armada::cluster

@@ -7,7 +7,8 @@ namespace armada::cluster {
 using json = nlohmann::json;
 
 std::string encode_restart_request(const RestartRequest & r, const std::string & rollout_id) {
-    return json{{"rollout", rollout_id}, {"cell", r.cell}, {"version", r.version}, {"gen", r.gen}}.dump();
+    return json{{"rollout", rollout_id}, {"cell", r.cell}, {"version", r.version}, {"gen", r.gen}, {"back", r.back}}
+        .dump();
 }
 
 std::optional<RestartRequest> decode_restart_request(const std::string & node, const std::string & text) {
@@ -19,6 +20,7 @@ std::optional<RestartRequest> decode_restart_request(const std::string & node, c
         r.cell = j.value("cell", "");
         r.version = j.value("version", "");
         r.gen = j.value("gen", int64_t(0));
+        r.back = j.value("back", false);
     } catch (const json::exception &) {
         return std::nullopt;
     }
@@ -27,7 +29,9 @@ std::optional<RestartRequest> decode_restart_request(const std::string & node, c
 }
 
 std::string encode_restart_ack(const RestartAck & a) {
-    return json{{"gen", a.gen}, {"version", a.version}, {"pid", a.pid}, {"at_ms", a.at_ms}, {"error", a.error}}.dump();
+    return json{{"gen", a.gen},     {"version", a.version}, {"pid", a.pid},
+                {"at_ms", a.at_ms}, {"error", a.error},     {"note", a.note}}
+        .dump();
 }
 
 std::optional<RestartAck> decode_restart_ack(const std::string & text) {
@@ -40,6 +44,7 @@ std::optional<RestartAck> decode_restart_ack(const std::string & text) {
         a.pid = j.value("pid", int64_t(0));
         a.at_ms = j.value("at_ms", int64_t(0));
         a.error = j.value("error", "");
+        a.note = j.value("note", "");
     } catch (const json::exception &) {
         return std::nullopt;
     }

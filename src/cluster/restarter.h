@@ -30,6 +30,7 @@ struct RestartAck {
     int64_t pid = 0;
     int64_t at_ms = 0;
     std::string error;  // empty: restarted (the node is starting on `version`)
+    std::string note;   // what else the restart did, for `status`
 };
 
 std::string encode_restart_request(const RestartRequest & r, const std::string & rollout_id);

@@ -62,8 +62,8 @@ void from_json(const json & j, RolloutGates & g) {
     g.min_node_minutes = j.value("min_node_minutes", d.min_node_minutes);
 }
 void to_json(json & j, const WaveNode & w) {
-    j = json{{"cell", w.cell},   {"from", w.from}, {"to", w.to},
-             {"phase", w.phase}, {"gen", w.gen},   {"since_ms", w.since_ms}};
+    j = json{{"cell", w.cell}, {"from", w.from},         {"to", w.to},    {"phase", w.phase},
+             {"gen", w.gen},   {"since_ms", w.since_ms}, {"note", w.note}};
 }
 void from_json(const json & j, WaveNode & w) {
     w.cell = j.value("cell", "");
@@ -72,6 +72,7 @@ void from_json(const json & j, WaveNode & w) {
     w.phase = j.value("phase", "");
     w.gen = j.value("gen", int64_t(0));
     w.since_ms = j.value("since_ms", int64_t(0));
+    w.note = j.value("note", "");
 }
 void to_json(json & j, const GateReading & g) {
     j = json{{"signal", g.signal}, {"code", g.code},     {"upgraded", g.upgraded},
@@ -285,6 +286,14 @@ long ordinal(const std::string & node) {
     return std::stol(node.substr(i));
 }
 
+//! A StatefulSet pod's set: its name without the ordinal.
+std::string set_of(const std::string & node) {
+    size_t i = node.size();
+    while (i > 0 && node[i - 1] >= '0' && node[i - 1] <= '9')
+        --i;
+    return node.substr(0, i);
+}
+
 GateReading reading(const char * signal, const std::string & code, double up, double rest, double before) {
     GateReading r;
     r.signal = signal;
@@ -438,6 +447,13 @@ void Rollout::restart_failed(const std::string & node, int64_t gen, const std::s
     }
 }
 
+void Rollout::restart_noted(const std::string & node, int64_t gen, const std::string & note) {
+    const auto it = st_.wave_nodes.find(node);
+    if (it == st_.wave_nodes.end() || it->second.gen != gen || it->second.note == note) return;
+    it->second.note = note;
+    change();
+}
+
 bool Rollout::take_token(int64_t now_ms) {
     const double burst = std::max(1.0, spec_.restarts_per_s);
     if (tokens_ < 0) {
@@ -482,11 +498,31 @@ void Rollout::start_wave(int64_t now_ms) {
         change();
         return;
     }
-    for (auto & [cell, nodes] : by_cell) {
-        if (spec_.ordinal_desc) {
+    if (spec_.ordinal_desc) {
+        // A StatefulSet updates its pods from the highest ordinal down: a pod below one still on
+        // the old version that drains or is down (and may come back) waits for it.
+        std::map<std::string, long> held_below;  // set name -> the highest such ordinal
+        auto hold = [&](const std::string & name) {
+            const long o = ordinal(name);
+            if (o < 0) return;
+            auto & h = held_below.try_emplace(set_of(name), -1).first->second;
+            h = std::max(h, o);
+        };
+        for (const auto & [name, n] : live_)
+            if (n.version != spec_.version && n.draining) hold(name);
+        for (const auto & [name, a] : st_.away)
+            if (a.first != spec_.version && now_ms - a.second < spec_.ready_timeout_ms) hold(name);
+        for (auto & [cell, nodes] : by_cell) {
             std::stable_sort(nodes.begin(), nodes.end(),
                              [](const std::string & a, const std::string & b) { return ordinal(a) > ordinal(b); });
+            const size_t before = nodes.size();
+            std::erase_if(nodes, [&](const std::string & name) {
+                const auto h = held_below.find(set_of(name));
+                return h != held_below.end() && ordinal(name) < h->second;
+            });
+            eligible -= before - nodes.size();
         }
+        if (eligible == 0) return;  // every pod left waits for a higher one
     }
     const size_t size =
         std::max<size_t>(1, size_t(std::floor(double(live_.size()) * spec_.wave_percent / 100.0 + 1e-9)));
@@ -771,7 +807,8 @@ std::vector<RestartRequest> Rollout::decide(int64_t now_ms) {
     if (!rollout_active(st_.phase)) return out;
     for (const auto & name : st_.wave_order) {
         const auto & w = st_.wave_nodes.at(name);
-        if (w.phase == "restarting" || w.phase == "rolling_back") out.push_back({w.cell, name, w.to, w.gen});
+        if (w.phase == "restarting" || w.phase == "rolling_back")
+            out.push_back({w.cell, name, w.to, w.gen, w.phase == "rolling_back"});
     }
     return out;
 }

@@ -100,6 +100,7 @@ struct FleetNode {
 struct RestartRequest {
     std::string cell, node, version;
     int64_t gen = 0;
+    bool back = false;  // a rollback: the node goes back to the version it ran before
     bool operator==(const RestartRequest &) const = default;
 };
 
@@ -109,6 +110,7 @@ struct WaveNode {
     std::string cell, from, to, phase;
     int64_t gen = 0;
     int64_t since_ms = 0;
+    std::string note;  // what the restarter said about its restart (e.g. more pods went with it)
     bool operator==(const WaveNode &) const = default;
 };
 
@@ -184,6 +186,8 @@ class Rollout {
     void command(const RolloutCommand & c, int64_t now_ms);
     //! The restarter could not restart `node` at `gen`: the rollout halts (gate "ready").
     void restart_failed(const std::string & node, int64_t gen, const std::string & why, int64_t now_ms);
+    //! The restarter's note on `node`'s restart at `gen`, shown by `status`.
+    void restart_noted(const std::string & node, int64_t gen, const std::string & note);
     //! The restarts in flight: every node restarting or rolling back, under its gen. The same
     //! request comes again each turn until the node is back; the restarter acts on a gen once.
     std::vector<RestartRequest> decide(int64_t now_ms);

@@ -8,9 +8,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -26,14 +30,21 @@ using json = nlohmann::json;
 class MemoryLedger : public RestartLedger {
   public:
     std::string claim(const RestartRequest & r, const std::string &, const EtcdLeader &) override {
+        std::lock_guard lk(mu);
         requests.push_back(r);
-        return {};
+        return deposed ? "this brain no longer leads" : "";
     }
     std::string put_ack(const std::string & node, const RestartAck & a) override {
+        std::lock_guard lk(mu);
         acked[node] = a;
         return {};
     }
-    std::map<std::string, RestartAck> acks() override { return acked; }
+    std::map<std::string, RestartAck> acks() override {
+        std::lock_guard lk(mu);
+        return acked;
+    }
+    std::mutex mu;
+    bool deposed = false;
     std::vector<RestartRequest> requests;
     std::map<std::string, RestartAck> acked;
 };
@@ -48,7 +59,10 @@ struct FakeKube {
     std::vector<std::string> calls;   // "METHOD path"
     std::vector<json> patches;
     std::string auth;
-    int fail_gets = 0;  // the next GETs of the StatefulSet answer 500
+    int fail_gets = 0;              // the next GETs of the StatefulSet answer 500
+    int stale_gets = 0;             // the next GETs show a status the controller has not brought up to date
+    std::atomic<bool> hold{false};  // answers wait while set (an API server that hangs)
+    int64_t generation = 1;
     std::unique_ptr<armada::api::HttpServer> http;
 
     FakeKube() {
@@ -59,6 +73,8 @@ struct FakeKube {
         c.threads = 1;
         http = std::make_unique<armada::api::HttpServer>(
             c, [this](armada::api::HttpRequest && r, std::shared_ptr<armada::api::Responder> out) {
+                while (hold)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(5));
                 std::lock_guard lk(mu);
                 handle(r, *out);
             });
@@ -88,12 +104,18 @@ struct FakeKube {
                 --fail_gets;
                 return out.send(500, "application/json", R"({"kind":"Status","message":"etcdserver: leader changed"})");
             }
+            const bool stale = stale_gets > 0;
+            if (stale) --stale_gets;
             const json j = {
+                {"metadata", {{"generation", generation}}},
                 {"spec",
                  {{"replicas", replicas},
                   {"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", partition}}}}},
-                  {"template", {{"metadata", {{"annotations", {{"armada.dev/version", version}}}}}}}}},
-                {"status", {{"currentRevision", current}, {"updateRevision", update}}}};
+                  {"template", template_of(version)}}},
+                {"status",
+                 {{"currentRevision", current},
+                  {"updateRevision", update},
+                  {"observedGeneration", stale ? generation - 1 : generation}}}};
             return out.send(200, "application/json", j.dump());
         }
         if (r.path == sts && r.method == "PATCH") {
@@ -107,15 +129,13 @@ struct FakeKube {
                 revisions[update] = version;
             }
             partition = s["updateStrategy"]["rollingUpdate"]["partition"];
+            ++generation;
             reconcile();
             return out.send(200, "application/json", "{}");
         }
         if (r.path.rfind("/apis/apps/v1/namespaces/armada/controllerrevisions/", 0) == 0 && r.method == "GET") {
             const std::string name = r.path.substr(r.path.rfind('/') + 1);
-            const json j = {
-                {"data",
-                 {{"spec",
-                   {{"template", {{"metadata", {{"annotations", {{"armada.dev/version", revisions[name]}}}}}}}}}}}};
+            const json j = {{"data", {{"spec", {{"template", template_of(revisions[name])}}}}}};
             return out.send(200, "application/json", j.dump());
         }
         if (r.path.rfind(pod, 0) == 0) {
@@ -130,12 +150,28 @@ struct FakeKube {
         }
         out.send(404, "application/json", R"({"kind":"Status","message":"not found"})");
     }
+    // A pod template at `v`: with the annotation, or (`by_env`) only the container's version
+    // label, or with no version at all ("").
+    bool by_env = false;
+    json template_of(const std::string & v) const {
+        if (v.empty()) return {{"spec", {{"containers", json::array({{{"name", "armada"}}})}}}};
+        if (by_env)
+            return {{"spec",
+                     {{"containers",
+                       json::array({{{"name", "armada"},
+                                     {"env", json::array({{{"name", "ARMADA_VERSION_LABEL"}, {"value", v}}})}}})}}}};
+        return {{"metadata", {{"annotations", {{"armada.dev/version", v}}}}}};
+    }
     std::map<int, std::string> versions() {
         std::lock_guard lk(mu);
         std::map<int, std::string> v;
         for (const auto & [i, rev] : pods)
             v[i] = revisions[rev];
         return v;
+    }
+    void set(const std::function<void(FakeKube &)> & f) {
+        std::lock_guard lk(mu);
+        f(*this);
     }
     size_t patches_sent() {
         std::lock_guard lk(mu);
@@ -154,12 +190,29 @@ struct Rig {
         c.token = "sa-token";
         c.ns = "armada";
         c.image = "registry.example/armada:{version}";
+        c.retry_ms = 20;
         k = std::make_unique<KubeRestarter>(c, ledger, [] { return int64_t(1000); });
     }
-    std::string restart(int ordinal, const std::string & version, int64_t gen) {
-        return k->restart({"cell0", "armada-node-" + std::to_string(ordinal), version, gen}, "r1", me);
+    //! Asks, and waits until the restarter's API thread has done it.
+    std::string restart(int ordinal, const std::string & version, int64_t gen, bool back = false) {
+        auto e = k->restart({"cell0", "armada-node-" + std::to_string(ordinal), version, gen, back}, "r1", me);
+        EXPECT_TRUE(k->wait_idle(10000));
+        return e;
     }
-    std::string ack_error(int ordinal) { return ledger.acked.at("armada-node-" + std::to_string(ordinal)).error; }
+    RestartAck ack(const std::string & node) {
+        std::lock_guard lk(ledger.mu);
+        return ledger.acked.at(node);
+    }
+    RestartAck ack(int ordinal) { return ack("armada-node-" + std::to_string(ordinal)); }
+    std::string ack_error(int ordinal) { return ack(ordinal).error; }
+    bool acked(int ordinal) {
+        std::lock_guard lk(ledger.mu);
+        return ledger.acked.count("armada-node-" + std::to_string(ordinal)) > 0;
+    }
+    size_t count(const std::string & call) {
+        std::lock_guard lk(kube.mu);
+        return size_t(std::count(kube.calls.begin(), kube.calls.end(), call));
+    }
 };
 
 TEST(KubeRestarter, UpgradesPodsFromTheHighestOrdinalDownByLoweringThePartition) {
@@ -191,12 +244,23 @@ TEST(KubeRestarter, UpgradesPodsFromTheHighestOrdinalDownByLoweringThePartition)
         EXPECT_EQ(rig.kube.partition, 0);
         EXPECT_EQ(rig.kube.current, "rev-v2");
     }
-    // Every pod runs v2, so the set's current revision is v2's: one pod cannot go back alone,
-    // and the refusal says what to do instead.
+    // Every pod runs v2, so the set's current revision is v2's. A request to take the lowest
+    // pod to v1 that is no rollback would restart the others: refused.
     ASSERT_EQ(rig.restart(0, "v1", 4), "");
-    EXPECT_NE(rig.ack_error(0).find("one pod cannot go back alone: roll the whole set back"), std::string::npos)
-        << rig.ack_error(0);
+    EXPECT_NE(rig.ack_error(0).find("armada-node-2 goes before armada-node-0"), std::string::npos) << rig.ack_error(0);
     EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v2"}, {1, "v2"}, {2, "v2"}}));
+    // The last wave's rollback: one pod cannot go back alone, so it and those above it go back,
+    // and the acknowledgement says so.
+    ASSERT_EQ(rig.restart(0, "v1", 5, true), "");
+    EXPECT_EQ(rig.ack_error(0), "");
+    EXPECT_NE(rig.ack(0).note.find("a StatefulSet cannot take one pod back alone: armada-node-0 and the 2 pod(s) "
+                                   "above it go back to v1"),
+              std::string::npos)
+        << rig.ack(0).note;
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v1"}}));
+    std::lock_guard lk(rig.kube.mu);
+    EXPECT_EQ(rig.kube.patches.back()["spec"]["template"]["spec"]["containers"][0]["image"],
+              "registry.example/armada:v1");
 }
 
 TEST(KubeRestarter, APodOutOfOrderIsRefusedWithoutTouchingTheSet) {
@@ -218,28 +282,98 @@ TEST(KubeRestarter, RollsAPodBackToTheCurrentRevisionByRaisingThePartitionAndDel
     ASSERT_EQ(rig.restart(2, "v2", 1), "");
     ASSERT_EQ(rig.restart(1, "v2", 2), "");
     // The wave of armada-node-1 halted: it goes back to v1, armada-node-2 (an earlier wave) stays.
-    ASSERT_EQ(rig.restart(1, "v1", 3), "");
+    ASSERT_EQ(rig.restart(1, "v1", 3, true), "");
     EXPECT_EQ(rig.ack_error(1), "");
+    EXPECT_EQ(rig.ack(1).note, "");
     EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v2"}}));
     std::lock_guard lk(rig.kube.mu);
     EXPECT_EQ(rig.kube.partition, 2);
     EXPECT_EQ(rig.kube.calls.back(), "DELETE /api/v1/namespaces/armada/pods/armada-node-1");
 }
 
-TEST(KubeRestarter, AnAnswerWorthWaitingForIsAskedAgainAndOneThatNeverWillHaltsTheRollout) {
+TEST(KubeRestarter, AnAnswerWorthWaitingForIsTriedAgainAndOneThatNeverWillHaltsTheRollout) {
     Rig rig;
-    rig.kube.fail_gets = 1;
-    // The API server's 500: not acknowledged, so the brain asks again next turn.
-    const std::string e = rig.restart(2, "v2", 1);
-    EXPECT_NE(e.find("HTTP 500 (etcdserver: leader changed)"), std::string::npos) << e;
-    EXPECT_EQ(rig.ledger.acked.count("armada-node-2"), 0u);
+    // The API server's 500, twice: the restarter tries again on its own, and claims the
+    // request again under the leader's fence each time.
+    rig.kube.set([](FakeKube & k) { k.fail_gets = 2; });
     ASSERT_EQ(rig.restart(2, "v2", 1), "");
     EXPECT_EQ(rig.ack_error(2), "");
+    EXPECT_EQ(rig.count("GET /apis/apps/v1/namespaces/armada/statefulsets/armada-node"), 3u);
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v2"}}));
+    {
+        std::lock_guard lk(rig.ledger.mu);
+        EXPECT_EQ(rig.ledger.requests.size(), 3u);
+    }
     // A node that is no StatefulSet's pod, or a set that does not exist: refused, with why.
     ASSERT_EQ(rig.k->restart({"cell0", "node7", "v2", 2}, "r1", rig.me), "");
-    EXPECT_NE(rig.ledger.acked.at("node7").error.find("not named as a StatefulSet's pod"), std::string::npos);
     ASSERT_EQ(rig.k->restart({"cell0", "other-set-0", "v2", 3}, "r1", rig.me), "");
-    EXPECT_EQ(rig.ledger.acked.at("other-set-0").error, "there is no StatefulSet other-set in namespace armada");
+    ASSERT_TRUE(rig.k->wait_idle(10000));
+    EXPECT_NE(rig.ack("node7").error.find("not named as a StatefulSet's pod"), std::string::npos);
+    EXPECT_EQ(rig.ack("other-set-0").error, "there is no StatefulSet other-set in namespace armada");
+}
+
+TEST(KubeRestarter, AStatusTheControllerHasNotCaughtUpWithIsReadAgain) {
+    Rig rig;
+    // The set's status is from before its last change: its revisions cannot be trusted yet.
+    rig.kube.set([](FakeKube & k) { k.stale_gets = 2; });
+    ASSERT_EQ(rig.restart(2, "v2", 1), "");
+    EXPECT_EQ(rig.ack_error(2), "");
+    EXPECT_EQ(rig.count("GET /apis/apps/v1/namespaces/armada/statefulsets/armada-node"), 3u);
+    EXPECT_EQ(rig.kube.patches_sent(), 1u);
+}
+
+TEST(KubeRestarter, ItsAPICallsNeverHoldTheCallerAndADeposedBrainsRetriesAreDropped) {
+    Rig rig;
+    rig.kube.hold = true;  // the API server hangs
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(rig.k->restart({"cell0", "armada-node-2", "v2", 1}, "r1", rig.me), "");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    EXPECT_FALSE(rig.k->wait_idle(300));
+    EXPECT_FALSE(rig.acked(2));
+    rig.kube.hold = false;
+    ASSERT_TRUE(rig.k->wait_idle(10000));
+    EXPECT_EQ(rig.ack_error(2), "");
+
+    // A request that keeps failing is tried until its brain no longer leads, then dropped.
+    rig.kube.set([](FakeKube & k) { k.fail_gets = 1000; });
+    ASSERT_EQ(rig.k->restart({"cell0", "armada-node-1", "v2", 2}, "r1", rig.me), "");
+    EXPECT_FALSE(rig.k->wait_idle(300));
+    const auto retrying = rig.k->retrying();
+    ASSERT_EQ(retrying.count("armada-node-1"), 1u);
+    EXPECT_NE(retrying.at("armada-node-1").find("HTTP 500"), std::string::npos) << retrying.at("armada-node-1");
+    {
+        std::lock_guard lk(rig.ledger.mu);
+        rig.ledger.deposed = true;
+    }
+    ASSERT_TRUE(rig.k->wait_idle(10000));
+    EXPECT_FALSE(rig.acked(1));
+    EXPECT_EQ(rig.kube.patches_sent(), 1u);
+}
+
+TEST(KubeRestarter, ASetWhoseOldRevisionNamesNoVersionCanStillGoBack) {
+    Rig rig;
+    // Pods from a template with no version written down; the version is the container's label.
+    {
+        std::lock_guard lk(rig.kube.mu);
+        rig.kube.revisions["rev-v1"] = "";
+        rig.kube.version = "";
+        rig.kube.by_env = true;
+    }
+    ASSERT_EQ(rig.restart(2, "v2", 1), "");
+    EXPECT_EQ(rig.ack_error(2), "");
+    // Asked again with the label only in the template's env: it is there already.
+    const size_t patches = rig.kube.patches_sent();
+    ASSERT_EQ(rig.restart(2, "v2", 2), "");
+    EXPECT_EQ(rig.ack_error(2), "");
+    EXPECT_EQ(rig.kube.patches_sent(), patches);
+    // Not a rollback: another version the set does not have is refused.
+    ASSERT_EQ(rig.restart(2, "0.9.0", 3), "");
+    EXPECT_NE(rig.ack_error(2).find("still part way"), std::string::npos) << rig.ack_error(2);
+    // The rollback goes to the only revision it can: the current one.
+    ASSERT_EQ(rig.restart(2, "0.9.0", 4, true), "");
+    EXPECT_EQ(rig.ack_error(2), "");
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, ""}, {1, ""}, {2, ""}}));
+    EXPECT_EQ(rig.count("DELETE /api/v1/namespaces/armada/pods/armada-node-2"), 1u);
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ struct Fleet {
     std::set<std::string> failing;      // versions whose sessions fail
     int64_t t = 1'700'000'000'000;
     std::map<std::string, std::vector<std::string>> restarts;  // node: versions asked for, in order
+    std::vector<std::string> order;                            // every restart asked for, in order
     int max_down_in_a_cell = 0;
 
     Fleet(int cells, int per_cell, const std::string & version = "v1") {
@@ -81,6 +82,7 @@ struct Fleet {
             node.down_turns = 2;
             node.next = q.version;
             restarts[q.node].push_back(q.version);
+            order.push_back(q.node);
         }
         std::map<std::string, int> down;
         for (const auto & [n, node] : nodes)
@@ -184,6 +186,39 @@ TEST(Rollout, OrdinalDescTakesEachCellsHighestOrdinalFirst) {
     f.turn(r);
     ASSERT_EQ(r.state().wave_order.size(), 1u);
     EXPECT_EQ(r.state().wave_order[0], "a-2");
+}
+
+TEST(Rollout, OrdinalDescHoldsAPodWhileAHigherOneOnTheOldVersionIsDownOrDraining) {
+    // A StatefulSet cannot restart armada-node-1 before armada-node-2: the rollout waits for it.
+    Fleet f(1, 3);
+    auto s = spec(34);
+    s.ordinal_desc = true;
+    s.before_ms = 3000;
+    s.ready_timeout_ms = 60000;
+    Rollout r(s, std::nullopt, f.t);
+    f.turn(r);
+    auto & down = f.nodes.at("a-2");
+    down.up = false;
+    down.next = "v1";
+    down.down_turns = 8;
+    for (int i = 0; i < 6; ++i)
+        f.turn(r);
+    EXPECT_TRUE(f.order.empty()) << f.order[0] << " restarted while a-2 was down on v1";
+    EXPECT_EQ(r.state().wave, 0);
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "done") << r.state().reason;
+    EXPECT_EQ(f.order, (std::vector<std::string>{"a-2", "a-1", "a-0"}));
+
+    // The same for a higher pod that an operator drains.
+    Fleet g(1, 3);
+    g.nodes["a-2"].draining = true;
+    Rollout r2(s, std::nullopt, g.t);
+    for (int i = 0; i < 6; ++i)
+        g.turn(r2);
+    EXPECT_TRUE(g.order.empty()) << g.order[0] << " restarted while a-2 drained";
+    g.nodes["a-2"].draining = false;
+    g.run(r2);
+    EXPECT_EQ(g.order, (std::vector<std::string>{"a-2", "a-1", "a-0"}));
 }
 
 TEST(Rollout, ADrainingNodeInACellHoldsItsRestarts) {
