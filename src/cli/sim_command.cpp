@@ -98,6 +98,9 @@ json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) 
           {"queued", r.sessions_queued},
           {"stranded", r.sessions_stranded}}},
         {"chain_survival", ended > 0 ? double(r.sessions_completed) / ended : 1.0},
+        // As `armada bench agents` counts it: sessions completed per minute until the last ended.
+        {"sessions_per_min",
+         r.last_completed_ms > 0 ? double(r.sessions_completed) * 60000.0 / double(r.last_completed_ms) : 0.0},
         {"steps", r.steps},
         {"slo_2s", r.steps > 0 ? double(r.steps_in_slo) / double(r.steps) : 1.0},
         {"fenced_writes", r.fenced_writes},
@@ -126,6 +129,7 @@ std::string markdown(const json & j) {
     m << "| sessions started / completed / queued / stranded | " << j["sessions"]["started"] << " / "
       << j["sessions"]["completed"] << " / " << j["sessions"]["queued"] << " / " << j["sessions"]["stranded"] << " |\n";
     m << "| chain survival | " << j["chain_survival"].get<double>() << " |\n";
+    m << "| sessions/min (until the last ended) | " << j["sessions_per_min"].get<double>() << " |\n";
     m << "| fenced writes | " << j["fenced_writes"] << " |\n";
     for (const auto & f : j["faults"])
         m << "| " << f["what"].get<std::string>() << " at " << f["at_s"].get<double>() << " s | " << f["resumed"]

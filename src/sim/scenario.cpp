@@ -82,7 +82,10 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
         if (root["buggify"]) s.buggify = root["buggify"].as<bool>();
         if (const YAML::Node n = root["node"]) {
             MapReader nr{n, "node", error};
-            if (!nr.check({"sessions", "tokens_per_s", "seq_tokens_per_s", "step_tokens", "restore_ms", "cores"}) ||
+            if (!nr.check({"sessions", "tokens_per_s", "seq_tokens_per_s", "step_tokens", "restore_ms", "cores",
+                           "prefill_tokens_per_s", "step_prompt_tokens"}) ||
+                !nr.get("prefill_tokens_per_s", s.node.prefill_tokens_per_s, 0, 1e8) ||
+                !nr.get("step_prompt_tokens", s.node.step_prompt_tokens, 0, 1000000) ||
                 !nr.get("sessions", s.node.sessions, 1, 100000) ||
                 !nr.get("tokens_per_s", s.node.tokens_per_s, 0.01, 1e7) ||
                 !nr.get("seq_tokens_per_s", s.node.seq_tokens_per_s, 0.01, 1e6) ||
@@ -113,12 +116,20 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
                 TenantLoad t;
                 t.name = "t" + std::to_string(i);
                 MapReader tr{ts[i], "tenants[" + std::to_string(i) + "]", error};
-                if (!tr.check({"name", "rate_per_s", "steps", "tool_ms", "think_ms", "initial"}) ||
-                    !tr.get("rate_per_s", t.rate_per_s, 0, 1e6) || !tr.get("steps", t.steps, 1, 10000) ||
-                    !tr.get("tool_ms", t.tool_ms, 0, 3600000) || !tr.get("think_ms", t.think_ms, 0, 3600000) ||
-                    !tr.get("initial", t.initial, 0, 10000000))
+                if (!tr.check(
+                        {"name", "rate_per_s", "steps", "tool_ms", "think_ms", "initial", "concurrency", "sessions"}) ||
+                    !tr.get("concurrency", t.concurrency, 0, 10000000) ||
+                    !tr.get("sessions", t.sessions, 0, 100000000) || !tr.get("rate_per_s", t.rate_per_s, 0, 1e6) ||
+                    !tr.get("steps", t.steps, 1, 10000) || !tr.get("tool_ms", t.tool_ms, 0, 3600000) ||
+                    !tr.get("think_ms", t.think_ms, 0, 3600000) || !tr.get("initial", t.initial, 0, 10000000))
                     return std::nullopt;
                 if (ts[i]["name"]) t.name = ts[i]["name"].as<std::string>();
+                if (t.concurrency > 0 && !ts[i]["rate_per_s"]) t.rate_per_s = 0;
+                if (t.concurrency > 0 && t.rate_per_s > 0) {
+                    error = "tenants[" + std::to_string(i) +
+                            "]: concurrency (a closed loop) and rate_per_s exclude each other";
+                    return std::nullopt;
+                }
                 s.tenants.push_back(t);
             }
         }

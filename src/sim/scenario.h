@@ -17,6 +17,11 @@ struct TenantLoad {
     int tool_ms = 1000;
     int think_ms = 0;
     int initial = 0;  // sessions already live when the run starts
+    //! A closed loop instead of arrivals (as `armada bench agents --concurrency`): this many
+    //! sessions in flight from the start, a new one each time one ends, `sessions` in all (0: no
+    //! end). `rate_per_s` is then 0.
+    int concurrency = 0;
+    int sessions = 0;
 };
 
 //! A fault injected at `at_s` (simulated seconds).
@@ -42,6 +47,11 @@ struct NodeModel {
     int step_tokens = 64;          // tokens generated per step
     int restore_ms = 150;          // a moved session's KV restored from its checkpoint
     int cores = 2;
+    //! Prompt tokens read per second over all its sequences (0: prefill not modelled), and the
+    //! new prompt tokens each step reads (a tool's output and the chat template around it; the
+    //! shared instruction is a cached prefix).
+    double prefill_tokens_per_s = 0;
+    int step_prompt_tokens = 0;
 };
 
 //! A rolling upgrade run by the real `cluster::Rollout` from `at_s`: each node asked to restart

@@ -265,11 +265,14 @@ class World {
     //! are shared by the sessions generating at once (those not waiting on tools or users).
     int32_t gen_ms(size_t n, int32_t wait_ms) const {
         const double seq = s_.node.seq_tokens_per_s, all = s_.node.tokens_per_s, tok = s_.node.step_tokens;
-        double g = tok * 1000.0 / seq;
+        // With prefill modelled, each step also reads its new prompt tokens at the node's prefill
+        // rate, shared the same way.
+        const double pre = s_.node.prefill_tokens_per_s, prompt = pre > 0 ? s_.node.step_prompt_tokens : 0;
+        double g = tok * 1000.0 / seq + (prompt > 0 ? prompt * 1000.0 / pre : 0);
         for (int i = 0; i < 4; ++i) {  // the generating share depends on the step time: a few rounds
-            const double gen_now = double(n) * g / (g + wait_ms);
-            const double rate = std::min(seq, all / std::max(1.0, gen_now));
-            g = tok * 1000.0 / rate;
+            const double share = std::max(1.0, double(n) * g / (g + wait_ms));
+            const double rate = std::min(seq, all / share);
+            g = tok * 1000.0 / rate + (prompt > 0 ? prompt * 1000.0 * share / pre : 0);
         }
         return int32_t(g);
     }
@@ -417,9 +420,16 @@ class World {
                 }
             }
         }
-        for (size_t t = 0; t < s_.tenants.size(); ++t)
+        closed_started_.assign(s_.tenants.size(), 0);
+        for (size_t t = 0; t < s_.tenants.size(); ++t) {
             if (s_.tenants[t].rate_per_s > 0)
                 at(int64_t(rng_.exp(1000.0 / s_.tenants[t].rate_per_s)), kArrive, uint32_t(t));
+            for (int k = 0; k < s_.tenants[t].concurrency; ++k) {
+                if (s_.tenants[t].sessions > 0 && k >= s_.tenants[t].sessions) break;
+                ++closed_started_[t];
+                at(1, kArrive, uint32_t(t));
+            }
+        }
         for (size_t i = 0; i < nodes_.size(); ++i)
             at(nodes_[i].phase, kReport, uint32_t(i));
         for (int c = 0; c < nc; ++c)
@@ -459,8 +469,14 @@ class World {
         const TenantLoad & tl = s_.tenants[tenant];
         Session s;
         s.tenant = tenant;
-        s.steps = int32_t(rng_.range(1, std::max(1, 2 * tl.steps - 1)));
-        s.tool_ms = int32_t(std::clamp(rng_.exp(tl.tool_ms), tl.tool_ms / 10.0, tl.tool_ms * 5.0));
+        if (tl.concurrency > 0) {
+            // A closed loop is the agents bench's workload: the same steps and tool time each.
+            s.steps = int32_t(tl.steps);
+            s.tool_ms = int32_t(tl.tool_ms);
+        } else {
+            s.steps = int32_t(rng_.range(1, std::max(1, 2 * tl.steps - 1)));
+            s.tool_ms = int32_t(std::clamp(rng_.exp(tl.tool_ms), tl.tool_ms / 10.0, tl.tool_ms * 5.0));
+        }
         s.cell = cell;
         s.waiting_since = now_;
         sessions_.push_back(s);
@@ -536,7 +552,8 @@ class World {
         }
         const uint32_t id = new_session(tenant, c);
         send(commit_delay() + s_.nats_ms, kPlaceMsg, id, uint32_t(c), 0);
-        at(now_ + std::max<int64_t>(1, int64_t(rng_.exp(1000.0 / s_.tenants[tenant].rate_per_s))), kArrive, tenant);
+        if (s_.tenants[tenant].rate_per_s > 0)
+            at(now_ + std::max<int64_t>(1, int64_t(rng_.exp(1000.0 / s_.tenants[tenant].rate_per_s))), kArrive, tenant);
     }
 
     void place_msg(uint32_t id, uint32_t cell, int64_t epoch) {
@@ -587,6 +604,13 @@ class World {
         cell_remove(cell, id);
         --open_;
         ++r_.sessions_completed;
+        r_.last_completed_ms = now_;
+        // A closed loop starts the next session as this one ends.
+        if (const TenantLoad & tl = s_.tenants[s.tenant];
+            tl.concurrency > 0 && (tl.sessions == 0 || closed_started_[s.tenant] < tl.sessions)) {
+            ++closed_started_[s.tenant];
+            at(now_, kArrive, s.tenant);
+        }
         count(r_.pg_commits, now_);
         if (n.partitioned)
             at(n.heal_at + s_.nats_ms, kClosedMsg, id, uint32_t(cell));  // NATS is out of its reach
@@ -1237,6 +1261,7 @@ class World {
     std::vector<Node> nodes_;
     std::vector<Cell> cells_;
     std::vector<int32_t> think_;
+    std::vector<int64_t> closed_started_;  // by tenant: sessions a closed loop started or is starting
     std::unique_ptr<cluster::GlobalBrain> global_;
     std::unique_ptr<cluster::Rollout> rollout_;
     int32_t rollout_fault_ = kNone;

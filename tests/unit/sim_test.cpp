@@ -56,6 +56,40 @@ TEST(Sim, FaultsHitSessionsAndEveryOneResumes) {
     EXPECT_GT(r.sessions_completed, 0);
 }
 
+TEST(Sim, AClosedLoopKeepsItsSessionsInFlightAndPrefillSlowsEachStep) {
+    // The agents bench's shape: 4 sessions in flight, 10 in all, each exactly 3 steps.
+    const char * loop = R"(
+name: loop
+cells: 1
+nodes_per_cell: 1
+duration_s: 600
+node: {sessions: 8, tokens_per_s: 100, seq_tokens_per_s: 40, step_tokens: 40}
+tenants:
+  - {name: bench, concurrency: 4, sessions: 10, steps: 3, tool_ms: 1000}
+)";
+    std::string err;
+    auto s = parse_scenario(loop, err);
+    ASSERT_TRUE(s) << err;
+    const auto r = run(*s, {1, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    EXPECT_EQ(r.sessions_started, 10);
+    EXPECT_EQ(r.sessions_completed, 10);
+    EXPECT_EQ(r.steps, 30);
+    for (const auto n : r.live)
+        ASSERT_LE(n, 4);
+    ASSERT_GT(r.last_completed_ms, 0);
+    // Reading 200 prompt tokens a step at 400 a second makes every step, and the whole, longer.
+    s->node.prefill_tokens_per_s = 400;
+    s->node.step_prompt_tokens = 200;
+    const auto p = run(*s, {1, false});
+    EXPECT_EQ(p.sessions_completed, 10);
+    EXPECT_GT(p.last_completed_ms, r.last_completed_ms + 3 * 500);
+    // A closed loop and an arrival rate together are refused.
+    EXPECT_FALSE(
+        parse_scenario(std::string(loop).replace(std::string(loop).find("concurrency"), 0, "rate_per_s: 1, "), err));
+    EXPECT_NE(err.find("exclude each other"), std::string::npos) << err;
+}
+
 TEST(Sim, AScenarioWithAnUnknownOrOutOfRangeSettingIsRefusedByName) {
     std::string err;
     EXPECT_FALSE(parse_scenario("cells: 2\nnodez: 3\ntenants: [{}]\n", err));
