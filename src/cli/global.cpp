@@ -281,7 +281,7 @@ class GlobalProcess {
         if (restarter_) {
             for (const auto & [node, ack] : restarter_->acks()) {
                 if (!ack.error.empty()) r.restart_failed(node, ack.gen, ack.error, wall);
-                if (!ack.note.empty()) r.restart_noted(node, ack.gen, ack.note);
+                if (!ack.note.empty()) r.restart_noted(node, ack.gen, ack.note, ack.others);
             }
         }
         r.fleet(seen.nodes, wall);
@@ -317,6 +317,7 @@ class GlobalProcess {
                 .set(r.state().phase == ph ? 1 : 0);
         m.gauge("armada_rollout_wave", "The rollout's current wave").set(r.state().wave);
         if (!restarter_) return;
+        restarter_->forget_except(wanted);
         for (const auto & q : wanted) {
             if (asked_[q.node] == q.gen) continue;
             if (auto e = restarter_->restart(q, spec->id, me); !e.empty()) {

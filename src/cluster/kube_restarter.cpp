@@ -7,8 +7,10 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace armada::cluster {
@@ -86,8 +88,14 @@ std::string kube_config_in_pod(KubeConfig & c) {
     return {};
 }
 
-std::string EtcdLedger::put_ack(const std::string & node, const RestartAck & a) {
-    return etcd_.put(rollout_prefix(cfg_) + "restarted/" + node, encode_restart_ack(a));
+std::string EtcdLedger::put_ack(const std::string & node, const RestartAck & a, const EtcdLeader & me) {
+    bool ok = false;
+    int64_t rev = 0;
+    const std::vector<EtcdCompare> fence{{EtcdCompare::Target::Create, me.key, me.rev}};
+    if (auto e = etcd_.txn(fence, {{rollout_prefix(cfg_) + "restarted/" + node, encode_restart_ack(a)}}, ok, rev);
+        !e.empty())
+        return e;
+    return ok ? "" : kNotLeader;
 }
 
 struct KubeRestarter::Tls {
@@ -113,20 +121,51 @@ KubeRestarter::~KubeRestarter() {
     worker_.join();
 }
 
+namespace {
+
+bool same_leader(const EtcdLeader & a, const EtcdLeader & b) {
+    return a.key == b.key && a.rev == b.rev;
+}
+
+}  // namespace
+
 std::string KubeRestarter::restart(const RestartRequest & r, const std::string & rollout_id, const EtcdLeader & me) {
     // Once per gen: a request carried out (or refused) is acknowledged in the ledger.
     if (auto a = ledger_.acks(); a.count(r.node) && a.at(r.node).gen >= r.gen) return {};
     {
         std::lock_guard lk(mu_);
-        if (const auto j = jobs_.find(r.node); j != jobs_.end() && j->second.r.gen >= r.gen) return {};
-    }
-    if (auto e = ledger_.claim(r, rollout_id, me); !e.empty()) return e;
-    {
-        std::lock_guard lk(mu_);
-        jobs_[r.node] = {r, rollout_id, me, 0, std::chrono::steady_clock::now(), {}};
+        auto j = jobs_.find(r.node);
+        if (j != jobs_.end() && j->second.r.gen > r.gen) return {};
+        if (j != jobs_.end() && j->second.r.gen == r.gen) {
+            // Asked again by another term of leadership (this process may lead again): the job
+            // goes on under the leader that asks now, and soon.
+            if (!same_leader(j->second.me, me)) {
+                j->second.me = me;
+                j->second.rollout_id = rollout_id;
+                j->second.due = std::min(j->second.due, std::chrono::steady_clock::now());
+                cv_.notify_all();
+            }
+            return {};
+        }
+        // The claim under the leader's fence is the API thread's, right before it acts.
+        jobs_[r.node] = {r, rollout_id, me, 0, std::chrono::steady_clock::now(), {}, std::nullopt};
     }
     cv_.notify_all();
     return {};
+}
+
+void KubeRestarter::forget_except(const std::vector<RestartRequest> & wanted) {
+    std::lock_guard lk(mu_);
+    std::erase_if(jobs_, [&](const auto & kv) {
+        const bool keep = std::any_of(wanted.begin(), wanted.end(), [&](const RestartRequest & w) {
+            return w.node == kv.first && w.gen == kv.second.r.gen;
+        });
+        if (!keep)
+            spdlog::info("kubernetes: restart of {} on {} (gen {}) no longer wanted: dropped", kv.first,
+                         kv.second.r.version, kv.second.r.gen);
+        return !keep;
+    });
+    cv_.notify_all();
 }
 
 bool KubeRestarter::wait_idle(int timeout_ms) {
@@ -144,6 +183,7 @@ std::map<std::string, std::string> KubeRestarter::retrying() {
 
 void KubeRestarter::work() {
     using clock = std::chrono::steady_clock;
+    std::minstd_rand jitter(std::random_device{}());
     std::unique_lock lk(mu_);
     while (!stop_) {
         // The job due first.
@@ -161,52 +201,86 @@ void KubeRestarter::work() {
         Job job = next->second;
         ++busy_;
         lk.unlock();
-        // A retry is claimed again: a brain that no longer leads drops it.
-        std::string e = job.attempts > 0 ? ledger_.claim(job.r, job.rollout_id, job.me) : std::string();
-        bool drop = e == "this brain no longer leads";
-        bool done = false;
-        if (e.empty()) {
-            bool refused = false;
-            std::string note;
-            e = act(job.r, refused, note);
-            if (e.empty() || refused) {
-                RestartAck ack;
-                ack.gen = job.r.gen;
-                ack.version = job.r.version;
-                ack.at_ms = wall_ms_();
-                ack.error = refused ? e : "";
-                ack.note = note;
-                if (refused) spdlog::warn("kubernetes: restart of {} on {} refused: {}", job.r.node, job.r.version, e);
-                if (!note.empty()) spdlog::warn("kubernetes: restart of {} on {}: {}", job.r.node, job.r.version, note);
-                e = ledger_.put_ack(job.r.node, ack);
+        std::string e;
+        bool drop = false, done = false;
+        try {
+            if (!job.ack) {
+                // Claimed under the leader's fence right before each try: a brain that no longer
+                // leads drops it.
+                e = ledger_.claim(job.r, job.rollout_id, job.me);
+                drop = e == kNotLeader;
+                if (e.empty()) {
+                    bool refused = false;
+                    std::string note;
+                    int others = 0;
+                    e = act(job.r, refused, note, others);
+                    if (e.empty() || refused) {
+                        RestartAck ack;
+                        ack.gen = job.r.gen;
+                        ack.version = job.r.version;
+                        ack.at_ms = wall_ms_();
+                        ack.error = refused ? e : "";
+                        ack.note = note;
+                        ack.others = others;
+                        if (refused)
+                            spdlog::warn("kubernetes: restart of {} on {} refused: {}", job.r.node, job.r.version, e);
+                        if (!note.empty())
+                            spdlog::warn("kubernetes: restart of {} on {}: {}", job.r.node, job.r.version, note);
+                        job.ack = ack;
+                    }
+                }
+            }
+            if (job.ack) {
+                // Written under the fence too, so a deposed brain's late acknowledgement never
+                // overwrites its successor's. Only the write is tried again, not the act.
+                e = ledger_.put_ack(job.r.node, *job.ack, job.me);
+                drop = e == kNotLeader;
                 done = e.empty();
             }
+        } catch (const std::exception & x) {
+            // Nothing a request or the API sends may end the brain: the request is refused.
+            e = std::string("kubernetes restarter: ") + x.what();
+            RestartAck ack;
+            ack.gen = job.r.gen;
+            ack.version = job.r.version;
+            ack.at_ms = wall_ms_();
+            ack.error = e;
+            job.ack = ack;
+            spdlog::error("kubernetes: restart of {}: {}", job.r.node, e);
         }
         lk.lock();
         --busy_;
         const auto it = jobs_.find(job.r.node);
         if (it != jobs_.end() && it->second.r.gen == job.r.gen) {
-            if (done || drop) {
+            // Asked again meanwhile by a new term of leadership: not dropped, tried under it.
+            const bool newer_leader = !same_leader(it->second.me, job.me);
+            if (done || (drop && !newer_leader)) {
                 jobs_.erase(it);
             } else {
-                // Worth waiting for: again after 1, 2, 4 … up to 30 s (the first wait from the config).
+                // Worth waiting for: again after 1, 2, 4 … up to 30 s (the first wait from the
+                // config), each with up to a fifth more at random so retries do not march together.
                 auto & j = it->second;
                 j.attempts = job.attempts + 1;
                 j.last_error = e;
-                const int64_t wait = std::min<int64_t>(30000, int64_t(cfg_.retry_ms) << std::min(j.attempts - 1, 5));
+                j.ack = job.ack;
+                int64_t wait =
+                    std::min<int64_t>(30000, int64_t(std::max(1, cfg_.retry_ms)) << std::min(j.attempts - 1, 5));
+                wait += int64_t(jitter() % uint64_t(wait / 5 + 1));
+                if (newer_leader) wait = 0;
                 j.due = clock::now() + std::chrono::milliseconds(wait);
                 spdlog::warn("kubernetes: restart of {} on {}: {} (again in {} ms)", job.r.node, job.r.version, e,
                              wait);
             }
         }
-        if (drop) spdlog::warn("kubernetes: restart of {} on {} dropped: {}", job.r.node, job.r.version, e);
+        if (drop) spdlog::warn("kubernetes: restart of {} on {}: {}", job.r.node, job.r.version, e);
         cv_.notify_all();
     }
 }
 
-std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::string & note) {
+std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::string & note, int & others) {
     refused = false;
     note.clear();
+    others = 0;
     auto refuse = [&](std::string why) {
         refused = true;
         return why;
@@ -245,6 +319,13 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
         const auto j = json::parse(rep.body, nullptr, false);
         if (j.is_object() && j.contains("message") && j["message"].is_string()) msg = j["message"].get<std::string>();
         return what + ": HTTP " + std::to_string(rep.status) + (msg.empty() ? "" : " (" + msg + ")");
+    };
+    // A 4xx other than a conflict or a throttle will not change by asking again (a forbidden
+    // verb, an invalid patch): the request is refused and the rollout halts saying so.
+    auto settled = [&](std::string why, const tools::HttpReply & rep) {
+        if (rep.error.empty() && rep.status >= 400 && rep.status < 500 && rep.status != 409 && rep.status != 429)
+            return refuse(std::move(why));
+        return why;
     };
     const std::string ns_path = "/namespaces/" + cfg_.ns;
     const std::string sts_path = "/apis/apps/v1" + ns_path + "/statefulsets/" + set;
@@ -297,7 +378,8 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
         const json patch = {
             {"spec", {{"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", p}}}}}}}};
         auto rep = call("PATCH", sts_path, "application/strategic-merge-patch+json", patch.dump());
-        if (rep.status != 200) return failed("setting the partition of " + set + " to " + std::to_string(p), rep);
+        if (rep.status != 200)
+            return settled(failed("setting the partition of " + set + " to " + std::to_string(p), rep), rep);
         spdlog::info("kubernetes: StatefulSet {}: partition {} -> {}", set, partition, p);
         return {};
     };
@@ -318,7 +400,7 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
     std::string current_version = tmpl_version;
     if (!current.empty() && current != update) {
         auto rev = call("GET", "/apis/apps/v1" + ns_path + "/controllerrevisions/" + current, "", "");
-        if (rev.status != 200) return failed("reading revision " + current + " of " + set, rev);
+        if (rev.status != 200) return settled(failed("reading revision " + current + " of " + set, rev), rev);
         const auto j = json::parse(rev.body, nullptr, false);
         current_version.clear();
         if (j.is_object() && j.contains("data") && j["data"].is_object() && j["data"].contains("spec") &&
@@ -339,7 +421,7 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
         }
         auto pod = call("GET", "/api/v1" + ns_path + "/pods/" + r.node, "", "");
         if (pod.status == 404) return {};  // being made again already
-        if (pod.status != 200) return failed("reading pod " + r.node, pod);
+        if (pod.status != 200) return settled(failed("reading pod " + r.node, pod), pod);
         const auto pj = json::parse(pod.body, nullptr, false);
         std::string hash;
         if (pj.is_object() && pj.contains("metadata") && pj["metadata"].is_object() &&
@@ -350,7 +432,8 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
         }
         if (hash == current) return {};
         auto del = call("DELETE", "/api/v1" + ns_path + "/pods/" + r.node, "", "");
-        if (del.status != 200 && del.status != 202 && del.status != 404) return failed("deleting pod " + r.node, del);
+        if (del.status != 200 && del.status != 202 && del.status != 404)
+            return settled(failed("deleting pod " + r.node, del), del);
         spdlog::info("kubernetes: pod {} deleted; it comes back at revision {} ({})", r.node, current, r.version);
         return {};
     }
@@ -360,7 +443,7 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
                       (tmpl_version.empty() ? std::string("another template") : tmpl_version) + " (partition " +
                       std::to_string(partition) + " of " + std::to_string(replicas) +
                       " replicas); finish or roll back that first");
-    if (r.back && ordinal != replicas - 1 && (current.empty() || current == update)) {
+    if (r.back && ordinal != replicas - 1 && !current.empty() && current == update) {
         // A way back once every pod runs the template's version: the set's current revision is
         // that one, and a StatefulSet cannot take one pod back without those above it. They go
         // back too, from the highest ordinal down, each drained by its preStop hook.
@@ -368,6 +451,7 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
                (tmpl_version.empty() ? std::string("the new version") : tmpl_version) +
                ", and a StatefulSet cannot take one pod back alone: " + r.node + " and the " +
                std::to_string(replicas - 1 - ordinal) + " pod(s) above it go back to " + r.version;
+        others = replicas - 1 - ordinal;
     } else if (auto e = only_this_one(replicas); !e.empty()) {
         return e;
     }
@@ -384,7 +468,7 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
                            {{"metadata", {{"annotations", {{kVersionAnnotation, r.version}}}}},
                             {"spec", {{"containers", json::array({container})}}}}}}}};
     auto rep = call("PATCH", sts_path, "application/strategic-merge-patch+json", patch.dump());
-    if (rep.status != 200) return failed("setting the template of " + set + " to " + r.version, rep);
+    if (rep.status != 200) return settled(failed("setting the template of " + set + " to " + r.version, rep), rep);
     spdlog::info("kubernetes: StatefulSet {}: template at {}, partition {} -> {}", set, r.version, partition, ordinal);
     return {};
 }

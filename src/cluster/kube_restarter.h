@@ -31,8 +31,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace armada::cluster {
 
@@ -61,7 +63,8 @@ class RestartLedger {
     virtual ~RestartLedger() = default;
     //! Writes the request, only while `me` leads. "" or an error.
     virtual std::string claim(const RestartRequest & r, const std::string & rollout_id, const EtcdLeader & me) = 0;
-    virtual std::string put_ack(const std::string & node, const RestartAck & a) = 0;
+    //! Writes the acknowledgement, only while `me` leads. "" or an error.
+    virtual std::string put_ack(const std::string & node, const RestartAck & a, const EtcdLeader & me) = 0;
     virtual std::map<std::string, RestartAck> acks() = 0;
 };
 
@@ -72,7 +75,7 @@ class EtcdLedger : public RestartLedger {
     std::string claim(const RestartRequest & r, const std::string & rollout_id, const EtcdLeader & me) override {
         return requests_.restart(r, rollout_id, me);
     }
-    std::string put_ack(const std::string & node, const RestartAck & a) override;
+    std::string put_ack(const std::string & node, const RestartAck & a, const EtcdLeader & me) override;
     std::map<std::string, RestartAck> acks() override { return requests_.acks(); }
 
   private:
@@ -85,9 +88,12 @@ class KubeRestarter : public NodeRestarter {
   public:
     KubeRestarter(KubeConfig cfg, RestartLedger & ledger, std::function<int64_t()> wall_ms);
     ~KubeRestarter() override;
-    //! Claims the request under the leader's fence and queues it for the API thread: returns
-    //! at once ("" or the claim's error).
+    //! Queues the request for the API thread and returns at once; that thread claims it under
+    //! the leader's fence before each try. The same gen asked by another term of leadership
+    //! goes on under that one.
     std::string restart(const RestartRequest & r, const std::string & rollout_id, const EtcdLeader & me) override;
+    //! Drops the queued requests not in `wanted` (the rollout moved on, finished or was aborted).
+    void forget_except(const std::vector<RestartRequest> & wanted) override;
     std::map<std::string, RestartAck> acks() override { return ledger_.acks(); }
     bool highest_ordinal_first() const override { return true; }
     //! Waits up to `timeout_ms` until every queued request is acknowledged or dropped; true if so.
@@ -99,7 +105,8 @@ class KubeRestarter : public NodeRestarter {
     //! "" when the pod is on its way to `r.version`; `refused` set for a request that can never
     //! be carried out (the rollout halts on it); else an error worth asking again for. `note`:
     //! what else the change does.
-    std::string act(const RestartRequest & r, bool & refused, std::string & note);
+    //! `others`: pods that restart with it.
+    std::string act(const RestartRequest & r, bool & refused, std::string & note, int & others);
     void work();
 
     struct Job {
@@ -109,6 +116,7 @@ class KubeRestarter : public NodeRestarter {
         int attempts = 0;
         std::chrono::steady_clock::time_point due;
         std::string last_error;
+        std::optional<RestartAck> ack;  // acted on: only its write is left
     };
 
     KubeConfig cfg_;

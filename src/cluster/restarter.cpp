@@ -29,8 +29,8 @@ std::optional<RestartRequest> decode_restart_request(const std::string & node, c
 }
 
 std::string encode_restart_ack(const RestartAck & a) {
-    return json{{"gen", a.gen},     {"version", a.version}, {"pid", a.pid},
-                {"at_ms", a.at_ms}, {"error", a.error},     {"note", a.note}}
+    return json{{"gen", a.gen},     {"version", a.version}, {"pid", a.pid},      {"at_ms", a.at_ms},
+                {"error", a.error}, {"note", a.note},       {"others", a.others}}
         .dump();
 }
 
@@ -45,6 +45,7 @@ std::optional<RestartAck> decode_restart_ack(const std::string & text) {
         a.at_ms = j.value("at_ms", int64_t(0));
         a.error = j.value("error", "");
         a.note = j.value("note", "");
+        a.others = j.value("others", 0);
     } catch (const json::exception &) {
         return std::nullopt;
     }
@@ -59,7 +60,7 @@ std::string EtcdRestarter::restart(const RestartRequest & r, const std::string &
                            ok, rev);
         !e.empty())
         return e;
-    return ok ? "" : "this brain no longer leads";
+    return ok ? "" : kNotLeader;
 }
 
 std::map<std::string, RestartAck> EtcdRestarter::acks() {

@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace armada::cluster {
 
@@ -24,6 +25,9 @@ inline std::string rollout_prefix(const ClusterConfig & c) {
 }
 
 //! What a restarter did about a node's latest request.
+//! What a claim or an acknowledgement says when its brain no longer leads.
+inline constexpr const char * kNotLeader = "this brain no longer leads";
+
 struct RestartAck {
     int64_t gen = 0;
     std::string version;
@@ -31,6 +35,7 @@ struct RestartAck {
     int64_t at_ms = 0;
     std::string error;  // empty: restarted (the node is starting on `version`)
     std::string note;   // what else the restart did, for `status`
+    int others = 0;     // other nodes that restart with it, one after another (a StatefulSet's way back)
 };
 
 std::string encode_restart_request(const RestartRequest & r, const std::string & rollout_id);
@@ -49,6 +54,8 @@ class NodeRestarter {
     //! True when nodes must be restarted from the highest ordinal down in each cell (a
     //! StatefulSet's partition): the rollout picks them in that order.
     virtual bool highest_ordinal_first() const { return false; }
+    //! Each turn, the requests the rollout still wants: one queued and not among them is dropped.
+    virtual void forget_except(const std::vector<RestartRequest> & /*wanted*/) {}
 };
 
 //! The restarter of `armada cluster up`: a request is the key `restart/<node>`, written under

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 namespace armada::cluster {
 
@@ -62,8 +63,8 @@ void from_json(const json & j, RolloutGates & g) {
     g.min_node_minutes = j.value("min_node_minutes", d.min_node_minutes);
 }
 void to_json(json & j, const WaveNode & w) {
-    j = json{{"cell", w.cell}, {"from", w.from},         {"to", w.to},    {"phase", w.phase},
-             {"gen", w.gen},   {"since_ms", w.since_ms}, {"note", w.note}};
+    j = json{{"cell", w.cell}, {"from", w.from},         {"to", w.to},     {"phase", w.phase},
+             {"gen", w.gen},   {"since_ms", w.since_ms}, {"note", w.note}, {"others", w.others}};
 }
 void from_json(const json & j, WaveNode & w) {
     w.cell = j.value("cell", "");
@@ -73,6 +74,7 @@ void from_json(const json & j, WaveNode & w) {
     w.gen = j.value("gen", int64_t(0));
     w.since_ms = j.value("since_ms", int64_t(0));
     w.note = j.value("note", "");
+    w.others = j.value("others", 0);
 }
 void to_json(json & j, const GateReading & g) {
     j = json{{"signal", g.signal}, {"code", g.code},     {"upgraded", g.upgraded},
@@ -400,6 +402,7 @@ void Rollout::command(const RolloutCommand & c, int64_t now_ms) {
         st_.phase = "running";
         st_.reason.clear();
         blocked_since_.clear();  // a node still held waits its full time again
+        drain_held_since_.clear();
     } else if (c.op == "abort" && rollout_active(st_.phase)) {
         if (!c.rollback) {
             // Restarts in flight finish on their own; nothing more is asked for.
@@ -447,10 +450,12 @@ void Rollout::restart_failed(const std::string & node, int64_t gen, const std::s
     }
 }
 
-void Rollout::restart_noted(const std::string & node, int64_t gen, const std::string & note) {
+void Rollout::restart_noted(const std::string & node, int64_t gen, const std::string & note, int others) {
     const auto it = st_.wave_nodes.find(node);
-    if (it == st_.wave_nodes.end() || it->second.gen != gen || it->second.note == note) return;
+    if (it == st_.wave_nodes.end() || it->second.gen != gen) return;
+    if (it->second.note == note && it->second.others == others) return;
     it->second.note = note;
+    it->second.others = std::max(0, others);
     change();
 }
 
@@ -501,28 +506,62 @@ void Rollout::start_wave(int64_t now_ms) {
     if (spec_.ordinal_desc) {
         // A StatefulSet updates its pods from the highest ordinal down: a pod below one still on
         // the old version that drains or is down (and may come back) waits for it.
-        std::map<std::string, long> held_below;  // set name -> the highest such ordinal
-        auto hold = [&](const std::string & name) {
+        std::map<std::string, long> held_below;      // set name -> the highest such ordinal
+        std::map<std::string, std::string> holders;  // the pod that holds a set -> why
+        auto hold = [&](const std::string & name, const std::string & why) {
             const long o = ordinal(name);
             if (o < 0) return;
             auto & h = held_below.try_emplace(set_of(name), -1).first->second;
+            if (o > h) holders[set_of(name)] = name + " (" + why + ")";
             h = std::max(h, o);
         };
-        for (const auto & [name, n] : live_)
-            if (n.version != spec_.version && n.draining) hold(name);
+        std::erase_if(drain_held_since_, [&](const auto & kv) {
+            const auto n = live_.find(kv.first);
+            return n == live_.end() || !n->second.draining;
+        });
+        for (const auto & [name, n] : live_) {
+            if (n.version == spec_.version || !n.draining || ordinal(name) < 0) continue;
+            hold(name, "draining on " + n.version);
+            drain_held_since_.try_emplace(name, now_ms);
+        }
         for (const auto & [name, a] : st_.away)
-            if (a.first != spec_.version && now_ms - a.second < spec_.ready_timeout_ms) hold(name);
+            if (a.first != spec_.version && now_ms - a.second < spec_.ready_timeout_ms)
+                hold(name, "down on " + a.first);
+        std::set<std::string> holding;  // sets with a pod held
         for (auto & [cell, nodes] : by_cell) {
             std::stable_sort(nodes.begin(), nodes.end(),
                              [](const std::string & a, const std::string & b) { return ordinal(a) > ordinal(b); });
             const size_t before = nodes.size();
             std::erase_if(nodes, [&](const std::string & name) {
                 const auto h = held_below.find(set_of(name));
-                return h != held_below.end() && ordinal(name) < h->second;
+                const bool held = h != held_below.end() && ordinal(name) >= 0 && ordinal(name) < h->second;
+                if (held) holding.insert(set_of(name));
+                return held;
             });
             eligible -= before - nodes.size();
         }
-        if (eligible == 0) return;  // every pod left waits for a higher one
+        // A drain that does not end holds the pods below it: the operator is asked to look.
+        for (const auto & [name, since] : drain_held_since_) {
+            if (!holding.count(set_of(name)) || st_.phase != "running" || now_ms - since <= spec_.ready_timeout_ms)
+                continue;
+            st_.phase = "paused";
+            st_.reason = name + " has drained for over " + std::to_string(spec_.ready_timeout_ms / 1000) +
+                         " s, and the pods of its set below it wait for it (a StatefulSet updates from the "
+                         "highest ordinal down): look at it, then resume";
+            change();
+            return;
+        }
+        if (eligible == 0) {  // every pod left waits for a higher one
+            std::string why = "waiting for";
+            for (const auto & [set, h] : holders)
+                why += (why.size() > 11 ? ", " : " ") + h;
+            why += " before the pods below it";
+            if (st_.reason != why) {
+                st_.reason = why;
+                change();
+            }
+            return;
+        }
     }
     const size_t size =
         std::max<size_t>(1, size_t(std::floor(double(live_.size()) * spec_.wave_percent / 100.0 + 1e-9)));
@@ -590,6 +629,8 @@ void Rollout::start_restarts(int64_t now_ms, const std::string & phase_from, con
         w.phase = phase_to;
         w.gen = st_.next_gen++;
         w.since_ms = now_ms;
+        w.note.clear();  // the restarter's word on an earlier gen
+        w.others = 0;
         busy[w.cell]++;
         change();
     }
@@ -751,7 +792,7 @@ std::vector<RestartRequest> Rollout::decide(int64_t now_ms) {
             }
         }
         for (const auto & [name, w] : st_.wave_nodes) {
-            if (w.phase == "restarting" && now_ms - w.since_ms > spec_.ready_timeout_ms) {
+            if (w.phase == "restarting" && now_ms - w.since_ms > spec_.ready_timeout_ms * (1 + w.others)) {
                 GateReading r{
                     "ready",
                     "",
@@ -787,7 +828,7 @@ std::vector<RestartRequest> Rollout::decide(int64_t now_ms) {
     if (st_.phase == "rolling_back") {
         start_restarts(now_ms, "rollback_pending", "rolling_back");
         for (auto & [name, w] : st_.wave_nodes) {
-            if (w.phase == "rolling_back" && now_ms - w.since_ms > spec_.ready_timeout_ms) {
+            if (w.phase == "rolling_back" && now_ms - w.since_ms > spec_.ready_timeout_ms * (1 + w.others)) {
                 w.phase = "failed";
                 st_.reason += "; " + name + " not back on " + w.to + " in time";
                 change();

@@ -111,6 +111,7 @@ struct WaveNode {
     int64_t gen = 0;
     int64_t since_ms = 0;
     std::string note;  // what the restarter said about its restart (e.g. more pods went with it)
+    int others = 0;    // nodes restarting with it, one after another: its ready timeout is that many more
     bool operator==(const WaveNode &) const = default;
 };
 
@@ -186,8 +187,9 @@ class Rollout {
     void command(const RolloutCommand & c, int64_t now_ms);
     //! The restarter could not restart `node` at `gen`: the rollout halts (gate "ready").
     void restart_failed(const std::string & node, int64_t gen, const std::string & why, int64_t now_ms);
-    //! The restarter's note on `node`'s restart at `gen`, shown by `status`.
-    void restart_noted(const std::string & node, int64_t gen, const std::string & note);
+    //! The restarter's note on `node`'s restart at `gen`, shown by `status`, and the nodes that
+    //! restart with it first (it gets a ready timeout for each).
+    void restart_noted(const std::string & node, int64_t gen, const std::string & note, int others = 0);
     //! The restarts in flight: every node restarting or rolling back, under its gen. The same
     //! request comes again each turn until the node is back; the restarter acts on a gen once.
     std::vector<RestartRequest> decide(int64_t now_ms);
@@ -221,6 +223,8 @@ class Rollout {
     int64_t born_ms_ = 0;  // when this brain took the rollout on
     //! Wave nodes held back by another node of their cell that drains outside the wave, since when.
     std::map<std::string, int64_t> blocked_since_;
+    //! Pods on the old version that drain and hold the pods of their set below them, since when.
+    std::map<std::string, int64_t> drain_held_since_;
 };
 
 }  // namespace armada::cluster

@@ -29,13 +29,16 @@ using json = nlohmann::json;
 
 class MemoryLedger : public RestartLedger {
   public:
-    std::string claim(const RestartRequest & r, const std::string &, const EtcdLeader &) override {
+    // Like etcd's fence: only the leader of revision `leader_rev` may write.
+    std::string claim(const RestartRequest & r, const std::string &, const EtcdLeader & me) override {
         std::lock_guard lk(mu);
+        if (me.rev != leader_rev) return armada::cluster::kNotLeader;
         requests.push_back(r);
-        return deposed ? "this brain no longer leads" : "";
+        return {};
     }
-    std::string put_ack(const std::string & node, const RestartAck & a) override {
+    std::string put_ack(const std::string & node, const RestartAck & a, const EtcdLeader & me) override {
         std::lock_guard lk(mu);
+        if (me.rev != leader_rev) return armada::cluster::kNotLeader;
         acked[node] = a;
         return {};
     }
@@ -44,7 +47,7 @@ class MemoryLedger : public RestartLedger {
         return acked;
     }
     std::mutex mu;
-    bool deposed = false;
+    int64_t leader_rev = 1;
     std::vector<RestartRequest> requests;
     std::map<std::string, RestartAck> acked;
 };
@@ -60,6 +63,7 @@ struct FakeKube {
     std::vector<json> patches;
     std::string auth;
     int fail_gets = 0;              // the next GETs of the StatefulSet answer 500
+    int forbid_patches = 0;         // the next PATCHes answer 403
     int stale_gets = 0;             // the next GETs show a status the controller has not brought up to date
     std::atomic<bool> hold{false};  // answers wait while set (an API server that hangs)
     int64_t generation = 1;
@@ -117,6 +121,10 @@ struct FakeKube {
                   {"updateRevision", update},
                   {"observedGeneration", stale ? generation - 1 : generation}}}};
             return out.send(200, "application/json", j.dump());
+        }
+        if (r.path == sts && r.method == "PATCH" && forbid_patches > 0) {
+            --forbid_patches;
+            return out.send(403, "application/json", R"({"kind":"Status","message":"patch is forbidden"})");
         }
         if (r.path == sts && r.method == "PATCH") {
             EXPECT_EQ(r.header("content-type"), "application/strategic-merge-patch+json");
@@ -258,6 +266,7 @@ TEST(KubeRestarter, UpgradesPodsFromTheHighestOrdinalDownByLoweringThePartition)
               std::string::npos)
         << rig.ack(0).note;
     EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v1"}}));
+    EXPECT_EQ(rig.ack(0).others, 2);
     std::lock_guard lk(rig.kube.mu);
     EXPECT_EQ(rig.kube.patches.back()["spec"]["template"]["spec"]["containers"][0]["image"],
               "registry.example/armada:v1");
@@ -343,11 +352,48 @@ TEST(KubeRestarter, ItsAPICallsNeverHoldTheCallerAndADeposedBrainsRetriesAreDrop
     EXPECT_NE(retrying.at("armada-node-1").find("HTTP 500"), std::string::npos) << retrying.at("armada-node-1");
     {
         std::lock_guard lk(rig.ledger.mu);
-        rig.ledger.deposed = true;
+        rig.ledger.leader_rev = 2;  // another brain leads now
     }
     ASSERT_TRUE(rig.k->wait_idle(10000));
     EXPECT_FALSE(rig.acked(1));
     EXPECT_EQ(rig.kube.patches_sent(), 1u);
+}
+
+TEST(KubeRestarter, ARequestAskedAgainByANewTermGoesOnUnderItAndOneNoLongerWantedIsDropped) {
+    Rig rig;
+    rig.kube.set([](FakeKube & k) { k.fail_gets = 1000; });
+    ASSERT_EQ(rig.k->restart({"cell0", "armada-node-2", "v2", 1}, "r1", rig.me), "");
+    EXPECT_FALSE(rig.k->wait_idle(200));
+    // This process leads again under a new revision; the old term is over.
+    {
+        std::lock_guard lk(rig.ledger.mu);
+        rig.ledger.leader_rev = 2;
+    }
+    EtcdLeader again = rig.me;
+    again.rev = 2;
+    ASSERT_EQ(rig.k->restart({"cell0", "armada-node-2", "v2", 1}, "r1", again), "");
+    rig.kube.set([](FakeKube & k) { k.fail_gets = 0; });
+    ASSERT_TRUE(rig.k->wait_idle(10000));
+    ASSERT_TRUE(rig.acked(2));
+    EXPECT_EQ(rig.ack_error(2), "");
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v2"}}));
+
+    // A request the rollout stops asking for (it was aborted) is dropped before it acts.
+    rig.kube.set([](FakeKube & k) { k.fail_gets = 1000; });
+    ASSERT_EQ(rig.k->restart({"cell0", "armada-node-1", "v2", 2}, "r1", again), "");
+    EXPECT_FALSE(rig.k->wait_idle(200));
+    rig.k->forget_except({});
+    ASSERT_TRUE(rig.k->wait_idle(10000));
+    EXPECT_FALSE(rig.acked(1));
+    EXPECT_EQ(rig.kube.patches_sent(), 1u);
+}
+
+TEST(KubeRestarter, AForbiddenPatchIsRefusedAtOnce) {
+    Rig rig;
+    rig.kube.set([](FakeKube & k) { k.forbid_patches = 1; });
+    ASSERT_EQ(rig.restart(2, "v2", 1), "");
+    EXPECT_EQ(rig.ack_error(2), "setting the template of armada-node to v2: HTTP 403 (patch is forbidden)");
+    EXPECT_EQ(rig.count("PATCH /apis/apps/v1/namespaces/armada/statefulsets/armada-node"), 1u);
 }
 
 TEST(KubeRestarter, ASetWhoseOldRevisionNamesNoVersionCanStillGoBack) {

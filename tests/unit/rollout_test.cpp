@@ -209,16 +209,46 @@ TEST(Rollout, OrdinalDescHoldsAPodWhileAHigherOneOnTheOldVersionIsDownOrDraining
     EXPECT_EQ(r.state().phase, "done") << r.state().reason;
     EXPECT_EQ(f.order, (std::vector<std::string>{"a-2", "a-1", "a-0"}));
 
-    // The same for a higher pod that an operator drains.
+    // The same for a higher pod that an operator drains, and `status` says what it waits for.
     Fleet g(1, 3);
     g.nodes["a-2"].draining = true;
     Rollout r2(s, std::nullopt, g.t);
     for (int i = 0; i < 6; ++i)
         g.turn(r2);
     EXPECT_TRUE(g.order.empty()) << g.order[0] << " restarted while a-2 drained";
+    EXPECT_EQ(r2.state().reason, "waiting for a-2 (draining on v1) before the pods below it");
+    // A drain that does not end pauses the rollout past the ready timeout, and says why.
+    for (int i = 0; i < 60 && r2.state().phase == "running"; ++i)
+        g.turn(r2);
+    EXPECT_EQ(r2.state().phase, "paused");
+    EXPECT_NE(r2.state().reason.find("a-2 has drained for over 60 s"), std::string::npos) << r2.state().reason;
+    EXPECT_TRUE(g.order.empty());
     g.nodes["a-2"].draining = false;
+    r2.command({"r-1", 1, "resume", false}, g.t);
     g.run(r2);
+    EXPECT_EQ(r2.state().phase, "done") << r2.state().reason;
     EXPECT_EQ(g.order, (std::vector<std::string>{"a-2", "a-1", "a-0"}));
+}
+
+TEST(Rollout, ANodeThatGoesBackWithOthersBeforeItGetsATimeoutForEach) {
+    // A StatefulSet's last wave: the pod going back waits for the two above it to go back first.
+    Fleet f(1, 3);
+    auto s = spec(34);
+    s.ready_timeout_ms = 10000;
+    f.never_ready.insert("v2");
+    Rollout r(s, std::nullopt, f.t);
+    for (int i = 0; i < 30 && r.state().phase != "rolling_back"; ++i)
+        f.turn(r);
+    ASSERT_EQ(r.state().phase, "rolling_back") << r.state().reason;
+    const std::string node = r.state().wave_order.at(0);
+    auto & n = f.nodes.at(node);
+    n.down_turns = 25;  // back on v1 after 25 s: over one ready timeout, within three
+    n.up = false;
+    r.restart_noted(node, r.state().wave_nodes.at(node).gen, "2 pods go back with it", 2);
+    EXPECT_EQ(r.state().wave_nodes.at(node).note, "2 pods go back with it");
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "halted");
+    EXPECT_EQ(r.state().wave_nodes.at(node).phase, "rolled_back") << r.state().reason;
 }
 
 TEST(Rollout, ADrainingNodeInACellHoldsItsRestarts) {
