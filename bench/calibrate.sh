@@ -31,10 +31,11 @@ WORKLOAD=(--steps "$STEPS" --instruction-tokens 700 --tools 4 --tool-latency con
 . bench/lib.sh
 
 max_c=0
-for c in $CONCURRENCY; do (( c > max_c )) && max_c=$c; done
+npl=1
+for c in $CONCURRENCY; do (( c > max_c )) && max_c=$c; npl="$npl,$c"; done
 echo "model $MODEL, threads $THREADS, concurrency $CONCURRENCY, results in $OUT" | tee "$OUT/flags.txt"
 "$BATCHED_BENCH" -m "$MODEL" -c $(( (1000 + 64) * max_c + 1024 )) -b 2048 -ub 512 -npp 1000 -ntg 64 \
-  -npl "1,$max_c" -no-kvu -t "$THREADS" 2>/dev/null | grep -E '^\|' | tee "$OUT/batched.txt"
+  -npl "$npl" -no-kvu -t "$THREADS" 2>/dev/null | grep -E '^\|' | tee "$OUT/batched.txt"
 
 counters() {  # url -> "prompt generated forced"
   curl -fs "$1/metrics" | awk '
@@ -67,9 +68,11 @@ by_b = {int(r[2]): r for r in rows}
 seq = float(by_b[1][7])                  # S_TG t/s, one sequence
 full = float(by_b[max(by_b)][7])         # S_TG t/s, the full batch
 prefill = float(by_b[max(by_b)][5])      # S_PP t/s
+curve = "[" + ", ".join(f"[{b}, {float(by_b[b][7])}]" for b in sorted(by_b)) + "]"
 model_steps = steps + 1                  # the tool steps and the answer
-lines = [f"engine: one sequence {seq:.1f} tok/s, {max(by_b)} sequences {full:.1f} tok/s, prefill {prefill:.0f} tok/s"]
-report = {"engine": {"seq_tokens_per_s": seq, "tokens_per_s": full, "prefill_tokens_per_s": prefill}, "runs": []}
+lines = [f"engine: decode {curve} (sequences, tok/s), prefill {prefill:.0f} tok/s"]
+report = {"engine": {"seq_tokens_per_s": seq, "tokens_per_s": full, "prefill_tokens_per_s": prefill,
+                     "decode_curve": curve}, "runs": []}
 for c in conc:
     before, after = [list(map(int, l.split())) for l in open(f"{out}/counters-c{c}.txt")]
     real = json.load(open(f"{out}/armada-c{c}.json"))["results"]
@@ -82,7 +85,7 @@ name: calibrate-c{c}
 cells: 1
 nodes_per_cell: 1
 duration_s: 3600
-node: {{sessions: {c}, tokens_per_s: {full}, seq_tokens_per_s: {seq}, step_tokens: {max(1, round(gen))}, prefill_tokens_per_s: {prefill}, step_prompt_tokens: {round(read)}, cores: 2}}
+node: {{sessions: {c}, tokens_per_s: {full}, seq_tokens_per_s: {seq}, decode_curve: {curve}, step_tokens: {max(1, round(gen))}, prefill_tokens_per_s: {prefill}, step_prompt_tokens: {round(read)}, cores: 2}}
 tenants:
   - {{name: bench, concurrency: {c}, sessions: {c}, steps: {model_steps}, tool_ms: {round(1000 * steps / model_steps)}, think_ms: 0}}
 """

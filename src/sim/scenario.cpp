@@ -83,7 +83,7 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
         if (const YAML::Node n = root["node"]) {
             MapReader nr{n, "node", error};
             if (!nr.check({"sessions", "tokens_per_s", "seq_tokens_per_s", "step_tokens", "restore_ms", "cores",
-                           "prefill_tokens_per_s", "step_prompt_tokens"}) ||
+                           "prefill_tokens_per_s", "step_prompt_tokens", "decode_curve"}) ||
                 !nr.get("prefill_tokens_per_s", s.node.prefill_tokens_per_s, 0, 1e8) ||
                 !nr.get("step_prompt_tokens", s.node.step_prompt_tokens, 0, 1000000) ||
                 !nr.get("sessions", s.node.sessions, 1, 100000) ||
@@ -92,6 +92,24 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
                 !nr.get("step_tokens", s.node.step_tokens, 1, 100000) ||
                 !nr.get("restore_ms", s.node.restore_ms, 0, 600000) || !nr.get("cores", s.node.cores, 1, 4096))
                 return std::nullopt;
+            if (const YAML::Node c = n["decode_curve"]) {
+                // [[sequences, tokens/s], ...], sequences ascending from 1.
+                bool ok = c.IsSequence() && c.size() > 0 && c.size() <= 64;
+                for (size_t i = 0; ok && i < c.size(); ++i) {
+                    ok = c[i].IsSequence() && c[i].size() == 2;
+                    if (!ok) break;
+                    const double b = c[i][0].as<double>(), t = c[i][1].as<double>();
+                    ok = b >= 1 && b <= 1e6 && t > 0 && t <= 1e8 &&
+                         (s.node.decode_curve.empty() || b > s.node.decode_curve.back().first);
+                    if (ok) s.node.decode_curve.emplace_back(b, t);
+                }
+                if (!ok) {
+                    error =
+                        "node.decode_curve: must be a list of [sequences, tokens_per_s] pairs, sequences "
+                        "ascending from 1, tokens_per_s above 0";
+                    return std::nullopt;
+                }
+            }
         }
         if (const YAML::Node n = root["rollout"]) {
             MapReader rr{n, "rollout", error};

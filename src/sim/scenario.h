@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace armada::sim {
@@ -52,6 +53,10 @@ struct NodeModel {
     //! shared instruction is a cached prefix).
     double prefill_tokens_per_s = 0;
     int step_prompt_tokens = 0;
+    //! Measured decode rates by batch: (sequences, tokens per second over all of them), batch
+    //! ascending. When given, a step's rate is read off it (linear between points, flat past the
+    //! ends) instead of from `tokens_per_s` and `seq_tokens_per_s`.
+    std::vector<std::pair<double, double>> decode_curve;
 };
 
 //! A rolling upgrade run by the real `cluster::Rollout` from `at_s`: each node asked to restart

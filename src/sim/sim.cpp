@@ -269,12 +269,29 @@ class World {
         // rate, shared the same way.
         const double pre = s_.node.prefill_tokens_per_s, prompt = pre > 0 ? s_.node.step_prompt_tokens : 0;
         double g = tok * 1000.0 / seq + (prompt > 0 ? prompt * 1000.0 / pre : 0);
+        const auto & curve = s_.node.decode_curve;
+        if (!curve.empty()) g = tok * 1000.0 / curve.front().second + (prompt > 0 ? prompt * 1000.0 / pre : 0);
         for (int i = 0; i < 4; ++i) {  // the generating share depends on the step time: a few rounds
             const double share = std::max(1.0, double(n) * g / (g + wait_ms));
-            const double rate = std::min(seq, all / share);
+            double rate = std::min(seq, all / share);
+            if (!curve.empty()) rate = curve_at(share) / share;
             g = tok * 1000.0 / rate + (prompt > 0 ? prompt * 1000.0 * share / pre : 0);
         }
         return int32_t(g);
+    }
+
+    //! The measured decode rate over all sequences at `batch` sequences: linear between the
+    //! curve's points, flat past its ends.
+    double curve_at(double batch) const {
+        const auto & c = s_.node.decode_curve;
+        if (batch <= c.front().first) return c.front().second;
+        for (size_t i = 1; i < c.size(); ++i) {
+            if (batch <= c[i].first) {
+                const double f = (batch - c[i - 1].first) / (c[i].first - c[i - 1].first);
+                return c[i - 1].second + f * (c[i].second - c[i - 1].second);
+            }
+        }
+        return c.back().second;
     }
 
     // ---- membership lists, with O(1) insert and erase ----
