@@ -264,10 +264,14 @@ class GlobalProcess {
         }
         if (!spec) {
             rollout_.reset();
+            if (restarter_) restarter_->forget_except({});  // nothing is wanted any more
             return;
         }
         if (!rollout_ || rollout_->spec().id != spec->id) {
-            if (state && state->id == spec->id && !rollout_active(state->phase)) return;  // over, and written
+            if (state && state->id == spec->id && !rollout_active(state->phase)) {  // over, and written
+                if (restarter_) restarter_->forget_except({});
+                return;
+            }
             // A StatefulSet's pods go from the highest ordinal down.
             if (restarter_ && restarter_->highest_ordinal_first()) spec->ordinal_desc = true;
             rollout_.emplace(*spec, state, wall);  // the same id resumes; another one's gens are passed
