@@ -1551,7 +1551,10 @@ void SessionManager::send_tools(Session & s) {
         sp.set("gen_ai.conversation.id", s.id);
         pc.call.traceparent = sp.context().traceparent();
         s.tool_spans[pc.call.idempotency_key] = std::move(sp);
-        tools_.call(capped, pc.call,
+        // Its retries wait for this node's lease too (the first attempt went through run_tools).
+        tools::ToolCall call = pc.call;
+        call.may_send = opt_.lease_current;
+        tools_.call(capped, call,
                     [this, alive = alive_, id = s.id, key = pc.call.idempotency_key](tools::ToolResult r) {
                         if (*alive) post([this, id, key, r = std::move(r)] { on_tool_done(id, key, r); });
                     });

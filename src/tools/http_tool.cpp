@@ -340,10 +340,25 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         if (attempts_ <= spec_.retries) {
             // Exponential backoff from 100 ms; the same idempotency key goes with every attempt.
             timer_.expires_after(std::chrono::milliseconds(100 << std::min(attempts_ - 1, 6)));
-            timer_.async_wait([self = shared_from_this()](beast::error_code) { self->attempt(); });
+            timer_.async_wait([self = shared_from_this()](beast::error_code) { self->retry(); });
             return;
         }
         finish_error(why + (attempts_ > 1 ? " (after " + std::to_string(attempts_) + " attempts)" : ""), true);
+    }
+
+    //! The next attempt, once the caller allows it (its node's lease is current again).
+    void retry() {
+        if (call_.may_send && !call_.may_send()) {
+            if (held_ms_ >= kRetryHoldMs)
+                return finish_error("not sent again: this node's lease was not current for " +
+                                        std::to_string(kRetryHoldMs / 1000) + " s",
+                                    true);
+            held_ms_ += 100;
+            timer_.expires_after(std::chrono::milliseconds(100));
+            timer_.async_wait([self = shared_from_this()](beast::error_code) { self->retry(); });
+            return;
+        }
+        attempt();
     }
 
     void finish_error(const std::string & why, bool) {
@@ -385,6 +400,8 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     beast::flat_buffer buf_;
     unsigned status_ = 0;
     int attempts_ = 0, redirects_ = 0;
+    static constexpr int kRetryHoldMs = 60000;
+    int held_ms_ = 0;  // a retry's wait for `may_send`, in all
 };
 
 }  // namespace

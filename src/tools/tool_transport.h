@@ -18,6 +18,10 @@ struct ToolCall {
     std::string tenant;
     //! W3C trace context of the call's span, sent as `traceparent` ("" : none).
     std::string traceparent;
+    //! Asked before each retry (on an I/O thread): while false the retry waits, up to a minute,
+    //! then the call ends with an error. A node whose lease may have lapsed may have lost the
+    //! session, whose next node sends the call itself. Unset: retries go out at once.
+    std::function<bool()> may_send;
 };
 
 //! How a call ended. A failure is still a result: it goes to the model as an error.

@@ -142,3 +142,78 @@ TEST(HttpTool, DeadlinesThatRaceTheirAnswersOnTwoThreadsEndEachCallOnce) {
     EXPECT_EQ(answered.load() + timed_out.load(), kCalls);
     std::printf("answered %d, timed out %d\n", answered.load(), timed_out.load());
 }
+
+// A retry waits while the caller says its node's lease is not current, and goes out once it is:
+// a node stopped past its lease may have lost the session, and its next node sends the call.
+TEST(HttpTool, ARetryWaitsUntilTheCallerAllowsIt) {
+    int ls = -1;
+    const int port = listen_loopback(ls);
+    ASSERT_GE(ls, 0);
+    std::atomic<int> requests{0};
+    std::thread server([&] {
+        for (int i = 0; i < 2; ++i) {
+            const int c = ::accept(ls, nullptr, nullptr);
+            if (c < 0) return;
+            if (read_request(c)) {
+                const int n = ++requests;
+                const std::string r =
+                    n == 1 ? "HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n"
+                           : "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok";
+                (void)!::write(c, r.data(), r.size());
+            }
+            ::close(c);
+        }
+    });
+    net::io_context ioc;
+    auto work = net::make_work_guard(ioc);
+    std::thread io([&] { ioc.run(); });
+
+    armada::tools::SsrfGuard guard;
+    armada::tools::Cidr loop;
+    ASSERT_TRUE(armada::tools::parse_cidr("127.0.0.1/32", loop));
+    guard.allow(loop);
+    armada::tools::HttpToolTransport transport(ioc.get_executor(), guard);
+    armada::tools::HttpToolSpec spec;
+    spec.name = "held";
+    spec.url = "http://127.0.0.1:" + std::to_string(port) + "/held";
+    spec.timeout_ms = 5000;
+    spec.retries = 2;
+
+    std::atomic<bool> allowed{false};
+    std::atomic<int> asked{0};
+    std::atomic<bool> ended{false};
+    armada::tools::ToolResult result;
+    armada::tools::ToolCall call;
+    call.session_id = "s";
+    call.name = "held";
+    call.arguments = "{}";
+    call.idempotency_key = "s:1:0";
+    call.may_send = [&] {
+        ++asked;
+        return allowed.load();
+    };
+    transport.call(spec, call, [&](armada::tools::ToolResult r) {
+        result = std::move(r);
+        ended = true;
+    });
+    // Held: asked again and again, and nothing more reaches the tool.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (asked.load() < 5 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_GE(asked.load(), 5);
+    EXPECT_EQ(requests.load(), 1);
+    EXPECT_FALSE(ended.load());
+    allowed = true;
+    while (!ended.load() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(ended.load());
+    EXPECT_FALSE(result.is_error) << result.content;
+    EXPECT_EQ(result.content, "ok");
+    EXPECT_EQ(result.attempts, 2);
+    EXPECT_EQ(requests.load(), 2);
+
+    server.join();
+    work.reset();
+    io.join();
+    ::close(ls);
+}
