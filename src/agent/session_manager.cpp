@@ -1551,7 +1551,9 @@ void SessionManager::send_tools(Session & s) {
         sp.set("gen_ai.conversation.id", s.id);
         pc.call.traceparent = sp.context().traceparent();
         s.tool_spans[pc.call.idempotency_key] = std::move(sp);
-        // Its retries wait for this node's lease too (the first attempt went through run_tools).
+        // Its retries check this node's lease too (the first attempt went through run_tools): a
+        // retry due while the lease is not current comes back unsent, and goes out again the way
+        // the first did (on_tool_done).
         tools::ToolCall call = pc.call;
         call.may_send = opt_.lease_current;
         tools_.call(capped, call,
@@ -1574,6 +1576,23 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
         if (c.call.idempotency_key == key) pc = &c;
     }
     if (!pc || pc->done) return;
+    if (r.not_sent) {
+        // A retry fell due while this node's lease was not current: it goes out again only once
+        // the lease is, and a fenced write has confirmed the session is still this node's.
+        pc->started = false;
+        if (auto sp = s.tool_spans.find(key); sp != s.tool_spans.end()) {
+            sp->second.set("armada.tool.attempts", int64_t(r.attempts));
+            sp->second.fail("not sent again: the node's lease was not current");
+            obs::tracer()->end(std::move(sp->second));
+            s.tool_spans.erase(sp);
+        }
+        spdlog::info("session {}: a retry of tool call {} waits for this node's lease", s.id, key);
+        if (!s.lease_wait && !draining_ && s.leaving_ms == 0) {
+            s.lease_wait = true;
+            wait_for_lease(s.id);
+        }
+        return;
+    }
     pc->done = true;
     const std::string outcome = r.is_error ? "error" : "ok";
     if (r.is_error) sig_tool_errors_++;

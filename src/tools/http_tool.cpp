@@ -346,17 +346,14 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         finish_error(why + (attempts_ > 1 ? " (after " + std::to_string(attempts_) + " attempts)" : ""), true);
     }
 
-    //! The next attempt, once the caller allows it (its node's lease is current again).
+    //! The next attempt, if the caller still allows one (its node's lease is current).
     void retry() {
         if (call_.may_send && !call_.may_send()) {
-            if (held_ms_ >= kRetryHoldMs)
-                return finish_error("not sent again: this node's lease was not current for " +
-                                        std::to_string(kRetryHoldMs / 1000) + " s",
-                                    true);
-            held_ms_ += 100;
-            timer_.expires_after(std::chrono::milliseconds(100));
-            timer_.async_wait([self = shared_from_this()](beast::error_code) { self->retry(); });
-            return;
+            ToolResult r;
+            r.not_sent = true;
+            r.is_error = true;
+            r.content = "tool error: not sent again: this node's lease was not current";
+            return finish(std::move(r));
         }
         attempt();
     }
@@ -400,8 +397,6 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     beast::flat_buffer buf_;
     unsigned status_ = 0;
     int attempts_ = 0, redirects_ = 0;
-    static constexpr int kRetryHoldMs = 60000;
-    int held_ms_ = 0;  // a retry's wait for `may_send`, in all
 };
 
 }  // namespace

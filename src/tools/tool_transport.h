@@ -18,9 +18,10 @@ struct ToolCall {
     std::string tenant;
     //! W3C trace context of the call's span, sent as `traceparent` ("" : none).
     std::string traceparent;
-    //! Asked before each retry (on an I/O thread): while false the retry waits, up to a minute,
-    //! then the call ends with an error. A node whose lease may have lapsed may have lost the
-    //! session, whose next node sends the call itself. Unset: retries go out at once.
+    //! Asked before each retry (on an I/O thread): false ends the call unsent (`not_sent`), for
+    //! the caller to send again once it knows the session is still its own. A node whose lease
+    //! may have lapsed may have lost the session, whose next node sends the call itself. Unset:
+    //! retries go out at once.
     std::function<bool()> may_send;
 };
 
@@ -31,6 +32,8 @@ struct ToolResult {
     int http_status = 0;
     int attempts = 0;
     double latency_s = 0;
+    //! A retry was due but `may_send` said no: not a result, the call is to be sent again.
+    bool not_sent = false;
 };
 
 //! Sends tool calls. Implementations run on I/O threads and never block the caller; `done` runs

@@ -30,12 +30,29 @@ class InstantTools : public tools::ToolTransport {
     std::mutex mu;
     std::vector<std::string> keys;  // of every call sent
     std::string extra;              // appended to every result (a hostile tool)
+    //! Set: each key's first attempt fails and this runs (the node is stopped then), and its
+    //! retry asks `may_send` as the HTTP transport does: a no comes back unsent.
+    std::function<void()> stop_after_first;
+    std::atomic<int> unsent{0};
     void call(const tools::HttpToolSpec &, const tools::ToolCall & c,
               std::function<void(tools::ToolResult)> done) override {
         ++calls;
+        bool first = false;
         {
             std::lock_guard lk(mu);
+            first = std::find(keys.begin(), keys.end(), c.idempotency_key) == keys.end();
             keys.push_back(c.idempotency_key);
+        }
+        if (first && stop_after_first) {
+            stop_after_first();
+            if (c.may_send && !c.may_send()) {
+                tools::ToolResult r;
+                r.not_sent = true;
+                r.is_error = true;
+                r.attempts = 1;
+                ++unsent;
+                return done(r);
+            }
         }
         tools::ToolResult r;
         r.content = "{\"ok\":true,\"key\":\"" + c.idempotency_key + "\"}" + extra;
@@ -326,6 +343,46 @@ TEST(SessionFencing, ToolCallsWaitForACurrentLeaseAndGoOutOnlyForSessionsStillHe
     const auto r = rig.sqlite->session(moved);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->node, "n2");
+}
+
+// A call whose first attempt failed just as the node was stopped past its lease is not retried
+// then: it comes back unsent and goes out again only once the lease is current and a fenced
+// write has confirmed the session is still this node's.
+TEST(SessionFencing, ARetryDueWhileTheLeaseLapsedGoesOutAgainOnlyForSessionsStillHeldHere) {
+    std::atomic<bool> lease{true};
+    Rig rig(nullptr, worker(), "n1", [&] { return lease.load(); });
+    rig.tools.stop_after_first = [&] { lease = false; };
+    auto sends = [&](const std::string & id) {
+        std::lock_guard lk(rig.tools.mu);
+        return std::count_if(rig.tools.keys.begin(), rig.tools.keys.end(),
+                             [&](const std::string & k) { return k.rfind(id + ":", 0) == 0; });
+    };
+    auto & fenced = rig.metrics.counter("armada_sessions_fenced_total", "");
+    // The first session's retry comes back unsent; meanwhile its cell gives it to n2.
+    const std::string moved = rig.create("Process record a");
+    for (int i = 0; i < 3000 && rig.tools.unsent.load() < 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(rig.tools.unsent.load(), 1) << "the first attempt's retry did not come back unsent";
+    store::Batch b;
+    b.assign.push_back({moved, "n2", 2});
+    commit_now(*rig.sqlite, std::move(b));
+    lease = true;
+    for (int i = 0; i < 500 && fenced.value() < 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(fenced.value(), 1u);
+    EXPECT_EQ(sends(moved), 1) << "the call went out again from the node that lost its session";
+    // The second one's is sent again once the lease is current: this node still holds it.
+    const std::string kept = rig.create("Process record b");
+    for (int i = 0; i < 3000 && rig.tools.unsent.load() < 2; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(rig.tools.unsent.load(), 2);
+    EXPECT_EQ(sends(kept), 1);
+    rig.tools.stop_after_first = nullptr;
+    lease = true;
+    const auto v = rig.wait_end(kept);
+    EXPECT_EQ(v.state, "completed") << v.reason;
+    EXPECT_GE(sends(kept), 2) << "the kept session's call was not sent again";
+    EXPECT_EQ(sends(moved), 1);
 }
 
 // A session given to this node while its move's command never came (NATS lost it) is taken up by
