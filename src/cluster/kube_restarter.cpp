@@ -202,7 +202,7 @@ void KubeRestarter::work() {
         ++busy_;
         lk.unlock();
         std::string e;
-        bool drop = false, done = false;
+        bool drop = false, done = false, acting = false;
         try {
             if (!job.ack) {
                 // Claimed under the leader's fence right before each try: a brain that no longer
@@ -213,7 +213,9 @@ void KubeRestarter::work() {
                     bool refused = false;
                     std::string note;
                     int others = 0;
+                    acting = true;
                     e = act(job.r, refused, note, others);
+                    acting = false;
                     if (e.empty() || refused) {
                         RestartAck ack;
                         ack.gen = job.r.gen;
@@ -238,14 +240,18 @@ void KubeRestarter::work() {
                 done = e.empty();
             }
         } catch (const std::exception & x) {
-            // Nothing a request or the API sends may end the brain: the request is refused.
+            // Nothing a request or the API sends may end the brain. What the request or the API
+            // sent is refused; a failure of etcd's (the claim, the acknowledgement, which is
+            // kept) is tried again.
             e = std::string("kubernetes restarter: ") + x.what();
-            RestartAck ack;
-            ack.gen = job.r.gen;
-            ack.version = job.r.version;
-            ack.at_ms = wall_ms_();
-            ack.error = e;
-            job.ack = ack;
+            if (acting) {
+                RestartAck ack;
+                ack.gen = job.r.gen;
+                ack.version = job.r.version;
+                ack.at_ms = wall_ms_();
+                ack.error = e;
+                job.ack = ack;
+            }
             spdlog::error("kubernetes: restart of {}: {}", job.r.node, e);
         }
         lk.lock();
@@ -323,7 +329,9 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
     // A 4xx other than a conflict or a throttle will not change by asking again (a forbidden
     // verb, an invalid patch): the request is refused and the rollout halts saying so.
     auto settled = [&](std::string why, const tools::HttpReply & rep) {
-        if (rep.error.empty() && rep.status >= 400 && rep.status < 500 && rep.status != 409 && rep.status != 429)
+        // (A 401 may be a token rotated between reading it and using it: it is read again.)
+        if (rep.error.empty() && rep.status >= 400 && rep.status < 500 && rep.status != 401 && rep.status != 409 &&
+            rep.status != 429)
             return refuse(std::move(why));
         return why;
     };
@@ -332,7 +340,7 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
 
     auto got = call("GET", sts_path, "", "");
     if (got.status == 404) return refuse("there is no StatefulSet " + set + " in namespace " + cfg_.ns);
-    if (got.status == 401 || got.status == 403)
+    if (got.status == 403)
         return refuse(failed("reading StatefulSet " + set +
                                  " (the global brain's service account needs get and "
                                  "patch on statefulsets, get on controllerrevisions and pods, delete on pods)",
@@ -393,7 +401,16 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
 
     if (!tmpl_version.empty() && tmpl_version == r.version) {
         // The template is at the version already: the pod joins the updated range.
-        if (ordinal >= partition) return {};  // it is in it: the controller replaces it, or did
+        if (ordinal >= partition) {
+            // It is in it: the controller replaces it, or did. A way back asked again after
+            // the template went back (the answer was lost): the pods above it go back too.
+            if (r.back && !current.empty() && current != update && ordinal < replicas - 1) {
+                others = replicas - 1 - ordinal;
+                note = "a StatefulSet cannot take one pod back alone: " + r.node + " and the " +
+                       std::to_string(others) + " pod(s) above it go back to " + r.version;
+            }
+            return {};
+        }
         if (auto e = only_this_one(partition); !e.empty()) return e;
         return set_partition(ordinal);
     }

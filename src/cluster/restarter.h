@@ -24,10 +24,10 @@ inline std::string rollout_prefix(const ClusterConfig & c) {
     return c.prefix + "/rollout/";
 }
 
-//! What a restarter did about a node's latest request.
 //! What a claim or an acknowledgement says when its brain no longer leads.
 inline constexpr const char * kNotLeader = "this brain no longer leads";
 
+//! What a restarter did about a node's latest request.
 struct RestartAck {
     int64_t gen = 0;
     std::string version;

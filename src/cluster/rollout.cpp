@@ -375,6 +375,11 @@ void Rollout::fleet(const std::vector<FleetNode> & live, int64_t now_ms) {
         if (settling) (w != st_.wave_nodes.end() && w->second.phase == "ready" ? wave_sig_ : rest_sig_).heartbeat++;
     }
     live_ = std::move(seen);
+    // A drain's hold counts from when it began: one that ended (or whose node moved on) starts over.
+    std::erase_if(drain_held_since_, [&](const auto & kv) {
+        const auto n = live_.find(kv.first);
+        return n == live_.end() || !n->second.draining || n->second.version == spec_.version;
+    });
     if (std::erase_if(st_.away, [&](const auto & a) { return live_.count(a.first) > 0; }) > 0) change();
     window_.emplace_back(now_ms, fleet_sum);
     while (!window_.empty() && window_.front().first < now_ms - std::max(spec_.settle_ms, spec_.before_ms))
@@ -475,18 +480,26 @@ bool Rollout::take_token(int64_t now_ms) {
 void Rollout::start_wave(int64_t now_ms) {
     std::map<std::string, std::vector<std::string>> by_cell;
     size_t eligible = 0;
-    bool waiting = false;  // a node on another version drains now: not done before it is back
+    std::string waiting;  // nodes on another version that drain now: not done before they are back
     for (const auto & [name, n] : live_) {
         if (n.version == spec_.version) continue;
         if (n.draining) {
-            waiting = true;
+            waiting += (waiting.empty() ? "" : ", ") + name + " (draining on " + n.version + ")";
             continue;
         }
         by_cell[n.cell].push_back(name);
         eligible++;
     }
     if (eligible == 0) {
-        if (live_.empty() || waiting) return;  // no report yet, or a node to wait for
+        if (live_.empty()) return;  // no report yet
+        if (!waiting.empty()) {     // a node to wait for
+            const std::string why = "waiting for " + waiting;
+            if (st_.reason != why) {
+                st_.reason = why;
+                change();
+            }
+            return;
+        }
         // A node that went down on an older version may come back on it: wait for it, up to the
         // ready timeout.
         std::string gone;
@@ -506,19 +519,19 @@ void Rollout::start_wave(int64_t now_ms) {
     if (spec_.ordinal_desc) {
         // A StatefulSet updates its pods from the highest ordinal down: a pod below one still on
         // the old version that drains or is down (and may come back) waits for it.
-        std::map<std::string, long> held_below;      // set name -> the highest such ordinal
-        std::map<std::string, std::string> holders;  // the pod that holds a set -> why
+        std::map<std::string, long> held_below;          // set name -> the highest such ordinal
+        std::map<std::string, std::string> holders;      // set -> the pod that holds it, and why
+        std::map<std::string, std::string> holder_name;  // set -> that pod
         auto hold = [&](const std::string & name, const std::string & why) {
             const long o = ordinal(name);
             if (o < 0) return;
             auto & h = held_below.try_emplace(set_of(name), -1).first->second;
-            if (o > h) holders[set_of(name)] = name + " (" + why + ")";
+            if (o > h) {
+                holders[set_of(name)] = name + " (" + why + ")";
+                holder_name[set_of(name)] = name;
+            }
             h = std::max(h, o);
         };
-        std::erase_if(drain_held_since_, [&](const auto & kv) {
-            const auto n = live_.find(kv.first);
-            return n == live_.end() || !n->second.draining;
-        });
         for (const auto & [name, n] : live_) {
             if (n.version == spec_.version || !n.draining || ordinal(name) < 0) continue;
             hold(name, "draining on " + n.version);
@@ -541,8 +554,10 @@ void Rollout::start_wave(int64_t now_ms) {
             eligible -= before - nodes.size();
         }
         // A drain that does not end holds the pods below it: the operator is asked to look.
-        for (const auto & [name, since] : drain_held_since_) {
-            if (!holding.count(set_of(name)) || st_.phase != "running" || now_ms - since <= spec_.ready_timeout_ms)
+        for (const auto & set : holding) {
+            const std::string & name = holder_name[set];
+            const auto d = drain_held_since_.find(name);
+            if (d == drain_held_since_.end() || st_.phase != "running" || now_ms - d->second <= spec_.ready_timeout_ms)
                 continue;
             st_.phase = "paused";
             st_.reason = name + " has drained for over " + std::to_string(spec_.ready_timeout_ms / 1000) +

@@ -39,6 +39,10 @@ class MemoryLedger : public RestartLedger {
     std::string put_ack(const std::string & node, const RestartAck & a, const EtcdLeader & me) override {
         std::lock_guard lk(mu);
         if (me.rev != leader_rev) return armada::cluster::kNotLeader;
+        if (fail_acks > 0) {
+            --fail_acks;
+            return "etcd: unavailable";
+        }
         acked[node] = a;
         return {};
     }
@@ -48,6 +52,7 @@ class MemoryLedger : public RestartLedger {
     }
     std::mutex mu;
     int64_t leader_rev = 1;
+    int fail_acks = 0;  // the next acknowledgements fail to be written
     std::vector<RestartRequest> requests;
     std::map<std::string, RestartAck> acked;
 };
@@ -62,6 +67,7 @@ struct FakeKube {
     std::vector<std::string> calls;   // "METHOD path"
     std::vector<json> patches;
     std::string auth;
+    bool instant = true;            // the controller replaces pods at once (else they stay as they were)
     int fail_gets = 0;              // the next GETs of the StatefulSet answer 500
     int forbid_patches = 0;         // the next PATCHes answer 403
     int stale_gets = 0;             // the next GETs show a status the controller has not brought up to date
@@ -138,7 +144,7 @@ struct FakeKube {
             }
             partition = s["updateStrategy"]["rollingUpdate"]["partition"];
             ++generation;
-            reconcile();
+            if (instant) reconcile();
             return out.send(200, "application/json", "{}");
         }
         if (r.path.rfind("/apis/apps/v1/namespaces/armada/controllerrevisions/", 0) == 0 && r.method == "GET") {
@@ -258,18 +264,42 @@ TEST(KubeRestarter, UpgradesPodsFromTheHighestOrdinalDownByLoweringThePartition)
     EXPECT_NE(rig.ack_error(0).find("armada-node-2 goes before armada-node-0"), std::string::npos) << rig.ack_error(0);
     EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v2"}, {1, "v2"}, {2, "v2"}}));
     // The last wave's rollback: one pod cannot go back alone, so it and those above it go back,
-    // and the acknowledgement says so.
+    // and the acknowledgement says so. (The controller takes its time here.)
+    rig.kube.set([](FakeKube & k) { k.instant = false; });
     ASSERT_EQ(rig.restart(0, "v1", 5, true), "");
     EXPECT_EQ(rig.ack_error(0), "");
     EXPECT_NE(rig.ack(0).note.find("a StatefulSet cannot take one pod back alone: armada-node-0 and the 2 pod(s) "
                                    "above it go back to v1"),
               std::string::npos)
         << rig.ack(0).note;
-    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v1"}}));
     EXPECT_EQ(rig.ack(0).others, 2);
-    std::lock_guard lk(rig.kube.mu);
-    EXPECT_EQ(rig.kube.patches.back()["spec"]["template"]["spec"]["containers"][0]["image"],
-              "registry.example/armada:v1");
+    {
+        std::lock_guard lk(rig.kube.mu);
+        EXPECT_EQ(rig.kube.patches.back()["spec"]["template"]["spec"]["containers"][0]["image"],
+                  "registry.example/armada:v1");
+    }
+    // Asked again (a new leader did not see the acknowledgement): nothing more is patched, and
+    // the pods going back with it are still counted.
+    const size_t patched = rig.kube.patches_sent();
+    ASSERT_EQ(rig.restart(0, "v1", 6, true), "");
+    EXPECT_EQ(rig.kube.patches_sent(), patched);
+    EXPECT_EQ(rig.ack(0).others, 2);
+    EXPECT_NE(rig.ack(0).note.find("armada-node-0 and the 2 pod(s) above it go back to v1"), std::string::npos);
+    rig.kube.set([](FakeKube & k) { k.reconcile(); });
+    EXPECT_EQ(rig.kube.versions(), (std::map<int, std::string>{{0, "v1"}, {1, "v1"}, {2, "v1"}}));
+}
+
+TEST(KubeRestarter, AnAcknowledgementThatCannotBeWrittenIsWrittenAgainWithoutActingAgain) {
+    Rig rig;
+    {
+        std::lock_guard lk(rig.ledger.mu);
+        rig.ledger.fail_acks = 2;
+    }
+    ASSERT_EQ(rig.restart(2, "v2", 1), "");
+    ASSERT_TRUE(rig.acked(2));
+    EXPECT_EQ(rig.ack_error(2), "");
+    EXPECT_EQ(rig.kube.patches_sent(), 1u);
+    EXPECT_EQ(rig.count("GET /apis/apps/v1/namespaces/armada/statefulsets/armada-node"), 1u);
 }
 
 TEST(KubeRestarter, APodOutOfOrderIsRefusedWithoutTouchingTheSet) {

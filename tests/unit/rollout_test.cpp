@@ -217,10 +217,13 @@ TEST(Rollout, OrdinalDescHoldsAPodWhileAHigherOneOnTheOldVersionIsDownOrDraining
         g.turn(r2);
     EXPECT_TRUE(g.order.empty()) << g.order[0] << " restarted while a-2 drained";
     EXPECT_EQ(r2.state().reason, "waiting for a-2 (draining on v1) before the pods below it");
-    // A drain that does not end pauses the rollout past the ready timeout, and says why.
-    for (int i = 0; i < 60 && r2.state().phase == "running"; ++i)
+    // A drain that does not end pauses the rollout past the ready timeout (60 s), not before,
+    // and says why.
+    int turns = 6;
+    for (; turns < 80 && r2.state().phase == "running"; ++turns)
         g.turn(r2);
     EXPECT_EQ(r2.state().phase, "paused");
+    EXPECT_GE(turns, 60);
     EXPECT_NE(r2.state().reason.find("a-2 has drained for over 60 s"), std::string::npos) << r2.state().reason;
     EXPECT_TRUE(g.order.empty());
     g.nodes["a-2"].draining = false;
@@ -228,6 +231,20 @@ TEST(Rollout, OrdinalDescHoldsAPodWhileAHigherOneOnTheOldVersionIsDownOrDraining
     g.run(r2);
     EXPECT_EQ(r2.state().phase, "done") << r2.state().reason;
     EXPECT_EQ(g.order, (std::vector<std::string>{"a-2", "a-1", "a-0"}));
+}
+
+TEST(Rollout, AWaveWaitingOnlyForDrainingNodesSaysSo) {
+    Fleet f(1, 2);
+    f.nodes["a-0"].draining = true;
+    f.nodes["a-1"].version = "v2";
+    Rollout r(spec(50), std::nullopt, f.t);
+    for (int i = 0; i < 3; ++i)
+        f.turn(r);
+    EXPECT_EQ(r.state().phase, "running");
+    EXPECT_EQ(r.state().reason, "waiting for a-0 (draining on v1)");
+    f.nodes["a-0"].draining = false;
+    f.run(r);
+    EXPECT_EQ(r.state().phase, "done") << r.state().reason;
 }
 
 TEST(Rollout, ANodeThatGoesBackWithOthersBeforeItGetsATimeoutForEach) {
