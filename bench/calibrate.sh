@@ -3,8 +3,8 @@
 # calibration in docs/SCALE.md).
 #
 # 1. The engine's rates come from llama-batched-bench on the same model and threads, with a KV
-#    stream per sequence as `armada serve` uses: one sequence's decode rate, the full batch's
-#    decode rate, and the prefill rate.
+#    stream per sequence as `armada serve` uses, at the sessions' mean KV length (NPP): the
+#    decode rate at 1 sequence and at each concurrency checked, and the prefill rate.
 # 2. The real node runs the agents bench (the workload of bench/compare.sh) at each concurrency.
 #    Its token counters, read before and after, give the workload's tokens per step: generated,
 #    and read (prompt tokens computed, grammar-forced tokens included).
@@ -23,6 +23,10 @@ THREADS="${THREADS:-2}"
 CONCURRENCY="${CONCURRENCY:-16 64}"
 STEPS="${STEPS:-3}"
 CTX_PER="${CTX_PER:-2048}"
+# The workload's mean KV length: a session's first step reads about 1,300 tokens (instruction,
+# tool schemas, template) and its last ends near 1,700 (one session alone reads 1,567 tokens and
+# generates 139 in all: the c=1 run's counters).
+NPP="${NPP:-1450}"
 OUT="${OUT:-bench/results/calibrate-$(date -u +%Y%m%d-%H%M)}"
 mkdir -p "$OUT"
 WORKLOAD=(--steps "$STEPS" --instruction-tokens 700 --tools 4 --tool-latency constant:1 --tool-output-tokens 64
@@ -34,7 +38,7 @@ max_c=0
 npl=1
 for c in $CONCURRENCY; do (( c > max_c )) && max_c=$c; npl="$npl,$c"; done
 echo "model $MODEL, threads $THREADS, concurrency $CONCURRENCY, results in $OUT" | tee "$OUT/flags.txt"
-"$BATCHED_BENCH" -m "$MODEL" -c $(( (1000 + 64) * max_c + 1024 )) -b 2048 -ub 512 -npp 1000 -ntg 64 \
+"$BATCHED_BENCH" -m "$MODEL" -c $(( (NPP + 64) * max_c + 1024 )) -b 2048 -ub 512 -npp "$NPP" -ntg 64 \
   -npl "$npl" -no-kvu -t "$THREADS" 2>/dev/null | grep -E '^\|' | tee "$OUT/batched.txt"
 
 counters() {  # url -> "prompt generated forced"
