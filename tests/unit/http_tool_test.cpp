@@ -54,6 +54,15 @@ bool read_request(int fd) {
     }
 }
 
+//! An SSRF guard that lets the calls reach the loopback servers of these tests.
+armada::tools::SsrfGuard loopback_guard() {
+    armada::tools::SsrfGuard guard;
+    armada::tools::Cidr loop;
+    EXPECT_TRUE(armada::tools::parse_cidr("127.0.0.1/32", loop));
+    guard.allow(loop);
+    return guard;
+}
+
 }  // namespace
 
 // Answers come from half the deadline to one and a half times it, so deadlines and answers
@@ -94,11 +103,7 @@ TEST(HttpTool, DeadlinesThatRaceTheirAnswersOnTwoThreadsEndEachCallOnce) {
     for (int i = 0; i < 2; ++i)
         io.emplace_back([&] { ioc.run(); });
 
-    armada::tools::SsrfGuard guard;
-    armada::tools::Cidr loop;
-    ASSERT_TRUE(armada::tools::parse_cidr("127.0.0.1/32", loop));
-    guard.allow(loop);
-    armada::tools::HttpToolTransport transport(ioc.get_executor(), guard);
+    armada::tools::HttpToolTransport transport(ioc.get_executor(), loopback_guard());
     armada::tools::HttpToolSpec spec;
     spec.name = "race";
     spec.url = "http://127.0.0.1:" + std::to_string(port) + "/race";
@@ -169,11 +174,7 @@ TEST(HttpTool, ARetryTheCallerDoesNotAllowComesBackUnsent) {
     auto work = net::make_work_guard(ioc);
     std::thread io([&] { ioc.run(); });
 
-    armada::tools::SsrfGuard guard;
-    armada::tools::Cidr loop;
-    ASSERT_TRUE(armada::tools::parse_cidr("127.0.0.1/32", loop));
-    guard.allow(loop);
-    armada::tools::HttpToolTransport transport(ioc.get_executor(), guard);
+    armada::tools::HttpToolTransport transport(ioc.get_executor(), loopback_guard());
     armada::tools::HttpToolSpec spec;
     spec.name = "held";
     spec.url = "http://127.0.0.1:" + std::to_string(port) + "/held";

@@ -223,6 +223,11 @@ struct Rig {
         std::lock_guard lk(ledger.mu);
         return ledger.acked.count("armada-node-" + std::to_string(ordinal)) > 0;
     }
+    //! Another term of leadership (another brain's, or this one's again) begins at `rev`.
+    void lead_at(int64_t rev) {
+        std::lock_guard lk(ledger.mu);
+        ledger.leader_rev = rev;
+    }
     size_t count(const std::string & call) {
         std::lock_guard lk(kube.mu);
         return size_t(std::count(kube.calls.begin(), kube.calls.end(), call));
@@ -380,10 +385,7 @@ TEST(KubeRestarter, ItsAPICallsNeverHoldTheCallerAndADeposedBrainsRetriesAreDrop
     const auto retrying = rig.k->retrying();
     ASSERT_EQ(retrying.count("armada-node-1"), 1u);
     EXPECT_NE(retrying.at("armada-node-1").find("HTTP 500"), std::string::npos) << retrying.at("armada-node-1");
-    {
-        std::lock_guard lk(rig.ledger.mu);
-        rig.ledger.leader_rev = 2;  // another brain leads now
-    }
+    rig.lead_at(2);  // another brain leads now
     ASSERT_TRUE(rig.k->wait_idle(10000));
     EXPECT_FALSE(rig.acked(1));
     EXPECT_EQ(rig.kube.patches_sent(), 1u);
@@ -395,10 +397,7 @@ TEST(KubeRestarter, ARequestAskedAgainByANewTermGoesOnUnderItAndOneNoLongerWante
     ASSERT_EQ(rig.k->restart({"cell0", "armada-node-2", "v2", 1}, "r1", rig.me), "");
     EXPECT_FALSE(rig.k->wait_idle(200));
     // This process leads again under a new revision; the old term is over.
-    {
-        std::lock_guard lk(rig.ledger.mu);
-        rig.ledger.leader_rev = 2;
-    }
+    rig.lead_at(2);
     EtcdLeader again = rig.me;
     again.rev = 2;
     ASSERT_EQ(rig.k->restart({"cell0", "armada-node-2", "v2", 1}, "r1", again), "");

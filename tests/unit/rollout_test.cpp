@@ -96,6 +96,13 @@ struct Fleet {
             turn(r);
         return i;
     }
+    //! `node` goes down now and comes back on `version` after `turns` turns.
+    void take_down(const std::string & node, const std::string & version, int turns) {
+        auto & n = nodes.at(node);
+        n.up = false;
+        n.next = version;
+        n.down_turns = turns;
+    }
     int on(const std::string & v) const {
         int n = 0;
         for (const auto & [name, node] : nodes)
@@ -197,10 +204,7 @@ TEST(Rollout, OrdinalDescHoldsAPodWhileAHigherOneOnTheOldVersionIsDownOrDraining
     s.ready_timeout_ms = 60000;
     Rollout r(s, std::nullopt, f.t);
     f.turn(r);
-    auto & down = f.nodes.at("a-2");
-    down.up = false;
-    down.next = "v1";
-    down.down_turns = 8;
+    f.take_down("a-2", "v1", 8);
     for (int i = 0; i < 6; ++i)
         f.turn(r);
     EXPECT_TRUE(f.order.empty()) << f.order[0] << " restarted while a-2 was down on v1";
@@ -638,10 +642,7 @@ TEST(Rollout, ANodeDownOnTheOldVersionIsWaitedForThenUpgradedOrNamedWhenDone) {
     patient.ready_timeout_ms = 60000;
     Rollout r(patient, std::nullopt, f.t);
     f.turn(r);
-    auto & lost = f.nodes.at("a-2");
-    lost.up = false;
-    lost.next = "v1";
-    lost.down_turns = 40;  // back on v1 after 40 s (the others are done long before), within 60 s
+    f.take_down("a-2", "v1", 40);  // back on v1 after 40 s (the others are done long before), within 60 s
     for (int i = 0; i < 3; ++i)
         f.turn(r);
     ASSERT_EQ(r.state().away.count("a-2"), 1u);
