@@ -240,8 +240,20 @@ test('kill -9 every process of a cell: its sessions are re-homed to the other an
   const count = new Map();
   for (const s of placed.values()) count.set(cellOf(s.placement.node), (count.get(cellOf(s.placement.node)) ?? 0) + 1);
   const victim = [...count.entries()].sort((a, b) => b[1] - a[1])[0][0];
-  const theirs = [...placed.values()].filter((s) => cellOf(s.placement.node) === victim && !ENDED.includes(s.state))
-    .map((s) => s.id);
+  const spansOf = (id) => otlp.spans.filter((x) => x.attributes['armada.session.id'] === id ||
+    x.attributes['gen_ai.conversation.id'] === id);
+  const exportedThere = (id) => spansOf(id).some((x) => x.name.startsWith('chat') &&
+    cellOf(x.attributes['armada.node'] ?? '') === victim);
+  // A node sends its spans each second, and a SIGKILL loses what it has not sent: the kill waits
+  // until most of the cell's sessions have a step there exported.
+  const inVictim = [...placed.values()].filter((s) => cellOf(s.placement.node) === victim).map((s) => s.id);
+  await waitFor(`steps in ${victim} exported`, () => inVictim.filter(exportedThere).length >= inVictim.length * 0.75,
+    30000);
+  const atKill = await sessionsNow(inVictim);
+  const theirs = inVictim.filter((id) => {
+    const s = atKill.get(id);
+    return s && !ENDED.includes(s.state) && cellOf(s.placement?.node ?? '') === victim;
+  });
   assert.ok(theirs.length > 0, 'the lost cell held open sessions');
   const t0 = Date.now();
   for (const p of status().processes.filter((x) => x.name.startsWith(`${victim}-`))) process.kill(p.pid, 'SIGKILL');
@@ -278,8 +290,6 @@ test('kill -9 every process of a cell: its sessions are re-homed to the other an
   assert.ok(rehomes > 0 && timed > 0, `${rehomes} re-homes counted, in ${timed} timed rounds`);
   // Each re-home is a `migrate` span of the global brain in the trace the client started; the
   // other cell's `place` is its child, and the turn that goes on there a child of that.
-  const spansOf = (id) => otlp.spans.filter((x) => x.attributes['armada.session.id'] === id ||
-    x.attributes['gen_ai.conversation.id'] === id);
   let parentSeen = 0;
   for (const id of theirs) {
     const other = cellOf(done.get(id).placement.node);
