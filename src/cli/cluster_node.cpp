@@ -195,6 +195,7 @@ void ClusterNode::take_arrivals() {
 void ClusterNode::run_commands() {
     auto last_check = std::chrono::steady_clock::now();
     auto last_offer = last_check;
+    bool commands_idle = true;  // the last fetch found no command waiting
     while (!stop_.load()) {
         if (std::chrono::steady_clock::now() - last_offer > std::chrono::seconds(1)) {
             last_offer = std::chrono::steady_clock::now();
@@ -209,13 +210,17 @@ void ClusterNode::run_commands() {
             }
             offer_movable();
         }
-        // Level-triggered: what the store assigns to this node runs here, command or not.
-        if (std::chrono::steady_clock::now() - last_check > std::chrono::seconds(5)) {
+        // Level-triggered: what the store assigns to this node runs here, command or not. The
+        // commands waiting go first (a failover's carries where the session came from): the pass
+        // waits for a fetch that finds none, up to 30 s.
+        const auto since_check = std::chrono::steady_clock::now() - last_check;
+        if (since_check > std::chrono::seconds(5) && (commands_idle || since_check > std::chrono::seconds(30))) {
             last_check = std::chrono::steady_clock::now();
             sm_.adopt_assigned();
         }
         std::string err;
         auto msgs = cmds_->fetch(16, 500, err);
+        commands_idle = msgs.empty();
         if (!err.empty()) {
             spdlog::warn("cluster: fetching commands: {}", err);
             std::this_thread::sleep_for(std::chrono::milliseconds(500));
