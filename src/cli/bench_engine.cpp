@@ -1,6 +1,7 @@
 #include "cli/bench_engine.h"
 
 #include "engine/engine.h"
+#include "engine/grammar_fast.h"
 
 #include <nlohmann/json.hpp>
 
@@ -35,7 +36,7 @@ void quiet_log(ggml_log_level level, const char * text, void *) {
 RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchEngineOptions & opt, int streams) {
     engine::EngineConfig cfg;
     cfg.n_seq_max = streams;
-    cfg.n_ctx = opt.n_ctx > 0 ? opt.n_ctx : streams * (opt.n_prompt + opt.n_gen + 16);
+    cfg.n_ctx = opt.n_ctx > 0 ? opt.n_ctx : streams * (opt.depth + opt.n_prompt + opt.n_gen + 16);
     cfg.n_threads = opt.threads;
     cfg.chunk = std::max(opt.n_prompt, 32);
     cfg.n_batch = 2048;
@@ -44,16 +45,40 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
         fprintf(stderr, "engine: %s\n", e.c_str());
         return {};
     }
+    auto tokens = [](int stream, int n) {
+        std::vector<llama_token> t;
+        for (int k = 0; k < n; ++k)
+            t.push_back(llama_token(1000 + (stream * 131 + k * 7) % 20000));
+        return t;
+    };
     std::mutex mu;
     std::condition_variable cv;
     int done = 0, started = 0;
+    if (opt.depth > 0) {
+        // Each sequence first holds `depth` tokens (not timed); the timed request then extends
+        // them, and the engine computes only its new tokens, as in a session's later step.
+        for (int i = 0; i < streams; ++i) {
+            auto r = std::make_unique<engine::GenRequest>();
+            r->prompt = tokens(i, opt.depth);
+            r->fast = std::make_unique<engine::FastSampler>(engine::FastSamplerParams{});
+            r->max_tokens = 1;
+            r->sink = [&](engine::GenEvent && ev) {
+                if (ev.kind == engine::GenEvent::Kind::Text) return;
+                std::lock_guard lk(mu);
+                if (++done == streams) cv.notify_all();
+            };
+            eng.submit(std::move(r));
+        }
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return done == streams; });
+        done = 0;
+    }
     int64_t gen_total = 0;
     Clock::time_point t_all_started, t_end;
     const auto t0 = Clock::now();
     for (int i = 0; i < streams; ++i) {
         auto r = std::make_unique<engine::GenRequest>();
-        for (int k = 0; k < opt.n_prompt; ++k)
-            r->prompt.push_back(llama_token(1000 + (i * 131 + k * 7) % 20000));
+        r->prompt = tokens(i, opt.depth + opt.n_prompt);
         // Greedy, as the server samples a plain request; end-of-generation tokens are masked
         // so no stream stops early, like batched-bench.
         engine::FastSamplerParams sp;
@@ -61,7 +86,10 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
         for (llama_token t = 0; t < model->n_vocab(); ++t) {
             if (model->is_eog(t)) sp.logit_bias.push_back({t, -INFINITY});
         }
-        r->fast = std::make_unique<engine::FastSampler>(sp);
+        if (opt.grammar.empty())
+            r->fast = std::make_unique<engine::FastSampler>(sp);
+        else
+            r->gfast = std::make_unique<engine::GrammarFast>(*model, opt.grammar, "", sp);
         r->max_tokens = opt.n_gen;
         int seen = 0;
         r->sink = [&, seen](engine::GenEvent && ev) mutable {
@@ -126,14 +154,27 @@ int bench_engine(const BenchEngineOptions & opt) {
         fprintf(stderr, "error: %s\n", err.c_str());
         return 1;
     }
+    if (opt.depth > 0 && !opt.batched_bench.empty()) {
+        fprintf(stderr, "error: --depth has no llama-batched-bench equivalent; leave out --batched-bench\n");
+        return 2;
+    }
+    if (!opt.grammar.empty()) {
+        try {
+            engine::GrammarFast check(*model, opt.grammar, "", engine::FastSamplerParams{});
+        } catch (const std::invalid_argument & e) {
+            fprintf(stderr, "error: --grammar: %s\n", e.what());
+            return 2;
+        }
+    }
     const int max_streams = *std::max_element(opt.streams.begin(), opt.streams.end());
-    const int n_ctx = opt.n_ctx > 0 ? opt.n_ctx : max_streams * (opt.n_prompt + opt.n_gen + 16);
+    const int n_ctx = opt.n_ctx > 0 ? opt.n_ctx : max_streams * (opt.depth + opt.n_prompt + opt.n_gen + 16);
     // Rounds alternate the two sides so that machine noise hits both; medians are reported.
-    std::vector<std::vector<double>> ours_r(opt.streams.size()), peer_r(opt.streams.size());
+    std::vector<std::vector<double>> ours_r(opt.streams.size()), pp_r(opt.streams.size()), peer_r(opt.streams.size());
     for (int round = 0; round < std::max(1, opt.rounds); ++round) {
         for (size_t i = 0; i < opt.streams.size(); ++i) {
             const RunResult r = run_streams(model, opt, opt.streams[i]);
             ours_r[i].push_back(r.tg_tokens_per_s);
+            pp_r[i].push_back(r.pp_tokens_per_s);
             printf("round %d armada  streams=%-4d decode %.1f tok/s  prompt %.1f tok/s\n", round, opt.streams[i],
                    r.tg_tokens_per_s, r.pp_tokens_per_s);
             fflush(stdout);
@@ -157,8 +198,10 @@ int bench_engine(const BenchEngineOptions & opt) {
         ours[i].tg_tokens_per_s = median(ours_r[i]);
         if (!opt.batched_bench.empty()) peer.push_back(median(peer_r[i]));
         const double pr = peer.empty() ? 0 : peer[i];
-        printf("median streams=%-4d armada %.1f tok/s  batched-bench %.1f tok/s  ratio %.3f\n", opt.streams[i],
-               ours[i].tg_tokens_per_s, pr, pr > 0 ? ours[i].tg_tokens_per_s / pr : 0.0);
+        ours[i].pp_tokens_per_s = median(pp_r[i]);
+        printf("median streams=%-4d armada %.1f tok/s  batched-bench %.1f tok/s  ratio %.3f  armada prompt %.1f tok/s\n",
+               opt.streams[i], ours[i].tg_tokens_per_s, pr, pr > 0 ? ours[i].tg_tokens_per_s / pr : 0.0,
+               ours[i].pp_tokens_per_s);
     }
     if (!opt.output.empty()) {
         std::ofstream f(opt.output);

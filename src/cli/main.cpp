@@ -494,11 +494,16 @@ int main(int argc, char ** argv) {
     bee->add_option("--streams", streams, "comma-separated stream counts")->capture_default_str();
     bee->add_option("-p,--n-prompt", be.n_prompt, "prompt tokens per stream")->capture_default_str();
     bee->add_option("-n,--n-gen", be.n_gen, "generated tokens per stream")->capture_default_str();
+    bee->add_option("-d,--depth", be.depth,
+                    "tokens each stream already holds; the timed prompt extends them (a later step's prefill)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
     bee->add_option("-t,--threads", be.threads, "compute threads (0 = all cores)")->capture_default_str();
     bee->add_option("--rounds", be.rounds, "alternating rounds of both sides; medians are reported")
         ->capture_default_str();
     bee->add_option("--batched-bench", be.batched_bench, "llama-batched-bench binary to compare against");
     bee->add_option("--output", be.output, "write a Markdown table here");
+    bee->add_option("--grammar", be.grammar, "sample every stream under this GBNF grammar (its cost included)");
 
     cli::BenchKvOptions bk;
     std::string contexts = "1024,4096,8192";

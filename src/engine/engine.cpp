@@ -71,6 +71,13 @@ Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * m
     if (metrics_) {
         h_batch_ = &metrics_->histogram("armada_batch_tokens", "Tokens per llama_decode call",
                                         {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048});
+        h_decode_ = &metrics_->histogram("armada_engine_decode_seconds",
+                                         "Time per llama_decode call (one batch through the model)",
+                                         obs::latency_buckets());
+        h_sample_ = &metrics_->histogram("armada_engine_sample_seconds",
+                                         "Time after each llama_decode call to sample, stream and save the batch's "
+                                         "sequences (engine thread, model idle)",
+                                         obs::latency_buckets());
         h_ttft_ =
             &metrics_->histogram("armada_time_to_first_token_seconds",
                                  "Time from request arrival to its first generated token", obs::latency_buckets());
@@ -80,6 +87,9 @@ Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * m
         c_gen_ = &metrics_->counter("armada_generated_tokens_total", "Tokens generated");
         c_forced_ = &metrics_->counter("armada_forced_tokens_total",
                                        "Generated tokens a grammar dictated, fed without sampling (jump-forward)");
+        c_fallback_ = &metrics_->counter("armada_grammar_fallback_tokens_total",
+                                         "Generated tokens whose first choice the grammar refused, so the grammar "
+                                         "ran over the candidates (the slow sampling path)");
         h_park_ = &metrics_->histogram("armada_kv_park_seconds", "Time to save one sequence's KV into the pool",
                                        obs::latency_buckets());
         h_restore_ = &metrics_->histogram("armada_kv_restore_seconds", "Time to restore one sequence's KV",
@@ -838,7 +848,10 @@ bool Engine::step() {
     }
     if (batch_.n_tokens == 0) return false;
 
+    const auto t_decode = Clock::now();
     const int rc = llama_decode(ctx_, batch_);
+    const auto t_decoded = Clock::now();
+    if (h_decode_) h_decode_->observe(std::chrono::duration<double>(t_decoded - t_decode).count());
     if (h_batch_) h_batch_->observe(batch_.n_tokens);
     if (c_prompt_) c_prompt_->inc(uint64_t(n_prompt_tokens));
     if (rc != 0) {
@@ -862,6 +875,7 @@ bool Engine::step() {
         if (s.state == SlotState::Prompt) s.state = SlotState::Generating;
         sample(s);
     }
+    if (h_sample_) h_sample_->observe(std::chrono::duration<double>(Clock::now() - t_decoded).count());
     update_kv_stats();
     return true;
 }
@@ -901,7 +915,9 @@ void Engine::sample(Slot & s) {
     if (r.fast) {
         id = r.fast->sample(llama_get_logits_ith(ctx_, s.i_batch), model_->n_vocab());
     } else if (r.gfast) {
+        const uint64_t fb = r.gfast->fallbacks();
         id = r.gfast->sample(llama_get_logits_ith(ctx_, s.i_batch), model_->n_vocab());
+        if (c_fallback_ && r.gfast->fallbacks() != fb) c_fallback_->inc();
         if (!r.gfast->accept(id)) {
             finish(s, FinishReason::Error, "the output grammar reached a state with no allowed token");
             return;

@@ -261,6 +261,9 @@ class Engine {
     obs::Counter * c_prompt_ = nullptr;
     obs::Counter * c_gen_ = nullptr;
     obs::Counter * c_forced_ = nullptr;
+    obs::Counter * c_fallback_ = nullptr;
+    obs::Histogram * h_decode_ = nullptr;
+    obs::Histogram * h_sample_ = nullptr;
     obs::Histogram * h_park_ = nullptr;
     obs::Histogram * h_restore_ = nullptr;
 };

@@ -125,6 +125,7 @@ llama_token GrammarFast::sample(const float * logits, int32_t n_vocab) {
     // Most tokens of a model trained on the format fit at once.
     const llama_token first = fast_.sample(logits, n_vocab);
     if (fits(first)) return first;
+    ++fallbacks_;
 
     // Which first bytes may come next? Then the grammar over the tokens that can still fit.
     const auto allowed = allowed_first_bytes();

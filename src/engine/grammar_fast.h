@@ -47,6 +47,9 @@ class GrammarFast {
     //! ASCII), already accepted: the caller feeds it to the model without sampling it
     //! ("jump-forward"). Empty when the next byte is a choice or the output may end here.
     std::string forced(size_t max_bytes);
+    //! Tokens sampled so far whose first choice the grammar refused, so that the grammar ran over
+    //! the candidates (the slow path; a model trained on the format rarely takes it).
+    uint64_t fallbacks() const { return fallbacks_; }
 
   private:
     bool fits(llama_token t);
@@ -60,6 +63,7 @@ class GrammarFast {
     const VocabIndex & index_;
     llama_sampler * grammar_ = nullptr;
     FastSampler fast_;
+    uint64_t fallbacks_ = 0;
     std::vector<float> masked_;
     std::vector<llama_token_data> cand_;
 };
