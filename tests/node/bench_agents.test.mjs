@@ -55,6 +55,16 @@ test('sessions mode and chat mode complete every session and write their reports
       assert.equal(j.results.errors.tool_error ?? 0, 0, JSON.stringify(j.results));
       assert.match(fs.readFileSync(out + '.md', 'utf8'), /\| armada-/);
     }
+    // The engine's time split and the grammar's slow path, which the simulator's calibration reads.
+    const metrics = await (await fetch(srv.base + '/metrics')).text();
+    const value = (name) => Number((metrics.match(new RegExp(`^${name} (\\S+)$`, 'm')) ?? [])[1]);
+    assert.ok(value('armada_engine_decode_seconds_count') > 0, metrics);
+    assert.ok(value('armada_engine_decode_seconds_sum') > 0);
+    assert.equal(value('armada_engine_sample_seconds_count'), value('armada_engine_decode_seconds_count'));
+    assert.equal(value('armada_engine_decode_seconds_count'), value('armada_batch_tokens_count'));
+    // Random weights seldom pick a token the tool-call grammar allows first.
+    assert.ok(value('armada_grammar_fallback_tokens_total') > 0, metrics);
+    assert.ok(value('armada_grammar_fallback_tokens_total') <= value('armada_generated_tokens_total'));
     const plot = spawnSync(bin, ['bench', 'plot', path.join(dir, 'sessions-c3.json'), path.join(dir, 'chat-c3.json'),
       '-o', path.join(dir, 'plot')], { encoding: 'utf8' });
     assert.equal(plot.status, 0, plot.stderr);
@@ -67,6 +77,26 @@ test('sessions mode and chat mode complete every session and write their reports
   } finally {
     await srv.stop();
   }
+});
+
+test('bench engine --depth times a later step: tokens appended to ones each sequence holds', () => {
+  const run = (args) => spawnSync(bin, ['bench', 'engine', '-m', tinyModel, '-t', '1', '--rounds', '1', ...args],
+    { encoding: 'utf8', timeout: 120000 });
+  const r = run(['--streams', '1,2', '-d', '96', '-p', '16', '-n', '8']);
+  assert.equal(r.status, 0, r.stdout + r.stderr);
+  for (const s of [1, 2]) {
+    const m = r.stdout.match(new RegExp(`^median streams=${s}\\s+armada ([\\d.]+) tok/s.*armada prompt ([\\d.]+) tok/s`, 'm'));
+    assert.ok(m && Number(m[1]) > 0 && Number(m[2]) > 0, r.stdout);
+  }
+  const peer = run(['--streams', '1', '-d', '96', '--batched-bench', '/bin/true']);
+  assert.equal(peer.status, 2);
+  assert.match(peer.stderr, /--depth has no llama-batched-bench equivalent/);
+  const bad = run(['--streams', '1', '--grammar', 'root ::= [a-z']);
+  assert.equal(bad.status, 2);
+  assert.match(bad.stderr, /--grammar:/);
+  const g = run(['--streams', '1', '-p', '16', '-n', '8', '--grammar', 'root ::= [a-z ]+']);
+  assert.equal(g.status, 0, g.stdout + g.stderr);
+  assert.match(g.stdout, /^median streams=1\s+armada [\d.]+ tok\/s/m);
 });
 
 test('bad workload flags are refused with a reason', () => {
