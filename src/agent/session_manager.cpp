@@ -720,7 +720,8 @@ std::unique_ptr<SessionManager::Session> SessionManager::rebuild(const store::Se
             s.kv_history.push_back({step_no, kvt, uint64_t(kvt) * engine_.kv_bytes_per_token()});
         } else if (step.kind == "tool_call") {
             tools::ToolCall tc{
-                s.id, p.value("id", ""), p.value("name", ""), p.value("arguments", ""), step.idempotency, s.owner, {}};
+                s.id, p.value("id", ""), p.value("name", ""), p.value("arguments", ""), step.idempotency, s.owner, {},
+                {}};
             s.calls.push_back({tc, false, false});
         } else if (step.kind == "tool_result") {
             common_chat_msg m;
@@ -1459,7 +1460,8 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
         auto & c = msg.tool_calls[i];
         c.id = "call_" + std::to_string(step) + "_" + std::to_string(i);
         tools::ToolCall tc{
-            s.id, c.id, c.name, c.arguments, s.id + ":" + std::to_string(step) + ":" + std::to_string(i), s.owner, {}};
+            s.id,    c.id, c.name, c.arguments, s.id + ":" + std::to_string(step) + ":" + std::to_string(i),
+            s.owner, {},   {}};
         out["tool_calls"].push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments}});
         s.calls.push_back({tc, false, false});
     }

@@ -199,9 +199,10 @@ int bench_engine(const BenchEngineOptions & opt) {
         if (!opt.batched_bench.empty()) peer.push_back(median(peer_r[i]));
         const double pr = peer.empty() ? 0 : peer[i];
         ours[i].pp_tokens_per_s = median(pp_r[i]);
-        printf("median streams=%-4d armada %.1f tok/s  batched-bench %.1f tok/s  ratio %.3f  armada prompt %.1f tok/s\n",
-               opt.streams[i], ours[i].tg_tokens_per_s, pr, pr > 0 ? ours[i].tg_tokens_per_s / pr : 0.0,
-               ours[i].pp_tokens_per_s);
+        printf(
+            "median streams=%-4d armada %.1f tok/s  batched-bench %.1f tok/s  ratio %.3f  armada prompt %.1f tok/s\n",
+            opt.streams[i], ours[i].tg_tokens_per_s, pr, pr > 0 ? ours[i].tg_tokens_per_s / pr : 0.0,
+            ours[i].pp_tokens_per_s);
     }
     if (!opt.output.empty()) {
         std::ofstream f(opt.output);

@@ -71,9 +71,9 @@ Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * m
     if (metrics_) {
         h_batch_ = &metrics_->histogram("armada_batch_tokens", "Tokens per llama_decode call",
                                         {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048});
-        h_decode_ = &metrics_->histogram("armada_engine_decode_seconds",
-                                         "Time per llama_decode call (one batch through the model)",
-                                         obs::latency_buckets());
+        h_decode_ =
+            &metrics_->histogram("armada_engine_decode_seconds",
+                                 "Time per llama_decode call (one batch through the model)", obs::latency_buckets());
         h_sample_ = &metrics_->histogram("armada_engine_sample_seconds",
                                          "Time after each llama_decode call to sample, stream and save the batch's "
                                          "sequences (engine thread, model idle)",
