@@ -104,6 +104,8 @@ json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) 
         {"steps", r.steps},
         {"slo_2s", r.steps > 0 ? double(r.steps_in_slo) / double(r.steps) : 1.0},
         {"fenced_writes", r.fenced_writes},
+        {"store_refused", r.store_refused},
+        {"rehomes", r.rehomes},
         {"faults", faults},
         {"rollout", rollout},
         {"violations", violations}};
@@ -131,6 +133,8 @@ std::string markdown(const json & j) {
     m << "| chain survival | " << j["chain_survival"].get<double>() << " |\n";
     m << "| sessions/min (until the last ended) | " << j["sessions_per_min"].get<double>() << " |\n";
     m << "| fenced writes | " << j["fenced_writes"] << " |\n";
+    m << "| placements and re-homes refused by the store (PostgreSQL out) | " << j["store_refused"] << " |\n";
+    m << "| sessions re-homed to another cell | " << j["rehomes"] << " |\n";
     for (const auto & f : j["faults"])
         m << "| " << f["what"].get<std::string>() << " at " << f["at_s"].get<double>() << " s | " << f["resumed"]
           << " of " << f["sessions_hit"] << " resumed, the last " << f["last_resume_s"].get<double>()

@@ -12,6 +12,16 @@ void CellBrain::index(const std::string & id, const Session & s) {
         todo_.erase({s.order, id});
 }
 
+void CellBrain::assign(Session & s, const std::string & node) {
+    if (s.node == node) return;
+    if (!s.node.empty()) {
+        auto it = assigned_.find(s.node);
+        if (it != assigned_.end() && --it->second <= 0) assigned_.erase(it);
+    }
+    s.node = node;
+    if (!node.empty()) ++assigned_[node];
+}
+
 void CellBrain::index_node(const std::string & node) {
     for (const auto & [id, s] : sessions_)
         if (s.node == node) index(id, s);
@@ -70,12 +80,12 @@ void CellBrain::session_open(const std::string & id, const std::string & node, i
     Session & s = *found;
     if (fresh) {
         s.order = ++order_;
-        s.node = node;
+        assign(s, node);
         s.epoch = epoch;
     } else if (epoch >= s.epoch) {
         // An older assignment heard late never overrides a newer one.
         if (s.node != node || s.epoch != epoch) s.evacuate = false;
-        s.node = node;
+        assign(s, node);
         s.epoch = epoch;
         s.held = false;
         s.confirming = false;
@@ -84,8 +94,9 @@ void CellBrain::session_open(const std::string & id, const std::string & node, i
 }
 
 void CellBrain::session_closed(const std::string & id) {
-    if (const Session * s = sessions_.find(id)) {
+    if (Session * s = sessions_.find(id)) {
         todo_.erase({s->order, id});
+        assign(*s, {});
         sessions_.erase(id);
     }
 }
@@ -118,14 +129,14 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
         Session & s = *found;
         if (fresh) {
             s.order = ++order_;
-            s.node = o.node;
+            assign(s, o.node);
             s.epoch = o.epoch;
         } else if (!(s.confirming && s.epoch > o.epoch)) {
             // (A decision still being written is newer than what the store showed when read.)
             // An offer to move stands while the session stays where it was offered from.
             if (s.node != o.node || s.epoch != o.epoch) {
                 s.evacuate = false;
-                s.node = o.node;
+                assign(s, o.node);
             }
             s.epoch = o.epoch;
             s.held = false;
@@ -136,8 +147,9 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
     todo_.clear();
     const std::unordered_set<std::string> up(live_nodes.begin(), live_nodes.end());  // the nodes_ now
     for (size_t i = 0; i < sessions_.size();) {
-        const auto & [id, s] = sessions_.at(i);
+        auto & [id, s] = sessions_.at(i);
         if (s.seen != generation_) {
+            assign(s, {});
             sessions_.erase_at(i);  // the last one moves here: look at i again
             continue;
         }
@@ -154,7 +166,11 @@ const std::string * CellBrain::pick(int64_t now_ms, const std::string * from, do
         if (!n.load || n.load->draining || now_ms - n.reported_ms > cfg_.report_ttl_ms) continue;
         if (from && name == *from) continue;
         if (min_kv_free > 0 && free_share(*n.load) < min_kv_free) continue;
-        const int free = n.load->free_seqs - int(n.pending.size());
+        // Placed here but not in its report yet: the recent placements (the report may predate
+        // them), or the ones its report still does not count, whichever are more.
+        const auto a = assigned_.find(name);
+        const int unseen = a == assigned_.end() ? 0 : std::max(0, a->second - n.load->sessions);
+        const int free = n.load->free_seqs - std::max(int(n.pending.size()), unseen);
         if (free <= 0) continue;
         if (!best || free > best_free || (free == best_free && n.load->kv_headroom > best_kv)) {
             best = &name;
@@ -199,7 +215,7 @@ std::vector<Place> CellBrain::decide(int64_t now_ms) {
         std::string from = offered ? s.node : std::string();
         std::string left = moved ? s.node : std::string();
         s.evacuate = false;
-        s.node = *n;
+        assign(s, *n);
         s.epoch += 1;
         s.confirming = true;
         nodes_[*n].pending.push_back(now_ms);

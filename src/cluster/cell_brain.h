@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -152,6 +153,13 @@ class CellBrain {
     void index(const std::string & id, const Session & s);
     //! Re-indexes the sessions assigned to `node` (it joined or left).
     void index_node(const std::string & node);
+    //! Every change of a session's node goes through here, so `assigned_` stays right.
+    void assign(Session & s, const std::string & node);
+
+    //! Open sessions this brain has on each node (placed by it or read from the store). A node
+    //! whose report shows fewer has not taken the rest yet (their run commands are late, as in a
+    //! NATS outage): they count against its free sequences however old the placement is.
+    std::unordered_map<std::string, int> assigned_;
 
     CellBrainConfig cfg_;
     std::map<std::string, Node> nodes_;  // live nodes (lease held)

@@ -30,7 +30,23 @@ struct Fault {
     //! Partition: the node keeps running but reaches neither etcd nor NATS (its lease lapses, its
     //! sessions move, its next commits for them are fenced). SlowDisk: each of the node's steps
     //! takes `ms` longer (its checkpoint's fsync) for `for_s`.
-    enum class Kind { NodeCrash, NodeHang, CellLost, BrainCrash, EtcdRestart, RestartStorm, Partition, SlowDisk };
+    //! NatsOutage: JetStream cannot be reached for `for_s`; what is published meanwhile (run
+    //! commands, place requests, ended events, cell reports to the global brain) gets through
+    //! once it is back, the publishers retrying. PgOutage: PostgreSQL cannot be reached for `for_s`;
+    //! no step, placement or re-home commits, so every run stops at its last committed step and
+    //! goes on where it was once it is back.
+    enum class Kind {
+        NodeCrash,
+        NodeHang,
+        CellLost,
+        BrainCrash,
+        EtcdRestart,
+        RestartStorm,
+        Partition,
+        SlowDisk,
+        NatsOutage,
+        PgOutage
+    };
     Kind kind = Kind::NodeCrash;
     double at_s = 0;
     int cell = 0;

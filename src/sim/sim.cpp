@@ -48,6 +48,8 @@ enum Kind : uint8_t {
     kDrainCheck,  // a: node, b: its drain's number (empty yet, or past the drain timeout?)
     kHeal,        // a: node (a partition ends)
     kDiskOk,      // a: node (a slow disk is fast again)
+    kNatsUp,      // NATS can be reached again
+    kPgUp,        // PostgreSQL can be reached again
 };
 
 struct Ev {
@@ -372,6 +374,13 @@ class World {
             f.last_resume_s = std::max(f.last_resume_s, double(s.seg_start) / 1000.0 - f.at_s);
             s.fault = kNone;
         }
+        if (pg_down_) {
+            // Its first step cannot commit: it waits where it is for PostgreSQL.
+            s.paused = true;
+            ++s.seg;
+            pg_held_.push_back(id);
+            return;
+        }
         at(s.seg_start + int64_t(s.steps - s.done) * s.period, kEnd, id, s.seg);
     }
 
@@ -478,6 +487,10 @@ class World {
                 return "partition " + node;
             case Fault::Kind::SlowDisk:
                 return "slow disk " + node;
+            case Fault::Kind::NatsOutage:
+                return "NATS outage";
+            case Fault::Kind::PgOutage:
+                return "PostgreSQL outage";
         }
         return "fault";
     }
@@ -507,6 +520,12 @@ class World {
 
     // ---- events ----
     void handle(const Ev & e) {
+        if (nats_down_ && (e.kind == kPlaceMsg || e.kind == kRunMsg || e.kind == kClosedMsg)) {
+            // JetStream cannot be reached: the message gets through once it is back (the
+            // publisher retries, or the stream already holds it), spread over a second.
+            at(nats_up_at_ + s_.nats_ms + rng_.range(0, 1000), e.kind, e.a, e.b, e.c);
+            return;
+        }
         switch (e.kind) {
             case kArrive:
                 return arrive(e.a);
@@ -549,6 +568,11 @@ class World {
                 return heal(int32_t(e.a));
             case kDiskOk:
                 return slow_disk(int32_t(e.a), 0);
+            case kNatsUp:
+                if (now_ >= nats_up_at_) nats_down_ = false;
+                return;
+            case kPgUp:
+                return pg_up();
         }
     }
 
@@ -827,6 +851,44 @@ class World {
         publish(ni);
     }
 
+    //! PostgreSQL is gone: every run stops at its last committed step and waits on its node.
+    void pg_outage(double for_s, int32_t fault) {
+        pg_down_ = true;
+        pg_up_at_ = std::max(pg_up_at_, now_ + int64_t(for_s * 1000));
+        for (size_t ni = 0; ni < nodes_.size(); ++ni) {
+            const Node & n = nodes_[ni];
+            if (!n.up || n.hung) continue;
+            for (uint32_t id : n.sessions) {
+                Session & s = sessions_[id];
+                if (s.node != int32_t(ni) || s.paused || !s.open) continue;
+                stop_run(id);
+                s.paused = true;
+                pg_held_.push_back(id);
+                if (s.fault == kNone) {
+                    s.fault = fault;
+                    ++r_.faults[size_t(fault)].sessions_hit;
+                }
+            }
+        }
+        at(pg_up_at_, kPgUp);
+    }
+
+    //! PostgreSQL is back: the held runs go on where the store still names their node.
+    void pg_up() {
+        if (!pg_down_ || now_ < pg_up_at_) return;
+        pg_down_ = false;
+        auto held = std::move(pg_held_);
+        pg_held_.clear();
+        for (uint32_t id : held) {
+            Session & s = sessions_[id];
+            if (!s.open || !s.paused || s.node == kNone) continue;
+            const Node & n = nodes_[size_t(s.node)];
+            if (!n.up || n.hung || !node_has(s.node, id)) continue;  // its node's own recovery handles it
+            if (s.row_node != s.node || s.epoch != s.run_epoch) continue;
+            start_run(id, s.node, s.run_epoch, false);
+        }
+    }
+
     //! Each step of the node takes `ms` more from now on: its runs are cut at this point and go
     //! on at the new pace.
     void slow_disk(int32_t ni, int32_t ms) {
@@ -846,7 +908,8 @@ class World {
         at(now_ + s_.cell_tick_ms, kCellTick, ci);
         if (!c.brain) return;
         cluster::CellBrain & b = *c.brain;
-        if (!etcd_down_ && (c.last_reconcile < 0 || now_ - c.last_reconcile >= s_.reconcile_ms)) reconcile(ci);
+        if (!etcd_down_ && !pg_down_ && (c.last_reconcile < 0 || now_ - c.last_reconcile >= s_.reconcile_ms))
+            reconcile(ci);
         for (const auto & [id, epoch] : c.inbox)
             b.session_open(sid(id), "", epoch);
         c.inbox.clear();
@@ -860,6 +923,11 @@ class World {
             const int32_t ni = node_index(p.node);
             Session & s = sessions_[id];
             trace(now_, 100, id, uint32_t(ni), p.epoch);
+            if (pg_down_) {  // the epoch cannot be written: the placement fails, to be tried again
+                ++r_.store_refused;
+                b.place_failed(p.session);
+                continue;
+            }
             count(r_.pg_commits, now_);
             if (!s.open || s.cell != int32_t(ci) || s.epoch >= p.epoch) {
                 b.place_failed(p.session);  // someone moved it first: reconcile says where
@@ -885,8 +953,10 @@ class World {
             if (cell_free_.size() < cells_.size()) cell_free_.resize(cells_.size(), -1);
             cell_free_[ci] = r.free_seqs;
             if (!etcd_down_) count(r_.etcd_writes, now_);
-            count(r_.nats_msgs, now_);
-            if (global_) global_->report(r, now_ + s_.nats_ms);
+            if (!nats_down_) {  // the global brain hears it over NATS
+                count(r_.nats_msgs, now_);
+                if (global_) global_->report(r, now_ + s_.nats_ms);
+            }
         }
     }
 
@@ -929,6 +999,7 @@ class World {
         }
         const auto t0 = std::chrono::steady_clock::now();
         for (const auto & name : g.lost_cells(now_)) {
+            if (pg_down_) break;  // the open rows are read from PostgreSQL
             const Cell & c = cells_[size_t(std::stoi(name.substr(4)))];
             std::vector<cluster::GlobalBrain::OpenSession> open;
             for (uint32_t id : c.open)
@@ -943,8 +1014,12 @@ class World {
             Session & s = sessions_[id];
             const int to = std::stoi(rh.to.substr(4)), from = std::stoi(rh.from.substr(4));
             trace(now_, 101, id, uint32_t(to), rh.epoch);
-            count(r_.pg_commits, now_);
             g.rehome_done(rh.session);
+            if (pg_down_) {  // not written; the next read of the lost cell's rows lists it again
+                ++r_.store_refused;
+                continue;
+            }
+            count(r_.pg_commits, now_);
             if (!s.open || s.cell != from || s.epoch >= rh.epoch) continue;
             cell_remove(from, id);
             cell_add(to, id);
@@ -952,6 +1027,7 @@ class World {
             s.epoch = rh.epoch;
             s.row_node = kNone;
             count(r_.moves, now_);
+            ++r_.rehomes;
             send(commit_delay() + s_.nats_ms, kPlaceMsg, id, uint32_t(to), rh.epoch);
         }
         rollout_turn();
@@ -1024,6 +1100,13 @@ class World {
                 slow_disk(ni, f.ms);
                 at(now_ + int64_t(f.for_s * 1000), kDiskOk, uint32_t(ni));
                 return;
+            case Fault::Kind::NatsOutage:
+                nats_down_ = true;
+                nats_up_at_ = std::max(nats_up_at_, now_ + int64_t(f.for_s * 1000));
+                at(nats_up_at_, kNatsUp);
+                return;
+            case Fault::Kind::PgOutage:
+                return pg_outage(f.for_s, fi);
             case Fault::Kind::RestartStorm:
                 for (size_t i = 0; i < nodes_.size(); ++i) {
                     crash(int32_t(i), fi);
@@ -1288,6 +1371,9 @@ class World {
     int64_t open_ = 0;
     bool etcd_down_ = false, etcd_jitter_ = true;
     int64_t etcd_up_at_ = 0;
+    bool nats_down_ = false, pg_down_ = false;
+    int64_t nats_up_at_ = 0, pg_up_at_ = 0;
+    std::vector<uint32_t> pg_held_;  // runs waiting for PostgreSQL
 };
 
 }  // namespace

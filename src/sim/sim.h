@@ -66,6 +66,8 @@ struct SimResult {
     int64_t sessions_queued = 0, sessions_stranded = 0;
     int64_t steps = 0, steps_in_slo = 0;  // steps whose model part took at most 2 s
     int64_t fenced_writes = 0;            // writes of a woken node refused by the epoch
+    int64_t store_refused = 0;            // placements and re-homes not written: PostgreSQL was out
+    int64_t rehomes = 0;                  // sessions the global brain moved to another cell
     std::vector<int64_t> leases;          // leases granted, per simulated second
     std::vector<FaultOutcome> faults;
     RolloutOutcome rollout;

@@ -51,12 +51,43 @@ TEST(CellBrain, CountsWhatItPlacedSinceANodesLastReport) {
     // the way): they still count against its room.
     b.load(report("n2", 1), 100);
     EXPECT_TRUE(b.decide(100).empty());
-    // A report a settling time later shows them: room again.
+    // A report a settling time later that still does not count s3 leaves no room either: its
+    // run command has not arrived (NATS out, say).
     b.load(report("n2", 1), 1500);
-    const auto d2 = b.decide(1500);
+    EXPECT_TRUE(b.decide(1500).empty());
+    // One that runs it, with a sequence freed since: room again.
+    auto shows = report("n2", 1);
+    shows.sessions = 1;
+    b.load(shows, 1600);
+    const auto d2 = b.decide(1600);
     ASSERT_EQ(d2.size(), 1u);
     EXPECT_EQ(d2[0].session, "s4");
     EXPECT_EQ(d2[0].node, "n2");
+}
+
+TEST(CellBrain, PlacementsANodesReportsDoNotCountYetKeepCountingAgainstItPastTheSettlingTime) {
+    // NATS was out: two sessions placed on n1 long ago never reached it, and its reports, fresh
+    // and with room, still show one session. Only its room less the one it has not taken is free.
+    auto b = with_nodes({report("n1", 4)});
+    b.session_open("a", "n1", 3);
+    b.session_open("b", "n1", 3);
+    auto r = report("n1", 3);
+    r.sessions = 1;
+    r.seq = 7;
+    b.load(r, 60000);
+    for (const char * s : {"s1", "s2", "s3"})
+        b.session_open(s, "", 0);
+    const auto d = b.decide(60000);
+    ASSERT_EQ(d.size(), 2u);  // 3 free less the 1 not taken yet
+    EXPECT_EQ(b.waiting(), 1u);
+    // It ends one of them (closed) and reports the other: the count is right again.
+    b.session_closed("b");
+    r.sessions = 3;  // a, s1, s2
+    r.free_seqs = 1;
+    r.seq = 8;
+    b.load(r, 62000);
+    ASSERT_EQ(b.decide(62000).size(), 1u);
+    EXPECT_EQ(b.waiting(), 0u);
 }
 
 TEST(CellBrain, TheSameReportReadAgainDoesNotGiveRoomAgain) {
@@ -74,6 +105,7 @@ TEST(CellBrain, TheSameReportReadAgainDoesNotGiveRoomAgain) {
     EXPECT_TRUE(b.decide(5000).empty());
     r.seq = 42;
     r.free_seqs = 1;
+    r.sessions = 2;  // s1 and s2, and one sequence freed
     b.load(r, 5100);
     EXPECT_EQ(b.decide(5100).size(), 1u);
 }
