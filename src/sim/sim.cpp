@@ -49,6 +49,7 @@ enum Kind : uint8_t {
     kHeal,        // a: node (a partition ends)
     kDiskOk,      // a: node (a slow disk is fast again)
     kNatsUp,      // NATS can be reached again
+    kRetryOpen,   // a: tenant (a client whose session could not be created tries again)
     kPgUp,        // PostgreSQL can be reached again
 };
 
@@ -522,7 +523,12 @@ class World {
     void handle(const Ev & e) {
         if (nats_down_ && (e.kind == kPlaceMsg || e.kind == kRunMsg || e.kind == kClosedMsg)) {
             // JetStream cannot be reached: the message gets through once it is back (the
-            // publisher retries, or the stream already holds it), spread over a second.
+            // publisher retries, or the stream already holds it), spread over a second. A
+            // session waiting on it counts as hit until it runs.
+            if (e.kind != kClosedMsg && sessions_[e.a].open && sessions_[e.a].fault == kNone) {
+                sessions_[e.a].fault = nats_fault_;
+                ++r_.faults[size_t(nats_fault_)].sessions_hit;
+            }
             at(nats_up_at_ + s_.nats_ms + rng_.range(0, 1000), e.kind, e.a, e.b, e.c);
             return;
         }
@@ -573,10 +579,23 @@ class World {
                 return;
             case kPgUp:
                 return pg_up();
+            case kRetryOpen:
+                return open_session(e.a);
         }
     }
 
     void arrive(uint32_t tenant) {
+        open_session(tenant);
+        if (s_.tenants[tenant].rate_per_s > 0)
+            at(now_ + std::max<int64_t>(1, int64_t(rng_.exp(1000.0 / s_.tenants[tenant].rate_per_s))), kArrive, tenant);
+    }
+
+    void open_session(uint32_t tenant) {
+        if (pg_down_) {
+            // The gateway cannot write the row: the client is refused and tries again after.
+            at(pg_up_at_ + rng_.range(0, 1000), kRetryOpen, tenant);
+            return;
+        }
         // The gateway: the split it follows, else the cell whose brain last reported most room.
         std::string cell = cluster::pick_cell(gw_shares_, s_.tenants[tenant].name);
         int c = 0;
@@ -593,8 +612,6 @@ class World {
         }
         const uint32_t id = new_session(tenant, c);
         send(commit_delay() + s_.nats_ms, kPlaceMsg, id, uint32_t(c), 0);
-        if (s_.tenants[tenant].rate_per_s > 0)
-            at(now_ + std::max<int64_t>(1, int64_t(rng_.exp(1000.0 / s_.tenants[tenant].rate_per_s))), kArrive, tenant);
     }
 
     void place_msg(uint32_t id, uint32_t cell, int64_t epoch) {
@@ -1102,6 +1119,7 @@ class World {
                 return;
             case Fault::Kind::NatsOutage:
                 nats_down_ = true;
+                nats_fault_ = fi;
                 nats_up_at_ = std::max(nats_up_at_, now_ + int64_t(f.for_s * 1000));
                 at(nats_up_at_, kNatsUp);
                 return;
@@ -1373,6 +1391,7 @@ class World {
     int64_t etcd_up_at_ = 0;
     bool nats_down_ = false, pg_down_ = false;
     int64_t nats_up_at_ = 0, pg_up_at_ = 0;
+    int32_t nats_fault_ = 0;
     std::vector<uint32_t> pg_held_;  // runs waiting for PostgreSQL
 };
 

@@ -108,6 +108,58 @@ TEST(Sim, AScenarioWithAnUnknownOrOutOfRangeSettingIsRefusedByName) {
     EXPECT_NE(err.find("rollout.wave_percent"), std::string::npos) << err;
     EXPECT_FALSE(parse_scenario("tenants: [{}]\nrollout: {waves: 3}\n", err));
     EXPECT_NE(err.find("'waves'"), std::string::npos) << err;
+    EXPECT_FALSE(parse_scenario("tenants: [{}]\nfaults: [{kind: pg_outage, at_s: 5}]\n", err));
+    EXPECT_NE(err.find("faults[0].for_s"), std::string::npos) << err;
+    EXPECT_TRUE(parse_scenario("tenants: [{}]\nfaults: [{kind: nats_outage, at_s: 5, for_s: 2}]\n", err)) << err;
+}
+
+// Two cells of 3 nodes, and a dependency out from 10 s.
+Scenario outage(const std::string & fault) {
+    std::string err;
+    auto s = parse_scenario(R"(
+cells: 2
+nodes_per_cell: 3
+duration_s: 90
+node: {sessions: 16}
+tenants:
+  - {name: a, rate_per_s: 1, steps: 8, tool_ms: 500, think_ms: 1000, initial: 30}
+)" + (fault.empty() ? std::string() : "faults: [" + fault + "]\n"),
+                            err);
+    EXPECT_TRUE(s) << err;
+    return *s;
+}
+
+TEST(Sim, APostgresOutageHoldsEveryRunAtItsLastCommitAndTheyGoOnWhereTheyWereAfter) {
+    const auto base = run(outage(""), {3, false});
+    const auto r = run(outage("{kind: pg_outage, at_s: 10, for_s: 20}"), {3, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    ASSERT_EQ(r.faults.size(), 1u);
+    EXPECT_EQ(r.faults[0].what, "PostgreSQL outage");
+    EXPECT_GT(r.faults[0].sessions_hit, 20);
+    EXPECT_EQ(r.faults[0].resumed, r.faults[0].sessions_hit);
+    EXPECT_GE(r.faults[0].last_resume_s, 20.0);  // not before it is back
+    EXPECT_LT(r.faults[0].last_resume_s, 21.0);  // and then at once, on their own nodes
+    EXPECT_EQ(r.faults[0].peak_moves_per_s, 0);
+    // Not one commit while it is out; new sessions' placements were tried and refused.
+    for (size_t t = 11; t < 30; ++t)
+        EXPECT_EQ(r.pg_commits.at(t), 0) << "second " << t;
+    EXPECT_GT(base.pg_commits.at(20), 0);
+    EXPECT_EQ(r.sessions_stranded, 0);
+}
+
+TEST(Sim, ANatsOutagePastTheReportTtlHoldsMessagesUntilItEndsAndReHomesNothing) {
+    const auto r = run(outage("{kind: nats_outage, at_s: 10, for_s: 20}"), {3, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    ASSERT_EQ(r.faults.size(), 1u);
+    EXPECT_EQ(r.faults[0].what, "NATS outage");
+    // New sessions waited for their place requests and run commands to get through.
+    EXPECT_GT(r.faults[0].sessions_hit, 5);
+    EXPECT_EQ(r.faults[0].resumed, r.faults[0].sessions_hit);
+    EXPECT_GE(r.faults[0].last_resume_s, 20.0);
+    EXPECT_LT(r.faults[0].last_resume_s, 23.0);
+    // Every cell went silent at once (past the global brain's 15 s TTL): none took another's.
+    EXPECT_EQ(r.rehomes, 0);
+    EXPECT_EQ(r.sessions_stranded, 0);
 }
 
 // One cell of 3 nodes; a node is cut off from etcd and NATS (not from PostgreSQL) at 10 s.
