@@ -4,7 +4,6 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <unordered_map>
 #include <string>
 #include <unordered_map>
 #include <vector>
