@@ -99,9 +99,11 @@ void CellBrain::session_closed(const std::string & id) {
         assign(*s, {});
         sessions_.erase(id);
     }
+    placing_from_.erase(id);
 }
 
 void CellBrain::place_done(const std::string & id) {
+    placing_from_.erase(id);
     if (Session * s = sessions_.find(id)) {
         s->confirming = false;
         index(id, *s);
@@ -109,11 +111,16 @@ void CellBrain::place_done(const std::string & id) {
 }
 
 void CellBrain::place_failed(const std::string & id) {
+    const auto from = placing_from_.find(id);
     if (Session * s = sessions_.find(id)) {
+        // Not written: the store still names where it was (or somewhere newer, which the next
+        // reconcile says).
+        if (from != placing_from_.end() && s->confirming) assign(*s, from->second);
         s->confirming = false;
         s->held = true;
         index(id, *s);
     }
+    if (from != placing_from_.end()) placing_from_.erase(from);
 }
 
 void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::vector<OpenSession> & open) {
@@ -145,6 +152,10 @@ void CellBrain::reconcile(const std::set<std::string> & live_nodes, const std::v
         s.seen = generation_;
     }
     todo_.clear();
+    std::erase_if(placing_from_, [&](const auto & kv) {
+        const Session * s = sessions_.find(kv.first);
+        return !s || !s->confirming;
+    });
     const std::unordered_set<std::string> up(live_nodes.begin(), live_nodes.end());  // the nodes_ now
     for (size_t i = 0; i < sessions_.size();) {
         auto & [id, s] = sessions_.at(i);
@@ -215,6 +226,7 @@ std::vector<Place> CellBrain::decide(int64_t now_ms) {
         std::string from = offered ? s.node : std::string();
         std::string left = moved ? s.node : std::string();
         s.evacuate = false;
+        placing_from_[id] = s.node;
         assign(s, *n);
         s.epoch += 1;
         s.confirming = true;

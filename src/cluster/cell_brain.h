@@ -159,6 +159,9 @@ class CellBrain {
     //! whose report shows fewer has not taken the rest yet (their run commands are late, as in a
     //! NATS outage): they count against its free sequences however old the placement is.
     std::unordered_map<std::string, int> assigned_;
+    //! Where each session being placed (`confirming`) was before, so a placement that fails
+    //! stops counting against the node it was never written to.
+    std::unordered_map<std::string, std::string> placing_from_;
 
     CellBrainConfig cfg_;
     std::map<std::string, Node> nodes_;  // live nodes (lease held)

@@ -90,6 +90,21 @@ TEST(CellBrain, PlacementsANodesReportsDoNotCountYetKeepCountingAgainstItPastThe
     EXPECT_EQ(b.waiting(), 0u);
 }
 
+TEST(CellBrain, APlacementThatWasNotWrittenNoLongerCountsAgainstItsNode) {
+    auto b = with_nodes({report("n1", 1)});
+    b.session_open("s1", "", 0);
+    ASSERT_EQ(b.decide(0).size(), 1u);
+    b.place_failed("s1");  // the store refused it (or could not be reached)
+    auto r = report("n1", 1);
+    r.seq = 2;
+    b.load(r, 1500);
+    b.session_open("s2", "", 0);
+    const auto d = b.decide(1500);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].session, "s2");
+    EXPECT_EQ(d[0].node, "n1");
+}
+
 TEST(CellBrain, TheSameReportReadAgainDoesNotGiveRoomAgain) {
     CellBrain b;
     b.node_up("n1");
