@@ -2035,7 +2035,8 @@ std::vector<SessionManager::Movable> SessionManager::movable() {
             return out;
         }
     }
-    for (const auto & r : store_.open_sessions(opt_.cell, opt_.node, kEnded)) {
+    const auto rows = store_.open_sessions(opt_.cell, opt_.node, kEnded);
+    for (const auto & r : rows ? *rows : std::vector<store::SessionRecord>{}) {
         if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
         std::lock_guard lk(mu_);
         auto it = sessions_.find(r.id);
@@ -2048,8 +2049,9 @@ std::vector<SessionManager::Movable> SessionManager::movable() {
 std::optional<size_t> SessionManager::open_here() {
     if (opt_.node.empty()) return 0;
     const auto open = store_.open_sessions(opt_.cell, opt_.node, kEnded);
+    if (!open) return std::nullopt;
     size_t n = 0;
-    for (const auto & r : open)
+    for (const auto & r : *open)
         n += r.node == opt_.node;
     // An empty list may be a read that failed: the store is asked whether it can be read.
     if (n == 0 && !store_.has_session("-").has_value()) return std::nullopt;
@@ -2092,7 +2094,9 @@ size_t SessionManager::adopt_assigned() {
     size_t n = 0;
     std::set<std::string> assigned;
     std::map<std::string, int64_t> unrun;
-    for (const auto & r : store_.open_sessions(opt_.cell, opt_.node, kEnded)) {
+    const auto rows = store_.open_sessions(opt_.cell, opt_.node, kEnded);
+    if (!rows) return 0;  // the store cannot be read: nothing is taken up, and nothing dropped
+    for (const auto & r : *rows) {
         if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
         assigned.insert(r.id);
         {

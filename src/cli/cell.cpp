@@ -101,7 +101,13 @@ class CellProcess {
         std::vector<CellBrain::OpenSession> open;
         std::map<std::string, int> by_tenant;
         std::unordered_map<std::string, obs::TraceContext> traced;
-        for (const auto & r : store_->open_sessions(o_.cell, "", kEndedStates)) {
+        const auto rows = store_->open_sessions(o_.cell, "", kEndedStates);
+        if (!rows) {
+            // Not "no session is open": the brain keeps the view it has until a read succeeds.
+            spdlog::warn("cell {}: cannot read the cell's open sessions from the store; the view is kept", o_.cell);
+            return -1;
+        }
+        for (const auto & r : *rows) {
             open.push_back({r.id, r.node, r.epoch});
             ++by_tenant[r.owner];
             // Its row says which trace it is in once it has taken a turn; before, the `place` this

@@ -415,7 +415,9 @@ class GlobalProcess {
             }
             for (const auto & cell : brain.lost_cells(t)) {
                 std::vector<GlobalBrain::OpenSession> open;
-                for (const auto & r : store_->open_sessions(cell, "", kEndedStates)) {
+                const auto rows = store_->open_sessions(cell, "", kEndedStates);
+                if (!rows) continue;  // not "emptied": read again next turn
+                for (const auto & r : *rows) {
                     open.push_back({r.id, r.owner, r.epoch});
                     if (auto tc = agent::SessionManager::record_trace(r.data)) traces_[r.id] = std::move(*tc);
                 }

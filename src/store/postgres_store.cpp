@@ -665,11 +665,12 @@ std::vector<StepRecord> PostgresStore::steps(const std::string & id) {
 }
 
 std::vector<SessionRecord> PostgresStore::sessions_not_in(const std::vector<std::string> & ended) {
-    return select_open("", ended, {});
+    return select_open("", ended, {}).value_or(std::vector<SessionRecord>{});
 }
 
-std::vector<SessionRecord> PostgresStore::open_sessions(const std::string & cell, const std::string & node,
-                                                        const std::vector<std::string> & ended) {
+std::optional<std::vector<SessionRecord>> PostgresStore::open_sessions(const std::string & cell,
+                                                                       const std::string & node,
+                                                                       const std::vector<std::string> & ended) {
     // The cell (and node) as parameters after the states; an index on (cell, state) serves it.
     const size_t n = ended.size();
     std::string where = " AND cell=$" + std::to_string(n + 1);
@@ -681,9 +682,9 @@ std::vector<SessionRecord> PostgresStore::open_sessions(const std::string & cell
     return select_open(where, ended, extra);
 }
 
-std::vector<SessionRecord> PostgresStore::select_open(const std::string & and_where,
-                                                      const std::vector<std::string> & ended,
-                                                      const std::vector<std::string> & extra) {
+std::optional<std::vector<SessionRecord>> PostgresStore::select_open(const std::string & and_where,
+                                                                     const std::vector<std::string> & ended,
+                                                                     const std::vector<std::string> & extra) {
     // $1..$n are the ended states; `and_where` names the `extra` parameters after them.
     std::vector<std::string> params = ended;
     params.insert(params.end(), extra.begin(), extra.end());
@@ -691,13 +692,19 @@ std::vector<SessionRecord> PostgresStore::select_open(const std::string & and_wh
                             (ended.empty() ? std::string("TRUE") : "state NOT IN (" + in_list(ended.size(), 1) + ")") +
                             and_where + " ORDER BY created_ms";
     std::vector<SessionRecord> out;
+    bool failed = false;
     for (auto & sh : shards_) {
         auto l = acquire(*sh);
-        if (!l) continue;
+        if (!l) {
+            failed = true;
+            continue;
+        }
         Res r = l.query(sql, params);
+        failed = failed || !r.ok();
         for (int i = 0; r.ok() && i < r.rows(); ++i)
             out.push_back(read_session(r, i));
     }
+    if (failed) return std::nullopt;
     std::stable_sort(out.begin(), out.end(),
                      [](const SessionRecord & a, const SessionRecord & b) { return a.created_ms < b.created_ms; });
     return out;

@@ -67,11 +67,13 @@ class PostgresStore : public Store {
     std::optional<ResponseRecord> response(const std::string & id) override;
     std::vector<StepRecord> steps(const std::string & id) override;
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) override;
-    std::vector<SessionRecord> open_sessions(const std::string & cell, const std::string & node,
-                                             const std::vector<std::string> & ended_states) override;
+    std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
+                                                            const std::vector<std::string> & ended_states) override;
     //! Sessions not in `ended` that match `and_where` too (naming `extra` as $n+1…), all shards.
-    std::vector<SessionRecord> select_open(const std::string & and_where, const std::vector<std::string> & ended,
-                                           const std::vector<std::string> & extra);
+    //! Nullopt when a shard could not be read.
+    std::optional<std::vector<SessionRecord>> select_open(const std::string & and_where,
+                                                          const std::vector<std::string> & ended,
+                                                          const std::vector<std::string> & extra);
     std::optional<std::vector<AgentRecord>> agents() override;
     std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms, size_t limit) override;
     std::vector<std::string> expired_responses(int64_t before_ms, size_t limit) override;

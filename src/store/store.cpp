@@ -5,8 +5,8 @@
 
 namespace armada::store {
 
-std::vector<SessionRecord> Store::open_sessions(const std::string & cell, const std::string & node,
-                                                const std::vector<std::string> & ended_states) {
+std::optional<std::vector<SessionRecord>> Store::open_sessions(const std::string & cell, const std::string & node,
+                                                               const std::vector<std::string> & ended_states) {
     auto all = sessions_not_in(ended_states);
     std::erase_if(all, [&](const SessionRecord & r) { return r.cell != cell || (!node.empty() && r.node != node); });
     return all;

@@ -143,9 +143,11 @@ class Store {
     //! Sessions whose state is not one of `ended_states`, oldest first.
     virtual std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) = 0;
     //! The same, only those of `cell` and, if `node` is not empty, assigned to `node` (a cell
-    //! brain's reconcile, a node's own check). The default filters `sessions_not_in`.
-    virtual std::vector<SessionRecord> open_sessions(const std::string & cell, const std::string & node,
-                                                     const std::vector<std::string> & ended_states);
+    //! brain's reconcile, a node's own check). The default filters `sessions_not_in`. Nullopt
+    //! when the read failed (a shard could not be reached), so that no caller takes an outage
+    //! for "no session is open".
+    virtual std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
+                                                                    const std::vector<std::string> & ended_states);
     //! Every agent declared through the API; nullopt when the read failed (an empty table is an
     //! empty vector), so a caller never takes an outage for "every agent was deleted".
     virtual std::optional<std::vector<AgentRecord>> agents() = 0;
@@ -197,8 +199,8 @@ class ForwardingStore : public Store {
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended) override {
         return inner_.sessions_not_in(ended);
     }
-    std::vector<SessionRecord> open_sessions(const std::string & cell, const std::string & node,
-                                             const std::vector<std::string> & ended) override {
+    std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
+                                                            const std::vector<std::string> & ended) override {
         return inner_.open_sessions(cell, node, ended);
     }
     std::optional<std::vector<AgentRecord>> agents() override { return inner_.agents(); }
