@@ -106,6 +106,7 @@ json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) 
         {"fenced_writes", r.fenced_writes},
         {"store_refused", r.store_refused},
         {"rehomes", r.rehomes},
+        {"watch_late", r.watch_late},
         {"faults", faults},
         {"rollout", rollout},
         {"violations", violations}};
@@ -135,6 +136,7 @@ std::string markdown(const json & j) {
     m << "| fenced writes | " << j["fenced_writes"] << " |\n";
     m << "| placements and re-homes refused by the store (PostgreSQL out) | " << j["store_refused"] << " |\n";
     m << "| sessions re-homed to another cell | " << j["rehomes"] << " |\n";
+    m << "| etcd watch events delivered late (buggify) | " << j["watch_late"] << " |\n";
     for (const auto & f : j["faults"])
         m << "| " << f["what"].get<std::string>() << " at " << f["at_s"].get<double>() << " s | " << f["resumed"]
           << " of " << f["sessions_hit"] << " resumed, the last " << f["last_resume_s"].get<double>()

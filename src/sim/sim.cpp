@@ -1,6 +1,7 @@
 #include "sim/sim.h"
 
 #include <algorithm>
+#include <deque>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -50,6 +51,7 @@ enum Kind : uint8_t {
     kDiskOk,      // a: node (a slow disk is fast again)
     kNatsUp,      // NATS can be reached again
     kRetryOpen,   // a: tenant (a client whose session could not be created tries again)
+    kWatch,       // a: node (the next event of its key reaches its cell brain's watch)
     kPgUp,        // PostgreSQL can be reached again
 };
 
@@ -162,6 +164,10 @@ struct Node {
     cluster::NodeLoad last;
     int64_t report_seq = 0;
     bool reported = false;
+    // With buggify, the cell brain's watch can deliver this node's key late; what comes after
+    // waits behind it (a watch keeps the order of one key's events). nullopt: the key deleted.
+    std::deque<std::optional<cluster::NodeLoad>> watch_q;
+    int64_t watch_at = 0;  // when the last queued event is delivered
     // Rollouts.
     std::string version = "v1", next_version;
     bool draining = false;
@@ -581,6 +587,8 @@ class World {
                 return pg_up();
             case kRetryOpen:
                 return open_session(e.a);
+            case kWatch:
+                return watch_deliver(int32_t(e.a));
         }
     }
 
@@ -699,12 +707,37 @@ class World {
             n.reported = true;
             count(r_.etcd_writes, now_);
             if (!n.lease) renew_lease(ni);
-            Cell & c = cells_[size_t(n.cell)];
-            if (c.brain) {
-                c.brain->node_up(n.name);
-                c.brain->load(l, now_ + s_.watch_ms);
-            }
+            watch(ni, l);
         }
+    }
+
+    //! An event of node `ni`'s key (a put with its load, or nullopt: deleted) reaches its cell
+    //! brain's watch. With buggify, 5% come up to 500 ms late, and those after wait behind them.
+    void watch(int32_t ni, std::optional<cluster::NodeLoad> l) {
+        Node & n = nodes_[size_t(ni)];
+        int64_t t = now_ + s_.watch_ms;
+        if (s_.buggify && rng_.chance(0.05)) t += rng_.range(0, 500);
+        if (n.watch_q.empty() && t == now_ + s_.watch_ms) return watch_apply(ni, l, t);
+        t = std::max(t, n.watch_at);
+        n.watch_at = t;
+        n.watch_q.push_back(std::move(l));
+        ++r_.watch_late;
+        at(t, kWatch, uint32_t(ni));
+    }
+    void watch_deliver(int32_t ni) {
+        Node & n = nodes_[size_t(ni)];
+        if (n.watch_q.empty()) return;
+        auto l = std::move(n.watch_q.front());
+        n.watch_q.pop_front();
+        watch_apply(ni, l, now_);
+    }
+    void watch_apply(int32_t ni, const std::optional<cluster::NodeLoad> & l, int64_t at_ms) {
+        const Node & n = nodes_[size_t(ni)];
+        Cell & c = cells_[size_t(n.cell)];
+        if (!c.brain) return;  // no leader hears it; the next one reads the truth
+        if (!l) return c.brain->node_down(n.name);
+        c.brain->node_up(n.name);
+        c.brain->load(*l, at_ms);
     }
 
     void renew_lease(int32_t ni) {
@@ -731,7 +764,7 @@ class World {
         }
         n.lease = false;
         count(r_.etcd_writes, now_);
-        if (cells_[size_t(n.cell)].brain) cells_[size_t(n.cell)].brain->node_down(n.name);
+        watch(ni, std::nullopt);
     }
 
     //! The node stops: its runs' finished steps are durable, and the sessions wait for another
@@ -1270,7 +1303,7 @@ class World {
         n.lease = false;
         ++n.lease_gen;
         count(r_.etcd_writes, now_);  // the revoke
-        if (Cell & c = cells_[size_t(n.cell)]; c.brain) c.brain->node_down(n.name);
+        watch(ni, std::nullopt);
         ++r_.rollout.restarts;
         at(now_ + int64_t(s_.rollout.restart_s * 1000) + rng_.range(0, int64_t(s_.rollout.jitter_s * 1000)), kRestart,
            uint32_t(ni));

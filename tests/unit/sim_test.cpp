@@ -42,6 +42,15 @@ TEST(Sim, TheSameSeedGivesTheSameTraceAndAnotherSeedAnother) {
     EXPECT_NE(a.trace, c.trace);
 }
 
+TEST(Sim, BuggifyDeliversSomeEtcdWatchEventsLateAndTheInvariantsHold) {
+    Scenario s = small();
+    const auto late = run(s, {5, false});
+    EXPECT_TRUE(late.violations.empty()) << late.violations.front().what;
+    EXPECT_GT(late.watch_late, 0);
+    s.buggify = false;
+    EXPECT_EQ(run(s, {5, false}).watch_late, 0);
+}
+
 TEST(Sim, FaultsHitSessionsAndEveryOneResumes) {
     const auto r = run(small(), {3, false});
     EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
