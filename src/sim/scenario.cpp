@@ -56,6 +56,7 @@ std::optional<Fault::Kind> fault_kind(const std::string & s) {
     if (s == "slow_disk") return Fault::Kind::SlowDisk;
     if (s == "nats_outage") return Fault::Kind::NatsOutage;
     if (s == "pg_outage") return Fault::Kind::PgOutage;
+    if (s == "nats_partition") return Fault::Kind::NatsPartition;
     return std::nullopt;
 }
 
@@ -167,7 +168,7 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
                 if (!k) {
                     error = where +
                             ".kind: must be node_crash, node_hang, cell_lost, brain_crash, etcd_restart, "
-                            "restart_storm, partition, slow_disk, nats_outage or pg_outage";
+                            "restart_storm, partition, slow_disk, nats_outage, pg_outage or nats_partition";
                     return std::nullopt;
                 }
                 f.kind = *k;
@@ -176,7 +177,9 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
                     !fr.get("ms", f.ms, 0, 600000))
                     return std::nullopt;
                 if (fs[i]["jitter"]) f.jitter = fs[i]["jitter"].as<bool>();
-                if ((f.kind == Fault::Kind::NatsOutage || f.kind == Fault::Kind::PgOutage) && f.for_s <= 0) {
+                if ((f.kind == Fault::Kind::NatsOutage || f.kind == Fault::Kind::PgOutage ||
+                     f.kind == Fault::Kind::NatsPartition) &&
+                    f.for_s <= 0) {
                     error = where + ".for_s: an outage needs a length in seconds (more than 0)";
                     return std::nullopt;
                 }

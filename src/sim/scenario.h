@@ -34,7 +34,9 @@ struct Fault {
     //! commands, place requests, ended events, cell reports to the global brain) gets through
     //! once it is back, the publishers retrying. PgOutage: PostgreSQL cannot be reached for `for_s`;
     //! no step, placement or re-home commits, so every run stops at its last committed step and
-    //! goes on where it was once it is back.
+    //! goes on where it was once it is back. NatsPartition: one cell (its brain and nodes)
+    //! cannot reach NATS for `for_s`, the rest of the cluster can; it still reaches etcd and
+    //! PostgreSQL.
     enum class Kind {
         NodeCrash,
         NodeHang,
@@ -45,7 +47,8 @@ struct Fault {
         Partition,
         SlowDisk,
         NatsOutage,
-        PgOutage
+        PgOutage,
+        NatsPartition
     };
     Kind kind = Kind::NodeCrash;
     double at_s = 0;

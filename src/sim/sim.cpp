@@ -179,6 +179,8 @@ struct Node {
 
 struct Cell {
     std::string name;
+    int64_t nats_cut_until = 0;  // its brain and nodes cannot reach NATS until then
+    int32_t nats_cut_fault = 0;
     std::unique_ptr<cluster::CellBrain> brain;  // null: no brain leads
     std::vector<std::pair<uint32_t, int64_t>> inbox;
     std::vector<uint32_t> closed;
@@ -498,6 +500,8 @@ class World {
                 return "NATS outage";
             case Fault::Kind::PgOutage:
                 return "PostgreSQL outage";
+            case Fault::Kind::NatsPartition:
+                return "NATS cut off from " + cell;
         }
         return "fault";
     }
@@ -527,16 +531,22 @@ class World {
 
     // ---- events ----
     void handle(const Ev & e) {
-        if (nats_down_ && (e.kind == kPlaceMsg || e.kind == kRunMsg || e.kind == kClosedMsg)) {
-            // JetStream cannot be reached: the message gets through once it is back (the
-            // publisher retries, or the stream already holds it), spread over a second. A
-            // session waiting on it counts as hit until it runs.
-            if (e.kind != kClosedMsg && sessions_[e.a].open && sessions_[e.a].fault == kNone) {
-                sessions_[e.a].fault = nats_fault_;
-                ++r_.faults[size_t(nats_fault_)].sessions_hit;
+        if (e.kind == kPlaceMsg || e.kind == kRunMsg || e.kind == kClosedMsg) {
+            // JetStream cannot be reached (by anyone, or by the cell the message is for): the
+            // message gets through once it can, spread over a second (the publisher retries, or
+            // the stream already holds it). A session waiting on it counts as hit until it runs.
+            const int cell = e.kind == kRunMsg ? nodes_[e.b].cell : int(e.b);
+            const int64_t cut = cells_[size_t(cell)].nats_cut_until;
+            if (nats_down_ || cut > now_) {
+                const int32_t fault = nats_down_ ? nats_fault_ : cells_[size_t(cell)].nats_cut_fault;
+                if (e.kind != kClosedMsg && sessions_[e.a].open && sessions_[e.a].fault == kNone) {
+                    sessions_[e.a].fault = fault;
+                    ++r_.faults[size_t(fault)].sessions_hit;
+                }
+                const int64_t back = std::max(nats_down_ ? nats_up_at_ : 0, cut);
+                at(back + s_.nats_ms + rng_.range(0, 1000), e.kind, e.a, e.b, e.c);
+                return;
             }
-            at(nats_up_at_ + s_.nats_ms + rng_.range(0, 1000), e.kind, e.a, e.b, e.c);
-            return;
         }
         switch (e.kind) {
             case kArrive:
@@ -1002,11 +1012,12 @@ class World {
             const auto r = cluster::cell_report(c.name, b.loads(now_), c.by_tenant, int(b.queued()));
             if (cell_free_.size() < cells_.size()) cell_free_.resize(cells_.size(), -1);
             cell_free_[ci] = r.free_seqs;
+            // The brain writes it to etcd and pushes it on NATS; the global brain takes it from
+            // either (as `armada global` does), so it goes silent only without both.
+            const bool nats = !nats_down_ && c.nats_cut_until <= now_;
             if (!etcd_down_) count(r_.etcd_writes, now_);
-            if (!nats_down_) {  // the global brain hears it over NATS
-                count(r_.nats_msgs, now_);
-                if (global_) global_->report(r, now_ + s_.nats_ms);
-            }
+            if (nats) count(r_.nats_msgs, now_);
+            if (global_ && (nats || !etcd_down_)) global_->report(r, now_ + (nats ? s_.nats_ms : s_.watch_ms));
         }
     }
 
@@ -1158,6 +1169,12 @@ class World {
                 return;
             case Fault::Kind::PgOutage:
                 return pg_outage(f.for_s, fi);
+            case Fault::Kind::NatsPartition: {
+                Cell & c = cells_[size_t(f.cell)];
+                c.nats_cut_until = std::max(c.nats_cut_until, now_ + int64_t(f.for_s * 1000));
+                c.nats_cut_fault = fi;
+                return;
+            }
             case Fault::Kind::RestartStorm:
                 for (size_t i = 0; i < nodes_.size(); ++i) {
                     crash(int32_t(i), fi);

@@ -156,6 +156,21 @@ TEST(Sim, APostgresOutageHoldsEveryRunAtItsLastCommitAndTheyGoOnWhereTheyWereAft
     EXPECT_EQ(r.sessions_stranded, 0);
 }
 
+TEST(Sim, ACellCutOffFromNatsPastTheReportTtlKeepsItsSessionsAndIsNotTakenForLost) {
+    const auto r = run(outage("{kind: nats_partition, at_s: 10, cell: 1, for_s: 30}"), {3, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    ASSERT_EQ(r.faults.size(), 1u);
+    EXPECT_EQ(r.faults[0].what, "NATS cut off from cell1");
+    // Its new sessions waited for their messages; none was moved to the other cell, since its
+    // report still reached the global brain through etcd.
+    EXPECT_GT(r.faults[0].sessions_hit, 0);
+    EXPECT_EQ(r.faults[0].resumed, r.faults[0].sessions_hit);
+    EXPECT_GE(r.faults[0].last_resume_s, 30.0);
+    EXPECT_EQ(r.rehomes, 0);
+    EXPECT_EQ(r.fenced_writes, 0);
+    EXPECT_EQ(r.sessions_stranded, 0);
+}
+
 TEST(Sim, ANatsOutagePastTheReportTtlHoldsMessagesUntilItEndsAndReHomesNothing) {
     const auto r = run(outage("{kind: nats_outage, at_s: 10, for_s: 20}"), {3, false});
     EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
@@ -166,7 +181,7 @@ TEST(Sim, ANatsOutagePastTheReportTtlHoldsMessagesUntilItEndsAndReHomesNothing) 
     EXPECT_EQ(r.faults[0].resumed, r.faults[0].sessions_hit);
     EXPECT_GE(r.faults[0].last_resume_s, 20.0);
     EXPECT_LT(r.faults[0].last_resume_s, 23.0);
-    // Every cell went silent at once (past the global brain's 15 s TTL): none took another's.
+    // The cells' reports still reach the global brain through etcd: none is taken for lost.
     EXPECT_EQ(r.rehomes, 0);
     EXPECT_EQ(r.sessions_stranded, 0);
 }
