@@ -236,6 +236,12 @@ class World {
         if (v.size() <= i) v.resize(i + 1);
         v[i] += n;
     }
+    //! One more session a fault hit, now.
+    void hit(int32_t fault) {
+        FaultOutcome & f = r_.faults[size_t(fault)];
+        ++f.sessions_hit;
+        f.last_hit_ms = now_;
+    }
     void violation(const std::string & what) {
         if (r_.violations.size() < 100) r_.violations.push_back({now_, what});
     }
@@ -541,7 +547,7 @@ class World {
                 const int32_t fault = nats_down_ ? nats_fault_ : cells_[size_t(cell)].nats_cut_fault;
                 if (e.kind != kClosedMsg && sessions_[e.a].open && sessions_[e.a].fault == kNone) {
                     sessions_[e.a].fault = fault;
-                    ++r_.faults[size_t(fault)].sessions_hit;
+                    hit(fault);
                 }
                 const int64_t back = std::max(nats_down_ ? nats_up_at_ : 0, cut);
                 at(back + s_.nats_ms + rng_.range(0, 1000), e.kind, e.a, e.b, e.c);
@@ -647,7 +653,12 @@ class World {
             n.held_runs.emplace_back(id, epoch);
             return;
         }
-        if (!s.open || s.epoch != epoch || s.row_node != ni || (s.node == ni && !s.paused)) return;
+        if (!s.open || s.epoch != epoch || s.row_node != ni) return;
+        if (s.node == ni && !s.paused) {
+            // Running here already (it was placed here again): it goes on under the new epoch.
+            s.run_epoch = std::max(s.run_epoch, epoch);
+            return;
+        }
         start_run(id, ni, epoch, true);
     }
 
@@ -791,7 +802,7 @@ class World {
             s.waiting_since = now_;
             if (fault != kNone && s.fault == kNone) {
                 s.fault = fault;
-                ++r_.faults[size_t(fault)].sessions_hit;
+                hit(fault);
             }
         }
         return n;
@@ -819,7 +830,7 @@ class World {
         n.draining = false;
         n.sig = {};
         n.sig.started_ms = now_ + 1;  // its counters start over
-        renew_lease(ni);
+        if (!n.partitioned) renew_lease(ni);  // cut off from etcd, it registers when it heals
         // It runs what is still assigned to it (its lease may not have run out meanwhile).
         for (uint32_t id : std::vector<uint32_t>(cells_[size_t(n.cell)].open)) {
             const Session & s = sessions_[id];
@@ -838,7 +849,7 @@ class World {
             s.paused = true;
             if (s.fault == kNone) {
                 s.fault = fault;
-                ++r_.faults[size_t(fault)].sessions_hit;
+                hit(fault);
             }
         }
         n.hung = true;
@@ -850,7 +861,7 @@ class World {
         Node & n = nodes_[size_t(ni)];
         if (!n.hung) return;
         n.hung = false;
-        if (!n.lease) renew_lease(ni);
+        if (!n.partitioned && !n.lease) renew_lease(ni);  // a cut-off one renews when it heals
         // Its sessions go on where the store still names it under the same epoch; its writes for
         // the others are refused (fenced) and it drops them.
         for (uint32_t id : std::vector<uint32_t>(n.sessions)) {
@@ -885,7 +896,7 @@ class World {
             Session & s = sessions_[id];
             if (s.node != ni || s.paused || s.fault != kNone) continue;
             s.fault = fault;
-            ++r_.faults[size_t(fault)].sessions_hit;
+            hit(fault);
         }
         at(lease_end(n), kLeaseCheck, uint32_t(ni), n.lease_gen);
         at(n.heal_at, kHeal, uint32_t(ni));
@@ -895,7 +906,7 @@ class World {
         Node & n = nodes_[size_t(ni)];
         if (!n.partitioned) return;
         n.partitioned = false;
-        if (n.up && !n.lease) renew_lease(ni);
+        if (n.up && !n.hung && !n.lease) renew_lease(ni);  // a hung one renews when it wakes
         // What it still runs was never interrupted (its lease outlived the partition, or the
         // brain had not moved it yet).
         for (uint32_t id : n.sessions) {
@@ -926,7 +937,7 @@ class World {
                 pg_held_.push_back(id);
                 if (s.fault == kNone) {
                     s.fault = fault;
-                    ++r_.faults[size_t(fault)].sessions_hit;
+                    hit(fault);
                 }
             }
         }
@@ -959,7 +970,11 @@ class World {
             const Session & s = sessions_[id];
             if (s.node != ni || s.paused || !s.open) continue;
             stop_run(id);
-            start_run(id, ni, s.run_epoch, false);
+            // The same run at a new pace: not a resume, so a fault's mark (a partition) stays.
+            const int32_t fault = sessions_[id].fault;
+            sessions_[id].fault = kNone;
+            start_run(id, ni, sessions_[id].run_epoch, false);
+            sessions_[id].fault = fault;
         }
     }
 
@@ -1401,7 +1416,9 @@ class World {
                       " ms, and no brain or queue holds it");
         }
         for (const auto & f : r_.faults) {
-            if (f.resumed < f.sessions_hit && now_ - int64_t(f.at_s * 1000) > kGraceMs)
+            // (A fault that goes on hitting, as a rollout's drain timeouts do, is judged from its
+            // last hit.)
+            if (f.resumed < f.sessions_hit && now_ - std::max(int64_t(f.at_s * 1000), f.last_hit_ms) > kGraceMs)
                 violation(f.what + ": " + std::to_string(f.sessions_hit - f.resumed) + " of " +
                           std::to_string(f.sessions_hit) + " sessions never resumed");
         }

@@ -24,6 +24,7 @@ struct FaultOutcome {
     std::string what;
     double at_s = 0;
     int sessions_hit = 0;                // open sessions on what failed
+    int64_t last_hit_ms = 0;             // when the last of them was hit
     int resumed = 0;                     // of those, resumed elsewhere (or ended) by the end of the run
     double last_resume_s = -1;           // fault → the last hit session's next step began elsewhere
     int peak_moves_per_s = 0;            // re-placements and re-homes in the busiest second after it

@@ -218,6 +218,53 @@ TEST(Sim, APartitionPastTheLeaseMovesTheNodesSessionsAndFencesItsLateCommits) {
     EXPECT_EQ(r.sessions_stranded, 0);
 }
 
+// One cell of 3 nodes and these faults, all on node 1.
+Scenario overlapping(const std::string & faults) {
+    std::string err;
+    auto s = parse_scenario(R"(
+cells: 1
+nodes_per_cell: 3
+duration_s: 120
+node: {sessions: 16}
+tenants:
+  - {name: a, rate_per_s: 1, steps: 8, tool_ms: 500, think_ms: 1000, initial: 24}
+faults: [)" + faults + "]\n",
+                            err);
+    EXPECT_TRUE(s) << err;
+    return *s;
+}
+
+TEST(Sim, ANodeHungWhenItsPartitionHealsTakesItsLeaseOnlyWhenItWakes) {
+    const auto r = run(overlapping("{kind: partition, at_s: 10, cell: 0, node: 1, for_s: 10},"
+                                   "{kind: node_hang, at_s: 12, cell: 0, node: 1, for_s: 15}"),
+                       {2, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    EXPECT_EQ(r.leases.at(20), 0);  // the heal: still hung, it cannot renew
+    EXPECT_EQ(r.leases.at(27), 1);  // the wake
+}
+
+TEST(Sim, ANodeRestartedWhileCutOffRegistersOnlyWhenThePartitionHeals) {
+    const auto r = run(overlapping("{kind: partition, at_s: 10, cell: 0, node: 1, for_s: 20},"
+                                   "{kind: node_crash, at_s: 12, cell: 0, node: 1, for_s: 5}"),
+                       {2, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    EXPECT_EQ(r.leases.at(17), 0);  // started again, but etcd is out of its reach
+    EXPECT_EQ(r.leases.at(30), 1);  // the heal
+}
+
+TEST(Sim, ASlowDiskDuringAPartitionDoesNotCountItsSessionsAsResumed) {
+    const auto r = run(overlapping("{kind: partition, at_s: 10, cell: 0, node: 1, for_s: 15},"
+                                   "{kind: slow_disk, at_s: 10.5, cell: 0, node: 1, for_s: 3, ms: 1000}"),
+                       {2, false});
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
+    ASSERT_GE(r.faults.size(), 1u);
+    EXPECT_GT(r.faults[0].sessions_hit, 0);
+    EXPECT_EQ(r.faults[0].resumed, r.faults[0].sessions_hit);
+    // Resumed on other nodes once the lease ran out (its last keepalive, at most 1 s before the
+    // cut, + 3 s), not at the slow disk's start (0.5 s in).
+    EXPECT_GT(r.faults[0].last_resume_s, 2.0);
+}
+
 TEST(Sim, APartitionShorterThanTheLeaseMovesNothing) {
     const auto r = run(partitioned(1), {4, false});
     EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
