@@ -72,6 +72,7 @@ SIM_SEEDS ?= 2000
 sim-sweep: build
 	$(BUILD)/armada sim sim/small.yaml --seed 1000 --seeds $(SIM_SEEDS)
 	$(BUILD)/armada sim sim/deps.yaml --seed 1000 --seeds $(SIM_SEEDS)
+	$(BUILD)/armada sim sim/overlap.yaml --seed 1000 --seeds $(SIM_SEEDS)
 	$(BUILD)/armada sim sim/reduced.yaml --seed 1000 --seeds 20
 
 lint: build
