@@ -1,10 +1,10 @@
 #include "sim/sim.h"
 
 #include <algorithm>
-#include <deque>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <memory>
 #include <queue>
@@ -829,7 +829,7 @@ class World {
         n.next_version.clear();
         n.draining = false;
         n.sig = {};
-        n.sig.started_ms = now_ + 1;  // its counters start over
+        n.sig.started_ms = now_ + 1;          // its counters start over
         if (!n.partitioned) renew_lease(ni);  // cut off from etcd, it registers when it heals
         // It runs what is still assigned to it (its lease may not have run out meanwhile).
         for (uint32_t id : std::vector<uint32_t>(cells_[size_t(n.cell)].open)) {
