@@ -52,7 +52,9 @@ json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) 
                           {"resumed", f.resumed},
                           {"last_resume_s", f.last_resume_s},
                           {"peak_moves_per_s", f.peak_moves_per_s},
-                          {"peak_etcd_writes_per_s", f.peak_etcd_writes_per_s}});
+                          {"peak_etcd_writes_per_s", f.peak_etcd_writes_per_s},
+                          {"peak_nats_msgs_per_s", f.peak_nats_msgs_per_s},
+                          {"peak_pg_commits_per_s", f.peak_pg_commits_per_s}});
     json violations = json::array();
     for (const auto & v : r.violations)
         violations.push_back({{"t_ms", v.t_ms}, {"what", v.what}});
@@ -141,7 +143,8 @@ std::string markdown(const json & j) {
         m << "| " << f["what"].get<std::string>() << " at " << f["at_s"].get<double>() << " s | " << f["resumed"]
           << " of " << f["sessions_hit"] << " resumed, the last " << f["last_resume_s"].get<double>()
           << " s after; peak " << f["peak_moves_per_s"] << " moves/s, " << f["peak_etcd_writes_per_s"]
-          << " etcd writes/s |\n";
+          << " etcd writes/s, " << f["peak_nats_msgs_per_s"] << " NATS messages/s, " << f["peak_pg_commits_per_s"]
+          << " PostgreSQL commits/s |\n";
     if (const auto & o = j["rollout"]; !o.is_null()) {
         m << "| rollout from " << o["started_s"].get<double>() << " s | " << o["phase"].get<std::string>();
         if (!o["fired"].get<std::string>().empty()) m << " (" << o["fired"].get<std::string>() << ")";

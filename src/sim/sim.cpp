@@ -1429,6 +1429,10 @@ class World {
                 f.peak_moves_per_s = std::max(f.peak_moves_per_s, int(r_.moves[i]));
             for (size_t i = from; i < std::min(r_.etcd_writes.size(), from + 60); ++i)
                 f.peak_etcd_writes_per_s = std::max(f.peak_etcd_writes_per_s, r_.etcd_writes[i]);
+            for (size_t i = from; i < std::min(r_.nats_msgs.size(), from + 60); ++i)
+                f.peak_nats_msgs_per_s = std::max(f.peak_nats_msgs_per_s, r_.nats_msgs[i]);
+            for (size_t i = from; i < std::min(r_.pg_commits.size(), from + 60); ++i)
+                f.peak_pg_commits_per_s = std::max(f.peak_pg_commits_per_s, r_.pg_commits[i]);
         }
         rollout_finish();
         r_.trace_hash = hash_;

@@ -29,6 +29,8 @@ struct FaultOutcome {
     double last_resume_s = -1;           // fault → the last hit session's next step began elsewhere
     int peak_moves_per_s = 0;            // re-placements and re-homes in the busiest second after it
     int64_t peak_etcd_writes_per_s = 0;  // in the busiest second of the minute after it
+    int64_t peak_nats_msgs_per_s = 0;    // the same, NATS messages
+    int64_t peak_pg_commits_per_s = 0;   // the same, PostgreSQL commits
 };
 
 //! What the scenario's rollout did, and what it cost the control plane while it ran.
