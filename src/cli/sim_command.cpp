@@ -109,6 +109,7 @@ json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) 
         {"store_refused", r.store_refused},
         {"rehomes", r.rehomes},
         {"watch_late", r.watch_late},
+        {"kv_peak_ratio", r.kv_peak_ratio},
         {"faults", faults},
         {"rollout", rollout},
         {"violations", violations}};
@@ -139,6 +140,8 @@ std::string markdown(const json & j) {
     m << "| placements and re-homes refused by the store (PostgreSQL out) | " << j["store_refused"] << " |\n";
     m << "| sessions re-homed to another cell | " << j["rehomes"] << " |\n";
     m << "| etcd watch events delivered late (buggify) | " << j["watch_late"] << " |\n";
+    if (j["kv_peak_ratio"].get<double>() > 0)
+        m << "| KV held at the fullest node, over its budget | " << j["kv_peak_ratio"].get<double>() << " |\n";
     for (const auto & f : j["faults"])
         m << "| " << f["what"].get<std::string>() << " at " << f["at_s"].get<double>() << " s | " << f["resumed"]
           << " of " << f["sessions_hit"] << " resumed, the last " << f["last_resume_s"].get<double>()

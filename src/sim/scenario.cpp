@@ -86,7 +86,12 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
         if (const YAML::Node n = root["node"]) {
             MapReader nr{n, "node", error};
             if (!nr.check({"sessions", "tokens_per_s", "seq_tokens_per_s", "step_tokens", "restore_ms", "cores",
-                           "prefill_tokens_per_s", "step_prompt_tokens", "decode_curve"}) ||
+                           "prefill_tokens_per_s", "step_prompt_tokens", "decode_curve", "kv_budget_mb",
+                           "kv_base_tokens", "kv_step_tokens", "kv_bytes_per_token"}) ||
+                !nr.get("kv_budget_mb", s.node.kv_budget_mb, 0, 1e9) ||
+                !nr.get("kv_base_tokens", s.node.kv_base_tokens, 0, 10000000) ||
+                !nr.get("kv_step_tokens", s.node.kv_step_tokens, 0, 10000000) ||
+                !nr.get("kv_bytes_per_token", s.node.kv_bytes_per_token, 1, 100000000) ||
                 !nr.get("prefill_tokens_per_s", s.node.prefill_tokens_per_s, 0, 1e8) ||
                 !nr.get("step_prompt_tokens", s.node.step_prompt_tokens, 0, 1000000) ||
                 !nr.get("sessions", s.node.sessions, 1, 100000) ||

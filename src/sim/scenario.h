@@ -76,6 +76,16 @@ struct NodeModel {
     //! ascending. When given, a step's rate is read off it (linear between points, flat past the
     //! ends) instead of from `tokens_per_s` and `seq_tokens_per_s`.
     std::vector<std::pair<double, double>> decode_curve;
+    //! KV memory (off while `kv_budget_mb` is 0). A session holds `kv_base_tokens` (its
+    //! instruction, tools and first input) and gains `kv_step_tokens` a step, `kv_bytes_per_token`
+    //! each. Past the node's budget, the share of its sessions' KV over it is parked (RAM to disk),
+    //! and a step of a parked session first restores it (`restore_ms`): each step then pays that
+    //! share of `restore_ms`. Each report carries the node's KV headroom and budget, which the
+    //! cell brain places by.
+    double kv_budget_mb = 0;
+    int kv_base_tokens = 1300;
+    int kv_step_tokens = 100;
+    int kv_bytes_per_token = 6144;
 };
 
 //! A rolling upgrade run by the real `cluster::Rollout` from `at_s`: each node asked to restart

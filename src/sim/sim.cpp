@@ -162,6 +162,7 @@ struct Node {
     std::vector<uint32_t> sessions;                       // the sessions it runs (a hung node also those moved away)
     std::vector<std::pair<uint32_t, int64_t>> held_runs;  // run commands that arrived while hung
     cluster::NodeLoad last;
+    double kv_parked = 0;  // the share of its sessions' KV parked at its last report
     int64_t report_seq = 0;
     bool reported = false;
     // With buggify, the cell brain's watch can deliver this node's key late; what comes after
@@ -278,6 +279,20 @@ class World {
     uint32_t session_index(const std::string & id) const { return uint32_t(std::stoul(id.substr(1))); }
 
     // ---- the node model ----
+    //! The KV its open sessions hold in memory or parked: each its base and what its steps added.
+    double kv_bytes(int32_t ni) const {
+        const Node & n = nodes_[size_t(ni)];
+        double tokens = 0;
+        for (uint32_t id : n.sessions) {
+            const Session & s = sessions_[id];
+            if (s.node != ni || !s.open) continue;
+            int64_t done = s.done;
+            if (!s.paused && now_ > s.seg_start)
+                done += std::min<int64_t>((now_ - s.seg_start) / s.period, s.steps - s.done);
+            tokens += s_.node.kv_base_tokens + double(done) * s_.node.kv_step_tokens;
+        }
+        return tokens * s_.node.kv_bytes_per_token;
+    }
     //! Milliseconds of model work per step on a node running `n` sessions: its tokens per second
     //! are shared by the sessions generating at once (those not waiting on tools or users).
     int32_t gen_ms(size_t n, int32_t wait_ms) const {
@@ -378,7 +393,8 @@ class World {
         s.run_epoch = epoch;
         s.paused = false;
         const int32_t wait = s.tool_ms + think_[s.tenant];
-        s.gen_ms = gen_ms(n.sessions.size(), wait) + n.slow_ms;
+        // A parked session reads its KV back before its step: the parked share of the restore.
+        s.gen_ms = gen_ms(n.sessions.size(), wait) + n.slow_ms + int32_t(n.kv_parked * s_.node.restore_ms);
         s.period = std::max(1, s.gen_ms + wait);
         s.seg_start = now_ + (restore ? s_.node.restore_ms : 0);
         ++s.seg;
@@ -720,6 +736,13 @@ class World {
             l.free_seqs = std::max(0, s_.node.sessions - l.sessions);
             l.cores = s_.node.cores;
             l.kv_headroom = int64_t(1) << 40;
+            if (s_.node.kv_budget_mb > 0) {
+                const double used = kv_bytes(ni), budget = s_.node.kv_budget_mb * 1048576.0;
+                l.kv_budget = int64_t(budget);
+                l.kv_headroom = std::max<int64_t>(0, int64_t(budget - used));
+                n.kv_parked = used > budget ? 1.0 - budget / used : 0.0;
+                r_.kv_peak_ratio = std::max(r_.kv_peak_ratio, used / budget);
+            }
             l.step_ms = gen_ms(n.sessions.size(), 1000);
             l.seq = ++n.report_seq;
             l.version = n.version;

@@ -266,6 +266,28 @@ TEST(Sim, ASlowDiskDuringAPartitionDoesNotCountItsSessionsAsResumed) {
     EXPECT_GT(r.faults[0].last_resume_s, 2.0);
 }
 
+TEST(Sim, KvPastTheNodesBudgetIsParkedAndItsStepsPayTheRestore) {
+    std::string err;
+    const std::string base = R"(
+cells: 1
+nodes_per_cell: 2
+duration_s: 90
+tenants:
+  - {name: a, rate_per_s: 0.5, steps: 20, tool_ms: 500, think_ms: 500, initial: 24}
+node: {sessions: 16, step_tokens: 32, tokens_per_s: 800, seq_tokens_per_s: 25, restore_ms: 3000, kv_base_tokens: 1300, kv_step_tokens: 100, kv_bytes_per_token: 6144, )";
+    const auto roomy = parse_scenario(base + "kv_budget_mb: 100000}\n", err);
+    const auto tight = parse_scenario(base + "kv_budget_mb: 48}\n", err);
+    ASSERT_TRUE(roomy && tight) << err;
+    const auto a = run(*roomy, {2, false}), b = run(*tight, {2, false});
+    EXPECT_TRUE(b.violations.empty()) << b.violations.front().what;
+    EXPECT_GT(a.kv_peak_ratio, 0.0);
+    EXPECT_LT(a.kv_peak_ratio, 0.01);
+    EXPECT_GT(b.kv_peak_ratio, 1.5);  // 12 sessions of 8 MB and more on a 48 MB budget
+    // The same work, slower: each step restores its parked share first.
+    EXPECT_LT(double(b.steps_in_slo) / double(b.steps), double(a.steps_in_slo) / double(a.steps));
+    EXPECT_LT(b.steps, a.steps);
+}
+
 TEST(Sim, APartitionShorterThanTheLeaseMovesNothing) {
     const auto r = run(partitioned(1), {4, false});
     EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
