@@ -247,14 +247,16 @@ class World {
         if (r_.violations.size() < 100) r_.violations.push_back({now_, what});
     }
     //! A message's delivery delay on NATS: with buggify, some are late, delivered twice (and so
-    //! out of order), and a place request is now and then redelivered after the ack wait (its
-    //! brain lost leadership before acking). A run command reaches a live node, which acks it.
+    //! out of order), and some are lost once and redelivered after the ack wait.
     void send(int64_t base_ms, Kind k, uint32_t a, uint32_t b, int64_t c) {
         count(r_.nats_msgs, now_);
         int64_t d = now_ + base_ms;
         if (s_.buggify) {
             if (rng_.chance(0.05)) d += rng_.range(0, 500);
-            if (k == kPlaceMsg && rng_.chance(0.01)) d += 5000;
+            // Lost on its way to the consumer, or taken by one that died before acking: JetStream
+            // delivers it again after the ack wait (5 s). Place requests, run commands and
+            // "ended" events alike.
+            if (rng_.chance(0.01)) d += 5000;
             if (rng_.chance(0.01)) at(d + rng_.range(0, 200), k, a, b, c);
         }
         at(d, k, a, b, c);
