@@ -288,6 +288,33 @@ node: {sessions: 16, step_tokens: 32, tokens_per_s: 800, seq_tokens_per_s: 25, r
     EXPECT_LT(b.steps, a.steps);
 }
 
+TEST(Sim, AFailoverWaitCountsInTheLatencyOfTheMovedSessionsNextStep) {
+    std::string err;
+    const std::string base = R"(
+cells: 1
+nodes_per_cell: 3
+duration_s: 60
+node: {sessions: 16, tokens_per_s: 800, seq_tokens_per_s: 25, step_tokens: 32}
+tenants:
+  - {name: a, rate_per_s: 0.2, steps: 20, tool_ms: 500, think_ms: 1000, initial: 30}
+)";
+    const auto calm = parse_scenario(base, err);
+    const auto crash = parse_scenario(base + "faults: [{kind: node_crash, at_s: 10, cell: 0, node: 1}]\n", err);
+    ASSERT_TRUE(calm && crash) << err;
+    const auto a = run(*calm, {2, false}), b = run(*crash, {2, false});
+    EXPECT_TRUE(b.violations.empty()) << b.violations.front().what;
+    // Every step's model time is 1.3 s: within 2 s, and so is every first step of a new session
+    // (placed at once).
+    EXPECT_EQ(a.steps_in_slo, a.steps);
+    // The crashed node's sessions wait out its lease (about 3 s) for a node: each of their next
+    // steps is late.
+    // (A session whose next step had not ended by the end of the run is not counted at all.)
+    const int64_t late = b.steps - b.steps_in_slo, hit = b.faults[0].sessions_hit;
+    ASSERT_GT(hit, 5);
+    EXPECT_GE(late, hit * 9 / 10);
+    EXPECT_LE(late, hit);  // only their first steps there
+}
+
 TEST(Sim, APartitionShorterThanTheLeaseMovesNothing) {
     const auto r = run(partitioned(1), {4, false});
     EXPECT_TRUE(r.violations.empty()) << r.violations.front().what;
