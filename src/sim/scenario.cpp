@@ -142,14 +142,19 @@ std::optional<Scenario> parse_scenario(const std::string & text, std::string & e
                 TenantLoad t;
                 t.name = "t" + std::to_string(i);
                 MapReader tr{ts[i], "tenants[" + std::to_string(i) + "]", error};
-                if (!tr.check(
-                        {"name", "rate_per_s", "steps", "tool_ms", "think_ms", "initial", "concurrency", "sessions"}) ||
+                if (!tr.check({"name", "rate_per_s", "steps", "tool_ms", "tool_dist", "think_ms", "initial",
+                               "concurrency", "sessions"}) ||
                     !tr.get("concurrency", t.concurrency, 0, 10000000) ||
                     !tr.get("sessions", t.sessions, 0, 100000000) || !tr.get("rate_per_s", t.rate_per_s, 0, 1e6) ||
                     !tr.get("steps", t.steps, 1, 10000) || !tr.get("tool_ms", t.tool_ms, 0, 3600000) ||
                     !tr.get("think_ms", t.think_ms, 0, 3600000) || !tr.get("initial", t.initial, 0, 10000000))
                     return std::nullopt;
                 if (ts[i]["name"]) t.name = ts[i]["name"].as<std::string>();
+                if (ts[i]["tool_dist"]) t.tool_dist = ts[i]["tool_dist"].as<std::string>();
+                if (t.tool_dist != "exponential" && t.tool_dist != "uniform" && t.tool_dist != "constant") {
+                    error = "tenants[" + std::to_string(i) + "].tool_dist: must be exponential, uniform or constant";
+                    return std::nullopt;
+                }
                 if (t.concurrency > 0 && !ts[i]["rate_per_s"]) t.rate_per_s = 0;
                 if (t.concurrency > 0 && t.rate_per_s > 0) {
                     error = "tenants[" + std::to_string(i) +

@@ -16,6 +16,9 @@ struct TenantLoad {
     double rate_per_s = 1;
     int steps = 6;
     int tool_ms = 1000;
+    //! How a session's tool time is drawn around `tool_ms`: "exponential" (clamped to 0.1–5×),
+    //! "uniform" (0.5–1.5×) or "constant". A closed loop always uses `tool_ms` as it is.
+    std::string tool_dist = "exponential";
     int think_ms = 0;
     int initial = 0;  // sessions already live when the run starts
     //! A closed loop instead of arrivals (as `armada bench agents --concurrency`): this many

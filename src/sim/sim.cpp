@@ -546,7 +546,12 @@ class World {
             s.tool_ms = int32_t(tl.tool_ms);
         } else {
             s.steps = int32_t(rng_.range(1, std::max(1, 2 * tl.steps - 1)));
-            s.tool_ms = int32_t(std::clamp(rng_.exp(tl.tool_ms), tl.tool_ms / 10.0, tl.tool_ms * 5.0));
+            if (tl.tool_dist == "constant")
+                s.tool_ms = int32_t(tl.tool_ms);
+            else if (tl.tool_dist == "uniform")
+                s.tool_ms = int32_t(rng_.range(tl.tool_ms / 2, tl.tool_ms + tl.tool_ms / 2));
+            else
+                s.tool_ms = int32_t(std::clamp(rng_.exp(tl.tool_ms), tl.tool_ms / 10.0, tl.tool_ms * 5.0));
         }
         s.cell = cell;
         s.waiting_since = now_;

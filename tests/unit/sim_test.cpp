@@ -1,6 +1,8 @@
 // The simulator: the same scenario and seed replay the same run; its scenario file is checked.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "sim/scenario.h"
 #include "sim/sim.h"
 
@@ -117,6 +119,9 @@ TEST(Sim, AScenarioWithAnUnknownOrOutOfRangeSettingIsRefusedByName) {
     EXPECT_NE(err.find("rollout.wave_percent"), std::string::npos) << err;
     EXPECT_FALSE(parse_scenario("tenants: [{}]\nrollout: {waves: 3}\n", err));
     EXPECT_NE(err.find("'waves'"), std::string::npos) << err;
+    EXPECT_FALSE(parse_scenario("tenants: [{tool_dist: gauss}]\n", err));
+    EXPECT_NE(err.find("tenants[0].tool_dist"), std::string::npos) << err;
+    EXPECT_TRUE(parse_scenario("tenants: [{tool_dist: uniform}]\n", err)) << err;
     EXPECT_FALSE(parse_scenario("tenants: [{}]\nfaults: [{kind: pg_outage, at_s: 5}]\n", err));
     EXPECT_NE(err.find("faults[0].for_s"), std::string::npos) << err;
     EXPECT_TRUE(parse_scenario("tenants: [{}]\nfaults: [{kind: nats_outage, at_s: 5, for_s: 2}]\n", err)) << err;
@@ -313,6 +318,19 @@ tenants:
     ASSERT_GT(hit, 5);
     EXPECT_GE(late, hit * 9 / 10);
     EXPECT_LE(late, hit);  // only their first steps there
+}
+
+TEST(Sim, TheToolTimeDistributionIsTheScenariosChoice) {
+    Scenario s = small();
+    std::set<uint64_t> hashes;
+    for (const char * d : {"exponential", "uniform", "constant"}) {
+        for (auto & t : s.tenants)
+            t.tool_dist = d;
+        const auto r = run(s, {1, false});
+        EXPECT_TRUE(r.violations.empty()) << d << ": " << r.violations.front().what;
+        hashes.insert(r.trace_hash);
+    }
+    EXPECT_EQ(hashes.size(), 3u);  // each draws other tool times, so each is another run
 }
 
 TEST(Sim, APartitionShorterThanTheLeaseMovesNothing) {
