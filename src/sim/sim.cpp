@@ -283,6 +283,14 @@ class World {
     }
     uint32_t session_index(const std::string & id) const { return uint32_t(std::stoul(id.substr(1))); }
 
+    //! The open sessions node `ni` runs whose rows name it (counted only near its capacity).
+    int assigned_here(int32_t ni) const {
+        int k = 0;
+        for (uint32_t id : nodes_[size_t(ni)].sessions)
+            k += sessions_[id].open && sessions_[id].row_node == ni;
+        return k;
+    }
+
     // ---- the node model ----
     //! The KV its open sessions hold in memory or parked: each its base and what its steps added.
     double kv_bytes(int32_t ni) const {
@@ -388,7 +396,9 @@ class World {
             // A hung node keeps it until it wakes and is fenced.
         }
         if (!node_has(ni, id)) {
-            if (int(n.sessions.size()) >= s_.node.sessions)
+            // Past capacity: more sessions than it takes among those the store assigns to it. (It
+            // may still run a few whose rows moved on, until their next write is fenced.)
+            if (int(n.sessions.size()) >= s_.node.sessions && assigned_here(ni) >= s_.node.sessions)
                 violation("node " + n.name + " placed past its capacity (" + std::to_string(s_.node.sessions) +
                           "): " + sid(id) + " epoch " + std::to_string(epoch));
             s.node = ni;
