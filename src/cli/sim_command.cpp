@@ -97,9 +97,11 @@ json to_json(const sim::Scenario & sc, uint64_t seed, const sim::SimResult & r) 
         {"sessions",
          {{"started", r.sessions_started},
           {"completed", r.sessions_completed},
+          {"failed", r.sessions_failed},
           {"queued", r.sessions_queued},
           {"stranded", r.sessions_stranded}}},
-        {"chain_survival", ended > 0 ? double(r.sessions_completed) / ended : 1.0},
+        // Chains that held: completed on a good version, over those that ended or were stranded.
+        {"chain_survival", ended > 0 ? double(r.sessions_completed - r.sessions_failed) / ended : 1.0},
         // As `armada bench agents` counts it: sessions completed per minute until the last ended.
         {"sessions_per_min",
          r.last_completed_ms > 0 ? double(r.sessions_completed) * 60000.0 / double(r.last_completed_ms) : 0.0},

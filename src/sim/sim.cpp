@@ -146,9 +146,11 @@ struct Session {
     uint32_t seg = 0;
     bool paused = false;        // its node hangs
     int64_t waiting_since = 0;  // -1 while it runs
-    int32_t fault = kNone;      // the fault that took its runner, until it runs again
-    int32_t node_pos = -1;      // its place in its node's list (while `node` is set)
-    int32_t cell_pos = -1;      // its place in its cell's list of open sessions
+    //! Since when its run has been stopped where it is (a hang, a PostgreSQL outage): -1 if not.
+    int64_t stalled_since = -1;
+    int32_t fault = kNone;  // the fault that took its runner, until it runs again
+    int32_t node_pos = -1;  // its place in its node's list (while `node` is set)
+    int32_t cell_pos = -1;  // its place in its cell's list of open sessions
 };
 
 struct Node {
@@ -413,7 +415,11 @@ class World {
         s.period = std::max(1, s.gen_ms + wait);
         s.seg_start = now_ + (restore ? s_.node.restore_ms : 0);
         ++s.seg;
-        s.first_wait_ms = s.waiting_since >= 0 ? int32_t(std::min<int64_t>(s.seg_start - s.waiting_since, 1 << 30)) : 0;
+        // Waiting for a node, or stopped where it was (hung, or PostgreSQL out): the earlier.
+        int64_t from = s.waiting_since;
+        if (s.stalled_since >= 0 && (from < 0 || s.stalled_since < from)) from = s.stalled_since;
+        s.first_wait_ms = from >= 0 ? int32_t(std::min<int64_t>(s.seg_start - from, 1 << 30)) : 0;
+        s.stalled_since = -1;
         s.waiting_since = -1;
         if (s.fault != kNone) {
             FaultOutcome & f = r_.faults[size_t(s.fault)];
@@ -423,6 +429,7 @@ class World {
         }
         if (pg_down_) {
             // Its first step cannot commit: it waits where it is for PostgreSQL.
+            s.stalled_since = from >= 0 ? from : now_;
             s.paused = true;
             ++s.seg;
             pg_held_.push_back(id);
@@ -719,7 +726,8 @@ class World {
         stop_run(id);
         node_remove(s.node, id);
         (bad(n) ? n.sig.failed : n.sig.completed)++;
-        if (s.fault != kNone) {  // it ended on a partitioned node before it was moved: nothing to resume
+        if (bad(n)) ++r_.sessions_failed;  // its chain broke: the version failed its steps
+        if (s.fault != kNone) {            // it ended on a partitioned node before it was moved: nothing to resume
             ++r_.faults[size_t(s.fault)].resumed;
             s.fault = kNone;
         }
@@ -893,6 +901,7 @@ class World {
             if (s.node != ni) continue;
             stop_run(id);
             s.paused = true;
+            if (s.stalled_since < 0) s.stalled_since = now_;
             if (s.fault == kNone) {
                 s.fault = fault;
                 hit(fault);
@@ -980,6 +989,7 @@ class World {
                 if (s.node != int32_t(ni) || s.paused || !s.open) continue;
                 stop_run(id);
                 s.paused = true;
+                if (s.stalled_since < 0) s.stalled_since = now_;
                 pg_held_.push_back(id);
                 if (s.fault == kNone) {
                     s.fault = fault;

@@ -63,6 +63,7 @@ struct SimResult {
     std::vector<double> balance;  // max / mean sessions over the live nodes that run any
     std::vector<int64_t> live;    // open sessions
     int64_t sessions_started = 0, sessions_completed = 0;
+    int64_t sessions_failed = 0;    // of the completed, those that ended on a bad version (their chain broke)
     int64_t last_completed_ms = 0;  // simulated time of the last session's end
     //! Open at the end with no node for over a minute: waiting for room (queued), or forgotten
     //! or passed over while there was room (stranded: an invariant broken).

@@ -318,6 +318,13 @@ tenants:
     ASSERT_GT(hit, 5);
     EXPECT_GE(late, hit * 9 / 10);
     EXPECT_LE(late, hit);  // only their first steps there
+    // A hang stops its sessions where they are: their next steps wait it out, there or elsewhere.
+    const auto hang = parse_scenario(base + "faults: [{kind: node_hang, at_s: 10, cell: 0, node: 1, for_s: 8}]\n", err);
+    ASSERT_TRUE(hang) << err;
+    const auto c = run(*hang, {2, false});
+    EXPECT_TRUE(c.violations.empty()) << c.violations.front().what;
+    ASSERT_GT(c.faults[0].sessions_hit, 5);
+    EXPECT_GE(c.steps - c.steps_in_slo, c.faults[0].sessions_hit * 9 / 10);
 }
 
 TEST(Sim, TheToolTimeDistributionIsTheScenariosChoice) {
@@ -433,6 +440,9 @@ TEST(Sim, ARolloutToABadVersionHaltsAfterItsFirstWaveAndRollsItBack) {
     EXPECT_NE(r.rollout.fired.find("error_codes (model) fired"), std::string::npos) << r.rollout.fired;
     EXPECT_EQ(r.rollout.restarts, 8);  // the wave's 4 nodes, there and back
     EXPECT_EQ(r.rollout.nodes_on_new, 0);
+    // Sessions that ended on the bad version are broken chains, and the good run has none.
+    EXPECT_GT(r.sessions_failed, 0);
+    EXPECT_EQ(run(rollout_scenario(false), {5, false}).sessions_failed, 0);
 }
 
 }  // namespace
