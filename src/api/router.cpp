@@ -161,7 +161,8 @@ std::string Router::render_registry() {
     sync("armada_kv_restores_total", "", r_disk, {{"from", "disk"}});
     sync("armada_kv_restores_total", "", r_journal, {{"from", "journal"}});
     sync("armada_kv_restore_failures_total", "Restores refused or failed (the session re-prefilled)", r_fail);
-    sync("armada_kv_prefix_hits_total", "Sessions started from a shared prefix", prefix_hits);
+    sync("armada_kv_prefix_hits_total",
+         "Requests started from KV another request computed (a cache entry or a live sequence)", prefix_hits);
     sync("armada_kv_spills_total", "Parked KV entries written to disk", ps.spilled);
     sync("armada_kv_dropped_total", "Parked KV entries dropped for lack of room", ps.dropped);
     if (const CacheTotals t = cache_totals(); t.enabled) {

@@ -2,6 +2,7 @@
 // completions, no session) keep their KV by content and tenant, and a later request with the
 // same prefix restores it. Greedy output is compared with a run that computed the whole prompt,
 // split into the same chunks, so the tokens must match exactly.
+#include "cli/mkmodel.h"
 #include "engine/engine.h"
 #include "model/greedy.h"
 #include "model/tiny_model.h"
@@ -186,7 +187,7 @@ TEST(PromptCache, AChangedContextSizeOrModelNeverRestoresAnOldEntry) {
         const Result r = run(e, second, "t");
         EXPECT_EQ(r.done.n_cached, 0);
     }
-    // Another model file (the fingerprint's extra part stands in for it): the same.
+    // The fingerprint's extra part (the server's own settings): the same.
     {
         Engine e(armada::testing::tiny_model(), c, nullptr);
         ASSERT_EQ(e.start(), "");
@@ -195,12 +196,67 @@ TEST(PromptCache, AChangedContextSizeOrModelNeverRestoresAnOldEntry) {
         ASSERT_GE(e.pool().stats().cache_disk_entries, 1u);
     }
     EngineConfig changed = c;
-    changed.fingerprint_extra = "another-model-file";
+    changed.fingerprint_extra = "another-setting";
     Engine e(armada::testing::tiny_model(), changed, nullptr);
     ASSERT_EQ(e.start(), "");
     EXPECT_EQ(e.prefix_cache()->entries(), 0u);
     EXPECT_EQ(run(e, second, "t").done.n_cached, 0);
     fs::remove_all(dir);
+}
+
+// A model file replaced by another of the same shape, type and size (new weights, as after a
+// fine-tune is deployed under the same name): entries saved with the old weights are never
+// restored. The same bytes at another path are, so the check is on content, not on the path.
+TEST(PromptCache, AnotherModelFileOfTheSameShapeNeverRestoresAnOldEntry) {
+    ASSERT_TRUE(armada::testing::tiny_model());
+    const std::string dir = tmpdir("armada-pcache-file");
+    const std::string files = tmpdir("armada-pcache-models");
+    fs::create_directories(files);
+    const std::string same = files + "/same.gguf";
+    const std::string other = files + "/other.gguf";
+    fs::copy_file(armada::testing::tiny_model()->path(), same);
+    armada::cli::MkModelOptions mk;
+    mk.shape = "tiny";
+    mk.type = "q8_0";
+    mk.output = other;
+    mk.seed = 7;  // the shared model is written with the default seed
+    ASSERT_EQ(armada::cli::write_model(mk), "");
+    ASSERT_EQ(fs::file_size(other), fs::file_size(same));
+    std::string err;
+    auto same_model = Model::load(same, nullptr, err);
+    ASSERT_TRUE(same_model) << err;
+    auto other_model = Model::load(other, nullptr, err);
+    ASSERT_TRUE(other_model) << err;
+
+    EngineConfig c = config(1, dir);
+    c.kv_budget = disk_only_budget(c);
+    const auto save_first = [&] {
+        Engine e(armada::testing::tiny_model(), c, nullptr);
+        ASSERT_EQ(e.start(), "");
+        run(e, kFirst, "t", 1);
+        run(e, tokens(9, 100), "t", 1);
+        ASSERT_GE(e.pool().stats().cache_disk_entries, 1u);
+    };
+    const Tokens second = concat(kFirst, tokens(6, 40));
+    save_first();
+    {
+        Engine e(same_model, c, nullptr);
+        ASSERT_EQ(e.start(), "");
+        EXPECT_GE(e.prefix_cache()->entries(), 1u);
+        EXPECT_EQ(run(e, second, "t").done.n_cached, 256);
+    }
+    save_first();
+    {
+        Engine e(other_model, c, nullptr);
+        ASSERT_EQ(e.start(), "");
+        EXPECT_EQ(e.prefix_cache()->entries(), 0u);
+        EXPECT_EQ(e.pool().stats().cache_disk_entries, 0u);
+        const Result r = run(e, second, "t");
+        EXPECT_EQ(r.done.n_cached, 0);
+        EXPECT_NE(r.done.kv_source, "prefix");
+    }
+    fs::remove_all(dir);
+    fs::remove_all(files);
 }
 
 TEST(PromptCache, ABurstWithOneNewPrefixComputesItOnce) {

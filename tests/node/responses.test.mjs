@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { startServer } from './harness.mjs';
+import { startServer, viaGateway } from './harness.mjs';
 import { tempDir } from './agents.mjs';
 
 let srv;
@@ -24,7 +24,7 @@ const weather = {
 
 before(async () => {
   const dir = tempDir('armada-responses-');
-  fs.writeFileSync(path.join(dir, 'keys'), 'sk-r1\nsk-r2\n');
+  fs.writeFileSync(path.join(dir, 'keys'), 'sk-r1\nsk-r2\nsk-radmin tenant=ops admin\n');
   srv = await startServer(['--data-dir', path.join(dir, 'data'), '--api-key-file', path.join(dir, 'keys'), '-c', '8192']);
   client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'sk-r1', maxRetries: 0 });
 });
@@ -59,6 +59,61 @@ test('previous_response_id continues stored state and reuses the KV', async () =
     client.responses.create({ model: 'x', input: 'x', previous_response_id: 'resp_nope' }),
     (e) => e.status === 404,
   );
+});
+
+// The continuation of a conversation whose sequence went to other requests meanwhile: its KV comes
+// back from a prompt-cache entry, and only the new turn is computed. With --no-prefix-cache the
+// same exchange computes the whole conversation again.
+async function continuationAfterOthers(base) {
+  const c = new OpenAI({ baseURL: base + '/v1', apiKey: 'sk-r1', maxRetries: 0 });
+  const cache = async () => (await fetch(base + '/v1/cache', { headers: { Authorization: 'Bearer sk-radmin' } })).json();
+  const facts = Array.from({ length: 40 }, (_, i) => `Fact ${i}: the crate numbered ${i * 3} holds pears.`).join(' ');
+  const first = await c.responses.create({ model: 'x', input: `${facts} Remember the word pear.`, max_output_tokens: 4 });
+  assert.ok(first.usage.input_tokens > 256, `a long first turn (${first.usage.input_tokens} tokens)`);
+  // Unrelated requests, one per sequence of the server (-np 4): each takes the sequence used
+  // longest ago, so the first turn's sequence is overwritten.
+  for (const w of ['Alpha', 'Bravo', 'Charlie', 'Delta', 'Echo']) {
+    await c.responses.create({ model: 'x', input: `${w} ` + `${w.toLowerCase()} words `.repeat(60), max_output_tokens: 2 });
+  }
+  const before = await cache();
+  const second = await c.responses.create({
+    model: 'x', input: 'What was the word?', previous_response_id: first.id, max_output_tokens: 4,
+  });
+  return { first, second, before, after: await cache() };
+}
+
+test('a continuation restores its conversation from the prompt cache after its sequence was taken', { skip: viaGateway && 'the cache is per node' }, async () => {
+  const { first, second, before, after } = await continuationAfterOthers(srv.base);
+  assert.equal(after.enabled, true);
+  assert.ok(second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 64,
+    `reused ${second.usage.input_tokens_details.cached_tokens} of the first turn's ${first.usage.input_tokens} tokens`);
+  assert.equal(after.restored_from_entries, before.restored_from_entries + 1, JSON.stringify({ before, after }));
+  assert.ok(after.entries.ram >= 1 && after.bytes.ram > 0 && after.hit_rate > 0 && after.hit_rate <= 1, JSON.stringify(after));
+  assert.equal(typeof after.evictions, 'number');
+  const m = await (await fetch(srv.base + '/metrics', { headers: { Authorization: 'Bearer sk-radmin' } })).text();
+  const metric = (name) => Number((m.match(new RegExp(`^${name} (\\S+)$`, 'm')) ?? [])[1]);
+  assert.equal(metric('armada_prompt_cache_restores_total'), after.restored_from_entries);
+  // Entries and bytes can grow meanwhile: the engine saves the last turn once it is idle.
+  assert.ok(metric('armada_prompt_cache_entries\\{tier="ram"\\}') >= after.entries.ram);
+  assert.ok(metric('armada_prompt_cache_bytes\\{tier="ram"\\}') > 0);
+  assert.equal(metric('armada_prompt_cache_entries\\{tier="disk"\\}'), 0);
+  assert.ok(metric('armada_prompt_cache_hit_ratio') > 0);
+  assert.equal(metric('armada_prompt_cache_evictions_total'), after.evictions);
+});
+
+test('with --no-prefix-cache the same continuation computes the whole conversation', { skip: viaGateway && 'one node\'s flag' }, async () => {
+  const dir = tempDir('armada-responses-nocache-');
+  fs.writeFileSync(path.join(dir, 'keys'), 'sk-r1\nsk-radmin tenant=ops admin\n');
+  const off = await startServer(['--data-dir', path.join(dir, 'data'), '--api-key-file', path.join(dir, 'keys'), '-c', '8192', '--no-prefix-cache']);
+  try {
+    const { first, second, after } = await continuationAfterOthers(off.base);
+    assert.equal(after.enabled, false);
+    assert.equal(after.restored_from_entries, 0);
+    assert.ok(second.usage.input_tokens_details.cached_tokens < 64,
+      `reused ${second.usage.input_tokens_details.cached_tokens} of the first turn's ${first.usage.input_tokens} tokens`);
+  } finally {
+    await off.stop();
+  }
 });
 
 test('function tools round-trip through function_call_output', async () => {

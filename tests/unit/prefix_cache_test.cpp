@@ -123,6 +123,30 @@ TEST(PrefixCache, PoolEvictsCacheEntriesFirstAndWithoutPressure) {
     EXPECT_FALSE(pool.pressured());  // new sessions are not turned away for a cache entry
 }
 
+TEST(PrefixCache, AmongCacheEntriesTheLeastRecentlyUsedGoesFirst) {
+    KvPoolConfig pc;
+    pc.ram_limit = 3000;
+    pc.ram_low = 2900;
+    pc.fingerprint = "fp";
+    std::vector<std::string> dropped;
+    pc.dropped = [&](const std::string & k) { dropped.push_back(k); };
+    KvPool pool(pc);
+    ASSERT_EQ(pool.open(), "");
+    pool.put("c/t/1", blob(900), false, true);
+    pool.put("c/t/2", blob(900), false, true);
+    pool.put("c/t/3", blob(900), false, true);
+    // The oldest entry is read (restored into a sequence) and kept: it is now the newest.
+    KvTier from{};
+    std::string why;
+    ASSERT_TRUE(pool.get("c/t/1", true, from, why)) << why;
+    pool.put("c/t/4", blob(900), false, true);
+    EXPECT_EQ(dropped, std::vector<std::string>{"c/t/2"});
+    pool.put("c/t/5", blob(900), false, true);
+    EXPECT_EQ(dropped, (std::vector<std::string>{"c/t/2", "c/t/3"}));
+    EXPECT_TRUE(pool.contains("c/t/1"));
+    EXPECT_EQ(pool.stats().cache_evicted, 2u);
+}
+
 TEST(PrefixCache, CacheEntriesInRamDoNotHoldPressureOn) {
     KvPoolConfig pc;
     pc.ram_limit = 3000;
