@@ -24,6 +24,8 @@ struct RunResult {
     int streams = 0;
     double tg_tokens_per_s = 0;
     double pp_tokens_per_s = 0;
+    int64_t prompt_tokens = 0;  // prompt tokens of the timed requests
+    int64_t reused_tokens = 0;  // of those, the ones found in the sequence (the depth)
 };
 
 void quiet_log(ggml_log_level level, const char * text, void *) {
@@ -73,7 +75,7 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
         cv.wait(lk, [&] { return done == streams; });
         done = 0;
     }
-    int64_t gen_total = 0;
+    int64_t gen_total = 0, prompt_total = 0, reused_total = 0;
     Clock::time_point t_all_started, t_end;
     const auto t0 = Clock::now();
     for (int i = 0; i < streams; ++i) {
@@ -100,6 +102,8 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
             }
             if (seen == 0 && ++started == streams) t_all_started = Clock::now();
             gen_total += ev.n_generated - 1;
+            prompt_total += ev.n_prompt;
+            reused_total += ev.n_cached;
             if (++done == streams) {
                 t_end = Clock::now();
                 cv.notify_all();
@@ -115,6 +119,8 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
     const double pp = std::chrono::duration<double>(t_all_started - t0).count();
     res.tg_tokens_per_s = tg > 0 ? double(gen_total) / tg : 0;
     res.pp_tokens_per_s = pp > 0 ? double(streams * opt.n_prompt) / pp : 0;
+    res.prompt_tokens = prompt_total;
+    res.reused_tokens = reused_total;
     return res;
 }
 
@@ -175,8 +181,11 @@ int bench_engine(const BenchEngineOptions & opt) {
             const RunResult r = run_streams(model, opt, opt.streams[i]);
             ours_r[i].push_back(r.tg_tokens_per_s);
             pp_r[i].push_back(r.pp_tokens_per_s);
-            printf("round %d armada  streams=%-4d decode %.1f tok/s  prompt %.1f tok/s\n", round, opt.streams[i],
-                   r.tg_tokens_per_s, r.pp_tokens_per_s);
+            printf(
+                "round %d armada  streams=%-4d decode %.1f tok/s  prompt %.1f tok/s  reused %lld of %lld prompt "
+                "tokens\n",
+                round, opt.streams[i], r.tg_tokens_per_s, r.pp_tokens_per_s, static_cast<long long>(r.reused_tokens),
+                static_cast<long long>(r.prompt_tokens));
             fflush(stdout);
         }
         if (opt.batched_bench.empty()) continue;

@@ -87,6 +87,11 @@ test('bench engine --depth times a later step: tokens appended to ones each sequ
   for (const s of [1, 2]) {
     const m = r.stdout.match(new RegExp(`^median streams=${s}\\s+armada ([\\d.]+) tok/s.*armada prompt ([\\d.]+) tok/s`, 'm'));
     assert.ok(m && Number(m[1]) > 0 && Number(m[2]) > 0, r.stdout);
+    // Each timed request found its sequence's 96 tokens there and computed only its 16 new ones.
+    const reused = r.stdout.match(new RegExp(`^round 0 armada\\s+streams=${s}\\s.*reused (\\d+) of (\\d+) prompt tokens`, 'm'));
+    assert.ok(reused, r.stdout);
+    assert.equal(Number(reused[2]), s * (96 + 16));
+    assert.equal(Number(reused[1]), s * 96);
   }
   const peer = run(['--streams', '1', '-d', '96', '--batched-bench', '/bin/true']);
   assert.equal(peer.status, 2);
