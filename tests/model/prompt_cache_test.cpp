@@ -212,17 +212,22 @@ TEST(PromptCache, AnotherModelFileOfTheSameShapeNeverRestoresAnOldEntry) {
     const std::string dir = tmpdir("armada-pcache-file");
     const std::string files = tmpdir("armada-pcache-models");
     fs::create_directories(files);
+    const std::string first = files + "/first.gguf";
     const std::string same = files + "/same.gguf";
     const std::string other = files + "/other.gguf";
-    fs::copy_file(armada::testing::tiny_model()->path(), same);
     armada::cli::MkModelOptions mk;
     mk.shape = "tiny";
     mk.type = "q8_0";
-    mk.output = other;
-    mk.seed = 7;  // the shared model is written with the default seed
+    mk.output = first;
     ASSERT_EQ(armada::cli::write_model(mk), "");
-    ASSERT_EQ(fs::file_size(other), fs::file_size(same));
+    fs::copy_file(first, same);
+    mk.output = other;
+    mk.seed += 1;  // other weights, same shape, type and size
+    ASSERT_EQ(armada::cli::write_model(mk), "");
+    ASSERT_EQ(fs::file_size(other), fs::file_size(first));
     std::string err;
+    auto first_model = Model::load(first, nullptr, err);
+    ASSERT_TRUE(first_model) << err;
     auto same_model = Model::load(same, nullptr, err);
     ASSERT_TRUE(same_model) << err;
     auto other_model = Model::load(other, nullptr, err);
@@ -231,21 +236,21 @@ TEST(PromptCache, AnotherModelFileOfTheSameShapeNeverRestoresAnOldEntry) {
     EngineConfig c = config(1, dir);
     c.kv_budget = disk_only_budget(c);
     const auto save_first = [&] {
-        Engine e(armada::testing::tiny_model(), c, nullptr);
+        Engine e(first_model, c, nullptr);
         ASSERT_EQ(e.start(), "");
         run(e, kFirst, "t", 1);
         run(e, tokens(9, 100), "t", 1);
         ASSERT_GE(e.pool().stats().cache_disk_entries, 1u);
     };
     const Tokens second = concat(kFirst, tokens(6, 40));
-    save_first();
+    ASSERT_NO_FATAL_FAILURE(save_first());
     {
         Engine e(same_model, c, nullptr);
         ASSERT_EQ(e.start(), "");
         EXPECT_GE(e.prefix_cache()->entries(), 1u);
         EXPECT_EQ(run(e, second, "t").done.n_cached, 256);
     }
-    save_first();
+    ASSERT_NO_FATAL_FAILURE(save_first());
     {
         Engine e(other_model, c, nullptr);
         ASSERT_EQ(e.start(), "");

@@ -70,8 +70,10 @@ async function continuationAfterOthers(base) {
   const facts = Array.from({ length: 40 }, (_, i) => `Fact ${i}: the crate numbered ${i * 3} holds pears.`).join(' ');
   const first = await c.responses.create({ model: 'x', input: `${facts} Remember the word pear.`, max_output_tokens: 4 });
   assert.ok(first.usage.input_tokens > 256, `a long first turn (${first.usage.input_tokens} tokens)`);
-  // Unrelated requests, one per sequence of the server (-np 4): each takes the sequence used
-  // longest ago, so the first turn's sequence is overwritten.
+  // Unrelated requests, more than the server's 4 sequences. Each goes to the idle sequence that
+  // shares the longest prefix with it (here the template's header, which the first turn's shares
+  // too), ties to the one used longest ago; so the first turn's sequence is overwritten at the
+  // latest by the fourth. The restore counted below shows it was.
   for (const w of ['Alpha', 'Bravo', 'Charlie', 'Delta', 'Echo']) {
     await c.responses.create({ model: 'x', input: `${w} ` + `${w.toLowerCase()} words `.repeat(60), max_output_tokens: 2 });
   }
@@ -112,7 +114,7 @@ test('with --no-prefix-cache the same continuation computes the whole conversati
     assert.ok(second.usage.input_tokens_details.cached_tokens < 64,
       `reused ${second.usage.input_tokens_details.cached_tokens} of the first turn's ${first.usage.input_tokens} tokens`);
   } finally {
-    await off.stop();
+    assert.equal(await off.stop(), 0, 'the server exits cleanly');
   }
 });
 
