@@ -14,6 +14,8 @@
 #include <cerrno>
 
 #include <deque>
+#include <map>
+#include <mutex>
 #include <optional>
 
 namespace armada::api {
@@ -30,6 +32,42 @@ std::string lower(std::string s) {
         c = char(std::tolower(static_cast<unsigned char>(c)));
     return s;
 }
+
+}  // namespace
+
+//! Open connections by client address (HttpConfig::max_connections_per_client).
+struct HttpServer::PerClient {
+    std::mutex mu;
+    std::map<std::string, size_t> open;
+    //! Takes a slot for `addr`; false when it holds `cap` already.
+    bool take(const std::string & addr, size_t cap) {
+        std::lock_guard lk(mu);
+        auto & n = open[addr];
+        if (cap > 0 && n >= cap) return false;
+        ++n;
+        return true;
+    }
+    void give(const std::string & addr) {
+        std::lock_guard lk(mu);
+        auto it = open.find(addr);
+        if (it == open.end()) return;
+        if (--it->second == 0) open.erase(it);
+    }
+};
+
+namespace {
+
+//! Holds a connection's slot among its client's until the connection is freed.
+struct ClientSlot {
+    std::shared_ptr<HttpServer::PerClient> table;
+    std::string addr;
+    ClientSlot(std::shared_ptr<HttpServer::PerClient> t, std::string a) : table(std::move(t)), addr(std::move(a)) {}
+    ClientSlot(const ClientSlot &) = delete;
+    ClientSlot & operator=(const ClientSlot &) = delete;
+    ~ClientSlot() {
+        if (table) table->give(addr);
+    }
+};
 
 //! What every connection shares with the server.
 struct Shared {
@@ -67,8 +105,9 @@ template <class Stream>
 class Session : public Conn, public std::enable_shared_from_this<Session<Stream>> {
   public:
     template <class... Args>
-    Session(const Shared & shared, Args &&... args)
-        : stream_(std::forward<Args>(args)...),
+    Session(const Shared & shared, std::unique_ptr<ClientSlot> slot, Args &&... args)
+        : slot_(std::move(slot)),
+          stream_(std::forward<Args>(args)...),
           cfg_(shared.cfg),
           handler_(shared.handler),
           count_(shared.count),
@@ -90,7 +129,10 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
         net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
             if constexpr (kTls) {
                 // A client that connects and never says hello is dropped like an idle one.
-                self->tcp().expires_after(std::chrono::seconds(std::min(self->cfg_.idle_timeout_s, 30)));
+                const int hello_s = self->cfg_.header_timeout_s > 0
+                                        ? std::min(self->cfg_.idle_timeout_s, self->cfg_.header_timeout_s)
+                                        : std::min(self->cfg_.idle_timeout_s, 30);
+                self->tcp().expires_after(std::chrono::seconds(hello_s));
                 self->stream_.async_handshake(net::ssl::stream_base::server, [self](beast::error_code ec) {
                     if (ec) return self->fail();
                     self->read();
@@ -194,9 +236,20 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
         parser_->body_limit(cfg_.max_body);
         parser_->header_limit(64 * 1024);
         replied_ = streaming_ = ended_ = false;
-        tcp().expires_after(std::chrono::seconds(cfg_.idle_timeout_s));
-        http::async_read(stream_, buf_, *parser_,
-                         [self = this->shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+        // The first request's head must arrive within header_timeout_s of the accept; a later
+        // one's within the idle timeout (the client has been answered once).
+        const int head_s = req_gen_ == 1 && cfg_.header_timeout_s > 0
+                               ? std::min(cfg_.header_timeout_s, cfg_.idle_timeout_s)
+                               : cfg_.idle_timeout_s;
+        if (req_gen_ != 1 || !kTls || cfg_.header_timeout_s <= 0) tcp().expires_after(std::chrono::seconds(head_s));
+        http::async_read_header(stream_, buf_, *parser_,
+                                [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                                    if (ec) return self->on_read(ec);
+                                    // The body has the idle timeout (a large body over a slow link is no attack).
+                                    self->tcp().expires_after(std::chrono::seconds(self->cfg_.idle_timeout_s));
+                                    http::async_read(self->stream_, self->buf_, *self->parser_,
+                                                     [self](beast::error_code ec2, size_t) { self->on_read(ec2); });
+                                });
     }
 
     void on_read(beast::error_code ec) {
@@ -348,6 +401,7 @@ class Session : public Conn, public std::enable_shared_from_this<Session<Stream>
             fn();
     }
 
+    std::unique_ptr<ClientSlot> slot_;  // freed with the session
     Stream stream_;
     const HttpConfig & cfg_;
     const Handler & handler_;
@@ -443,7 +497,8 @@ HttpServer::HttpServer(HttpConfig cfg, Handler handler)
     : cfg_(std::move(cfg)),
       handler_(std::move(handler)),
       acceptor_(net::make_strand(ioc_)),
-      accept_retry_(acceptor_.get_executor()) {
+      accept_retry_(acceptor_.get_executor()),
+      per_client_(std::make_shared<PerClient>()) {
     max_connections_ = cfg_.max_connections;
     if (max_connections_ == 0) {
         rlimit rl{};
@@ -517,12 +572,36 @@ void HttpServer::accept() {
             sock.close(ec);
             return accept();
         }
+        std::unique_ptr<ClientSlot> slot;
+        if (cfg_.max_connections_per_client > 0) {
+            const auto peer = sock.remote_endpoint(ec);
+            const std::string addr = ec ? std::string() : peer.address().to_string();
+            if (!per_client_->take(addr, cfg_.max_connections_per_client)) {
+                // One client holds its share of the connections: it hears so, and others still
+                // get in. Written like the 503 above, without any state kept.
+                static const std::string busy = [] {
+                    const std::string body =
+                        R"({"error":{"message":"this client has too many open connections; close some or retry )"
+                        R"(shortly","type":"rate_limit_error","param":null,"code":"too_many_connections"}})";
+                    return "HTTP/1.1 429 Too Many Requests\r\nServer: armada\r\nContent-Type: application/json\r\n"
+                           "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n" + body;
+                }();
+                net::write(sock, net::buffer(busy), ec);
+                sock.shutdown(tcp::socket::shutdown_both, ec);
+                sock.close(ec);
+                return accept();
+            }
+            slot = std::make_unique<ClientSlot>(per_client_, addr);
+        }
         sock.set_option(tcp::no_delay(true), ec);
         const Shared shared{cfg_, handler_, connections_, exchanges_, closing_};
         if (tls_)
-            std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(shared, std::move(sock), *tls_)->start();
+            std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(shared, std::move(slot), std::move(sock),
+                                                                            *tls_)
+                ->start();
         else
-            std::make_shared<Session<beast::tcp_stream>>(shared, std::move(sock))->start();
+            std::make_shared<Session<beast::tcp_stream>>(shared, std::move(slot), std::move(sock))->start();
         accept();
     });
 }

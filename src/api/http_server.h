@@ -81,6 +81,13 @@ struct HttpConfig {
     //! is too slow (or gone without a word) and the connection is closed. Its EventSource
     //! reconnects, with Last-Event-ID where the stream has ids.
     size_t max_stream_backlog = 16u << 20;
+    //! Seconds a request's head (request line and headers) may take to arrive; on a new
+    //! connection they count from the accept, so a client that connects and says nothing, or
+    //! trickles its headers, is dropped before it is authenticated. 0: idle_timeout_s.
+    int header_timeout_s = 0;
+    //! Open connections one client address may hold; beyond it a new one gets 429 with
+    //! Retry-After and is closed. 0: no cap of its own.
+    size_t max_connections_per_client = 0;
     //! HTTPS (PEM files, as llama-server's --ssl-cert-file / --ssl-key-file); both or neither.
     std::string ssl_cert_file;
     std::string ssl_key_file;
@@ -119,6 +126,12 @@ class HttpServer {
     std::atomic<size_t> connections_{0};
     std::atomic<size_t> exchanges_{0};
     boost::asio::steady_timer accept_retry_;
+
+  public:
+    struct PerClient;  // open connections by client address
+
+  private:
+    std::shared_ptr<PerClient> per_client_;
     std::chrono::steady_clock::time_point last_accept_warning_{};
     std::unique_ptr<boost::asio::ssl::context> tls_;
     std::atomic<bool> closing_{false};

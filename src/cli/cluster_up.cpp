@@ -353,6 +353,7 @@ int cluster_up(const ClusterUpOptions & o) {
         const int port = i == 0 && o.port > 0 ? o.port : cluster::free_port();
         g.url = "http://127.0.0.1:" + std::to_string(port);
         g.argv = {exe, "gateway", "--cluster", cfg_path, "--port", std::to_string(port), "--name", g.name};
+        g.argv.insert(g.argv.end(), o.gateway_args.begin(), o.gateway_args.end());
         if (!o.api_key_file.empty()) g.argv.insert(g.argv.end(), {"--api-key-file", o.api_key_file});
         procs.push_back(std::move(g));
     }

@@ -20,8 +20,9 @@ struct ClusterUpOptions {
     int lease_ttl_s = 5;
     //! PostgreSQL databases the sessions are sharded over (by id), all on the one local server.
     int pg_shards = 1;
-    std::string pools_file;              // `pools:` and `routes:` for the cluster file (GPU pools)
-    std::vector<std::string> node_args;  // passed to every `armada serve`
+    std::string pools_file;                 // `pools:` and `routes:` for the cluster file (GPU pools)
+    std::vector<std::string> node_args;     // passed to every `armada serve`
+    std::vector<std::string> gateway_args;  // passed to every `armada gateway`
     //! The version every node starts on (`serve --version-label`); empty: Armada's own.
     std::string version_label;
     //! "V=ARG": an argument for every node while it runs version V (repeatable). Rollouts

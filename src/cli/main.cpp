@@ -414,6 +414,30 @@ int main(int argc, char ** argv) {
     gw->add_option("--name", gwo.name, "this gateway's name among the live ones (default: HOST-PORT)");
     gw->add_option("--affinity-ttl", gwo.affinity_ttl_s, "seconds a conversation stays bound to its node")
         ->capture_default_str();
+    gwo.http.header_timeout_s = 10;
+    gwo.http.idle_timeout_s = 120;
+    gwo.http.max_connections_per_client = 512;
+    gw->add_option("--header-timeout", gwo.http.header_timeout_s,
+                   "seconds a new connection has to send its first request's headers")
+        ->check(CLI::Range(1, 3600))
+        ->capture_default_str();
+    gw->add_option("--idle-timeout", gwo.http.idle_timeout_s,
+                   "seconds a kept-alive connection may wait between requests")
+        ->check(CLI::Range(1, 86400))
+        ->capture_default_str();
+    gw->add_option("--max-connections-per-client", gwo.http.max_connections_per_client,
+                   "open connections one client address may hold (0 = no cap); beyond it, 429")
+        ->capture_default_str();
+    gw->add_option("--max-workers", gwo.max_workers,
+                   "requests (and event streams) in progress at once; beyond it, 503 with Retry-After")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+    gw->add_option("--max-streams-per-tenant", gwo.max_streams_per_tenant,
+                   "a tenant's open session event streams through this gateway; beyond it, 429")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+    gw->add_option("--ssl-cert-file", gwo.http.ssl_cert_file, "PEM certificate (chain) for HTTPS");
+    gw->add_option("--ssl-key-file", gwo.http.ssl_key_file, "PEM private key for HTTPS");
     gw->add_option("--log-level", gwo.log_level, "trace, debug, info, warn, error")->capture_default_str();
     add_observability_flags(gw, otlp_endpoint, log_format);
 
@@ -443,6 +467,8 @@ int main(int argc, char ** argv) {
                     "a YAML file with the cluster file's pools: and routes: (GPU pools; tokenizer: defaults to -m)")
         ->check(CLI::ExistingFile);
     cup->add_option("--node-arg", cuo.node_args, "an argument for every `armada serve` (repeat it)")
+        ->allow_extra_args(false);
+    cup->add_option("--gateway-arg", cuo.gateway_args, "an argument for every `armada gateway` (repeat it)")
         ->allow_extra_args(false);
     cup->add_option("--version-label", cuo.version_label,
                     "the version every node starts on (rollouts restart nodes onto others)");

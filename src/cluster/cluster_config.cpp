@@ -115,8 +115,9 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
             return std::nullopt;
         }
         static const char * known[] = {
-            "etcd",       "nats",  "redis",     "postgres", "prefix", "lease_ttl_s",    "report_ms",       "pg_pool",
-            "redis_pool", "cells", "tokenizer", "pools",    "routes", "tenant_latency", "default_latency", "rollout"};
+            "etcd",      "nats",           "redis",           "postgres", "prefix",          "lease_ttl_s",
+            "report_ms", "pg_pool",        "redis_pool",      "cells",    "tokenizer",       "pools",
+            "routes",    "tenant_latency", "default_latency", "rollout",  "latency_classes", "tenant_latency_max"};
         for (const auto & kv : root) {
             const std::string k = kv.first.as<std::string>();
             if (std::find(std::begin(known), std::end(known), k) == std::end(known)) {

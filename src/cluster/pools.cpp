@@ -48,7 +48,8 @@ bool parse_upstream(const YAML::Node & n, const std::string & where, UpstreamCon
         error = where + ": must be a map {url, model, ...}";
         return false;
     }
-    if (auto k = unknown_key(n, {"url", "model", "api_key_env", "api_key_file", "max_in_flight", "grammar"});
+    if (auto k =
+            unknown_key(n, {"url", "model", "api_key_env", "api_key_file", "max_in_flight", "grammar", "cache_salt"});
         !k.empty()) {
         error = where + ": unknown setting '" + k + "'";
         return false;
@@ -58,6 +59,7 @@ bool parse_upstream(const YAML::Node & n, const std::string & where, UpstreamCon
     if (n["api_key_env"]) u.api_key_env = n["api_key_env"].as<std::string>();
     if (n["api_key_file"]) u.api_key_file = n["api_key_file"].as<std::string>();
     if (n["max_in_flight"]) u.max_in_flight = n["max_in_flight"].as<int>();
+    if (n["cache_salt"]) u.cache_salt = n["cache_salt"].as<bool>();
     while (!u.url.empty() && u.url.back() == '/')
         u.url.pop_back();
     if (u.url.rfind("http://", 0) != 0 || u.url.size() <= 7) {
@@ -181,10 +183,11 @@ bool parse_rule(const YAML::Node & n, const std::string & where, const std::vect
             error = where + ".when: must be a map of conditions";
             return false;
         }
-        if (auto k = unknown_key(w, {"prompt_tokens_over", "max_tokens_over", "latency", "model", "long_step"});
+        if (auto k =
+                unknown_key(w, {"prompt_tokens_over", "max_tokens_over", "latency", "model", "long_step", "tenant"});
             !k.empty()) {
             error = where + ".when: unknown condition '" + k +
-                    "' (there are prompt_tokens_over, max_tokens_over, latency, model and long_step)";
+                    "' (there are prompt_tokens_over, max_tokens_over, latency, model, long_step and tenant)";
             return false;
         }
         if (w["prompt_tokens_over"]) {
@@ -210,6 +213,14 @@ bool parse_rule(const YAML::Node & n, const std::string & where, const std::vect
                 return false;
             }
             parts.push_back("latency=" + join(r.latency));
+        }
+        if (w["tenant"]) {
+            r.tenant = one_or_list(w["tenant"]);
+            if (r.tenant.empty()) {
+                error = where + ".when.tenant: name one tenant or a list of them";
+                return false;
+            }
+            parts.push_back("tenant=" + join(r.tenant));
         }
         if (w["model"]) {
             r.model = one_or_list(w["model"]);
@@ -336,6 +347,38 @@ bool parse_routing(const YAML::Node & root, RoutingConfig & out, std::string & e
             out.tenant_latency[kv.first.as<std::string>()] = kv.second.as<std::string>();
     }
     if (root["default_latency"]) out.default_latency = root["default_latency"].as<std::string>();
+    if (const auto c = root["latency_classes"]) {
+        out.latency_classes = one_or_list(c);
+        if (out.latency_classes.size() < 1) {
+            error = "latency_classes: list the classes, most urgent first";
+            return false;
+        }
+    }
+    if (const auto t = root["tenant_latency_max"]) {
+        if (!t.IsMap()) {
+            error = "tenant_latency_max: must be a map of tenant name to the most urgent class its clients may ask for";
+            return false;
+        }
+        for (const auto & kv : t)
+            out.tenant_latency_max[kv.first.as<std::string>()] = kv.second.as<std::string>();
+    }
+    auto known = [&](const std::string & c) {
+        return std::find(out.latency_classes.begin(), out.latency_classes.end(), c) != out.latency_classes.end();
+    };
+    for (const auto * m : {&out.tenant_latency, &out.tenant_latency_max}) {
+        for (const auto & [tenant, c] : *m) {
+            if (!known(c)) {
+                error = std::string(m == &out.tenant_latency ? "tenant_latency" : "tenant_latency_max") + "." + tenant +
+                        ": '" + c + "' is not one of latency_classes (" + join(out.latency_classes) + ")";
+                return false;
+            }
+        }
+    }
+    if (!known(out.default_latency)) {
+        error = "default_latency: '" + out.default_latency + "' is not one of latency_classes (" +
+                join(out.latency_classes) + ")";
+        return false;
+    }
     const bool counts = std::any_of(out.routes.begin(), out.routes.end(),
                                     [](const auto & r) { return r.prompt_tokens_over.has_value(); });
     if (counts && out.tokenizer.empty()) {
@@ -348,6 +391,31 @@ bool parse_routing(const YAML::Node & root, RoutingConfig & out, std::string & e
     return true;
 }
 
+std::optional<std::string> RoutingConfig::latency_for(const std::string & tenant, const std::string & asked, bool admin,
+                                                      std::string & error) const {
+    auto rank = [&](const std::string & c) -> int {
+        const auto it = std::find(latency_classes.begin(), latency_classes.end(), c);
+        return it == latency_classes.end() ? -1 : int(it - latency_classes.begin());
+    };
+    const auto t = tenant_latency.find(tenant);
+    const std::string own = t != tenant_latency.end() ? t->second : default_latency;
+    if (asked.empty()) return own;
+    const int want = rank(asked);
+    if (want < 0) {
+        error = "X-Armada-Latency: '" + asked + "' is not a latency class of this cluster (" + join(latency_classes) +
+                ", most urgent first)";
+        return std::nullopt;
+    }
+    // Lowering is always allowed; raising up to the tenant's ceiling (its own class when none is
+    // set); an admin key may ask for any.
+    const auto m = tenant_latency_max.find(tenant);
+    const int ceiling = rank(m != tenant_latency_max.end() ? m->second : own);
+    if (admin || want >= ceiling || (ceiling < 0 && want >= rank(own))) return asked;
+    error = "X-Armada-Latency: '" + asked + "' is more urgent than tenant '" + tenant + "' may ask for (at most '" +
+            latency_classes[size_t(std::max(0, ceiling))] + "'; tenant_latency_max in the cluster file raises it)";
+    return std::nullopt;
+}
+
 RouteChoice choose_route(const std::vector<RouteRule> & rules, const RouteFacts & f) {
     for (const auto & r : rules) {
         if (r.prompt_tokens_over && !(f.prompt_tokens >= 0 && f.prompt_tokens > *r.prompt_tokens_over)) continue;
@@ -355,6 +423,7 @@ RouteChoice choose_route(const std::vector<RouteRule> & rules, const RouteFacts 
         if (!r.latency.empty() && std::find(r.latency.begin(), r.latency.end(), f.latency) == r.latency.end()) continue;
         if (r.long_step && !f.long_step) continue;
         if (!r.model.empty() && std::find(r.model.begin(), r.model.end(), f.model) == r.model.end()) continue;
+        if (!r.tenant.empty() && std::find(r.tenant.begin(), r.tenant.end(), f.tenant) == r.tenant.end()) continue;
         return {r.to, r.name};
     }
     return {"cpu", "default"};

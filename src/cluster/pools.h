@@ -26,6 +26,10 @@ struct UpstreamConfig {
     std::string api_key_file;  // ... or from this file (first line); neither: no key
     int max_in_flight = 16;    // requests it is sent at once; more wait for another target
     GrammarDialect grammar = GrammarDialect::llama;
+    //! It keys its prompt cache by a `cache_salt` field (vLLM): each tenant's requests carry their
+    //! own, so one tenant's prompts never speed up (and so reveal themselves to) another's.
+    //! Upstreams without it share one cache among tenants (docs/SECURITY.md).
+    bool cache_salt = false;
 };
 
 //! A pool of upstreams that serve one kind of work (`gpu`, say). Requests go to the upstream
@@ -52,6 +56,7 @@ struct RouteRule {
     std::optional<int64_t> max_tokens_over;
     std::vector<std::string> latency;  // any of these latency classes
     std::vector<std::string> model;    // any of these requested model names
+    std::vector<std::string> tenant;   // any of these tenants (a pool of a tenant's own)
     bool long_step = false;            // an agent step its agent marks as long (`long_after_tools`)
     std::string to;
 };
@@ -74,6 +79,17 @@ struct RoutingConfig {
     std::vector<RouteRule> routes;                      // as written, or the defaults (see below)
     std::map<std::string, std::string> tenant_latency;  // tenant name → its default latency class
     std::string default_latency = "standard";
+    //! The classes, most urgent first: a client header may lower its tenant's class, not raise it.
+    std::vector<std::string> latency_classes = {"realtime", "interactive", "standard", "batch"};
+    //! Tenant name → the most urgent class its clients may ask for with X-Armada-Latency.
+    std::map<std::string, std::string> tenant_latency_max;
+
+    //! The class a request of `tenant` runs in: its own (tenant_latency, else default_latency),
+    //! or `asked` (X-Armada-Latency) when that is no more urgent than its ceiling
+    //! (tenant_latency_max, else its own class) or the caller is an admin. nullopt with `error`
+    //! for an unknown class or a raise the tenant may not make.
+    std::optional<std::string> latency_for(const std::string & tenant, const std::string & asked, bool admin,
+                                           std::string & error) const;
 
     const PoolConfig * pool(const std::string & name) const;
 };
@@ -99,6 +115,7 @@ struct RouteFacts {
     std::string latency;
     std::string model;
     bool long_step = false;
+    std::string tenant;  // the tenant's name ("" for none)
 };
 
 //! The first rule that matches `f` (its target and name), or {"cpu", "default"}.

@@ -13,7 +13,9 @@
 #include "cluster/quota.h"
 #include "cluster/redis.h"
 #include "cluster/restarter.h"
+#include "gateway/checks.h"
 #include "gateway/dashboard.h"
+#include "gateway/pool_request.h"
 #include "gateway/pools.h"
 #include "gateway/prompt_counter.h"
 #include "gateway/routing.h"
@@ -226,7 +228,11 @@ class StatusTap final : public Responder {
 class Gateway {
   public:
     Gateway(cluster::ClusterConfig cfg, GatewayOptions o, api::ApiKeys keys)
-        : cfg_(std::move(cfg)), o_(std::move(o)), keys_(std::move(keys)), etcd_(cfg_.etcd) {
+        : cfg_(std::move(cfg)),
+          o_(std::move(o)),
+          keys_(std::move(keys)),
+          etcd_(cfg_.etcd),
+          workers_(std::chrono::seconds(30), o_.max_workers) {
         // The key requests with keys from PostgreSQL are forwarded under: the nodes know it.
         forward_key_ = o_.api_key;
         for (const auto & k : keys_.keys()) {
@@ -388,6 +394,11 @@ class Gateway {
                 }
                 --in_flight_;
             });
+        } catch (const WorkerPool::Full &) {
+            --in_flight_;
+            ++refused_workers_;
+            send_error(client, 503, "the gateway is at its limit of requests in progress; retry shortly", 1,
+                       "overloaded");
         } catch (const std::exception & e) {
             // No thread could be started (the process is at its limit): the client hears so.
             --in_flight_;
@@ -661,20 +672,6 @@ class Gateway {
     }
 
     // ---- forwarding ----
-    static HeaderList pass_headers(const HttpRequest & req) {
-        HeaderList h;
-        for (const auto & [k, v] : req.headers) {
-            if (k == "host" || k == "connection" || k == "content-length" || k == "transfer-encoding" ||
-                k == "keep-alive" || k == "te" || k == "upgrade" || k == "last-event-id")
-                continue;
-            h.emplace_back(k, v);
-        }
-        return h;
-    }
-    static std::string target_of(const HttpRequest & req) {
-        return req.query.empty() ? req.path : req.path + "?" + req.query;
-    }
-
     //! Where `relay_to` sends a request, and how.
     struct RelayTarget {
         std::string base;  // http://host:port
@@ -685,6 +682,7 @@ class Gateway {
         bool may_resend = false;   // no side effect: sent and not answered, it may go elsewhere
         bool hold_errors = false;  // a 429 or 5xx answer is not passed on: the caller tries elsewhere
         int idle_ms = 0;           // a stream quiet for this long is cut (0: no limit)
+        bool scrub = false;        // a pool's answer: cached-token counts and timings removed
     };
     struct Relayed {
         bool delivered = false;  // the client has its answer (or its stream ended)
@@ -701,6 +699,7 @@ class Gateway {
                      UsageScan * usage = nullptr) {
         Relayed res;
         bool streaming = false;
+        PoolStreamScrubber scrubber;
         auto cancel = std::make_shared<CancelToken>();
         out->on_close([cancel] { cancel->cancel(); });
         const auto t0 = std::chrono::steady_clock::now();
@@ -725,11 +724,24 @@ class Gateway {
             [&](std::string_view chunk) {
                 if (out->closed()) return false;
                 if (usage) usage->feed(chunk);
-                out->write(std::string(chunk));
+                if (t.scrub) {
+                    if (std::string s = scrubber.feed(chunk); !s.empty()) out->write(std::move(s));
+                } else {
+                    out->write(std::string(chunk));
+                }
                 return true;
             },
             cancel, t.idle_ms);
+        if (streaming && t.scrub && !out->closed()) {
+            if (std::string s = scrubber.flush(); !s.empty()) out->write(std::move(s));
+        }
         if (!streaming) res.head_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r.invalid) {
+            // Checked before routing, so this is a last guard: nothing went to the upstream.
+            send_error(out, 400, "the request holds bytes the gateway does not pass on: " + r.error);
+            res.delivered = true;
+            return res;
+        }
         res.status = r.status;
         res.reached = r.sent;
         res.client_gone = cancel->cancelled() || out->closed();
@@ -775,6 +787,7 @@ class Gateway {
                 h.emplace_back(k, val);
         }
         if (usage) usage->feed(r.body);
+        if (t.scrub) r.body = scrub_pool_json(r.body);
         out->send(r.status, ctype, std::move(r.body), std::move(h));
         res.delivered = true;
         return res;
@@ -817,6 +830,10 @@ class Gateway {
 
     // ---- routes ----
     void route(HttpRequest & req, const std::shared_ptr<Responder> & out) {
+        // Every byte that may go on to a node or a pool is checked first: the target, headers,
+        // ids, the query values that become headers, and the body's shape (before anything
+        // parses or builds it).
+        if (auto bad = check_request(req, body_limits_)) return send_error(out, bad->status, bad->reason);
         const std::string & p = req.path;
         if (p == "/health" || p == "/livez") {
             out->send(200, "application/json", R"({"status":"ok"})");
@@ -911,6 +928,22 @@ class Gateway {
             tokens.tenant = caller.tenant;
             tokens.prompt = prompt;
         }
+        // A key's own tokens per minute (--api-key-file tpm=): a node counts what it serves, but
+        // a pool's tokens pass no node, so the gateways count them too, shared as the rpm is.
+        Tokens key_tokens;
+        if (const auto * key = authed->file_key;
+            generates && pools_ && key && key->limits && key->limits->tokens_per_min > 0) {
+            int64_t prompt = 0;
+            const int64_t estimate = estimate_tokens(req.body, prompt);
+            const std::string bucket = caller.tenant + ":acct:" + caller.account;
+            if (auto r =
+                    quotas_->reserve_tokens(bucket, int64_t(key->limits->tokens_per_min), estimate, key_tokens.hold)) {
+                if (!tokens.tenant.empty()) quotas_->settle_tokens(tokens.tenant, tokens.hold, 0);
+                return refuse(out, caller, *r);
+            }
+            key_tokens.tenant = bucket;
+            key_tokens.prompt = prompt;
+        }
         if (pools_ && req.method == "POST" && (p == "/v1/chat/completions" || p == "/v1/completions"))
             route_generation(req, out, caller, &tokens.scan);
         else if (p == "/v1/chat/completions" && req.method == "POST")
@@ -919,13 +952,14 @@ class Gateway {
             relay_by_load(req, out, std::nullopt, &tokens.scan);
         // Settled with what the reply said it used; a stream that does not say is counted an
         // event a token; a refusal used none.
-        if (!tokens.tenant.empty()) {
+        for (const Tokens * t : {&tokens, &key_tokens}) {
+            if (t->tenant.empty()) continue;
             const UsageScan & s = tokens.scan;
             const int64_t used = s.status == 0 || s.status >= 400 ? 0
                                  : s.total()                      ? *s.total()
-                                 : s.events() > 0                 ? tokens.prompt + s.events()
-                                                                  : tokens.hold.estimate;
-            quotas_->settle_tokens(tokens.tenant, tokens.hold, used);
+                                 : s.events() > 0                 ? t->prompt + s.events()
+                                                                  : t->hold.estimate;
+            quotas_->settle_tokens(t->tenant, t->hold, used);
         }
     }
 
@@ -938,7 +972,8 @@ class Gateway {
         while (b < a.size() && a[b] == ' ')
             ++b;
         const auto decoded = cluster::EtcdClient::unbase64(a.substr(b));
-        if (!decoded) return;  // not Basic after all: refused as an unknown key
+        // Not Basic after all, or bytes no header may hold: refused as an unknown key.
+        if (!decoded || !header_value_ok(*decoded)) return;
         const size_t colon = decoded->find(':');
         req.headers["authorization"] = "Bearer " + (colon == std::string::npos ? *decoded : decoded->substr(colon + 1));
     }
@@ -1069,11 +1104,20 @@ class Gateway {
                 f.prompt_tokens =
                     (chat ? counter_->chat(body, req.body.size(), enough) : counter_->completion(body)).value_or(-1);
         }
-        f.latency = req.header("x-armada-latency");
-        if (f.latency.empty()) {
-            auto it = rc.tenant_latency.find(caller.tenant_name);
-            f.latency = it != rc.tenant_latency.end() ? it->second : rc.default_latency;
+        {
+            // The tenant's class; a client header may lower it, or raise it as far as the tenant
+            // may (an admin key, any class).
+            std::string why;
+            auto latency = rc.latency_for(caller.tenant_name, req.header("x-armada-latency"), caller.admin, why);
+            if (!latency) {
+                const std::string asked = req.header("x-armada-latency");
+                const bool known =
+                    std::find(rc.latency_classes.begin(), rc.latency_classes.end(), asked) != rc.latency_classes.end();
+                return send_error(out, known ? 403 : 400, why, 0, "latency_class");
+            }
+            f.latency = std::move(*latency);
         }
+        f.tenant = caller.tenant_name;
         // Anything malformed goes to a node, which answers it with its own 400.
         const auto choice =
             body.is_object() ? cluster::choose_route(rc.routes, f) : cluster::RouteChoice{"cpu", "default"};
@@ -1103,6 +1147,17 @@ class Gateway {
         }
         std::string reason = "context";
         if (fits(pools_->context(target))) {
+            // Checked as a node would check it, once, before any upstream is taken: what a node
+            // refuses, the pool path refuses with the same words.
+            PoolRequestOptions po;
+            po.chat = chat;
+            po.context = pools_->context(target);
+            try {
+                po.model = "check";
+                (void)pool_request_body(body, po);
+            } catch (const api::ApiError & e) {
+                return out->send(e.status, "application/json", api::error_body(e.status, e.what(), e.param, e.code));
+            }
             std::set<std::string> tried;
             // llama.cpp's own constraint fields: only upstreams of that dialect honour them.
             const bool llama_grammar = body.contains("grammar") || body.contains("json_schema");
@@ -1113,9 +1168,11 @@ class Gateway {
                     if (tried.empty()) reason = why == PoolSet::Unavailable::full ? "full" : "down";
                     break;
                 }
-                json b = body;
-                b["model"] = l->model;  // what the upstream serves (the client named the cluster's)
-                const std::string text = b.dump();
+                // Only the fields Armada knows, with the model the upstream serves (the client named
+                // the cluster's), and the tenant's cache salt where the upstream takes one.
+                po.model = l->model;
+                po.cache_salt = l->cache_salt ? tenant_cache_salt(caller.tenant) : std::string();
+                const std::string text = pool_request_body(body, po);
                 RelayTarget t;
                 t.base = l->url;
                 t.headers = {{"content-type", "application/json"}};
@@ -1129,6 +1186,7 @@ class Gateway {
                 t.extra = {{"X-Armada-Route", target}, {"X-Armada-Route-Rule", rule}};
                 t.may_resend = true;  // a generation has no side effect: another target may take it
                 t.hold_errors = true;
+                t.scrub = true;
                 const Relayed r = relay_to(t, req, out, usage);
                 const bool refused = r.status >= 500 || r.status == 401 || r.status == 403 || r.status == 404;
                 const PoolOutcome o = r.cut || (!r.delivered && refused) ? PoolOutcome::failed
@@ -1217,6 +1275,13 @@ class Gateway {
             m.gauge("armada_gateway_nodes", "Live nodes the gateway sees in etcd").set(double(nodes_.size()));
         }
         m.sync_counter("armada_gateway_requests_total", "Requests the gateway took", requests_.load());
+        m.sync_counter("armada_gateway_streams_refused_total",
+                       "Session event streams refused (429): the tenant had its cap of them open",
+                       refused_streams_.load());
+        m.sync_counter("armada_gateway_workers_refused_total",
+                       "Requests refused (503): every worker thread was busy and the gateway had its cap of them",
+                       refused_workers_.load());
+        m.gauge("armada_gateway_worker_threads", "Worker threads alive (busy or idle)").set(double(workers_.threads()));
         m.sync_counter("armada_gateway_sessions_refused_full_total",
                        "New sessions refused (503 cluster_full) because every cell was at its water level",
                        refused_full_.load());
@@ -1617,7 +1682,18 @@ class Gateway {
                               "store_unavailable");
         if (!rec || rec->owner != caller.tenant || rec->agent_id.rfind('@', 0) == 0)
             return send_error(out, 404, "no session with id '" + id + "'");
-        if (sub == "events" && req.method == "GET") return events(req, out, id);
+        if (sub == "events" && req.method == "GET") {
+            // Each open stream holds a worker thread and two descriptors: a tenant has its cap.
+            StreamSlot slot(*this, caller.tenant);
+            if (!slot.held) {
+                ++refused_streams_;
+                return send_error(out, 429,
+                                  "this tenant has " + std::to_string(o_.max_streams_per_tenant) +
+                                      " event streams open through this gateway, its limit; close one or retry later",
+                                  5, "too_many_streams");
+            }
+            return events(req, out, id);
+        }
         // A request to a session goes to its node; one not placed yet, or whose node is gone
         // (its lease ended), goes to any node, which answers from the store (or takes the session
         // over). A node that holds its lease but does not answer keeps the session: another node
@@ -1742,6 +1818,14 @@ class Gateway {
                 },
                 cancel, kEventsIdleMs);
             if (out->closed()) return;
+            if (r.invalid) {
+                // A last guard (the request was checked): nothing went to the node.
+                if (started)
+                    out->end();
+                else
+                    send_error(out, 400, "the request holds bytes the gateway does not pass on: " + r.error);
+                return;
+            }
             if (refused && !started) {
                 // The node's own answer (404 after a delete, 400 for a bad Last-Event-ID…).
                 std::string ctype = "application/json";
@@ -1822,6 +1906,33 @@ class Gateway {
     std::set<std::string> gateways_;          // the follower's (after start)
     std::atomic<bool> stop_{false};
     std::atomic<size_t> in_flight_{0};
+    BodyLimits body_limits_;
+    //! A tenant's open event streams (o_.max_streams_per_tenant).
+    std::mutex streams_mu_;
+    std::map<std::string, size_t> streams_;  // streams_mu_
+    std::atomic<uint64_t> refused_streams_{0}, refused_workers_{0};
+    struct StreamSlot {
+        Gateway & g;
+        std::string tenant;
+        bool held = false;
+        StreamSlot(Gateway & gw, std::string t) : g(gw), tenant(std::move(t)) {
+            std::lock_guard lk(g.streams_mu_);
+            auto & n = g.streams_[tenant];
+            if (n < g.o_.max_streams_per_tenant) {
+                ++n;
+                held = true;
+            }
+        }
+        ~StreamSlot() {
+            std::lock_guard lk(g.streams_mu_);
+            auto it = g.streams_.find(tenant);
+            if (it == g.streams_.end()) return;
+            if (held) --it->second;
+            if (it->second == 0) g.streams_.erase(it);
+        }
+        StreamSlot(const StreamSlot &) = delete;
+        StreamSlot & operator=(const StreamSlot &) = delete;
+    };
     std::thread watcher_;   // keeps this gateway announced, reloads tenants and keys
     std::thread follower_;  // follows the cluster in etcd (`follow`)
     std::thread dasher_;    // feeds the open dashboards (`feed_dashboards`)
@@ -1875,10 +1986,12 @@ int gateway_command(const GatewayOptions & opt) {
     {
         char host[256] = "localhost";
         gethostname(host, sizeof host - 1);
-        const std::string url = "http://" + opt.http.host + ":" + std::to_string(http.port());
+        const std::string url =
+            std::string(http.tls() ? "https" : "http") + "://" + opt.http.host + ":" + std::to_string(http.port());
         gw.announce(opt.name.empty() ? std::string(host) + "-" + std::to_string(http.port()) : opt.name, url);
     }
-    obs::announce(fmt::format("armada: gateway listening on http://{}:{}", opt.http.host, http.port()));
+    obs::announce(fmt::format("armada: gateway listening on {}://{}:{}", http.tls() ? "https" : "http", opt.http.host,
+                              http.port()));
     int sig = 0;
     for (;;) {
         sig = sigwaitinfo(&stop_set, nullptr);

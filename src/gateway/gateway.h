@@ -15,6 +15,11 @@ struct GatewayOptions {
     std::string name;  // among the live gateways in etcd; "" is HOST-PORT
     std::string log_level = "info";
     int affinity_ttl_s = 600;
+    //! Worker threads alive at once: each request (and each open event stream) holds one while it
+    //! runs. Beyond it a request gets 503 and Retry-After.
+    size_t max_workers = 1024;
+    //! A tenant's concurrent session event streams through this gateway; beyond it, 429.
+    size_t max_streams_per_tenant = 256;
 };
 
 //! `armada gateway`: the single entry of a cluster, with the API of a node. It checks API keys as a

@@ -3,6 +3,7 @@
 #include "api/auth.h"
 #include "api/json_util.h"
 #include "engine/tool_grammar.h"
+#include "gateway/pool_request.h"
 #include "gateway/upstream.h"
 
 #include <spdlog/spdlog.h>
@@ -171,6 +172,7 @@ std::string PoolStepRunner::route(const agent::StepFacts & s) const {
     // The config names tenants as the operator does; a session's owner is the API's "t:NAME".
     const auto l = cfg->tenant_latency.find(api::tenant_name(s.tenant));
     f.latency = l != cfg->tenant_latency.end() ? l->second : cfg->default_latency;
+    f.tenant = api::tenant_name(s.tenant);
     const auto c = cluster::choose_route(cfg->routes, f);
     const int64_t need = s.prompt_tokens + std::max<int64_t>(s.max_tokens, 1);
     // An upstream would refuse (or cut short) a step longer than its context.
@@ -251,7 +253,8 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
             break;
         }
         avoid.insert(lease->url);
-        const json body = pool_step_body(step, lease->model, lease->grammar);
+        json body = pool_step_body(step, lease->model, lease->grammar);
+        if (lease->cache_salt) body["cache_salt"] = tenant_cache_salt(step.tenant);
         HeaderList headers{{"content-type", "application/json"}, {"accept", "text/event-stream"}};
         if (!lease->key.empty()) headers.emplace_back("authorization", "Bearer " + lease->key);
         if (!step.traceparent.empty()) headers.emplace_back("traceparent", step.traceparent);

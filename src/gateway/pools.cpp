@@ -275,7 +275,7 @@ std::optional<PoolLease> PoolSet::acquire(const std::string & pool, const std::s
         ++best->in_flight;
         why = Unavailable::none;
         return PoolLease{p.cfg.name,        best->cfg.url,    best->cfg.model, best->key,
-                         best->cfg.grammar, p.cfg.timeout_ms, best->id};
+                         best->cfg.grammar, p.cfg.timeout_ms, best->id,        best->cfg.cache_salt};
     }
     return std::nullopt;
 }

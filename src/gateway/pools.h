@@ -27,7 +27,8 @@ struct PoolLease {
     std::string key;    // its API key ("" for none); never the client's
     cluster::GrammarDialect grammar = cluster::GrammarDialect::llama;
     int timeout_ms = 0;
-    uint64_t id = 0;  // which upstream entry (a reload may replace one with the same URL)
+    uint64_t id = 0;          // which upstream entry (a reload may replace one with the same URL)
+    bool cache_salt = false;  // it takes a per-tenant `cache_salt`
 };
 
 //! How a request sent to an upstream ended, for its breaker.

@@ -1,5 +1,7 @@
 #include "gateway/upstream.h"
 
+#include "gateway/checks.h"
+
 #include "tools/http_tool.h"
 
 #include <boost/asio/connect.hpp>
@@ -8,6 +10,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -175,21 +178,52 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
     const auto cancel = cancel_in ? cancel_in : std::make_shared<CancelToken>();
     DeadlineGuard deadline;
     deadline.id = deadlines().add(Deadlines::Clock::now() + std::chrono::milliseconds(timeout_ms), cancel);
+    // Nothing that could end the request line or a header early is written: one request to the
+    // gateway is at most one request to the node.
+    {
+        std::string bad;
+        if (!header_name_ok(method))
+            bad = "the method";
+        else if (!target_ok(target))
+            bad = "the target";
+        for (const auto & [k, v] : headers) {
+            if (bad.empty() && (!header_name_ok(k) || !header_value_ok(v))) bad = "header '" + k + "'";
+        }
+        if (!bad.empty()) {
+            UpstreamReply out;
+            out.invalid = true;
+            out.error = bad + " holds bytes a request may not carry; nothing was sent";
+            return out;
+        }
+    }
     tools::Url u;
     if (!tools::parse_url(base, u) || u.scheme != "http") {
         UpstreamReply out;
         out.error = "not an http:// URL: " + base;
         return out;
     }
-    http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+    http::request<http::string_body> req;
+    req.version(11);
+    if (const auto v = http::string_to_verb(method); v != http::verb::unknown)
+        req.method(v);
+    else
+        req.method_string(method);
+    req.target(target);
+    for (const auto & [k, v] : headers) {
+        // Framing and hop-by-hop headers are this function's own: a caller's could make the node
+        // read the body, or the next request, differently from how it is written.
+        if (strcasecmp(k.c_str(), "host") == 0 || strcasecmp(k.c_str(), "content-length") == 0 ||
+            strcasecmp(k.c_str(), "transfer-encoding") == 0 || strcasecmp(k.c_str(), "connection") == 0 ||
+            strcasecmp(k.c_str(), "keep-alive") == 0 || strcasecmp(k.c_str(), "te") == 0 ||
+            strcasecmp(k.c_str(), "trailer") == 0 || strcasecmp(k.c_str(), "upgrade") == 0 ||
+            strcasecmp(k.c_str(), "proxy-connection") == 0 || strcasecmp(k.c_str(), "expect") == 0)
+            continue;
+        req.set(k, v);
+    }
     req.set(http::field::host, u.host + ":" + u.port);
     req.keep_alive(true);
-    for (const auto & [k, v] : headers)
-        req.set(k, v);
-    if (!body.empty() || method == "POST") {
-        req.body() = body;
-        req.prepare_payload();
-    }
+    req.body() = body;
+    req.prepare_payload();
     for (int attempt = 0;; ++attempt) {
         UpstreamReply out;
         std::unique_ptr<Conn> c = attempt == 0 ? idle().take(base) : nullptr;
@@ -254,8 +288,11 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                     out.body.append(tmp, n);
             }
             if (cancel) cancel->attach(-1);
-            // A whole answer on a connection both sides keep: it serves the next request.
-            if (!stream_body && p.is_done() && p.keep_alive() && buf.size() == 0) {
+            // A whole 2xx answer on a connection both sides keep: it serves the next request. After
+            // any other answer the connection is closed, so whatever the node may still send on it
+            // never reaches another client's request.
+            if (!stream_body && p.is_done() && p.keep_alive() && buf.size() == 0 && out.status >= 200 &&
+                out.status < 300) {
                 idle().give(base, std::move(c));
             } else {
                 beast::error_code ec;

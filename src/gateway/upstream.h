@@ -40,13 +40,19 @@ struct UpstreamReply {
     bool streamed = false;
     //! The request reached the node (written whole): without an answer, it may have been acted on.
     bool sent = false;
+    //! Nothing was sent: the method, target or a header held bytes that could split the request
+    //! (CR, LF, NUL, ...). A fault of the request, not of the node.
+    bool invalid = false;
 };
 
 //! Sends one request to a node (`base` is http://host:port) and reads its answer. `on_head` runs
 //! once the status and headers are in and says whether to stream the body: then `on_chunk` gets
 //! the body as it arrives (SSE) and may return false to stop. Blocking; run on a worker thread.
 //! `timeout_ms` bounds the connect and the head, and the whole body unless it streams; a stream
-//! that sends nothing for `idle_ms` (0: no limit) is cut, with an error.
+//! that sends nothing for `idle_ms` (0: no limit) is cut, with an error. A method, target, header
+//! name or value that is not clean (gateway/checks.h) is never written: the reply says `invalid`.
+//! A kept connection goes back to the pool only after a whole 2xx answer: any other answer, or a
+//! body not read to its end, closes it.
 UpstreamReply forward(const std::string & base, const std::string & method, const std::string & target,
                       const HeaderList & headers, const std::string & body, int timeout_ms,
                       const std::function<bool(const UpstreamReply &)> & on_head = {},

@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 namespace armada::gateway {
@@ -16,7 +17,9 @@ namespace armada::gateway {
 //! (its stack) per request. A thread idle for `idle` ends, so a burst does not keep its threads.
 class WorkerPool {
   public:
-    explicit WorkerPool(std::chrono::milliseconds idle = std::chrono::seconds(30)) : idle_for_(idle) {}
+    //! `max_threads` bounds the threads alive at once (0: no bound); a task beyond it is refused.
+    explicit WorkerPool(std::chrono::milliseconds idle = std::chrono::seconds(30), size_t max_threads = 0)
+        : idle_for_(idle), max_threads_(max_threads) {}
     WorkerPool(const WorkerPool &) = delete;
     WorkerPool & operator=(const WorkerPool &) = delete;
 
@@ -28,7 +31,11 @@ class WorkerPool {
         gone_.wait(lk, [&] { return threads_ == 0; });
     }
 
-    //! Throws std::system_error when no thread can be started (the task is then dropped).
+    //! Throws std::system_error when no thread can be started, and Full when every thread is
+    //! busy and there are `max_threads` of them (the task is then dropped).
+    struct Full : std::runtime_error {
+        Full() : std::runtime_error("every worker thread is busy") {}
+    };
     void post(std::function<void()> task) {
         std::lock_guard lk(mu_);
         // Every queued task has an idle thread of its own waiting for it.
@@ -37,6 +44,7 @@ class WorkerPool {
             cv_.notify_one();
             return;
         }
+        if (max_threads_ > 0 && threads_ >= max_threads_) throw Full();
         // Counted once it exists: a thread that could not be started would otherwise stay
         // counted, and the destructor wait for it forever. It takes mu_ only after its task.
         std::thread th([this, t = std::move(task)]() mutable { loop(std::move(t)); });
@@ -79,6 +87,7 @@ class WorkerPool {
     }
 
     const std::chrono::milliseconds idle_for_;
+    const size_t max_threads_;
     mutable std::mutex mu_;
     std::condition_variable cv_, gone_;
     std::deque<std::function<void()>> tasks_;  // mu_

@@ -147,3 +147,30 @@ write('tool_call_output', 'seed-call', '\x00<tool_call>\n{"name": "lookup", "arg
 write('tool_call_output', 'seed-partial', '\x01<tool_call>\n{"name": "look')
 write('tool_call_output', 'seed-text', '\x00Just an answer.')
 write('tool_call_output', 'seed-huge-number', '\x00<tool_call>\n{"name": "lookup", "arguments": {"q": 1e99999}}\n</tool_call>')
+
+
+def gateway_request(name, method, path, query='', headers=(), body=''):
+    """method, path, query, each header as name 0x1f value, an empty field, then the body, all
+    separated by 0x1e (tests/fuzz/gateway_request.cpp)."""
+    parts = [method, path, query] + [k + '\x1f' + v for k, v in headers] + ['', body]
+    write('gateway_request', 'seed-' + name, '\x1e'.join(parts).encode('utf-8', 'surrogateescape'))
+
+
+gateway_request('chat', 'POST', '/v1/chat/completions', '', [('content-type', 'application/json'), ('authorization', 'Bearer k')],
+                '{"model":"m","messages":[{"role":"user","content":"hi"}]}')
+gateway_request('events-query-crlf', 'GET', '/v1/sessions/sess_abc/events',
+                'last_event_id=1%0d%0aGET%20/v1/sessions/sess_x%20HTTP/1.1%0d%0aHost:%20n%0d%0a%0d%0a')
+gateway_request('events-header-crlf', 'GET', '/v1/sessions/sess_abc/events', '', [('last-event-id', '1\r\nX-Evil: 1')])
+gateway_request('events-ok', 'GET', '/v1/sessions/sess_abc/events', 'last_event_id=12.3')
+gateway_request('header-lf', 'GET', '/v1/models', '', [('x-request-id', 'a\nGET /admin HTTP/1.1')])
+gateway_request('header-nul', 'GET', '/v1/models', '', [('x-request-id', 'a\x00b')])
+gateway_request('target-crlf', 'GET', '/v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /admin')
+gateway_request('te-smuggle', 'POST', '/v1/chat/completions', '', [('transfer-encoding', 'chunked'), ('content-length', '5')],
+                '0\r\n\r\nGET /admin HTTP/1.1\r\n\r\n')
+gateway_request('cl-empty-get', 'GET', '/v1/models', '', [('content-length', '50')])
+gateway_request('deep', 'POST', '/v1/chat/completions', '', [('content-type', 'application/json')], '[' * 5000)
+gateway_request('bad-utf8', 'POST', '/v1/responses', '', [('content-type', 'application/json')], '{"input":"\udcff"}')
+gateway_request('session-id-pct', 'DELETE', '/v1/sessions/sess%0d%0a')
+gateway_request('method-space', 'GE T', '/v1/models')
+gateway_request('host-override', 'GET', '/v1/models', '', [('host', 'evil'), ('connection', 'close')])
+gateway_request('unknown-method', 'PURGE', '/v1/models')

@@ -7,6 +7,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
 import path from 'node:path';
 import { startServer, tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
@@ -26,6 +27,7 @@ let gw;
 let llama;  // { proc, port, log }
 let longPool;
 let tools;
+let rec;  // a recording proxy in front of llama-server: pool `rec`
 const LLAMA_ARGS = ['-c', '8192', '-np', '2', '-t', '1'];
 
 // Prompt tokens llama-server has processed, from its own metrics.
@@ -52,6 +54,30 @@ const chat = (body, headers = {}) => fetch(`${gw}/v1/chat/completions`, {
 // Each pool's upstreams and their states (admin only: /readyz gives counts, not addresses).
 const pools = () => fetch(`${gw}/admin/pools`, { headers: { Authorization: `Bearer ${ADMIN}` } })
   .then((r) => r.json()).then((j) => j.pools);
+
+// Forwards to llama-server and records each POST's body and the upstream's whole answer (its raw
+// bytes, before the gateway), so a test sees what a pool was sent and what it said.
+async function startPoolRecorder(targetPort) {
+  const log = [];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (d) => { body += d; });
+    req.on('end', () => {
+      const entry = { method: req.method, path: req.url, body, reply: '' };
+      if (req.method === 'POST') log.push(entry);
+      const up = http.request({ host: '127.0.0.1', port: targetPort, path: req.url, method: req.method, headers: req.headers },
+        (r) => {
+          res.writeHead(r.statusCode, r.headers);
+          r.on('data', (d) => { entry.reply += d; res.write(d); });
+          r.on('end', () => res.end());
+        });
+      up.on('error', () => { if (!res.headersSent) res.writeHead(502); res.end(); });
+      up.end(body);
+    });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  return { base: `http://127.0.0.1:${server.address().port}`, log, close: () => new Promise((r) => server.close(r)) };
+}
 
 // A user message of `n` copies of `word`.
 const say = (word, n) => [{ role: 'user', content: Array(n).fill(word).join(' ') }];
@@ -83,6 +109,7 @@ before(async () => {
           additionalProperties: false
 `);
   llama = await startLlamaServer(tinyModel, LLAMA_ARGS);
+  rec = await startPoolRecorder(llama.port);
   longPool = await startServer(['-c', '16384', '-np', '2', '-t', '1'], { env: { ARMADA_API_KEY: POOL_KEY } });
   fs.writeFileSync(path.join(dir, 'pools.yaml'), `
 pools:
@@ -98,9 +125,14 @@ pools:
     context: 2048
     upstreams:
       - {url: '${longPool.base}', model: armada-tiny-q8_0, api_key_env: POOL_KEY, max_in_flight: 4}
+  - name: rec
+    context: 4096
+    upstreams:
+      - {url: '${rec.base}', model: tiny, max_in_flight: 4}
 routes:
   - {when: {latency: batch}, to: cpu}
   - {when: {model: long-model}, to: long}
+  - {when: {model: rec-model}, to: rec}
   - {when: {prompt_tokens_over: 400}, to: gpu}
   - {when: {max_tokens_over: 500}, to: gpu}
   - {when: {latency: realtime}, to: gpu}
@@ -114,7 +146,7 @@ tenant_latency: {acme: realtime}
   dir = path.join(dir, 'c');
   await waitFor('two nodes, and both pools warmed', async () => {
     const r = await fetch(gw + '/readyz').then((x) => x.json()).catch(() => null);
-    return r?.nodes >= 2 && r.pools?.gpu?.up === 1 && r.pools?.long?.up === 1;
+    return r?.nodes >= 2 && r.pools?.gpu?.up === 1 && r.pools?.long?.up === 1 && r.pools?.rec?.up === 1;
   }, 120000);
   // /readyz needs no key: it counts upstreams and never shows where they are.
   const ready = await fetch(gw + '/readyz').then((x) => x.text());
@@ -125,6 +157,7 @@ after(async () => {
   await up?.stop();
   if (llama?.proc.exitCode === null) { llama.proc.kill('SIGCONT'); llama.proc.kill('SIGKILL'); }
   await longPool?.stop();
+  await rec?.close();
   tools?.server.close();
   if (dir) assert.deepEqual(sanitizerReports(path.join(dir, 'logs')), [], 'no process logged a sanitizer report');
 });
@@ -496,4 +529,78 @@ test('a request relayed to a pool carries the client\'s trace context to the ups
   } finally {
     await proxy.close();
   }
+});
+
+test('a request the rules send to a pool is checked as a node checks it, and only the fields Armada knows go upstream', { timeout: 120000 * SLOW }, async () => {
+  const posts = () => rec.log.filter((e) => e.path === '/v1/chat/completions');
+  const before = posts().length;
+  for (const [extra, field] of [[{ n: 100 }, /'n' must be between 1 and 8/], [{ top_logprobs: 3 }, /'top_logprobs' needs 'logprobs'/],
+    [{ logprobs: true, top_logprobs: 50 }, /'top_logprobs' must be between 0 and 20/], [{ max_tokens: 100000 }, /'max_tokens' is too large/],
+    [{ messages: [{ role: 'wizard', content: 'x' }] }, /role/]]) {
+    const r = await chat({ model: 'rec-model', messages: say('hi', 2), ...extra });
+    const j = await r.json();
+    assert.equal(r.status, 400, JSON.stringify(j));
+    assert.match(j.error.message, field);
+  }
+  assert.equal(posts().length, before, 'no refused request reached the pool');
+  const r = await chat({ model: 'rec-model', messages: say('hi', 2), ignore_eos: true, id_slot: 0, cache_prompt: false,
+    cache_salt: 'mine', n_probs: 2, user: 'u1', metadata: { a: 1 }, samplers: 'k' });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route'), 'rec');
+  const sent = JSON.parse(posts().at(-1).body);
+  for (const k of ['ignore_eos', 'id_slot', 'cache_prompt', 'cache_salt', 'n_probs', 'user', 'metadata', 'samplers'])
+    assert.ok(!(k in sent), `'${k}' reached the pool: ${JSON.stringify(sent)}`);
+  assert.equal(sent.model, 'tiny');
+  // llama.cpp's n_probs, which a node honours, in OpenAI's fields.
+  assert.equal(sent.logprobs, true);
+  assert.equal(sent.top_logprobs, 2);
+  assert.deepEqual(sent.messages, say('hi', 2));
+});
+
+test('a pool\'s answers carry no cached-token counts or timings: a second tenant sending the first one\'s prefix sees no sign of it', { timeout: 120000 * SLOW }, async () => {
+  const admin = (route, body) => fetch(gw + route, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` }, body: JSON.stringify(body),
+  });
+  const keys = {};
+  for (const t of ['prefa', 'prefb']) {
+    assert.equal((await admin('/admin/tenants', { name: t })).status, 201);
+    keys[t] = (await admin('/admin/keys', { tenant: t }).then((x) => x.json())).key;
+  }
+  const prompt = say('orange', 300);
+  const ask = (key, extra = {}) => chat({ model: 'rec-model', messages: prompt, ...extra }, { Authorization: `Bearer ${key}` });
+  let r = await ask(keys.prefa);
+  assert.equal(r.status, 200, await r.text());
+  r = await ask(keys.prefb);
+  const b = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(b));
+  assert.ok(!('timings' in b), JSON.stringify(b));
+  assert.ok(!b.usage?.prompt_tokens_details, JSON.stringify(b.usage));
+  // The upstream did report them (it found the prefix cached): the gateway is what keeps them out.
+  const raw = JSON.parse(rec.log.at(-1).reply);
+  assert.ok('timings' in raw || raw.usage?.prompt_tokens_details, `llama-server said: ${rec.log.at(-1).reply}`);
+  // Streamed, too: no event carries them.
+  r = await ask(keys.prefb, { stream: true, stream_options: { include_usage: true } });
+  assert.equal(r.status, 200);
+  const text = await r.text();
+  assert.match(text, /data: /);
+  assert.doesNotMatch(text, /timings|cached_tokens|prompt_tokens_details/, text);
+  assert.match(rec.log.at(-1).reply, /timings|cached_tokens/, 'the upstream\'s stream had them');
+});
+
+test('the latency class is the tenant\'s: a client header may lower it, not raise it', { timeout: 60000 * SLOW }, async () => {
+  const admin = (route, body) => fetch(gw + route, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` }, body: JSON.stringify(body),
+  });
+  assert.equal((await admin('/admin/tenants', { name: 'plain' })).status, 201);
+  const key = (await admin('/admin/keys', { tenant: 'plain' }).then((x) => x.json())).key;
+  // 'plain' is standard (default_latency): realtime would send it to the gpu pool.
+  let r = await chat({ messages: say('hello', 3) }, { Authorization: `Bearer ${key}`, 'X-Armada-Latency': 'realtime' });
+  let j = await r.json();
+  assert.equal(r.status, 403, JSON.stringify(j));
+  assert.equal(j.error.code, 'latency_class');
+  r = await chat({ messages: say('hello', 3) }, { Authorization: `Bearer ${key}`, 'X-Armada-Latency': 'warp' });
+  assert.equal(r.status, 400);
+  r = await chat({ messages: say('hello', 3) }, { Authorization: `Bearer ${key}`, 'X-Armada-Latency': 'batch' });
+  assert.equal(r.status, 200, await r.text());
+  assert.equal(r.headers.get('x-armada-route-rule'), 'latency=batch');
 });

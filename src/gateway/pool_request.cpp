@@ -1,0 +1,170 @@
+#include "gateway/pool_request.h"
+
+#include "api/errors.h"
+
+#include <openssl/evp.h>
+
+namespace armada::gateway {
+
+using api::ApiError;
+using api::json;
+
+namespace {
+
+// The sampling and output fields a node reads for both routes (api/openai_map.cpp).
+constexpr const char * kSampling[] = {
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
+    "seed",
+    "stop",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "grammar",
+    "json_schema",
+    "response_format",
+};
+constexpr const char * kChatOnly[] = {"messages", "tools", "tool_choice", "parallel_tool_calls"};
+
+void check_prompt(const json & body, int32_t n_vocab) {
+    auto it = body.find("prompt");
+    if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required", "prompt");
+    const json * p = &*it;
+    if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
+    if (p->is_string()) return;
+    if (!p->is_array()) throw ApiError(400, "'prompt' must be a string or an array of token ids", "prompt");
+    for (const auto & t : *p) {
+        if (!t.is_number_integer()) throw ApiError(400, "'prompt' must be a string or an array of token ids", "prompt");
+        const int64_t id = t.get<int64_t>();
+        if (id < 0 || id >= n_vocab)
+            throw ApiError(400, "prompt token " + std::to_string(id) + " is outside the vocabulary", "prompt");
+    }
+}
+
+//! Cached-token counts and timings out of one answer object (a whole reply or a stream chunk).
+void scrub(json & j) {
+    if (!j.is_object()) return;
+    j.erase("timings");
+    j.erase("prompt_progress");
+    if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+        u->erase("prompt_tokens_details");
+        u->erase("cached_tokens");
+        u->erase("input_tokens_details");
+    }
+}
+
+}  // namespace
+
+std::string pool_request_body(const json & body, const PoolRequestOptions & o) {
+    if (!body.is_object()) throw ApiError(400, "request body must be a JSON object");
+    api::RequestLimits lim = o.limits;
+    if (o.context > 0) lim.max_tokens = int32_t(std::min<int64_t>(o.context, INT32_MAX));
+    // The node's own checks, with the node's messages.
+    api::SamplingSpec s;
+    if (o.chat)
+        s = api::parse_chat(body, o.n_vocab, lim).sampling;
+    else {
+        s = api::parse_sampling(body, o.n_vocab, lim);
+        check_prompt(body, o.n_vocab);
+    }
+    json out = json::object();
+    for (const char * k : kSampling) {
+        if (auto it = body.find(k); it != body.end() && !it->is_null()) out[k] = *it;
+    }
+    if (o.chat) {
+        for (const char * k : kChatOnly) {
+            if (auto it = body.find(k); it != body.end() && !it->is_null()) out[k] = *it;
+        }
+    } else {
+        out["prompt"] = body["prompt"];
+    }
+    // llama.cpp's n_probs, which a node honours, in the fields any OpenAI server reads.
+    if (body.contains("n_probs") && s.logprobs > 0) {
+        if (o.chat) {
+            out["logprobs"] = true;
+            out["top_logprobs"] = s.logprobs;
+        } else {
+            out["logprobs"] = s.logprobs;
+        }
+    }
+    out["model"] = o.model;
+    if (!o.cache_salt.empty()) out["cache_salt"] = o.cache_salt;
+    return api::dump(out);
+}
+
+std::string tenant_cache_salt(const std::string & tenant) {
+    const std::string in = "armada-cache-salt\x1f" + tenant;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_Digest(in.data(), in.size(), md, &n, EVP_sha256(), nullptr);
+    static const char * d = "0123456789abcdef";
+    std::string s;
+    for (unsigned int i = 0; i < 16 && i < n; ++i) {
+        s += d[md[i] >> 4];
+        s += d[md[i] & 15];
+    }
+    return s;
+}
+
+std::string scrub_pool_json(std::string_view text) {
+    json j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return std::string(text);
+    scrub(j);
+    return api::dump(j);
+}
+
+std::string PoolStreamScrubber::feed(std::string_view chunk) {
+    buf_.append(chunk);
+    std::string out;
+    for (;;) {
+        // An event ends at a blank line (LF LF, or CRLF CRLF).
+        size_t end = buf_.find("\n\n");
+        size_t sep = 2;
+        if (const size_t crlf = buf_.find("\r\n\r\n"); crlf != std::string::npos && crlf < end) {
+            end = crlf;
+            sep = 4;
+        }
+        if (end == std::string::npos) break;
+        std::string ev = buf_.substr(0, end);
+        buf_.erase(0, end + sep);
+        std::string rebuilt;
+        size_t at = 0;
+        while (at <= ev.size()) {
+            size_t nl = ev.find('\n', at);
+            if (nl == std::string::npos) nl = ev.size();
+            std::string line = ev.substr(at, nl - at);
+            if (!line.empty() && line.back() == '\r') line.pop_back();
+            if (line.rfind("data:", 0) == 0) {
+                const size_t v = line.size() > 5 && line[5] == ' ' ? 6 : 5;
+                line = "data: " + scrub_pool_json(std::string_view(line).substr(v));
+            }
+            rebuilt += line + "\n";
+            at = nl + 1;
+        }
+        out += rebuilt + "\n";
+    }
+    return out;
+}
+
+std::string PoolStreamScrubber::flush() {
+    std::string rest = std::move(buf_);
+    buf_.clear();
+    if (rest.empty()) return rest;
+    // An event the upstream never ended: scrubbed as if it had been.
+    std::string out = feed(rest + "\n\n");
+    buf_.clear();
+    return out;
+}
+
+}  // namespace armada::gateway

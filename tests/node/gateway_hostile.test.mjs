@@ -1,0 +1,231 @@
+// The gateway as a hostile-input boundary (docs/SECURITY.md): what a tenant sends cannot split
+// into a second request to a node, cannot crash or stall the gateway, and cannot take its threads
+// and descriptors from other tenants. One cell of one node, tenants from a key file.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { tinyModel } from './harness.mjs';
+import { tempDir } from './agents.mjs';
+import { clusterUp, metricSum, sleep, waitFor } from './cluster_helpers.mjs';
+
+const A = { Authorization: 'Bearer sk-acme' };
+const B = { Authorization: 'Bearer sk-beta' };
+const ADMIN = { Authorization: 'Bearer sk-ops' };
+const STREAM_CAP = 24;
+const CONN_CAP = 64;
+let dir, cluster, gw, nodeUrl;
+
+before(async () => {
+  dir = tempDir('armada-gw-hostile-');
+  fs.chmodSync(dir, 0o755);
+  fs.writeFileSync(path.join(dir, 'keys'), 'sk-acme tenant=acme\nsk-beta tenant=beta\nsk-ops admin\n');
+  fs.writeFileSync(path.join(dir, 'agents.yaml'), `agents:
+  - id: talker
+    instructions: Answer briefly.
+    answer_without_tools: true
+    limits: { max_steps: 2, max_tokens_per_step: 8 }
+`);
+  cluster = await clusterUp(['--nodes', '1', '--brains', '1', '-m', tinyModel, '--port', '0',
+    '--data-dir', path.join(dir, 'c'), '--api-key-file', path.join(dir, 'keys'), '--agents', path.join(dir, 'agents.yaml'),
+    '--gateway-arg=--max-streams-per-tenant', `--gateway-arg=${STREAM_CAP}`,
+    '--gateway-arg=--header-timeout', '--gateway-arg=2',
+    '--gateway-arg=--max-connections-per-client', `--gateway-arg=${CONN_CAP}`,
+    '--node-arg=-np', '--node-arg=4', '--node-arg=-c', '--node-arg=2048']);
+  gw = cluster.gw;
+  await waitFor('a node in the cluster', async () =>
+    (await fetch(gw + '/readyz').then((r) => r.json()).catch(() => null))?.nodes >= 1, 120000);
+  const status = JSON.parse(fs.readFileSync(path.join(dir, 'c', 'cluster.json'), 'utf8'));
+  nodeUrl = status.processes.find((p) => p.role === 'node').url;
+});
+
+after(async () => {
+  if (cluster) await cluster.stop();
+});
+
+// One raw HTTP/1.1 exchange on its own connection: the bytes as written, the whole answer.
+function raw(base, bytes, { timeoutMs = 10000 } = {}) {
+  const { hostname, port } = new URL(base);
+  return new Promise((resolve) => {
+    const sock = net.createConnection({ host: hostname, port: Number(port) });
+    let out = '';
+    const done = () => { sock.destroy(); resolve(out); };
+    sock.setTimeout(timeoutMs, done);
+    sock.on('data', (d) => { out += d; if (/\r\n\r\n/.test(out) && /Content-Length: (\d+)/i.test(out)) {
+      const len = Number(out.match(/Content-Length: (\d+)/i)[1]);
+      if (out.length >= out.indexOf('\r\n\r\n') + 4 + len) done();
+    } });
+    sock.on('error', done);
+    sock.on('end', done);
+    sock.write(bytes);
+  });
+}
+
+// Session requests the node has answered (its own counter, by route).
+async function nodeSessionRequests() {
+  const m = await fetch(nodeUrl + '/metrics', { headers: ADMIN }).then((r) => r.text());
+  let n = 0;
+  for (const l of m.matchAll(/^armada_requests_total\{([^}]*)\} (\S+)$/gm))
+    if (/route="\/v1\/sessions/.test(l[1])) n += Number(l[2]);
+  return n;
+}
+
+async function newSession(headers) {
+  const r = await fetch(`${gw}/v1/agents/talker/sessions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', ...headers }, body: '{}',
+  });
+  const j = await r.json();
+  assert.equal(r.status, 201, JSON.stringify(j));
+  return j.id;
+}
+
+test('a Last-Event-ID from the query that decodes to a line break is refused, and no second request reaches the node', async () => {
+  const id = await newSession(A);
+  const smuggled = encodeURIComponent(`1\r\nContent-Length: 0\r\n\r\nGET /v1/sessions/${id} HTTP/1.1\r\nHost: x\r\nX: `);
+  const before = await nodeSessionRequests();
+  const r = await fetch(`${gw}/v1/sessions/${id}/events?last_event_id=${smuggled}`, { headers: A });
+  const j = await r.json();
+  assert.equal(r.status, 400);
+  assert.match(j.error.message, /Last-Event-ID/);
+  // The header itself, too, and an id with a line break in the path.
+  const h = await fetch(`${gw}/v1/sessions/${id}/events`, { headers: { ...A, 'Last-Event-ID': 'x1' } });
+  assert.equal(h.status, 400);
+  const p = await fetch(`${gw}/v1/sessions/sess%0d%0aX:%201`, { headers: A });
+  assert.equal(p.status, 400);
+  assert.match((await p.json()).error.message, /session id/);
+  const after = await nodeSessionRequests();
+  assert.equal(after - before, 0, 'no session request reached the node');
+  // A good id still streams.
+  const ok = await fetch(`${gw}/v1/sessions/${id}/events?last_event_id=0`, { headers: A });
+  assert.equal(ok.status, 200);
+  await ok.body.cancel();
+});
+
+test('a deeply nested body gets 400 and the gateway goes on answering', async () => {
+  for (const body of ['['.repeat(200000), '{"a":'.repeat(100000) + '1' + '}'.repeat(100000)]) {
+    const r = await fetch(`${gw}/v1/chat/completions`, {
+      method: 'POST', headers: { ...A, 'Content-Type': 'application/json' }, body,
+    });
+    const j = await r.json();
+    assert.equal(r.status, 400, JSON.stringify(j));
+    assert.match(j.error.message, /nesting/);
+  }
+  const m = await fetch(`${gw}/v1/models`, { headers: A });
+  assert.equal(m.status, 200);
+});
+
+test('very many keys and invalid UTF-8 are refused with the reason', async () => {
+  const many = '{' + Array.from({ length: 250000 }, (_, i) => `"${i.toString(36)}":1`).join(',') + '}';
+  const r = await fetch(`${gw}/v1/chat/completions`, {
+    method: 'POST', headers: { ...A, 'Content-Type': 'application/json' }, body: many,
+  });
+  const j = await r.json();
+  assert.ok(r.status === 400 || r.status === 413, JSON.stringify(j));
+  assert.match(j.error.message, /values|exceeds the limit/);
+  const bad = Buffer.concat([Buffer.from('{"model":"m","messages":[{"role":"user","content":"'),
+    Buffer.from([0xff, 0xfe]), Buffer.from('"}]}')]);
+  const u = await fetch(`${gw}/v1/chat/completions`, {
+    method: 'POST', headers: { ...A, 'Content-Type': 'application/json' }, body: bad,
+  });
+  assert.equal(u.status, 400);
+  assert.match((await u.json()).error.message, /UTF-8/);
+});
+
+test('a client that trickles its headers is cut at the header timeout, before any authentication', async () => {
+  const { hostname, port } = new URL(gw);
+  const t0 = Date.now();
+  const closedAfter = await new Promise((resolve) => {
+    const sock = net.createConnection({ host: hostname, port: Number(port) });
+    const line = 'GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ';
+    let i = 0;
+    const timer = setInterval(() => { if (!sock.destroyed) sock.write(line[i++ % line.length]); }, 200);
+    const end = () => { clearInterval(timer); resolve(Date.now() - t0); };
+    sock.on('close', end);
+    sock.on('error', () => {});
+    setTimeout(() => { sock.destroy(); }, 30000);
+  });
+  // --header-timeout 2 here: a byte every 200 ms keeps an idle timer alive, not this one.
+  assert.ok(closedAfter < 10000, `the connection was held ${closedAfter} ms`);
+  // A connection that says nothing at all is dropped the same way.
+  const silent = await new Promise((resolve) => {
+    const s0 = Date.now();
+    const sock = net.createConnection({ host: hostname, port: Number(port) });
+    sock.on('close', () => resolve(Date.now() - s0));
+    sock.on('error', () => {});
+    setTimeout(() => sock.destroy(), 30000);
+  });
+  assert.ok(silent < 10000, `a silent connection was held ${silent} ms`);
+});
+
+test('a thousand event streams from one tenant: its cap answers 429, and another tenant still chats', async () => {
+  const id = await newSession(A);
+  const chat = async () => {
+    const t0 = Date.now();
+    const r = await fetch(`${gw}/v1/chat/completions`, {
+      method: 'POST', headers: { ...B, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 }),
+    });
+    assert.equal(r.status, 200, await r.text());
+    return Date.now() - t0;
+  };
+  const baseline = [];
+  for (let i = 0; i < 3; i++) baseline.push(await chat());
+  const open = [];
+  let refused = 0, retryAfter = null;
+  for (let i = 0; i < 1000; i++) {
+    const ac = new AbortController();
+    const r = await fetch(`${gw}/v1/sessions/${id}/events`, { headers: A, signal: ac.signal });
+    if (r.status === 200) open.push(ac);
+    else {
+      assert.equal(r.status, 429);
+      retryAfter = r.headers.get('retry-after');
+      const j = await r.json();
+      assert.equal(j.error.code, 'too_many_streams');
+      refused++;
+    }
+  }
+  assert.equal(open.length, STREAM_CAP, `streams open: ${open.length}`);
+  assert.equal(refused, 1000 - STREAM_CAP);
+  assert.ok(Number(retryAfter) > 0, 'a refusal says when to retry');
+  // Another tenant's streams are not counted against this one's cap.
+  const other = await newSession(B);
+  const ob = await fetch(`${gw}/v1/sessions/${other}/events`, { headers: B });
+  assert.equal(ob.status, 200);
+  await ob.body.cancel();
+  const loaded = [];
+  for (let i = 0; i < 3; i++) loaded.push(await chat());
+  const med = (a) => [...a].sort((x, y) => x - y)[1];
+  if (process.env.ARMADA_TIMING !== '0')
+    assert.ok(med(loaded) < med(baseline) * 3 + 300, `chat took ${loaded} ms with the streams open, ${baseline} without`);
+  const m = await fetch(`${gw}/metrics`, { headers: ADMIN }).then((r) => r.text());
+  assert.equal(metricSum(m, 'armada_gateway_streams_refused_total'), 1000 - STREAM_CAP);
+  for (const ac of open) ac.abort();
+  // Closed streams free their slots.
+  await waitFor('the cap to free up', async () => {
+    const r = await fetch(`${gw}/v1/sessions/${id}/events`, { headers: A }).catch(() => null);
+    if (r?.status === 200) { await r.body.cancel(); return true; }
+    await r?.body?.cancel();
+    return false;
+  }, 30000);
+});
+
+test('one client address holds at most its cap of connections; the next gets 429 with Retry-After', async () => {
+  // CONN_CAP idle connections (a few seconds under the header timeout), then one more request.
+  const { hostname, port } = new URL(gw);
+  const socks = [];
+  for (let i = 0; i < CONN_CAP; i++) {
+    socks.push(await new Promise((resolve) => {
+      const s = net.createConnection({ host: hostname, port: Number(port) }, () => resolve(s));
+      s.on('error', () => resolve(s));
+    }));
+  }
+  await sleep(100);
+  const answer = await raw(gw, 'GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-acme\r\n\r\n');
+  for (const s of socks) s.destroy();
+  assert.match(answer, /^HTTP\/1\.1 429/, answer.slice(0, 200));
+  assert.match(answer, /Retry-After: 1/);
+  await sleep(300);
+  const r = await fetch(`${gw}/v1/models`, { headers: A });
+  assert.equal(r.status, 200);
+});
