@@ -383,7 +383,7 @@ test('a full pool: a request that fits the CPU falls back with the header; one t
       pending.push(fetch(`${gw}/v1/chat/completions`, {
         method: 'POST', signal: ac.signal,
         headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` },
-        body: JSON.stringify({ model: 'long-model', messages: say('hello', 3), max_tokens: 8000, stream: true, temperature: 1 }),
+        body: JSON.stringify({ model: 'long-model', messages: say('hello', 3), max_tokens: 2000, stream: true, temperature: 1 }),
       }).catch(() => null));  // left unread: each holds its place on the pool until aborted
     }
     await waitFor('the long pool full', async () =>
@@ -416,7 +416,7 @@ test('a client that goes away cancels its request on the pool', { timeout: 60000
   const r = await fetch(`${gw}/v1/chat/completions`, {
     method: 'POST', signal: ac.signal,
     headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` },
-    body: JSON.stringify({ model: 'long-model', messages: say('hello', 3), max_tokens: 8000, stream: true,
+    body: JSON.stringify({ model: 'long-model', messages: say('hello', 3), max_tokens: 2000, stream: true,
       temperature: 1 }),
   });
   assert.equal(r.headers.get('x-armada-route'), 'long');
@@ -424,7 +424,8 @@ test('a client that goes away cancels its request on the pool', { timeout: 60000
   await reader.read();  // the stream has begun
   await waitFor('the pool generating', async () => await active() >= 1);
   ac.abort();
-  // Left alone, 8,000 tokens would keep the pool busy for many seconds.
+  // Left alone, 2,000 tokens would keep the pool busy for about 3 s (measured alone), and the
+  // pool would have generated them all.
   await waitFor('the pool to stop generating', async () => await active() === 0, 3000);
   await sleep(500);
   const total = await gen();
@@ -457,7 +458,8 @@ test('SIGHUP reloads the pools and routes: a new upstream warms first, a removed
   // A long stream on the long pool, in flight while the pool is changed under it.
   const r = await fetch(`${gw}/v1/chat/completions`, {
     method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${ADMIN}` },
-    body: JSON.stringify({ model: 'long-model', messages: say('hello', 3), max_tokens: 8000, stream: true }),
+    // n: 2 doubles the work, so the stream outlasts the reload (max_tokens is bounded by the pool's context, 2,048).
+    body: JSON.stringify({ model: 'long-model', messages: say('hello', 3), max_tokens: 2000, n: 2, stream: true }),
   });
   assert.equal(r.headers.get('x-armada-route'), 'long');
   const reader = r.body.getReader();
