@@ -243,33 +243,46 @@ int cluster_up(const ClusterUpOptions & o) {
     std::vector<std::string> databases{"armada"};
     for (int i = 1; i < o.pg_shards; ++i)
         databases.push_back("armada_shard" + std::to_string(i));
-    if (!up("postgresql", pg.start(dir + "/postgres"))) return 1;
+    // Every server's secrets (passwords, the PostgreSQL passfile) live here, root's alone (0700
+    // directory, 0600 files), and cluster.yaml only names them.
+    const std::string secrets = dir + "/secrets";
+    if (!up("postgresql", pg.start(dir + "/postgres", 0, secrets))) return 1;
     for (const auto & db : databases) {
         if (!up(("postgresql database " + db).c_str(), pg.create_database(db))) return 1;
     }
     std::ofstream(dir + "/postgres/shards") << o.pg_shards << "\n";
-    if (!up("etcd", etcd.start(dir + "/etcd")) || !up("nats", nats.start(dir + "/nats")) ||
-        !up("redis", redis.start(dir + "/redis")))
+    if (!up("etcd", etcd.start(dir + "/etcd")) || !up("nats", nats.start(dir + "/nats", 0, secrets)) ||
+        !up("redis", redis.start(dir + "/redis", 0, secrets)))
         return 1;
     std::string pg_urls;
     json pg_url_list = json::array();
     for (const auto & db : databases) {
-        pg_urls += (pg_urls.empty() ? "" : ", ") + pg.url(db);
+        pg_urls += (pg_urls.empty() ? "" : ", ") + json(pg.url(db)).dump();
         pg_url_list.push_back(pg.url(db));
     }
     const std::string cfg_path = dir + "/cluster.yaml";
     {
-        std::ofstream f(cfg_path);
+        std::ostringstream f;
         f << "# written by armada cluster up\n"
           << "etcd: [" << etcd.endpoint() << "]\n"
           << "nats: " << nats.url() << "\n"
           << "redis: " << redis.url() << "\n"
           << "postgres: [" << pg_urls << "]\n"
+          << "credentials:\n"
+          << "  nats: {user: " << json(nats.user()).dump() << ", password_file: " << json(nats.password_file()).dump()
+          << "}\n"
+          << "  redis: {user: " << json(redis.user()).dump()
+          << ", password_file: " << json(redis.password_file()).dump() << "}\n"
           << "lease_ttl_s: " << o.lease_ttl_s << "\n"
           << "cells:\n";
         for (int c = 0; c < o.cells; ++c)
             f << "  - {name: cell" << c << "}\n";
         if (!routing.empty()) f << "# from --pools " << o.pools_file << "\n" << routing << "\n";
+        // It names the servers' secret files: readable by root alone, like them.
+        if (auto e = cluster::write_private(cfg_path, f.str()); !e.empty()) {
+            fprintf(stderr, "error: %s\n", e.c_str());
+            return 1;
+        }
     }
 
     const std::string exe = self_exe();
@@ -373,8 +386,16 @@ int cluster_up(const ClusterUpOptions & o) {
             gateways.push_back(procs[i].url);
         json servers = {{"postgres", {{"pid", pg.pid()}, {"url", pg.url("armada")}, {"shards", pg_url_list}}},
                         {"etcd", {{"pid", etcd.pid()}, {"endpoint", etcd.endpoint()}}},
-                        {"nats", {{"pid", nats.pid()}, {"url", nats.url()}}},
-                        {"redis", {{"pid", redis.pid()}, {"url", redis.url()}}}};
+                        {"nats",
+                         {{"pid", nats.pid()},
+                          {"url", nats.url()},
+                          {"user", nats.user()},
+                          {"password_file", nats.password_file()}}},
+                        {"redis",
+                         {{"pid", redis.pid()},
+                          {"url", redis.url()},
+                          {"user", redis.user()},
+                          {"password_file", redis.password_file()}}}};
         const std::string tmp = dir + "/cluster.json.tmp";
         std::ofstream(tmp) << json{
             {"gateway", gateway.url},

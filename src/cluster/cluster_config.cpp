@@ -1,5 +1,7 @@
 #include "cluster/cluster_config.h"
 
+#include <sys/stat.h>
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -115,9 +117,10 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
             return std::nullopt;
         }
         static const char * known[] = {
-            "etcd",      "nats",           "redis",           "postgres", "prefix",          "lease_ttl_s",
-            "report_ms", "pg_pool",        "redis_pool",      "cells",    "tokenizer",       "pools",
-            "routes",    "tenant_latency", "default_latency", "rollout",  "latency_classes", "tenant_latency_max"};
+            "etcd",       "nats",           "redis",           "postgres", "prefix",          "lease_ttl_s",
+            "report_ms",  "pg_pool",        "redis_pool",      "cells",    "tokenizer",       "pools",
+            "routes",     "tenant_latency", "default_latency", "rollout",  "latency_classes", "tenant_latency_max",
+            "credentials"};
         for (const auto & kv : root) {
             const std::string k = kv.first.as<std::string>();
             if (std::find(std::begin(known), std::end(known), k) == std::end(known)) {
@@ -171,6 +174,57 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
                     }
                 }
                 c.cells.push_back(cc);
+            }
+        }
+        if (const auto cr = root["credentials"]) {
+            if (!cr.IsMap()) {
+                error = "credentials: must be a map of server (redis, nats, etcd) to {user, password_file}";
+                return std::nullopt;
+            }
+            for (const auto & kv : cr) {
+                const std::string k = kv.first.as<std::string>();
+                ServiceCredentials * out = k == "redis"  ? &c.redis_auth
+                                           : k == "nats" ? &c.nats_auth
+                                           : k == "etcd" ? &c.etcd_auth
+                                                         : nullptr;
+                if (!out) {
+                    error = "credentials: unknown server '" + k + "' (there are redis, nats and etcd)";
+                    return std::nullopt;
+                }
+                if (!kv.second.IsMap()) {
+                    error = "credentials." + k + ": must be {user, password_file}";
+                    return std::nullopt;
+                }
+                for (const auto & f : kv.second) {
+                    const std::string fk = f.first.as<std::string>();
+                    if (fk != "user" && fk != "password_file") {
+                        error =
+                            "credentials." + k + ": unknown setting '" + fk + "' (there are user and password_file)";
+                        return std::nullopt;
+                    }
+                }
+                if (kv.second["user"]) out->user = kv.second["user"].as<std::string>();
+                if (kv.second["password_file"]) out->password_file = kv.second["password_file"].as<std::string>();
+                if (out->password_file.empty()) {
+                    error = "credentials." + k + ".password_file: name the file that holds the password";
+                    return std::nullopt;
+                }
+                struct stat st {};
+                if (::stat(out->password_file.c_str(), &st) != 0) {
+                    error = "credentials." + k + ".password_file: cannot read " + out->password_file;
+                    return std::nullopt;
+                }
+                if ((st.st_mode & 077) != 0) {
+                    error = "credentials." + k + ".password_file: " + out->password_file +
+                            " may be read by other users; make it mode 0600 (chmod 600)";
+                    return std::nullopt;
+                }
+                std::ifstream pf(out->password_file);
+                std::getline(pf, out->password);
+                if (out->password.empty()) {
+                    error = "credentials." + k + ".password_file: " + out->password_file + " is empty";
+                    return std::nullopt;
+                }
             }
         }
         if (!parse_routing(root, c.routing, error)) return std::nullopt;

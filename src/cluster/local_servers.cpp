@@ -10,6 +10,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -211,9 +212,54 @@ std::string tail_of(const std::string & path, size_t n) {
 // PostgreSQL
 
 namespace {
-constexpr const char * kPgUser = "postgres";  // the system user the Debian package creates
-constexpr const char * kPgRole = "armada";    // the database role the cluster connects as
+constexpr const char * kPgUser = "postgres";       // the system user the Debian package creates
+constexpr const char * kPgRole = "armada";         // the database role the cluster connects as
+constexpr const char * kPgAdmin = "armada_admin";  // the superuser (set-up only)
 }  // namespace
+
+std::string write_private(const std::string & path, const std::string & text) {
+    const std::string tmp = path + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return "cannot write " + tmp + ": " + std::strerror(errno);
+    (void)::fchmod(fd, 0600);
+    const bool ok = ::write(fd, text.data(), text.size()) == ssize_t(text.size());
+    ::close(fd);
+    if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) return "cannot write " + path + ": " + std::strerror(errno);
+    return {};
+}
+
+std::string ensure_secret(const std::string & path, std::string & error) {
+    std::error_code ec;
+    const fs::path dir = fs::path(path).parent_path();
+    fs::create_directories(dir, ec);
+    ::chmod(dir.c_str(), 0700);
+    if (fs::exists(path, ec)) {
+        std::ifstream f(path);
+        std::string s;
+        std::getline(f, s);
+        if (!s.empty()) {
+            ::chmod(path.c_str(), 0600);
+            return s;
+        }
+    }
+    unsigned char b[32];
+    std::ifstream rnd("/dev/urandom", std::ios::binary);
+    if (!rnd.read(reinterpret_cast<char *>(b), sizeof b)) {
+        error = "cannot read /dev/urandom for a new secret";
+        return {};
+    }
+    static const char * hex = "0123456789abcdef";
+    std::string s;
+    for (unsigned char c : b) {
+        s += hex[c >> 4];
+        s += hex[c & 15];
+    }
+    if (auto e = write_private(path, s + "\n"); !e.empty()) {
+        error = e;
+        return {};
+    }
+    return s;
+}
 
 std::string LocalPostgres::bin_dir() {
     if (const char * e = std::getenv("ARMADA_PG_BIN"); e && *e) return e;
@@ -235,7 +281,7 @@ LocalPostgres::~LocalPostgres() {
     if (child_) stop();
 }
 
-std::string LocalPostgres::start(const std::string & dir, int port) {
+std::string LocalPostgres::start(const std::string & dir, int port, const std::string & secrets_dir) {
     const std::string bin = bin_dir();
     if (bin.empty())
         return "PostgreSQL server binaries not found (install the postgresql package, or set ARMADA_PG_BIN)";
@@ -259,15 +305,38 @@ std::string LocalPostgres::start(const std::string & dir, int port) {
         }
         chown_tree(dir_, pw->pw_uid, pw->pw_gid);
     }
-    if (!fs::exists(data + "/PG_VERSION", ec)) {
-        std::string err;
-        const int rc = run_command(
-            {bin + "/initdb", "-D", data, "-U", kPgRole, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"},
-            dir_ + "/initdb.log", kPgUser, err);
+    secrets_ = secrets_dir.empty() ? dir_ + "-secrets" : secrets_dir;
+    const bool fresh = !fs::exists(data + "/PG_VERSION", ec);
+    if (!fresh && !fs::exists(secrets_ + "/postgres-superuser", ec))
+        return "the PostgreSQL data in " + data + " has no credentials in " + secrets_ +
+               " (it was made by an older Armada, which let anyone on this machine in); remove it, or move it aside, "
+               "and start again";
+    std::string err;
+    su_password_ = ensure_secret(secrets_ + "/postgres-superuser", err);
+    if (su_password_.empty()) return err;
+    app_password_ = ensure_secret(secrets_ + "/postgres", err);
+    if (app_password_.empty()) return err;
+    if (auto e = write_private(secrets_ + "/pgpass",
+                               "127.0.0.1:" + std::to_string(port_) + ":*:" + kPgRole + ":" + app_password_ + "\n");
+        !e.empty())
+        return e;
+    if (fresh) {
+        // initdb reads the superuser's password from a file the postgres user can read, removed
+        // straight after; every line of pg_hba.conf then asks for a SCRAM password.
+        const std::string pwfile = dir_ + "/.initdb-pw";
+        if (auto e = write_private(pwfile, su_password_ + "\n"); !e.empty()) return e;
+        if (::geteuid() == 0) {
+            if (const passwd * pw = ::getpwnam(kPgUser)) (void)::chown(pwfile.c_str(), pw->pw_uid, pw->pw_gid);
+        }
+        const int rc = run_command({bin + "/initdb", "-D", data, "-U", kPgAdmin, "--pwfile=" + pwfile, "-A",
+                                    "scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync"},
+                                   dir_ + "/initdb.log", kPgUser, err);
+        ::unlink(pwfile.c_str());
         if (rc != 0)
             return "initdb failed (" + (err.empty() ? std::to_string(rc) : err) + "): " + tail_of(dir_ + "/initdb.log");
     }
-    return launch();
+    if (auto e = launch(); !e.empty()) return e;
+    return ensure_role();
 }
 
 std::string LocalPostgres::launch() {
@@ -307,14 +376,45 @@ std::string LocalPostgres::restart() {
     return launch();
 }
 
+std::string LocalPostgres::superuser_conninfo(const std::string & db) const {
+    return "host=127.0.0.1 port=" + std::to_string(port_) + " user=" + kPgAdmin + " password=" + su_password_ +
+           " dbname=" + db + " connect_timeout=5";
+}
+
+std::string LocalPostgres::ensure_role() {
+    PGconn * c = PQconnectdb(superuser_conninfo().c_str());
+    std::string err;
+    if (PQstatus(c) != CONNECTION_OK) {
+        err = "PostgreSQL: the superuser cannot connect: " + std::string(PQerrorMessage(c));
+    } else {
+        // The application role: no superuser, no roles or databases of its own making; it owns
+        // the databases made for it (create_database) and so its tables, and nothing else.
+        char * pw = PQescapeLiteral(c, app_password_.c_str(), app_password_.size());
+        const std::string attrs =
+            std::string(" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS PASSWORD ") +
+            (pw ? pw : "''");
+        PQfreemem(pw);
+        PGresult * q = PQexec(c, ("SELECT 1 FROM pg_roles WHERE rolname = '" + std::string(kPgRole) + "'").c_str());
+        const bool exists = PQresultStatus(q) == PGRES_TUPLES_OK && PQntuples(q) == 1;
+        PQclear(q);
+        PGresult * r = PQexec(c, ((exists ? "ALTER ROLE " : "CREATE ROLE ") + std::string(kPgRole) + attrs).c_str());
+        if (PQresultStatus(r) != PGRES_COMMAND_OK)
+            err = "PostgreSQL: cannot set up role armada: " + std::string(PQerrorMessage(c));
+        PQclear(r);
+    }
+    PQfinish(c);
+    return err;
+}
+
 std::string LocalPostgres::create_database(const std::string & name) {
-    PGconn * c = PQconnectdb(url().c_str());
+    PGconn * c = PQconnectdb(superuser_conninfo().c_str());
     std::string err;
     if (PQstatus(c) != CONNECTION_OK) {
         err = PQerrorMessage(c);
     } else {
         char * quoted = PQescapeIdentifier(c, name.c_str(), name.size());
-        PGresult * r = PQexec(c, ("CREATE DATABASE " + std::string(quoted ? quoted : "")).c_str());
+        PGresult * r = PQexec(
+            c, ("CREATE DATABASE " + std::string(quoted ? quoted : "") + " OWNER " + std::string(kPgRole)).c_str());
         PQfreemem(quoted);
         const char * state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
         if (PQresultStatus(r) != PGRES_COMMAND_OK && !(state && std::string(state) == "42P04")) err = PQerrorMessage(c);
@@ -325,7 +425,8 @@ std::string LocalPostgres::create_database(const std::string & name) {
 }
 
 std::string LocalPostgres::url(const std::string & db) const {
-    return std::string("postgres://") + kPgRole + "@127.0.0.1:" + std::to_string(port_) + "/" + db;
+    return std::string("postgres://") + kPgRole + "@127.0.0.1:" + std::to_string(port_) + "/" + db +
+           "?passfile=" + fs::absolute(secrets_ + "/pgpass").string();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -412,12 +513,36 @@ LocalDaemon::~LocalDaemon() {
     if (child_) stop();
 }
 
-std::string LocalDaemon::start(const std::string & dir, int port) {
+std::string LocalDaemon::password_file() const {
+    return secrets_ + (kind_ == Kind::Nats ? "/nats" : "/redis");
+}
+
+std::string LocalDaemon::start(const std::string & dir, int port, const std::string & secrets_dir) {
     dir_ = dir;
     port_ = port > 0 ? port : free_port();
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec) return "cannot create " + dir_ + ": " + ec.message();
+    secrets_ = secrets_dir.empty() ? dir_ + "-secrets" : secrets_dir;
+    std::string err;
+    password_ = ensure_secret(password_file(), err);
+    if (password_.empty()) return err;
+    if (kind_ == Kind::Redis) {
+        // No default user; `armada` may use the armada: keys and every command but the admin
+        // ones (CONFIG, SHUTDOWN, DEBUG, MODULE, ACL, ...) and the flushes.
+        if (auto e = write_private(dir_ + "/users.acl", "user default off\nuser " + user_ + " on >" + password_ +
+                                                            " ~armada:* &* +@all -@admin -flushall -flushdb\n");
+            !e.empty())
+            return e;
+    } else {
+        // Armada's subjects, JetStream's API and acknowledgements, and reply inboxes; nothing else.
+        const std::string conf =
+            "authorization {\n  users = [\n    { user: \"" + user_ + "\", password: \"" + password_ +
+            "\",\n      permissions: {\n"
+            "        publish: [\"armada.>\", \"$JS.API.>\", \"$JS.ACK.>\", \"$JS.FC.>\", \"_INBOX.>\"]\n"
+            "        subscribe: [\"armada.>\", \"_INBOX.>\"]\n      } }\n  ]\n}\n";
+        if (auto e = write_private(dir_ + "/nats.conf", conf); !e.empty()) return e;
+    }
     return launch();
 }
 
@@ -431,10 +556,24 @@ std::string LocalDaemon::launch() {
                ")";
     std::vector<std::string> argv;
     if (nats) {
-        argv = {bin, "-js", "-sd", dir_ + "/jetstream", "-a", "127.0.0.1", "-p", std::to_string(port_)};
+        argv = {bin,         "-c", dir_ + "/nats.conf",  "-js", "-sd", dir_ + "/jetstream", "-a",
+                "127.0.0.1", "-p", std::to_string(port_)};
     } else {
-        argv = {bin,      "--port", std::to_string(port_), "--bind", "127.0.0.1",   "--dir", dir_,
-                "--save", "",       "--appendonly",        "no",     "--daemonize", "no"};
+        argv = {bin,
+                "--port",
+                std::to_string(port_),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                dir_,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--aclfile",
+                dir_ + "/users.acl"};
     }
     std::string err;
     child_ = Child::spawn(argv, dir_ + "/" + what + ".log", "", err);

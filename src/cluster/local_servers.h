@@ -53,9 +53,19 @@ int free_port();
 //! The last `n` bytes of a file, for error messages.
 std::string tail_of(const std::string & path, size_t n = 2000);
 
+//! The secret in `path` (hex, one line), made from 32 random bytes the first time; the file is
+//! mode 0600 and its directory 0700. "" with `error` when it cannot be read or written.
+std::string ensure_secret(const std::string & path, std::string & error);
+
+//! Writes `text` to `path` with mode 0600 (replacing it whole).
+std::string write_private(const std::string & path, const std::string & text);
+
 //! A PostgreSQL server from the Debian binaries, in a directory of its own, on a loopback port.
-//! Used by the tests, the benchmarks and `armada cluster up`. Trust authentication for user
-//! `armada` on 127.0.0.1 only: a development server, not a production one.
+//! Used by the tests, the benchmarks and `armada cluster up`. Every connection needs a password
+//! (SCRAM-SHA-256, no `trust` line): the superuser `armada_admin`, and the application role
+//! `armada`, which is not a superuser and owns only the databases made for it. Both passwords sit
+//! in 0600 files in the secrets directory; `url()` names a libpq passfile there, so the URL itself
+//! holds no secret.
 class LocalPostgres {
   public:
     LocalPostgres() = default;
@@ -63,15 +73,20 @@ class LocalPostgres {
     ~LocalPostgres();
 
     //! Creates the cluster in `dir` if it has none (initdb), then starts the server on `port` (0:
-    //! a free one) and waits until it accepts connections. Returns an error message.
-    std::string start(const std::string & dir, int port = 0);
+    //! a free one) and waits until it accepts connections. Secrets go to `secrets_dir` (default:
+    //! `dir` + "-secrets"). Returns an error message.
+    std::string start(const std::string & dir, int port = 0, const std::string & secrets_dir = {});
     //! Fast shutdown; waits for it to finish.
     std::string stop();
     //! Stops and starts again on the same directory and port.
     std::string restart();
-    //! Creates a database (no error if it exists).
+    //! Creates a database owned by the application role (no error if it exists).
     std::string create_database(const std::string & name);
+    //! postgres://armada@127.0.0.1:PORT/DB?passfile=SECRETS/pgpass: the application role's URL.
     std::string url(const std::string & db = "postgres") const;
+    //! The superuser's libpq connection string (with its password): for tests and set-up only.
+    std::string superuser_conninfo(const std::string & db = "postgres") const;
+    const std::string & secrets_dir() const { return secrets_; }
     int port() const { return port_; }
     pid_t pid() const { return child_ ? child_->pid() : -1; }
     bool running() { return child_ && child_->running(); }
@@ -80,21 +95,31 @@ class LocalPostgres {
 
   private:
     std::string launch();
-    std::string dir_;
+    std::string ensure_role();
+    std::string dir_, secrets_;
+    std::string su_password_, app_password_;
     int port_ = 0;
     std::optional<Child> child_;
 };
 
 //! A server that needs only a port and a directory, started from a Debian binary: NATS with
 //! JetStream (file storage in the directory) or Redis (no persistence: it holds only what can be
-//! rebuilt). Restarting keeps the port and, for NATS, the streams.
+//! rebuilt). Restarting keeps the port and, for NATS, the streams. Each takes only the user
+//! `armada` with a password (in `secrets_dir`, mode 0600): Redis through an ACL that keeps it to
+//! the `armada:` keys and off the admin commands, NATS through a user that may publish and
+//! subscribe on Armada's subjects and JetStream's API only.
 class LocalDaemon {
   public:
     enum class Kind { Nats, Redis };
     explicit LocalDaemon(Kind k) : kind_(k) {}
     LocalDaemon(const LocalDaemon &) = delete;
     ~LocalDaemon();
-    std::string start(const std::string & dir, int port = 0);
+    //! Secrets go to `secrets_dir` (default: `dir` + "-secrets").
+    std::string start(const std::string & dir, int port = 0, const std::string & secrets_dir = {});
+    const std::string & user() const { return user_; }
+    const std::string & password() const { return password_; }
+    //! The file that holds the password (mode 0600).
+    std::string password_file() const;
     std::string stop();
     std::string restart();
     int port() const { return port_; }
@@ -106,7 +131,8 @@ class LocalDaemon {
   private:
     std::string launch();
     Kind kind_;
-    std::string dir_;
+    std::string dir_, secrets_;
+    std::string user_ = "armada", password_;
     int port_ = 0;
     std::optional<Child> child_;
 };

@@ -156,11 +156,13 @@ void Consumer::take(natsMsgList & list, std::vector<QueueMsg> & out) {
 
 // --- JetStream ---
 
-std::unique_ptr<JetStream> JetStream::connect(const std::string & url, std::string & error) {
+std::unique_ptr<JetStream> JetStream::connect(const std::string & url, std::string & error, const std::string & user,
+                                              const std::string & password) {
     std::unique_ptr<JetStream> j(new JetStream());
     natsOptions * opts = nullptr;
     natsStatus s = natsOptions_Create(&opts);
     if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
+    if (s == NATS_OK && !user.empty()) s = natsOptions_SetUserInfo(opts, user.c_str(), password.c_str());
     if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
     if (s == NATS_OK) s = natsOptions_SetCustomReconnectDelay(opts, reconnect_delay, nullptr);
     if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 3000);

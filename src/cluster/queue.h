@@ -98,7 +98,8 @@ class JetStream {
   public:
     //! Connects (`nats://host:port`, comma-separated for a cluster) and creates the streams
     //! (idempotent: an existing stream with the same settings is fine).
-    static std::unique_ptr<JetStream> connect(const std::string & url, std::string & error);
+    static std::unique_ptr<JetStream> connect(const std::string & url, std::string & error,
+                                              const std::string & user = {}, const std::string & password = {});
     ~JetStream();
     JetStream(const JetStream &) = delete;
 

@@ -9,8 +9,11 @@
 
 namespace armada::cluster {
 
-std::unique_ptr<RedisPool> RedisPool::open(const std::string & addr, int size, int timeout_ms, std::string & error) {
+std::unique_ptr<RedisPool> RedisPool::open(const std::string & addr, int size, int timeout_ms, std::string & error,
+                                           const std::string & user, const std::string & password) {
     std::unique_ptr<RedisPool> p(new RedisPool());
+    p->user_ = user;
+    p->password_ = password;
     const size_t colon = addr.rfind(':');
     if (colon == std::string::npos || colon == 0) {
         error = "redis address '" + addr + "' is not host:port";
@@ -30,9 +33,10 @@ std::unique_ptr<RedisPool> RedisPool::open(const std::string & addr, int size, i
         // Checked at start: a pool that cannot answer PING is an error now, not under load.
         auto * r = static_cast<redisReply *>(redisCommand(c, "PING"));
         const bool ok = r && r->type == REDIS_REPLY_STATUS;
+        const std::string said = r && r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : std::string();
         if (r) freeReplyObject(r);
         if (!ok) {
-            error = "redis at " + addr + " did not answer PING";
+            error = "redis at " + addr + " did not answer PING" + (said.empty() ? "" : ": " + said);
             redisFree(c);
             return nullptr;
         }
@@ -57,6 +61,22 @@ redisContext * RedisPool::connect(std::string & error) const {
         return nullptr;
     }
     redisSetTimeout(c, tv);
+    if (!password_.empty()) {
+        // An ACL user (AUTH user password), or the default user's password alone.
+        auto * r =
+            static_cast<redisReply *>(user_.empty() ? redisCommand(c, "AUTH %b", password_.data(), password_.size())
+                                                    : redisCommand(c, "AUTH %b %b", user_.data(), user_.size(),
+                                                                   password_.data(), password_.size()));
+        const bool ok = r && r->type == REDIS_REPLY_STATUS;
+        // Never the password: the error names the user only.
+        const std::string said = r && r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "no answer";
+        if (r) freeReplyObject(r);
+        if (!ok) {
+            error = "redis at " + host_ + ":" + std::to_string(port_) + " refused user '" + user_ + "': " + said;
+            redisFree(c);
+            return nullptr;
+        }
+    }
     return c;
 }
 

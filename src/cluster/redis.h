@@ -23,7 +23,9 @@ namespace armada::cluster {
 class RedisPool {
   public:
     //! `addr` is host:port. Opens `size` connections; an error if the first cannot be opened.
-    static std::unique_ptr<RedisPool> open(const std::string & addr, int size, int timeout_ms, std::string & error);
+    //! With `user` and `password` each connection authenticates first (AUTH, an ACL user).
+    static std::unique_ptr<RedisPool> open(const std::string & addr, int size, int timeout_ms, std::string & error,
+                                           const std::string & user = {}, const std::string & password = {});
     ~RedisPool();
     RedisPool(const RedisPool &) = delete;
 
@@ -45,6 +47,7 @@ class RedisPool {
 
   private:
     RedisPool() = default;
+    std::string user_, password_;
     struct Conn;
     //! Runs `argv` on a pooled connection; the reply's type and text/integer.
     struct Reply {

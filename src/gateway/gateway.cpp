@@ -247,10 +247,11 @@ class Gateway {
         pc.read_connections = cfg_.pg_pool;
         store_ = store::PostgresStore::open(pc, err);
         if (!store_) return "PostgreSQL: " + err;
-        js_ = cluster::JetStream::connect(cfg_.nats, err);
+        js_ = cluster::JetStream::connect(cfg_.nats, err, cfg_.nats_auth.user, cfg_.nats_auth.password);
         if (!js_) return "NATS at " + cfg_.nats + ": " + err;
         if (!cfg_.redis.empty()) {
-            redis_ = cluster::RedisPool::open(cfg_.redis, cfg_.redis_pool, 500, err);
+            redis_ = cluster::RedisPool::open(cfg_.redis, cfg_.redis_pool, 500, err, cfg_.redis_auth.user,
+                                              cfg_.redis_auth.password);
             if (!redis_) return "Redis: " + err;
         }
         if (!cfg_.routing.tokenizer.empty()) {

@@ -16,7 +16,7 @@ namespace {
 
 std::unique_ptr<JetStream> connect() {
     std::string err;
-    auto js = JetStream::connect(servers().nats.url(), err);
+    auto js = JetStream::connect(servers().nats.url(), err, servers().nats.user(), servers().nats.password());
     EXPECT_TRUE(js) << err;
     return js;
 }

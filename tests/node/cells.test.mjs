@@ -131,7 +131,7 @@ test('chat turns of one conversation stay on one node through either gateway; th
   const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
   assert.equal(nodes.length, 4);
   const turn = (g, messages) => chatTurn(g, nodes, messages);
-  const redis = status().servers.redis.url;
+  const redis = status().servers.redis;
   const bindings = async () => new Set(await redisCommand(redis, 'KEYS', 'armada:t:*:affinity:*'));
   const firsts = new Set();
   for (let c = 0; c < 6; c++) {

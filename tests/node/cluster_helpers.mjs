@@ -62,10 +62,16 @@ export async function etcdKv(endpoint, key) {
   return { value: Buffer.from(r.kvs[0].value, 'base64').toString(), lease: Number(r.kvs[0].lease ?? 0) };
 }
 
-// One command to Redis at `addr` (host:port) over its own protocol (RESP), as a test reads what
-// the gateways keep there: an integer, a string (null when nil) or an array of strings.
-export function redisCommand(addr, ...args) {
+// One command to Redis over its own protocol (RESP), as a test reads what the gateways keep
+// there: an integer, a string (null when nil) or an array of strings. `server` is host:port, or
+// cluster.json's servers.redis ({ url, user, password_file }): then the command is sent as that
+// user (AUTH first), as `cluster up` gives Redis no default user.
+export function redisCommand(server, ...args) {
+  const addr = typeof server === 'string' ? server : server.url;
+  const auth = typeof server === 'string' ? null
+    : [server.user, fs.readFileSync(server.password_file, 'utf8').split('\n')[0]];
   const [host, port] = addr.split(':');
+  const encode = (argv) => `*${argv.length}\r\n` + argv.map((a) => `$${Buffer.byteLength(String(a))}\r\n${a}\r\n`).join('');
   return new Promise((resolve, reject) => {
     const sock = net.createConnection({ host, port: Number(port) });
     let buf = '';
@@ -73,10 +79,13 @@ export function redisCommand(addr, ...args) {
     sock.on('error', reject);
     sock.on('data', (d) => {
       buf += d.toString('utf8');
-      const parsed = parseResp(buf, 0);
-      if (parsed) { sock.end(); resolve(parsed.value); }
+      try {
+        let parsed = parseResp(buf, 0);
+        if (parsed && auth) parsed = parseResp(buf, parsed.end);  // AUTH's +OK, then the answer
+        if (parsed) { sock.end(); resolve(parsed.value); }
+      } catch (e) { sock.destroy(); reject(e); }
     });
-    sock.write(`*${args.length}\r\n` + args.map((a) => `$${Buffer.byteLength(String(a))}\r\n${a}\r\n`).join(''));
+    sock.write((auth ? encode(['AUTH', ...auth]) : '') + encode(args));
   });
 }
 

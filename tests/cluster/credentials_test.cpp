@@ -1,0 +1,147 @@
+// The cluster's servers as `cluster up` and the tests start them: each refuses a client without
+// credentials, takes Armada's, and gives Armada's no more than it uses.
+#include "cluster/cluster_config.h"
+#include "cluster/local_servers.h"
+#include "cluster/queue.h"
+#include "cluster/redis.h"
+#include "servers.h"
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace armada;
+namespace fs = std::filesystem;
+
+namespace {
+
+//! The server's answer to one query on a fresh connection, or the connection's error.
+std::string pg_query(const std::string & conninfo, const std::string & sql) {
+    PGconn * c = PQconnectdb(conninfo.c_str());
+    std::string out;
+    if (PQstatus(c) != CONNECTION_OK) {
+        out = std::string("connect: ") + PQerrorMessage(c);
+    } else {
+        PGresult * r = PQexec(c, sql.c_str());
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0)
+            out = PQgetvalue(r, 0, 0);
+        else if (PQresultStatus(r) != PGRES_TUPLES_OK && PQresultStatus(r) != PGRES_COMMAND_OK)
+            out = std::string("error: ") + PQerrorMessage(c);
+        PQclear(r);
+    }
+    PQfinish(c);
+    return out;
+}
+
+mode_t mode_of(const std::string & path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? (st.st_mode & 0777) : 0;
+}
+
+}  // namespace
+
+TEST(Credentials, PostgresAsksEveryoneForAPasswordAndItsApplicationRoleIsNoSuperuser) {
+    cluster::LocalPostgres pg;
+    const std::string root = servers().root + "/pg-credentials";
+    ASSERT_EQ(pg.start(root), "");
+    ASSERT_EQ(pg.create_database("app"), "");
+    const std::string port = std::to_string(pg.port());
+    // No password: refused, for the application role and for the superuser, over TCP and over
+    // the Unix socket (no `trust` line anywhere).
+    for (const std::string & who : {"armada", "armada_admin", "postgres"}) {
+        const std::string tcp = pg_query("host=127.0.0.1 port=" + port + " user=" + who + " dbname=app", "SELECT 1");
+        EXPECT_EQ(tcp.rfind("connect:", 0), 0u) << who << " over TCP: " << tcp;
+        const std::string sock =
+            pg_query("host=" + root + " port=" + port + " user=" + who + " dbname=app", "SELECT 1");
+        EXPECT_EQ(sock.rfind("connect:", 0), 0u) << who << " over the socket: " << sock;
+    }
+    EXPECT_EQ(pg_query(pg.url("app"), "SELECT 1"), "1");
+    std::ifstream hba(root + "/data/pg_hba.conf");
+    const std::string hba_text((std::istreambuf_iterator<char>(hba)), {});
+    for (size_t at = 0; (at = hba_text.find("trust", at)) != std::string::npos; ++at) {
+        const size_t line = hba_text.rfind('\n', at);
+        EXPECT_EQ(hba_text[line + 1], '#') << "a trust line in pg_hba.conf";
+    }
+    // The application role: no superuser, and so no program run as the server's user.
+    EXPECT_EQ(pg_query(pg.url("app"), "SELECT rolsuper::text FROM pg_roles WHERE rolname = current_user"), "false");
+    const std::string prog = pg_query(pg.url("app"), "COPY (SELECT 1) TO PROGRAM 'id'");
+    EXPECT_EQ(prog.rfind("error:", 0), 0u) << prog;
+    EXPECT_EQ(pg_query(pg.url("app"), "CREATE ROLE intruder SUPERUSER").rfind("error:", 0), 0u);
+    // It owns its database, so it makes its tables there.
+    EXPECT_EQ(pg_query(pg.url("app"), "CREATE TABLE t (x int)"), "");
+    // Secrets: 0600 files in a 0700 directory, and the URL names the passfile, not a password.
+    for (const char * f : {"postgres", "postgres-superuser", "pgpass"})
+        EXPECT_EQ(mode_of(pg.secrets_dir() + "/" + f), 0600u) << f;
+    EXPECT_EQ(mode_of(pg.secrets_dir()), 0700u);
+    std::ifstream app(pg.secrets_dir() + "/postgres");
+    std::string password;
+    std::getline(app, password);
+    ASSERT_FALSE(password.empty());
+    EXPECT_EQ(pg.url("app").find(password), std::string::npos);
+}
+
+TEST(Credentials, RedisRefusesAClientWithoutItsPasswordAndKeepsArmadasUserToItsKeys) {
+    std::string err;
+    EXPECT_FALSE(cluster::RedisPool::open(servers().redis.url(), 1, 1000, err)) << "no credentials";
+    EXPECT_NE(err.find("NOAUTH"), std::string::npos) << err;
+    EXPECT_FALSE(cluster::RedisPool::open(servers().redis.url(), 1, 1000, err, "armada", "wrong"));
+    EXPECT_NE(err.find("refused user 'armada'"), std::string::npos) << err;
+    EXPECT_EQ(err.find("wrong"), std::string::npos) << "the error never shows the password: " << err;
+    auto p = cluster::RedisPool::open(servers().redis.url(), 1, 1000, err, servers().redis.user(),
+                                      servers().redis.password());
+    ASSERT_TRUE(p) << err;
+    EXPECT_TRUE(p->set("armada:t:x:probe", "1", 10000));
+    EXPECT_FALSE(p->set("other:probe", "1", 10000)) << "a key outside armada: is refused";
+    // An admin command, as Armada's user: refused.
+    redisContext * c = redisConnect("127.0.0.1", servers().redis.port());
+    ASSERT_TRUE(c && !c->err);
+    auto * a = static_cast<redisReply *>(
+        redisCommand(c, "AUTH %s %s", servers().redis.user().c_str(), servers().redis.password().c_str()));
+    ASSERT_TRUE(a && a->type == REDIS_REPLY_STATUS);
+    freeReplyObject(a);
+    for (const char * cmd : {"CONFIG GET dir", "FLUSHALL", "SHUTDOWN NOSAVE", "ACL LIST"}) {
+        auto * r = static_cast<redisReply *>(redisCommand(c, cmd));
+        ASSERT_TRUE(r) << cmd;
+        EXPECT_EQ(r->type, REDIS_REPLY_ERROR) << cmd;
+        freeReplyObject(r);
+    }
+    redisFree(c);
+    EXPECT_EQ(mode_of(servers().redis.password_file()), 0600u);
+}
+
+TEST(Credentials, NatsRefusesAClientWithoutItsPasswordAndKeepsArmadasUserToItsSubjects) {
+    std::string err;
+    EXPECT_FALSE(cluster::JetStream::connect(servers().nats.url(), err)) << "no credentials";
+    EXPECT_FALSE(err.empty());
+    EXPECT_FALSE(cluster::JetStream::connect(servers().nats.url(), err, "armada", "wrong"));
+    EXPECT_EQ(err.find("wrong"), std::string::npos) << err;
+    auto js = cluster::JetStream::connect(servers().nats.url(), err, servers().nats.user(), servers().nats.password());
+    ASSERT_TRUE(js) << err;
+    EXPECT_EQ(mode_of(servers().nats.password_file()), 0600u);
+}
+
+TEST(Credentials, AClusterFileReadsEachPasswordFromAPrivateFileAndRefusesOneOthersMayRead) {
+    const std::string dir = servers().root + "/cfg-credentials";
+    fs::create_directories(dir);
+    const std::string pw = dir + "/redis";
+    ASSERT_EQ(cluster::write_private(pw, "s3cret\n"), "");
+    const std::string base = "etcd: [127.0.0.1:2379]\npostgres: [postgres://a@h/d]\n";
+    std::string err;
+    auto c =
+        cluster::parse_cluster_config(base + "credentials:\n  redis: {user: armada, password_file: " + pw + "}\n", err);
+    ASSERT_TRUE(c) << err;
+    EXPECT_EQ(c->redis_auth.user, "armada");
+    EXPECT_EQ(c->redis_auth.password, "s3cret");
+    ::chmod(pw.c_str(), 0644);
+    EXPECT_FALSE(cluster::parse_cluster_config(
+        base + "credentials:\n  redis: {user: armada, password_file: " + pw + "}\n", err));
+    EXPECT_NE(err.find("chmod 600"), std::string::npos) << err;
+    EXPECT_EQ(err.find("s3cret"), std::string::npos);
+    EXPECT_FALSE(
+        cluster::parse_cluster_config(base + "credentials:\n  mysql: {user: a, password_file: " + pw + "}\n", err));
+    EXPECT_NE(err.find("unknown server 'mysql'"), std::string::npos) << err;
+}
