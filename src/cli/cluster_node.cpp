@@ -167,12 +167,12 @@ void ClusterNode::take_arrivals() {
             arrivals_.pop_front();
         }
         const obs::LogScope log_scope(a.session, a.trace);
-        // Where the node it comes from answers: its load report in etcd (none: it is gone).
-        std::string url;
-        std::optional<cluster::EtcdKv> kv;
-        if (auto e = cluster::EtcdClient(cfg_.etcd).get(cluster::node_key(cfg_, cell_, a.from), kv); e.empty() && kv) {
-            if (auto l = cluster::decode_load(a.from, kv->value)) url = l->url;
-        }
+        // Where the node it comes from answers: its load report in etcd, under a lease etcd says
+        // is live (none: it is gone, or the key was not written by a member of this cell).
+        std::string why;
+        cluster::EtcdClient etcd(cfg_.etcd);
+        const std::string url = cluster::member_url(etcd, cluster::node_key(cfg_, cell_, a.from), a.from, why);
+        if (url.empty()) spdlog::info("cluster: session {}: no KV from {}: {}", a.session, a.from, why);
         agent::MoveNote note;
         if (fetch_kv_) {
             note = fetch_kv_(a.session, a.from, url);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <chrono>
 #include <condition_variable>
@@ -285,6 +286,54 @@ int cluster_up(const ClusterUpOptions & o) {
         }
     }
 
+    // --tls: a CA of this cluster's own and a certificate for this machine's loopback names, made
+    // once with the openssl command; the keys are root's alone.
+    std::string tls_cert, tls_key;
+    if (o.tls) {
+        const std::string t = dir + "/tls";
+        fs::create_directories(t, ec);
+        ::chmod(t.c_str(), 0700);
+        tls_cert = t + "/gateway.crt";
+        tls_key = t + "/gateway.key";
+        if (!fs::exists(tls_cert, ec) || !fs::exists(t + "/ca.crt", ec)) {
+            const std::vector<std::string> ec_key = {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"};
+            auto openssl = [&](std::vector<std::string> args) {
+                args.insert(args.begin(), "/usr/bin/openssl");
+                std::string err;
+                const int rc = cluster::run_command(args, t + "/openssl.log", "", err);
+                return rc == 0 ? std::string()
+                               : "openssl failed (" + err + "): " + cluster::tail_of(t + "/openssl.log");
+            };
+            if (auto e = cluster::write_private(t + "/san.cnf", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
+                !e.empty()) {
+                fprintf(stderr, "error: --tls: %s\n", e.c_str());
+                return 1;
+            }
+            std::vector<std::string> ca = {"req", "-x509"};
+            ca.insert(ca.end(), ec_key.begin(), ec_key.end());
+            ca.insert(ca.end(), {"-keyout", t + "/ca.key", "-out", t + "/ca.crt", "-days", "825", "-subj",
+                                 "/CN=armada cluster up CA"});
+            std::vector<std::string> csr = {"req", "-new"};
+            csr.insert(csr.end(), ec_key.begin(), ec_key.end());
+            csr.insert(csr.end(), {"-keyout", tls_key, "-out", t + "/gateway.csr", "-subj", "/CN=localhost"});
+            for (auto * step : {&ca, &csr}) {
+                if (auto e = openssl(*step); !e.empty()) {
+                    fprintf(stderr, "error: --tls: %s\n", e.c_str());
+                    return 1;
+                }
+            }
+            if (auto e =
+                    openssl({"x509", "-req", "-in", t + "/gateway.csr", "-CA", t + "/ca.crt", "-CAkey", t + "/ca.key",
+                             "-CAcreateserial", "-out", tls_cert, "-days", "825", "-extfile", t + "/san.cnf"});
+                !e.empty()) {
+                fprintf(stderr, "error: --tls: %s\n", e.c_str());
+                return 1;
+            }
+            for (const auto & f : {t + "/ca.key", tls_key})
+                ::chmod(f.c_str(), 0600);
+        }
+    }
+
     const std::string exe = self_exe();
     const std::string peer_key = random_key();
     std::vector<Proc> procs;
@@ -364,8 +413,9 @@ int cluster_up(const ClusterUpOptions & o) {
         g.name = i == 0 ? std::string("gateway") : "gateway" + std::to_string(i);
         g.log = logs + g.name + ".log";
         const int port = i == 0 && o.port > 0 ? o.port : cluster::free_port();
-        g.url = "http://127.0.0.1:" + std::to_string(port);
+        g.url = std::string(o.tls ? "https" : "http") + "://127.0.0.1:" + std::to_string(port);
         g.argv = {exe, "gateway", "--cluster", cfg_path, "--port", std::to_string(port), "--name", g.name};
+        if (o.tls) g.argv.insert(g.argv.end(), {"--ssl-cert-file", tls_cert, "--ssl-key-file", tls_key});
         g.argv.insert(g.argv.end(), o.gateway_args.begin(), o.gateway_args.end());
         if (!o.api_key_file.empty()) g.argv.insert(g.argv.end(), {"--api-key-file", o.api_key_file});
         procs.push_back(std::move(g));
@@ -414,12 +464,14 @@ int cluster_up(const ClusterUpOptions & o) {
         // Ready when the gateway listens; the nodes load their model meanwhile.
         for (size_t g = first_gateway; ok && sig <= 0 && g < procs.size(); ++g) {
             const int gport = std::stoi(procs[g].url.substr(procs[g].url.rfind(':') + 1));
-            for (int i = 0; i < 600 && !http_ok(gport); ++i) {
+            // (An HTTPS gateway is ready once it accepts connections.)
+            auto ready = [&] { return o.tls ? cluster::port_open(gport) : http_ok(gport); };
+            for (int i = 0; i < 600 && !ready(); ++i) {
                 timespec t{0, 100 * 1000 * 1000};
                 if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
                 if (!procs[g].child->running()) break;
             }
-            if (!http_ok(gport)) {
+            if (!ready()) {
                 fprintf(stderr, "error: %s did not start; see %s:\n%s\n", procs[g].name.c_str(), procs[g].log.c_str(),
                         cluster::tail_of(procs[g].log).c_str());
                 ok = false;
@@ -429,6 +481,7 @@ int cluster_up(const ClusterUpOptions & o) {
     if (ok && sig <= 0) {
         printf("armada: cluster up: %d cell%s x %d nodes; gateway at %s\n", o.cells, o.cells > 1 ? "s" : "", o.nodes,
                gateway.url.c_str());
+        if (o.tls) printf("armada: clients trust %s/tls/ca.crt\n", dir.c_str());
         for (size_t g = first_gateway + 1; g < procs.size(); ++g)
             printf("armada: %s at %s\n", procs[g].name.c_str(), procs[g].url.c_str());
         printf("armada: processes and logs are listed in %s/cluster.json; Ctrl-C stops everything\n", dir.c_str());

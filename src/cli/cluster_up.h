@@ -23,6 +23,9 @@ struct ClusterUpOptions {
     std::string pools_file;                 // `pools:` and `routes:` for the cluster file (GPU pools)
     std::vector<std::string> node_args;     // passed to every `armada serve`
     std::vector<std::string> gateway_args;  // passed to every `armada gateway`
+    //! The gateways serve HTTPS with a certificate for localhost and 127.0.0.1 from a CA made in
+    //! DATA/tls (ca.crt is what clients trust).
+    bool tls = false;
     //! The version every node starts on (`serve --version-label`); empty: Armada's own.
     std::string version_label;
     //! "V=ARG": an argument for every node while it runs version V (repeatable). Rollouts

@@ -132,7 +132,7 @@ void KvSender::run(const std::string & session, const std::shared_ptr<api::Respo
 
 agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, const std::string & from_node,
                          const std::string & source_url, const std::vector<std::string> & keys,
-                         boost::asio::ssl::context * tls) {
+                         boost::asio::ssl::context * tls, uint64_t max_bytes) {
     agent::MoveNote note;
     note.from = from_node;
     note.kv_source = "none";
@@ -160,6 +160,7 @@ agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, c
     uint64_t expect = 0;
     tools::DownloadOptions o;
     o.tls = tls;
+    o.max_bytes = max_bytes;
     o.check = [&](int, const std::map<std::string, std::string> & h) -> std::string {
         auto fp = h.find("x-armada-kv-fingerprint");
         if (fp == h.end() || fp->second != want)
@@ -171,6 +172,9 @@ agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, c
         } catch (...) {
             return "the reply's size is not a number";
         }
+        if (expect > max_bytes)
+            return "the source states " + std::to_string(expect) + " bytes, more than this node's --kv-disk (" +
+                   std::to_string(max_bytes) + ")";
         return {};
     };
     size_t key = 0;

@@ -470,6 +470,8 @@ int main(int argc, char ** argv) {
         ->allow_extra_args(false);
     cup->add_option("--gateway-arg", cuo.gateway_args, "an argument for every `armada gateway` (repeat it)")
         ->allow_extra_args(false);
+    cup->add_flag("--tls", cuo.tls,
+                  "gateways serve HTTPS with a certificate from a CA made in DATA_DIR/tls (clients trust its ca.crt)");
     cup->add_option("--version-label", cuo.version_label,
                     "the version every node starts on (rollouts restart nodes onto others)");
     cup->add_option("--version-arg", cuo.version_args,

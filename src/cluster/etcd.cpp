@@ -224,6 +224,23 @@ std::string EtcdClient::revoke(int64_t lease) {
     return call("/v3/lease/revoke", json{{"ID", std::to_string(lease)}}.dump(), r, timeout_ms_);
 }
 
+std::string EtcdClient::lease_ttl(int64_t lease, int64_t & ttl) {
+    std::string r;
+    ttl = -1;
+    if (auto e = call("/v3/lease/timetolive", json{{"ID", std::to_string(lease)}}.dump(), r, timeout_ms_); !e.empty())
+        return e;
+    const json j = json::parse(r, nullptr, false);
+    if (!j.is_object()) return "etcd: unreadable lease reply";
+    // The gateway prints 64-bit numbers as strings.
+    if (auto it = j.find("TTL"); it != j.end()) {
+        if (it->is_string())
+            ttl = std::strtoll(it->get<std::string>().c_str(), nullptr, 10);
+        else if (it->is_number_integer())
+            ttl = it->get<int64_t>();
+    }
+    return {};
+}
+
 std::string EtcdClient::put(const std::string & key, const std::string & value, int64_t lease) {
     json b{{"key", base64(key)}, {"value", base64(value)}};
     if (lease) b["lease"] = std::to_string(lease);

@@ -48,6 +48,8 @@ class EtcdClient {
     //! Renews the lease; `ttl` comes back as what is left (0 or less: the lease is gone).
     std::string keepalive(int64_t lease, int64_t & ttl);
     std::string revoke(int64_t lease);
+    //! The seconds `lease` has left (-1: it has expired or never was).
+    std::string lease_ttl(int64_t lease, int64_t & ttl);
 
     // Keys.
     std::string put(const std::string & key, const std::string & value, int64_t lease = 0);

@@ -249,4 +249,35 @@ void NodeMembership::run() {
     }
 }
 
+std::string member_url(EtcdClient & etcd, const std::string & node_key, const std::string & node, std::string & why) {
+    std::optional<EtcdKv> kv;
+    if (auto e = etcd.get(node_key, kv); !e.empty()) {
+        why = "etcd: " + e;
+        return {};
+    }
+    if (!kv) {
+        why = "node " + node + " is not in its cell (no key in etcd)";
+        return {};
+    }
+    if (kv->lease == 0) {
+        why = "node " + node + "'s key holds no lease: no member wrote it";
+        return {};
+    }
+    int64_t ttl = -1;
+    if (auto e = etcd.lease_ttl(kv->lease, ttl); !e.empty()) {
+        why = "etcd: " + e;
+        return {};
+    }
+    if (ttl <= 0) {
+        why = "node " + node + "'s lease has expired";
+        return {};
+    }
+    auto l = decode_load(node, kv->value);
+    if (!l || l->url.empty()) {
+        why = "node " + node + "'s key names no URL";
+        return {};
+    }
+    return l->url;
+}
+
 }  // namespace armada::cluster

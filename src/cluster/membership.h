@@ -37,6 +37,12 @@ bool lease_current(const std::atomic<int64_t> & until_ms);
 //! and the cell brain's watch sees it. When the node finds its lease gone (it was stopped for
 //! longer than the TTL), it registers again with a new lease, after a random pause so that
 //! nodes coming back together do not arrive together. Runs on a thread of its own.
+//! The URL of `node` if it is a member of `cell` now: its key is in etcd under a lease that etcd
+//! says is live. "" with `why` otherwise (no key, a key without a lease, an expired lease, no
+//! URL). A node fetches a moved session's KV only from such a member, so a key someone wrote by
+//! hand (or a node that is gone) never receives the node's API key.
+std::string member_url(EtcdClient & etcd, const std::string & node_key, const std::string & node, std::string & why);
+
 class NodeMembership {
   public:
     NodeMembership(EtcdClient etcd, std::string key, int ttl_s, int report_ms, std::function<NodeLoad()> load);

@@ -125,8 +125,8 @@ bool segment_ok(std::string_view s) {
     return true;
 }
 
-std::optional<std::string> body_problem(std::string_view body, const BodyLimits & limits) {
-    if (!utf8_ok(body)) return "the body is not valid UTF-8";
+std::optional<std::string> body_problem(std::string_view body, const BodyLimits & limits, bool utf8) {
+    if (utf8 && !utf8_ok(body)) return "the body is not valid UTF-8";
     std::vector<char> open;  // '{' or '[' for each level
     open.reserve(size_t(limits.max_depth) + 1);
     size_t values = 0;
@@ -218,8 +218,9 @@ std::optional<Refusal> check_request(const api::HttpRequest & req, const BodyLim
         if (!last.empty() && !agent::EventId::parse(last))
             return Refusal{400, "Last-Event-ID must be an event id such as 12 or 12.3"};
     }
-    if (!req.body.empty() && is_json_type(req.header("content-type"))) {
-        if (auto why = body_problem(req.body, limits)) return Refusal{400, *why};
+    const bool agents = parts.size() >= 2 && parts[0] == "v1" && parts[1] == "agents";
+    if (!req.body.empty() && (agents || is_json_type(req.header("content-type")))) {
+        if (auto why = body_problem(req.body, limits, !agents)) return Refusal{400, *why};
     }
     return std::nullopt;
 }

@@ -38,10 +38,10 @@ struct BodyLimits {
     size_t max_string_bytes = 8u << 20;  // any string
 };
 
-//! Why `body` breaks a limit, or nullopt. It checks UTF-8 (RFC 8259 text is UTF-8), nesting,
-//! counts and lengths without building anything; a body that passes may still be invalid JSON,
-//! which the parser that reads it reports.
-std::optional<std::string> body_problem(std::string_view body, const BodyLimits & limits = {});
+//! Why `body` breaks a limit, or nullopt. It checks UTF-8 (RFC 8259 text is UTF-8; not with
+//! `utf8` false), nesting, counts and lengths without building anything; a body that passes may
+//! still be invalid JSON, which the parser that reads it reports.
+std::optional<std::string> body_problem(std::string_view body, const BodyLimits & limits = {}, bool utf8 = true);
 
 //! A refusal of a client's request: a status and the reason the client reads.
 struct Refusal {
@@ -51,7 +51,9 @@ struct Refusal {
 
 //! Everything the gateway checks on a request before routing it: the method, the target, every
 //! header, the ids in the path, the query values that become headers (last_event_id), and a body
-//! sent as JSON. nullopt: it may go on.
+//! sent as JSON. Agent declarations (`/v1/agents`) may be YAML, whose bytes a node repairs
+//! (invalid UTF-8 becomes U+FFFD): their nesting and size are checked, not their encoding.
+//! nullopt: it may go on.
 std::optional<Refusal> check_request(const api::HttpRequest & req, const BodyLimits & limits = {});
 
 //! The client's headers that go on to a node: hop-by-hop ones (and Last-Event-ID, which the

@@ -114,3 +114,26 @@ TEST(NodeMembership, RenewalsThatFailWhileEtcdIsAwayAreCountedInItsReports) {
     }));
     m.stop();
 }
+
+TEST(NodeMembership, KvIsFetchedOnlyFromAMemberWithALiveLease) {
+    auto etcd = client();
+    std::string why;
+    NodeLoad l;
+    l.url = "http://127.0.0.1:1";
+    // A key written by hand, with no lease: not a member, whatever it says.
+    const std::string fake = "/m4/cells/c1/nodes/intruder";
+    ASSERT_EQ(etcd.put(fake, encode_load(l)), "");
+    EXPECT_EQ(member_url(etcd, fake, "intruder", why), "");
+    EXPECT_NE(why.find("no lease"), std::string::npos) << why;
+    // No key at all.
+    EXPECT_EQ(member_url(etcd, "/m4/cells/c1/nodes/nobody", "nobody", why), "");
+    EXPECT_NE(why.find("not in its cell"), std::string::npos) << why;
+    // A member that holds its lease.
+    const std::string key = "/m4/cells/c1/nodes/n1";
+    NodeMembership m(client(), key, 3, 200, [&] { return l; });
+    m.start();
+    ASSERT_TRUE(eventually([&] { return reported(key).has_value(); }));
+    EXPECT_EQ(member_url(etcd, key, "n1", why), "http://127.0.0.1:1") << why;
+    m.stop();
+    EXPECT_EQ(member_url(etcd, key, "n1", why), "");
+}

@@ -151,7 +151,7 @@ export async function clusterUp(args, { env = process.env, timeoutMs = 120000 } 
   const gw = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('cluster up printed no gateway\n' + log)), timeoutMs);
     proc.stdout.on('data', () => {
-      const m = log.match(/gateway at (http:\/\/[^\s]+)/);
+      const m = log.match(/gateway at (https?:\/\/[^\s]+)/);
       if (m) { clearTimeout(timer); resolve(m[1]); }
     });
     proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`cluster up exited with ${code}\n${log}`)); });

@@ -114,6 +114,14 @@ TEST(GatewayChecks, InvalidUtf8TooManyValuesAndLongNamesAreRefused) {
     const auto r = check_request(post);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400);
+    // An agent declaration may be YAML, whose bytes a node repairs: its encoding passes on, its
+    // nesting does not.
+    auto agents = get("/v1/agents");
+    agents.method = "POST";
+    agents.body = "{\"id\":\"a\",\"x\":\"\x9a\x8d\"}";
+    EXPECT_FALSE(check_request(agents));
+    agents.body = std::string(100, '[');
+    EXPECT_TRUE(check_request(agents));
 }
 
 TEST(GatewayForward, AHeaderValueWithALineBreakIsNeverWritten) {
