@@ -349,7 +349,7 @@ bool parse_routing(const YAML::Node & root, RoutingConfig & out, std::string & e
     if (root["default_latency"]) out.default_latency = root["default_latency"].as<std::string>();
     if (const auto c = root["latency_classes"]) {
         out.latency_classes = one_or_list(c);
-        if (out.latency_classes.size() < 1) {
+        if (out.latency_classes.empty()) {
             error = "latency_classes: list the classes, most urgent first";
             return false;
         }
