@@ -42,7 +42,7 @@ class CellProcess {
     CellProcess(ClusterConfig cfg, CellOptions o, sigset_t stop_set)
         : cfg_(std::move(cfg)),
           o_(std::move(o)),
-          etcd_(cfg_.etcd),
+          etcd_(make_etcd(cfg_)),
           elected_(etcd_, cfg_.lease_ttl_s, "cell " + o_.cell, stop_set) {}
 
     int run() {

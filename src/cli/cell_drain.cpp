@@ -48,7 +48,7 @@ int drain_command(const DrainOptions & o) {
     std::string err;
     auto cfg = cluster::load_cluster_config_for_service(o.cluster_file, err);
     if (!cfg) return fail(err);
-    cluster::EtcdClient etcd(cfg->etcd);
+    cluster::EtcdClient etcd = cluster::make_etcd(*cfg);
     auto nodes = live_nodes(etcd, *cfg, err);
     if (!nodes) return fail("cannot read the cluster's nodes from etcd: " + err);
     auto it = nodes->find(o.node);

@@ -69,13 +69,12 @@ std::string ClusterNode::start() {
     // waits for it; a command not acked in 30 s (the node hung) comes again.
     cmds_ = js_->consumer("ARMADA_CMD", "node-" + node_, cluster::command_subject(node_), 30000, 5, err);
     if (!cmds_) return "NATS consumer for " + node_ + ": " + err;
-    membership_ =
-        std::make_unique<cluster::NodeMembership>(cluster::EtcdClient(cfg_.etcd), cluster::node_key(cfg_, cell_, node_),
-                                                  cfg_.lease_ttl_s, cfg_.report_ms, [this] {
-                                                      auto l = load_();
-                                                      l.node = node_;
-                                                      return l;
-                                                  });
+    membership_ = std::make_unique<cluster::NodeMembership>(
+        cluster::make_etcd(cfg_), cluster::node_key(cfg_, cell_, node_), cfg_.lease_ttl_s, cfg_.report_ms, [this] {
+            auto l = load_();
+            l.node = node_;
+            return l;
+        });
     if (lease_clock_) membership_->share_clock(lease_clock_);
     membership_->start();
     thread_ = std::thread([this] { run_commands(); });
@@ -130,7 +129,7 @@ std::optional<size_t> ClusterNode::peers_taking_work() const {
     std::vector<cluster::EtcdKv> kvs;
     int64_t rev = 0;
     const std::string prefix = cluster::nodes_prefix(cfg_, cell_);
-    if (auto e = cluster::EtcdClient(cfg_.etcd).list(prefix, kvs, rev); !e.empty()) return std::nullopt;
+    if (auto e = cluster::make_etcd(cfg_).list(prefix, kvs, rev); !e.empty()) return std::nullopt;
     size_t n = 0;
     for (const auto & kv : kvs) {
         const std::string name = kv.key.substr(prefix.size());
@@ -170,7 +169,7 @@ void ClusterNode::take_arrivals() {
         // Where the node it comes from answers: its load report in etcd, under a lease etcd says
         // is live (none: it is gone, or the key was not written by a member of this cell).
         std::string why;
-        cluster::EtcdClient etcd(cfg_.etcd);
+        cluster::EtcdClient etcd = cluster::make_etcd(cfg_);
         const std::string url = cluster::member_url(etcd, cluster::node_key(cfg_, cell_, a.from), a.from, why);
         if (url.empty()) spdlog::info("cluster: session {}: no KV from {}: {}", a.session, a.from, why);
         agent::MoveNote note;

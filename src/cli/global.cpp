@@ -40,7 +40,7 @@ class GlobalProcess {
     GlobalProcess(ClusterConfig cfg, GlobalOptions o, sigset_t stop_set)
         : cfg_(std::move(cfg)),
           o_(std::move(o)),
-          etcd_(cfg_.etcd),
+          etcd_(make_etcd(cfg_)),
           elected_(etcd_, cfg_.lease_ttl_s, "global", stop_set) {
         if (o_.restarter == "cluster-up") restarter_ = std::make_unique<EtcdRestarter>(etcd_, cfg_);
         if (o_.restarter == "kubernetes") {

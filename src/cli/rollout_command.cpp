@@ -244,7 +244,7 @@ int rollout_command(const RolloutOptions & o) {
     std::string err;
     auto cfg = load_cluster_config_for_service(o.cluster_file, err);
     if (!cfg) return fail(err);
-    EtcdClient etcd(cfg->etcd);
+    EtcdClient etcd = make_etcd(*cfg);
     if (o.action == "start") return start(etcd, *cfg, o);
     if (o.action == "status") return status(etcd, *cfg, o);
     return command(etcd, *cfg, o);

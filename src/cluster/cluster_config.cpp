@@ -257,6 +257,12 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
     return c;
 }
 
+EtcdClient make_etcd(const ClusterConfig & c, int timeout_ms) {
+    EtcdClient e(c.etcd, timeout_ms);
+    if (!c.etcd_auth.user.empty()) e.set_credentials(c.etcd_auth.user, c.etcd_auth.password);
+    return e;
+}
+
 std::optional<ClusterConfig> load_cluster_config(const std::string & path, std::string & error) {
     std::ifstream f(path);
     if (!f) {

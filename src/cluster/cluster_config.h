@@ -1,5 +1,6 @@
 #pragma once
 
+#include "cluster/etcd.h"
 #include "cluster/pools.h"
 #include "cluster/rollout.h"
 
@@ -64,6 +65,9 @@ struct ClusterConfig {
     RoutingConfig routing;          // GPU pools and the rules that send requests there (pools.h)
     RolloutDefaults rollout;
 };
+
+//! A client of the cluster's etcd, with its credentials (`credentials: etcd:`) when it has some.
+EtcdClient make_etcd(const ClusterConfig & c, int timeout_ms = 5000);
 
 //! Reads and checks the file; nullopt with `error` naming the field that is wrong.
 std::optional<ClusterConfig> load_cluster_config(const std::string & path, std::string & error);

@@ -144,8 +144,53 @@ std::string EtcdClient::prefix_end(const std::string & prefix) {
 EtcdClient::EtcdClient(std::vector<std::string> endpoints, int timeout_ms)
     : endpoints_(std::move(endpoints)), timeout_ms_(timeout_ms) {}
 
+void EtcdClient::set_credentials(const std::string & user, const std::string & password) {
+    if (user.empty()) {
+        auth_.reset();
+        return;
+    }
+    auth_ = std::make_shared<Auth>();
+    auth_->user = user;
+    auth_->password = password;
+}
+
+std::string EtcdClient::token(std::string & error, bool renew) {
+    if (!auth_) return {};
+    std::lock_guard lk(auth_->mu);
+    if (!renew && !auth_->token.empty()) return auth_->token;
+    std::string r;
+    const std::string body = json{{"name", auth_->user}, {"password", auth_->password}}.dump();
+    if (auto e = call_raw("/v3/auth/authenticate", body, r, timeout_ms_, nullptr, ""); !e.empty()) {
+        // Never the password: etcd's words name the user at most.
+        error = "etcd refused user '" + auth_->user + "': " + e;
+        return {};
+    }
+    const json j = json::parse(r, nullptr, false);
+    if (!j.is_object() || !j.contains("token") || !j["token"].is_string() || j["token"].get<std::string>().empty()) {
+        error = "etcd gave user '" + auth_->user + "' no token";
+        return {};
+    }
+    auth_->token = j["token"].get<std::string>();
+    return auth_->token;
+}
+
 std::string EtcdClient::call(const std::string & path, const std::string & body, std::string & reply, int timeout_ms,
                              const std::atomic<bool> * stop) {
+    if (!auth_) return call_raw(path, body, reply, timeout_ms, stop, "");
+    for (int attempt = 0;; ++attempt) {
+        std::string err;
+        const std::string tok = token(err, attempt > 0);
+        if (tok.empty()) return err;
+        std::string e = call_raw(path, body, reply, timeout_ms, stop, tok);
+        // A token etcd no longer knows (it expired, or etcd restarted): one more, once.
+        if (attempt == 0 && (e.find("invalid auth token") != std::string::npos || e.rfind("etcd 401", 0) == 0))
+            continue;
+        return e;
+    }
+}
+
+std::string EtcdClient::call_raw(const std::string & path, const std::string & body, std::string & reply,
+                                 int timeout_ms, const std::atomic<bool> * stop, const std::string & token) {
     std::string last = "no etcd endpoint given";
     for (const auto & ep : endpoints_) {
         std::string host, port;
@@ -159,6 +204,7 @@ std::string EtcdClient::call(const std::string & path, const std::string & body,
         http::request<http::string_body> req{http::verb::post, path, 11};
         req.set(http::field::host, host + ":" + port);
         req.set(http::field::content_type, "application/json");
+        if (!token.empty()) req.set(http::field::authorization, token);
         req.body() = body;
         req.prepare_payload();
         beast::flat_buffer buf;
@@ -420,6 +466,9 @@ std::string EtcdClient::observe(const std::string & name, const std::function<bo
 std::string EtcdClient::stream(const std::string & path, const std::string & body, const char * what,
                                const std::function<bool(const std::string &, std::string &)> & on_line,
                                const std::atomic<bool> & stop) {
+    std::string terr;
+    const std::string tok = token(terr, false);
+    if (auth_ && tok.empty()) return terr;
     std::string last = "no etcd endpoint given";
     for (const auto & ep : endpoints_) {
         std::string host, port;
@@ -430,6 +479,7 @@ std::string EtcdClient::stream(const std::string & path, const std::string & bod
         http::request<http::string_body> req{http::verb::post, path, 11};
         req.set(http::field::host, host + ":" + port);
         req.set(http::field::content_type, "application/json");
+        if (!tok.empty()) req.set(http::field::authorization, tok);
         req.body() = body;
         req.prepare_payload();
 

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +44,10 @@ struct EtcdLeader {
 class EtcdClient {
   public:
     explicit EtcdClient(std::vector<std::string> endpoints, int timeout_ms = 5000);
+    //! Authenticates as `user` with etcd's auth: a token from /v3/auth/authenticate goes with
+    //! every call and stream, and is fetched again once when etcd says it is no longer valid.
+    //! Copies of this client share the token.
+    void set_credentials(const std::string & user, const std::string & password);
 
     // Leases.
     std::string grant(int ttl_s, int64_t & lease);
@@ -93,11 +99,21 @@ class EtcdClient {
     //! The smallest key greater than every key starting with `prefix` (etcd's range_end).
     static std::string prefix_end(const std::string & prefix);
 
+    //! One POST of `body` to `path` with this client's credentials (set-up: etcd's auth API).
+    std::string admin_call(const std::string & path, const std::string & body, std::string & reply) {
+        return call(path, body, reply, timeout_ms_);
+    }
+
   private:
     //! POSTs `body` to `path` on the first endpoint that answers; fills `reply` with the JSON.
     //! `stop`, when given and set, ends the wait early as a timeout does.
     std::string call(const std::string & path, const std::string & body, std::string & reply, int timeout_ms,
                      const std::atomic<bool> * stop = nullptr);
+    //! `call` with `token` (when not empty) as its Authorization header.
+    std::string call_raw(const std::string & path, const std::string & body, std::string & reply, int timeout_ms,
+                         const std::atomic<bool> * stop, const std::string & token);
+    //! The current token ("" with `error` when none can be had); `renew` asks etcd for a new one.
+    std::string token(std::string & error, bool renew);
     //! POSTs `body` to a streaming `path` and hands each line of the reply to `on_line` (false
     //! ends the stream, with `error` set when it is one). `what` names it in errors.
     std::string stream(const std::string & path, const std::string & body, const char * what,
@@ -106,6 +122,11 @@ class EtcdClient {
 
     std::vector<std::string> endpoints_;  // host:port
     int timeout_ms_;
+    struct Auth {
+        std::mutex mu;
+        std::string user, password, token;  // token: mu
+    };
+    std::shared_ptr<Auth> auth_;  // null: no credentials
 };
 
 }  // namespace armada::cluster

@@ -485,6 +485,40 @@ std::string LocalEtcd::stop() {
     return code == 0 || code == 128 + SIGTERM ? std::string() : "etcd exited with " + std::to_string(code);
 }
 
+std::string LocalEtcd::enable_auth(const std::string & secrets_dir, const std::string & user,
+                                   const std::string & prefix) {
+    std::string err;
+    const std::string root_pw = ensure_secret(secrets_dir + "/etcd-root", err);
+    if (root_pw.empty()) return err;
+    const std::string pw = ensure_secret(secrets_dir + "/etcd", err);
+    if (pw.empty()) return err;
+    EtcdClient c({endpoint()}, 5000);
+    // Each step is the JSON gateway's own route; "already exists" is not an error (a restart).
+    auto step = [&](const std::string & path, const std::string & body) -> std::string {
+        std::string reply;
+        const std::string e = c.admin_call(path, body, reply);
+        if (!e.empty() && e.find("already exists") == std::string::npos && e.find("already") == std::string::npos)
+            return path + ": " + e;
+        return {};
+    };
+    const std::string b_prefix = EtcdClient::base64(prefix), b_end = EtcdClient::base64(EtcdClient::prefix_end(prefix));
+    const std::vector<std::pair<std::string, std::string>> steps = {
+        {"/v3/auth/user/add", "{\"name\":\"root\",\"password\":\"" + root_pw + "\"}"},
+        {"/v3/auth/role/add", "{\"name\":\"root\"}"},
+        {"/v3/auth/user/grant", "{\"user\":\"root\",\"role\":\"root\"}"},
+        {"/v3/auth/user/add", "{\"name\":\"" + user + "\",\"password\":\"" + pw + "\"}"},
+        {"/v3/auth/role/add", "{\"name\":\"" + user + "\"}"},
+        {"/v3/auth/role/grant", "{\"name\":\"" + user + "\",\"perm\":{\"permType\":\"READWRITE\",\"key\":\"" +
+                                    b_prefix + "\",\"range_end\":\"" + b_end + "\"}}"},
+        {"/v3/auth/user/grant", "{\"user\":\"" + user + "\",\"role\":\"" + user + "\"}"},
+        {"/v3/auth/enable", "{}"},
+    };
+    for (const auto & [path, body] : steps) {
+        if (auto e = step(path, body); !e.empty()) return "etcd auth: " + e;
+    }
+    return {};
+}
+
 std::string LocalEtcd::restart() {
     if (auto e = stop(); !e.empty()) return e;
     return launch();

@@ -157,6 +157,10 @@ class LocalEtcd {
     bool running() { return child_ && child_->running(); }
     //! $ARMADA_ETCD_BIN, else /usr/bin/etcd.
     static std::string binary();
+    //! Turns etcd's authentication on: a `root` user, and `user` whose role may read and write
+    //! the keys under `prefix` only. Passwords come from (and are made in) 0600 files in
+    //! `secrets_dir` (`etcd-root`, `etcd`). From then on every client needs credentials.
+    std::string enable_auth(const std::string & secrets_dir, const std::string & user, const std::string & prefix);
 
   private:
     std::string launch();

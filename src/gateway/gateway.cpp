@@ -231,7 +231,7 @@ class Gateway {
         : cfg_(std::move(cfg)),
           o_(std::move(o)),
           keys_(std::move(keys)),
-          etcd_(cfg_.etcd),
+          etcd_(cluster::make_etcd(cfg_)),
           workers_(std::chrono::seconds(30), o_.max_workers) {
         // The key requests with keys from PostgreSQL are forwarded under: the nodes know it.
         forward_key_ = o_.api_key;

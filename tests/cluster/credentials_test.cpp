@@ -145,3 +145,44 @@ TEST(Credentials, AClusterFileReadsEachPasswordFromAPrivateFileAndRefusesOneOthe
         cluster::parse_cluster_config(base + "credentials:\n  mysql: {user: a, password_file: " + pw + "}\n", err));
     EXPECT_NE(err.find("unknown server 'mysql'"), std::string::npos) << err;
 }
+
+TEST(Credentials, EtcdWithAuthOnRefusesAClientWithoutCredentialsAndKeepsArmadaToItsPrefix) {
+    cluster::LocalEtcd etcd;
+    const std::string root = servers().root + "/etcd-credentials";
+    ASSERT_EQ(etcd.start(root + "/etcd"), "");
+    ASSERT_EQ(etcd.enable_auth(root + "/secrets", "armada", "/armada"), "");
+    std::ifstream pf(root + "/secrets/etcd");
+    std::string password;
+    std::getline(pf, password);
+    ASSERT_FALSE(password.empty());
+    EXPECT_EQ(mode_of(root + "/secrets/etcd"), 0600u);
+
+    cluster::EtcdClient anon({etcd.endpoint()}, 3000);
+    EXPECT_NE(anon.put("/armada/x", "1"), "") << "no credentials, no write";
+    std::optional<cluster::EtcdKv> kv;
+    EXPECT_NE(anon.get("/armada/x", kv), "") << "no credentials, no read";
+
+    cluster::EtcdClient wrong({etcd.endpoint()}, 3000);
+    wrong.set_credentials("armada", "not-it");
+    const std::string e = wrong.put("/armada/x", "1");
+    EXPECT_NE(e.find("refused user 'armada'"), std::string::npos) << e;
+    EXPECT_EQ(e.find("not-it"), std::string::npos) << "the password never shows: " << e;
+
+    cluster::EtcdClient c({etcd.endpoint()}, 3000);
+    c.set_credentials("armada", password);
+    EXPECT_EQ(c.put("/armada/cells/c0/nodes/n1", "v"), "");
+    ASSERT_EQ(c.get("/armada/cells/c0/nodes/n1", kv), "");
+    ASSERT_TRUE(kv);
+    EXPECT_EQ(kv->value, "v");
+    int64_t lease = 0;
+    EXPECT_EQ(c.grant(5, lease), "");
+    EXPECT_NE(lease, 0);
+    std::vector<cluster::EtcdKv> kvs;
+    int64_t rev = 0;
+    EXPECT_EQ(c.list("/armada/", kvs, rev), "");
+    EXPECT_EQ(kvs.size(), 1u);
+    // Outside its prefix: refused, read and write.
+    EXPECT_NE(c.put("/other/x", "1"), "");
+    EXPECT_NE(c.get("/other/x", kv), "");
+    EXPECT_EQ(etcd.stop(), "");
+}
