@@ -57,6 +57,23 @@ struct HttpServer::PerClient {
 
 namespace {
 
+//! Answers a connection the server will not take (`status_line` e.g. "503 Service Unavailable")
+//! with an OpenAI-shaped error and Retry-After: 1, and closes it, keeping no state for it. The
+//! reply is small enough for a fresh socket's send buffer, so the blocking write returns.
+void refuse_and_close(tcp::socket & sock, const std::string & status_line, const char * type, const char * code,
+                      const char * message) {
+    const std::string body = std::string(R"({"error":{"message":")") + message + R"(","type":")" + type +
+                             R"(","param":null,"code":")" + code + R"("}})";
+    const std::string reply = "HTTP/1.1 " + status_line +
+                              "\r\nServer: armada\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                              "Connection: close\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+    beast::error_code ec;
+    net::write(sock, net::buffer(reply), ec);
+    sock.shutdown(tcp::socket::shutdown_both, ec);
+    sock.close(ec);
+}
+
 //! Holds a connection's slot among its client's until the connection is freed.
 struct ClientSlot {
     std::shared_ptr<HttpServer::PerClient> table;
@@ -557,19 +574,9 @@ void HttpServer::accept() {
             return;
         }
         if (connections_.load() >= max_connections_) {
-            // Full: say so and close, without keeping any state for this connection. The reply
-            // is small enough for a fresh socket's send buffer, so the blocking write returns.
-            static const std::string full = [] {
-                const std::string body =
-                    R"({"error":{"message":"the server has too many open connections; retry shortly",)"
-                    R"("type":"service_unavailable_error","param":null,"code":"overloaded"}})";
-                return "HTTP/1.1 503 Service Unavailable\r\nServer: armada\r\nContent-Type: application/json\r\n"
-                       "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
-                       std::to_string(body.size()) + "\r\n\r\n" + body;
-            }();
-            net::write(sock, net::buffer(full), ec);
-            sock.shutdown(tcp::socket::shutdown_both, ec);
-            sock.close(ec);
+            // Full: say so and close.
+            refuse_and_close(sock, "503 Service Unavailable", "service_unavailable_error", "overloaded",
+                             "the server has too many open connections; retry shortly");
             return accept();
         }
         std::unique_ptr<ClientSlot> slot;
@@ -578,18 +585,9 @@ void HttpServer::accept() {
             const std::string addr = ec ? std::string() : peer.address().to_string();
             if (!per_client_->take(addr, cfg_.max_connections_per_client)) {
                 // One client holds its share of the connections: it hears so, and others still
-                // get in. Written like the 503 above, without any state kept.
-                static const std::string busy = [] {
-                    const std::string body =
-                        R"({"error":{"message":"this client has too many open connections; close some or retry )"
-                        R"(shortly","type":"rate_limit_error","param":null,"code":"too_many_connections"}})";
-                    return "HTTP/1.1 429 Too Many Requests\r\nServer: armada\r\nContent-Type: application/json\r\n"
-                           "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
-                           std::to_string(body.size()) + "\r\n\r\n" + body;
-                }();
-                net::write(sock, net::buffer(busy), ec);
-                sock.shutdown(tcp::socket::shutdown_both, ec);
-                sock.close(ec);
+                // get in.
+                refuse_and_close(sock, "429 Too Many Requests", "rate_limit_error", "too_many_connections",
+                                 "this client has too many open connections; close some or retry shortly");
                 return accept();
             }
             slot = std::make_unique<ClientSlot>(per_client_, addr);

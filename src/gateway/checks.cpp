@@ -194,17 +194,7 @@ std::optional<Refusal> check_request(const api::HttpRequest & req, const BodyLim
             return Refusal{400, "header '" + k + "' holds a control character or is longer than 16 KiB"};
     }
     // Ids in the path, each against its own grammar.
-    std::vector<std::string_view> parts;
-    {
-        const std::string_view p = req.path;
-        size_t i = 1;
-        while (i <= p.size()) {
-            size_t j = p.find('/', i);
-            if (j == std::string_view::npos) j = p.size();
-            if (j > i) parts.push_back(p.substr(i, j - i));
-            i = j + 1;
-        }
-    }
+    const std::vector<std::string> parts = split_path(req.path);
     if (parts.size() >= 3 && parts[0] == "v1" && (parts[1] == "sessions" || parts[1] == "responses")) {
         if (!id_ok(parts[2]))
             return Refusal{400, std::string(parts[1] == "sessions" ? "a session" : "a response") +
@@ -236,6 +226,18 @@ HeaderPairs pass_headers(const api::HttpRequest & req) {
         h.emplace_back(k, v);
     }
     return h;
+}
+
+std::vector<std::string> split_path(const std::string & path) {
+    std::vector<std::string> parts;
+    size_t i = 1;
+    while (i <= path.size()) {
+        size_t j = path.find('/', i);
+        if (j == std::string::npos) j = path.size();
+        if (j > i) parts.push_back(path.substr(i, j - i));
+        i = j + 1;
+    }
+    return parts;
 }
 
 std::string target_of(const api::HttpRequest & req) {

@@ -61,6 +61,9 @@ std::optional<Refusal> check_request(const api::HttpRequest & req, const BodyLim
 using HeaderPairs = std::vector<std::pair<std::string, std::string>>;
 HeaderPairs pass_headers(const api::HttpRequest & req);
 
+//! A path's non-empty segments ("/v1//sessions/x" → v1, sessions, x).
+std::vector<std::string> split_path(const std::string & path);
+
 //! The request target a node gets: the path, and the query string as the client sent it.
 std::string target_of(const api::HttpRequest & req);
 

@@ -62,18 +62,6 @@ int64_t now_ms() {
         .count();
 }
 
-std::vector<std::string> split_path(const std::string & path) {
-    std::vector<std::string> parts;
-    size_t i = 1;
-    while (i <= path.size()) {
-        size_t j = path.find('/', i);
-        if (j == std::string::npos) j = path.size();
-        if (j > i) parts.push_back(path.substr(i, j - i));
-        i = j + 1;
-    }
-    return parts;
-}
-
 void send_error(const std::shared_ptr<Responder> & out, int status, const std::string & msg, int retry_after = 0,
                 const std::string & code = {}) {
     api::Headers h;
