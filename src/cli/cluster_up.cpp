@@ -73,8 +73,8 @@ struct Proc {
 //! for seconds; the supervising loop must not), and the acknowledgements written back.
 class RestartPoller {
   public:
-    RestartPoller(const std::string & endpoint, std::set<std::string> nodes)
-        : etcd_({endpoint}, 3000), nodes_(std::move(nodes)) {
+    RestartPoller(cluster::EtcdClient etcd, std::set<std::string> nodes)
+        : etcd_(std::move(etcd)), nodes_(std::move(nodes)) {
         thread_ = std::thread([this] { run(); });
     }
     ~RestartPoller() {
@@ -252,8 +252,9 @@ int cluster_up(const ClusterUpOptions & o) {
         if (!up(("postgresql database " + db).c_str(), pg.create_database(db))) return 1;
     }
     std::ofstream(dir + "/postgres/shards") << o.pg_shards << "\n";
-    if (!up("etcd", etcd.start(dir + "/etcd")) || !up("nats", nats.start(dir + "/nats", 0, secrets)) ||
-        !up("redis", redis.start(dir + "/redis", 0, secrets)))
+    if (!up("etcd", etcd.start(dir + "/etcd")) ||
+        !up("etcd authentication", etcd.enable_auth(secrets, "armada", cluster::ClusterConfig{}.prefix)) ||
+        !up("nats", nats.start(dir + "/nats", 0, secrets)) || !up("redis", redis.start(dir + "/redis", 0, secrets)))
         return 1;
     std::string pg_urls;
     json pg_url_list = json::array();
@@ -270,6 +271,8 @@ int cluster_up(const ClusterUpOptions & o) {
           << "redis: " << redis.url() << "\n"
           << "postgres: [" << pg_urls << "]\n"
           << "credentials:\n"
+          << "  etcd: {user: " << json(etcd.user()).dump() << ", password_file: " << json(etcd.password_file()).dump()
+          << "}\n"
           << "  nats: {user: " << json(nats.user()).dump() << ", password_file: " << json(nats.password_file()).dump()
           << "}\n"
           << "  redis: {user: " << json(redis.user()).dump()
@@ -435,7 +438,11 @@ int cluster_up(const ClusterUpOptions & o) {
         for (size_t i = first_gateway; i < procs.size(); ++i)
             gateways.push_back(procs[i].url);
         json servers = {{"postgres", {{"pid", pg.pid()}, {"url", pg.url("armada")}, {"shards", pg_url_list}}},
-                        {"etcd", {{"pid", etcd.pid()}, {"endpoint", etcd.endpoint()}}},
+                        {"etcd",
+                         {{"pid", etcd.pid()},
+                          {"endpoint", etcd.endpoint()},
+                          {"user", etcd.user()},
+                          {"password_file", etcd.password_file()}}},
                         {"nats",
                          {{"pid", nats.pid()},
                           {"url", nats.url()},
@@ -498,7 +505,7 @@ int cluster_up(const ClusterUpOptions & o) {
         std::set<std::string> node_names;
         for (const auto & p : procs)
             if (p.role == "node") node_names.insert(p.name);
-        RestartPoller restarts(etcd.endpoint(), node_names);
+        RestartPoller restarts(etcd.client(3000), node_names);
         for (;;) {
             timespec t{0, 200 * 1000 * 1000};
             if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;

@@ -453,16 +453,16 @@ std::string LocalEtcd::start(const std::string & dir, int port) {
 }
 
 std::string LocalEtcd::launch() {
-    const std::string client = "http://127.0.0.1:" + std::to_string(port_);
+    const std::string client_url = "http://127.0.0.1:" + std::to_string(port_);
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     std::string err;
-    child_ =
-        Child::spawn({binary(), "--name", "armada", "--data-dir", dir_ + "/data", "--listen-client-urls", client,
-                      "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls",
-                      peer, "--initial-cluster", "armada=" + peer, "--log-level", "warn", "--logger", "zap"},
-                     dir_ + "/etcd.log", "", err);
+    child_ = Child::spawn(
+        {binary(), "--name", "armada", "--data-dir", dir_ + "/data", "--listen-client-urls", client_url,
+         "--advertise-client-urls", client_url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+         "--initial-cluster", "armada=" + peer, "--log-level", "warn", "--logger", "zap"},
+        dir_ + "/etcd.log", "", err);
     if (!child_) return "cannot start etcd: " + err;
-    EtcdClient c({endpoint()}, 500);
+    EtcdClient c = client(500);
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (std::chrono::steady_clock::now() < until) {
         if (!child_->running()) {
@@ -470,7 +470,11 @@ std::string LocalEtcd::launch() {
             return "etcd exited at start: " + tail_of(dir_ + "/etcd.log");
         }
         std::optional<EtcdKv> kv;
-        if (c.get("/armada/ping", kv).empty()) return {};
+        const std::string e = c.get("/armada/ping", kv);
+        // An etcd whose data has auth on (from an earlier run) answers, if only to refuse.
+        if (e.empty() || (user_.empty() && (e.find("user name is empty") != std::string::npos ||
+                                            e.find("permission denied") != std::string::npos)))
+            return {};
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     child_->stop(SIGKILL, 5000);
@@ -492,6 +496,12 @@ std::string LocalEtcd::enable_auth(const std::string & secrets_dir, const std::s
     if (root_pw.empty()) return err;
     const std::string pw = ensure_secret(secrets_dir + "/etcd", err);
     if (pw.empty()) return err;
+    // A data directory whose etcd has auth on already (an earlier run): the user's own
+    // credentials work, and there is nothing to add.
+    EtcdClient mine({endpoint()}, 5000);
+    mine.set_credentials(user, pw);
+    std::optional<EtcdKv> kv;
+    const std::string probe = mine.get(prefix + "/ping", kv);
     EtcdClient c({endpoint()}, 5000);
     // Each step is the JSON gateway's own route; "already exists" is not an error (a restart).
     auto step = [&](const std::string & path, const std::string & body) -> std::string {
@@ -513,10 +523,21 @@ std::string LocalEtcd::enable_auth(const std::string & secrets_dir, const std::s
         {"/v3/auth/user/grant", "{\"user\":\"" + user + "\",\"role\":\"" + user + "\"}"},
         {"/v3/auth/enable", "{}"},
     };
-    for (const auto & [path, body] : steps) {
-        if (auto e = step(path, body); !e.empty()) return "etcd auth: " + e;
+    if (!probe.empty()) {
+        for (const auto & [path, body] : steps) {
+            if (auto e = step(path, body); !e.empty()) return "etcd auth: " + e;
+        }
     }
+    secrets_ = secrets_dir;
+    user_ = user;
+    password_ = pw;
     return {};
+}
+
+EtcdClient LocalEtcd::client(int timeout_ms) const {
+    EtcdClient c({endpoint()}, timeout_ms);
+    c.set_credentials(user_, password_);
+    return c;
 }
 
 std::string LocalEtcd::restart() {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "cluster/etcd.h"
+
 namespace armada::cluster {
 
 //! A process this process started. It is signalled by its own PID only, and killed when the
@@ -160,11 +162,17 @@ class LocalEtcd {
     //! Turns etcd's authentication on: a `root` user, and `user` whose role may read and write
     //! the keys under `prefix` only. Passwords come from (and are made in) 0600 files in
     //! `secrets_dir` (`etcd-root`, `etcd`). From then on every client needs credentials.
+    //! On a restart it only checks that the credentials in `secrets_dir` still work.
     std::string enable_auth(const std::string & secrets_dir, const std::string & user, const std::string & prefix);
+    //! The user and password file that enable_auth set up (empty before).
+    const std::string & user() const { return user_; }
+    std::string password_file() const { return user_.empty() ? std::string() : secrets_ + "/etcd"; }
+    //! A client of this etcd, with those credentials when auth is on.
+    EtcdClient client(int timeout_ms) const;
 
   private:
     std::string launch();
-    std::string dir_;
+    std::string dir_, secrets_, user_, password_;
     int port_ = 0, peer_port_ = 0;
     std::optional<Child> child_;
 };

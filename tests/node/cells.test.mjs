@@ -32,7 +32,7 @@ const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 
 const logOf = (name) => fs.readFileSync(status().processes.find((p) => p.name === name).log, 'utf8');
 const cellOf = (node) => node.replace(/-node\d+$/, '');
 
-const etcdGet = (key) => etcdRead(status().servers.etcd.endpoint, key);
+const etcdGet = (key) => etcdRead(status().servers.etcd, key);
 
 // Each session in a trace of its own, which the client starts (`traces` maps id → trace id).
 async function createSessions(n, label, pauseMs = 0, traces = null) {
@@ -211,7 +211,7 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
   // exactly as it was, in etcd and in every gateway: nothing waits on a brain.
   assert.ok(before, 'there was a split before');
   // Written without a lease, the split outlives its writer (a leased key would go with it).
-  assert.equal((await etcdKv(status().servers.etcd.endpoint, '/armada/global/shares')).lease, 0);
+  assert.equal((await etcdKv(status().servers.etcd, '/armada/global/shares')).lease, 0);
   const atKill = await etcdGet('/armada/global/shares');
   await sleep(1500);  // a window, under the TTL, in which nothing may change
   const whileLeaderless = await followed();

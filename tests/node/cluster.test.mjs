@@ -15,7 +15,7 @@ import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
 import { assertCompleteLog } from './session_helpers.mjs';
-import { alive, assertLintedMetrics, chatTurn, metricSum, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
+import { alive, assertLintedMetrics, chatTurn, etcdRange, metricSum, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
 // processes from losing it without a fault, and time bounds are not judged there.
@@ -235,13 +235,10 @@ after(async () => {
 });
 
 test('each node reports its load in etcd under its lease', { timeout: 60000 * SLOW }, async () => {
-  const b64 = (s) => Buffer.from(s).toString('base64');
   const prefix = '/armada/cells/cell0/nodes/';
-  const end = prefix.slice(0, -1) + String.fromCharCode(prefix.charCodeAt(prefix.length - 1) + 1);
-  const r = await fetch(`http://${status().servers.etcd.endpoint.replace(/^https?:\/\//, '')}/v3/kv/range`, {
-    method: 'POST', body: JSON.stringify({ key: b64(prefix), range_end: b64(end) }),
-  }).then((x) => x.json());
-  const nodes = (r.kvs ?? []).map((kv) => ({ key: Buffer.from(kv.key, 'base64').toString(), lease: kv.lease,
+  // `cluster up` turns etcd's authentication on: without the cluster's user, no read.
+  await assert.rejects(etcdRange(status().servers.etcd.endpoint, prefix, { prefix: true }), /refused the read/);
+  const nodes = (await etcdRange(status().servers.etcd, prefix, { prefix: true })).map((kv) => ({ key: Buffer.from(kv.key, 'base64').toString(), lease: kv.lease,
     load: JSON.parse(Buffer.from(kv.value, 'base64').toString()) }));
   assert.deepEqual(nodes.map((n) => n.key.slice(prefix.length)).sort(),
     status().processes.filter((p) => p.role === 'node').map((p) => p.name).sort());
@@ -1008,13 +1005,8 @@ test('a node that drains tells the brain at once (an event on armada.event), the
 // at. A campaign that gives up (a deadline, a dropped call) is withdrawn by the server, which
 // deletes the candidate's key; standing again makes a new one.
 async function candidacies(cell) {
-  const b64 = (s) => Buffer.from(s).toString('base64');
   const prefix = `/armada/cells/${cell}/brain/`;
-  const end = prefix.slice(0, -1) + String.fromCharCode(prefix.charCodeAt(prefix.length - 1) + 1);
-  const r = await fetch(`http://${status().servers.etcd.endpoint.replace(/^https?:\/\//, '')}/v3/kv/range`, {
-    method: 'POST', body: JSON.stringify({ key: b64(prefix), range_end: b64(end) }),
-  }).then((x) => x.json());
-  return (r.kvs ?? []).map((kv) => [Buffer.from(kv.key, 'base64').toString(), kv.create_revision]).sort();
+  return (await etcdRange(status().servers.etcd, prefix, { prefix: true })).map((kv) => [Buffer.from(kv.key, 'base64').toString(), kv.create_revision]).sort();
 }
 
 // Keys etcd has deleted and reads it has served so far. Reads at rest come from processes that

@@ -46,20 +46,40 @@ export function sanitizerReports(logsDir) {
   return fs.readdirSync(logsDir).filter((f) => SANITIZER_REPORT.test(fs.readFileSync(`${logsDir}/${f}`, 'utf8')));
 }
 
-// The value of `key` in etcd (through its JSON gateway at `endpoint`), or null.
-export async function etcdGet(endpoint, key) {
-  const kv = await etcdKv(endpoint, key);
+// The value of `key` in etcd, or null. `server` is cluster.json's servers.etcd ({ endpoint,
+// user, password_file }; `cluster up` turns etcd's authentication on) or a bare host:port.
+export async function etcdGet(server, key) {
+  const kv = await etcdKv(server, key);
   return kv ? kv.value : null;
 }
 
 // The key as etcd's JSON gateway gives it: { value, lease } (lease 0: none), or null.
-export async function etcdKv(endpoint, key) {
+export async function etcdKv(server, key) {
+  const kvs = await etcdRange(server, key);
+  if (!kvs.length) return null;
+  return { value: Buffer.from(kvs[0].value, 'base64').toString(), lease: Number(kvs[0].lease ?? 0) };
+}
+
+// The keys from `key` (every key under it when `prefix`), as etcd's JSON gateway gives them, read
+// as the cluster's own etcd user when `server` names one.
+export async function etcdRange(server, key, { prefix = false } = {}) {
   const b64 = (s) => Buffer.from(s).toString('base64');
-  const r = await fetch(`http://${endpoint.replace(/^https?:\/\//, '')}/v3/kv/range`, {
-    method: 'POST', body: JSON.stringify({ key: b64(key) }),
-  }).then((x) => x.json());
-  if (!r.kvs?.length) return null;
-  return { value: Buffer.from(r.kvs[0].value, 'base64').toString(), lease: Number(r.kvs[0].lease ?? 0) };
+  const endpoint = (typeof server === 'string' ? server : server.endpoint).replace(/^https?:\/\//, '');
+  const headers = {};
+  if (typeof server !== 'string' && server.user) {
+    const password = fs.readFileSync(server.password_file, 'utf8').split('\n')[0];
+    const auth = await fetch(`http://${endpoint}/v3/auth/authenticate`, {
+      method: 'POST', body: JSON.stringify({ name: server.user, password }),
+    }).then((x) => x.json());
+    assert.ok(auth.token, `etcd gave ${server.user} no token: ${JSON.stringify(auth)}`);
+    headers.Authorization = auth.token;
+  }
+  const body = { key: b64(key) };
+  if (prefix) body.range_end = b64(key.slice(0, -1) + String.fromCharCode(key.charCodeAt(key.length - 1) + 1));
+  const r = await fetch(`http://${endpoint}/v3/kv/range`, { method: 'POST', headers, body: JSON.stringify(body) })
+    .then((x) => x.json());
+  assert.ok(!r.error && !r.message, `etcd refused the read of ${key}: ${JSON.stringify(r)}`);
+  return r.kvs ?? [];
 }
 
 // One command to Redis over its own protocol (RESP), as a test reads what the gateways keep

@@ -26,7 +26,7 @@ let gw;
 const status = () => JSON.parse(fs.readFileSync(path.join(dir, 'cluster.json'), 'utf8'));
 const cellOf = (node) => node.replace(/-node\d+$/, '');
 
-const etcdGet = (key) => etcdRead(status().servers.etcd.endpoint, key);
+const etcdGet = (key) => etcdRead(status().servers.etcd, key);
 
 const session = (id) => fetch(`${gw}/v1/sessions/${id}`).then((r) => r.json());
 
