@@ -2024,6 +2024,18 @@ std::optional<obs::TraceContext> SessionManager::record_trace(std::string_view d
 }
 
 std::vector<SessionManager::Movable> SessionManager::movable() {
+    std::vector<Movable> out = movable_sessions();
+    // A session's journal holds its live KV, and is rewritten once it reaches twice that; each
+    // record also carries its tokens and llama.cpp's own cell metadata. (The engine is asked
+    // outside the table's lock.)
+    for (auto & m : out) {
+        if (const auto u = engine_.kv_usage(m.id); u && u->tokens > 0)
+            m.kv_bytes = 2 * u->bytes + uint64_t(u->tokens) * 64 + (1u << 20);
+    }
+    return out;
+}
+
+std::vector<SessionManager::Movable> SessionManager::movable_sessions() {
     std::vector<Movable> out;
     if (opt_.node.empty()) return out;
     {
@@ -2031,7 +2043,7 @@ std::vector<SessionManager::Movable> SessionManager::movable() {
         if (!draining_) {
             for (const auto & [id, s] : sessions_)
                 if (s->leaving_ms > 0 && s->started && s->epoch > 0 && !has_ended(s->state) && !s->busy())
-                    out.push_back({id, s->epoch, s->trace_last});
+                    out.push_back({id, s->epoch, s->trace_last, 0});
             return out;
         }
     }
@@ -2041,7 +2053,7 @@ std::vector<SessionManager::Movable> SessionManager::movable() {
         std::lock_guard lk(mu_);
         auto it = sessions_.find(r.id);
         if (it != sessions_.end() && it->second->busy()) continue;
-        out.push_back({r.id, r.epoch, it != sessions_.end() ? it->second->trace_last : record_trace(r.data)});
+        out.push_back({r.id, r.epoch, it != sessions_.end() ? it->second->trace_last : record_trace(r.data), 0});
     }
     return out;
 }

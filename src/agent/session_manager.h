@@ -229,6 +229,9 @@ class SessionManager {
         std::string id;
         int64_t epoch = 0;
         std::optional<obs::TraceContext> trace;  // the trace it is in (`record_trace`)
+        //! The most its KV journal can be, as the move command states it to the node that
+        //! fetches it (0: this node holds none of its KV).
+        uint64_t kv_bytes = 0;
     };
     std::vector<Movable> movable();
     //! The node's KV is past its high watermark: up to `n` sessions (those holding the most KV,
@@ -289,6 +292,8 @@ class SessionManager {
     size_t sessions_in_memory() const;
 
   private:
+    //! The sessions `movable` offers, without their KV sizes.
+    std::vector<Movable> movable_sessions();
     struct Session;
     struct PendingCall;
 

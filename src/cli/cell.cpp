@@ -231,6 +231,8 @@ class CellProcess {
                        j["epoch"].is_number_integer()) {
                 if (const std::string tp = str("traceparent"); !tp.empty())
                     if (auto tc = obs::TraceContext::parse(tp)) session_traces_[session] = std::move(*tc);
+                if (j.contains("kv_bytes") && j["kv_bytes"].is_number_unsigned())
+                    session_kv_bytes_[session] = {node, j["kv_bytes"].get<uint64_t>()};
                 brain.session_movable(session, node, j["epoch"].get<int64_t>());
             } else if (op == "draining" && !node.empty()) {
                 spdlog::info("cell {}: node {} drains; nothing more goes to it", o_.cell, node);
@@ -423,7 +425,13 @@ class CellProcess {
                     continue;
                 }
                 json run = {{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}};
-                if (!p.from.empty()) run["from"] = p.from;  // the new node fetches its KV there
+                if (!p.from.empty()) {
+                    run["from"] = p.from;  // the new node fetches its KV there, no more than it stated
+                    if (auto kv = session_kv_bytes_.find(p.session);
+                        kv != session_kv_bytes_.end() && kv->second.first == p.from)
+                        run["kv_bytes"] = kv->second.second;
+                }
+                session_kv_bytes_.erase(p.session);
                 // A failover: the node it left is gone, and the new node records the move.
                 if (p.from.empty() && !p.left.empty()) run["left"] = p.left;
                 // Untraced here, the gateway's context still reaches the node.
@@ -481,6 +489,8 @@ class CellProcess {
     // The trace each open session is in, from its row at the last reconcile and from its node's
     // `movable` events since: a session's `migrate` span goes in it.
     std::unordered_map<std::string, obs::TraceContext> session_traces_;
+    //! What each offered session's node stated as the most its KV journal is: node, bytes.
+    std::unordered_map<std::string, std::pair<std::string, uint64_t>> session_kv_bytes_;
     std::map<std::string, int64_t> ended_;  // the survival window's outcomes, as last read
     //! Nodes lost with sessions on them, latest last; kept across leaderships of this process
     //! (a new leader elsewhere starts with none).

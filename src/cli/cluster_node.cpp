@@ -18,11 +18,13 @@ void NodeEvents::draining() {
     push(json{{"op", "draining"}, {"node", node_}}.dump(), {});
 }
 
-void NodeEvents::movable(const std::string & session, int64_t epoch, const std::string & traceparent, int64_t now_ms) {
+void NodeEvents::movable(const std::string & session, int64_t epoch, const std::string & traceparent, uint64_t kv_bytes,
+                         int64_t now_ms) {
     // One a session and epoch per 10 s: JetStream drops the repeats in between, and a brain that
     // took over meanwhile still hears of it soon.
     json ev = {{"op", "movable"}, {"session", session}, {"node", node_}, {"epoch", epoch}};
     if (!traceparent.empty()) ev["traceparent"] = traceparent;
+    if (kv_bytes > 0) ev["kv_bytes"] = kv_bytes;
     push(ev.dump(), session + ":" + std::to_string(epoch) + ":movable:" + std::to_string(now_ms / 10000));
 }
 
@@ -144,7 +146,7 @@ void ClusterNode::offer_movable() {
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
             .count();
     for (const auto & m : sm_.movable()) {
-        events_->movable(m.id, m.epoch, m.trace ? m.trace->traceparent() : std::string(), now_ms);
+        events_->movable(m.id, m.epoch, m.trace ? m.trace->traceparent() : std::string(), m.kv_bytes, now_ms);
         std::lock_guard lk(offered_mu_);
         offered_.insert(m.id);
     }
@@ -174,7 +176,7 @@ void ClusterNode::take_arrivals() {
         if (url.empty()) spdlog::info("cluster: session {}: no KV from {}: {}", a.session, a.from, why);
         agent::MoveNote note;
         if (fetch_kv_) {
-            note = fetch_kv_(a.session, a.from, url);
+            note = fetch_kv_(a.session, a.from, url, a.kv_bytes);
         } else {
             note.from = a.from;
             note.kv_source = "none";
@@ -247,7 +249,11 @@ void ClusterNode::run_commands() {
                     ++arriving_;
                     {
                         std::lock_guard lk(arrivals_mu_);
-                        arrivals_.push_back({id, from, epoch, trace});
+                        // The most its KV journal can be, as the node it leaves stated it.
+                        const uint64_t kv_bytes = j.contains("kv_bytes") && j["kv_bytes"].is_number_unsigned()
+                                                      ? j["kv_bytes"].get<uint64_t>()
+                                                      : 0;
+                        arrivals_.push_back({id, from, epoch, trace, kv_bytes});
                     }
                     arrivals_cv_.notify_one();
                     spdlog::info("cluster: session {} moves here from {} (epoch {}); fetching its KV", id, from, epoch);

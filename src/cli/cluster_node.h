@@ -29,10 +29,12 @@ class NodeEvents {
     void ended(const std::string & session, const std::string & state);
     //! {"op":"draining","node"}.
     void draining();
-    //! {"op":"movable","session","node","epoch"[,"traceparent"]}: draining or past its KV
-    //! watermark, the node has the session between steps, so the brain may move it with its KV
-    //! (its `migrate` span goes in the session's trace). Repeated every few seconds while it stays.
-    void movable(const std::string & session, int64_t epoch, const std::string & traceparent, int64_t now_ms);
+    //! {"op":"movable","session","node","epoch"[,"traceparent"][,"kv_bytes"]}: draining or past
+    //! its KV watermark, the node has the session between steps, so the brain may move it with its
+    //! KV (its `migrate` span goes in the session's trace), whose journal is at most kv_bytes.
+    //! Repeated every few seconds while it stays.
+    void movable(const std::string & session, int64_t epoch, const std::string & traceparent, uint64_t kv_bytes,
+                 int64_t now_ms);
     //! The next event, waiting up to `wait_ms`; false when none came.
     bool pop(std::pair<std::string, std::string> & out, int wait_ms);
     uint64_t dropped() const { return dropped_.load(); }
@@ -53,9 +55,10 @@ class NodeEvents {
 class ClusterNode {
   public:
     //! Fetches a moving session's KV from the node that had it (`from`, answering at `url`; ""
-    //! when it is gone) and installs it here.
-    using FetchKv =
-        std::function<agent::MoveNote(const std::string & session, const std::string & from, const std::string & url)>;
+    //! when it is gone) and installs it here; never more than `stated` bytes (the move command's
+    //! kv_bytes, 0: not stated).
+    using FetchKv = std::function<agent::MoveNote(const std::string & session, const std::string & from,
+                                                  const std::string & url, uint64_t stated)>;
     ClusterNode(const cluster::ClusterConfig & cfg, std::string cell, std::string node, agent::SessionManager & sm,
                 std::function<cluster::NodeLoad()> load, std::shared_ptr<NodeEvents> events, FetchKv fetch_kv = {});
     ~ClusterNode();
@@ -87,6 +90,7 @@ class ClusterNode {
         std::string session, from;
         int64_t epoch = 0;
         std::optional<obs::TraceContext> trace;
+        uint64_t kv_bytes = 0;  // the most the move command lets come (0: not stated)
     };
     void run_commands();
     void publish_events();

@@ -130,9 +130,19 @@ void KvSender::run(const std::string & session, const std::shared_ptr<api::Respo
     served_.insert(session);
 }
 
+std::string kv_offer_problem(uint64_t offered, uint64_t stated, uint64_t disk) {
+    if (stated > 0 && offered > stated)
+        return "the source offers " + std::to_string(offered) + " bytes, more than the move command's " +
+               std::to_string(stated);
+    if (offered > disk)
+        return "the source offers " + std::to_string(offered) + " bytes, more than this node's --kv-disk (" +
+               std::to_string(disk) + ")";
+    return {};
+}
+
 agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, const std::string & from_node,
                          const std::string & source_url, const std::vector<std::string> & keys,
-                         boost::asio::ssl::context * tls, uint64_t max_bytes) {
+                         boost::asio::ssl::context * tls, uint64_t max_bytes, uint64_t stated) {
     agent::MoveNote note;
     note.from = from_node;
     note.kv_source = "none";
@@ -160,7 +170,7 @@ agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, c
     uint64_t expect = 0;
     tools::DownloadOptions o;
     o.tls = tls;
-    o.max_bytes = max_bytes;
+    o.max_bytes = stated > 0 ? std::min(max_bytes, stated) : max_bytes;
     o.check = [&](int, const std::map<std::string, std::string> & h) -> std::string {
         auto fp = h.find("x-armada-kv-fingerprint");
         if (fp == h.end() || fp->second != want)
@@ -172,10 +182,7 @@ agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, c
         } catch (...) {
             return "the reply's size is not a number";
         }
-        if (expect > max_bytes)
-            return "the source states " + std::to_string(expect) + " bytes, more than this node's --kv-disk (" +
-                   std::to_string(max_bytes) + ")";
-        return {};
+        return kv_offer_problem(expect, stated, max_bytes);
     };
     size_t key = 0;
     auto headers_for = [&] {

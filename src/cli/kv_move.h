@@ -73,10 +73,15 @@ std::string kv_fingerprint_tag(const std::string & fingerprint);
 //! node is gone, the transfer breaks off, another model) is a note with kv_source "none" and the
 //! reason, and the session re-prefills. `keys`: shown in turn while the source refuses one (the
 //! peer key first, then an admin key: a node of the release before peer keys knows only that).
-//! A journal the source says is larger than `max_bytes` (this node's --kv-disk) is not fetched,
-//! and no download is kept past it.
+//! A journal the source says is larger than `max_bytes` (this node's --kv-disk) or than
+//! `stated` (what the move command says it can be; 0: not stated) is not fetched, and no download
+//! is kept past either.
 agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, const std::string & from_node,
                          const std::string & source_url, const std::vector<std::string> & keys,
-                         boost::asio::ssl::context * tls, uint64_t max_bytes = 64ull << 30);
+                         boost::asio::ssl::context * tls, uint64_t max_bytes = 64ull << 30, uint64_t stated = 0);
+
+//! Why a journal of `offered` bytes (the source's X-Armada-KV-Bytes) is not fetched, or "":
+//! more than `stated` (the move command's kv_bytes, 0: not stated) or than `disk` (--kv-disk).
+std::string kv_offer_problem(uint64_t offered, uint64_t stated, uint64_t disk);
 
 }  // namespace armada::cli

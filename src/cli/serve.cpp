@@ -718,8 +718,9 @@ int serve(const ServeOptions & opt) {
             return l;
         };
         auto fetch = [&eng, &peer_keys, tls = tool_tls, disk = ecfg.kv_disk_limit](
-                         const std::string & id, const std::string & from, const std::string & from_url) {
-            return fetch_kv(eng, id, from, from_url, peer_keys, tls.get(), disk);
+                         const std::string & id, const std::string & from, const std::string & from_url,
+                         uint64_t stated) {
+            return fetch_kv(eng, id, from, from_url, peer_keys, tls.get(), disk, stated);
         };
         cluster_node =
             std::make_unique<ClusterNode>(*ccfg, opt.cell, node_name, sessions, report, node_events, std::move(fetch));
