@@ -80,6 +80,7 @@ async function startPoolRecorder(targetPort) {
 }
 
 // A user message of `n` copies of `word`.
+const TPM_KEY = 'sk-pool-tpm-' + crypto.randomUUID();
 const say = (word, n) => [{ role: 'user', content: Array(n).fill(word).join(' ') }];
 
 before(async () => {
@@ -138,8 +139,10 @@ routes:
   - {when: {latency: realtime}, to: gpu}
 tenant_latency: {acme: realtime}
 `);
+  // A key with its own tokens per minute, which its pool traffic counts against.
+  fs.writeFileSync(path.join(dir, 'keys.txt'), `${TPM_KEY} tpm=500\n`);
   up = await clusterUp(['--cells', '1', '--nodes', '2', '--brains', '1', '-m', tinyModel, '--data-dir', path.join(dir, 'c'), '--port', '0', '--api-key', ADMIN,
-    '--pools', path.join(dir, 'pools.yaml'), '--agents', path.join(dir, 'agents.yaml'), '--lease-ttl', String(TTL_S),
+    '--api-key-file', path.join(dir, 'keys.txt'), '--pools', path.join(dir, 'pools.yaml'), '--agents', path.join(dir, 'agents.yaml'), '--lease-ttl', String(TTL_S),
     '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=2', '--node-arg=-c', '--node-arg=1024', '--node-arg=-t', '--node-arg=1'],
   { env: { ...process.env, POOL_KEY }, timeoutMs: 120000 * SLOW });
   gw = up.gw;
@@ -605,4 +608,23 @@ test('the latency class is the tenant\'s: a client header may lower it, not rais
   r = await chat({ messages: say('hello', 3) }, { Authorization: `Bearer ${key}`, 'X-Armada-Latency': 'batch' });
   assert.equal(r.status, 200, await r.text());
   assert.equal(r.headers.get('x-armada-route-rule'), 'latency=batch');
+});
+
+test('a key\'s tokens per minute (tpm=) count what it sends to a pool: a second request past the budget gets 429', { timeout: 120000 * SLOW }, async () => {
+  const posts = () => rec.log.filter((e) => e.path === '/v1/chat/completions').length;
+  const before = posts();
+  // About 300 prompt tokens each: the first fits the key's 500 a minute, and is charged what
+  // the pool reports it used; a second would pass the budget.
+  const body = { model: 'rec-model', messages: say('write', 300) };
+  const first = await chat(body, { Authorization: `Bearer ${TPM_KEY}` });
+  const used = await first.json();
+  assert.equal(first.status, 200, JSON.stringify(used));
+  assert.equal(first.headers.get('x-armada-route'), 'rec');
+  assert.ok(used.usage.prompt_tokens > 250 && used.usage.prompt_tokens < 500, JSON.stringify(used.usage));
+  const second = await chat(body, { Authorization: `Bearer ${TPM_KEY}` });
+  const refused = await second.json();
+  assert.equal(second.status, 429, JSON.stringify(refused));
+  assert.equal(refused.error.param, 'tokens_per_minute', JSON.stringify(refused));
+  assert.ok(Number(second.headers.get('retry-after')) >= 1);
+  assert.equal(posts(), before + 1, 'only the first went upstream');
 });
