@@ -52,7 +52,7 @@ class CellProcess {
         std::string err;
         store_ = store::PostgresStore::open(pc, err);
         if (!store_) return fail("PostgreSQL: " + err);
-        js_ = JetStream::connect(cfg_.nats, err, cfg_.nats_auth.user, cfg_.nats_auth.password);
+        js_ = JetStream::connect(cfg_.nats, err, cfg_.nats_auth);
         if (!js_) return fail("NATS at " + cfg_.nats + ": " + err);
         // Every brain of the cell shares one durable consumer: whoever leads fetches from it.
         place_ = js_->consumer("ARMADA_PLACE", "cell-" + o_.cell, place_subject(o_.cell), 30000, 10, err);

@@ -65,7 +65,7 @@ ClusterNode::~ClusterNode() {
 
 std::string ClusterNode::start() {
     std::string err;
-    js_ = cluster::JetStream::connect(cfg_.nats, err, cfg_.nats_auth.user, cfg_.nats_auth.password);
+    js_ = cluster::JetStream::connect(cfg_.nats, err, cfg_.nats_auth);
     if (!js_) return "NATS at " + cfg_.nats + ": " + err;
     // One durable consumer per node on its own subject: a command sent while the node was away
     // waits for it; a command not acked in 30 s (the node hung) comes again.

@@ -244,60 +244,16 @@ int cluster_up(const ClusterUpOptions & o) {
     std::vector<std::string> databases{"armada"};
     for (int i = 1; i < o.pg_shards; ++i)
         databases.push_back("armada_shard" + std::to_string(i));
-    // Every server's secrets (passwords, the PostgreSQL passfile) live here, root's alone (0700
-    // directory, 0600 files), and cluster.yaml only names them.
-    const std::string secrets = dir + "/secrets";
-    if (!up("postgresql", pg.start(dir + "/postgres", 0, secrets))) return 1;
-    for (const auto & db : databases) {
-        if (!up(("postgresql database " + db).c_str(), pg.create_database(db))) return 1;
-    }
-    std::ofstream(dir + "/postgres/shards") << o.pg_shards << "\n";
-    if (!up("etcd", etcd.start(dir + "/etcd")) ||
-        !up("etcd authentication", etcd.enable_auth(secrets, "armada", cluster::ClusterConfig{}.prefix)) ||
-        !up("nats", nats.start(dir + "/nats", 0, secrets)) || !up("redis", redis.start(dir + "/redis", 0, secrets)))
-        return 1;
-    std::string pg_urls;
-    json pg_url_list = json::array();
-    for (const auto & db : databases) {
-        pg_urls += (pg_urls.empty() ? "" : ", ") + json(pg.url(db)).dump();
-        pg_url_list.push_back(pg.url(db));
-    }
-    const std::string cfg_path = dir + "/cluster.yaml";
-    {
-        std::ostringstream f;
-        f << "# written by armada cluster up\n"
-          << "etcd: [" << etcd.endpoint() << "]\n"
-          << "nats: " << nats.url() << "\n"
-          << "redis: " << redis.url() << "\n"
-          << "postgres: [" << pg_urls << "]\n"
-          << "credentials:\n"
-          << "  etcd: {user: " << json(etcd.user()).dump() << ", password_file: " << json(etcd.password_file()).dump()
-          << "}\n"
-          << "  nats: {user: " << json(nats.user()).dump() << ", password_file: " << json(nats.password_file()).dump()
-          << "}\n"
-          << "  redis: {user: " << json(redis.user()).dump()
-          << ", password_file: " << json(redis.password_file()).dump() << "}\n"
-          << "lease_ttl_s: " << o.lease_ttl_s << "\n"
-          << "cells:\n";
-        for (int c = 0; c < o.cells; ++c)
-            f << "  - {name: cell" << c << "}\n";
-        if (!routing.empty()) f << "# from --pools " << o.pools_file << "\n" << routing << "\n";
-        // It names the servers' secret files: readable by root alone, like them.
-        if (auto e = cluster::write_private(cfg_path, f.str()); !e.empty()) {
-            fprintf(stderr, "error: %s\n", e.c_str());
-            return 1;
-        }
-    }
-
     // --tls: a CA of this cluster's own and a certificate for this machine's loopback names, made
-    // once with the openssl command; the keys are root's alone.
+    // once with the openssl command; the keys are root's alone. The gateway and every server
+    // (PostgreSQL, etcd, NATS, Redis) show that certificate, and every client checks it.
     std::string tls_cert, tls_key;
     if (o.tls) {
         const std::string t = dir + "/tls";
         fs::create_directories(t, ec);
         ::chmod(t.c_str(), 0700);
-        tls_cert = t + "/gateway.crt";
-        tls_key = t + "/gateway.key";
+        tls_cert = t + "/server.crt";
+        tls_key = t + "/server.key";
         if (!fs::exists(tls_cert, ec) || !fs::exists(t + "/ca.crt", ec)) {
             const std::vector<std::string> ec_key = {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"};
             auto openssl = [&](std::vector<std::string> args) {
@@ -318,7 +274,7 @@ int cluster_up(const ClusterUpOptions & o) {
                                  "/CN=armada cluster up CA"});
             std::vector<std::string> csr = {"req", "-new"};
             csr.insert(csr.end(), ec_key.begin(), ec_key.end());
-            csr.insert(csr.end(), {"-keyout", tls_key, "-out", t + "/gateway.csr", "-subj", "/CN=localhost"});
+            csr.insert(csr.end(), {"-keyout", tls_key, "-out", t + "/server.csr", "-subj", "/CN=localhost"});
             for (auto * step : {&ca, &csr}) {
                 if (auto e = openssl(*step); !e.empty()) {
                     fprintf(stderr, "error: --tls: %s\n", e.c_str());
@@ -326,7 +282,7 @@ int cluster_up(const ClusterUpOptions & o) {
                 }
             }
             if (auto e =
-                    openssl({"x509", "-req", "-in", t + "/gateway.csr", "-CA", t + "/ca.crt", "-CAkey", t + "/ca.key",
+                    openssl({"x509", "-req", "-in", t + "/server.csr", "-CA", t + "/ca.crt", "-CAkey", t + "/ca.key",
                              "-CAcreateserial", "-out", tls_cert, "-days", "825", "-extfile", t + "/san.cnf"});
                 !e.empty()) {
                 fprintf(stderr, "error: --tls: %s\n", e.c_str());
@@ -334,6 +290,62 @@ int cluster_up(const ClusterUpOptions & o) {
             }
             for (const auto & f : {t + "/ca.key", tls_key})
                 ::chmod(f.c_str(), 0600);
+        }
+    }
+
+    cluster::ServerTls server_tls;
+    if (o.tls) {
+        server_tls = {dir + "/tls/ca.crt", tls_cert, tls_key};
+        pg.use_tls(server_tls);
+        etcd.use_tls(server_tls);
+        nats.use_tls(server_tls);
+        redis.use_tls(server_tls);
+    }
+    // Every server's secrets (passwords, the PostgreSQL passfile) live here, root's alone (0700
+    // directory, 0600 files), and cluster.yaml only names them.
+    const std::string secrets = dir + "/secrets";
+    if (!up("postgresql", pg.start(dir + "/postgres", 0, secrets))) return 1;
+    for (const auto & db : databases) {
+        if (!up(("postgresql database " + db).c_str(), pg.create_database(db))) return 1;
+    }
+    std::ofstream(dir + "/postgres/shards") << o.pg_shards << "\n";
+    if (!up("etcd", etcd.start(dir + "/etcd")) ||
+        !up("etcd authentication", etcd.enable_auth(secrets, "armada", cluster::ClusterConfig{}.prefix)) ||
+        !up("nats", nats.start(dir + "/nats", 0, secrets)) || !up("redis", redis.start(dir + "/redis", 0, secrets)))
+        return 1;
+    std::string pg_urls;
+    json pg_url_list = json::array();
+    for (const auto & db : databases) {
+        pg_urls += (pg_urls.empty() ? "" : ", ") + json(pg.url(db)).dump();
+        pg_url_list.push_back(pg.url(db));
+    }
+    const std::string cfg_path = dir + "/cluster.yaml";
+    {
+        // With --tls each server is reached over TLS, checked against the cluster's CA
+        // (PostgreSQL's URLs carry their own sslmode and sslrootcert).
+        const std::string ca = o.tls ? ", ca_file: " + json(server_tls.ca_file).dump() : std::string();
+        std::ostringstream f;
+        f << "# written by armada cluster up\n"
+          << "etcd: [" << etcd.endpoint() << "]\n"
+          << "nats: " << nats.url() << "\n"
+          << "redis: " << redis.url() << "\n"
+          << "postgres: [" << pg_urls << "]\n"
+          << "credentials:\n"
+          << "  etcd: {user: " << json(etcd.user()).dump() << ", password_file: " << json(etcd.password_file()).dump()
+          << ca << "}\n"
+          << "  nats: {user: " << json(nats.user()).dump() << ", password_file: " << json(nats.password_file()).dump()
+          << ca << "}\n"
+          << "  redis: {user: " << json(redis.user()).dump()
+          << ", password_file: " << json(redis.password_file()).dump() << ca << "}\n"
+          << "lease_ttl_s: " << o.lease_ttl_s << "\n"
+          << "cells:\n";
+        for (int c = 0; c < o.cells; ++c)
+            f << "  - {name: cell" << c << "}\n";
+        if (!routing.empty()) f << "# from --pools " << o.pools_file << "\n" << routing << "\n";
+        // It names the servers' secret files: readable by root alone, like them.
+        if (auto e = cluster::write_private(cfg_path, f.str()); !e.empty()) {
+            fprintf(stderr, "error: %s\n", e.c_str());
+            return 1;
         }
     }
 

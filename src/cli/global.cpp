@@ -66,7 +66,7 @@ class GlobalProcess {
         std::string err;
         store_ = store::PostgresStore::open(pc, err);
         if (!store_) return fail("PostgreSQL: " + err);
-        js_ = JetStream::connect(cfg_.nats, err, cfg_.nats_auth.user, cfg_.nats_auth.password);
+        js_ = JetStream::connect(cfg_.nats, err, cfg_.nats_auth);
         if (!js_) return fail("NATS at " + cfg_.nats + ": " + err);
         if (o_.metrics_port >= 0) {
             if (auto e = elected_.serve_metrics(o_.metrics_host, o_.metrics_port); !e.empty())

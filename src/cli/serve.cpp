@@ -584,8 +584,8 @@ int serve(const ServeOptions & opt) {
             // gateways see them. Redis is optional here: without it, they are not counted.
             std::string rerr;
             // One thread uses it (the charger, every 250 ms): the configured size, at most 2.
-            token_redis = cluster::RedisPool::open(ccfg->redis, std::min(2, ccfg->redis_pool), 500, rerr,
-                                                   ccfg->redis_auth.user, ccfg->redis_auth.password);
+            token_redis =
+                cluster::RedisPool::open(ccfg->redis, std::min(2, ccfg->redis_pool), 500, rerr, ccfg->redis_auth);
             if (token_redis) {
                 redis_for_metrics = token_redis.get();
                 token_charger = std::make_unique<cluster::TokenCharger>(*token_redis);

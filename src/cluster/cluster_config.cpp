@@ -1,6 +1,7 @@
 #include "cluster/cluster_config.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <yaml-cpp/yaml.h>
 
@@ -107,6 +108,79 @@ bool valid_name(const std::string & s) {
 
 }  // namespace
 
+namespace {
+
+//! A file a setting names: it must be there, and a secret (`private_file`) must be the owner's
+//! alone.
+bool check_file(const std::string & path, const std::string & where, bool private_file, std::string & error) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || ::access(path.c_str(), R_OK) != 0) {
+        error = where + ": cannot read " + path;
+        return false;
+    }
+    if (private_file && (st.st_mode & 077) != 0) {
+        error = where + ": " + path + " may be read by other users; make it mode 0600 (chmod 600)";
+        return false;
+    }
+    return true;
+}
+
+//! One server's `credentials:` entry: a user and password file (where the server takes them),
+//! and TLS files.
+bool parse_service_credentials(const YAML::Node & n, const std::string & where, bool takes_password,
+                               ServiceCredentials & out, std::string & error) {
+    const std::vector<std::string> known =
+        takes_password ? std::vector<std::string>{"user", "password_file", "ca_file", "cert_file", "key_file"}
+                       : std::vector<std::string>{"ca_file", "cert_file", "key_file"};
+    std::string names;
+    for (const auto & k : known)
+        names += (names.empty() ? "" : ", ") + k;
+    if (!n.IsMap()) {
+        error = where + ": must be a map of " + names;
+        return false;
+    }
+    for (const auto & f : n) {
+        const std::string fk = f.first.as<std::string>();
+        if (std::find(known.begin(), known.end(), fk) == known.end()) {
+            error = where + ": unknown setting '" + fk + "' (there are " + names + ")";
+            return false;
+        }
+    }
+    auto text = [&](const char * k) { return n[k] ? n[k].as<std::string>() : std::string(); };
+    out.user = text("user");
+    out.password_file = text("password_file");
+    out.ca_file = text("ca_file");
+    out.cert_file = text("cert_file");
+    out.key_file = text("key_file");
+    if (out.cert_file.empty() != out.key_file.empty()) {
+        error = where + ": cert_file and key_file go together";
+        return false;
+    }
+    if (!out.ca_file.empty() && !check_file(out.ca_file, where + ".ca_file", false, error)) return false;
+    if (!out.cert_file.empty() && (!check_file(out.cert_file, where + ".cert_file", false, error) ||
+                                   !check_file(out.key_file, where + ".key_file", true, error)))
+        return false;
+    // The files must also be what they say (PEM a TLS client can load), found now, not at the
+    // first connection.
+    if (out.tls() && !service_tls(out, where, error)) return false;
+    if (!takes_password) return true;
+    if (out.password_file.empty()) {
+        if (out.user.empty() && out.tls()) return true;  // TLS alone
+        error = where + ".password_file: name the file that holds the password";
+        return false;
+    }
+    if (!check_file(out.password_file, where + ".password_file", true, error)) return false;
+    std::ifstream pf(out.password_file);
+    std::getline(pf, out.password);
+    if (out.password.empty()) {
+        error = where + ".password_file: " + out.password_file + " is empty";
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
 std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std::string & error) {
     error.clear();
     ClusterConfig c;
@@ -178,53 +252,22 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
         }
         if (const auto cr = root["credentials"]) {
             if (!cr.IsMap()) {
-                error = "credentials: must be a map of server (redis, nats, etcd) to {user, password_file}";
+                error = "credentials: must be a map of server (redis, nats, etcd, postgres) to its settings";
                 return std::nullopt;
             }
             for (const auto & kv : cr) {
                 const std::string k = kv.first.as<std::string>();
-                ServiceCredentials * out = k == "redis"  ? &c.redis_auth
-                                           : k == "nats" ? &c.nats_auth
-                                           : k == "etcd" ? &c.etcd_auth
-                                                         : nullptr;
+                ServiceCredentials * out = k == "redis"      ? &c.redis_auth
+                                           : k == "nats"     ? &c.nats_auth
+                                           : k == "etcd"     ? &c.etcd_auth
+                                           : k == "postgres" ? &c.postgres_auth
+                                                             : nullptr;
                 if (!out) {
-                    error = "credentials: unknown server '" + k + "' (there are redis, nats and etcd)";
+                    error = "credentials: unknown server '" + k + "' (there are redis, nats, etcd and postgres)";
                     return std::nullopt;
                 }
-                if (!kv.second.IsMap()) {
-                    error = "credentials." + k + ": must be {user, password_file}";
+                if (!parse_service_credentials(kv.second, "credentials." + k, k != "postgres", *out, error))
                     return std::nullopt;
-                }
-                for (const auto & f : kv.second) {
-                    const std::string fk = f.first.as<std::string>();
-                    if (fk != "user" && fk != "password_file") {
-                        error =
-                            "credentials." + k + ": unknown setting '" + fk + "' (there are user and password_file)";
-                        return std::nullopt;
-                    }
-                }
-                if (kv.second["user"]) out->user = kv.second["user"].as<std::string>();
-                if (kv.second["password_file"]) out->password_file = kv.second["password_file"].as<std::string>();
-                if (out->password_file.empty()) {
-                    error = "credentials." + k + ".password_file: name the file that holds the password";
-                    return std::nullopt;
-                }
-                struct stat st {};
-                if (::stat(out->password_file.c_str(), &st) != 0) {
-                    error = "credentials." + k + ".password_file: cannot read " + out->password_file;
-                    return std::nullopt;
-                }
-                if ((st.st_mode & 077) != 0) {
-                    error = "credentials." + k + ".password_file: " + out->password_file +
-                            " may be read by other users; make it mode 0600 (chmod 600)";
-                    return std::nullopt;
-                }
-                std::ifstream pf(out->password_file);
-                std::getline(pf, out->password);
-                if (out->password.empty()) {
-                    error = "credentials." + k + ".password_file: " + out->password_file + " is empty";
-                    return std::nullopt;
-                }
             }
         }
         if (!parse_routing(root, c.routing, error)) return std::nullopt;
@@ -254,12 +297,31 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
             error = "postgres[" + std::to_string(i) + "]: not a postgres:// URL";
     }
     if (!error.empty()) return std::nullopt;
+    // TLS to PostgreSQL is libpq's own: the server's certificate checked against the CA and the
+    // host name (verify-full), or only encrypted when no CA is named.
+    if (c.postgres_auth.tls()) {
+        for (auto & u : c.postgres) {
+            std::string q = c.postgres_auth.ca_file.empty()
+                                ? "sslmode=require"
+                                : "sslmode=verify-full&sslrootcert=" + c.postgres_auth.ca_file;
+            if (!c.postgres_auth.cert_file.empty())
+                q += "&sslcert=" + c.postgres_auth.cert_file + "&sslkey=" + c.postgres_auth.key_file;
+            u += (u.find('?') == std::string::npos ? "?" : "&") + q;
+        }
+    }
     return c;
 }
 
 EtcdClient make_etcd(const ClusterConfig & c, int timeout_ms) {
     EtcdClient e(c.etcd, timeout_ms);
     if (!c.etcd_auth.user.empty()) e.set_credentials(c.etcd_auth.user, c.etcd_auth.password);
+    if (c.etcd_auth.tls()) {
+        // The files were checked when the cluster file was read; should they fail now, every
+        // call fails with why, and none goes out in the clear.
+        std::string err;
+        auto tls = service_tls(c.etcd_auth, "etcd", err);
+        e.set_tls(std::move(tls), err);
+    }
     return e;
 }
 

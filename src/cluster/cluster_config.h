@@ -3,6 +3,7 @@
 #include "cluster/etcd.h"
 #include "cluster/pools.h"
 #include "cluster/rollout.h"
+#include "cluster/service_auth.h"
 
 #include <optional>
 #include <string>
@@ -37,19 +38,6 @@ struct RolloutDefaults {
     RolloutGates gates;
 };
 
-//! How a process proves itself to one of the cluster's servers (`credentials:` in the cluster
-//! file). The password lives in a file of its own, mode 0600, named here; the file is read when
-//! the cluster file is.
-//!
-//!     credentials:
-//!       redis: {user: armada, password_file: /var/lib/armada/secrets/redis}
-struct ServiceCredentials {
-    std::string user;
-    std::string password_file;
-    std::string password;  // read from password_file
-    bool empty() const { return user.empty() && password.empty(); }
-};
-
 struct ClusterConfig {
     std::vector<std::string> etcd;      // host:port of each member
     std::string nats;                   // nats://host:port
@@ -61,6 +49,7 @@ struct ClusterConfig {
     int pg_pool = 8;                    // PostgreSQL read connections per shard, per process
     int redis_pool = 8;
     ServiceCredentials redis_auth, nats_auth, etcd_auth;  // `credentials:`; empty: none
+    ServiceCredentials postgres_auth;                     // TLS files only (passwords: a passfile)
     std::vector<CellConfig> cells;  // empty: the global brain takes the cells it finds, with defaults
     RoutingConfig routing;          // GPU pools and the rules that send requests there (pools.h)
     RolloutDefaults rollout;

@@ -1,10 +1,14 @@
 #include "cluster/etcd.h"
 
+#include "tools/tls.h"
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -54,6 +58,7 @@ EtcdKv kv_of(const json & j) {
 bool split_endpoint(const std::string & ep, std::string & host, std::string & port) {
     std::string e = ep;
     if (e.rfind("http://", 0) == 0) e = e.substr(7);
+    if (e.rfind("https://", 0) == 0) e = e.substr(8);
     while (!e.empty() && e.back() == '/')
         e.pop_back();
     const auto colon = e.rfind(':');
@@ -61,6 +66,25 @@ bool split_endpoint(const std::string & ep, std::string & host, std::string & po
     host = e.substr(0, colon);
     port = e.substr(colon + 1);
     return !host.empty() && !port.empty();
+}
+
+//! Connects `stream` (plain TCP, or TLS over it) to one of `rs`, then makes the TLS handshake
+//! (the certificate must name `host`); `done` gets the outcome, in words for a TLS failure.
+template <class Stream>
+void async_open(Stream & stream, const tcp::resolver::results_type & rs, const std::string & host,
+                std::function<void(beast::error_code, std::string)> done) {
+    beast::get_lowest_layer(stream).async_connect(
+        rs, [&stream, host, done = std::move(done)](beast::error_code ec, const tcp::endpoint &) {
+            if (ec) return done(ec, ec.message());
+            if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
+                done({}, {});
+            } else {
+                tools::expect_peer_name(stream.native_handle(), host);
+                stream.async_handshake(net::ssl::stream_base::client, [&stream, host, done](beast::error_code ec2) {
+                    done(ec2, ec2 ? tools::tls_failure(ec2, stream.native_handle(), host) : std::string());
+                });
+            }
+        });
 }
 
 //! The message of an error reply ({"error": "...", "code": N, "message": "..."}).
@@ -144,6 +168,11 @@ std::string EtcdClient::prefix_end(const std::string & prefix) {
 EtcdClient::EtcdClient(std::vector<std::string> endpoints, int timeout_ms)
     : endpoints_(std::move(endpoints)), timeout_ms_(timeout_ms) {}
 
+void EtcdClient::set_tls(std::shared_ptr<net::ssl::context> tls, std::string error) {
+    tls_ = std::move(tls);
+    tls_error_ = tls_ ? std::string() : std::move(error);
+}
+
 void EtcdClient::set_credentials(const std::string & user, const std::string & password) {
     if (user.empty()) {
         auth_.reset();
@@ -191,6 +220,7 @@ std::string EtcdClient::call(const std::string & path, const std::string & body,
 
 std::string EtcdClient::call_raw(const std::string & path, const std::string & body, std::string & reply,
                                  int timeout_ms, const std::atomic<bool> * stop, const std::string & token) {
+    if (!tls_error_.empty()) return tls_error_;
     std::string last = "no etcd endpoint given";
     for (const auto & ep : endpoints_) {
         std::string host, port;
@@ -200,7 +230,6 @@ std::string EtcdClient::call_raw(const std::string & path, const std::string & b
         }
         net::io_context ioc;
         tcp::resolver resolver(ioc);
-        beast::tcp_stream stream(ioc);
         http::request<http::string_body> req{http::verb::post, path, 11};
         req.set(http::field::host, host + ":" + port);
         req.set(http::field::content_type, "application/json");
@@ -211,25 +240,37 @@ std::string EtcdClient::call_raw(const std::string & path, const std::string & b
         http::response_parser<http::string_body> parser;
         parser.body_limit(64 << 20);
         beast::error_code result = net::error::timed_out;
-        resolver.async_resolve(host, port, [&](beast::error_code ec, tcp::resolver::results_type rs) {
-            if (ec) return void(result = ec);
-            stream.async_connect(rs, [&](beast::error_code ec2, const tcp::endpoint &) {
-                if (ec2) return void(result = ec2);
-                http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
-                    if (ec3) return void(result = ec3);
-                    http::async_read(stream, buf, parser, [&](beast::error_code ec4, size_t) { result = ec4; });
+        std::string said;  // a failure in words (TLS)
+        // The context runs out of work once the reply is read (or a step failed).
+        auto exchange = [&](auto & stream) {
+            resolver.async_resolve(host, port, [&](beast::error_code ec, tcp::resolver::results_type rs) {
+                if (ec) return void(result = ec);
+                async_open(stream, rs, host, [&](beast::error_code ec2, std::string words) {
+                    if (ec2) return void((result = ec2, said = std::move(words)));
+                    http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
+                        if (ec3) return void(result = ec3);
+                        http::async_read(stream, buf, parser, [&](beast::error_code ec4, size_t) { result = ec4; });
+                    });
                 });
             });
-        });
-        // The context runs out of work once the reply is read (or a step failed).
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-        for (auto now = std::chrono::steady_clock::now(); !ioc.stopped() && now < until && !(stop && stop->load());
-             now = std::chrono::steady_clock::now())
-            ioc.run_for(std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(100)));
+            const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+            for (auto now = std::chrono::steady_clock::now(); !ioc.stopped() && now < until && !(stop && stop->load());
+                 now = std::chrono::steady_clock::now())
+                ioc.run_for(std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(100)));
+        };
+        if (tls_) {
+            beast::ssl_stream<beast::tcp_stream> stream(ioc, *tls_);
+            exchange(stream);
+        } else {
+            beast::tcp_stream stream(ioc);
+            exchange(stream);
+        }
         if (result == net::error::timed_out && stop && stop->load()) return "etcd at " + ep + ": no answer in time";
         if (result) {
             last = "etcd at " + ep + ": " +
-                   (result == net::error::timed_out ? std::string("no answer in time") : result.message());
+                   (result == net::error::timed_out ? std::string("no answer in time")
+                    : !said.empty()                 ? said
+                                                    : result.message());
             continue;
         }
         const auto & res = parser.get();
@@ -466,6 +507,7 @@ std::string EtcdClient::observe(const std::string & name, const std::function<bo
 std::string EtcdClient::stream(const std::string & path, const std::string & body, const char * what,
                                const std::function<bool(const std::string &, std::string &)> & on_line,
                                const std::atomic<bool> & stop) {
+    if (!tls_error_.empty()) return tls_error_;
     std::string terr;
     const std::string tok = token(terr, false);
     if (auth_ && tok.empty()) return terr;
@@ -475,7 +517,6 @@ std::string EtcdClient::stream(const std::string & path, const std::string & bod
         if (!split_endpoint(ep, host, port)) continue;
         net::io_context ioc;
         tcp::resolver resolver(ioc);
-        beast::tcp_stream stream(ioc);
         http::request<http::string_body> req{http::verb::post, path, 11};
         req.set(http::field::host, host + ":" + port);
         req.set(http::field::content_type, "application/json");
@@ -502,48 +543,58 @@ std::string EtcdClient::stream(const std::string & path, const std::string & bod
             return body.size();
         };
         parser.on_chunk_body(on_chunk);
-        std::function<void()> read_more = [&] {
-            http::async_read_some(stream, buf, parser, [&](beast::error_code ec, size_t) {
-                if (ec) {
-                    if (!done && error.empty()) error = std::string("etcd ") + what + " stream ended: " + ec.message();
-                    done = true;
-                    return;
-                }
-                if (parser.is_header_done() && parser.get().result() != http::status::ok) {
-                    error = std::string("etcd ") + what + ": HTTP " + std::to_string(parser.get().result_int());
-                    done = true;
-                    return;
-                }
-                if (parser.is_done()) {
-                    if (error.empty()) error = std::string("etcd ") + what + " stream ended";
-                    done = true;
-                    return;
-                }
-                read_more();
-            });
-        };
-        resolver.async_resolve(host, port, [&](beast::error_code ec, tcp::resolver::results_type rs) {
-            if (ec) return void((error = ec.message(), done = true));
-            stream.async_connect(rs, [&](beast::error_code ec2, const tcp::endpoint &) {
-                if (ec2) return void((error = ec2.message(), done = true));
-                connected = true;
-                http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
-                    if (ec3) return void((error = ec3.message(), done = true));
+        auto run = [&](auto & stream) {
+            std::function<void()> read_more = [&] {
+                http::async_read_some(stream, buf, parser, [&](beast::error_code ec, size_t) {
+                    if (ec) {
+                        if (!done && error.empty())
+                            error = std::string("etcd ") + what + " stream ended: " + ec.message();
+                        done = true;
+                        return;
+                    }
+                    if (parser.is_header_done() && parser.get().result() != http::status::ok) {
+                        error = std::string("etcd ") + what + ": HTTP " + std::to_string(parser.get().result_int());
+                        done = true;
+                        return;
+                    }
+                    if (parser.is_done()) {
+                        if (error.empty()) error = std::string("etcd ") + what + " stream ended";
+                        done = true;
+                        return;
+                    }
                     read_more();
                 });
+            };
+            resolver.async_resolve(host, port, [&](beast::error_code ec, tcp::resolver::results_type rs) {
+                if (ec) return void((error = ec.message(), done = true));
+                async_open(stream, rs, host, [&](beast::error_code ec2, std::string words) {
+                    if (ec2) return void((error = std::move(words), done = true));
+                    connected = true;
+                    http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
+                        if (ec3) return void((error = ec3.message(), done = true));
+                        read_more();
+                    });
+                });
             });
-        });
-        const auto connect_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
-        while (!done && !stop.load()) {
-            ioc.run_for(std::chrono::milliseconds(100));
-            if (!connected && std::chrono::steady_clock::now() > connect_by) {
-                error = "no answer in time";
-                break;
+            const auto connect_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+            while (!done && !stop.load()) {
+                ioc.run_for(std::chrono::milliseconds(100));
+                if (!connected && std::chrono::steady_clock::now() > connect_by) {
+                    error = "no answer in time";
+                    break;
+                }
             }
+            beast::error_code ignored;
+            beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ignored);
+            beast::get_lowest_layer(stream).close();
+        };
+        if (tls_) {
+            beast::ssl_stream<beast::tcp_stream> stream(ioc, *tls_);
+            run(stream);
+        } else {
+            beast::tcp_stream stream(ioc);
+            run(stream);
         }
-        beast::error_code ignored;
-        stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-        stream.close();
         if (stop.load()) return {};
         if (!connected) {
             last = "etcd at " + ep + ": " + error;

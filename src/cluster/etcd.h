@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+namespace boost::asio::ssl {
+class context;
+}
+
 namespace armada::cluster {
 
 //! One key of etcd, as the JSON gateway reports it (keys and values decoded from base64).
@@ -48,6 +52,10 @@ class EtcdClient {
     //! every call and stream, and is fetched again once when etcd says it is no longer valid.
     //! Copies of this client share the token.
     void set_credentials(const std::string & user, const std::string & password);
+    //! Speaks TLS to every endpoint with `tls` (the server's certificate must name the host it is
+    //! reached at). Null with `error`: TLS was asked for and cannot be had, and every call fails
+    //! with that error rather than go out in the clear.
+    void set_tls(std::shared_ptr<boost::asio::ssl::context> tls, std::string error = {});
 
     // Leases.
     std::string grant(int ttl_s, int64_t & lease);
@@ -126,7 +134,9 @@ class EtcdClient {
         std::mutex mu;
         std::string user, password, token;  // token: mu
     };
-    std::shared_ptr<Auth> auth_;  // null: no credentials
+    std::shared_ptr<Auth> auth_;                      // null: no credentials
+    std::shared_ptr<boost::asio::ssl::context> tls_;  // null: plain HTTP
+    std::string tls_error_;                           // TLS asked for and not had
 };
 
 }  // namespace armada::cluster

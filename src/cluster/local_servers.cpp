@@ -342,13 +342,48 @@ std::string LocalPostgres::start(const std::string & dir, int port, const std::s
 std::string LocalPostgres::launch() {
     const std::string bin = bin_dir();
     std::string err;
-    child_ = Child::spawn(
-        {bin + "/postgres", "-D", dir_ + "/data", "-p", std::to_string(port_), "-c", "listen_addresses=127.0.0.1", "-c",
-         "unix_socket_directories=" + dir_, "-c", "max_connections=300", "-c", "shared_buffers=64MB"},
-        dir_ + "/postgres.log", kPgUser, err);
+    std::vector<std::string> argv = {bin + "/postgres",
+                                     "-D",
+                                     dir_ + "/data",
+                                     "-p",
+                                     std::to_string(port_),
+                                     "-c",
+                                     "listen_addresses=127.0.0.1",
+                                     "-c",
+                                     "unix_socket_directories=" + dir_,
+                                     "-c",
+                                     "max_connections=300",
+                                     "-c",
+                                     "shared_buffers=64MB"};
+    // Every TCP line asks for a SCRAM password; with TLS, only over TLS (hostssl).
+    const std::string host_kind = tls_.on() ? "hostssl" : "host";
+    if (auto e = write_private(dir_ + "/pg_hba.conf", "local all all scram-sha-256\n" + host_kind +
+                                                          " all all 127.0.0.1/32 scram-sha-256\n" + host_kind +
+                                                          " all all ::1/128 scram-sha-256\n");
+        !e.empty())
+        return e;
+    argv.insert(argv.end(), {"-c", "hba_file=" + dir_ + "/pg_hba.conf"});
+    if (tls_.on()) {
+        // The server reads its key as its own user, and only a key no one else may read.
+        for (const auto & [from, to] :
+             {std::pair{tls_.cert_file, dir_ + "/server.crt"}, std::pair{tls_.key_file, dir_ + "/server.key"}}) {
+            std::error_code ec;
+            fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+            if (ec) return "cannot copy " + from + " for PostgreSQL: " + ec.message();
+            ::chmod(to.c_str(), 0600);
+        }
+        argv.insert(argv.end(), {"-c", "ssl=on", "-c", "ssl_cert_file=" + dir_ + "/server.crt", "-c",
+                                 "ssl_key_file=" + dir_ + "/server.key"});
+    }
+    if (::geteuid() == 0) {
+        if (const passwd * pw = ::getpwnam(kPgUser))
+            for (const char * f : {"/pg_hba.conf", "/server.crt", "/server.key"})
+                (void)::chown((dir_ + f).c_str(), pw->pw_uid, pw->pw_gid);
+    }
+    child_ = Child::spawn(argv, dir_ + "/postgres.log", kPgUser, err);
     if (!child_) return "cannot start postgres: " + err;
-    const std::string conninfo =
-        "host=127.0.0.1 port=" + std::to_string(port_) + " user=" + kPgRole + " dbname=postgres connect_timeout=2";
+    const std::string conninfo = "host=127.0.0.1 port=" + std::to_string(port_) + " user=" + kPgRole +
+                                 " dbname=postgres connect_timeout=2" + client_tls_params(" ");
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < until) {
         if (!child_->running()) {
@@ -378,7 +413,13 @@ std::string LocalPostgres::restart() {
 
 std::string LocalPostgres::superuser_conninfo(const std::string & db) const {
     return "host=127.0.0.1 port=" + std::to_string(port_) + " user=" + kPgAdmin + " password=" + su_password_ +
-           " dbname=" + db + " connect_timeout=5";
+           " dbname=" + db + " connect_timeout=5" + client_tls_params(" ");
+}
+
+std::string LocalPostgres::client_tls_params(const char * sep) const {
+    if (!tls_.on()) return {};
+    const std::string s = sep;
+    return s + "sslmode=verify-full" + (s == " " ? " " : "&") + "sslrootcert=" + tls_.ca_file;
 }
 
 std::string LocalPostgres::ensure_role() {
@@ -426,7 +467,7 @@ std::string LocalPostgres::create_database(const std::string & name) {
 
 std::string LocalPostgres::url(const std::string & db) const {
     return std::string("postgres://") + kPgRole + "@127.0.0.1:" + std::to_string(port_) + "/" + db +
-           "?passfile=" + fs::absolute(secrets_ + "/pgpass").string();
+           "?passfile=" + fs::absolute(secrets_ + "/pgpass").string() + client_tls_params("&");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,14 +494,30 @@ std::string LocalEtcd::start(const std::string & dir, int port) {
 }
 
 std::string LocalEtcd::launch() {
-    const std::string client_url = "http://127.0.0.1:" + std::to_string(port_);
+    const std::string client_url = (tls_.on() ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(port_);
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     std::string err;
-    child_ = Child::spawn(
-        {binary(), "--name", "armada", "--data-dir", dir_ + "/data", "--listen-client-urls", client_url,
-         "--advertise-client-urls", client_url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-         "--initial-cluster", "armada=" + peer, "--log-level", "warn", "--logger", "zap"},
-        dir_ + "/etcd.log", "", err);
+    std::vector<std::string> argv = {binary(),
+                                     "--name",
+                                     "armada",
+                                     "--data-dir",
+                                     dir_ + "/data",
+                                     "--listen-client-urls",
+                                     client_url,
+                                     "--advertise-client-urls",
+                                     client_url,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     "armada=" + peer,
+                                     "--log-level",
+                                     "warn",
+                                     "--logger",
+                                     "zap"};
+    if (tls_.on()) argv.insert(argv.end(), {"--cert-file", tls_.cert_file, "--key-file", tls_.key_file});
+    child_ = Child::spawn(argv, dir_ + "/etcd.log", "", err);
     if (!child_) return "cannot start etcd: " + err;
     EtcdClient c = client(500);
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -498,11 +555,12 @@ std::string LocalEtcd::enable_auth(const std::string & secrets_dir, const std::s
     if (pw.empty()) return err;
     // A data directory whose etcd has auth on already (an earlier run): the user's own
     // credentials work, and there is nothing to add.
-    EtcdClient mine({endpoint()}, 5000);
+    EtcdClient mine = client(5000);
     mine.set_credentials(user, pw);
     std::optional<EtcdKv> kv;
     const std::string probe = mine.get(prefix + "/ping", kv);
-    EtcdClient c({endpoint()}, 5000);
+    EtcdClient c = client(5000);
+    c.set_credentials({}, {});
     // Each step is the JSON gateway's own route; "already exists" is not an error (a restart).
     auto step = [&](const std::string & path, const std::string & body) -> std::string {
         std::string reply;
@@ -537,6 +595,13 @@ std::string LocalEtcd::enable_auth(const std::string & secrets_dir, const std::s
 EtcdClient LocalEtcd::client(int timeout_ms) const {
     EtcdClient c({endpoint()}, timeout_ms);
     c.set_credentials(user_, password_);
+    if (tls_.on()) {
+        ServiceCredentials sc;
+        sc.ca_file = tls_.ca_file;
+        std::string err;
+        auto ctx = service_tls(sc, "etcd", err);
+        c.set_tls(std::move(ctx), err);
+    }
     return c;
 }
 
@@ -595,7 +660,9 @@ std::string LocalDaemon::start(const std::string & dir, int port, const std::str
             "authorization {\n  users = [\n    { user: \"" + user_ + "\", password: \"" + password_ +
             "\",\n      permissions: {\n"
             "        publish: [\"armada.>\", \"$JS.API.>\", \"$JS.ACK.>\", \"$JS.FC.>\", \"_INBOX.>\"]\n"
-            "        subscribe: [\"armada.>\", \"_INBOX.>\"]\n      } }\n  ]\n}\n";
+            "        subscribe: [\"armada.>\", \"_INBOX.>\"]\n      } }\n  ]\n}\n" +
+            (tls_.on() ? "tls {\n  cert_file: \"" + tls_.cert_file + "\"\n  key_file: \"" + tls_.key_file + "\"\n}\n"
+                       : std::string());
         if (auto e = write_private(dir_ + "/nats.conf", conf); !e.empty()) return e;
     }
     return launch();
@@ -613,6 +680,33 @@ std::string LocalDaemon::launch() {
     if (nats) {
         argv = {bin,         "-c", dir_ + "/nats.conf",  "-js", "-sd", dir_ + "/jetstream", "-a",
                 "127.0.0.1", "-p", std::to_string(port_)};
+    } else if (tls_.on()) {
+        // TLS only: no plain port. Clients show no certificate (they have a password).
+        argv = {bin,
+                "--port",
+                "0",
+                "--tls-port",
+                std::to_string(port_),
+                "--tls-cert-file",
+                tls_.cert_file,
+                "--tls-key-file",
+                tls_.key_file,
+                "--tls-ca-cert-file",
+                tls_.ca_file,
+                "--tls-auth-clients",
+                "no",
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                dir_,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--aclfile",
+                dir_ + "/users.acl"};
     } else {
         argv = {bin,
                 "--port",

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cluster/etcd.h"
+#include "cluster/service_auth.h"
 
 namespace armada::cluster {
 
@@ -68,8 +69,16 @@ std::string write_private(const std::string & path, const std::string & text);
 //! `armada`, which is not a superuser and owns only the databases made for it. Both passwords sit
 //! in 0600 files in the secrets directory; `url()` names a libpq passfile there, so the URL itself
 //! holds no secret.
+//! A server's TLS: its certificate and key, and the CA its clients check it against.
+struct ServerTls {
+    std::string ca_file, cert_file, key_file;
+    bool on() const { return !cert_file.empty(); }
+};
+
 class LocalPostgres {
   public:
+    //! Before start: the server speaks TLS, and takes no connection without it (hostssl only).
+    void use_tls(const ServerTls & t) { tls_ = t; }
     LocalPostgres() = default;
     LocalPostgres(const LocalPostgres &) = delete;
     ~LocalPostgres();
@@ -100,6 +109,9 @@ class LocalPostgres {
     std::string ensure_role();
     std::string dir_, secrets_;
     std::string su_password_, app_password_;
+    ServerTls tls_;
+    //! libpq's TLS settings for a client of this server ("" without TLS).
+    std::string client_tls_params(const char * sep) const;
     int port_ = 0;
     std::optional<Child> child_;
 };
@@ -115,11 +127,22 @@ class LocalDaemon {
     enum class Kind { Nats, Redis };
     explicit LocalDaemon(Kind k) : kind_(k) {}
     LocalDaemon(const LocalDaemon &) = delete;
+    //! Before start: clients must speak TLS to it (Redis: TLS only; NATS: TLS required).
+    void use_tls(const ServerTls & t) { tls_ = t; }
     ~LocalDaemon();
     //! Secrets go to `secrets_dir` (default: `dir` + "-secrets").
     std::string start(const std::string & dir, int port = 0, const std::string & secrets_dir = {});
     const std::string & user() const { return user_; }
     const std::string & password() const { return password_; }
+    //! What a client needs to reach this server: its user and password (and password file).
+    ServiceCredentials credentials() const {
+        ServiceCredentials c;
+        c.user = user_;
+        c.password = password_;
+        c.password_file = password_file();
+        c.ca_file = tls_.ca_file;
+        return c;
+    }
     //! The file that holds the password (mode 0600).
     std::string password_file() const;
     std::string stop();
@@ -133,6 +156,7 @@ class LocalDaemon {
   private:
     std::string launch();
     Kind kind_;
+    ServerTls tls_;
     std::string dir_, secrets_;
     std::string user_ = "armada", password_;
     int port_ = 0;
@@ -150,6 +174,9 @@ class LocalEtcd {
     LocalEtcd(const LocalEtcd &) = delete;
     ~LocalEtcd();
     std::string start(const std::string & dir, int port = 0);
+    //! Before start: the client port speaks HTTPS only.
+    void use_tls(const ServerTls & t) { tls_ = t; }
+    const ServerTls & tls() const { return tls_; }
     std::string stop();
     std::string restart();
     //! host:port of the client endpoint.
@@ -173,6 +200,7 @@ class LocalEtcd {
   private:
     std::string launch();
     std::string dir_, secrets_, user_, password_;
+    ServerTls tls_;
     int port_ = 0, peer_port_ = 0;
     std::optional<Child> child_;
 };

@@ -2,6 +2,7 @@
 
 #include <nats/nats.h>
 #include <spdlog/spdlog.h>
+#include <boost/asio/ip/address.hpp>
 
 #include <algorithm>
 #include <random>
@@ -9,6 +10,15 @@
 namespace armada::cluster {
 
 namespace {
+
+//! The host of the first server in a NATS URL list (`tls://user@host:port,...`).
+std::string url_host(const std::string & url) {
+    std::string u = url.substr(0, url.find(','));
+    if (const auto scheme = u.find("://"); scheme != std::string::npos) u = u.substr(scheme + 3);
+    if (const auto at = u.rfind('@'); at != std::string::npos) u = u.substr(at + 1);
+    if (!u.empty() && u[0] == '[') return u.substr(1, u.find(']') - 1);
+    return u.substr(0, u.find(':'));
+}
 
 constexpr int64_t kNsPerMs = 1000000;
 constexpr int64_t kMinute = 60 * 1000 * kNsPerMs;
@@ -156,13 +166,31 @@ void Consumer::take(natsMsgList & list, std::vector<QueueMsg> & out) {
 
 // --- JetStream ---
 
-std::unique_ptr<JetStream> JetStream::connect(const std::string & url, std::string & error, const std::string & user,
-                                              const std::string & password) {
+std::unique_ptr<JetStream> JetStream::connect(const std::string & url, std::string & error,
+                                              const ServiceCredentials & auth) {
     std::unique_ptr<JetStream> j(new JetStream());
     natsOptions * opts = nullptr;
     natsStatus s = natsOptions_Create(&opts);
     if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
-    if (s == NATS_OK && !user.empty()) s = natsOptions_SetUserInfo(opts, user.c_str(), password.c_str());
+    if (s == NATS_OK && !auth.user.empty()) s = natsOptions_SetUserInfo(opts, auth.user.c_str(), auth.password.c_str());
+    if (s == NATS_OK && auth.tls()) {
+        // The server's certificate is checked against the CA; its name too, when the URL gives
+        // a name (libnats checks DNS names only, not IP addresses).
+        s = natsOptions_SetSecure(opts, true);
+        if (s == NATS_OK && !auth.ca_file.empty())
+            s = natsOptions_LoadCATrustedCertificates(opts, auth.ca_file.c_str());
+        if (s == NATS_OK && !auth.cert_file.empty())
+            s = natsOptions_LoadCertificatesChain(opts, auth.cert_file.c_str(), auth.key_file.c_str());
+        const std::string host = url_host(url);
+        boost::system::error_code ec;
+        boost::asio::ip::make_address(host, ec);
+        if (s == NATS_OK && !host.empty() && ec) s = natsOptions_SetExpectedHostname(opts, host.c_str());
+        if (s != NATS_OK) {
+            natsOptions_Destroy(opts);
+            error = "NATS TLS settings: " + status_text(s);
+            return nullptr;
+        }
+    }
     if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
     if (s == NATS_OK) s = natsOptions_SetCustomReconnectDelay(opts, reconnect_delay, nullptr);
     if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 3000);

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "cluster/service_auth.h"
+
 // libnats' own type names, declared here so its header stays out of ours.
 struct __natsConnection;    // NOLINT(bugprone-reserved-identifier)
 struct __jsCtx;             // NOLINT(bugprone-reserved-identifier)
@@ -97,9 +99,10 @@ class Consumer {
 class JetStream {
   public:
     //! Connects (`nats://host:port`, comma-separated for a cluster) and creates the streams
-    //! (idempotent: an existing stream with the same settings is fine).
+    //! (idempotent: an existing stream with the same settings is fine). With `auth` it connects
+    //! as its user, and over TLS when it names a CA or a certificate.
     static std::unique_ptr<JetStream> connect(const std::string & url, std::string & error,
-                                              const std::string & user = {}, const std::string & password = {});
+                                              const ServiceCredentials & auth = {});
     ~JetStream();
     JetStream(const JetStream &) = delete;
 

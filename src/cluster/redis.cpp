@@ -1,6 +1,7 @@
 #include "cluster/redis.h"
 
 #include "cluster/cluster_config.h"
+#include "cluster/tls_relay.h"
 
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
@@ -10,10 +11,11 @@
 namespace armada::cluster {
 
 std::unique_ptr<RedisPool> RedisPool::open(const std::string & addr, int size, int timeout_ms, std::string & error,
-                                           const std::string & user, const std::string & password) {
+                                           const ServiceCredentials & auth) {
     std::unique_ptr<RedisPool> p(new RedisPool());
-    p->user_ = user;
-    p->password_ = password;
+    p->user_ = auth.user;
+    p->password_ = auth.password;
+    if (auth.tls() && !(p->tls_ = service_tls(auth, "redis", error))) return nullptr;
     const size_t colon = addr.rfind(':');
     if (colon == std::string::npos || colon == 0) {
         error = "redis address '" + addr + "' is not host:port";
@@ -54,7 +56,19 @@ RedisPool::~RedisPool() {
 
 redisContext * RedisPool::connect(std::string & error) const {
     timeval tv{timeout_ms_ / 1000, (timeout_ms_ % 1000) * 1000};
-    redisContext * c = redisConnectWithTimeout(host_.c_str(), port_, tv);
+    redisContext * c = nullptr;
+    if (tls_) {
+        // hiredis 0.14 speaks plain TCP: it gets a socket relayed through TLS.
+        std::string why;
+        const int fd = open_tls_relay(host_, port_, tls_, timeout_ms_, why);
+        if (fd < 0) {
+            error = "redis at " + host_ + ":" + std::to_string(port_) + " (TLS): " + why;
+            return nullptr;
+        }
+        c = redisConnectFd(fd);
+    } else {
+        c = redisConnectWithTimeout(host_.c_str(), port_, tv);
+    }
     if (!c || c->err) {
         error = "redis at " + host_ + ":" + std::to_string(port_) + ": " + (c ? c->errstr : "out of memory");
         if (c) redisFree(c);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "cluster/service_auth.h"
 #include "store/store.h"
 
 #include <chrono>
@@ -23,9 +24,10 @@ namespace armada::cluster {
 class RedisPool {
   public:
     //! `addr` is host:port. Opens `size` connections; an error if the first cannot be opened.
-    //! With `user` and `password` each connection authenticates first (AUTH, an ACL user).
+    //! With a user and password in `auth` each connection authenticates first (AUTH, an ACL
+    //! user); with a CA or a certificate there, it speaks TLS.
     static std::unique_ptr<RedisPool> open(const std::string & addr, int size, int timeout_ms, std::string & error,
-                                           const std::string & user = {}, const std::string & password = {});
+                                           const ServiceCredentials & auth = {});
     ~RedisPool();
     RedisPool(const RedisPool &) = delete;
 
@@ -48,6 +50,7 @@ class RedisPool {
   private:
     RedisPool() = default;
     std::string user_, password_;
+    std::shared_ptr<boost::asio::ssl::context> tls_;  // null: plain TCP
     struct Conn;
     //! Runs `argv` on a pooled connection; the reply's type and text/integer.
     struct Reply {

@@ -235,11 +235,10 @@ class Gateway {
         pc.read_connections = cfg_.pg_pool;
         store_ = store::PostgresStore::open(pc, err);
         if (!store_) return "PostgreSQL: " + err;
-        js_ = cluster::JetStream::connect(cfg_.nats, err, cfg_.nats_auth.user, cfg_.nats_auth.password);
+        js_ = cluster::JetStream::connect(cfg_.nats, err, cfg_.nats_auth);
         if (!js_) return "NATS at " + cfg_.nats + ": " + err;
         if (!cfg_.redis.empty()) {
-            redis_ = cluster::RedisPool::open(cfg_.redis, cfg_.redis_pool, 500, err, cfg_.redis_auth.user,
-                                              cfg_.redis_auth.password);
+            redis_ = cluster::RedisPool::open(cfg_.redis, cfg_.redis_pool, 500, err, cfg_.redis_auth);
             if (!redis_) return "Redis: " + err;
         }
         if (!cfg_.routing.tokenizer.empty()) {

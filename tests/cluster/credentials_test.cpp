@@ -84,15 +84,23 @@ TEST(Credentials, PostgresAsksEveryoneForAPasswordAndItsApplicationRoleIsNoSuper
     EXPECT_EQ(pg.url("app").find(password), std::string::npos);
 }
 
+namespace {
+cluster::ServiceCredentials wrong_password() {
+    cluster::ServiceCredentials c;
+    c.user = "armada";
+    c.password = "wrong";
+    return c;
+}
+}  // namespace
+
 TEST(Credentials, RedisRefusesAClientWithoutItsPasswordAndKeepsArmadasUserToItsKeys) {
     std::string err;
     EXPECT_FALSE(cluster::RedisPool::open(servers().redis.url(), 1, 1000, err)) << "no credentials";
     EXPECT_NE(err.find("NOAUTH"), std::string::npos) << err;
-    EXPECT_FALSE(cluster::RedisPool::open(servers().redis.url(), 1, 1000, err, "armada", "wrong"));
+    EXPECT_FALSE(cluster::RedisPool::open(servers().redis.url(), 1, 1000, err, wrong_password()));
     EXPECT_NE(err.find("refused user 'armada'"), std::string::npos) << err;
     EXPECT_EQ(err.find("wrong"), std::string::npos) << "the error never shows the password: " << err;
-    auto p = cluster::RedisPool::open(servers().redis.url(), 1, 1000, err, servers().redis.user(),
-                                      servers().redis.password());
+    auto p = cluster::RedisPool::open(servers().redis.url(), 1, 1000, err, servers().redis.credentials());
     ASSERT_TRUE(p) << err;
     EXPECT_TRUE(p->set("armada:t:x:probe", "1", 10000));
     EXPECT_FALSE(p->set("other:probe", "1", 10000)) << "a key outside armada: is refused";
@@ -117,9 +125,9 @@ TEST(Credentials, NatsRefusesAClientWithoutItsPasswordAndKeepsArmadasUserToItsSu
     std::string err;
     EXPECT_FALSE(cluster::JetStream::connect(servers().nats.url(), err)) << "no credentials";
     EXPECT_FALSE(err.empty());
-    EXPECT_FALSE(cluster::JetStream::connect(servers().nats.url(), err, "armada", "wrong"));
+    EXPECT_FALSE(cluster::JetStream::connect(servers().nats.url(), err, wrong_password()));
     EXPECT_EQ(err.find("wrong"), std::string::npos) << err;
-    auto js = cluster::JetStream::connect(servers().nats.url(), err, servers().nats.user(), servers().nats.password());
+    auto js = cluster::JetStream::connect(servers().nats.url(), err, servers().nats.credentials());
     ASSERT_TRUE(js) << err;
     EXPECT_EQ(mode_of(servers().nats.password_file()), 0600u);
 }
@@ -185,4 +193,53 @@ TEST(Credentials, EtcdWithAuthOnRefusesAClientWithoutCredentialsAndKeepsArmadaTo
     EXPECT_NE(c.put("/other/x", "1"), "");
     EXPECT_NE(c.get("/other/x", kv), "");
     EXPECT_EQ(etcd.stop(), "");
+}
+
+TEST(Credentials, AClusterFileTakesACaAndAClientCertificatePerServerAndChecksThemWhenRead) {
+    const std::string dir = servers().root + "/cfg-tls";
+    fs::create_directories(dir);
+    // A CA and a client certificate it signed, made with the openssl command.
+    std::string err;
+    const auto ossl = [&](std::vector<std::string> args) {
+        args.insert(args.begin(), "/usr/bin/openssl");
+        return cluster::run_command(args, dir + "/openssl.log", "", err);
+    };
+    ASSERT_EQ(ossl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+                    dir + "/ca.key", "-out", dir + "/ca.crt", "-days", "2", "-subj", "/CN=test CA"}),
+              0)
+        << cluster::tail_of(dir + "/openssl.log");
+    ASSERT_EQ(ossl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+                    dir + "/client.key", "-out", dir + "/client.crt", "-days", "2", "-subj", "/CN=client"}),
+              0);
+    ::chmod((dir + "/client.key").c_str(), 0600);
+    const std::string pw = dir + "/pw";
+    ASSERT_EQ(cluster::write_private(pw, "s3cret\n"), "");
+    const std::string base = "etcd: [127.0.0.1:2379]\npostgres: [postgres://a@h/d, \"postgres://a@h/e?passfile=/p\"]\n";
+    const std::string tls =
+        "ca_file: " + dir + "/ca.crt, cert_file: " + dir + "/client.crt, key_file: " + dir + "/client.key";
+    auto c =
+        cluster::parse_cluster_config(base + "credentials:\n  nats: {user: armada, password_file: " + pw + ", " + tls +
+                                          "}\n  postgres: {" + tls + "}\n  etcd: {ca_file: " + dir + "/ca.crt}\n",
+                                      err);
+    ASSERT_TRUE(c) << err;
+    EXPECT_TRUE(c->nats_auth.tls());
+    EXPECT_EQ(c->nats_auth.cert_file, dir + "/client.crt");
+    EXPECT_TRUE(c->etcd_auth.tls());
+    EXPECT_TRUE(c->etcd_auth.user.empty()) << "TLS alone, no password";
+    EXPECT_FALSE(c->redis_auth.tls());
+    // libpq's own TLS settings go on each PostgreSQL URL.
+    EXPECT_EQ(c->postgres[0], "postgres://a@h/d?sslmode=verify-full&sslrootcert=" + dir + "/ca.crt&sslcert=" + dir +
+                                  "/client.crt&sslkey=" + dir + "/client.key");
+    EXPECT_EQ(c->postgres[1].rfind("postgres://a@h/e?passfile=/p&sslmode=verify-full&", 0), 0u) << c->postgres[1];
+
+    const auto refused = [&](const std::string & creds, const std::string & why) {
+        EXPECT_FALSE(cluster::parse_cluster_config(base + "credentials:\n" + creds + "\n", err)) << creds;
+        EXPECT_NE(err.find(why), std::string::npos) << err;
+    };
+    refused("  redis: {ca_file: " + dir + "/nothing.crt}", "credentials.redis.ca_file: cannot read");
+    refused("  redis: {cert_file: " + dir + "/client.crt}", "cert_file and key_file go together");
+    refused("  redis: {ca_file: " + pw + "}", "credentials.redis: ca_file");  // not PEM
+    refused("  postgres: {user: a, ca_file: " + dir + "/ca.crt}", "unknown setting 'user'");
+    ::chmod((dir + "/client.key").c_str(), 0644);
+    refused("  nats: {" + tls + "}", "chmod 600");
 }

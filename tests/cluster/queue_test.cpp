@@ -16,7 +16,7 @@ namespace {
 
 std::unique_ptr<JetStream> connect() {
     std::string err;
-    auto js = JetStream::connect(servers().nats.url(), err, servers().nats.user(), servers().nats.password());
+    auto js = JetStream::connect(servers().nats.url(), err, servers().nats.credentials());
     EXPECT_TRUE(js) << err;
     return js;
 }

@@ -15,7 +15,7 @@ namespace {
 
 std::unique_ptr<RedisPool> pool() {
     std::string err;
-    auto p = RedisPool::open(servers().redis.url(), 2, 300, err, servers().redis.user(), servers().redis.password());
+    auto p = RedisPool::open(servers().redis.url(), 2, 300, err, servers().redis.credentials());
     EXPECT_TRUE(p) << err;
     return p;
 }
@@ -118,7 +118,7 @@ TEST(QuotasOnRedis, WithRedisHungEachGatewayAdmitsItsShareAndSharesAgainAfter) {
 
 TEST(RedisPool, ACallThatFindsEveryConnectionTakenWaitsAndTheMetricsSaySo) {
     std::string err;
-    auto p = RedisPool::open(servers().redis.url(), 1, 2000, err, servers().redis.user(), servers().redis.password());
+    auto p = RedisPool::open(servers().redis.url(), 1, 2000, err, servers().redis.credentials());
     ASSERT_TRUE(p) << err;
     // One call holds the only connection for about 300 ms (a script that spins on the clock).
     std::thread busy([&] {

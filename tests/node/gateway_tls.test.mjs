@@ -1,6 +1,8 @@
 // `armada cluster up --tls`: the gateway serves HTTPS with a certificate from the cluster's own
 // CA, and an agent session runs its whole course through it (create, events, result), verified
-// against that CA. Plain HTTP on the same port gets no answer.
+// against that CA. Plain HTTP on the same port gets no answer. PostgreSQL, etcd, NATS and Redis
+// take TLS only, and every process of the cluster reaches them over it, checking the CA.
+import { spawnSync } from 'node:child_process';
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -59,7 +61,7 @@ test('cluster up --tls: the gateway speaks HTTPS with a certificate its CA signe
   // Verified against the cluster's CA; refused by a client that trusts only the system's.
   assert.equal((await request(cluster.gw + '/health')).status, 200);
   await assert.rejects(request(cluster.gw + '/health', { trust: null }), /self.signed|unable to (get|verify)|certificate/i);
-  const key = path.join(dir, 'c', 'tls', 'gateway.key');
+  const key = path.join(dir, 'c', 'tls', 'server.key');
   assert.equal(fs.statSync(key).mode & 0o777, 0o600);
   // Plain HTTP on the HTTPS port gets no HTTP answer.
   const { port } = new URL(cluster.gw);
@@ -105,4 +107,43 @@ test('an agent session runs its whole course through the HTTPS gateway', async (
   });
   assert.match(text, /event: message/);
   assert.match(text, /event: state\ndata: [^\n]*"completed"/);
+});
+
+// The first bytes a server sends on a plain connection (or '' when it sends none within 3 s).
+function greeting(port, send = '') {
+  return new Promise((resolve) => {
+    const s = net.createConnection({ host: '127.0.0.1', port }, () => { if (send) s.write(send); });
+    let got = '';
+    s.on('data', (d) => { got += d; });
+    s.on('close', () => resolve(got));
+    s.on('error', () => resolve(got));
+    setTimeout(() => { s.destroy(); resolve(got); }, 3000);
+  });
+}
+
+test('cluster up --tls: PostgreSQL, etcd, NATS and Redis take TLS only, and the cluster file has each client check the CA', async () => {
+  const st = JSON.parse(fs.readFileSync(path.join(dir, 'c', 'cluster.json'), 'utf8'));
+  const yaml = fs.readFileSync(st.config, 'utf8');
+  const caFile = path.join(dir, 'c', 'tls', 'ca.crt');
+  for (const s of ['etcd', 'nats', 'redis'])
+    assert.ok(yaml.includes(`ca_file: ${JSON.stringify(caFile)}`) && new RegExp(`^  ${s}: \\{.*ca_file`, 'm').test(yaml), yaml);
+  // PostgreSQL: over TLS, checked against the CA, it answers; without TLS it refuses.
+  const pg = st.servers.postgres.url;
+  assert.match(pg, /sslmode=verify-full&sslrootcert=/);
+  const ok = spawnSync('psql', [pg, '-Atc', 'select ssl from pg_stat_ssl where pid = pg_backend_pid()'], { encoding: 'utf8' });
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.equal(ok.stdout.trim(), 't');
+  const plainPg = spawnSync('psql', [pg.replace('sslmode=verify-full', 'sslmode=disable'), '-Atc', 'select 1'], { encoding: 'utf8' });
+  assert.notEqual(plainPg.status, 0);
+  assert.match(plainPg.stderr, /no pg_hba\.conf entry|no encryption/, plainPg.stderr);
+  // etcd: HTTPS with the CA answers; plain HTTP gets no HTTP answer.
+  const { port: etcdPort } = new URL(`http://${st.servers.etcd.endpoint}`);
+  assert.equal((await request(`https://${st.servers.etcd.endpoint}/health`)).status, 200);
+  assert.doesNotMatch(await greeting(Number(etcdPort), 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n'), /^HTTP\/1\.1 200/);
+  // NATS: its greeting demands TLS before anything else.
+  const natsPort = Number(st.servers.nats.url.split(':').at(-1));
+  assert.match(await greeting(natsPort), /^INFO .*"tls_required":true/);
+  // Redis: its one port speaks TLS; a plain PING gets no PONG.
+  const redisPort = Number(st.servers.redis.url.split(':').at(-1));
+  assert.doesNotMatch(await greeting(redisPort, 'PING\r\n'), /PONG/);
 });
