@@ -72,7 +72,9 @@ int drain_command(const DrainOptions & o) {
     ho.follow_redirects = false;
     std::shared_ptr<boost::asio::ssl::context> tls;
     if (url.rfind("https://", 0) == 0) {
-        tls = tools::client_tls("", err);
+        // Checked against the cluster's CA too, when the cluster file names one for its nodes.
+        tls = cfg->nodes_auth.tls() ? cluster::service_tls(cfg->nodes_auth, "credentials.nodes", err)
+                                    : tools::client_tls("", err);
         if (!tls) return fail("TLS: " + err);
         ho.tls = tls.get();
     }

@@ -337,6 +337,7 @@ int cluster_up(const ClusterUpOptions & o) {
           << ca << "}\n"
           << "  redis: {user: " << json(redis.user()).dump()
           << ", password_file: " << json(redis.password_file()).dump() << ca << "}\n"
+          << (o.tls ? "  nodes: {ca_file: " + json(server_tls.ca_file).dump() + "}\n" : std::string())
           << "lease_ttl_s: " << o.lease_ttl_s << "\n"
           << "cells:\n";
         for (int c = 0; c < o.cells; ++c)
@@ -405,7 +406,7 @@ int cluster_up(const ClusterUpOptions & o) {
             p.name = cell + "-node" + std::to_string(n);
             p.log = logs + p.name + ".log";
             const int port = cluster::free_port();
-            p.url = "http://127.0.0.1:" + std::to_string(port);
+            p.url = std::string(o.tls ? "https" : "http") + "://127.0.0.1:" + std::to_string(port);
             p.argv = {exe,           "serve",
                       "--cluster",   cfg_path,
                       "--cell",      cell,
@@ -416,6 +417,8 @@ int cluster_up(const ClusterUpOptions & o) {
                       "--no-pin"};
             if (!o.agents_file.empty()) p.argv.insert(p.argv.end(), {"--agents", o.agents_file});
             if (!o.api_key_file.empty()) p.argv.insert(p.argv.end(), {"--api-key-file", o.api_key_file});
+            // With --tls a node serves HTTPS (gateways and other nodes check it against the CA).
+            if (o.tls) p.argv.insert(p.argv.end(), {"--ssl-cert-file", tls_cert, "--ssl-key-file", tls_key});
             p.argv.insert(p.argv.end(), o.node_args.begin(), o.node_args.end());
             p.version = o.version_label;
             procs.push_back(std::move(p));

@@ -17,6 +17,7 @@
 #include "engine/model.h"
 #include "gateway/pool_steps.h"
 #include "gateway/pools.h"
+#include "gateway/upstream.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
@@ -232,6 +233,7 @@ int serve(const ServeOptions & opt) {
 
     // Cluster mode: the cluster file names the servers; state lives in its PostgreSQL.
     std::optional<cluster::ClusterConfig> ccfg;
+    std::shared_ptr<boost::asio::ssl::context> node_tls;  // credentials: nodes:, when it names a CA
     std::string node_name = opt.node_name;
     if (!opt.cluster_file.empty()) {
         std::string cerr;
@@ -243,6 +245,16 @@ int serve(const ServeOptions & opt) {
         if (!cluster::valid_cell_or_node_name(opt.cell)) {
             fprintf(stderr, "error: --cluster needs --cell NAME (1..63 of A-Z a-z 0-9 . _ -)\n");
             return 2;
+        }
+        // Other nodes (their KV) and pools over HTTPS are checked against the cluster's CA too.
+        if (ccfg->nodes_auth.tls()) {
+            std::string terr;
+            node_tls = cluster::service_tls(ccfg->nodes_auth, "credentials.nodes", terr);
+            if (!node_tls) {
+                fprintf(stderr, "error: --cluster %s: %s\n", opt.cluster_file.c_str(), terr.c_str());
+                return 2;
+            }
+            gateway::set_upstream_tls(node_tls);
         }
         if (node_name.empty()) {
             char host[256] = {};
@@ -717,7 +729,7 @@ int serve(const ServeOptions & opt) {
                     .set(double(l.kv_budget - l.kv_headroom) / double(l.kv_budget));
             return l;
         };
-        auto fetch = [&eng, &peer_keys, tls = tool_tls, disk = ecfg.kv_disk_limit](
+        auto fetch = [&eng, &peer_keys, tls = node_tls ? node_tls : tool_tls, disk = ecfg.kv_disk_limit](
                          const std::string & id, const std::string & from, const std::string & from_url,
                          uint64_t stated) {
             return fetch_kv(eng, id, from, from_url, peer_keys, tls.get(), disk, stated);

@@ -261,12 +261,14 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
                                            : k == "nats"     ? &c.nats_auth
                                            : k == "etcd"     ? &c.etcd_auth
                                            : k == "postgres" ? &c.postgres_auth
+                                           : k == "nodes"    ? &c.nodes_auth
                                                              : nullptr;
                 if (!out) {
-                    error = "credentials: unknown server '" + k + "' (there are redis, nats, etcd and postgres)";
+                    error = "credentials: unknown server '" + k + "' (there are redis, nats, etcd, postgres and nodes)";
                     return std::nullopt;
                 }
-                if (!parse_service_credentials(kv.second, "credentials." + k, k != "postgres", *out, error))
+                if (!parse_service_credentials(kv.second, "credentials." + k, k != "postgres" && k != "nodes", *out,
+                                               error))
                     return std::nullopt;
             }
         }

@@ -50,6 +50,7 @@ struct ClusterConfig {
     int redis_pool = 8;
     ServiceCredentials redis_auth, nats_auth, etcd_auth;  // `credentials:`; empty: none
     ServiceCredentials postgres_auth;                     // TLS files only (passwords: a passfile)
+    ServiceCredentials nodes_auth;                        // TLS files only: how gateways and nodes check a node's HTTPS
     std::vector<CellConfig> cells;  // empty: the global brain takes the cells it finds, with defaults
     RoutingConfig routing;          // GPU pools and the rules that send requests there (pools.h)
     RolloutDefaults rollout;

@@ -230,6 +230,12 @@ class Gateway {
 
     std::string start() {
         std::string err;
+        // Nodes (and pools) over HTTPS are checked against the cluster's CA too.
+        if (cfg_.nodes_auth.tls()) {
+            auto tls = cluster::service_tls(cfg_.nodes_auth, "credentials.nodes", err);
+            if (!tls) return err;
+            set_upstream_tls(std::move(tls));
+        }
         store::PostgresConfig pc;
         pc.urls = cfg_.postgres;
         pc.read_connections = cfg_.pg_pool;

@@ -3,12 +3,15 @@
 #include "gateway/checks.h"
 
 #include "tools/http_tool.h"
+#include "tools/tls.h"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include <strings.h>
 #include <sys/socket.h>
@@ -30,11 +33,22 @@ using tcp = net::ip::tcp;
 
 namespace {
 
-//! A kept-alive connection to a node, with the io_context its blocking calls run on.
+//! A kept-alive connection to a node, with the io_context its blocking calls run on: plain TCP,
+//! or TLS over it (https://).
 struct Conn {
     net::io_context ioc;
-    beast::tcp_stream stream{ioc};
+    std::unique_ptr<beast::tcp_stream> plain;
+    std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> secure;
+    beast::tcp_stream & tcp() { return secure ? secure->next_layer() : *plain; }
 };
+
+//! What https:// upstreams are checked against (set_upstream_tls); the system's CA store until
+//! a process sets it.
+std::mutex tls_mu;
+std::shared_ptr<net::ssl::context> & upstream_tls() {
+    static std::shared_ptr<net::ssl::context> ctx;
+    return ctx;
+}
 
 //! Idle connections by node: a request reuses one instead of paying for a TCP handshake.
 class Idle {
@@ -49,7 +63,7 @@ class Idle {
             auto c = std::move(v.back());
             v.pop_back();
             char b;
-            const ssize_t n = ::recv(c->stream.socket().native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+            const ssize_t n = ::recv(c->tcp().socket().native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return c;  // open, and quiet
         }
         return nullptr;
@@ -170,6 +184,11 @@ void CancelToken::attach(int fd) {
     if ((cancelled_ || expired_) && fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
 
+void set_upstream_tls(std::shared_ptr<boost::asio::ssl::context> tls) {
+    std::lock_guard lk(tls_mu);
+    upstream_tls() = std::move(tls);
+}
+
 UpstreamReply forward(const std::string & base, const std::string & method, const std::string & target,
                       const HeaderList & headers, const std::string & body, int timeout_ms,
                       const std::function<bool(const UpstreamReply &)> & on_head,
@@ -197,10 +216,24 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
         }
     }
     tools::Url u;
-    if (!tools::parse_url(base, u) || u.scheme != "http") {
+    if (!tools::parse_url(base, u) || (u.scheme != "http" && u.scheme != "https")) {
         UpstreamReply out;
-        out.error = "not an http:// URL: " + base;
+        out.error = "not an http:// or https:// URL: " + base;
         return out;
+    }
+    std::shared_ptr<net::ssl::context> tls;
+    if (u.scheme == "https") {
+        std::lock_guard lk(tls_mu);
+        if (!upstream_tls()) {
+            std::string err;
+            upstream_tls() = tools::client_tls({}, err);
+        }
+        tls = upstream_tls();
+        if (!tls) {
+            UpstreamReply out;
+            out.error = "no TLS for " + base + ": the system's CA store cannot be loaded";
+            return out;
+        }
     }
     http::request<http::string_body> req;
     req.version(11);
@@ -232,71 +265,87 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
         try {
             if (!c) {
                 c = std::make_unique<Conn>();
-                c->stream.expires_after(std::chrono::milliseconds(timeout_ms));
+                if (tls)
+                    c->secure = std::make_unique<beast::ssl_stream<beast::tcp_stream>>(c->ioc, *tls);
+                else
+                    c->plain = std::make_unique<beast::tcp_stream>(c->ioc);
+                c->tcp().expires_after(std::chrono::milliseconds(timeout_ms));
                 tcp::resolver resolver(c->ioc);
-                c->stream.connect(resolver.resolve(u.host, u.port));
+                c->tcp().connect(resolver.resolve(u.host, u.port));
+                if (c->secure) {
+                    // The certificate must name the host the URL does.
+                    tools::expect_peer_name(c->secure->native_handle(), u.host);
+                    if (cancel) cancel->attach(c->tcp().socket().native_handle());
+                    beast::error_code hec;
+                    c->secure->handshake(net::ssl::stream_base::client, hec);
+                    if (hec) throw std::runtime_error(tools::tls_failure(hec, c->secure->native_handle(), u.host));
+                }
             }
-            c->stream.expires_after(std::chrono::milliseconds(timeout_ms));
-            if (cancel) cancel->attach(c->stream.socket().native_handle());
-            http::write(c->stream, req);
-            sent = true;
-            out.sent = true;
-            beast::flat_buffer buf;
-            http::response_parser<http::buffer_body> p;
-            p.body_limit(std::uint64_t(1) << 40);
-            http::read_header(c->stream, buf, p);
-            got_head = true;
-            out.status = int(p.get().result_int());
-            for (const auto & f : p.get()) {
-                const std::string name(f.name_string());
-                std::string lower = name;
-                for (auto & ch : lower)
-                    ch = char(std::tolower(static_cast<unsigned char>(ch)));
-                if (lower == "content-type" || lower == "retry-after" || lower == "x-request-id" ||
-                    lower.rfind("x-ratelimit", 0) == 0 || lower == "www-authenticate")
-                    out.headers.emplace_back(name, std::string(f.value()));
-            }
-            const bool stream_body = on_head && on_chunk && on_head(out);
-            out.streamed = stream_body;
-            char tmp[16384];
-            bool reading = true;
-            // A stream (SSE) may be quiet for long: only the connect and the head have a deadline.
-            if (stream_body) {
-                c->stream.expires_never();
-                deadline.clear();
-            }
-            // A stream may be quiet for long, unless the caller says how long is too long.
-            auto rearm = [&] {
-                if (!stream_body || idle_ms <= 0) return;
-                deadline.clear();
-                deadline.id = deadlines().add(Deadlines::Clock::now() + std::chrono::milliseconds(idle_ms), cancel);
-            };
-            rearm();
-            while (!p.is_done() && reading) {
-                p.get().body().data = tmp;
-                p.get().body().size = sizeof tmp;
-                beast::error_code ec;
-                http::read_some(c->stream, buf, p, ec);
-                if (ec == http::error::need_buffer) ec = {};
-                if (ec) throw beast::system_error(ec);
-                const size_t n = sizeof tmp - p.get().body().size;
-                if (n == 0) continue;
+            c->tcp().expires_after(std::chrono::milliseconds(timeout_ms));
+            if (cancel) cancel->attach(c->tcp().socket().native_handle());
+            auto exchange = [&](auto & stream) {
+                http::write(stream, req);
+                sent = true;
+                out.sent = true;
+                beast::flat_buffer buf;
+                http::response_parser<http::buffer_body> p;
+                p.body_limit(std::uint64_t(1) << 40);
+                http::read_header(stream, buf, p);
+                got_head = true;
+                out.status = int(p.get().result_int());
+                for (const auto & f : p.get()) {
+                    const std::string name(f.name_string());
+                    std::string lower = name;
+                    for (auto & ch : lower)
+                        ch = char(std::tolower(static_cast<unsigned char>(ch)));
+                    if (lower == "content-type" || lower == "retry-after" || lower == "x-request-id" ||
+                        lower.rfind("x-ratelimit", 0) == 0 || lower == "www-authenticate")
+                        out.headers.emplace_back(name, std::string(f.value()));
+                }
+                const bool stream_body = on_head && on_chunk && on_head(out);
+                out.streamed = stream_body;
+                char tmp[16384];
+                bool reading = true;
+                // A stream (SSE) may be quiet for long: only the connect and the head have a deadline.
                 if (stream_body) {
-                    reading = on_chunk(std::string_view(tmp, n));
-                    rearm();
-                } else
-                    out.body.append(tmp, n);
-            }
+                    c->tcp().expires_never();
+                    deadline.clear();
+                }
+                // A stream may be quiet for long, unless the caller says how long is too long.
+                auto rearm = [&] {
+                    if (!stream_body || idle_ms <= 0) return;
+                    deadline.clear();
+                    deadline.id = deadlines().add(Deadlines::Clock::now() + std::chrono::milliseconds(idle_ms), cancel);
+                };
+                rearm();
+                while (!p.is_done() && reading) {
+                    p.get().body().data = tmp;
+                    p.get().body().size = sizeof tmp;
+                    beast::error_code ec;
+                    http::read_some(stream, buf, p, ec);
+                    if (ec == http::error::need_buffer) ec = {};
+                    if (ec) throw beast::system_error(ec);
+                    const size_t n = sizeof tmp - p.get().body().size;
+                    if (n == 0) continue;
+                    if (stream_body) {
+                        reading = on_chunk(std::string_view(tmp, n));
+                        rearm();
+                    } else
+                        out.body.append(tmp, n);
+                }
+                // A whole 2xx answer on a connection both sides keep may serve the next request.
+                return !stream_body && p.is_done() && p.keep_alive() && buf.size() == 0 && out.status >= 200 &&
+                       out.status < 300;
+            };
+            const bool keep = c->secure ? exchange(*c->secure) : exchange(*c->plain);
             if (cancel) cancel->attach(-1);
-            // A whole 2xx answer on a connection both sides keep: it serves the next request. After
-            // any other answer the connection is closed, so whatever the node may still send on it
-            // never reaches another client's request.
-            if (!stream_body && p.is_done() && p.keep_alive() && buf.size() == 0 && out.status >= 200 &&
-                out.status < 300) {
+            // After any answer but a whole 2xx one the connection is closed, so whatever the node
+            // may still send on it never reaches another client's request.
+            if (keep) {
                 idle().give(base, std::move(c));
             } else {
                 beast::error_code ec;
-                c->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+                c->tcp().socket().shutdown(tcp::socket::shutdown_both, ec);
             }
             return out;
         } catch (const std::exception & e) {

@@ -8,7 +8,15 @@
 #include <utility>
 #include <vector>
 
+namespace boost::asio::ssl {
+class context;
+}
+
 namespace armada::gateway {
+
+//! What `forward` checks https:// upstreams against (the system's CA store until it is set; the
+//! cluster's CA, `credentials: nodes:`, for TLS between its processes). Set once at start.
+void set_upstream_tls(std::shared_ptr<boost::asio::ssl::context> tls);
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
@@ -45,7 +53,7 @@ struct UpstreamReply {
     bool invalid = false;
 };
 
-//! Sends one request to a node (`base` is http://host:port) and reads its answer. `on_head` runs
+//! Sends one request to a node (`base` is http://host:port or https://host:port) and reads its answer. `on_head` runs
 //! once the status and headers are in and says whether to stream the body: then `on_chunk` gets
 //! the body as it arrives (SSE) and may return false to stop. Blocking; run on a worker thread.
 //! `timeout_ms` bounds the connect and the head, and the whole body unless it streams; a stream

@@ -1,7 +1,7 @@
 // `armada cluster up --tls`: the gateway serves HTTPS with a certificate from the cluster's own
 // CA, and an agent session runs its whole course through it (create, events, result), verified
-// against that CA. Plain HTTP on the same port gets no answer. PostgreSQL, etcd, NATS and Redis
-// take TLS only, and every process of the cluster reaches them over it, checking the CA.
+// against that CA. Plain HTTP on the same port gets no answer. The nodes, PostgreSQL, etcd, NATS
+// and Redis take TLS only, and every process of the cluster reaches them over it, checking the CA.
 import { spawnSync } from 'node:child_process';
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -143,6 +143,12 @@ test('cluster up --tls: PostgreSQL, etcd, NATS and Redis take TLS only, and the 
   // NATS: its greeting demands TLS before anything else.
   const natsPort = Number(st.servers.nats.url.split(':').at(-1));
   assert.match(await greeting(natsPort), /^INFO .*"tls_required":true/);
+  // Nodes: HTTPS with the cluster's certificate (the gateway reaches them over it), no plain HTTP.
+  const node = st.processes.find((p) => p.role === 'node');
+  assert.match(node.url, /^https:\/\/127\.0\.0\.1:\d+$/);
+  assert.equal((await request(node.url + '/health')).status, 200);
+  assert.doesNotMatch(await greeting(Number(new URL(node.url).port), 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n'), /^HTTP\/1\.1 200/);
+  assert.match(yaml, /^  nodes: \{ca_file: /m);
   // Redis: its one port speaks TLS; a plain PING gets no PONG.
   const redisPort = Number(st.servers.redis.url.split(':').at(-1));
   assert.doesNotMatch(await greeting(redisPort, 'PING\r\n'), /PONG/);
