@@ -436,6 +436,11 @@ int main(int argc, char ** argv) {
                    "a tenant's open session event streams through this gateway; beyond it, 429")
         ->check(CLI::Range(1, 100000))
         ->capture_default_str();
+    gw->add_option("--reads-per-minute", gwo.reads_per_minute,
+                   "reads (GET, DELETE, event streams) one key may make a minute across the gateways; beyond it, "
+                   "429 (admin keys: no limit; 0: none)")
+        ->check(CLI::Range(int64_t(0), int64_t(100000000)))
+        ->capture_default_str();
     gw->add_option("--ssl-cert-file", gwo.http.ssl_cert_file, "PEM certificate (chain) for HTTPS");
     gw->add_option("--ssl-key-file", gwo.http.ssl_key_file, "PEM private key for HTTPS");
     gw->add_option("--log-level", gwo.log_level, "trace, debug, info, warn, error")->capture_default_str();

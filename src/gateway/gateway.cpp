@@ -904,6 +904,13 @@ class Gateway {
                                               int64_t(key->limits->requests_per_min)))
                     return refuse(out, caller, *r);
             }
+        } else if (!caller.admin && o_.reads_per_minute > 0) {
+            // Reads start no work, but each holds a worker and reaches a node or the store: a key
+            // has a budget of its own for them.
+            if (auto r = quotas_->request(caller.tenant + ":reads:" + caller.account, o_.reads_per_minute)) {
+                r->quota = "reads_per_minute";
+                return refuse(out, caller, *r);
+            }
         }
         ++requests_;
         if (parts.size() == 4 && parts[0] == "v1" && parts[1] == "agents" && parts[3] == "sessions" &&

@@ -20,6 +20,9 @@ struct GatewayOptions {
     size_t max_workers = 1024;
     //! A tenant's concurrent session event streams through this gateway; beyond it, 429.
     size_t max_streams_per_tenant = 256;
+    //! Reads (GET, DELETE, event streams opened) a key may make a minute, shared by the gateways
+    //! as rpm is; beyond it, 429. Admin keys are not counted. 0: no limit.
+    int64_t reads_per_minute = 6000;
 };
 
 //! `armada gateway`: the single entry of a cluster, with the API of a node. It checks API keys as a

@@ -15,12 +15,13 @@ const B = { Authorization: 'Bearer sk-beta' };
 const ADMIN = { Authorization: 'Bearer sk-ops' };
 const STREAM_CAP = 24;
 const CONN_CAP = 64;
+const READ_CAP = 1500;  // above what the other tests read with one key
 let dir, cluster, gw, nodeUrl;
 
 before(async () => {
   dir = tempDir('armada-gw-hostile-');
   fs.chmodSync(dir, 0o755);
-  fs.writeFileSync(path.join(dir, 'keys'), 'sk-acme tenant=acme\nsk-beta tenant=beta\nsk-ops admin\n');
+  fs.writeFileSync(path.join(dir, 'keys'), 'sk-acme tenant=acme\nsk-beta tenant=beta\nsk-reader tenant=beta\nsk-ops admin\n');
   fs.writeFileSync(path.join(dir, 'agents.yaml'), `agents:
   - id: talker
     instructions: Answer briefly.
@@ -32,6 +33,7 @@ before(async () => {
     '--gateway-arg=--max-streams-per-tenant', `--gateway-arg=${STREAM_CAP}`,
     '--gateway-arg=--header-timeout', '--gateway-arg=2',
     '--gateway-arg=--max-connections-per-client', `--gateway-arg=${CONN_CAP}`,
+    '--gateway-arg=--reads-per-minute', `--gateway-arg=${READ_CAP}`,
     '--node-arg=-np', '--node-arg=4', '--node-arg=-c', '--node-arg=2048']);
   gw = cluster.gw;
   await waitFor('a node in the cluster', async () =>
@@ -236,4 +238,25 @@ test('one client address holds at most its cap of connections; the next gets 429
   await sleep(300);
   const r = await fetch(`${gw}/v1/models`, { headers: A });
   assert.equal(r.status, 200);
+});
+
+test('a key has a budget of reads a minute: past it, 429 with Retry-After, and another key still reads', async () => {
+  const R = { Authorization: 'Bearer sk-reader' };
+  let ok = 0, refused = null;
+  while (!refused && ok <= READ_CAP) {
+    const rs = await Promise.all(Array.from({ length: 10 }, () => fetch(`${gw}/v1/models`, { headers: R })));
+    for (const r of rs) {
+      if (r.status === 200) { ok++; await r.arrayBuffer(); continue; }
+      const j = await r.json();
+      assert.equal(r.status, 429, JSON.stringify(j));
+      refused ??= { retryAfter: r.headers.get('retry-after'), j };
+    }
+  }
+  assert.ok(refused, `${ok} reads, none refused`);
+  assert.equal(ok, READ_CAP, JSON.stringify(refused.j));
+  assert.equal(refused.j.error.param, 'reads_per_minute', JSON.stringify(refused.j));
+  assert.ok(Number(refused.retryAfter) >= 1);
+  // The budget is the key's: another key of the same tenant reads, and an admin key is not counted.
+  assert.equal((await fetch(`${gw}/v1/models`, { headers: B })).status, 200);
+  assert.equal((await fetch(`${gw}/v1/models`, { headers: ADMIN })).status, 200);
 });
