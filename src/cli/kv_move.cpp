@@ -158,6 +158,8 @@ agent::MoveNote fetch_kv(engine::EngineSet & eng, const std::string & session, c
         return note;
     };
     if (source_url.empty()) return finish("node " + from_node + " is gone");
+    // The move command states the most the journal can be; without it, nothing is fetched.
+    if (stated == 0) return finish("the move command states no KV size (its node offered none)");
     const auto [path, engine] = eng.incoming_kv(session);
     if (path.empty()) return finish("this node keeps no KV journal");
     // The source's address comes from etcd, which the operator runs: any address is allowed.

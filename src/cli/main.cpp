@@ -18,6 +18,7 @@
 #include "obs/trace.h"
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 
 #include <cstdio>
 #include <cstdlib>
@@ -287,6 +288,9 @@ std::vector<int> parse_list(const std::string & s) {
 }  // namespace
 
 int main(int argc, char ** argv) {
+    // A peer that closed its end (a client, a node, Redis through its TLS relay) is an error on
+    // that write, never a signal that ends the process.
+    std::signal(SIGPIPE, SIG_IGN);
     CLI::App app{"armada: serves LLM agents from CPU nodes (OpenAI-compatible API on llama.cpp)"};
     app.require_subcommand(1);
     std::string otlp_endpoint;  // every long-running process traces and logs the same way

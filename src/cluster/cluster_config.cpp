@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -302,12 +303,29 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
     // TLS to PostgreSQL is libpq's own: the server's certificate checked against the CA and the
     // host name (verify-full), or only encrypted when no CA is named.
     if (c.postgres_auth.tls()) {
+        // libpq 15 has no "system" CA store: a server is checked against the named CA or not at
+        // all, and not at all is not offered.
+        if (c.postgres_auth.ca_file.empty()) {
+            error = "credentials.postgres: name the CA (ca_file) that signed the server's certificate";
+            return std::nullopt;
+        }
+        auto enc = [](const std::string & path) {
+            std::string out;
+            for (unsigned char ch : path) {
+                if (std::isalnum(ch) || ch == '/' || ch == '-' || ch == '_' || ch == '.' || ch == '~') {
+                    out += char(ch);
+                } else {
+                    char b[4];
+                    std::snprintf(b, sizeof b, "%%%02X", ch);
+                    out += b;
+                }
+            }
+            return out;
+        };
         for (auto & u : c.postgres) {
-            std::string q = c.postgres_auth.ca_file.empty()
-                                ? "sslmode=require"
-                                : "sslmode=verify-full&sslrootcert=" + c.postgres_auth.ca_file;
+            std::string q = "sslmode=verify-full&sslrootcert=" + enc(c.postgres_auth.ca_file);
             if (!c.postgres_auth.cert_file.empty())
-                q += "&sslcert=" + c.postgres_auth.cert_file + "&sslkey=" + c.postgres_auth.key_file;
+                q += "&sslcert=" + enc(c.postgres_auth.cert_file) + "&sslkey=" + enc(c.postgres_auth.key_file);
             u += (u.find('?') == std::string::npos ? "?" : "&") + q;
         }
     }
@@ -317,7 +335,9 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
 EtcdClient make_etcd(const ClusterConfig & c, int timeout_ms) {
     EtcdClient e(c.etcd, timeout_ms);
     if (!c.etcd_auth.user.empty()) e.set_credentials(c.etcd_auth.user, c.etcd_auth.password);
-    if (c.etcd_auth.tls()) {
+    const bool https =
+        std::any_of(c.etcd.begin(), c.etcd.end(), [](const std::string & ep) { return ep.rfind("https://", 0) == 0; });
+    if (c.etcd_auth.tls() || https) {
         // The files were checked when the cluster file was read; should they fail now, every
         // call fails with why, and none goes out in the clear.
         std::string err;

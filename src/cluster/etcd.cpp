@@ -228,6 +228,11 @@ std::string EtcdClient::call_raw(const std::string & path, const std::string & b
             last = "bad etcd endpoint '" + ep + "' (want host:port)";
             continue;
         }
+        if (!tls_ && ep.rfind("https://", 0) == 0) {
+            // Never a token or a password in the clear to an endpoint that asked for TLS.
+            last = "etcd at " + ep + ": an https:// endpoint, and this client has no TLS";
+            continue;
+        }
         net::io_context ioc;
         tcp::resolver resolver(ioc);
         http::request<http::string_body> req{http::verb::post, path, 11};
@@ -515,6 +520,10 @@ std::string EtcdClient::stream(const std::string & path, const std::string & bod
     for (const auto & ep : endpoints_) {
         std::string host, port;
         if (!split_endpoint(ep, host, port)) continue;
+        if (!tls_ && ep.rfind("https://", 0) == 0) {
+            last = "etcd at " + ep + ": an https:// endpoint, and this client has no TLS";
+            continue;
+        }
         net::io_context ioc;
         tcp::resolver resolver(ioc);
         http::request<http::string_body> req{http::verb::post, path, 11};
@@ -599,6 +608,12 @@ std::string EtcdClient::stream(const std::string & path, const std::string & bod
         if (!connected) {
             last = "etcd at " + ep + ": " + error;
             continue;
+        }
+        // A token etcd no longer knows (it restarted, or the token expired): the next stream
+        // asks for a new one.
+        if (auth_ && (error.find("auth token") != std::string::npos || error.find("HTTP 401") != std::string::npos)) {
+            std::lock_guard lk(auth_->mu);
+            auth_->token.clear();
         }
         return error;
     }

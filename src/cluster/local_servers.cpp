@@ -66,7 +66,8 @@ std::optional<Child> Child::spawn(const std::vector<std::string> & argv, const s
         uid = pw->pw_uid;
         gid = pw->pw_gid;
     }
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    // Root's alone: a server may write a failed statement, or a setting, into its log.
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd < 0) {
         error = "cannot open " + log + ": " + std::strerror(errno);
         return std::nullopt;
@@ -430,7 +431,10 @@ std::string LocalPostgres::ensure_role() {
     } else {
         // The application role: no superuser, no roles or databases of its own making; it owns
         // the databases made for it (create_database) and so its tables, and nothing else.
-        char * pw = PQescapeLiteral(c, app_password_.c_str(), app_password_.size());
+        // Sent as its SCRAM verifier, never as the password: a statement that fails is logged.
+        char * verifier = PQencryptPasswordConn(c, app_password_.c_str(), kPgRole, "scram-sha-256");
+        char * pw = verifier ? PQescapeLiteral(c, verifier, std::strlen(verifier)) : nullptr;
+        PQfreemem(verifier);
         const std::string attrs =
             std::string(" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS PASSWORD ") +
             (pw ? pw : "''");

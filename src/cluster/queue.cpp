@@ -174,8 +174,9 @@ std::unique_ptr<JetStream> JetStream::connect(const std::string & url, std::stri
     if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
     if (s == NATS_OK && !auth.user.empty()) s = natsOptions_SetUserInfo(opts, auth.user.c_str(), auth.password.c_str());
     if (s == NATS_OK && auth.tls()) {
-        // The server's certificate is checked against the CA; its name too, when the URL gives
-        // a name (libnats checks DNS names only, not IP addresses).
+        // The server's certificate is checked against the CA; its name too, when the URL names
+        // one server by DNS name (libnats takes one expected name for all, and checks DNS names
+        // only, not IP addresses).
         s = natsOptions_SetSecure(opts, true);
         if (s == NATS_OK && !auth.ca_file.empty())
             s = natsOptions_LoadCATrustedCertificates(opts, auth.ca_file.c_str());
@@ -184,7 +185,8 @@ std::unique_ptr<JetStream> JetStream::connect(const std::string & url, std::stri
         const std::string host = url_host(url);
         boost::system::error_code ec;
         boost::asio::ip::make_address(host, ec);
-        if (s == NATS_OK && !host.empty() && ec) s = natsOptions_SetExpectedHostname(opts, host.c_str());
+        if (s == NATS_OK && !host.empty() && ec && url.find(',') == std::string::npos)
+            s = natsOptions_SetExpectedHostname(opts, host.c_str());
         if (s != NATS_OK) {
             natsOptions_Destroy(opts);
             error = "NATS TLS settings: " + status_text(s);

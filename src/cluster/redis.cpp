@@ -5,6 +5,7 @@
 
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
 
@@ -66,6 +67,7 @@ redisContext * RedisPool::connect(std::string & error) const {
             return nullptr;
         }
         c = redisConnectFd(fd);
+        if (!c) ::close(fd);
     } else {
         c = redisConnectWithTimeout(host_.c_str(), port_, tv);
     }

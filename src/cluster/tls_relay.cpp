@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 namespace armada::cluster {
@@ -93,6 +95,9 @@ void relay(int plain, SSL * ssl, int tcp, std::shared_ptr<boost::asio::ssl::cont
             if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
                 open = false;  // the library closed its socket
             } else if (n > 0) {
+                // A server that takes nothing for 30 s is given up on (the library's own timeout
+                // has long passed).
+                const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
                 for (int off = 0; off < n && open;) {
                     const int w = SSL_write(ssl, buf + off, int(n - off));
                     if (w > 0) {
@@ -100,12 +105,11 @@ void relay(int plain, SSL * ssl, int tcp, std::shared_ptr<boost::asio::ssl::cont
                         continue;
                     }
                     const int e = SSL_get_error(ssl, w);
-                    if (e == SSL_ERROR_WANT_READ)
-                        wait_fd(tcp, true, 1000);
-                    else if (e == SSL_ERROR_WANT_WRITE)
-                        wait_fd(tcp, false, 1000);
-                    else
+                    if ((e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) ||
+                        std::chrono::steady_clock::now() > until)
                         open = false;
+                    else
+                        wait_fd(tcp, e == SSL_ERROR_WANT_READ, 1000);
                 }
             }
         }
@@ -154,7 +158,16 @@ int open_tls_relay(const std::string & host, int port, const std::shared_ptr<boo
         ::close(tcp);
         return -1;
     }
-    std::thread(relay, pair[1], ssl, tcp, tls).detach();
+    try {
+        std::thread(relay, pair[1], ssl, tcp, tls).detach();
+    } catch (const std::system_error & e) {
+        error = std::string("no thread for the TLS relay: ") + e.what();
+        SSL_free(ssl);
+        ::close(tcp);
+        ::close(pair[0]);
+        ::close(pair[1]);
+        return -1;
+    }
     return pair[0];
 }
 

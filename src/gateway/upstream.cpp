@@ -13,6 +13,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include <openssl/ssl.h>
 #include <strings.h>
 #include <sys/socket.h>
 
@@ -271,7 +272,14 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                     c->plain = std::make_unique<beast::tcp_stream>(c->ioc);
                 c->tcp().expires_after(std::chrono::milliseconds(timeout_ms));
                 tcp::resolver resolver(c->ioc);
-                c->tcp().connect(resolver.resolve(u.host, u.port));
+                // Asynchronous, so the stream's deadline bounds it (a node that drops SYNs would
+                // hold a synchronous connect for the kernel's minutes).
+                beast::error_code cec = net::error::timed_out;
+                c->tcp().async_connect(resolver.resolve(u.host, u.port),
+                                       [&cec](beast::error_code e, const tcp::endpoint &) { cec = e; });
+                c->ioc.run();
+                c->ioc.restart();
+                if (cec) throw beast::system_error(cec);
                 if (c->secure) {
                     // The certificate must name the host the URL does.
                     tools::expect_peer_name(c->secure->native_handle(), u.host);
@@ -333,8 +341,14 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                     } else
                         out.body.append(tmp, n);
                 }
-                // A whole 2xx answer on a connection both sides keep may serve the next request.
-                return !stream_body && p.is_done() && p.keep_alive() && buf.size() == 0 && out.status >= 200 &&
+                // A whole 2xx answer on a connection both sides keep may serve the next request,
+                // when nothing more came after it (in the buffer, or held inside TLS).
+                bool drained = buf.size() == 0;
+                if (c->secure) {
+                    SSL * ssl = c->secure->native_handle();
+                    drained = drained && SSL_pending(ssl) == 0 && BIO_ctrl_pending(SSL_get_rbio(ssl)) == 0;
+                }
+                return drained && !stream_body && p.is_done() && p.keep_alive() && out.status >= 200 &&
                        out.status < 300;
             };
             const bool keep = c->secure ? exchange(*c->secure) : exchange(*c->plain);

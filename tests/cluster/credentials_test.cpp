@@ -60,7 +60,10 @@ TEST(Credentials, PostgresAsksEveryoneForAPasswordAndItsApplicationRoleIsNoSuper
         EXPECT_EQ(sock.rfind("connect:", 0), 0u) << who << " over the socket: " << sock;
     }
     EXPECT_EQ(pg_query(pg.url("app"), "SELECT 1"), "1");
-    std::ifstream hba(root + "/data/pg_hba.conf");
+    // The file the server reads (hba_file), as it says.
+    const std::string hba_file = pg_query(pg.superuser_conninfo("app"), "SHOW hba_file");
+    ASSERT_EQ(hba_file, root + "/pg_hba.conf");
+    std::ifstream hba(hba_file);
     const std::string hba_text((std::istreambuf_iterator<char>(hba)), {});
     for (size_t at = 0; (at = hba_text.find("trust", at)) != std::string::npos; ++at) {
         const size_t line = hba_text.rfind('\n', at);
@@ -240,6 +243,7 @@ TEST(Credentials, AClusterFileTakesACaAndAClientCertificatePerServerAndChecksThe
     refused("  redis: {cert_file: " + dir + "/client.crt}", "cert_file and key_file go together");
     refused("  redis: {ca_file: " + pw + "}", "credentials.redis: ca_file");  // not PEM
     refused("  postgres: {user: a, ca_file: " + dir + "/ca.crt}", "unknown setting 'user'");
+    refused("  postgres: {cert_file: " + dir + "/client.crt, key_file: " + dir + "/client.key}", "name the CA");
     ::chmod((dir + "/client.key").c_str(), 0644);
     refused("  nats: {" + tls + "}", "chmod 600");
 }
