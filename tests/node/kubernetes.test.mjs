@@ -110,7 +110,22 @@ test('two of each brain, a gateway Deployment behind a Service, the config and t
   const cm = find(objs, 'ConfigMap', 'armada-cluster');
   const cluster = YAML.parse(cm.data['cluster.yaml']);
   for (const k of ['etcd', 'nats', 'redis', 'postgres']) assert.ok(cluster[k], `cluster.yaml names ${k}`);
-  assert.ok(!/password|:[^@/]+@/.test(cm.data['cluster.yaml']), 'no password in the ConfigMap');
+  // No `password:` setting and no user:password@ in a URL (password_file names a file).
+  assert.ok(!/(^|[{\s,])password\s*:|:\/\/[^/@:]+:[^@/]+@/m.test(cm.data['cluster.yaml']), 'no password in the ConfigMap');
+  // Each server is reached as a user with a password from a file, over TLS checked against a CA,
+  // and every pod that reads the config has those files.
+  for (const k of ['etcd', 'nats', 'redis'])
+    assert.ok(cluster.credentials?.[k]?.password_file && cluster.credentials[k].ca_file, `credentials for ${k}: ${JSON.stringify(cluster.credentials?.[k])}`);
+  assert.ok(cluster.credentials.postgres?.ca_file, 'PostgreSQL over TLS');
+  const files = new Set(Object.values(cluster.credentials).flatMap((c) => [c.password_file, c.ca_file]).filter(Boolean));
+  for (const w of objs.flatMap((o) => o.spec?.template?.spec ? [o.spec.template.spec] : [])) {
+    const c = w.containers[0];
+    const mount = c.volumeMounts.find((m) => m.name === 'services');
+    assert.ok(mount, 'a pod mounts the services Secret');
+    for (const f of files) assert.ok(f.startsWith(mount.mountPath + '/'), `${f} is under ${mount.mountPath}`);
+    const vol = w.volumes.find((v) => v.name === 'services');
+    assert.equal(vol.secret.defaultMode & 0o077, 0, 'no one else may read the files');
+  }
   // Every Secret a pod names is one the example overlay makes.
   const made = YAML.parse(fs.readFileSync(path.join(overlay, 'kustomization.yaml'), 'utf8'))
     .secretGenerator.map((s) => s.name);
