@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
+#include <nats/nats.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -133,6 +134,28 @@ TEST(Credentials, NatsRefusesAClientWithoutItsPasswordAndKeepsArmadasUserToItsSu
     auto js = cluster::JetStream::connect(servers().nats.url(), err, servers().nats.credentials());
     ASSERT_TRUE(js) << err;
     EXPECT_EQ(mode_of(servers().nats.password_file()), 0600u);
+    // As Armada's user: its own subjects, yes; any other, no. The server answers a violation
+    // before the PONG that ends a flush.
+    natsOptions * o = nullptr;
+    ASSERT_EQ(natsOptions_Create(&o), NATS_OK);
+    natsOptions_SetURL(o, servers().nats.url().c_str());
+    natsOptions_SetUserInfo(o, servers().nats.user().c_str(), servers().nats.password().c_str());
+    natsConnection * nc = nullptr;
+    ASSERT_EQ(natsConnection_Connect(&nc, o), NATS_OK);
+    natsOptions_Destroy(o);
+    const auto last_error = [&] {
+        const char * text = nullptr;
+        const natsStatus st = natsConnection_GetLastError(nc, &text);
+        return st == NATS_OK ? std::string() : std::string(text ? text : "error");
+    };
+    EXPECT_EQ(natsConnection_PublishString(nc, "armada.probe", "x"), NATS_OK);
+    EXPECT_EQ(natsConnection_FlushTimeout(nc, 2000), NATS_OK);
+    EXPECT_EQ(last_error(), "") << "armada.> is Armada's";
+    natsConnection_PublishString(nc, "other.probe", "x");
+    natsConnection_FlushTimeout(nc, 2000);
+    const std::string pub = last_error();
+    EXPECT_NE(pub.find("Permissions Violation"), std::string::npos) << "a publish outside armada.>: " << pub;
+    natsConnection_Destroy(nc);
 }
 
 TEST(Credentials, AClusterFileReadsEachPasswordFromAPrivateFileAndRefusesOneOthersMayRead) {
