@@ -29,7 +29,7 @@ before(async () => {
   const root = tempDir('armada-migration-');
   fs.chmodSync(root, 0o755);
   dir = path.join(root, 'c');
-  const agents = writeAgents(root, agentYaml(tools.url, { toolSteps: 1, maxSteps: 3, toolTimeoutMs: 300000 * SLOW }));
+  const agents = writeAgents(root, agentYaml(tools.url, { toolSteps: 1, maxSteps: 3, toolTimeoutMs: Math.min(600000, 300000 * SLOW) }));
   cluster = await clusterUp(['--nodes', '2', '--brains', '1', '-m', smallModel, '--data-dir', dir, '--port', '0',
     '--agents', agents, '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np', '--node-arg=4',
     '--node-arg=-c', '--node-arg=20480', '--node-arg=--drain-timeout', `--node-arg=${300 * SLOW}`],
