@@ -8,7 +8,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
-import { clusterUp, metricSum, sleep, waitFor } from './cluster_helpers.mjs';
+import { clusterUp, sanitizerReports, metricSum, sleep, waitFor } from './cluster_helpers.mjs';
 
 const A = { Authorization: 'Bearer sk-acme' };
 const B = { Authorization: 'Bearer sk-beta' };
@@ -44,6 +44,8 @@ before(async () => {
 
 after(async () => {
   if (cluster) await cluster.stop();
+  // Under a sanitizer build, every process's report (a leak at exit included) fails the file.
+  assert.deepEqual(sanitizerReports(path.join(dir, 'c', 'logs')), [], 'no process logged a sanitizer report');
 });
 
 // One raw HTTP/1.1 exchange on its own connection: the bytes as written, the whole answer.

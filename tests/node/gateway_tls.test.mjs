@@ -11,7 +11,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { tempDir } from './agents.mjs';
-import { clusterUp, waitFor } from './cluster_helpers.mjs';
+import { clusterUp, sanitizerReports, waitFor } from './cluster_helpers.mjs';
 
 const KEY = 'sk-tls-tenant';
 let dir, cluster, ca;
@@ -53,6 +53,8 @@ before(async () => {
 
 after(async () => {
   if (cluster) await cluster.stop();
+  // Under a sanitizer build, every process's report (a leak at exit included) fails the file.
+  assert.deepEqual(sanitizerReports(path.join(dir, 'c', 'logs')), [], 'no process logged a sanitizer report');
 });
 
 test('cluster up --tls: the gateway speaks HTTPS with a certificate its CA signed, and keeps its key private', async () => {
