@@ -684,49 +684,17 @@ std::string LocalDaemon::launch() {
     if (nats) {
         argv = {bin,         "-c", dir_ + "/nats.conf",  "-js", "-sd", dir_ + "/jetstream", "-a",
                 "127.0.0.1", "-p", std::to_string(port_)};
-    } else if (tls_.on()) {
-        // TLS only: no plain port. Clients show no certificate (they have a password).
-        argv = {bin,
-                "--port",
-                "0",
-                "--tls-port",
-                std::to_string(port_),
-                "--tls-cert-file",
-                tls_.cert_file,
-                "--tls-key-file",
-                tls_.key_file,
-                "--tls-ca-cert-file",
-                tls_.ca_file,
-                "--tls-auth-clients",
-                "no",
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                dir_,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--aclfile",
-                dir_ + "/users.acl"};
     } else {
-        argv = {bin,
-                "--port",
-                std::to_string(port_),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                dir_,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--aclfile",
-                dir_ + "/users.acl"};
+        argv = {bin,  "--bind",    "127.0.0.1",        "--dir", dir_, "--save", "", "--appendonly", "no", "--daemonize",
+                "no", "--aclfile", dir_ + "/users.acl"};
+        if (tls_.on()) {
+            // TLS only: no plain port. Clients show no certificate (they have a password).
+            argv.insert(argv.end(), {"--port", "0", "--tls-port", std::to_string(port_), "--tls-cert-file",
+                                     tls_.cert_file, "--tls-key-file", tls_.key_file, "--tls-ca-cert-file",
+                                     tls_.ca_file, "--tls-auth-clients", "no"});
+        } else {
+            argv.insert(argv.end(), {"--port", std::to_string(port_)});
+        }
     }
     std::string err;
     child_ = Child::spawn(argv, dir_ + "/" + what + ".log", "", err);
