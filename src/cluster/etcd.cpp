@@ -87,6 +87,18 @@ void async_open(Stream & stream, const tcp::resolver::results_type & rs, const s
         });
 }
 
+//! Runs `f` on a new stream of `ioc`: TLS over TCP with `tls`, plain TCP without.
+template <class F>
+void with_stream(net::io_context & ioc, const std::shared_ptr<net::ssl::context> & tls, F && f) {
+    if (tls) {
+        beast::ssl_stream<beast::tcp_stream> stream(ioc, *tls);
+        f(stream);
+    } else {
+        beast::tcp_stream stream(ioc);
+        f(stream);
+    }
+}
+
 //! The message of an error reply ({"error": "...", "code": N, "message": "..."}).
 std::string error_text(const std::string & body) {
     auto j = json::parse(body, nullptr, false);
@@ -263,13 +275,7 @@ std::string EtcdClient::call_raw(const std::string & path, const std::string & b
                  now = std::chrono::steady_clock::now())
                 ioc.run_for(std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(100)));
         };
-        if (tls_) {
-            beast::ssl_stream<beast::tcp_stream> stream(ioc, *tls_);
-            exchange(stream);
-        } else {
-            beast::tcp_stream stream(ioc);
-            exchange(stream);
-        }
+        with_stream(ioc, tls_, exchange);
         if (result == net::error::timed_out && stop && stop->load()) return "etcd at " + ep + ": no answer in time";
         if (result) {
             last = "etcd at " + ep + ": " +
@@ -597,13 +603,7 @@ std::string EtcdClient::stream(const std::string & path, const std::string & bod
             beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ignored);
             beast::get_lowest_layer(stream).close();
         };
-        if (tls_) {
-            beast::ssl_stream<beast::tcp_stream> stream(ioc, *tls_);
-            run(stream);
-        } else {
-            beast::tcp_stream stream(ioc);
-            run(stream);
-        }
+        with_stream(ioc, tls_, run);
         if (stop.load()) return {};
         if (!connected) {
             last = "etcd at " + ep + ": " + error;
