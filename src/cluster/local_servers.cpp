@@ -446,6 +446,15 @@ std::string LocalPostgres::ensure_role() {
         if (PQresultStatus(r) != PGRES_COMMAND_OK)
             err = "PostgreSQL: cannot set up role armada: " + std::string(PQerrorMessage(c));
         PQclear(r);
+        // The maintenance databases are the superuser's: by default PUBLIC may connect to them.
+        for (const char * sql : {"REVOKE CONNECT, TEMPORARY ON DATABASE postgres FROM PUBLIC",
+                                 "REVOKE CONNECT, TEMPORARY ON DATABASE template1 FROM PUBLIC"}) {
+            if (!err.empty()) break;
+            PGresult * v = PQexec(c, sql);
+            if (PQresultStatus(v) != PGRES_COMMAND_OK)
+                err = "PostgreSQL: cannot revoke PUBLIC's access: " + std::string(PQerrorMessage(c));
+            PQclear(v);
+        }
     }
     PQfinish(c);
     return err;
@@ -458,12 +467,19 @@ std::string LocalPostgres::create_database(const std::string & name) {
         err = PQerrorMessage(c);
     } else {
         char * quoted = PQescapeIdentifier(c, name.c_str(), name.size());
-        PGresult * r = PQexec(
-            c, ("CREATE DATABASE " + std::string(quoted ? quoted : "") + " OWNER " + std::string(kPgRole)).c_str());
+        const std::string quoted_name = quoted ? quoted : "";
         PQfreemem(quoted);
+        PGresult * r = PQexec(c, ("CREATE DATABASE " + quoted_name + " OWNER " + std::string(kPgRole)).c_str());
         const char * state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
         if (PQresultStatus(r) != PGRES_COMMAND_OK && !(state && std::string(state) == "42P04")) err = PQerrorMessage(c);
         PQclear(r);
+        if (err.empty()) {
+            // Only its owner (and the superuser) may connect: no other role sees Armada's tables.
+            PGresult * v = PQexec(
+                c, ("REVOKE CONNECT, TEMPORARY ON DATABASE " + std::string(quoted_name) + " FROM PUBLIC").c_str());
+            if (PQresultStatus(v) != PGRES_COMMAND_OK) err = PQerrorMessage(c);
+            PQclear(v);
+        }
     }
     PQfinish(c);
     return err;

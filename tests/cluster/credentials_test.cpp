@@ -75,6 +75,13 @@ TEST(Credentials, PostgresAsksEveryoneForAPasswordAndItsApplicationRoleIsNoSuper
     const std::string prog = pg_query(pg.url("app"), "COPY (SELECT 1) TO PROGRAM 'id'");
     EXPECT_EQ(prog.rfind("error:", 0), 0u) << prog;
     EXPECT_EQ(pg_query(pg.url("app"), "CREATE ROLE intruder SUPERUSER").rfind("error:", 0), 0u);
+    // The superuser's maintenance database takes no one else; nor does Armada's take other roles.
+    const std::string maint = pg.url("app");
+    const std::string to_postgres = pg_query(
+        maint.substr(0, maint.find("/app?")) + "/postgres" + maint.substr(maint.find("/app?") + 4), "SELECT 1");
+    EXPECT_NE(to_postgres.find("permission denied for database"), std::string::npos) << to_postgres;
+    EXPECT_EQ(pg_query(pg.superuser_conninfo("app"), "SELECT has_database_privilege('public', 'app', 'CONNECT')::text"),
+              "false");
     // It owns its database, so it makes its tables there.
     EXPECT_EQ(pg_query(pg.url("app"), "CREATE TABLE t (x int)"), "");
     // Secrets: 0600 files in a 0700 directory, and the URL names the passfile, not a password.
