@@ -247,55 +247,14 @@ int cluster_up(const ClusterUpOptions & o) {
     // --tls: a CA of this cluster's own and a certificate for this machine's loopback names, made
     // once with the openssl command; the keys are root's alone. The gateway and every server
     // (PostgreSQL, etcd, NATS, Redis) show that certificate, and every client checks it.
-    std::string tls_cert, tls_key;
-    if (o.tls) {
-        const std::string t = dir + "/tls";
-        fs::create_directories(t, ec);
-        ::chmod(t.c_str(), 0700);
-        tls_cert = t + "/server.crt";
-        tls_key = t + "/server.key";
-        if (!fs::exists(tls_cert, ec) || !fs::exists(t + "/ca.crt", ec)) {
-            const std::vector<std::string> ec_key = {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"};
-            auto openssl = [&](std::vector<std::string> args) {
-                args.insert(args.begin(), "/usr/bin/openssl");
-                std::string err;
-                const int rc = cluster::run_command(args, t + "/openssl.log", "", err);
-                return rc == 0 ? std::string()
-                               : "openssl failed (" + err + "): " + cluster::tail_of(t + "/openssl.log");
-            };
-            if (auto e = cluster::write_private(t + "/san.cnf", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
-                !e.empty()) {
-                fprintf(stderr, "error: --tls: %s\n", e.c_str());
-                return 1;
-            }
-            std::vector<std::string> ca = {"req", "-x509"};
-            ca.insert(ca.end(), ec_key.begin(), ec_key.end());
-            ca.insert(ca.end(), {"-keyout", t + "/ca.key", "-out", t + "/ca.crt", "-days", "825", "-subj",
-                                 "/CN=armada cluster up CA"});
-            std::vector<std::string> csr = {"req", "-new"};
-            csr.insert(csr.end(), ec_key.begin(), ec_key.end());
-            csr.insert(csr.end(), {"-keyout", tls_key, "-out", t + "/server.csr", "-subj", "/CN=localhost"});
-            for (auto * step : {&ca, &csr}) {
-                if (auto e = openssl(*step); !e.empty()) {
-                    fprintf(stderr, "error: --tls: %s\n", e.c_str());
-                    return 1;
-                }
-            }
-            if (auto e =
-                    openssl({"x509", "-req", "-in", t + "/server.csr", "-CA", t + "/ca.crt", "-CAkey", t + "/ca.key",
-                             "-CAcreateserial", "-out", tls_cert, "-days", "825", "-extfile", t + "/san.cnf"});
-                !e.empty()) {
-                fprintf(stderr, "error: --tls: %s\n", e.c_str());
-                return 1;
-            }
-            for (const auto & f : {t + "/ca.key", tls_key})
-                ::chmod(f.c_str(), 0600);
-        }
-    }
-
     cluster::ServerTls server_tls;
     if (o.tls) {
-        server_tls = {dir + "/tls/ca.crt", tls_cert, tls_key};
+        std::string err;
+        server_tls = cluster::make_local_tls(dir + "/tls", err);
+        if (!server_tls.on()) {
+            fprintf(stderr, "error: --tls: %s\n", err.c_str());
+            return 1;
+        }
         pg.use_tls(server_tls);
         etcd.use_tls(server_tls);
         nats.use_tls(server_tls);
@@ -418,7 +377,9 @@ int cluster_up(const ClusterUpOptions & o) {
             if (!o.agents_file.empty()) p.argv.insert(p.argv.end(), {"--agents", o.agents_file});
             if (!o.api_key_file.empty()) p.argv.insert(p.argv.end(), {"--api-key-file", o.api_key_file});
             // With --tls a node serves HTTPS (gateways and other nodes check it against the CA).
-            if (o.tls) p.argv.insert(p.argv.end(), {"--ssl-cert-file", tls_cert, "--ssl-key-file", tls_key});
+            if (o.tls)
+                p.argv.insert(p.argv.end(),
+                              {"--ssl-cert-file", server_tls.cert_file, "--ssl-key-file", server_tls.key_file});
             p.argv.insert(p.argv.end(), o.node_args.begin(), o.node_args.end());
             p.version = o.version_label;
             procs.push_back(std::move(p));
@@ -433,7 +394,9 @@ int cluster_up(const ClusterUpOptions & o) {
         const int port = i == 0 && o.port > 0 ? o.port : cluster::free_port();
         g.url = std::string(o.tls ? "https" : "http") + "://127.0.0.1:" + std::to_string(port);
         g.argv = {exe, "gateway", "--cluster", cfg_path, "--port", std::to_string(port), "--name", g.name};
-        if (o.tls) g.argv.insert(g.argv.end(), {"--ssl-cert-file", tls_cert, "--ssl-key-file", tls_key});
+        if (o.tls)
+            g.argv.insert(g.argv.end(),
+                          {"--ssl-cert-file", server_tls.cert_file, "--ssl-key-file", server_tls.key_file});
         g.argv.insert(g.argv.end(), o.gateway_args.begin(), o.gateway_args.end());
         if (!o.api_key_file.empty()) g.argv.insert(g.argv.end(), {"--api-key-file", o.api_key_file});
         procs.push_back(std::move(g));

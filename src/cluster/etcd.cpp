@@ -81,7 +81,8 @@ void async_open(Stream & stream, const tcp::resolver::results_type & rs, const s
             } else {
                 tools::expect_peer_name(stream.native_handle(), host);
                 stream.async_handshake(net::ssl::stream_base::client, [&stream, host, done](beast::error_code ec2) {
-                    done(ec2, ec2 ? tools::tls_failure(ec2, stream.native_handle(), host) : std::string());
+                    done(ec2, ec2 ? tools::tls_failure(ec2, stream.native_handle(), host, "credentials.etcd.ca_file")
+                                  : std::string());
                 });
             }
         });

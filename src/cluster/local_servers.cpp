@@ -399,6 +399,40 @@ std::string LocalPostgres::launch() {
     return "postgres did not accept connections within 60 s: " + tail_of(dir_ + "/postgres.log");
 }
 
+ServerTls make_local_tls(const std::string & dir, std::string & error) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    ::chmod(dir.c_str(), 0700);
+    const ServerTls t{dir + "/ca.crt", dir + "/server.crt", dir + "/server.key"};
+    if (fs::exists(t.cert_file, ec) && fs::exists(t.ca_file, ec) && fs::exists(t.key_file, ec)) return t;
+    const auto openssl = [&](std::vector<std::string> args) {
+        args.insert(args.begin(), "/usr/bin/openssl");
+        std::string err;
+        if (run_command(args, dir + "/openssl.log", "", err) == 0) return true;
+        error = "openssl failed (" + err + "): " + tail_of(dir + "/openssl.log");
+        return false;
+    };
+    if (auto e = write_private(dir + "/san.cnf", "subjectAltName=DNS:localhost,IP:127.0.0.1\n"); !e.empty()) {
+        error = e;
+        return {};
+    }
+    const std::vector<std::string> ec_key = {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"};
+    std::vector<std::string> ca = {"req", "-x509"};
+    ca.insert(ca.end(), ec_key.begin(), ec_key.end());
+    ca.insert(ca.end(),
+              {"-keyout", dir + "/ca.key", "-out", t.ca_file, "-days", "825", "-subj", "/CN=armada local CA"});
+    std::vector<std::string> csr = {"req", "-new"};
+    csr.insert(csr.end(), ec_key.begin(), ec_key.end());
+    csr.insert(csr.end(), {"-keyout", t.key_file, "-out", dir + "/server.csr", "-subj", "/CN=localhost"});
+    if (!openssl(ca) || !openssl(csr) ||
+        !openssl({"x509", "-req", "-in", dir + "/server.csr", "-CA", t.ca_file, "-CAkey", dir + "/ca.key",
+                  "-CAcreateserial", "-out", t.cert_file, "-days", "825", "-extfile", dir + "/san.cnf"}))
+        return {};
+    for (const auto & f : {dir + "/ca.key", t.key_file})
+        ::chmod(f.c_str(), 0600);
+    return t;
+}
+
 std::string LocalPostgres::stop() {
     if (!child_) return {};
     // SIGINT is PostgreSQL's fast shutdown: sessions are disconnected, the data is flushed.

@@ -75,6 +75,12 @@ struct ServerTls {
     bool on() const { return !cert_file.empty(); }
 };
 
+//! A CA of its own in `dir` (ca.crt, ca.key) and a certificate it signed for this machine's
+//! loopback names (server.crt, server.key; DNS:localhost, IP:127.0.0.1), made once with the
+//! openssl command and kept on later calls. Keys are 0600, the directory 0700. On failure the
+//! result is off() and `error` says why.
+ServerTls make_local_tls(const std::string & dir, std::string & error);
+
 class LocalPostgres {
   public:
     //! Before start: the server speaks TLS, and takes no connection without it (hostssl only).

@@ -146,7 +146,8 @@ int open_tls_relay(const std::string & host, int port, const std::shared_ptr<boo
             wait_fd(tcp, e == SSL_ERROR_WANT_READ, left))
             continue;
         const boost::system::error_code ec(int(ERR_get_error()), boost::asio::error::get_ssl_category());
-        error = left <= 0 ? std::string("TLS handshake: no answer in time") : tools::tls_failure(ec, ssl, host);
+        error = left <= 0 ? std::string("TLS handshake: no answer in time")
+                          : tools::tls_failure(ec, ssl, host, "credentials.redis.ca_file");
         SSL_free(ssl);
         ::close(tcp);
         return -1;

@@ -286,7 +286,9 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                     if (cancel) cancel->attach(c->tcp().socket().native_handle());
                     beast::error_code hec;
                     c->secure->handshake(net::ssl::stream_base::client, hec);
-                    if (hec) throw std::runtime_error(tools::tls_failure(hec, c->secure->native_handle(), u.host));
+                    if (hec)
+                        throw std::runtime_error(
+                            tools::tls_failure(hec, c->secure->native_handle(), u.host, "credentials.nodes.ca_file"));
                 }
             }
             c->tcp().expires_after(std::chrono::milliseconds(timeout_ms));

@@ -43,7 +43,8 @@ void expect_peer_name(void * native_ssl, const std::string & host) {
     }
 }
 
-std::string tls_failure(const boost::system::error_code & ec, void * native_ssl, const std::string & host) {
+std::string tls_failure(const boost::system::error_code & ec, void * native_ssl, const std::string & host,
+                        const std::string & ca_setting) {
     const long v = native_ssl ? SSL_get_verify_result(static_cast<SSL *>(native_ssl)) : X509_V_OK;
     switch (v) {
         case X509_V_OK:
@@ -60,7 +61,7 @@ std::string tls_failure(const boost::system::error_code & ec, void * native_ssl,
         case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:
         case X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE:
             return "the TLS certificate of " + host + " is not signed by a trusted CA (" +
-                   X509_verify_cert_error_string(v) + "; add its CA with --tool-ca-file)";
+                   X509_verify_cert_error_string(v) + "; add its CA with " + ca_setting + ")";
         default:
             return "the TLS certificate of " + host + " was refused: " + X509_verify_cert_error_string(v);
     }

@@ -17,7 +17,9 @@ std::shared_ptr<boost::asio::ssl::context> client_tls(const std::string & extra_
 void expect_peer_name(void * native_ssl, const std::string & host);
 
 //! What went wrong in a TLS handshake, in words a user can act on (expired, untrusted, wrong
-//! host name), from the error and the verification result of `native` (an SSL*).
-std::string tls_failure(const boost::system::error_code & ec, void * native_ssl, const std::string & host);
+//! host name), from the error and the verification result of `native` (an SSL*). `ca_setting`
+//! names where the user adds a CA for this client.
+std::string tls_failure(const boost::system::error_code & ec, void * native_ssl, const std::string & host,
+                        const std::string & ca_setting = "--tool-ca-file");
 
 }  // namespace armada::tools

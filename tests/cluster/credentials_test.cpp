@@ -4,6 +4,8 @@
 #include "cluster/local_servers.h"
 #include "cluster/queue.h"
 #include "cluster/redis.h"
+#include "cluster/service_auth.h"
+#include "gateway/upstream.h"
 #include "servers.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +16,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 using namespace armada;
 namespace fs = std::filesystem;
@@ -276,4 +279,83 @@ TEST(Credentials, AClusterFileTakesACaAndAClientCertificatePerServerAndChecksThe
     refused("  postgres: {cert_file: " + dir + "/client.crt, key_file: " + dir + "/client.key}", "name the CA");
     ::chmod((dir + "/client.key").c_str(), 0644);
     refused("  nats: {" + tls + "}", "chmod 600");
+}
+
+TEST(Credentials, EveryClientRefusesAServerWhoseCertificateAnotherCaSigned) {
+    // Two CAs: the servers show a certificate from `ours`; a client that trusts only `theirs`
+    // (a server on the network impersonating the cluster's, as it would see it) must not talk.
+    std::string err;
+    const std::string root = servers().root + "/foreign-ca";
+    const cluster::ServerTls ours = cluster::make_local_tls(root + "/ours", err);
+    ASSERT_TRUE(ours.on()) << err;
+    const cluster::ServerTls theirs = cluster::make_local_tls(root + "/theirs", err);
+    ASSERT_TRUE(theirs.on()) << err;
+    EXPECT_EQ(mode_of(ours.key_file), 0600u);
+    EXPECT_EQ(mode_of(root + "/ours/ca.key"), 0600u);
+
+    cluster::LocalDaemon nats(cluster::LocalDaemon::Kind::Nats), redis(cluster::LocalDaemon::Kind::Redis);
+    cluster::LocalEtcd etcd;
+    nats.use_tls(ours);
+    redis.use_tls(ours);
+    etcd.use_tls(ours);
+    ASSERT_EQ(nats.start(root + "/nats"), "");
+    ASSERT_EQ(redis.start(root + "/redis"), "");
+    ASSERT_EQ(etcd.start(root + "/etcd"), "");
+
+    auto trusting = [](cluster::ServiceCredentials c, const cluster::ServerTls & ca) {
+        c.ca_file = ca.ca_file;
+        return c;
+    };
+    // NATS and Redis: the right password is not enough with the wrong CA.
+    EXPECT_FALSE(cluster::JetStream::connect(nats.url(), err, trusting(nats.credentials(), theirs)));
+    EXPECT_FALSE(err.empty());
+    EXPECT_TRUE(cluster::JetStream::connect(nats.url(), err, trusting(nats.credentials(), ours))) << err;
+    EXPECT_FALSE(cluster::RedisPool::open(redis.url(), 1, 2000, err, trusting(redis.credentials(), theirs)));
+    EXPECT_NE(err.find("credentials.redis.ca_file"), std::string::npos) << err;
+    EXPECT_TRUE(cluster::RedisPool::open(redis.url(), 1, 2000, err, trusting(redis.credentials(), ours))) << err;
+    // etcd.
+    const auto etcd_client = [&](const cluster::ServerTls & ca) {
+        cluster::EtcdClient c({etcd.endpoint()}, 3000);
+        cluster::ServiceCredentials sc;
+        sc.ca_file = ca.ca_file;
+        std::string e;
+        auto ctx = cluster::service_tls(sc, "etcd", e);
+        c.set_tls(std::move(ctx), e);
+        return c;
+    };
+    auto foreign = etcd_client(theirs);
+    const std::string refused = foreign.put("/armada/probe", "1");
+    EXPECT_NE(refused.find("is not signed by a trusted CA"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("credentials.etcd.ca_file"), std::string::npos) << refused;
+    auto member = etcd_client(ours);
+    EXPECT_EQ(member.put("/armada/probe", "1"), "");
+
+    // The gateway's forward() to a node over HTTPS (openssl's own test server stands in for the
+    // node: only the handshake matters here).
+    const int port = cluster::free_port();
+    auto node = cluster::Child::spawn({"/usr/bin/openssl", "s_server", "-quiet", "-www", "-accept",
+                                       std::to_string(port), "-cert", ours.cert_file, "-key", ours.key_file},
+                                      root + "/s_server.log", "", err);
+    ASSERT_TRUE(node) << err;
+    for (int i = 0; i < 200 && !cluster::port_open(port); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    const std::string base = "https://127.0.0.1:" + std::to_string(port);
+    const auto forward_trusting = [&](const cluster::ServerTls & ca) {
+        cluster::ServiceCredentials sc;
+        sc.ca_file = ca.ca_file;
+        std::string e;
+        gateway::set_upstream_tls(cluster::service_tls(sc, "credentials.nodes", e));
+        return gateway::forward(base, "GET", "/", {}, "", 3000);
+    };
+    const auto to_foreign = forward_trusting(theirs);
+    EXPECT_EQ(to_foreign.status, 0);
+    EXPECT_NE(to_foreign.error.find("is not signed by a trusted CA"), std::string::npos) << to_foreign.error;
+    EXPECT_NE(to_foreign.error.find("credentials.nodes.ca_file"), std::string::npos) << to_foreign.error;
+    const auto to_member = forward_trusting(ours);
+    EXPECT_EQ(to_member.status, 200) << to_member.error;
+    gateway::set_upstream_tls(nullptr);
+    node->stop(SIGTERM, 5000);
+    EXPECT_EQ(etcd.stop(), "");
+    EXPECT_EQ(redis.stop(), "");
+    EXPECT_EQ(nats.stop(), "");
 }
