@@ -16,7 +16,9 @@
 #include <cctype>
 #include <future>
 #include <mutex>
+#include <set>
 #include <thread>
+#include <vector>
 
 using namespace armada;
 using nlohmann::json;
@@ -140,6 +142,17 @@ class LocalUpstream {
         ::shutdown(fd_, SHUT_RDWR);
         ::close(fd_);
         thread_.join();
+        // Every answering thread ends before the members it writes go: a hung one wakes when its
+        // connection is shut down.
+        std::vector<std::thread> answering;
+        {
+            std::lock_guard lk(mu_);
+            for (int c : open_)
+                ::shutdown(c, SHUT_RDWR);
+            answering.swap(answering_);
+        }
+        for (auto & t : answering)
+            t.join();
     }
     std::string base() const { return "http://127.0.0.1:" + std::to_string(port_); }
     std::atomic<int> completions{0};
@@ -155,7 +168,9 @@ class LocalUpstream {
         while (!stop_) {
             const int c = ::accept(fd_, nullptr, nullptr);
             if (c < 0) return;
-            std::thread([this, c] { answer(c); }).detach();
+            std::lock_guard lk(mu_);
+            open_.insert(c);
+            answering_.emplace_back([this, c] { answer(c); });
         }
     }
     void answer(int c) {
@@ -195,12 +210,16 @@ class LocalUpstream {
             const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
             (void)!::write(c, ok.data(), ok.size());
         }
+        std::lock_guard lk(mu_);
+        open_.erase(c);
         ::close(c);
     }
     bool hang_;
     int status_;
     std::mutex mu_;
     std::string last_head_;
+    std::set<int> open_;                  // connections being answered (under mu_)
+    std::vector<std::thread> answering_;  // their threads (under mu_)
     int fd_ = -1;
     uint16_t port_ = 0;
     std::atomic<bool> stop_{false};
