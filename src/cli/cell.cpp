@@ -1,6 +1,6 @@
 #include "cli/cell.h"
 
-#include "cli/elected.h"
+#include "cli/brain_http.h"
 #include "cli/stop_signals.h"
 
 #include "agent/session_manager.h"
@@ -9,6 +9,7 @@
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
+#include "cluster/runtime/elected.h"
 #include "obs/log.h"
 #include "obs/trace.h"
 #include "store/postgres_store.h"
@@ -43,7 +44,7 @@ class CellProcess {
         : cfg_(std::move(cfg)),
           o_(std::move(o)),
           etcd_(make_etcd(cfg_)),
-          elected_(etcd_, cfg_.lease_ttl_s, "cell " + o_.cell, stop_set) {}
+          elected_(etcd_, cfg_.lease_ttl_s, "cell " + o_.cell, signal_waiter(stop_set)) {}
 
     int run() {
         store::PostgresConfig pc;
@@ -60,8 +61,8 @@ class CellProcess {
         events_ = js_->consumer("ARMADA_EVENT", "cell-" + o_.cell + "-events", event_subject(o_.cell), 30000, 10, err);
         if (!events_) return fail("NATS consumer: " + err);
         if (o_.metrics_port >= 0) {
-            if (auto e = elected_.serve_metrics(o_.metrics_host, o_.metrics_port); !e.empty())
-                return fail("metrics listener: " + e);
+            metrics_http_ = serve_brain_metrics(elected_.metrics(), o_.metrics_host, o_.metrics_port, err);
+            if (!metrics_http_) return fail("metrics listener: " + err);
         }
         obs::announce(fmt::format("armada: cell brain {} of cell {} started", o_.name, o_.cell));
         elected_.run(brain_election(cfg_, o_.cell), o_.name, [this](const EtcdLeader & me) {
@@ -319,6 +320,7 @@ class CellProcess {
         std::mt19937 rng(std::random_device{}());
         const std::string prefix = nodes_prefix(cfg_, o_.cell);
         while (!stopping()) {
+            elected_.beat();  // the loop moves: a stall past most of a lease TTL gives the lead up
             int64_t t = brain_now_ms();
             if ((watch_broken.load() && t >= retry_at) || t - last_reconcile >= o_.reconcile_ms) {
                 const int64_t rev = reconcile(brain);
@@ -444,7 +446,8 @@ class CellProcess {
                 }
                 obs::tracer()->end(std::move(span));
                 const std::string cmd = run.dump();
-                if (auto e = js_->publish(command_subject(p.node), cmd, p.session + ":" + std::to_string(p.epoch));
+                if (auto e =
+                        js_->publish_async(command_subject(p.node), cmd, p.session + ":" + std::to_string(p.epoch));
                     !e.empty())
                     spdlog::warn("cell {}: run command for {} to {}: {} (the node finds it at its next start)", o_.cell,
                                  p.session, p.node, e);
@@ -479,6 +482,7 @@ class CellProcess {
     CellOptions o_;
     EtcdClient etcd_;
     Elected elected_;
+    std::shared_ptr<void> metrics_http_;  // the metrics listener, while it runs
     std::unique_ptr<store::Store> store_;
     std::unique_ptr<JetStream> js_;
     std::unique_ptr<Consumer> place_, events_;

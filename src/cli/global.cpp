@@ -1,6 +1,6 @@
 #include "cli/global.h"
 
-#include "cli/elected.h"
+#include "cli/brain_http.h"
 #include "cli/stop_signals.h"
 
 #include "agent/session_manager.h"
@@ -12,6 +12,7 @@
 #include "cluster/queue.h"
 #include "cluster/restarter.h"
 #include "cluster/rollout.h"
+#include "cluster/runtime/elected.h"
 #include "obs/log.h"
 #include "obs/trace.h"
 #include "store/postgres_store.h"
@@ -41,7 +42,7 @@ class GlobalProcess {
         : cfg_(std::move(cfg)),
           o_(std::move(o)),
           etcd_(make_etcd(cfg_)),
-          elected_(etcd_, cfg_.lease_ttl_s, "global", stop_set) {
+          elected_(etcd_, cfg_.lease_ttl_s, "global", signal_waiter(stop_set)) {
         if (o_.restarter == "cluster-up") restarter_ = std::make_unique<EtcdRestarter>(etcd_, cfg_);
         if (o_.restarter == "kubernetes") {
             KubeConfig kc;
@@ -69,8 +70,8 @@ class GlobalProcess {
         js_ = JetStream::connect(cfg_.nats, err, cfg_.nats_auth);
         if (!js_) return fail("NATS at " + cfg_.nats + ": " + err);
         if (o_.metrics_port >= 0) {
-            if (auto e = elected_.serve_metrics(o_.metrics_host, o_.metrics_port); !e.empty())
-                return fail("metrics listener: " + e);
+            metrics_http_ = serve_brain_metrics(elected_.metrics(), o_.metrics_host, o_.metrics_port, err);
+            if (!metrics_http_) return fail("metrics listener: " + err);
         }
         obs::announce(fmt::format("armada: global brain {} started", o_.name));
         elected_.run(global_election(cfg_), o_.name, [this](const EtcdLeader & me) {
@@ -220,7 +221,8 @@ class GlobalProcess {
                 place["traceparent"] = spans[i].context().traceparent();
             else if (auto t = traces_.find(d.session); t != traces_.end())
                 place["traceparent"] = t->second.traceparent();
-            if (auto e = js_->publish(place_subject(d.to), place.dump(), d.session + ":" + std::to_string(d.epoch));
+            if (auto e =
+                    js_->publish_async(place_subject(d.to), place.dump(), d.session + ":" + std::to_string(d.epoch));
                 !e.empty())
                 spdlog::warn("global: place request for {} to {}: {} (its reconcile finds it)", d.session, d.to, e);
         }
@@ -361,6 +363,7 @@ class GlobalProcess {
         std::set<std::string> last_full;  // the cells the split last named full
         int64_t last_shares_ms = 0, last_written_ms = 0, last_check = brain_now_ms(), survival_at = 0;
         while (!elected_.stopping()) {
+            elected_.beat();  // the loop moves: a stall past most of a lease TTL gives the lead up
             const int64_t t = brain_now_ms();
             if (!reports_ && t >= subscribe_at) {
                 std::string err;
@@ -476,6 +479,7 @@ class GlobalProcess {
     GlobalOptions o_;
     EtcdClient etcd_;
     Elected elected_;
+    std::shared_ptr<void> metrics_http_;  // the metrics listener, while it runs
     std::unique_ptr<store::Store> store_;
     std::unique_ptr<JetStream> js_;
     std::unique_ptr<Subscription> reports_;

@@ -107,7 +107,9 @@ QueueMsg::~QueueMsg() {
 }
 
 std::string QueueMsg::ack() {
-    const natsStatus s = natsMsg_AckSync(m_, nullptr, nullptr);
+    // Sent without waiting for the server's confirmation: a loop that acks never waits on a NATS
+    // that hangs. An ack that is lost redelivers the message after its ack wait.
+    const natsStatus s = natsMsg_Ack(m_, nullptr);
     return s == NATS_OK ? std::string() : "ack: " + status_text(s);
 }
 
@@ -205,6 +207,18 @@ std::unique_ptr<JetStream> JetStream::connect(const std::string & url, std::stri
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.Wait = 5000;
+    // publish_async: acks are awaited by libnats, off the caller's thread; a full window of
+    // unacknowledged publishes makes the next one fail after a short wait instead of blocking.
+    jo.PublishAsync.MaxPending = kAsyncWindow;
+    jo.PublishAsync.StallWait = 50;
+    jo.PublishAsync.ErrHandler = [](jsCtx *, jsPubAckErr * pae, void * closure) {
+        auto * self = static_cast<JetStream *>(closure);
+        self->async_failures_.fetch_add(1);
+        const char * subject = pae->Msg ? natsMsg_GetSubject(pae->Msg) : "";
+        spdlog::warn("NATS: an asynchronous publish to {} was not acknowledged: {}", subject ? subject : "",
+                     pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err));
+    };
+    jo.PublishAsync.ErrHandlerClosure = j.get();
     s = natsConnection_JetStream(&j->js_, j->nc_, &jo);
     if (s != NATS_OK) {
         error = "NATS at " + url + ": no JetStream context: " + status_text(s);
@@ -260,6 +274,16 @@ std::string JetStream::publish(const std::string & subject, const std::string & 
     const natsStatus s = js_Publish(&ack, js_, subject.c_str(), data.data(), int(data.size()), &po, &jerr);
     if (ack) jsPubAck_Destroy(ack);
     return s == NATS_OK ? std::string() : "publish to " + subject + ": " + status_text(s, jerr);
+}
+
+std::string JetStream::publish_async(const std::string & subject, const std::string & data,
+                                     const std::string & msg_id) {
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    if (!msg_id.empty()) po.MsgId = msg_id.c_str();
+    po.MaxWait = 5000;  // for the ack, which libnats awaits on its own thread
+    const natsStatus s = js_PublishAsync(js_, subject.c_str(), data.data(), int(data.size()), &po);
+    return s == NATS_OK ? std::string() : "publish to " + subject + ": " + status_text(s);
 }
 
 std::string JetStream::publish_now(const std::string & subject, const std::string & data) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -109,6 +110,15 @@ class JetStream {
     //! Publishes and waits for the stream's ack. A non-empty `msg_id` deduplicates a repeated
     //! publish within the stream's window (2 minutes).
     std::string publish(const std::string & subject, const std::string & data, const std::string & msg_id = {});
+    //! Publishes without waiting for the ack (a leader's loop, a gateway's request): libnats
+    //! awaits it on its own thread, and a publish the stream does not acknowledge within 5 s is
+    //! logged and counted (async_failures). Fails at once while NATS is away, and after 50 ms when
+    //! kAsyncWindow publishes still wait for their acks. Whoever publishes this way must also find
+    //! the work another way (the brains' reconcile does).
+    std::string publish_async(const std::string & subject, const std::string & data, const std::string & msg_id = {});
+    static constexpr int kAsyncWindow = 4096;
+    //! Asynchronous publishes the stream did not acknowledge.
+    int64_t async_failures() const { return async_failures_.load(); }
     //! A durable pull consumer on `stream` for `filter`, with explicit ack, `ack_wait_ms` before
     //! redelivery and at most `max_deliver` deliveries.
     std::unique_ptr<Consumer> consumer(const std::string & stream, const std::string & durable,
@@ -127,6 +137,7 @@ class JetStream {
     std::string ensure_streams();
     __natsConnection * nc_ = nullptr;
     __jsCtx * js_ = nullptr;
+    std::atomic<int64_t> async_failures_{0};
 };
 
 }  // namespace armada::cluster

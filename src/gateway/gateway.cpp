@@ -1618,7 +1618,7 @@ class Gateway {
         // The row is durable: the brain finds it at its next reconcile even if this is lost.
         json place = {{"session", id}};
         if (const std::string tp = req.header("traceparent"); !tp.empty()) place["traceparent"] = tp;
-        if (auto e = js_->publish(cluster::place_subject(cell), place.dump(), id); !e.empty())
+        if (auto e = js_->publish_async(cluster::place_subject(cell), place.dump(), id); !e.empty())
             spdlog::warn("gateway: place request for {} to {}: {} (the cell's reconcile places it)", id, cell, e);
         out->send(201, "application/json", json{{"id", id}, {"object", "session"}}.dump());
     }

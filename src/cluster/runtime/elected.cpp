@@ -1,6 +1,5 @@
-#include "cli/elected.h"
+#include "cluster/runtime/elected.h"
 
-#include "api/http_server.h"
 #include "cluster/cluster_config.h"
 #include "obs/log.h"
 #include "obs/trace.h"
@@ -14,7 +13,7 @@
 #include <mutex>
 #include <random>
 
-namespace armada::cli {
+namespace armada::cluster {
 
 int64_t brain_now_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -46,8 +45,8 @@ bool newer_leader_wrote(const store::Status & s) {
     return s.deposed;
 }
 
-void survival_metrics(obs::Registry & m, const std::map<std::string, cluster::Survival> & by_cell, bool cluster) {
-    const auto put = [&](const std::string & prefix, const cluster::Survival & s, const obs::Labels & where) {
+void survival_metrics(obs::Registry & m, const std::map<std::string, Survival> & by_cell, bool cluster) {
+    const auto put = [&](const std::string & prefix, const Survival & s, const obs::Labels & where) {
         m.gauge(prefix + "_chain_survival_ratio",
                 "Share of agent sessions ended in the last hour that completed; client cancels excluded", where)
             .set(s.ratio());
@@ -72,7 +71,7 @@ void survival_metrics(obs::Registry & m, const std::map<std::string, cluster::Su
     }
 }
 
-void cell_metrics(obs::Registry & m, const cluster::CellReport & r) {
+void cell_metrics(obs::Registry & m, const CellReport & r) {
     const obs::Labels l{{"cell", r.cell}};
     m.gauge("armada_cell_nodes", "Live nodes of the cell", l).set(r.nodes);
     m.gauge("armada_cell_live_sessions", "Sessions the cell's nodes run", l).set(r.live_sessions);
@@ -86,55 +85,52 @@ void cell_metrics(obs::Registry & m, const cluster::CellReport & r) {
         .set(r.step_ms / 1000.0);
 }
 
-Elected::Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set)
-    : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), stop_set_(stop_set) {
+Elected::Elected(EtcdClient & etcd, int ttl_s, std::string what, WaitStop wait_stop)
+    : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), wait_stop_(std::move(wait_stop)) {
     trace_counts_ = obs::tracer()->count_in(metrics_);
 }
 
-std::string Elected::serve_metrics(const std::string & host, int port) {
-    api::HttpConfig mc;
-    mc.host = host;
-    mc.port = uint16_t(port);
-    mc.threads = 1;
-    mc.max_body = 4096;
-    mc.max_connections = 64;
-    auto http = std::make_shared<api::HttpServer>(mc, [this](api::HttpRequest && r,
-                                                             std::shared_ptr<api::Responder> out) {
-        if (r.method != "GET")
-            out->send(405, "application/json", R"({"error":{"message":"GET only","type":"invalid_request_error"}})");
-        else if (r.path == "/metrics")
-            out->send(200, "text/plain; version=0.0.4", metrics_.render());
-        else if (r.path == "/livez" || r.path == "/health")
-            out->send(200, "application/json", R"({"status":"ok"})");
-        else
-            out->send(404, "application/json", R"({"error":{"message":"not found","type":"invalid_request_error"}})");
-    });
-    if (auto e = http->listen(); !e.empty()) return e;
-    http->run();
-    obs::announce(fmt::format("armada: metrics on http://{}:{}/metrics", host, http->port()));
-    listener_ = http;
-    return {};
-}
-
 Elected::~Elected() {
-    if (listener_) std::static_pointer_cast<api::HttpServer>(listener_)->stop();
     quit_ = true;
     if (keepalive_.joinable()) keepalive_.join();
     if (observer_.joinable()) observer_.join();
 }
 
 bool Elected::wait_signal(int ms) {
-    timespec t{ms / 1000, long(ms % 1000) * 1000000L};
-    if (sigtimedwait(&stop_set_, nullptr, &t) > 0) quit_ = true;
+    if (quit_.load()) return true;
+    if (wait_stop_(ms)) quit_ = true;
     return quit_.load();
+}
+
+void Elected::beat() {
+    beat_ms_ = brain_now_ms();
 }
 
 void Elected::keep_lease() {
     const int every_ms = std::max(300, ttl_s_ * 1000 / 3);
+    // A loop that has not beaten for this long is stuck: with a check every `every_ms`, the lease
+    // is given up at most one TTL after its last beat.
+    const int64_t stuck_ms = int64_t(ttl_s_) * 1000 - every_ms;
     while (!quit_.load()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
         const int64_t l = lease_.load();
         if (l == 0) continue;
+        if (const int64_t quiet = brain_now_ms() - beat_ms_.load(); leading_.load() && quiet > stuck_ms) {
+            // Giving the lease up deletes the leader's key at once: a standby's campaign wins now
+            // rather than a TTL after the last renewal.
+            spdlog::error("{}: the leader's loop has not moved for {} ms (a call that hangs?); giving up the lead",
+                          what_, quiet);
+            ++stalls_;
+            metrics_
+                .counter("armada_brain_stalls_total",
+                         "Leaderships this brain gave up because its loop stopped moving for most of a lease TTL")
+                .inc();
+            int64_t expect = l;
+            if (lease_.compare_exchange_strong(expect, 0)) {
+                if (auto e = etcd_.revoke(l); !e.empty()) spdlog::warn("{}: revoking the lease: {}", what_, e);
+            }
+            continue;
+        }
         int64_t ttl = 0;
         const std::string e = etcd_.keepalive(l, ttl);
         if (e.empty() && ttl <= 0) {
@@ -151,7 +147,7 @@ void Elected::observe(const std::string & election) {
     while (!quit_.load()) {
         const std::string e = etcd_.observe(
             election,
-            [&](const cluster::EtcdLeader & l) {
+            [&](const EtcdLeader & l) {
                 std::lock_guard lk(seen_mu_);
                 observing_ = true;
                 if (l.key != seen_key_) {
@@ -171,13 +167,13 @@ void Elected::observe(const std::string & election) {
         }
         if (quit_.load()) break;
         if (!e.empty()) spdlog::debug("{}: observe: {}", what_, e);
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(cluster::jittered_ms(1000));
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(jittered_ms(1000));
         while (!quit_.load() && std::chrono::steady_clock::now() < until)
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
 }
 
-std::string Elected::campaign(const std::string & election, const std::string & name, cluster::EtcdLeader & me) {
+std::string Elected::campaign(const std::string & election, const std::string & name, EtcdLeader & me) {
     // On a thread of its own, so that this one still takes stop signals; it ends early on a
     // stop, or when the lease it stands under went (its key went with it).
     const int64_t lease = lease_.load();
@@ -194,7 +190,7 @@ std::string Elected::campaign(const std::string & election, const std::string & 
     return e;
 }
 
-bool Elected::claim_store(store::Store & st, const std::string & election, const cluster::EtcdLeader & me) {
+bool Elected::claim_store(store::Store & st, const std::string & election, const EtcdLeader & me) {
     int pause_ms = 250;
     for (;;) {
         store::Batch b;
@@ -206,31 +202,32 @@ bool Elected::claim_store(store::Store & st, const std::string & election, const
             spdlog::error("{}: cannot lead: {}", what_, s.error);
         else
             spdlog::warn("{}: the store does not take this leader's mark yet: {}; retrying", what_, s.error);
-        if (wait_signal(cluster::jittered_ms(pause_ms)) || !still_leader(me, election)) return false;
+        if (wait_signal(jittered_ms(pause_ms)) || !still_leader(me, election)) return false;
+        beat();
         pause_ms = std::min(pause_ms * 2, 5000);
     }
 }
 
-bool Elected::still_leader(const cluster::EtcdLeader & me, const std::string & election) {
+bool Elected::still_leader(const EtcdLeader & me, const std::string & election) {
     if (lease_.load() != me.lease && me.lease != 0) return false;
     {
         std::lock_guard lk(seen_mu_);
         if (observing_ && seen_key_ == me.key) return true;
     }
     // The observer is away, late, or has seen someone else: etcd says.
-    cluster::EtcdLeader now;
+    EtcdLeader now;
     if (!etcd_.leader(election, now).empty()) return false;
     return now.key == me.key;
 }
 
 void Elected::run(const std::string & election, const std::string & name,
-                  const std::function<void(const cluster::EtcdLeader &)> & lead) {
+                  const std::function<void(const EtcdLeader &)> & lead) {
     metrics_.gauge("armada_brain_leading", "1 while this brain leads its election").set(0);
     metrics_.gauge("armada_brain_epoch", "The etcd revision this brain leads under (its fencing epoch; 0: not leading)")
         .set(0);
     keepalive_ = std::thread([this] { keep_lease(); });
     observer_ = std::thread([this, election] { observe(election); });
-    auto jitter = [] { return cluster::jittered_ms(1000); };
+    auto jitter = [] { return jittered_ms(1000); };
     while (!stopping()) {
         if (lease_.load() == 0) {
             int64_t l = 0;
@@ -241,7 +238,7 @@ void Elected::run(const std::string & election, const std::string & name,
             }
             lease_ = l;
         }
-        cluster::EtcdLeader me;
+        EtcdLeader me;
         const std::string e = campaign(election, name, me);
         if (e == "not elected yet") continue;  // a stop, a lost lease, or a long wait: stand again
         if (!e.empty()) {
@@ -255,7 +252,10 @@ void Elected::run(const std::string & election, const std::string & name,
         auto & epoch = metrics_.gauge("armada_brain_epoch", "");
         leading.set(1);
         epoch.set(double(me.rev));
+        beat();
+        leading_ = true;
         lead(me);
+        leading_ = false;
         leading.set(0);
         epoch.set(0);
         if (stopping()) {
@@ -273,4 +273,4 @@ void Elected::run(const std::string & election, const std::string & name,
     if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);  // its candidacy goes too
 }
 
-}  // namespace armada::cli
+}  // namespace armada::cluster

@@ -7,7 +7,6 @@
 #include "store/store.h"
 
 #include <atomic>
-#include <csignal>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -15,17 +14,17 @@
 #include <thread>
 #include <vector>
 
-namespace armada::cli {
+namespace armada::cluster {
 
 //! How far back the brains' chain survival rates look.
 constexpr int64_t kSurvivalWindowMs = 3600 * 1000;
 
 //! Chain survival as gauges: per cell in `by_cell` (`armada_cell_*`), and for the whole cluster
 //! (its "" entry, `armada_cluster_*`) when `cluster` is set.
-void survival_metrics(obs::Registry & m, const std::map<std::string, cluster::Survival> & by_cell, bool cluster);
+void survival_metrics(obs::Registry & m, const std::map<std::string, Survival> & by_cell, bool cluster);
 
 //! A cell's aggregate (what its leading brain reports) as `armada_cell_*` gauges.
-void cell_metrics(obs::Registry & m, const cluster::CellReport & r);
+void cell_metrics(obs::Registry & m, const CellReport & r);
 
 //! A process that takes turns to lead through etcd's election (a cell brain, the global brain).
 //! It holds a lease, kept alive on a thread of its own, and observes the election on another
@@ -37,10 +36,16 @@ void cell_metrics(obs::Registry & m, const cluster::CellReport & r);
 //!   `still_leader` about once a second and return when it is false or on a stop. That check reads
 //!   what the observer saw, and asks etcd only when the observer is away or saw another leader.
 //! - On a stop the leader resigns, then revokes its lease, so a standby leads at once.
+//! - The leader's loop calls `beat` each time round. A loop that has not beaten for two thirds of
+//!   the lease's TTL is stuck (a call that hangs): the keep-alive thread then gives the lease up,
+//!   so a standby leads within one TTL, and `still_leader` is false when the loop wakes. Its
+//!   writes are refused by the store from the moment the new leader marks it.
 class Elected {
   public:
+    //! Waits up to `ms` for a stop; true once one has come (and from then on).
+    using WaitStop = std::function<bool(int ms)>;
     //! `what` names the role in logs ("cell cell0", "global").
-    Elected(cluster::EtcdClient & etcd, int ttl_s, std::string what, sigset_t stop_set);
+    Elected(EtcdClient & etcd, int ttl_s, std::string what, WaitStop wait_stop);
     ~Elected();
     Elected(const Elected &) = delete;
     Elected & operator=(const Elected &) = delete;
@@ -48,36 +53,40 @@ class Elected {
     //! Campaigns in `election` as `name` until a stop signal; runs `lead` while it leads. On the
     //! way out the lease is revoked, so a standby leads at once.
     void run(const std::string & election, const std::string & name,
-             const std::function<void(const cluster::EtcdLeader &)> & lead);
+             const std::function<void(const EtcdLeader &)> & lead);
     bool stopping() const { return quit_.load(); }
-    //! Waits up to `ms` for a stop signal; true when one came.
+    //! Waits up to `ms` for a stop; true when one came.
     bool wait_signal(int ms);
-    bool still_leader(const cluster::EtcdLeader & me, const std::string & election);
+    bool still_leader(const EtcdLeader & me, const std::string & election);
+    //! The leader's loop is still moving (call it each time round, and between long steps).
+    void beat();
+    //! Leaderships given up because the loop stopped beating.
+    int64_t stalls() const { return stalls_.load(); }
     //! The lease held now (0 while there is none): keys put under it go when this process does.
     int64_t lease() const { return lease_.load(); }
     //! A new leader's first write: its mark (election, etcd revision) on every shard of `st`, so
     //! that the brain it follows, if it still runs unaware, is refused from then on. Retries while
     //! the store is away or refuses (a mark above this revision: etcd's data was wiped), as long
     //! as this process leads; false on a stop or once it no longer leads.
-    bool claim_store(store::Store & st, const std::string & election, const cluster::EtcdLeader & me);
+    bool claim_store(store::Store & st, const std::string & election, const EtcdLeader & me);
     //! The brain's metrics: the election's own (leading, leader changes seen) and the brain's.
     obs::Registry & metrics() { return metrics_; }
-    //! Serves /metrics and /livez, with no key, for Prometheus, on `host`:`port` (0: any free
-    //! port), and prints where. "" on success.
-    std::string serve_metrics(const std::string & host, int port);
 
   private:
     static constexpr int kCampaignMs = 60000;
     void keep_lease();
     void observe(const std::string & election);
     //! One campaign under the lease held now: "" when this process leads (`me` says how).
-    std::string campaign(const std::string & election, const std::string & name, cluster::EtcdLeader & me);
+    std::string campaign(const std::string & election, const std::string & name, EtcdLeader & me);
 
-    cluster::EtcdClient & etcd_;
+    EtcdClient & etcd_;
     int ttl_s_;
     std::string what_;
-    sigset_t stop_set_;
+    WaitStop wait_stop_;
     std::atomic<int64_t> lease_{0};
+    std::atomic<bool> leading_{false};
+    std::atomic<int64_t> beat_ms_{0};
+    std::atomic<int64_t> stalls_{0};
     std::atomic<bool> quit_{false};
     std::thread keepalive_;
     std::thread observer_;
@@ -86,7 +95,6 @@ class Elected {
     bool observing_ = false;  // the observer's stream is up
     obs::Registry metrics_;
     std::shared_ptr<void> trace_counts_;  // the tracer counts into metrics_ while this lives
-    std::shared_ptr<void> listener_;      // the metrics listener, while there is one
 };
 
 //! What both brains share besides the election.
@@ -100,4 +108,4 @@ std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Bat
 //! Whether a write was refused because a newer leader wrote (the brain should stop leading).
 bool newer_leader_wrote(const store::Status & s);
 
-}  // namespace armada::cli
+}  // namespace armada::cluster
