@@ -94,6 +94,7 @@ class GlobalProcess {
         std::map<std::string, CellReport> reports;
         std::map<std::string, int64_t> report_rev;  // each report's etcd mod_revision
         std::set<std::string> alive;                // cells with any key under a lease
+        std::map<std::string, int> live_nodes;      // node keys (each under its node's lease) per cell
         std::vector<FleetNode> nodes;               // live nodes, as their load reports show them
     };
     bool look(Seen & out) {
@@ -117,6 +118,7 @@ class GlobalProcess {
                 }
             } else if (what.rfind("nodes/", 0) == 0) {
                 const std::string node = what.substr(6);
+                out.live_nodes[cell]++;
                 if (auto l = decode_load(node, kv.value))
                     out.nodes.push_back({node, cell, l->version, l->draining, l->signals});
             }
@@ -348,7 +350,7 @@ class GlobalProcess {
         std::set<std::string> known;
         for (const auto & c : specs)
             known.insert(c.name);
-        std::set<std::string> was_lost;
+        std::set<std::string> was_lost, was_silent;
         // Subscribed while leading only: a standby would pile up reports it never reads.
         reports_.reset();
         int64_t subscribe_at = 0;
@@ -413,8 +415,20 @@ class GlobalProcess {
             for (const auto & cell : known)
                 note_paths(cell, recent(last_written_, cell), recent(last_pushed_, cell));
             if (looked) {
-                for (const auto & cell : known)
+                for (const auto & cell : known) {
                     if (!seen.alive.count(cell)) brain.leases_gone(cell);
+                    const auto n = seen.live_nodes.find(cell);
+                    const int live = n == seen.live_nodes.end() ? 0 : n->second;
+                    brain.node_leases(cell, live);
+                    const bool silent = brain.stale(cell, t) && !brain.lost(cell, t);
+                    if (silent && was_silent.insert(cell).second)
+                        spdlog::warn(
+                            "global: cell {} does not report, but {} of its nodes hold live leases: it gets no new "
+                            "sessions, and none of its sessions is re-homed while they live",
+                            cell, live);
+                    else if (!silent)
+                        was_silent.erase(cell);
+                }
             }
             for (const auto & cell : brain.lost_cells(t)) {
                 std::vector<GlobalBrain::OpenSession> open;
@@ -426,8 +440,8 @@ class GlobalProcess {
                 }
                 if (was_lost.insert(cell).second)
                     spdlog::warn(
-                        "global: cell {} is lost (no report, or every lease gone); {} open session(s) to "
-                        "re-home",
+                        "global: cell {} is lost (every lease gone, or no report and no live node); {} open session(s) "
+                        "to re-home",
                         cell, open.size());
                 brain.open_in(cell, open);
             }

@@ -117,11 +117,24 @@ void GlobalBrain::rehome_done(const std::string & session) {
         c.in_flight.erase(session);
 }
 
-bool GlobalBrain::lost(const std::string & cell, int64_t now_ms) const {
+void GlobalBrain::node_leases(const std::string & cell, int live) {
+    if (auto it = cells_.find(cell); it != cells_.end()) it->second.live_nodes = live;
+}
+
+bool GlobalBrain::stale(const std::string & cell, int64_t now_ms) const {
     auto it = cells_.find(cell);
     if (it == cells_.end()) return false;
     const Cell & c = it->second;
     return c.gone || (c.last && now_ms - c.reported_ms > cfg_.report_ttl_ms);
+}
+
+bool GlobalBrain::lost(const std::string & cell, int64_t now_ms) const {
+    auto it = cells_.find(cell);
+    if (it == cells_.end()) return false;
+    const Cell & c = it->second;
+    if (c.gone) return true;
+    // Silent with live nodes: their sessions run on; re-homing them would fence live work.
+    return stale(cell, now_ms) && c.live_nodes <= 0;
 }
 
 std::vector<std::string> GlobalBrain::lost_cells(int64_t now_ms) const {
@@ -139,14 +152,14 @@ size_t GlobalBrain::waiting() const {
 }
 
 int GlobalBrain::room(const Cell & c, int64_t now_ms) const {
-    if (!c.last || lost(c.spec.name, now_ms) || c.last->kv_headroom <= 0) return 0;
+    if (!c.last || stale(c.spec.name, now_ms) || c.last->kv_headroom <= 0) return 0;
     const int limit = int(std::floor(c.spec.water * double(c.last->capacity)));
     // Sessions queued in the cell wait for the same room.
     return std::max(0, limit - c.last->live_sessions - c.last->queued - c.taken);
 }
 
 int GlobalBrain::spare(const Cell & c, int64_t now_ms) const {
-    if (!c.last || lost(c.spec.name, now_ms) || c.last->kv_headroom <= 0) return 0;
+    if (!c.last || stale(c.spec.name, now_ms) || c.last->kv_headroom <= 0) return 0;
     return std::max(0, c.last->capacity - c.last->live_sessions - c.last->queued - c.taken);
 }
 
@@ -177,7 +190,7 @@ Shares GlobalBrain::shares(int64_t now_ms) const {
     for (const auto & [name, c] : cells_) {
         const int r = room(c, now_ms);
         if (r <= 0) {
-            if (c.last && !lost(name, now_ms)) s.full.insert(name);
+            if (c.last && !stale(name, now_ms)) s.full.insert(name);
             continue;
         }
         double w = double(r);

@@ -102,6 +102,11 @@ class GlobalBrain {
     //! The adapter saw every lease of the cell (brains and nodes) gone: lost at once, without
     //! waiting for its reports to go stale.
     void leases_gone(const std::string & cell);
+    //! How many of the cell's nodes hold a live lease, as etcd showed the adapter. A cell whose
+    //! reports stopped while some of its nodes live is silent, not lost: its brains are stuck or
+    //! cut off, but its sessions still run where they are, so none is re-homed (it gets no new
+    //! sessions either). Until this is called for a cell, reports alone decide.
+    void node_leases(const std::string & cell, int live);
     //! The open sessions still homed in `cell` (read from PostgreSQL once it is lost), with the
     //! tenant and epoch of each. Replaces what was known; an empty list means it is emptied.
     struct OpenSession {
@@ -120,7 +125,10 @@ class GlobalBrain {
     std::vector<Rehome> decide(int64_t now_ms);
 
     // --- views ---
+    //! Its sessions are to be re-homed: every lease gone, or reports stale with no live node.
     bool lost(const std::string & cell, int64_t now_ms) const;
+    //! Its reports are stale (lost or silent): it takes no new sessions.
+    bool stale(const std::string & cell, int64_t now_ms) const;
     //! Lost cells whose sessions the adapter should read (open_in) and hand over.
     std::vector<std::string> lost_cells(int64_t now_ms) const;
     size_t waiting() const;  // sessions of lost cells not yet re-homed
@@ -131,6 +139,7 @@ class GlobalBrain {
         std::optional<CellReport> last;
         int64_t reported_ms = 0;
         bool gone = false;                        // leases gone, until it reports again
+        int live_nodes = -1;                      // nodes with a live lease; -1: not known
         int taken = 0;                            // sessions sent to it since its last report
         std::map<std::string, OpenSession> open;  // while lost: its sessions to re-home
         std::set<std::string> in_flight;          // re-homes decided, not yet written

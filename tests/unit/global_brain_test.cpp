@@ -345,3 +345,26 @@ TEST(GlobalBrain, SessionsQueuedInACellTakeItsRoomForNewAndRehomedSessions) {
     ASSERT_TRUE(back);
     EXPECT_EQ(back->queued, 40);
 }
+
+TEST(GlobalBrain, ACellThatStopsReportingWhileItsNodesLeasesLiveIsSilentNotLost) {
+    // Its brains are stuck (a dependency that hangs) or cut off from etcd, but its nodes still
+    // hold their leases and run their sessions: re-homing them would fence live work.
+    GlobalBrain g(specs({{"a", ""}, {"b", ""}}), {.report_ttl_ms = 10000});
+    g.report(cell("a", 100, 2), 0);
+    g.report(cell("b", 100, 0), 0);
+    g.node_leases("a", 3);
+    g.report(cell("b", 100, 0), 20000);
+    EXPECT_TRUE(g.stale("a", 20000));
+    EXPECT_FALSE(g.lost("a", 20000));
+    EXPECT_TRUE(g.lost_cells(20000).empty());
+    g.open_in("a", {{"s1", "t1", 1}, {"s2", "t2", 4}});
+    EXPECT_TRUE(g.decide(20000).empty()) << "nothing is re-homed while the cell's nodes live";
+    // Nor does it get new sessions, and it is not counted full.
+    const Shares s = g.shares(20000);
+    EXPECT_EQ(s.weight, (std::map<std::string, double>{{"b", 1.0}}));
+    EXPECT_FALSE(s.full.count("a"));
+    // Its nodes' leases go: now it is lost, and its sessions go elsewhere.
+    g.node_leases("a", 0);
+    EXPECT_TRUE(g.lost("a", 20001));
+    EXPECT_EQ(g.decide(20001).size(), 2u);
+}
