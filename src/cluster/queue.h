@@ -43,6 +43,8 @@ class QueueMsg {
     const std::string & data() const { return data_; }
     //! 1 on the first delivery.
     uint64_t deliveries() const { return deliveries_; }
+    //! Sent without waiting for the server's confirmation (a loop never waits on a NATS that
+    //! hangs); an ack the server never gets redelivers the message after the consumer's ack wait.
     std::string ack();
     std::string nak(int delay_ms = 0);
     //! Stops redelivery (the caller has put it in the dead letters).

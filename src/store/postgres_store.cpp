@@ -1,7 +1,9 @@
 #include "store/postgres_store.h"
 
 #include <libpq-fe.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -59,11 +61,13 @@ constexpr const char * kSessionColumns = "id,agent_id,owner,state,reason,data,cr
 //! Owns a PGresult.
 struct Res {
     PGresult * r = nullptr;
+    std::string failure;  // set when the server did not answer in time (then r may be null)
     Res() = default;
     explicit Res(PGresult * p) : r(p) {}
-    Res(Res && o) noexcept : r(o.r) { o.r = nullptr; }
+    Res(Res && o) noexcept : r(o.r), failure(std::move(o.failure)) { o.r = nullptr; }
     Res & operator=(Res && o) noexcept {
         std::swap(r, o.r);
+        std::swap(failure, o.failure);
         return *this;
     }
     ~Res() { PQclear(r); }
@@ -86,24 +90,66 @@ std::string trim(std::string s) {
 }
 
 std::string error_of(PGconn * c, const Res & r) {
+    if (!r.failure.empty()) return r.failure;
     std::string e = r.r ? PQresultErrorMessage(r.r) : "";
     if (e.empty()) e = PQerrorMessage(c);
     return trim(e);
 }
 
-//! Runs `sql` with text parameters.
-Res run(PGconn * c, const std::string & sql, const std::vector<std::string> & params = {}) {
+//! Runs `sql` with text parameters, waiting at most `timeout_ms` (0: no limit) for the answer. A
+//! server that accepts and never answers (hung, or cut off without a reset) is given up on: the
+//! connection is shut down, so it reads as broken and is reset before its next use.
+Res run(PGconn * c, const std::string & sql, const std::vector<std::string> & params = {}, int timeout_ms = 0) {
     std::vector<const char *> v;
     v.reserve(params.size());
     for (const auto & p : params)
         v.push_back(p.c_str());
-    return Res(PQexecParams(c, sql.c_str(), int(v.size()), nullptr, v.data(), nullptr, nullptr, 0));
+    if (timeout_ms <= 0)
+        return Res(PQexecParams(c, sql.c_str(), int(v.size()), nullptr, v.data(), nullptr, nullptr, 0));
+    while (PGresult * left = PQgetResult(c))  // nothing may be pending from before
+        PQclear(left);
+    if (!PQsendQueryParams(c, sql.c_str(), int(v.size()), nullptr, v.data(), nullptr, nullptr, 0)) return Res();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::string failure;
+    while (PQconsumeInput(c) && PQisBusy(c)) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+        if (left <= 0) {
+            failure = "PostgreSQL did not answer within " + std::to_string(timeout_ms) +
+                      " ms (the server hangs, or the network to it does); the connection is reset";
+            ::shutdown(PQsocket(c), SHUT_RDWR);
+            PQconsumeInput(c);  // sees the shut-down socket: the connection is now broken
+            break;
+        }
+        pollfd p{PQsocket(c), POLLIN, 0};
+        ::poll(&p, 1, int(std::min<int64_t>(left, 1000)));
+    }
+    Res out;
+    while (PGresult * r = PQgetResult(c)) {
+        if (out.r && PQresultStatus(out.r) == PGRES_FATAL_ERROR) {
+            PQclear(r);  // the first error is the one to report
+            continue;
+        }
+        out = Res(r);
+    }
+    out.failure = std::move(failure);
+    if (!out.failure.empty()) {
+        PQclear(out.r);
+        out.r = nullptr;
+    }
+    return out;
 }
 
-PGconn * connect(const std::string & url, int timeout_s) {
+//! libpq's settings for every connection, before the URL's own (which win): TCP keepalives and a
+//! user timeout, so a peer that vanishes without a reset is noticed in seconds, and a statement
+//! timeout on the server's side.
+PGconn * connect(const std::string & url, int timeout_s, int statement_timeout_ms) {
     const std::string t = std::to_string(timeout_s);
-    const char * keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
-    const char * vals[] = {url.c_str(), t.c_str(), "armada", nullptr};
+    const std::string options = "-c statement_timeout=" + std::to_string(statement_timeout_ms);
+    const char * keys[] = {
+        "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+        "options",    "dbname",          "connect_timeout",     "application_name", nullptr};
+    const char * vals[] = {"1", "10", "3", "3", "15000", options.c_str(), url.c_str(), t.c_str(), "armada", nullptr};
     PGconn * c = PQconnectdbParams(keys, vals, 1);
     // Server notices ("relation already exists, skipping") are not errors: keep them out of logs.
     if (c)
@@ -151,6 +197,8 @@ std::string migrate(PGconn * c) {
         return r.ok() ? std::string() : error_of(c, r);
     };
     std::string e = step("BEGIN");
+    // A migration may index millions of rows: the connection's statement timeout is not for it.
+    if (e.empty()) e = step("SET LOCAL statement_timeout = 0");
     if (e.empty()) e = step(kMigrationLock);
     if (e.empty()) e = step("CREATE TABLE IF NOT EXISTS armada_schema (version INT NOT NULL)");
     int version = 0;
@@ -183,6 +231,7 @@ std::string migrate(PGconn * c) {
 struct PostgresStore::Shard {
     size_t index = 0;
     std::string url;
+    int query_timeout_ms = 0;  // the most any statement waits for the server (run)
     // The writer's connection: used by the writer thread, and by `recover` under `wmu`.
     PGconn * wconn = nullptr;
     std::mutex wmu;
@@ -226,14 +275,14 @@ class PostgresStore::Lease {
     explicit operator bool() const { return c_ != nullptr; }
     //! Runs a read, reconnecting once if the server went away since the connection was used.
     Res query(const std::string & sql, const std::vector<std::string> & params = {}) {
-        Res r = run(c_, sql, params);
-        if (!r.ok() && PQstatus(c_) == CONNECTION_BAD) {
+        Res r = run(c_, sql, params, s_->query_timeout_ms);
+        if (!r.ok() && r.failure.empty() && PQstatus(c_) == CONNECTION_BAD) {
             PQreset(c_);
             {
                 std::lock_guard lk(s_->pmu);
                 s_->stats.reconnects++;
             }
-            if (PQstatus(c_) == CONNECTION_OK) r = run(c_, sql, params);
+            if (PQstatus(c_) == CONNECTION_OK) r = run(c_, sql, params, s_->query_timeout_ms);
         }
         if (!r.ok()) spdlog::warn("postgres shard {}: read failed: {}", s_->index, error_of(c_, r));
         return r;
@@ -263,8 +312,11 @@ std::unique_ptr<PostgresStore> PostgresStore::open(const PostgresConfig & cfg, s
         auto sh = std::make_unique<Shard>();
         sh->index = i;
         sh->url = cfg.urls[i];
+        // The server ends a statement at its timeout; the client waits a little longer for that
+        // answer, and gives up on a server that gives none.
+        sh->query_timeout_ms = cfg.statement_timeout_ms > 0 ? cfg.statement_timeout_ms + 2000 : 0;
         const std::string where = "PostgreSQL " + redact(sh->url);
-        sh->wconn = connect(sh->url, cfg.connect_timeout_s);
+        sh->wconn = connect(sh->url, cfg.connect_timeout_s, cfg.statement_timeout_ms);
         if (PQstatus(sh->wconn) != CONNECTION_OK) {
             error = "cannot connect to " + where + ": " + trim(PQerrorMessage(sh->wconn));
             return nullptr;
@@ -275,7 +327,7 @@ std::unique_ptr<PostgresStore> PostgresStore::open(const PostgresConfig & cfg, s
         }
         // The read pool is opened and checked now, not at the first request under load.
         for (int k = 0; k < cfg.read_connections; ++k) {
-            PGconn * c = connect(sh->url, cfg.connect_timeout_s);
+            PGconn * c = connect(sh->url, cfg.connect_timeout_s, cfg.statement_timeout_ms);
             sh->all.push_back(c);
             Res r(PQstatus(c) == CONNECTION_OK ? PQexec(c, "SELECT 1") : nullptr);
             if (!r.ok()) {
@@ -458,7 +510,8 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
     }
     std::string err;
     auto exec = [&](const std::string & sql, const std::vector<std::string> & params = {}) -> Res {
-        Res r = run(c, sql, params);
+        if (!err.empty()) return Res();  // the transaction failed: nothing more goes to the server
+        Res r = run(c, sql, params, s.query_timeout_ms);
         if (!r.ok() && err.empty()) err = error_of(c, r);
         return r;
     };
@@ -910,7 +963,7 @@ Status PostgresStore::recover() {
     for (auto & sh : shards_) {
         std::lock_guard wl(sh->wmu);
         if (PQstatus(sh->wconn) != CONNECTION_OK) PQreset(sh->wconn);
-        Res r(PQexec(sh->wconn, "SELECT 1"));  // cheap: every waiting session may ask
+        Res r = run(sh->wconn, "SELECT 1", {}, sh->query_timeout_ms);  // cheap: every waiting session may ask
         if (!r.ok())
             return Status::Error("PostgreSQL shard " + std::to_string(sh->index) + ": " + error_of(sh->wconn, r));
     }

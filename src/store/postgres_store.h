@@ -20,6 +20,9 @@ struct PostgresConfig {
     int read_connections = 4;  // per shard, opened and checked at start
     int pool_wait_ms = 5000;   // a read waits at most this long for a free connection
     int connect_timeout_s = 5;
+    //! The server ends any statement that runs longer (statement_timeout), and the client gives
+    //! up 2 s after that on a server that does not answer at all (0: no limits).
+    int statement_timeout_ms = 10000;
 };
 
 //! A tenant, as the gateways' admin API manages it. A quota of 0 is unlimited.
