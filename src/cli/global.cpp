@@ -351,6 +351,7 @@ class GlobalProcess {
         for (const auto & c : specs)
             known.insert(c.name);
         std::set<std::string> was_lost, was_silent;
+        int64_t last_etcd_status = 0;
         // Subscribed while leading only: a standby would pile up reports it never reads.
         reports_.reset();
         int64_t subscribe_at = 0;
@@ -479,6 +480,10 @@ class GlobalProcess {
                 last_check = t;
                 if (!elected_.still_leader(me, global_election(cfg_))) break;
             }
+            if (t - last_etcd_status >= 10000) {
+                last_etcd_status = t;
+                etcd_metrics(elected_.metrics(), etcd_);
+            }
             if (elected_.wait_signal(o_.tick_ms)) break;
         }
         reports_.reset();
@@ -487,6 +492,7 @@ class GlobalProcess {
         elected_.metrics().erase_families("armada_rollout_");
         elected_.metrics().erase_families("armada_cell_");
         elected_.metrics().erase_families("armada_cluster_");
+        elected_.metrics().erase_families("armada_etcd_");
     }
 
     ClusterConfig cfg_;

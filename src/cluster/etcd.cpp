@@ -356,6 +356,31 @@ std::string EtcdClient::get(const std::string & key, std::optional<EtcdKv> & out
     return {};
 }
 
+std::string EtcdClient::status(EtcdStatus & out, bool & alarms_known) {
+    std::string r;
+    if (auto e = call("/v3/maintenance/status", "{}", r, timeout_ms_); !e.empty()) return e;
+    auto j = json::parse(r, nullptr, false);
+    if (!j.is_object()) return "etcd status: unreadable reply";
+    out = {};
+    out.db_bytes = i64(j, "dbSize");
+    out.db_in_use_bytes = i64(j, "dbSizeInUse");
+    out.revision = j.contains("header") ? i64(j["header"], "revision") : 0;
+    if (j.contains("version") && j["version"].is_string()) out.version = j["version"].get<std::string>();
+    alarms_known = false;
+    std::string a;
+    if (call("/v3/maintenance/alarm", R"({"action":"GET"})", a, timeout_ms_).empty()) {
+        auto ja = json::parse(a, nullptr, false);
+        if (ja.is_object()) {
+            alarms_known = true;
+            if (ja.contains("alarms") && ja["alarms"].is_array())
+                for (const auto & al : ja["alarms"])
+                    if (al.is_object() && al.contains("alarm") && al["alarm"].is_string())
+                        out.alarms.push_back(al["alarm"].get<std::string>());
+        }
+    }
+    return {};
+}
+
 std::string EtcdClient::list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision) {
     std::string r;
     const json b{{"key", base64(prefix)}, {"range_end", base64(prefix_end(prefix))}};

@@ -41,6 +41,16 @@ struct EtcdLeader {
     int64_t rev = 0, lease = 0;
 };
 
+//! What etcd says of itself (maintenance status and alarms): the figures an operator watches so
+//! that its quota is never reached.
+struct EtcdStatus {
+    int64_t db_bytes = 0;         // the backend file's size
+    int64_t db_in_use_bytes = 0;  // what it holds after compaction (the rest is free pages)
+    int64_t revision = 0;
+    std::string version;
+    std::vector<std::string> alarms;  // e.g. "NOSPACE", "CORRUPT"; empty when none
+};
+
 //! etcd v3 through its JSON gateway (`/v3/...`) over HTTP/1.1 with Beast: no gRPC. Every call
 //! blocks its thread for at most `timeout_ms` and returns an error message ("" on success);
 //! the adapters run it on threads of their own. Endpoints are tried in order, so a cluster of
@@ -83,6 +93,10 @@ class EtcdClient {
     std::string watch(const std::string & prefix, int64_t start_revision,
                       const std::function<bool(const std::vector<EtcdEvent> &, int64_t revision)> & on_events,
                       const std::atomic<bool> & stop);
+
+    //! The endpoint's status and the cluster's alarms. Alarms need etcd's root role when auth is
+    //! on; without it `alarms_known` is false and the status alone comes back.
+    std::string status(EtcdStatus & out, bool & alarms_known);
 
     // Elections (etcd's election API).
     //! Joins the election `name` with `value`, under `lease`, and waits up to `wait_ms` to lead,

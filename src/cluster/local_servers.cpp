@@ -570,6 +570,12 @@ std::string LocalEtcd::launch() {
                                      "warn",
                                      "--logger",
                                      "zap"};
+    // Without compaction every put stays in etcd's history until the quota (2 GiB by default)
+    // fills, and then it refuses every write: at thousands of load reports a second that is
+    // within the hour. Periodic compaction keeps `retention_` of history; a watcher further
+    // behind lists again.
+    argv.insert(argv.end(), {"--auto-compaction-mode", "periodic", "--auto-compaction-retention", retention_,
+                             "--quota-backend-bytes", std::to_string(quota_bytes_)});
     if (tls_.on()) argv.insert(argv.end(), {"--cert-file", tls_.cert_file, "--key-file", tls_.key_file});
     child_ = Child::spawn(argv, dir_ + "/etcd.log", "", err);
     if (!child_) return "cannot start etcd: " + err;

@@ -183,6 +183,13 @@ class LocalEtcd {
     //! Before start: the client port speaks HTTPS only.
     void use_tls(const ServerTls & t) { tls_ = t; }
     const ServerTls & tls() const { return tls_; }
+    //! Before start: how much history etcd keeps (its periodic auto-compaction's retention, a
+    //! duration such as "1m"; the default) and its backend quota (8 GiB by default).
+    void set_compaction(std::string retention, int64_t quota_bytes = kQuotaBytes) {
+        retention_ = std::move(retention);
+        quota_bytes_ = quota_bytes;
+    }
+    static constexpr int64_t kQuotaBytes = int64_t(8) << 30;
     std::string stop();
     std::string restart();
     //! host:port of the client endpoint.
@@ -207,6 +214,8 @@ class LocalEtcd {
     std::string launch();
     std::string dir_, secrets_, user_, password_;
     ServerTls tls_;
+    std::string retention_ = "1m";
+    int64_t quota_bytes_ = kQuotaBytes;
     int port_ = 0, peer_port_ = 0;
     std::optional<Child> child_;
 };

@@ -191,6 +191,9 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
     assertLintedMetrics(text, g.name);
     assert.match(text, new RegExp(`^armada_brain_leading ${g === leader ? 1 : 0}$`, 'm'), g.name);
     if (g !== leader) continue;
+    // The leader watches etcd's size (its history compacted, under its quota).
+    assert.ok(metricSum(text, 'armada_etcd_db_bytes') > 0, 'the leader exports etcd\'s size');
+    assert.ok(metricSum(text, 'armada_etcd_db_in_use_bytes') > 0);
     // The leader's chain survival: per cell and for the cluster, which is the cells together.
     const ended = (labels) => metricSum(text, 'armada_cell_sessions_ended', labels);
     const all = (o) => metricSum(text, 'armada_cluster_sessions_ended', `outcome="${o}"`);

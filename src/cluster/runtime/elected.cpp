@@ -41,6 +41,27 @@ std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Bat
     return out;
 }
 
+bool etcd_metrics(obs::Registry & m, EtcdClient & etcd) {
+    EtcdStatus st;
+    bool alarms_known = false;
+    if (!etcd.status(st, alarms_known).empty()) return false;
+    m.gauge("armada_etcd_db_bytes", "Size of etcd's backend file (its quota counts this)").set(double(st.db_bytes));
+    m.gauge("armada_etcd_db_in_use_bytes", "Bytes of etcd's backend in use after compaction")
+        .set(double(st.db_in_use_bytes));
+    m.gauge("armada_etcd_revision", "etcd's current revision").set(double(st.revision));
+    m.gauge("armada_etcd_alarms_readable", "1 when etcd's alarm list could be read (it needs the root role)")
+        .set(alarms_known ? 1 : 0);
+    if (alarms_known) {
+        for (const char * kind : {"NOSPACE", "CORRUPT"}) {
+            const bool on = std::find(st.alarms.begin(), st.alarms.end(), kind) != st.alarms.end();
+            m.gauge("armada_etcd_alarm", "1 while etcd raises this alarm (NOSPACE: it refuses every write)",
+                    {{"alarm", kind}})
+                .set(on ? 1 : 0);
+        }
+    }
+    return true;
+}
+
 bool newer_leader_wrote(const store::Status & s) {
     return s.deposed;
 }

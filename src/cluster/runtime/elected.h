@@ -105,6 +105,8 @@ extern const std::vector<std::string> kEndedStates;
 //! Commits each batch on its own (each keeps its own epoch check) but hands them to the store
 //! together, so it groups them into one transaction; returns each one's status, in order.
 std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Batch> batches);
+//! etcd's size and alarms as gauges (`armada_etcd_*`), read now; false when etcd did not answer.
+bool etcd_metrics(obs::Registry & m, EtcdClient & etcd);
 //! Whether a write was refused because a newer leader wrote (the brain should stop leading).
 bool newer_leader_wrote(const store::Status & s);
 
