@@ -51,6 +51,12 @@ CREATE TABLE api_keys (
   prefix TEXT NOT NULL, admin BOOLEAN NOT NULL, created_ms BIGINT NOT NULL);
 CREATE INDEX sessions_owner_state ON sessions(owner, state);
 )sql",
+    // 4: open sessions only, by cell and node: the brains' reconcile and each node's pass read
+    // these, and must not wade through the ended ones kept for their retention. The predicate is
+    // written exactly as open_where() writes it, so the planner can prove a query may use it.
+    R"sql(
+CREATE INDEX sessions_open ON sessions(cell, node, created_ms) WHERE state NOT IN ('completed','failed','cancelled');
+)sql",
 };
 constexpr int kLatest = int(sizeof kMigrations / sizeof kMigrations[0]);
 // Taken for the length of a migration so that nodes starting together apply it once.
@@ -717,33 +723,56 @@ std::vector<StepRecord> PostgresStore::steps(const std::string & id) {
     return out;
 }
 
+namespace {
+//! The states that end a session, in the order the `sessions_open` index names them.
+const std::vector<std::string> kIndexedEnded = {"completed", "failed", "cancelled"};
+}  // namespace
+
+std::string PostgresStore::open_where(const std::vector<std::string> & ended, size_t & first_param) {
+    if (ended.empty()) return "TRUE";
+    std::vector<std::string> sorted = ended, indexed = kIndexedEnded;
+    std::sort(sorted.begin(), sorted.end());
+    std::sort(indexed.begin(), indexed.end());
+    if (sorted == indexed) return "state NOT IN ('completed','failed','cancelled')";  // the index's own words
+    const std::string w = "state NOT IN (" + in_list(ended.size(), first_param) + ")";
+    first_param += ended.size();
+    return w;
+}
+
+std::string PostgresStore::open_sessions_sql(const std::vector<std::string> & ended, bool by_node,
+                                             size_t & params_used) {
+    size_t next = 1;
+    std::string sql = std::string("SELECT ") + kSessionColumns + " FROM sessions WHERE " + open_where(ended, next);
+    sql += " AND cell=$" + std::to_string(next++);
+    if (by_node) sql += " AND node=$" + std::to_string(next++);
+    params_used = next - 1;
+    return sql + " ORDER BY created_ms";
+}
+
 std::vector<SessionRecord> PostgresStore::sessions_not_in(const std::vector<std::string> & ended) {
-    return select_open("", ended, {}).value_or(std::vector<SessionRecord>{});
+    size_t next = 1;
+    const std::string where = open_where(ended, next);
+    return select_open(
+               std::string("SELECT ") + kSessionColumns + " FROM sessions WHERE " + where + " ORDER BY created_ms",
+               next > 1 ? ended : std::vector<std::string>{})
+        .value_or(std::vector<SessionRecord>{});
 }
 
 std::optional<std::vector<SessionRecord>> PostgresStore::open_sessions(const std::string & cell,
                                                                        const std::string & node,
                                                                        const std::vector<std::string> & ended) {
-    // The cell (and node) as parameters after the states; an index on (cell, state) serves it.
-    const size_t n = ended.size();
-    std::string where = " AND cell=$" + std::to_string(n + 1);
-    std::vector<std::string> extra{cell};
-    if (!node.empty()) {
-        where += " AND node=$" + std::to_string(n + 2);
-        extra.push_back(node);
-    }
-    return select_open(where, ended, extra);
+    // Through the `sessions_open` index: open rows only, narrowed by cell (and node).
+    size_t used = 0;
+    const std::string sql = open_sessions_sql(ended, !node.empty(), used);
+    std::vector<std::string> params;
+    if (used > (node.empty() ? 1u : 2u)) params = ended;  // the states went as parameters
+    params.push_back(cell);
+    if (!node.empty()) params.push_back(node);
+    return select_open(sql, params);
 }
 
-std::optional<std::vector<SessionRecord>> PostgresStore::select_open(const std::string & and_where,
-                                                                     const std::vector<std::string> & ended,
-                                                                     const std::vector<std::string> & extra) {
-    // $1..$n are the ended states; `and_where` names the `extra` parameters after them.
-    std::vector<std::string> params = ended;
-    params.insert(params.end(), extra.begin(), extra.end());
-    const std::string sql = std::string("SELECT ") + kSessionColumns + " FROM sessions WHERE " +
-                            (ended.empty() ? std::string("TRUE") : "state NOT IN (" + in_list(ended.size(), 1) + ")") +
-                            and_where + " ORDER BY created_ms";
+std::optional<std::vector<SessionRecord>> PostgresStore::select_open(const std::string & sql,
+                                                                     const std::vector<std::string> & params) {
     std::vector<SessionRecord> out;
     bool failed = false;
     for (auto & sh : shards_) {

@@ -70,13 +70,19 @@ class PostgresStore : public Store {
     std::optional<ResponseRecord> response(const std::string & id) override;
     std::vector<StepRecord> steps(const std::string & id) override;
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) override;
+    //! The query open_sessions runs on each shard (for EXPLAIN in tests and benchmarks): its
+    //! parameters are the cell, then the node when `by_node`, after any ended state that is not
+    //! written as a literal; `params_used` says how many there are.
+    static std::string open_sessions_sql(const std::vector<std::string> & ended, bool by_node, size_t & params_used);
     std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
                                                             const std::vector<std::string> & ended_states) override;
-    //! Sessions not in `ended` that match `and_where` too (naming `extra` as $n+1…), all shards.
-    //! Nullopt when a shard could not be read.
-    std::optional<std::vector<SessionRecord>> select_open(const std::string & and_where,
-                                                          const std::vector<std::string> & ended,
-                                                          const std::vector<std::string> & extra);
+    //! "state NOT IN (…)": the literal the `sessions_open` index is defined with when `ended` is
+    //! that set, else parameters from $`first_param` (advanced past them).
+    static std::string open_where(const std::vector<std::string> & ended, size_t & first_param);
+    //! `sql` (a SELECT of session rows) on every shard, all rows together; nullopt when a shard
+    //! cannot be read.
+    std::optional<std::vector<SessionRecord>> select_open(const std::string & sql,
+                                                          const std::vector<std::string> & params);
     std::optional<std::vector<AgentRecord>> agents() override;
     std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms, size_t limit) override;
     std::vector<std::string> expired_responses(int64_t before_ms, size_t limit) override;

@@ -1,0 +1,88 @@
+// The queries the brains and nodes run every few seconds read open rows only, through the
+// `sessions_open` index, however many ended sessions the retention keeps (PostgreSQL's own plan,
+// on a table of 200,000 ended and 2,000 open sessions).
+#include "cluster/local_servers.h"
+#include "servers.h"
+#include "store/postgres_store.h"
+
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+
+using namespace armada;
+
+namespace {
+
+//! EXPLAIN (ANALYZE, FORMAT JSON) of `sql` with `params`, as text ("" on error, with it in `err`).
+std::string plan_of(const std::string & conninfo, const std::string & sql, const std::vector<std::string> & params,
+                    std::string & err) {
+    PGconn * c = PQconnectdb(conninfo.c_str());
+    std::vector<const char *> v;
+    for (const auto & p : params)
+        v.push_back(p.c_str());
+    const std::string explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + sql;
+    PGresult * r = PQexecParams(c, explain.c_str(), int(v.size()), nullptr, v.data(), nullptr, nullptr, 0);
+    std::string out;
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0)
+        out = PQgetvalue(r, 0, 0);
+    else
+        err = PQerrorMessage(c);
+    PQclear(r);
+    PQfinish(c);
+    return out;
+}
+
+bool exec(const std::string & conninfo, const std::string & sql, std::string & err) {
+    PGconn * c = PQconnectdb(conninfo.c_str());
+    PGresult * r = PQexec(c, sql.c_str());
+    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
+    if (!ok) err = PQerrorMessage(c);
+    PQclear(r);
+    PQfinish(c);
+    return ok;
+}
+
+}  // namespace
+
+TEST(StorePlan, ACellsOpenSessionsAreReadThroughTheOpenRowsIndexNotTheEndedOnes) {
+    cluster::LocalPostgres pg;
+    ASSERT_EQ(pg.start(servers().root + "/pg-plan"), "");
+    ASSERT_EQ(pg.create_database("plan"), "");
+    std::string err;
+    {
+        store::PostgresConfig pc;
+        pc.urls = {pg.url("plan")};
+        pc.read_connections = 1;
+        auto st = store::PostgresStore::open(pc, err);  // the schema, migrations included
+        ASSERT_TRUE(st) << err;
+    }
+    const std::string db = pg.superuser_conninfo("plan");
+    // 200,000 ended sessions over 4 cells, and 2,000 open ones spread over 20 nodes.
+    ASSERT_TRUE(exec(db,
+                     "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms,node,epoch,cell) "
+                     "SELECT 'e' || i, 'a', 't', (ARRAY['completed','failed','cancelled'])[1 + i % 3], '', '{}', i, i, "
+                     "'n' || (i % 20), 1, 'c' || (i % 4) FROM generate_series(1, 200000) i",
+                     err))
+        << err;
+    ASSERT_TRUE(exec(db,
+                     "INSERT INTO sessions(id,agent_id,owner,state,reason,data,created_ms,updated_ms,node,epoch,cell) "
+                     "SELECT 'o' || i, 'a', 't', (ARRAY['queued','running','waiting_tool'])[1 + i % 3], '', '{}', i, "
+                     "i, 'n' || (i % 20), 1, 'c' || (i % 4) FROM generate_series(1, 2000) i",
+                     err))
+        << err;
+    ASSERT_TRUE(exec(db, "ANALYZE sessions", err)) << err;
+    const std::vector<std::string> ended = {"completed", "failed", "cancelled"};
+    for (const bool by_node : {false, true}) {
+        size_t used = 0;
+        const std::string sql = store::PostgresStore::open_sessions_sql(ended, by_node, used);
+        std::vector<std::string> params = {"c1"};
+        if (by_node) params.push_back("n1");
+        ASSERT_EQ(used, params.size()) << sql;
+        const std::string plan = plan_of(db, sql, params, err);
+        ASSERT_FALSE(plan.empty()) << err;
+        EXPECT_NE(plan.find("\"Index Name\": \"sessions_open\""), std::string::npos)
+            << (by_node ? "the node's pass" : "the cell's reconcile") << " does not use the open rows' index:\n"
+            << plan;
+        EXPECT_EQ(plan.find("Seq Scan"), std::string::npos) << plan;
+        EXPECT_EQ(plan.find("Rows Removed by Filter"), std::string::npos) << "it reads rows it throws away:\n" << plan;
+    }
+}
