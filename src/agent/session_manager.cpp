@@ -649,14 +649,43 @@ SessionManager::Session * SessionManager::find(const std::string & id, const std
     return it->second.get();
 }
 
+Outcome SessionManager::HeldElsewhere::outcome(const std::string & id) const {
+    if (unknown)
+        return {503,
+                "session '" + id + "' is held by node " + node +
+                    ", and whether that node is alive cannot be told now (" + why + "); retry",
+                {},
+                1};
+    return {409, "session '" + id + "' is held by node " + node + ", which is alive: send the request there", {}};
+}
+
 SessionManager::Session * SessionManager::find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id,
-                                                       const std::string & tenant) {
+                                                       const std::string & tenant, HeldElsewhere * held) {
     if (sessions_.count(id)) return find(id, tenant);
-    // Not in memory: an ended session, or none. Read it without holding the lock.
+    // Not in memory: an ended session, one another node holds, or none. Read it without holding
+    // the lock.
     lk.unlock();
     auto rec = store_.session(id);
     std::vector<store::StepRecord> steps;
     if (rec && rec->owner == tenant && rec->agent_id.rfind('@', 0) != 0) steps = store_.steps(id);
+    // Held by another node: not taken over while that node lives (its lease is what says so).
+    if (rec && rec->owner == tenant && !opt_.node.empty() && opt_.holder_live && !rec->node.empty() &&
+        rec->node != opt_.node) {
+        const auto st = parse_state(rec->state);
+        if (st && !has_ended(*st)) {
+            const int live = opt_.holder_live(rec->cell, rec->node);
+            if (live != 0) {
+                if (held) {
+                    held->node = rec->node;
+                    held->unknown = live < 0;
+                    held->why = live < 0 ? "etcd does not answer" : "";
+                }
+                lk.lock();
+                return sessions_.count(id) ? find(id, tenant) : nullptr;
+            }
+            spdlog::info("session {}: its node {} is gone; taken over by this node", id, rec->node);
+        }
+    }
     lk.lock();
     if (sessions_.count(id)) return find(id, tenant);  // loaded meanwhile
     if (!rec || rec->owner != tenant || rec->agent_id.rfind('@', 0) == 0 || expiring_.count(id)) return nullptr;
@@ -800,7 +829,7 @@ void SessionManager::send_next(Session & s) {
     if (!opt_.node.empty()) {
         // Fencing: written only while the session is still this node's, under its epoch.
         if (s.claim >= 0)
-            b.assign.push_back({s.id, opt_.node, s.claim + 1});
+            b.assign.push_back({s.id, opt_.node, s.claim + 1, opt_.cell});  // the row moves to this cell too
         else
             b.fences.push_back({s.id, opt_.node, s.epoch});
     }
@@ -977,7 +1006,8 @@ uint64_t SessionManager::subscribe(const std::string & id, const std::string & t
     std::vector<store::StepRecord> steps;
     if (rec && rec->owner == tenant) steps = store_.steps(id);
     std::unique_lock lk(mu_);
-    Session * s = find_or_load(lk, id, tenant);
+    HeldElsewhere held;  // another live node holds it: not loaded here (its stream is there)
+    Session * s = find_or_load(lk, id, tenant, &held);
     if (!s) return 0;
     std::vector<SessionEventRecord> replay;
     for (const auto & step : steps) {
@@ -1693,7 +1723,9 @@ void SessionManager::add_message(const std::string & id, const std::string & ten
                                  std::function<void(Outcome)> done, std::optional<obs::TraceContext> trace) {
     std::unique_lock lk(mu_);
     if (draining_) return done(draining_outcome());
-    Session * s = find_or_load(lk, id, tenant);
+    HeldElsewhere held;
+    Session * s = find_or_load(lk, id, tenant, &held);
+    if (!s && held.any()) return done(held.outcome(id));
     if (!s) return done({404, "no session with id '" + id + "'", {}});
     if (text.empty()) return done({400, "the message is empty", {}});
     if (!transition(s->state, SessionEvent::UserMessage)) {
@@ -1789,7 +1821,9 @@ std::optional<SessionView> SessionManager::get(const std::string & id, const std
 
 void SessionManager::cancel(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done) {
     std::unique_lock lk(mu_);
-    Session * s = find_or_load(lk, id, tenant);
+    HeldElsewhere held;
+    Session * s = find_or_load(lk, id, tenant, &held);
+    if (!s && held.any()) return done(held.outcome(id));
     if (!s) return done({404, "no session with id '" + id + "'", {}});
     if (!transition(s->state, SessionEvent::Cancel)) {
         const std::string st = state_name(s->state);
@@ -1811,7 +1845,9 @@ void SessionManager::cancel(const std::string & id, const std::string & tenant, 
 
 void SessionManager::erase(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done) {
     std::unique_lock lk(mu_);
-    Session * s = find_or_load(lk, id, tenant);
+    HeldElsewhere held;
+    Session * s = find_or_load(lk, id, tenant, &held);
+    if (!s && held.any()) return done(held.outcome(id));
     if (!s) return done({404, "no session with id '" + id + "'", {}});
     if (!has_ended(s->state)) {
         if (s->gen_cancel) {

@@ -119,6 +119,11 @@ struct SessionOptions {
     //! not (the process was stopped or starved past the TTL), tool calls wait, and go out only
     //! once it is again and the store confirms the session is still this node's. Unset: always.
     std::function<bool()> lease_current;
+    //! Cluster mode: whether `node` of `cell` holds a live lease now (1), not (0), or cannot be
+    //! told (-1: etcd does not answer). A request for a session another node holds is answered
+    //! 409 naming that node while it lives (503 while this cannot be told); the session is taken
+    //! over here only once that node is gone. Unset: a holder that is not this node counts as gone.
+    std::function<int(const std::string & cell, const std::string & node)> holder_live;
     //! Called once a session's final state is durable (id, state name), under the manager's lock:
     //! it must only hand the news on (a cluster node queues an event for its brain).
     std::function<void(const std::string &, const std::string &)> on_ended;
@@ -299,7 +304,16 @@ class SessionManager {
 
     Session * find(const std::string & id, const std::string & tenant);
     //! `find`, else read the session from the store (outside the lock) and keep it in memory.
-    Session * find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id, const std::string & tenant);
+    //! Another live node holds the session (`node`), or whether it does cannot be told now.
+    struct HeldElsewhere {
+        std::string node, why;
+        bool unknown = false;
+        bool any() const { return !node.empty() || unknown; }
+        //! The answer to a request for the session here.
+        Outcome outcome(const std::string & id) const;
+    };
+    Session * find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id, const std::string & tenant,
+                           HeldElsewhere * held = nullptr);
     std::unique_ptr<Session> rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps);
     std::shared_ptr<const AgentSpec> lookup_agent(const std::string & tenant, const std::string & id) const;
     bool apply(Session & s, SessionEvent ev, const std::string & reason = {});

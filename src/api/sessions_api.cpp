@@ -305,6 +305,7 @@ void SessionsApi::events(const std::string & id, const std::string & tenant, con
         id, tenant, after,
         [out](const agent::SessionEventRecord & ev) { out->write(sse_event(ev.type, ev.data, ev.id.text())); },
         [out] { out->end(); });
+    if (h == 0) return out->end();  // gone meanwhile, or another live node holds it
     out->on_close([this, id, h] { mgr_.unsubscribe(id, h); });
 }
 

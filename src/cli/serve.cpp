@@ -588,6 +588,13 @@ int serve(const ServeOptions & opt) {
         sopt.cell = opt.cell;
         // Tool calls go out only while the node's lease is current (set once it has joined).
         sopt.lease_current = [lease_clock] { return cluster::lease_current(*lease_clock); };
+        // A session another node holds is taken over only once etcd says that node's lease is gone.
+        sopt.holder_live = [etcd = std::make_shared<cluster::EtcdClient>(cluster::make_etcd(*ccfg, 2000)), cfg = *ccfg](
+                               const std::string & cell, const std::string & node) {
+            std::string why;
+            if (!cluster::member_url(*etcd, cluster::node_key(cfg, cell, node), node, why).empty()) return 1;
+            return why.rfind("etcd: ", 0) == 0 ? -1 : 0;
+        };
         sopt.on_ended = [node_events](const std::string & id, const std::string & state) {
             node_events->ended(id, state);
         };

@@ -314,6 +314,31 @@ test('an agent declared through one node is known to every node; deleted through
   assert.equal(r.status, 404, await r.text());
 });
 
+test('a node asked about a session another live node holds answers 409 naming it, and does not take it over', { timeout: 120000 * SLOW }, async () => {
+  const [id] = await createSessions(1, 'held elsewhere');
+  // Placed and running (a tool step under way) on its node.
+  const deadline = Date.now() + 60000 * SLOW;
+  let at;
+  while (!(at = (await placements([id])).get(id))?.node || at.steps < 2) {
+    if (Date.now() > deadline) throw new Error(`session ${id} was not placed: ${JSON.stringify(at)}`);
+    await sleep(100);
+  }
+  const other = status().processes.find((p) => p.role === 'node' && p.name !== at.node && alive(p.pid));
+  const del = await fetch(`${other.url}/v1/sessions/${id}`, { method: 'DELETE' });
+  const delBody = await del.text();
+  assert.equal(del.status, 409, delBody);
+  assert.match(delBody, new RegExp(`held by node ${at.node}, which is alive`));
+  const msg = await fetch(`${other.url}/v1/sessions/${id}/messages`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ input: 'hi' }),
+  });
+  assert.equal(msg.status, 409, await msg.text());
+  // The row is still its holder's, under the same epoch, and the session completes there.
+  const [done] = [...(await waitAll([id])).values()];
+  assert.equal(done.state, 'completed', JSON.stringify(done));
+  assert.equal(done.placement.node, at.node);
+  assert.equal(done.placement.epoch, at.epoch);
+});
+
 test('chat turns of one conversation go to the node that served its start (prompt-prefix affinity)', { timeout: 120000 * SLOW }, async () => {
   const nodes = status().processes.filter((p) => p.role === 'node' && alive(p.pid));
   const turn = (messages) => chatTurn(gw, nodes, messages);
