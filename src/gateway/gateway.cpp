@@ -531,6 +531,7 @@ class Gateway {
         live_gateways_ = std::max(1, int(gateways_.size()));
         std::lock_guard lk(mu_);
         nodes_ = std::move(next);
+        unreachable_.clear();  // etcd's word on every node is fresh now
         reports_ = std::move(next_reports);
         rollout_ = std::move(rollout);
         if (shares) shares_ = std::move(*shares);
@@ -565,6 +566,8 @@ class Gateway {
                 nodes[node] = {cell, *l};
             else
                 nodes.erase(node);
+            // The watch (under mu_) says what became of a node a connect failed to: back, or gone.
+            if (&nodes == &nodes_) unreachable_.erase(node);
         } else if (key == cluster::rollout_prefix(cfg_) + "state") {
             // The rollout's progress, for the dashboard.
             rollout = value ? cluster::decode_rollout_state(*value) : std::nullopt;
@@ -624,11 +627,13 @@ class Gateway {
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
     }
+    //! A node etcd holds a key for (one a connect failed to included).
     std::optional<NodeView> node(const std::string & name) {
         std::lock_guard lk(mu_);
         auto it = nodes_.find(name);
-        if (it == nodes_.end()) return std::nullopt;
-        return it->second;
+        if (it != nodes_.end()) return it->second;
+        if (auto u = unreachable_.find(name); u != unreachable_.end()) return u->second;
+        return std::nullopt;
     }
     //! The live, non-draining node with the most room (round-robin among equals), or none.
     std::optional<std::string> by_load(const std::string & cell = {}, const std::set<std::string> & avoid = {}) {
@@ -817,9 +822,14 @@ class Gateway {
         }
         send_error(out, 503, "no node of the cluster is ready to take this request; retry shortly", 2, "no_node");
     }
+    //! A connect to `name` failed: no new work goes to it until etcd speaks of it again. It
+    //! still holds its sessions (holder) while its key lives: only etcd says a node is gone.
     void forget(const std::string & name) {
         std::lock_guard lk(mu_);
-        nodes_.erase(name);  // until the next refresh says otherwise
+        if (auto it = nodes_.find(name); it != nodes_.end()) {
+            unreachable_[name] = it->second;
+            nodes_.erase(it);
+        }
     }
 
     // ---- routes ----
@@ -1653,11 +1663,12 @@ class Gateway {
             unavailable);
     }
 
-    //! The node that holds session `rec` now, if it is live.
+    //! The node that holds session `rec` now, while etcd holds its key (a node a connect failed
+    //! to included): a request for the session goes there or nowhere, never to a node by load.
     std::optional<std::string> holder(const store::SessionRecord & rec) {
         if (rec.node.empty() || rec.epoch <= 0) return std::nullopt;
-        auto v = node(rec.node);
-        if (!v) return std::nullopt;
+        std::lock_guard lk(mu_);
+        if (!nodes_.count(rec.node) && !unreachable_.count(rec.node)) return std::nullopt;
         return rec.node;
     }
 
@@ -1776,7 +1787,10 @@ class Gateway {
             }
             waiting_since = 0;
             auto v = node(*n);
-            if (!v) continue;
+            if (!v) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                continue;
+            }
             HeaderList h = pass_headers(req);
             if (!last.empty()) h.emplace_back("Last-Event-ID", last);
             std::string target = "/v1/sessions/" + id + "/events";
@@ -1892,12 +1906,13 @@ class Gateway {
     std::atomic<int64_t> directory_ms_{0};  // the last load
     std::atomic<bool> directory_warned_{false};
     std::mutex mu_;
-    std::shared_ptr<const Directory> directory_;                    // guarded by mu_
-    std::map<std::string, uint64_t> refused_;                       // quota → 429s; mu_
-    NodeViews nodes_;                                               // guarded by mu_
-    Reports reports_;                                               // the cells' aggregates; mu_
-    std::optional<cluster::RolloutState> rollout_;                  // the rollout's state in etcd; mu_
-    cluster::Shares shares_;                                        // guarded by mu_
+    std::shared_ptr<const Directory> directory_;    // guarded by mu_
+    std::map<std::string, uint64_t> refused_;       // quota → 429s; mu_
+    NodeViews nodes_;                               // guarded by mu_
+    NodeViews unreachable_;                         // nodes a connect failed to, until etcd speaks of them (mu_)
+    Reports reports_;                               // the cells' aggregates; mu_
+    std::optional<cluster::RolloutState> rollout_;  // the rollout's state in etcd; mu_
+    cluster::Shares shares_;                        // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
     uint64_t rr_ = 0;                                               // guarded by mu_
     std::atomic<bool> etcd_warned_{false};    // etcd could not be listed: the view is the last one
