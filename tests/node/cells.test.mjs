@@ -84,7 +84,9 @@ async function waitPlaced(ids, minSteps = 0) {
   }
 }
 
-function checkDone(done) {
+// Every arrival at the tool server counts, not only the first per key: a call may come again
+// only if it had not finished when a fault (`kills`, their times) began.
+function checkDone(done, kills = []) {
   for (const s of done.values()) {
     assert.equal(s.state, 'completed', `${s.id}: ${s.reason}`);
     assertCompleteLog(s, 3);
@@ -92,6 +94,9 @@ function checkDone(done) {
       assert.equal(tools.effects.get(st.idempotency_key), 1, `effects of ${st.idempotency_key}`);
   }
   for (const [k, n] of tools.effects) assert.equal(n, 1, `key ${k} had ${n} effects`);
+  const mine = new Set([...done.values()].flatMap((s) => s.steps.map((x) => x.idempotency_key).filter(Boolean)));
+  const replays = new Map([...tools.replays].filter(([k]) => mine.has(k)));
+  assertNoFinishedCallRepeated({ ...tools, replays }, [...done.values()], kills);
 }
 
 before(async () => {
@@ -261,7 +266,7 @@ test('kill -9 every process of a cell: its sessions are re-homed to the other an
   const t0 = Date.now();
   for (const p of status().processes.filter((x) => x.name.startsWith(`${victim}-`))) process.kill(p.pid, 'SIGKILL');
   const done = await waitAll(ids);
-  checkDone(done);
+  checkDone(done, [t0]);
   // A call sent again went out with the same key, and only because it was in flight at the kill.
   assertNoFinishedCallRepeated(tools, [...done.values()], [t0]);
   // Each of its open sessions finished in the other cell, and its next step after the kill was

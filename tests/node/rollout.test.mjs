@@ -14,7 +14,7 @@ import { chromium } from 'playwright-core';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
-import { assertCompleteLog } from './session_helpers.mjs';
+import { assertCompleteLog, assertNoFinishedCallRepeated } from './session_helpers.mjs';
 import { alive, clusterUp, metricSum, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
@@ -104,6 +104,8 @@ async function waitAll(ids, timeoutMs = 240000) {
   }
 }
 
+// Every arrival at the tool server counts: a restart drains its node first, so no call of these
+// sessions may come twice (no fault here may re-send one).
 function checkCompleted(done) {
   for (const s of done) {
     assert.equal(s.state, 'completed', `${s.id}: ${s.reason}`);
@@ -111,6 +113,9 @@ function checkCompleted(done) {
     for (const st of s.steps.filter((x) => x.kind === 'tool_call'))
       assert.equal(tools.effects.get(st.idempotency_key), 1, `effects of ${st.idempotency_key}`);
   }
+  const mine = new Set([...done].flatMap((s) => s.steps.map((x) => x.idempotency_key).filter(Boolean)));
+  const replays = new Map([...tools.replays].filter(([k]) => mine.has(k)));
+  assertNoFinishedCallRepeated({ ...tools, replays }, [...done], []);
 }
 
 // Polls the rollout's status each second until `until(st)` holds, calling `each(st)` on every
