@@ -403,7 +403,7 @@ ServerTls make_local_tls(const std::string & dir, std::string & error) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     ::chmod(dir.c_str(), 0700);
-    const ServerTls t{dir + "/ca.crt", dir + "/server.crt", dir + "/server.key"};
+    ServerTls t{dir + "/ca.crt", dir + "/server.crt", dir + "/server.key"};
     if (fs::exists(t.cert_file, ec) && fs::exists(t.ca_file, ec) && fs::exists(t.key_file, ec)) return t;
     const auto openssl = [&](std::vector<std::string> args) {
         args.insert(args.begin(), "/usr/bin/openssl");

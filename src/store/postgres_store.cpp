@@ -734,7 +734,7 @@ std::string PostgresStore::open_where(const std::vector<std::string> & ended, si
     std::sort(sorted.begin(), sorted.end());
     std::sort(indexed.begin(), indexed.end());
     if (sorted == indexed) return "state NOT IN ('completed','failed','cancelled')";  // the index's own words
-    const std::string w = "state NOT IN (" + in_list(ended.size(), first_param) + ")";
+    std::string w = "state NOT IN (" + in_list(ended.size(), first_param) + ")";
     first_param += ended.size();
     return w;
 }
