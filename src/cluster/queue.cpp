@@ -265,10 +265,12 @@ std::string JetStream::ensure_streams() {
     return {};
 }
 
-std::string JetStream::publish(const std::string & subject, const std::string & data, const std::string & msg_id) {
+std::string JetStream::publish(const std::string & subject, const std::string & data, const std::string & msg_id,
+                               int max_wait_ms) {
     jsPubOptions po;
     jsPubOptions_Init(&po);
     if (!msg_id.empty()) po.MsgId = msg_id.c_str();
+    po.MaxWait = max_wait_ms;
     jsPubAck * ack = nullptr;
     jsErrCode jerr = jsErrCode(0);
     const natsStatus s = js_Publish(&ack, js_, subject.c_str(), data.data(), int(data.size()), &po, &jerr);

@@ -111,7 +111,9 @@ class JetStream {
 
     //! Publishes and waits for the stream's ack. A non-empty `msg_id` deduplicates a repeated
     //! publish within the stream's window (2 minutes).
-    std::string publish(const std::string & subject, const std::string & data, const std::string & msg_id = {});
+    //! `max_wait_ms` bounds the wait for the ack (it may then still be stored).
+    std::string publish(const std::string & subject, const std::string & data, const std::string & msg_id = {},
+                        int max_wait_ms = 5000);
     //! Publishes without waiting for the ack (a leader's loop, a gateway's request): libnats
     //! awaits it on its own thread, and a publish the stream does not acknowledge within 5 s is
     //! logged and counted (async_failures). Fails at once while NATS is away, and after 50 ms when

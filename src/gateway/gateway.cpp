@@ -1628,7 +1628,18 @@ class Gateway {
         // The row is durable: the brain finds it at its next reconcile even if this is lost.
         json place = {{"session", id}};
         if (const std::string tp = req.header("traceparent"); !tp.empty()) place["traceparent"] = tp;
-        if (auto e = js_->publish_async(cluster::place_subject(cell), place.dump(), id); !e.empty())
+        // Acknowledged before the 201 while NATS answers (the brain takes it at once, even if
+        // NATS then restarts); while it has not answered a publish in time lately, sent without
+        // waiting, so a NATS that hangs does not hold every create.
+        const int64_t slow_at = nats_slow_at_.load();
+        std::string e;
+        if (slow_at > 0 && now_ms() - slow_at < 10000) {
+            e = js_->publish_async(cluster::place_subject(cell), place.dump(), id);
+        } else {
+            e = js_->publish(cluster::place_subject(cell), place.dump(), id, 1000);
+            if (!e.empty()) nats_slow_at_ = now_ms();
+        }
+        if (!e.empty())
             spdlog::warn("gateway: place request for {} to {}: {} (the cell's reconcile places it)", id, cell, e);
         out->send(201, "application/json", json{{"id", id}, {"object", "session"}}.dump());
     }
@@ -1909,6 +1920,7 @@ class Gateway {
     std::shared_ptr<const Directory> directory_;    // guarded by mu_
     std::map<std::string, uint64_t> refused_;       // quota → 429s; mu_
     NodeViews nodes_;                               // guarded by mu_
+    std::atomic<int64_t> nats_slow_at_{0};          // when a place request's publish last failed
     NodeViews unreachable_;                         // nodes a connect failed to, until etcd speaks of them (mu_)
     Reports reports_;                               // the cells' aggregates; mu_
     std::optional<cluster::RolloutState> rollout_;  // the rollout's state in etcd; mu_
