@@ -46,4 +46,8 @@ struct ClusterUpOptions {
 //! the version asked for after a jittered pause, and `restarted/<node>` says so.
 int cluster_up(const ClusterUpOptions & o);
 
+//! `armada cluster forget-leaders --cluster F`: deletes every election's leader mark on every
+//! PostgreSQL shard of the cluster file, the recovery after etcd's revisions went backwards.
+int forget_leaders(const std::string & cluster_file);
+
 }  // namespace armada::cli

@@ -487,6 +487,13 @@ int main(int argc, char ** argv) {
                     "V=ARG: an argument for every node while it runs version V (repeat it)")
         ->allow_extra_args(false);
 
+    std::string forget_file;
+    auto * cfl = cl->add_subcommand(
+        "forget-leaders",
+        "after etcd's revisions went backwards (a restore, a new member set): delete every brain's leader mark "
+        "in PostgreSQL, so new leaders may write. Stop the brains that led before first");
+    cfl->add_option("--cluster", forget_file, "the cluster's YAML file")->required()->envname("ARMADA_CLUSTER");
+
     cli::MkModelOptions mk;
     auto * m =
         app.add_subcommand("mkmodel", "write a random-weight qwen2 GGUF of a real shape, for tests and benchmarks");
@@ -683,6 +690,7 @@ int main(int argc, char ** argv) {
     }
     if (gw->parsed()) return gateway::gateway_command(gwo);
     if (cup->parsed()) return cli::cluster_up(cuo);
+    if (cfl->parsed()) return cli::forget_leaders(forget_file);
     if (sm->parsed()) return cli::sim_command(simo);
     if (tp->parsed()) return cli::topology_command(topo.synthetic, topo.xml, topo.place);
     if (m->parsed()) {

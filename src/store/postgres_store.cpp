@@ -439,6 +439,8 @@ void PostgresStore::commit(Batch batch, std::function<void(Status)> done) {
         for (auto & [i, part] : parts)
             part.leader = batch.leader;
     }
+    for (auto & [i, part] : parts)
+        part.forget_leaders = batch.forget_leaders;
 
     struct Join {
         std::mutex mu;
@@ -664,6 +666,7 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
                 exec("INSERT INTO meta(k,v) VALUES('probe',$1) ON CONFLICT (k) DO UPDATE SET v=EXCLUDED.v",
                      {std::to_string(time(nullptr))});
             }
+            if (err.empty() && fenced.empty() && b.forget_leaders) exec("DELETE FROM meta WHERE k LIKE 'leader:%'");
         }
         if (!err.empty()) break;
         if (!fenced.empty()) {

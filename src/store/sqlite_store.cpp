@@ -350,6 +350,9 @@ Status SqliteStore::apply(const std::vector<Batch *> & group, std::vector<Status
                 probe.text(1, std::to_string(time(nullptr)));
                 run(probe);
             }
+            if (ok && fenced.empty() && b->forget_leaders)
+                ok = sqlite3_exec(wdb_, "DELETE FROM meta WHERE k LIKE 'leader:%'", nullptr, nullptr, nullptr) ==
+                     SQLITE_OK;
         }
         if (!ok) break;
         if (!fenced.empty()) {

@@ -14,9 +14,8 @@ std::optional<std::vector<SessionRecord>> Store::open_sessions(const std::string
 
 std::string leader_fenced(const Batch::Leadership & l) {
     return "a newer leader of " + l.election + " has written to the store; this one (epoch " + std::to_string(l.rev) +
-           ") no longer leads. If etcd's data was wiped (its revisions start again), delete the store's meta key "
-           "'leader:" +
-           l.election + "'";
+           ") no longer leads. If etcd's revisions went backwards (its data was restored or wiped), stop every "
+           "brain that led before that and run `armada cluster forget-leaders --cluster-file …`";
 }
 
 Status Store::commit_sync(Batch batch) {

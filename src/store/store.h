@@ -108,6 +108,11 @@ struct Batch {
         std::string election;
         int64_t rev = 0;  // 0: not a brain's batch
     } leader;
+    //! Deletes every election's leader mark (on each shard the batch touches; with `probe`, on
+    //! all). The recovery after etcd's revisions went backwards (a restore from a snapshot, a new
+    //! member set): until then every new leader's mark is below the old one and refused. Run it
+    //! only once no brain that led under the old etcd still runs (`armada cluster forget-leaders`).
+    bool forget_leaders = false;
 };
 
 //! The error of a batch refused by its `leader` fence.

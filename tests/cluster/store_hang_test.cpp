@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <future>
 
@@ -76,4 +77,43 @@ TEST(StoreHang, APostgresThatStopsAnsweringFailsEachCallWithinItsBoundAndTheStor
     st->commit(std::move(b2), [&](store::Status s) { again.set_value(std::move(s)); });
     const store::Status s2 = again.get_future().get();
     EXPECT_TRUE(s2.ok) << s2.error;
+}
+
+TEST(StoreLeaders, AfterEtcdsRevisionsWentBackwardsForgetLeadersLetsANewLeaderWrite) {
+    // A brain led at etcd revision 1000; etcd is then restored to an earlier snapshot, and the
+    // next leader's revision is 5: the store refuses it (a mark above its own) until the
+    // operator runs `armada cluster forget-leaders`.
+    cluster::LocalPostgres pg;
+    ASSERT_EQ(pg.start(servers().root + "/pg-leaders"), "");
+    ASSERT_EQ(pg.create_database("leaders"), "");
+    store::PostgresConfig pc;
+    pc.urls = {pg.url("leaders")};
+    pc.read_connections = 1;
+    std::string err;
+    auto st = store::PostgresStore::open(pc, err);
+    ASSERT_TRUE(st) << err;
+    const auto lead = [&](int64_t rev) {
+        store::Batch b;
+        b.probe = true;
+        b.leader = {"/armada/cells/c1/brain", rev};
+        return st->commit_sync(std::move(b));
+    };
+    ASSERT_TRUE(lead(1000).ok);
+    const store::Status refused = lead(5);
+    EXPECT_TRUE(refused.deposed);
+    EXPECT_NE(refused.error.find("armada cluster forget-leaders"), std::string::npos) << refused.error;
+
+    const std::string dir = servers().root + "/leaders-cfg";
+    std::filesystem::create_directories(dir);
+    ASSERT_EQ(cluster::write_private(dir + "/cluster.yaml",
+                                     "etcd: [127.0.0.1:2379]\npostgres: [\"" + pg.url("leaders") + "\"]\n"),
+              "");
+    const char * bin = std::getenv("ARMADA_BIN");
+    ASSERT_TRUE(bin) << "ARMADA_BIN names the armada binary";
+    const int rc = cluster::run_command({bin, "cluster", "forget-leaders", "--cluster", dir + "/cluster.yaml"},
+                                        dir + "/forget.log", "", err);
+    ASSERT_EQ(rc, 0) << err << cluster::tail_of(dir + "/forget.log");
+    EXPECT_NE(cluster::tail_of(dir + "/forget.log").find("leader marks are gone from 1"), std::string::npos);
+    EXPECT_TRUE(lead(5).ok) << "the new leader writes once the old marks are gone";
+    EXPECT_TRUE(lead(4).deposed) << "and its own mark fences the ones before it again";
 }

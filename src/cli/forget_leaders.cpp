@@ -1,0 +1,40 @@
+#include "cli/cluster_up.h"
+#include "cluster/cluster_config.h"
+#include "store/postgres_store.h"
+
+#include <cstdio>
+
+namespace armada::cli {
+
+int forget_leaders(const std::string & cluster_file) {
+    std::string err;
+    auto cfg = cluster::load_cluster_config(cluster_file, err);
+    if (!cfg) {
+        fprintf(stderr, "error: %s\n", err.c_str());
+        return 2;
+    }
+    if (cfg->postgres.empty()) {
+        fprintf(stderr, "error: %s names no PostgreSQL database (postgres:)\n", cluster_file.c_str());
+        return 2;
+    }
+    store::PostgresConfig pc;
+    pc.urls = cfg->postgres;
+    pc.read_connections = 1;
+    auto st = store::PostgresStore::open(pc, err);
+    if (!st) {
+        fprintf(stderr, "error: PostgreSQL: %s\n", err.c_str());
+        return 1;
+    }
+    store::Batch b;
+    b.probe = true;  // a part for every shard
+    b.forget_leaders = true;
+    if (const store::Status s = st->commit_sync(std::move(b)); !s.ok) {
+        fprintf(stderr, "error: PostgreSQL: %s\n", s.error.c_str());
+        return 1;
+    }
+    printf("armada: the leader marks are gone from %zu PostgreSQL shard(s); each brain's next leader writes its own\n",
+           cfg->postgres.size());
+    return 0;
+}
+
+}  // namespace armada::cli
