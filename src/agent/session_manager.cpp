@@ -659,6 +659,32 @@ Outcome SessionManager::HeldElsewhere::outcome(const std::string & id) const {
     return {409, "session '" + id + "' is held by node " + node + ", which is alive: send the request there", {}};
 }
 
+bool SessionManager::held_by_other(const store::SessionRecord & rec, HeldElsewhere & held) const {
+    if (opt_.node.empty() || !opt_.holder_live || rec.node.empty() || rec.node == opt_.node) return false;
+    const auto st = parse_state(rec.state);
+    if (!st || has_ended(*st)) return false;
+    const int live = opt_.holder_live(rec.cell, rec.node);
+    if (live == 0) {
+        spdlog::info("session {}: its node {} is gone; this node may take it over", rec.id, rec.node);
+        return false;
+    }
+    held.node = rec.node;
+    held.unknown = live < 0;
+    held.why = live < 0 ? "etcd does not answer" : "";
+    return true;
+}
+
+std::optional<Outcome> SessionManager::held_elsewhere(const std::string & id, const std::string & tenant) {
+    {
+        std::lock_guard lk(mu_);
+        if (sessions_.count(id)) return std::nullopt;  // here
+    }
+    auto rec = store_.session(id);
+    HeldElsewhere h;
+    if (!rec || rec->owner != tenant || !held_by_other(*rec, h)) return std::nullopt;
+    return h.outcome(id);
+}
+
 SessionManager::Session * SessionManager::find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id,
                                                        const std::string & tenant, HeldElsewhere * held) {
     if (sessions_.count(id)) return find(id, tenant);
@@ -669,21 +695,12 @@ SessionManager::Session * SessionManager::find_or_load(std::unique_lock<std::mut
     std::vector<store::StepRecord> steps;
     if (rec && rec->owner == tenant && rec->agent_id.rfind('@', 0) != 0) steps = store_.steps(id);
     // Held by another node: not taken over while that node lives (its lease is what says so).
-    if (rec && rec->owner == tenant && !opt_.node.empty() && opt_.holder_live && !rec->node.empty() &&
-        rec->node != opt_.node) {
-        const auto st = parse_state(rec->state);
-        if (st && !has_ended(*st)) {
-            const int live = opt_.holder_live(rec->cell, rec->node);
-            if (live != 0) {
-                if (held) {
-                    held->node = rec->node;
-                    held->unknown = live < 0;
-                    held->why = live < 0 ? "etcd does not answer" : "";
-                }
-                lk.lock();
-                return sessions_.count(id) ? find(id, tenant) : nullptr;
-            }
-            spdlog::info("session {}: its node {} is gone; taken over by this node", id, rec->node);
+    if (rec && rec->owner == tenant) {
+        HeldElsewhere h;
+        if (held_by_other(*rec, h)) {
+            if (held) *held = h;
+            lk.lock();
+            return sessions_.count(id) ? find(id, tenant) : nullptr;
         }
     }
     lk.lock();

@@ -205,6 +205,10 @@ class SessionManager {
     void cancel(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done);
     void erase(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done);
 
+    //! Cluster mode: the answer for a request about a session this node does not have and another
+    //! live node holds (409 naming it; 503 while that cannot be told). Nullopt: serve it here.
+    std::optional<Outcome> held_elsewhere(const std::string & id, const std::string & tenant);
+
     //! Replays the events after `after`, then delivers new ones until the session ends or the
     //! returned handle is released. `fn` must not block; `end` runs once when the stream closes.
     //! Returns 0 when the session is unknown to `tenant`.
@@ -314,6 +318,8 @@ class SessionManager {
     };
     Session * find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id, const std::string & tenant,
                            HeldElsewhere * held = nullptr);
+    //! Whether another node that lives holds `rec` (cluster mode): `held` says which.
+    bool held_by_other(const store::SessionRecord & rec, HeldElsewhere & held) const;
     std::unique_ptr<Session> rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps);
     std::shared_ptr<const AgentSpec> lookup_agent(const std::string & tenant, const std::string & id) const;
     bool apply(Session & s, SessionEvent ev, const std::string & reason = {});

@@ -299,6 +299,7 @@ void SessionsApi::events(const std::string & id, const std::string & tenant, con
         after = *parsed;
     }
     if (!mgr_.get(id, tenant)) throw ApiError(404, "no session with id '" + id + "'");
+    if (auto held = mgr_.held_elsewhere(id, tenant)) return reply(out, *held, {});
     out->start_stream(200);
     out->long_lived();
     const uint64_t h = mgr_.subscribe(

@@ -232,7 +232,15 @@ std::unique_ptr<JetStream> JetStream::connect(const std::string & url, std::stri
 }
 
 JetStream::~JetStream() {
-    if (js_) jsCtx_Destroy(js_);
+    if (js_) {
+        // libnats may be running the error handler (its closure is this object) for a publish
+        // not acknowledged: wait for the outstanding ones first, a bounded time.
+        jsPubOptions o;
+        jsPubOptions_Init(&o);
+        o.MaxWait = 6000;
+        js_PublishAsyncComplete(js_, &o);
+        jsCtx_Destroy(js_);
+    }
     if (nc_) {
         natsConnection_Close(nc_);
         natsConnection_Destroy(nc_);

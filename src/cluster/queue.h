@@ -116,9 +116,10 @@ class JetStream {
                         int max_wait_ms = 5000);
     //! Publishes without waiting for the ack (a leader's loop, a gateway's request): libnats
     //! awaits it on its own thread, and a publish the stream does not acknowledge within 5 s is
-    //! logged and counted (async_failures). Fails at once while NATS is away, and after 50 ms when
-    //! kAsyncWindow publishes still wait for their acks. Whoever publishes this way must also find
-    //! the work another way (the brains' reconcile does).
+    //! logged and counted (async_failures). While libnats reconnects the message waits in its
+    //! reconnect buffer (and may go later); with kAsyncWindow publishes waiting for acks, the
+    //! call fails after 50 ms. Whoever publishes this way must also find the work another way
+    //! (the brains' reconcile does); message ids make a late duplicate harmless.
     std::string publish_async(const std::string & subject, const std::string & data, const std::string & msg_id = {});
     static constexpr int kAsyncWindow = 4096;
     //! Asynchronous publishes the stream did not acknowledge.

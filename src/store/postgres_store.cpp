@@ -677,7 +677,7 @@ std::string PostgresStore::apply(Shard & s, const std::vector<Batch *> & group, 
     }
     if (err.empty()) exec("COMMIT");
     if (!err.empty()) {
-        if (PQstatus(c) == CONNECTION_OK) PQclear(PQexec(c, "ROLLBACK"));
+        if (PQstatus(c) == CONNECTION_OK) run(c, "ROLLBACK", {}, s.query_timeout_ms);  // a hung server: bounded
         return err;
     }
     return {};

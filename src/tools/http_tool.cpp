@@ -244,6 +244,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     }
 
     void send() {
+        // Asked again just before the bytes go: a process stopped (SIGSTOP, starved) between the
+        // first check and here wakes with its lease maybe gone, and another node may have sent
+        // this call meanwhile.
+        if (held_back()) return;
         req_ = {};
         req_.version(11);
         req_.method(method_);
@@ -346,15 +350,20 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         finish_error(why + (attempts_ > 1 ? " (after " + std::to_string(attempts_) + " attempts)" : ""), true);
     }
 
+    //! The caller no longer allows sending (its node's lease is not current): finished, unsent.
+    bool held_back() {
+        if (!call_.may_send || call_.may_send()) return false;
+        ToolResult r;
+        r.not_sent = true;
+        r.is_error = true;
+        r.content = "tool error: not sent: this node's lease was not current";
+        finish(std::move(r));
+        return true;
+    }
+
     //! The next attempt, if the caller still allows one (its node's lease is current).
     void retry() {
-        if (call_.may_send && !call_.may_send()) {
-            ToolResult r;
-            r.not_sent = true;
-            r.is_error = true;
-            r.content = "tool error: not sent again: this node's lease was not current";
-            return finish(std::move(r));
-        }
+        if (held_back()) return;
         attempt();
     }
 

@@ -332,6 +332,10 @@ test('a node asked about a session another live node holds answers 409 naming it
     method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ input: 'hi' }),
   });
   assert.equal(msg.status, 409, await msg.text());
+  const events = await fetch(`${other.url}/v1/sessions/${id}/events`);
+  const eventsBody = await events.text();
+  assert.equal(events.status, 409, eventsBody);
+  assert.match(eventsBody, new RegExp(`held by node ${at.node}`));
   // The row is still its holder's, under the same epoch, and the session completes there.
   const [done] = [...(await waitAll([id])).values()];
   assert.equal(done.state, 'completed', JSON.stringify(done));

@@ -190,10 +190,9 @@ TEST(HttpTool, ARetryTheCallerDoesNotAllowComesBackUnsent) {
     call.name = "held";
     call.arguments = "{}";
     call.idempotency_key = "s:1:0";
-    call.may_send = [&] {
-        ++asked;
-        return allowed.load();
-    };
+    // Asked before each attempt's bytes go: the first time yes (as the node's own check just
+    // said), then what `allowed` says.
+    call.may_send = [&] { return asked.fetch_add(1) == 0 || allowed.load(); };
     transport.call(spec, call, [&](armada::tools::ToolResult r) {
         result = std::move(r);
         ended = true;
@@ -204,7 +203,7 @@ TEST(HttpTool, ARetryTheCallerDoesNotAllowComesBackUnsent) {
     ASSERT_TRUE(ended.load());
     EXPECT_TRUE(result.not_sent) << result.content;
     EXPECT_EQ(result.attempts, 1);
-    EXPECT_EQ(asked.load(), 1);
+    EXPECT_EQ(asked.load(), 2);  // before the first attempt's bytes, and before the retry
     EXPECT_EQ(requests.load(), 1);
 
     // Allowed, the retry goes out and the call ends with the tool's answer.
@@ -225,6 +224,52 @@ TEST(HttpTool, ARetryTheCallerDoesNotAllowComesBackUnsent) {
 
     ::shutdown(ls, SHUT_RDWR);  // a server still waiting for a request gives up
     server.join();
+    work.reset();
+    io.join();
+    ::close(ls);
+}
+
+TEST(HttpTool, AnAttemptWhoseNodeLostItsLeaseBeforeTheBytesWentIsNotSent) {
+    // The node checked its lease, then was stopped (SIGSTOP, starved) before the request went
+    // out; it wakes with its lease gone, and another node may have sent this call meanwhile.
+    int ls = -1;
+    const int port = listen_loopback(ls);
+    ASSERT_GE(ls, 0);
+    std::atomic<int> requests{0};
+    std::thread server([&] {
+        const int c = ::accept(ls, nullptr, nullptr);
+        if (c < 0) return;
+        if (read_request(c)) ++requests;
+        ::close(c);
+    });
+    net::io_context ioc;
+    auto work = net::make_work_guard(ioc);
+    std::thread io([&] { ioc.run(); });
+    armada::tools::HttpToolTransport transport(ioc.get_executor(), loopback_guard());
+    armada::tools::HttpToolSpec spec;
+    spec.name = "late";
+    spec.url = "http://127.0.0.1:" + std::to_string(port) + "/late";
+    spec.timeout_ms = 2000;
+    armada::tools::ToolCall call;
+    call.session_id = "s";
+    call.name = "late";
+    call.arguments = "{}";
+    call.idempotency_key = "s:1:0";
+    call.may_send = [] { return false; };  // by the time the bytes would go
+    std::atomic<bool> ended{false};
+    armada::tools::ToolResult result;
+    transport.call(spec, call, [&](armada::tools::ToolResult r) {
+        result = std::move(r);
+        ended = true;
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!ended.load() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(ended.load());
+    EXPECT_TRUE(result.not_sent) << result.content;
+    ::shutdown(ls, SHUT_RDWR);
+    server.join();
+    EXPECT_EQ(requests.load(), 0) << "no byte of the request may reach the tool";
     work.reset();
     io.join();
     ::close(ls);

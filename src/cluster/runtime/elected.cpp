@@ -119,7 +119,13 @@ Elected::~Elected() {
 
 bool Elected::wait_signal(int ms) {
     if (quit_.load()) return true;
-    if (wait_stop_(ms)) quit_ = true;
+    // A loop that waits on purpose is not stuck: it beats between slices of the wait.
+    do {
+        const int slice = std::min(ms, 250);
+        if (wait_stop_(slice)) quit_ = true;
+        ms -= slice;
+        if (leading_.load()) beat();
+    } while (ms > 0 && !quit_.load());
     return quit_.load();
 }
 
@@ -136,7 +142,9 @@ void Elected::keep_lease() {
         std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
         const int64_t l = lease_.load();
         if (l == 0) continue;
-        if (const int64_t quiet = brain_now_ms() - beat_ms_.load(); leading_.load() && quiet > stuck_ms) {
+        // leading_ first: run() beats before it sets it, so a fresh leadership reads a fresh beat.
+        const bool leading = leading_.load();
+        if (const int64_t quiet = brain_now_ms() - beat_ms_.load(); leading && quiet > stuck_ms) {
             // Giving the lease up deletes the leader's key at once: a standby's campaign wins now
             // rather than a TTL after the last renewal.
             spdlog::error("{}: the leader's loop has not moved for {} ms (a call that hangs?); giving up the lead",
