@@ -1,5 +1,7 @@
 #include "cluster/cluster_config.h"
 
+#include "cluster/runtime/keys.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -379,39 +381,39 @@ int jittered_ms(int ms) {
 }
 
 std::string node_key(const ClusterConfig & c, const std::string & cell, const std::string & node) {
-    return nodes_prefix(c, cell) + node;
+    return ClusterKeys(c.prefix).node(cell, node);
 }
 
 std::string nodes_prefix(const ClusterConfig & c, const std::string & cell) {
-    return c.prefix + "/cells/" + cell + "/nodes/";
+    return ClusterKeys(c.prefix).nodes(cell);
 }
 
 std::string brain_election(const ClusterConfig & c, const std::string & cell) {
-    return c.prefix + "/cells/" + cell + "/brain";
+    return ClusterKeys(c.prefix).cell_election(cell);
 }
 
 std::string cell_report_key(const ClusterConfig & c, const std::string & cell) {
-    return c.prefix + "/cells/" + cell + "/report";
+    return ClusterKeys(c.prefix).cell_report(cell);
 }
 
 std::string cell_failovers_key(const ClusterConfig & c, const std::string & cell) {
-    return c.prefix + "/failovers/" + cell;
+    return ClusterKeys(c.prefix).cell_failovers(cell);
 }
 
 std::string cells_prefix(const ClusterConfig & c) {
-    return c.prefix + "/cells/";
+    return ClusterKeys(c.prefix).cells();
 }
 
 std::string global_election(const ClusterConfig & c) {
-    return c.prefix + "/global/brain";
+    return ClusterKeys(c.prefix).global_election();
 }
 
 std::string shares_key(const ClusterConfig & c) {
-    return c.prefix + "/global/shares";
+    return ClusterKeys(c.prefix).shares();
 }
 
 std::string gateways_prefix(const ClusterConfig & c) {
-    return c.prefix + "/gateways/";
+    return ClusterKeys(c.prefix).gateways();
 }
 
 bool valid_cell_or_node_name(const std::string & s) {

@@ -8,6 +8,7 @@
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
 #include "cluster/rollout.h"
+#include "cluster/runtime/keys.h"
 
 #include <cstdint>
 #include <map>
@@ -21,7 +22,7 @@ namespace armada::cluster {
 //! `<prefix>/rollout/`: spec (the operator's), command (pause/resume/abort), state (the leading
 //! global brain's), restart/<node> (requests), restarted/<node> (what was done).
 inline std::string rollout_prefix(const ClusterConfig & c) {
-    return c.prefix + "/rollout/";
+    return ClusterKeys(c.prefix).rollout();
 }
 
 //! What a claim or an acknowledgement says when its brain no longer leads.

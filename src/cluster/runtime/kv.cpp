@@ -1,0 +1,320 @@
+#include "cluster/runtime/kv.h"
+
+#include <chrono>
+#include <functional>
+
+namespace armada::cluster {
+
+namespace {
+
+constexpr const char * kDown = "etcd is unreachable";
+constexpr size_t kMaxHistory = 100000;  // changes kept for watches that start behind (auto-compaction)
+
+bool under(const std::string & key, const std::string & prefix) {
+    return key.compare(0, prefix.size(), prefix) == 0;
+}
+
+//! A watch streamed by EtcdClient on a thread of its own into a buffer `take` drains.
+class EtcdWatch final : public KvWatch {
+  public:
+    EtcdWatch(EtcdClient etcd, std::string prefix, int64_t from) : etcd_(std::move(etcd)) {
+        thread_ = std::thread([this, prefix = std::move(prefix), from] {
+            std::string e = etcd_.watch(
+                prefix, from,
+                [this](const std::vector<EtcdEvent> & evs, int64_t) {
+                    std::lock_guard lk(mu_);
+                    events_.insert(events_.end(), evs.begin(), evs.end());
+                    cv_.notify_all();
+                    return !stop_.load();
+                },
+                stop_);
+            std::lock_guard lk(mu_);
+            error_ = e.empty() ? "the watch ended" : std::move(e);
+            ended_ = true;
+            cv_.notify_all();
+        });
+    }
+    ~EtcdWatch() override {
+        stop_ = true;
+        thread_.join();
+    }
+    EtcdWatch(const EtcdWatch &) = delete;
+    EtcdWatch & operator=(const EtcdWatch &) = delete;
+
+    bool take(std::vector<EtcdEvent> & out, int wait_ms, std::string & error) override {
+        std::unique_lock lk(mu_);
+        cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [&] { return !events_.empty() || ended_; });
+        out.insert(out.end(), events_.begin(), events_.end());
+        events_.clear();
+        // Events that came before the end are handed out first.
+        if (ended_ && out.empty()) {
+            error = error_;
+            return false;
+        }
+        return true;
+    }
+
+  private:
+    EtcdClient etcd_;
+    std::atomic<bool> stop_{false};
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<EtcdEvent> events_;
+    bool ended_ = false;
+    std::string error_;
+    std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<KvWatch> EtcdKvStore::watch(const std::string & prefix, int64_t from_revision) {
+    return std::make_unique<EtcdWatch>(etcd_, prefix, from_revision);
+}
+
+// ---- MemoryKv ----
+
+struct MemoryKv::Watcher {
+    std::string prefix;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<EtcdEvent> events;
+    bool ended = false;
+    std::string error;
+
+    void push(const EtcdEvent & ev) {
+        std::lock_guard lk(mu);
+        if (ended) return;
+        events.push_back(ev);
+        cv.notify_all();
+    }
+    void end(const std::string & why) {
+        std::lock_guard lk(mu);
+        if (ended) return;
+        ended = true;
+        error = why;
+        cv.notify_all();
+    }
+};
+
+namespace {
+
+class MemoryWatch final : public KvWatch {
+  public:
+    explicit MemoryWatch(std::shared_ptr<void> w, std::function<bool(std::vector<EtcdEvent> &, int, std::string &)> take)
+        : keep_(std::move(w)), take_(std::move(take)) {}
+    bool take(std::vector<EtcdEvent> & out, int wait_ms, std::string & error) override {
+        return take_(out, wait_ms, error);
+    }
+
+  private:
+    std::shared_ptr<void> keep_;
+    std::function<bool(std::vector<EtcdEvent> &, int, std::string &)> take_;
+};
+
+}  // namespace
+
+void MemoryKv::emit(const EtcdEvent & ev) {
+    history_.emplace_back(revision_, ev);
+    if (history_.size() > kMaxHistory) {
+        compacted_ = history_.front().first;
+        history_.pop_front();
+    }
+    std::erase_if(watchers_, [](const auto & w) { return w.expired(); });
+    for (const auto & weak : watchers_) {
+        if (auto w = weak.lock(); w && under(ev.kv.key, w->prefix)) w->push(ev);
+    }
+}
+
+std::string MemoryKv::get(const std::string & key, std::optional<EtcdKv> & out) {
+    std::lock_guard lk(mu_);
+    if (down_) return kDown;
+    ++calls_;
+    out.reset();
+    if (auto it = keys_.find(key); it != keys_.end()) out = it->second;
+    return {};
+}
+
+std::string MemoryKv::list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision) {
+    std::lock_guard lk(mu_);
+    if (down_) return kDown;
+    ++calls_;
+    out.clear();
+    for (auto it = keys_.lower_bound(prefix); it != keys_.end() && under(it->first, prefix); ++it)
+        out.push_back(it->second);
+    keys_listed_ += int64_t(out.size());
+    revision = revision_;
+    return {};
+}
+
+std::string MemoryKv::put_locked(const std::string & key, const std::string & value, int64_t lease) {
+    if (lease != 0 && !leases_.count(lease)) return "etcdserver: requested lease not found";
+    EtcdKv & kv = keys_[key];
+    if (kv.create_revision == 0) kv.create_revision = revision_;
+    kv.key = key;
+    kv.value = value;
+    kv.mod_revision = revision_;
+    kv.lease = lease;
+    emit({EtcdEvent::Type::Put, kv});
+    return {};
+}
+
+std::string MemoryKv::put(const std::string & key, const std::string & value, int64_t lease) {
+    std::lock_guard lk(mu_);
+    if (down_) return kDown;
+    ++calls_;
+    ++revision_;
+    return put_locked(key, value, lease);
+}
+
+std::string MemoryKv::erase(const std::string & key) {
+    std::lock_guard lk(mu_);
+    if (down_) return kDown;
+    ++calls_;
+    auto it = keys_.find(key);
+    if (it == keys_.end()) return {};
+    ++revision_;
+    EtcdEvent ev{EtcdEvent::Type::Delete, it->second};
+    ev.kv.mod_revision = revision_;
+    keys_.erase(it);
+    emit(ev);
+    return {};
+}
+
+std::string MemoryKv::txn(const std::vector<EtcdCompare> & compares,
+                          const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
+                          int64_t & revision) {
+    std::lock_guard lk(mu_);
+    if (down_) return kDown;
+    ++calls_;
+    succeeded = true;
+    for (const auto & c : compares) {
+        auto it = keys_.find(c.key);
+        const int64_t have = it == keys_.end()
+                                 ? 0
+                                 : (c.target == EtcdCompare::Target::Create ? it->second.create_revision
+                                                                            : it->second.mod_revision);
+        if (have != c.revision) succeeded = false;
+    }
+    if (succeeded && !puts.empty()) {
+        ++revision_;
+        for (const auto & [k, v] : puts)
+            put_locked(k, v, 0);
+    }
+    revision = revision_;
+    return {};
+}
+
+std::unique_ptr<KvWatch> MemoryKv::watch(const std::string & prefix, int64_t from_revision) {
+    auto w = std::make_shared<Watcher>();
+    w->prefix = prefix;
+    {
+        std::lock_guard lk(mu_);
+        if (down_) {
+            w->end(kDown);
+        } else if (from_revision > 0 && from_revision <= compacted_) {
+            w->end("etcdserver: mvcc: required revision has been compacted");
+        } else {
+            if (from_revision > 0)
+                for (const auto & [rev, ev] : history_)
+                    if (rev >= from_revision && under(ev.kv.key, prefix)) w->push(ev);
+            watchers_.push_back(w);
+        }
+    }
+    return std::make_unique<MemoryWatch>(w, [w](std::vector<EtcdEvent> & out, int wait_ms, std::string & error) {
+        std::unique_lock lk(w->mu);
+        if (wait_ms > 0)
+            w->cv.wait_for(lk, std::chrono::milliseconds(wait_ms), [&] { return !w->events.empty() || w->ended; });
+        out.insert(out.end(), w->events.begin(), w->events.end());
+        w->events.clear();
+        if (w->ended && out.empty()) {
+            error = w->error;
+            return false;
+        }
+        return true;
+    });
+}
+
+int64_t MemoryKv::grant() {
+    std::lock_guard lk(mu_);
+    const int64_t id = ++next_lease_;
+    leases_[id] = true;
+    return id;
+}
+
+void MemoryKv::revoke(int64_t lease) {
+    std::lock_guard lk(mu_);
+    if (!leases_.erase(lease)) return;
+    bool any = false;
+    for (auto it = keys_.begin(); it != keys_.end();) {
+        if (it->second.lease != lease) {
+            ++it;
+            continue;
+        }
+        if (!any) ++revision_;
+        any = true;
+        EtcdEvent ev{EtcdEvent::Type::Delete, it->second};
+        ev.kv.mod_revision = revision_;
+        it = keys_.erase(it);
+        emit(ev);
+    }
+}
+
+void MemoryKv::set_down(bool down) {
+    std::vector<std::shared_ptr<Watcher>> ending;
+    {
+        std::lock_guard lk(mu_);
+        down_ = down;
+        if (!down) return;
+        for (const auto & weak : watchers_)
+            if (auto w = weak.lock()) ending.push_back(std::move(w));
+        watchers_.clear();
+    }
+    for (const auto & w : ending)
+        w->end(kDown);
+}
+
+void MemoryKv::compact() {
+    std::lock_guard lk(mu_);
+    compacted_ = revision_;
+    history_.clear();
+}
+
+MemoryKv::Snapshot MemoryKv::snapshot() const {
+    std::lock_guard lk(mu_);
+    return {keys_, revision_};
+}
+
+void MemoryKv::restore(const Snapshot & s) {
+    std::vector<std::shared_ptr<Watcher>> ending;
+    {
+        std::lock_guard lk(mu_);
+        keys_ = s.keys;
+        revision_ = s.revision;
+        history_.clear();
+        compacted_ = 0;
+        // Leases live on as they were (a restore keeps the lease table it was taken with; the
+        // simulator's leases are its own).
+        for (const auto & weak : watchers_)
+            if (auto w = weak.lock()) ending.push_back(std::move(w));
+        watchers_.clear();
+    }
+    for (const auto & w : ending)
+        w->end("etcd was restored from a snapshot");
+}
+
+int64_t MemoryKv::revision() const {
+    std::lock_guard lk(mu_);
+    return revision_;
+}
+
+int64_t MemoryKv::calls() const {
+    std::lock_guard lk(mu_);
+    return calls_;
+}
+
+int64_t MemoryKv::keys_listed() const {
+    std::lock_guard lk(mu_);
+    return keys_listed_;
+}
+
+}  // namespace armada::cluster

@@ -1,0 +1,119 @@
+#pragma once
+
+// The key-value store the cluster's runners talk to: etcd in the processes, an in-memory store
+// with etcd's revisions, leases and watches in unit tests and the simulator.
+
+#include "cluster/etcd.h"
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace armada::cluster {
+
+//! The changes under a prefix from a revision on.
+class KvWatch {
+  public:
+    virtual ~KvWatch() = default;
+    //! Appends the changes since the last take, waiting up to `wait_ms` for the first. False with
+    //! `error` once the watch has ended (etcd went away, or compacted past it): list again and
+    //! watch from there.
+    virtual bool take(std::vector<EtcdEvent> & out, int wait_ms, std::string & error) = 0;
+};
+
+class KvStore {
+  public:
+    virtual ~KvStore() = default;
+    // Each returns an error message, "" on success (as EtcdClient does).
+    virtual std::string get(const std::string & key, std::optional<EtcdKv> & out) = 0;
+    virtual std::string list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision) = 0;
+    virtual std::string put(const std::string & key, const std::string & value, int64_t lease = 0) = 0;
+    virtual std::string erase(const std::string & key) = 0;
+    virtual std::string txn(const std::vector<EtcdCompare> & compares,
+                            const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
+                            int64_t & revision) = 0;
+    //! Changes under `prefix` from `from_revision` on (0: from now).
+    virtual std::unique_ptr<KvWatch> watch(const std::string & prefix, int64_t from_revision) = 0;
+};
+
+//! etcd through its JSON gateway. A watch streams on a thread of its own.
+class EtcdKvStore final : public KvStore {
+  public:
+    explicit EtcdKvStore(EtcdClient etcd) : etcd_(std::move(etcd)) {}
+    std::string get(const std::string & key, std::optional<EtcdKv> & out) override { return etcd_.get(key, out); }
+    std::string list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision) override {
+        return etcd_.list(prefix, out, revision);
+    }
+    std::string put(const std::string & key, const std::string & value, int64_t lease) override {
+        return etcd_.put(key, value, lease);
+    }
+    std::string erase(const std::string & key) override { return etcd_.erase(key); }
+    std::string txn(const std::vector<EtcdCompare> & compares,
+                    const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
+                    int64_t & revision) override {
+        return etcd_.txn(compares, puts, succeeded, revision);
+    }
+    std::unique_ptr<KvWatch> watch(const std::string & prefix, int64_t from_revision) override;
+    EtcdClient & client() { return etcd_; }
+
+  private:
+    EtcdClient etcd_;
+};
+
+//! etcd's data model in memory: one revision counter, create and mod revisions, leases whose
+//! keys go when they expire or are revoked, watches, and compaction. For unit tests and the
+//! simulator; thread-safe. Faults: `set_down` fails every call (and ends every watch) as a dead
+//! or unreachable etcd does; `compact` ends watches from before it; `restore` puts the store
+//! back to a copy taken earlier, revision included (a restore from a snapshot).
+class MemoryKv final : public KvStore {
+  public:
+    std::string get(const std::string & key, std::optional<EtcdKv> & out) override;
+    std::string list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision) override;
+    std::string put(const std::string & key, const std::string & value, int64_t lease) override;
+    std::string erase(const std::string & key) override;
+    std::string txn(const std::vector<EtcdCompare> & compares,
+                    const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
+                    int64_t & revision) override;
+    std::unique_ptr<KvWatch> watch(const std::string & prefix, int64_t from_revision) override;
+
+    //! A lease (its id); `revoke` deletes its keys at once.
+    int64_t grant();
+    void revoke(int64_t lease);
+    void set_down(bool down);
+    void compact();
+    struct Snapshot {
+        std::map<std::string, EtcdKv> keys;
+        int64_t revision = 0;
+    };
+    Snapshot snapshot() const;
+    void restore(const Snapshot & s);
+    int64_t revision() const;
+    //! Calls answered since the start (reads and writes), and keys returned by lists.
+    int64_t calls() const;
+    int64_t keys_listed() const;
+
+  private:
+    struct Watcher;
+    //! A change made now: its revision is given by the caller (under mu_).
+    void emit(const EtcdEvent & ev);
+    std::string put_locked(const std::string & key, const std::string & value, int64_t lease);
+
+    mutable std::mutex mu_;
+    std::map<std::string, EtcdKv> keys_;
+    int64_t revision_ = 1, next_lease_ = 1000, compacted_ = 0;
+    std::map<int64_t, bool> leases_;  // live leases
+    bool down_ = false;
+    mutable int64_t calls_ = 0, keys_listed_ = 0;
+    std::vector<std::weak_ptr<Watcher>> watchers_;
+    //! Every change kept since the last compaction: a watch from an older revision replays them.
+    std::deque<std::pair<int64_t, EtcdEvent>> history_;
+};
+
+}  // namespace armada::cluster
