@@ -2067,13 +2067,7 @@ void SessionManager::incoming(const std::string & id, bool on) {
 }
 
 std::optional<obs::TraceContext> SessionManager::record_trace(std::string_view data) {
-    // `record` writes it with nlohmann's compact dump: the key, then a string with no escapes.
-    constexpr std::string_view key = "\"traceparent\":\"";
-    const size_t at = data.find(key);
-    if (at == std::string_view::npos) return std::nullopt;
-    const size_t from = at + key.size(), to = data.find('"', from);
-    if (to == std::string_view::npos) return std::nullopt;
-    return obs::TraceContext::parse(data.substr(from, to - from));
+    return obs::TraceContext::in_record(data);
 }
 
 std::vector<SessionManager::Movable> SessionManager::movable() {

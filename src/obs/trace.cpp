@@ -64,6 +64,17 @@ std::string TraceContext::traceparent() const {
     return "00-" + trace_id + "-" + span_id + (sampled ? "-01" : "-00");
 }
 
+std::optional<TraceContext> TraceContext::in_record(std::string_view data) {
+    // A session's record is written with nlohmann's compact dump: the key, then a string with no
+    // escapes.
+    constexpr std::string_view key = "\"traceparent\":\"";
+    const size_t at = data.find(key);
+    if (at == std::string_view::npos) return std::nullopt;
+    const size_t from = at + key.size(), to = data.find('"', from);
+    if (to == std::string_view::npos) return std::nullopt;
+    return parse(data.substr(from, to - from));
+}
+
 std::optional<TraceContext> TraceContext::parse(std::string_view h) {
     while (!h.empty() && (h.front() == ' ' || h.front() == '\t'))
         h.remove_prefix(1);

@@ -37,6 +37,8 @@ struct TraceContext {
     //! A W3C `traceparent` header; nullopt when malformed (unknown versions are read by their
     //! first four fields, as the spec asks; all-zero ids are invalid).
     static std::optional<TraceContext> parse(std::string_view header);
+    //! The `"traceparent":"…"` member of compact JSON (a session row's record), if any.
+    static std::optional<TraceContext> in_record(std::string_view json_text);
 };
 
 //! Fresh random ids, never all zero.

@@ -1,5 +1,7 @@
 #include "cluster/runtime/elected.h"
 
+#include "cluster/runtime/clock.h"
+
 #include "cluster/cluster_config.h"
 #include "obs/log.h"
 #include "obs/trace.h"
@@ -16,8 +18,7 @@
 namespace armada::cluster {
 
 int64_t brain_now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
+    return real_clock().now_ms();
 }
 
 const std::vector<std::string> kEndedStates = {"completed", "failed", "cancelled"};

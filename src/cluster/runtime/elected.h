@@ -2,6 +2,7 @@
 
 #include "cluster/etcd.h"
 #include "cluster/global_brain.h"
+#include "cluster/runtime/leadership.h"
 #include "cluster/survival.h"
 #include "obs/metrics.h"
 #include "store/store.h"
@@ -95,6 +96,24 @@ class Elected {
     bool observing_ = false;  // the observer's stream is up
     obs::Registry metrics_;
     std::shared_ptr<void> trace_counts_;  // the tracer counts into metrics_ while this lives
+};
+
+//! One term of an `Elected` as a runner sees it.
+class ElectedTerm final : public Leadership {
+  public:
+    ElectedTerm(Elected & e, EtcdLeader me, std::string election)
+        : e_(e), me_(std::move(me)), election_(std::move(election)) {}
+    const EtcdLeader & me() const override { return me_; }
+    int64_t lease() const override { return e_.lease(); }
+    void beat() override { e_.beat(); }
+    bool still_leader() override { return e_.still_leader(me_, election_); }
+    bool claim_store(store::Store & st) override { return e_.claim_store(st, election_, me_); }
+    bool wait_stop(int ms) override { return e_.wait_signal(ms); }
+
+  private:
+    Elected & e_;
+    EtcdLeader me_;
+    std::string election_;
 };
 
 //! What both brains share besides the election.

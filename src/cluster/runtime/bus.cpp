@@ -1,0 +1,121 @@
+#include "cluster/runtime/bus.h"
+
+#include "cluster/queue.h"
+
+namespace armada::cluster {
+
+std::string JetStreamBus::publish_async(const std::string & subject, const std::string & data,
+                                        const std::string & msg_id) {
+    return js_.publish_async(subject, data, msg_id);
+}
+
+std::string JetStreamBus::publish_now(const std::string & subject, const std::string & data) {
+    return js_.publish_now(subject, data);
+}
+
+ConsumerInbox::ConsumerInbox(std::unique_ptr<Consumer> c) : c_(std::move(c)) {}
+ConsumerInbox::~ConsumerInbox() = default;
+
+std::vector<BusMsg> ConsumerInbox::fetch(int batch, int wait_ms, std::string & error) {
+    std::vector<BusMsg> out;
+    for (auto & m : c_->fetch(batch, wait_ms, error)) {
+        auto held = std::make_shared<QueueMsg>(std::move(m));
+        out.push_back({held->subject(), held->data(), held->deliveries(), [held] { held->ack(); }});
+    }
+    return out;
+}
+
+// ---- MemoryBus ----
+
+class MemoryInbox final : public Inbox {
+  public:
+    MemoryInbox(MemoryBus & bus, std::string filter) : bus_(bus), filter_(std::move(filter)) {}
+    std::vector<BusMsg> fetch(int batch, int /*wait_ms*/, std::string & error) override {
+        return bus_.take(filter_, batch, error);
+    }
+
+  private:
+    MemoryBus & bus_;
+    std::string filter_;
+};
+
+bool MemoryBus::matches(const std::string & filter, const std::string & subject) {
+    if (filter.size() >= 2 && filter.compare(filter.size() - 2, 2, ".>") == 0)
+        return subject.compare(0, filter.size() - 1, filter, 0, filter.size() - 1) == 0 &&
+               subject.size() > filter.size() - 1;
+    return filter == subject;
+}
+
+std::string MemoryBus::publish_async(const std::string & subject, const std::string & data,
+                                     const std::string & msg_id) {
+    std::lock_guard lk(mu_);
+    if (down_) return "nats: no server available for connection";
+    kept_.emplace_back(subject, data);
+    if (!msg_id.empty() && ids_.count(msg_id)) return {};
+    auto p = std::make_shared<Pending>();
+    p->subject = subject;
+    p->data = data;
+    p->id = ++next_id_;
+    if (!msg_id.empty()) ids_[msg_id] = p->id;
+    queue_.push_back(std::move(p));
+    return {};
+}
+
+std::string MemoryBus::publish_now(const std::string & subject, const std::string & data) {
+    std::lock_guard lk(mu_);
+    if (down_) return "nats: no server available for connection";
+    now_.emplace_back(subject, data);
+    return {};
+}
+
+std::unique_ptr<Inbox> MemoryBus::inbox(const std::string & filter) {
+    return std::make_unique<MemoryInbox>(*this, filter);
+}
+
+std::vector<BusMsg> MemoryBus::take(const std::string & filter, int batch, std::string & error) {
+    std::lock_guard lk(mu_);
+    std::vector<BusMsg> out;
+    if (down_) {
+        error = "nats: no server available for connection";
+        return out;
+    }
+    // Acked messages leave; one fetched before and not acked is delivered again (its ack wait is
+    // taken to have passed by the next fetch).
+    std::erase_if(queue_, [](const auto & p) { return p->acked; });
+    for (const auto & p : queue_) {
+        if (int(out.size()) >= batch) break;
+        if (!matches(filter, p->subject)) continue;
+        ++p->deliveries;
+        std::weak_ptr<Pending> w = p;
+        out.push_back({p->subject, p->data, p->deliveries, [w, this] {
+                           std::lock_guard lk2(mu_);
+                           if (auto q = w.lock()) q->acked = true;
+                       }});
+    }
+    return out;
+}
+
+void MemoryBus::set_down(bool down) {
+    std::lock_guard lk(mu_);
+    down_ = down;
+}
+
+std::vector<std::pair<std::string, std::string>> MemoryBus::sent_now() const {
+    std::lock_guard lk(mu_);
+    return now_;
+}
+
+std::vector<std::pair<std::string, std::string>> MemoryBus::sent_kept() const {
+    std::lock_guard lk(mu_);
+    return kept_;
+}
+
+size_t MemoryBus::waiting(const std::string & filter) const {
+    std::lock_guard lk(mu_);
+    size_t n = 0;
+    for (const auto & p : queue_)
+        if (!p->acked && matches(filter, p->subject)) ++n;
+    return n;
+}
+
+}  // namespace armada::cluster
