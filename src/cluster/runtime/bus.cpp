@@ -13,6 +13,27 @@ std::string JetStreamBus::publish_now(const std::string & subject, const std::st
     return js_.publish_now(subject, data);
 }
 
+namespace {
+
+class SubscriptionListener final : public Listener {
+  public:
+    explicit SubscriptionListener(std::unique_ptr<Subscription> s) : s_(std::move(s)) {}
+    std::vector<std::pair<std::string, std::string>> take(int max, int wait_ms) override {
+        return s_->take(max, wait_ms);
+    }
+
+  private:
+    std::unique_ptr<Subscription> s_;
+};
+
+}  // namespace
+
+std::unique_ptr<Listener> JetStreamBus::subscribe(const std::string & subject, std::string & error) {
+    auto s = js_.subscribe(subject, error);
+    if (!s) return nullptr;
+    return std::make_unique<SubscriptionListener>(std::move(s));
+}
+
 ConsumerInbox::ConsumerInbox(std::unique_ptr<Consumer> c) : c_(std::move(c)) {}
 ConsumerInbox::~ConsumerInbox() = default;
 
@@ -65,7 +86,42 @@ std::string MemoryBus::publish_now(const std::string & subject, const std::strin
     std::lock_guard lk(mu_);
     if (down_) return "nats: no server available for connection";
     now_.emplace_back(subject, data);
+    std::erase_if(listeners_, [](const auto & w) { return w.expired(); });
+    for (const auto & weak : listeners_)
+        if (auto l = weak.lock(); l && matches(l->filter, subject)) l->got.emplace_back(subject, data);
     return {};
+}
+
+class MemoryListener final : public Listener {
+  public:
+    MemoryListener(std::mutex & mu, std::shared_ptr<void> keep, std::deque<std::pair<std::string, std::string>> & got)
+        : mu_(mu), keep_(std::move(keep)), got_(got) {}
+    std::vector<std::pair<std::string, std::string>> take(int max, int /*wait_ms*/) override {
+        std::lock_guard lk(mu_);
+        std::vector<std::pair<std::string, std::string>> out;
+        while (!got_.empty() && int(out.size()) < max) {
+            out.push_back(std::move(got_.front()));
+            got_.pop_front();
+        }
+        return out;
+    }
+
+  private:
+    std::mutex & mu_;
+    std::shared_ptr<void> keep_;
+    std::deque<std::pair<std::string, std::string>> & got_;
+};
+
+std::unique_ptr<Listener> MemoryBus::subscribe(const std::string & subject, std::string & error) {
+    std::lock_guard lk(mu_);
+    if (down_) {
+        error = "nats: no server available for connection";
+        return nullptr;
+    }
+    auto l = std::make_shared<Listening>();
+    l->filter = subject;
+    listeners_.push_back(l);
+    return std::make_unique<MemoryListener>(mu_, l, l->got);
 }
 
 std::unique_ptr<Inbox> MemoryBus::inbox(const std::string & filter) {

@@ -33,6 +33,15 @@ class Inbox {
     virtual std::vector<BusMsg> fetch(int batch, int wait_ms, std::string & error) = 0;
 };
 
+//! A subscription to messages that are not kept (core NATS): each listener gets each one.
+class Listener {
+  public:
+    virtual ~Listener() = default;
+    //! What came since the last take as (subject, data), at most `max`, waiting up to `wait_ms`
+    //! for the first.
+    virtual std::vector<std::pair<std::string, std::string>> take(int max, int wait_ms) = 0;
+};
+
 class Bus {
   public:
     virtual ~Bus() = default;
@@ -41,6 +50,8 @@ class Bus {
                                       const std::string & msg_id) = 0;
     //! To whoever listens now; not kept.
     virtual std::string publish_now(const std::string & subject, const std::string & data) = 0;
+    //! Listens to `subject` (a trailing ".>" matches every subject under it).
+    virtual std::unique_ptr<Listener> subscribe(const std::string & subject, std::string & error) = 0;
 };
 
 //! JetStream and one of its consumers behind the seams.
@@ -50,6 +61,7 @@ class JetStreamBus final : public Bus {
     std::string publish_async(const std::string & subject, const std::string & data,
                               const std::string & msg_id) override;
     std::string publish_now(const std::string & subject, const std::string & data) override;
+    std::unique_ptr<Listener> subscribe(const std::string & subject, std::string & error) override;
 
   private:
     JetStream & js_;
@@ -74,6 +86,7 @@ class MemoryBus final : public Bus {
     std::string publish_async(const std::string & subject, const std::string & data,
                               const std::string & msg_id) override;
     std::string publish_now(const std::string & subject, const std::string & data) override;
+    std::unique_ptr<Listener> subscribe(const std::string & subject, std::string & error) override;
     std::unique_ptr<Inbox> inbox(const std::string & filter);
     void set_down(bool down);
     //! What was published with publish_now, and with publish_async, in order.
@@ -99,6 +112,11 @@ class MemoryBus final : public Bus {
     std::deque<std::shared_ptr<Pending>> queue_;
     std::map<std::string, int64_t> ids_;  // msg_id → message (deduplication)
     std::vector<std::pair<std::string, std::string>> now_, kept_;
+    struct Listening {
+        std::string filter;
+        std::deque<std::pair<std::string, std::string>> got;
+    };
+    std::vector<std::weak_ptr<Listening>> listeners_;
 };
 
 }  // namespace armada::cluster

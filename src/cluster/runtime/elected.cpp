@@ -42,7 +42,7 @@ std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Bat
     return out;
 }
 
-bool etcd_metrics(obs::Registry & m, EtcdClient & etcd) {
+bool etcd_metrics(obs::Registry & m, KvStore & etcd) {
     EtcdStatus st;
     bool alarms_known = false;
     if (!etcd.status(st, alarms_known).empty()) return false;

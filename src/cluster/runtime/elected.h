@@ -2,6 +2,7 @@
 
 #include "cluster/etcd.h"
 #include "cluster/global_brain.h"
+#include "cluster/runtime/kv.h"
 #include "cluster/runtime/leadership.h"
 #include "cluster/survival.h"
 #include "obs/metrics.h"
@@ -125,7 +126,7 @@ extern const std::vector<std::string> kEndedStates;
 //! together, so it groups them into one transaction; returns each one's status, in order.
 std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Batch> batches);
 //! etcd's size and alarms as gauges (`armada_etcd_*`), read now; false when etcd did not answer.
-bool etcd_metrics(obs::Registry & m, EtcdClient & etcd);
+bool etcd_metrics(obs::Registry & m, KvStore & etcd);
 //! Whether a write was refused because a newer leader wrote (the brain should stop leading).
 bool newer_leader_wrote(const store::Status & s);
 

@@ -41,6 +41,8 @@ class KvStore {
                             int64_t & revision) = 0;
     //! Changes under `prefix` from `from_revision` on (0: from now).
     virtual std::unique_ptr<KvWatch> watch(const std::string & prefix, int64_t from_revision) = 0;
+    //! Its size, revision and alarms (what its quota counts).
+    virtual std::string status(EtcdStatus & out, bool & alarms_known) = 0;
 };
 
 //! etcd through its JSON gateway. A watch streams on a thread of its own.
@@ -61,6 +63,7 @@ class EtcdKvStore final : public KvStore {
         return etcd_.txn(compares, puts, succeeded, revision);
     }
     std::unique_ptr<KvWatch> watch(const std::string & prefix, int64_t from_revision) override;
+    std::string status(EtcdStatus & out, bool & alarms_known) override { return etcd_.status(out, alarms_known); }
     EtcdClient & client() { return etcd_; }
 
   private:
@@ -82,6 +85,9 @@ class MemoryKv final : public KvStore {
                     const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
                     int64_t & revision) override;
     std::unique_ptr<KvWatch> watch(const std::string & prefix, int64_t from_revision) override;
+    //! Its size as etcd's backend would count it: every key and value now, and every change kept
+    //! for watches since the last compaction (history is what compaction frees).
+    std::string status(EtcdStatus & out, bool & alarms_known) override;
 
     //! A lease (its id); `revoke` deletes its keys at once.
     int64_t grant();
@@ -111,6 +117,7 @@ class MemoryKv final : public KvStore {
     std::map<int64_t, bool> leases_;  // live leases
     bool down_ = false;
     mutable int64_t calls_ = 0, keys_listed_ = 0;
+    int64_t db_high_ = 0;
     std::vector<std::weak_ptr<Watcher>> watchers_;
     //! Every change kept since the last compaction: a watch from an older revision replays them.
     std::deque<std::pair<int64_t, EtcdEvent>> history_;
