@@ -4,6 +4,11 @@
 
 namespace armada::cluster {
 
+std::string JetStreamBus::publish(const std::string & subject, const std::string & data, const std::string & msg_id,
+                                  int max_wait_ms) {
+    return js_.publish(subject, data, msg_id, max_wait_ms);
+}
+
 std::string JetStreamBus::publish_async(const std::string & subject, const std::string & data,
                                         const std::string & msg_id) {
     return js_.publish_async(subject, data, msg_id);

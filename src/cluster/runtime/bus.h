@@ -45,6 +45,9 @@ class Listener {
 class Bus {
   public:
     virtual ~Bus() = default;
+    //! Kept by the stream once it acknowledges, which it waits for up to `max_wait_ms`.
+    virtual std::string publish(const std::string & subject, const std::string & data, const std::string & msg_id,
+                                int max_wait_ms) = 0;
     //! Kept by the stream; the ack is awaited off the caller's thread. `msg_id` deduplicates.
     virtual std::string publish_async(const std::string & subject, const std::string & data,
                                       const std::string & msg_id) = 0;
@@ -58,6 +61,8 @@ class Bus {
 class JetStreamBus final : public Bus {
   public:
     explicit JetStreamBus(JetStream & js) : js_(js) {}
+    std::string publish(const std::string & subject, const std::string & data, const std::string & msg_id,
+                        int max_wait_ms) override;
     std::string publish_async(const std::string & subject, const std::string & data,
                               const std::string & msg_id) override;
     std::string publish_now(const std::string & subject, const std::string & data) override;
@@ -83,6 +88,10 @@ class ConsumerInbox final : public Inbox {
 //! have passed). `set_down` fails every call. Thread-safe.
 class MemoryBus final : public Bus {
   public:
+    std::string publish(const std::string & subject, const std::string & data, const std::string & msg_id,
+                        int /*max_wait_ms*/) override {
+        return publish_async(subject, data, msg_id);
+    }
     std::string publish_async(const std::string & subject, const std::string & data,
                               const std::string & msg_id) override;
     std::string publish_now(const std::string & subject, const std::string & data) override;
