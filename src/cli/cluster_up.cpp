@@ -6,6 +6,9 @@
 #include "cluster/etcd.h"
 #include "cluster/local_servers.h"
 #include "cluster/restarter.h"
+#include "cluster/runtime/clock.h"
+#include "cluster/runtime/kv.h"
+#include "cluster/runtime/supervisor.h"
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -54,112 +57,6 @@ std::string random_key() {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 using cluster::Child;
-
-struct Proc {
-    std::string role, name, log, url;
-    std::vector<std::string> argv;
-    std::optional<Child> child;
-    bool reported_exit = false;
-    std::chrono::steady_clock::time_point restart_at{};  // when a crashed one starts again
-    int restarts = 0;
-    // Nodes: the version it runs (its argv is built at each launch), and a rollout's restart.
-    std::string version;
-    int64_t gen = 0;           // the last restart request carried out
-    std::string next_version;  // asked for: it starts on this once it has exited
-    bool expect_exit = false;  // it was told to stop for a restart
-};
-
-//! Rollouts' restart requests, read from etcd on a thread of its own (an etcd call can block
-//! for seconds; the supervising loop must not), and the acknowledgements written back.
-class RestartPoller {
-  public:
-    RestartPoller(cluster::EtcdClient etcd, std::set<std::string> nodes)
-        : etcd_(std::move(etcd)), nodes_(std::move(nodes)) {
-        thread_ = std::thread([this] { run(); });
-    }
-    ~RestartPoller() {
-        {
-            std::lock_guard lk(mu_);
-            stop_ = true;
-        }
-        cv_.notify_all();
-        thread_.join();
-    }
-    //! The latest request per node.
-    std::map<std::string, cluster::RestartRequest> requests() {
-        std::lock_guard lk(mu_);
-        return requests_;
-    }
-    void ack(const std::string & node, const cluster::RestartAck & a) {
-        std::lock_guard lk(mu_);
-        acks_[node] = a;
-    }
-
-  private:
-    void run() {
-        pthread_setname_np(pthread_self(), "armada-restarts");
-        const std::string prefix = cluster::rollout_prefix(cluster::ClusterConfig{});
-        std::unique_lock lk(mu_);
-        while (!stop_) {
-            auto acks = std::move(acks_);
-            acks_.clear();
-            lk.unlock();
-            std::map<std::string, cluster::RestartAck> unsent;
-            for (const auto & [node, a] : acks) {
-                if (auto e = etcd_.put(prefix + "restarted/" + node, cluster::encode_restart_ack(a)); !e.empty()) {
-                    spdlog::warn("cluster up: acknowledging the restart of {}: {} (again in 1 s)", node, e);
-                    unsent[node] = a;
-                }
-            }
-            std::vector<cluster::EtcdKv> kvs;
-            int64_t rev = 0;
-            std::map<std::string, cluster::RestartRequest> got;
-            const bool read = etcd_.list(prefix + "restart/", kvs, rev).empty();
-            for (const auto & kv : kvs) {
-                const std::string node = kv.key.substr(prefix.size() + 8);
-                auto r = cluster::decode_restart_request(node, kv.value);
-                if (!r) continue;
-                // Requests already there when this `cluster up` started were for processes it did
-                // not start (a data directory used again): not carried out again.
-                if (first_read_) baseline_[node] = r->gen;
-                if (const auto b = baseline_.find(node); b != baseline_.end() && r->gen <= b->second) continue;
-                if (!nodes_.count(node)) {
-                    // Not one of ours: said once per gen, so the rollout halts with a reason.
-                    if (refused_[node] < r->gen) {
-                        refused_[node] = r->gen;
-                        etcd_.put(prefix + "restarted/" + node,
-                                  cluster::encode_restart_ack({r->gen, r->version, 0, 0, "no node named " + node}));
-                    }
-                    continue;
-                }
-                got[node] = *r;
-            }
-            if (read) first_read_ = false;
-            lk.lock();
-            for (auto & [node, a] : unsent)
-                acks_.try_emplace(node, a);
-            if (read) requests_ = std::move(got);
-            cv_.wait_for(lk, std::chrono::seconds(1), [&] { return stop_ || !acks_.empty(); });
-        }
-    }
-
-    cluster::EtcdClient etcd_;
-    std::set<std::string> nodes_;
-    std::map<std::string, int64_t> refused_;
-    std::map<std::string, int64_t> baseline_;  // node → the gen of a request older than this process
-    bool first_read_ = true;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool stop_ = false;
-    std::map<std::string, cluster::RestartRequest> requests_;
-    std::map<std::string, cluster::RestartAck> acks_;
-    std::thread thread_;
-};
-
-int64_t wall_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
 
 std::string self_exe() {
     std::error_code ec;
@@ -311,32 +208,10 @@ int cluster_up(const ClusterUpOptions & o) {
 
     const std::string exe = self_exe();
     const std::string peer_key = random_key();
-    std::vector<Proc> procs;
-    auto launch = [&](Proc & p) {
-        std::string err;
-        // The admin key goes in the environment, not on the command line where `ps` shows it.
-        std::vector<std::string> env;
-        if (!o.api_key.empty() && (p.role == "node" || p.role == "gateway"))
-            env.push_back("ARMADA_API_KEY=" + o.api_key);
-        // Nodes move sessions' KV between them with a key of their own, whether or not clients
-        // need keys.
-        if (p.role == "node") env.push_back("ARMADA_PEER_KEY=" + peer_key);
-        std::vector<std::string> argv = p.argv;
-        if (p.role == "node" && !p.version.empty()) {
-            // The version it runs now: its label, and the arguments given for it.
-            argv.insert(argv.end(), {"--version-label", p.version});
-            for (const auto & va : o.version_args) {
-                const auto eq = va.find('=');
-                if (eq != std::string::npos && va.substr(0, eq) == p.version) argv.push_back(va.substr(eq + 1));
-            }
-        }
-        p.child = Child::spawn(argv, p.log, "", err, env);
-        if (!p.child) fprintf(stderr, "error: cannot start %s: %s\n", p.name.c_str(), err.c_str());
-        return p.child.has_value();
-    };
+    std::vector<cluster::SupervisedProc> procs;
     const int globals = o.globals >= 0 ? o.globals : (o.cells > 1 ? 2 : 0);
     for (int g = 0; g < globals; ++g) {
-        Proc p;
+        cluster::SupervisedProc p;
         p.role = "global";
         p.name = "global" + std::to_string(g);
         p.log = logs + p.name + ".log";
@@ -349,7 +224,7 @@ int cluster_up(const ClusterUpOptions & o) {
     for (int c = 0; c < o.cells; ++c) {
         const std::string cell = "cell" + std::to_string(c);
         for (int b = 0; b < o.brains; ++b) {
-            Proc p;
+            cluster::SupervisedProc p;
             p.role = "cell";
             p.name = cell + "-brain" + std::to_string(b);
             p.log = logs + p.name + ".log";
@@ -360,7 +235,7 @@ int cluster_up(const ClusterUpOptions & o) {
             procs.push_back(std::move(p));
         }
         for (int n = 0; n < o.nodes; ++n) {
-            Proc p;
+            cluster::SupervisedProc p;
             p.role = "node";
             p.name = cell + "-node" + std::to_string(n);
             p.log = logs + p.name + ".log";
@@ -387,7 +262,7 @@ int cluster_up(const ClusterUpOptions & o) {
     }
     const size_t first_gateway = procs.size();
     for (int i = 0; i < std::max(1, o.gateways); ++i) {
-        Proc g;
+        cluster::SupervisedProc g;
         g.role = "gateway";
         g.name = i == 0 ? std::string("gateway") : "gateway" + std::to_string(i);
         g.log = logs + g.name + ".log";
@@ -401,20 +276,68 @@ int cluster_up(const ClusterUpOptions & o) {
         if (!o.api_key_file.empty()) g.argv.insert(g.argv.end(), {"--api-key-file", o.api_key_file});
         procs.push_back(std::move(g));
     }
-    Proc & gateway = procs[first_gateway];
+    // Each process with its environment: the admin key for nodes and gateways (not on the command
+    // line, where `ps` shows it), the nodes' peer key, and a node's version arguments.
+    class ChildLauncher final : public cluster::Launcher {
+      public:
+        ChildLauncher(const ClusterUpOptions & o, std::string peer_key) : o_(o), peer_key_(std::move(peer_key)) {}
+        std::unique_ptr<cluster::ProcessHandle> spawn(const cluster::SupervisedProc & p, std::string & error) override {
+            std::vector<std::string> env;
+            if (!o_.api_key.empty() && (p.role == "node" || p.role == "gateway"))
+                env.push_back("ARMADA_API_KEY=" + o_.api_key);
+            // Nodes move sessions' KV between them with a key of their own, whether or not
+            // clients need keys.
+            if (p.role == "node") env.push_back("ARMADA_PEER_KEY=" + peer_key_);
+            std::vector<std::string> argv = p.argv;
+            if (p.role == "node" && !p.version.empty()) {
+                // The version it runs now: its label, and the arguments given for it.
+                argv.insert(argv.end(), {"--version-label", p.version});
+                for (const auto & va : o_.version_args) {
+                    const auto eq = va.find('=');
+                    if (eq != std::string::npos && va.substr(0, eq) == p.version) argv.push_back(va.substr(eq + 1));
+                }
+            }
+            auto c = Child::spawn(argv, p.log, "", error, env);
+            if (!c) return nullptr;
+            return std::make_unique<Handle>(std::move(*c));
+        }
+
+      private:
+        class Handle final : public cluster::ProcessHandle {
+          public:
+            explicit Handle(Child c) : c_(std::move(c)) {}
+            int pid() const override { return c_.pid(); }
+            bool running() override { return c_.running(); }
+            int exit_code() const override { return c_.exit_code(); }
+            void signal(int sig) override { c_.signal(sig); }
+            void stop(int sig, int wait_ms) override { c_.stop(sig, wait_ms); }
+
+          private:
+            Child c_;
+        };
+        const ClusterUpOptions & o_;
+        std::string peer_key_;
+    };
+    ChildLauncher launcher(o, peer_key);
+    cluster::SupervisorConfig sc;
+    sc.lease_ttl_s = o.lease_ttl_s;
+    cluster::Supervisor sup(sc, launcher, cluster::real_clock());
+    for (auto & p : procs)
+        sup.add(std::move(p));
+    const auto & all = sup.entries();
     auto write_status = [&] {
         json ps = json::array();
-        for (auto & p : procs) {
-            ps.push_back({{"role", p.role},
-                          {"name", p.name},
-                          {"pid", p.child ? p.child->pid() : -1},
-                          {"url", p.url},
-                          {"log", p.log},
-                          {"version", p.version}});
+        for (const auto & e : all) {
+            ps.push_back({{"role", e.proc.role},
+                          {"name", e.proc.name},
+                          {"pid", e.child ? e.child->pid() : -1},
+                          {"url", e.proc.url},
+                          {"log", e.proc.log},
+                          {"version", e.proc.version}});
         }
         json gateways = json::array();
-        for (size_t i = first_gateway; i < procs.size(); ++i)
-            gateways.push_back(procs[i].url);
+        for (size_t i = first_gateway; i < all.size(); ++i)
+            gateways.push_back(all[i].proc.url);
         json servers = {{"postgres", {{"pid", pg.pid()}, {"url", pg.url("armada")}, {"shards", pg_url_list}}},
                         {"etcd",
                          {{"pid", etcd.pid()},
@@ -433,153 +356,67 @@ int cluster_up(const ClusterUpOptions & o) {
                           {"password_file", redis.password_file()}}}};
         const std::string tmp = dir + "/cluster.json.tmp";
         std::ofstream(tmp) << json{
-            {"gateway", gateway.url},
+            {"gateway", all[first_gateway].proc.url},
             {"gateways", gateways},
             {"config", cfg_path},
             {"processes", ps},
             {"servers", servers}}.dump(2);
         fs::rename(tmp, dir + "/cluster.json", ec);
     };
-    bool ok = true;
-    for (auto & p : procs)
-        ok = ok && launch(p);
+    bool ok = sup.start_all();
     write_status();
     int sig = 0;
     if (ok) {
         // Ready when the gateway listens; the nodes load their model meanwhile.
-        for (size_t g = first_gateway; ok && sig <= 0 && g < procs.size(); ++g) {
-            const int gport = std::stoi(procs[g].url.substr(procs[g].url.rfind(':') + 1));
+        for (size_t g = first_gateway; ok && sig <= 0 && g < all.size(); ++g) {
+            const int gport = std::stoi(all[g].proc.url.substr(all[g].proc.url.rfind(':') + 1));
             // (An HTTPS gateway is ready once it accepts connections.)
             auto ready = [&] { return o.tls ? cluster::port_open(gport) : http_ok(gport); };
             for (int i = 0; i < 600 && !ready(); ++i) {
                 timespec t{0, 100 * 1000 * 1000};
                 if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
-                if (!procs[g].child->running()) break;
+                if (!sup.entry(g).child->running()) break;
             }
             if (!ready()) {
-                fprintf(stderr, "error: %s did not start; see %s:\n%s\n", procs[g].name.c_str(), procs[g].log.c_str(),
-                        cluster::tail_of(procs[g].log).c_str());
+                fprintf(stderr, "error: %s did not start; see %s:\n%s\n", all[g].proc.name.c_str(),
+                        all[g].proc.log.c_str(), cluster::tail_of(all[g].proc.log).c_str());
                 ok = false;
             }
         }
     }
     if (ok && sig <= 0) {
         printf("armada: cluster up: %d cell%s x %d nodes; gateway at %s\n", o.cells, o.cells > 1 ? "s" : "", o.nodes,
-               gateway.url.c_str());
+               all[first_gateway].proc.url.c_str());
         if (o.tls) printf("armada: clients trust %s/tls/ca.crt\n", dir.c_str());
-        for (size_t g = first_gateway + 1; g < procs.size(); ++g)
-            printf("armada: %s at %s\n", procs[g].name.c_str(), procs[g].url.c_str());
+        for (size_t g = first_gateway + 1; g < all.size(); ++g)
+            printf("armada: %s at %s\n", all[g].proc.name.c_str(), all[g].proc.url.c_str());
         printf("armada: processes and logs are listed in %s/cluster.json; Ctrl-C stops everything\n", dir.c_str());
         fflush(stdout);
-        // Supervise: a server that dies comes back on the same directory and port at once (tests
-        // kill them on purpose). An Armada process that crashes comes back after a back-off of
-        // at least twice the lease TTL (10 s at least, doubling per restart up to 5 min, as a
-        // kubelet's): by then its lease has expired and its cell has moved its sessions, so the
-        // node that returns is an empty one that joins again. One that exits 0 stays down.
-        const auto backoff = [&](int restarts) {
-            const int base = std::max(10, 2 * o.lease_ttl_s);
-            return std::chrono::seconds(std::min(300, base << std::min(restarts, 5)));
-        };
+        // Supervise (cluster/runtime/supervisor.h): a server that dies comes back on the same
+        // directory and port at once (tests kill them on purpose); an Armada process that crashes
+        // comes back after its back-off; a rollout's restarts are carried out.
+        sup.add_server("postgresql", [&] { return pg.running(); }, [&] { return pg.restart(); });
+        sup.add_server("etcd", [&] { return etcd.running(); }, [&] { return etcd.restart(); });
+        sup.add_server("nats", [&] { return nats.running(); }, [&] { return nats.restart(); });
+        sup.add_server("redis", [&] { return redis.running(); }, [&] { return redis.restart(); });
         std::set<std::string> node_names;
-        for (const auto & p : procs)
-            if (p.role == "node") node_names.insert(p.name);
-        RestartPoller restarts(etcd.client(3000), node_names);
+        for (const auto & e : all)
+            if (e.proc.role == "node") node_names.insert(e.proc.name);
+        cluster::EtcdKvStore restart_kv(etcd.client(3000));
+        cluster::RestartRequests restarts(restart_kv, cluster::ClusterConfig{}.prefix, node_names);
+        restarts.start();
+        sup.follow_restarts(&restarts);
         for (;;) {
             timespec t{0, 200 * 1000 * 1000};
             if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
-            bool changed = false;
-            auto revive = [&](const char * what, bool running, const std::function<std::string()> & restart) {
-                if (running) return;
-                spdlog::warn("cluster up: {} exited; starting it again", what);
-                if (auto e = restart(); !e.empty()) spdlog::error("cluster up: {}: {}", what, e);
-                changed = true;
-            };
-            revive("postgresql", pg.running(), [&] { return pg.restart(); });
-            revive("etcd", etcd.running(), [&] { return etcd.restart(); });
-            revive("nats", nats.running(), [&] { return nats.restart(); });
-            revive("redis", redis.running(), [&] { return redis.restart(); });
-            const auto now = std::chrono::steady_clock::now();
-            // A rollout's restarts: SIGTERM (the node drains and exits), then a start on the
-            // version asked for. A node already down starts on it at once.
-            const auto asked = restarts.requests();
-            for (auto & p : procs) {
-                const auto r = asked.find(p.name);
-                if (p.role != "node" || r == asked.end() || r->second.gen <= p.gen) continue;
-                p.gen = r->second.gen;
-                p.next_version = r->second.version;
-                spdlog::info("cluster up: restarting {} on version {} (rollout gen {})", p.name, p.next_version, p.gen);
-                if (p.child && p.child->running()) {
-                    p.expect_exit = true;
-                    p.child->signal(SIGTERM);
-                } else {
-                    p.expect_exit = true;
-                    p.reported_exit = true;
-                    p.restart_at = now;
-                }
-            }
-            for (auto & p : procs) {
-                if (p.child && !p.reported_exit && !p.child->running() && p.expect_exit) {
-                    // Stopped for a restart, drained or not: up again on its new version after a
-                    // jittered pause (many nodes restarted at once do not arrive at once).
-                    p.reported_exit = true;
-                    p.restart_at = now + std::chrono::milliseconds(cluster::jittered_ms(1000));
-                    spdlog::info("cluster up: {} stopped (exit {}) for its restart", p.name, p.child->exit_code());
-                    continue;
-                }
-                if (p.expect_exit && p.reported_exit && p.restart_at != std::chrono::steady_clock::time_point{} &&
-                    now >= p.restart_at) {
-                    p.restart_at = {};
-                    p.expect_exit = false;
-                    p.version = p.next_version;
-                    cluster::RestartAck a{p.gen, p.version, 0, wall_ms(), ""};
-                    if (launch(p)) {
-                        p.reported_exit = false;
-                        a.pid = p.child->pid();
-                        spdlog::info("cluster up: {} started on version {} (pid {})", p.name, p.version, a.pid);
-                    } else {
-                        a.error = "cannot start " + p.name;
-                    }
-                    restarts.ack(p.name, a);
-                    changed = true;
-                    continue;
-                }
-                if (p.child && !p.reported_exit && !p.child->running()) {
-                    p.reported_exit = true;
-                    const int code = p.child->exit_code();
-                    if (code == 0) {
-                        spdlog::warn("cluster up: {} exited; see {}", p.name, p.log);
-                        continue;
-                    }
-                    const auto wait = backoff(p.restarts);
-                    p.restart_at = now + wait;
-                    spdlog::warn("cluster up: {} {} {}; starting it again in {} s; see {}", p.name,
-                                 code > 128 ? "was killed by signal" : "exited with", code > 128 ? code - 128 : code,
-                                 wait.count(), p.log);
-                } else if (p.reported_exit && p.restart_at != std::chrono::steady_clock::time_point{} &&
-                           now >= p.restart_at) {
-                    p.restart_at = {};
-                    ++p.restarts;
-                    if (launch(p)) {
-                        p.reported_exit = false;
-                        spdlog::info("cluster up: {} started again (pid {})", p.name, p.child->pid());
-                    }
-                    changed = true;
-                }
-            }
-            if (changed) write_status();
+            if (sup.turn()) write_status();
         }
+        sup.follow_restarts(nullptr);
     }
     printf("armada: stopping the cluster\n");
     fflush(stdout);
     // In order: the entry first, then the nodes (they drain), the brains, the servers.
-    for (const char * role : {"gateway", "node", "cell", "global"}) {
-        for (auto & p : procs) {
-            if (p.role == role && p.child && p.child->running()) p.child->signal(SIGTERM);
-        }
-        for (auto & p : procs) {
-            if (p.role == role && p.child) p.child->stop(SIGTERM, 40000);
-        }
-    }
+    sup.stop_all(40000);
     redis.stop();
     nats.stop();
     etcd.stop();
