@@ -46,7 +46,8 @@ class CellProcess {
         // Every brain of the cell shares one durable consumer: whoever leads fetches from it.
         auto place = js->consumer("ARMADA_PLACE", "cell-" + o_.cell, place_subject(o_.cell), 30000, 10, err);
         if (!place) return fail("NATS consumer: " + err);
-        auto events = js->consumer("ARMADA_EVENT", "cell-" + o_.cell + "-events", event_subject(o_.cell), 30000, 10, err);
+        auto events =
+            js->consumer("ARMADA_EVENT", "cell-" + o_.cell + "-events", event_subject(o_.cell), 30000, 10, err);
         if (!events) return fail("NATS consumer: " + err);
         ConsumerInbox places(std::move(place)), event_inbox(std::move(events));
         JetStreamBus bus(*js);

@@ -14,8 +14,8 @@ class ClusterNode::Sessions final : public cluster::NodeSessions {
     bool adopt(const std::string & id, int64_t epoch, const std::optional<obs::TraceContext> & trace,
                const std::optional<cluster::Arrived> & moved) override {
         std::optional<agent::MoveNote> note;
-        if (moved) note = agent::MoveNote{moved->from, moved->kv_source, moved->error, moved->bytes, moved->tokens,
-                                          moved->ms};
+        if (moved)
+            note = agent::MoveNote{moved->from, moved->kv_source, moved->error, moved->bytes, moved->tokens, moved->ms};
         return sm_.adopt(id, epoch, trace, note);
     }
     void adopt_assigned() override { sm_.adopt_assigned(); }

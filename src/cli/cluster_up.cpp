@@ -395,10 +395,14 @@ int cluster_up(const ClusterUpOptions & o) {
         // Supervise (cluster/runtime/supervisor.h): a server that dies comes back on the same
         // directory and port at once (tests kill them on purpose); an Armada process that crashes
         // comes back after its back-off; a rollout's restarts are carried out.
-        sup.add_server("postgresql", [&] { return pg.running(); }, [&] { return pg.restart(); });
-        sup.add_server("etcd", [&] { return etcd.running(); }, [&] { return etcd.restart(); });
-        sup.add_server("nats", [&] { return nats.running(); }, [&] { return nats.restart(); });
-        sup.add_server("redis", [&] { return redis.running(); }, [&] { return redis.restart(); });
+        sup.add_server(
+            "postgresql", [&] { return pg.running(); }, [&] { return pg.restart(); });
+        sup.add_server(
+            "etcd", [&] { return etcd.running(); }, [&] { return etcd.restart(); });
+        sup.add_server(
+            "nats", [&] { return nats.running(); }, [&] { return nats.restart(); });
+        sup.add_server(
+            "redis", [&] { return redis.running(); }, [&] { return redis.restart(); });
         std::set<std::string> node_names;
         for (const auto & e : all)
             if (e.proc.role == "node") node_names.insert(e.proc.name);

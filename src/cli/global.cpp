@@ -43,8 +43,8 @@ class GlobalProcess {
                 kube_error_ = e;
             } else {
                 ledger_ = std::make_unique<EtcdLedger>(etcd_, cfg_);
-                restarter_ = std::make_unique<KubeRestarter>(std::move(kc), *ledger_,
-                                                             [] { return real_clock().wall_ms(); });
+                restarter_ =
+                    std::make_unique<KubeRestarter>(std::move(kc), *ledger_, [] { return real_clock().wall_ms(); });
             }
         }
     }

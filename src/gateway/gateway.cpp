@@ -14,6 +14,7 @@
 #include "cluster/redis.h"
 #include "cluster/restarter.h"
 #include "gateway/checks.h"
+#include "gateway/cluster_follower.h"
 #include "gateway/dashboard.h"
 #include "gateway/pool_request.h"
 #include "gateway/pools.h"
@@ -261,7 +262,10 @@ class Gateway {
         if (!load_directory())
             spdlog::warn("gateway: cannot read tenants and keys from PostgreSQL yet; retrying every {} ms",
                          kDirectoryTtlMs);
-        start_rev_ = refresh();
+        // The cluster as etcd shows it now, before the first request.
+        kv_ = std::make_unique<cluster::EtcdKvStore>(etcd_);
+        follower_view_ = std::make_unique<ClusterFollower>(*kv_, cfg_.prefix, cluster::real_clock(), kRelistMs);
+        follow_round(0);
         return {};
     }
     //! Joins the live gateways in etcd as `name` (at `url`) and starts following the cluster.
@@ -279,16 +283,11 @@ class Gateway {
                 std::this_thread::sleep_for(std::chrono::milliseconds(250));
                 keep_announced();
                 if (now_ms() - directory_ms_ >= kDirectoryTtlMs) load_directory();
-                // A watch over a connection that died without a word would keep an old view:
-                // the follower lists afresh every so often, as a brain's reconcile does.
-                const int64_t since = watch_since_ms_.load();
-                if (since > 0 && now_ms() - since >= kRelistMs) rewatch_ = true;
             }
         });
     }
     void stop() {
         stop_ = true;
-        rewatch_ = true;  // after stop_: see follow()
         if (watcher_.joinable()) watcher_.join();
         if (follower_.joinable()) follower_.join();
         if (dasher_.joinable()) dasher_.join();
@@ -510,120 +509,76 @@ class Gateway {
     }
 
     // ---- the cluster as etcd shows it ----
-    //! Reads the cluster's keys once (nodes, the split, the live gateways) and replaces the view
-    //! with them; the etcd revision they were read at, or -1.
-    int64_t refresh() {
-        std::vector<cluster::EtcdKv> kvs;
-        int64_t rev = 0;
-        if (auto e = etcd_.list(cfg_.prefix + "/", kvs, rev); !e.empty()) {
-            if (!etcd_warned_) spdlog::warn("gateway: cannot list the cluster in etcd: {} (keeping the last view)", e);
-            etcd_warned_ = true;
-            return -1;
-        }
-        etcd_warned_ = false;
-        NodeViews next;
-        Reports next_reports;
-        std::optional<cluster::Shares> shares;
-        std::optional<cluster::RolloutState> rollout;
-        gateways_.clear();
-        for (const auto & kv : kvs)
-            apply_key(kv.key, &kv.value, next, next_reports, shares, rollout);
-        live_gateways_ = std::max(1, int(gateways_.size()));
-        std::lock_guard lk(mu_);
-        nodes_ = std::move(next);
-        unreachable_.clear();  // etcd's word on every node is fresh now
-        reports_ = std::move(next_reports);
-        rollout_ = std::move(rollout);
-        if (shares) shares_ = std::move(*shares);
-        return rev;
-    }
-    //! One key of the cluster put (`value`) or deleted (null) into `nodes`, the cells' `reports`
-    //! (for the dashboard) and `shares`, or into the live gateways; keys the gateway does not
-    //! follow (elections) change nothing.
-    void apply_key(const std::string & key, const std::string * value, NodeViews & nodes, Reports & reports,
-                   std::optional<cluster::Shares> & shares, std::optional<cluster::RolloutState> & rollout) {
-        const std::string cells = cluster::cells_prefix(cfg_), gws = cluster::gateways_prefix(cfg_);
-        if (key.rfind(cells, 0) == 0) {
-            // <prefix>/cells/<cell>/nodes/<node>, or <prefix>/cells/<cell>/report
-            const std::string rest = key.substr(cells.size());
-            const size_t slash = rest.find("/nodes/");
-            if (slash == std::string::npos) {
-                const size_t r = rest.find('/');
-                if (r == std::string::npos || rest.substr(r) != "/report") return;
-                const std::string cell = rest.substr(0, r);
-                if (!cluster::valid_cell_or_node_name(cell)) return;
-                auto rep = value ? cluster::decode_cell_report(cell, *value) : std::nullopt;
-                if (rep)
-                    reports[cell] = std::move(*rep);
+    //! One round of the cluster follower (gateway/cluster_follower.h): what changed is decoded on
+    //! this thread, and the routing lock is held only to store it. A fresh list replaces the view
+    //! (etcd's word on every node is fresh then). -1 when the next round may start now; else how
+    //! long to pause before it (the cells could not be read).
+    int64_t follow_round(int wait_ms) {
+        ClusterFollower::Round r = follower_view_->poll(wait_ms);
+        if (!r.ok && !etcd_warned_)
+            spdlog::warn("gateway: cannot follow the cluster in etcd: {} (keeping the last view)", r.error);
+        etcd_warned_ = !r.ok;
+        if (r.rebuilt) {
+            gateways_ = std::move(r.view.gateways);
+            live_gateways_ = std::max(1, int(gateways_.size()));
+            std::lock_guard lk(mu_);
+            nodes_ = std::move(r.view.nodes);
+            unreachable_.clear();
+            reports_ = std::move(r.view.reports);
+            rollout_ = std::move(r.view.rollout);
+            if (r.view.shares) shares_ = std::move(*r.view.shares);  // kept when deleted: no brain leads now
+        } else if (!r.changes.empty()) {
+            using Kind = cluster::ClusterKeys::Parsed::Kind;
+            for (const auto & c : r.changes) {
+                if (c.key.kind != Kind::Gateway) continue;
+                // The live gateways (this one included): each one's share of a quota without Redis.
+                if (c.put)
+                    gateways_.insert(c.raw);
                 else
-                    reports.erase(cell);
-                return;
+                    gateways_.erase(c.raw);
             }
-            const std::string cell = rest.substr(0, slash), node = rest.substr(slash + 7);
-            if (!cluster::valid_cell_or_node_name(cell) || !cluster::valid_cell_or_node_name(node)) return;
-            auto l = value ? cluster::decode_load(node, *value) : std::nullopt;
-            if (l && !l->url.empty())
-                nodes[node] = {cell, *l};
-            else
-                nodes.erase(node);
-            // The watch (under mu_) says what became of a node a connect failed to: back, or gone.
-            if (&nodes == &nodes_) unreachable_.erase(node);
-        } else if (key == cluster::rollout_prefix(cfg_) + "state") {
-            // The rollout's progress, for the dashboard.
-            rollout = value ? cluster::decode_rollout_state(*value) : std::nullopt;
-        } else if (key == cluster::shares_key(cfg_)) {
-            // The global brain's split of new sessions: kept when deleted (no brain leads now).
-            if (value) shares = cluster::decode_shares(*value);
-        } else if (key.rfind(gws, 0) == 0) {
-            // The live gateways (this one included): each one's share of a quota without Redis.
-            if (value)
-                gateways_.insert(key);
-            else
-                gateways_.erase(key);
-        }
-    }
-    //! Follows the cluster: a list, then a watch from the revision after it, applying each change
-    //! as it comes; when the watch breaks (etcd restarted, compacted), the same again after a
-    //! random pause that doubles up to 4 s.
-    void follow() {
-        int backoff_ms = 250;
-        int64_t rev = start_rev_;  // the first list's, at start
-        for (;;) {
-            // Cleared before stop_ is read: a stop() after the read sets it again.
-            rewatch_ = false;
-            if (stop_.load()) break;
-            if (rev < 0) rev = refresh();
-            if (rev >= 0) {
-                watch_since_ms_ = now_ms();
-                const std::string e = etcd_.watch(
-                    cfg_.prefix + "/", rev + 1,
-                    [&](const std::vector<cluster::EtcdEvent> & evs, int64_t) {
-                        std::optional<cluster::Shares> shares;
-                        {
-                            std::lock_guard lk(mu_);
-                            for (const auto & ev : evs)
-                                apply_key(ev.kv.key, ev.type == cluster::EtcdEvent::Type::Put ? &ev.kv.value : nullptr,
-                                          nodes_, reports_, shares, rollout_);
-                            if (shares) shares_ = std::move(*shares);
-                        }
-                        live_gateways_ = std::max(1, int(gateways_.size()));
-                        backoff_ms = 250;
-                        return !rewatch_.load();
-                    },
-                    rewatch_);
-                watch_since_ms_ = 0;
-                if (stop_.load()) break;
-                if (rewatch_.load()) {
-                    rev = -1;  // the periodic fresh list
-                    continue;
+            live_gateways_ = std::max(1, int(gateways_.size()));
+            std::lock_guard lk(mu_);
+            for (auto & c : r.changes) {
+                switch (c.key.kind) {
+                    case Kind::Node:
+                        if (c.node)
+                            nodes_[c.key.name] = std::move(*c.node);
+                        else
+                            nodes_.erase(c.key.name);
+                        // What became of a node a connect failed to: back, or gone.
+                        unreachable_.erase(c.key.name);
+                        break;
+                    case Kind::CellReport:
+                        if (c.report)
+                            reports_[c.key.cell] = std::move(*c.report);
+                        else
+                            reports_.erase(c.key.cell);
+                        break;
+                    case Kind::Shares:
+                        if (c.shares) shares_ = std::move(*c.shares);  // kept when deleted
+                        break;
+                    case Kind::RolloutState:
+                        rollout_ = std::move(c.rollout);  // the rollout's progress, for the dashboard
+                        break;
+                    default:
+                        break;
                 }
-                spdlog::warn("gateway: etcd watch ended: {}; listing again", e);
             }
-            rev = -1;
-            const auto until =
-                std::chrono::steady_clock::now() + std::chrono::milliseconds(cluster::jittered_ms(backoff_ms));
-            backoff_ms = std::min(backoff_ms * 2, 4000);
-            while (!stop_.load() && std::chrono::steady_clock::now() < until)
+        }
+        return r.retry_in_ms > 0 ? r.retry_in_ms : -1;
+    }
+    //! Follows the cluster until the gateway stops: a list, then watches from the revision after
+    //! it, each change applied as it comes; when a watch breaks (etcd restarted, compacted), a
+    //! list again after a jittered back-off, and every kRelistMs in any case (a watch over a
+    //! connection that died without a word would keep an old view).
+    void follow() {
+        while (!stop_.load()) {
+            const int64_t retry_ms = follow_round(200);
+            if (retry_ms < 0) continue;
+            // Not before the back-off, and a stop still ends the wait soon.
+            const int64_t until = now_ms() + std::max<int64_t>(50, retry_ms);
+            while (!stop_.load() && now_ms() < until)
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
     }
@@ -1927,11 +1882,10 @@ class Gateway {
     cluster::Shares shares_;                        // guarded by mu_
     std::map<uint64_t, std::pair<std::string, int64_t>> affinity_;  // hash → (node, expiry); mu_
     uint64_t rr_ = 0;                                               // guarded by mu_
-    std::atomic<bool> etcd_warned_{false};    // etcd could not be listed: the view is the last one
-    int64_t start_rev_ = -1;                  // the revision read at start
-    std::atomic<bool> rewatch_{false};        // ends the follower's watch (a fresh list, or a stop)
-    std::atomic<int64_t> watch_since_ms_{0};  // when the current watch began (0: none)
-    std::set<std::string> gateways_;          // the follower's (after start)
+    std::atomic<bool> etcd_warned_{false};                          // etcd could not be read: the view is the last one
+    std::unique_ptr<cluster::EtcdKvStore> kv_;
+    std::unique_ptr<ClusterFollower> follower_view_;  // the follower thread's (after start)
+    std::set<std::string> gateways_;                  // the follower's (after start)
     std::atomic<bool> stop_{false};
     std::atomic<size_t> in_flight_{0};
     BodyLimits body_limits_;

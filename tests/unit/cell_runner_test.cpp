@@ -1,9 +1,9 @@
 // The cell runner over its seams' fakes: an in-memory etcd, an in-memory bus, a SQLite store and
 // a clock the test moves. The same code runs in `armada cell`.
 
+#include "cluster/runtime/cell_runner.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
-#include "cluster/runtime/cell_runner.h"
 #include "cluster/runtime/elected.h"
 #include "store/sqlite_store.h"
 
@@ -47,9 +47,9 @@ class FakeTerm final : public Leadership {
 class CellRunnerTest : public ::testing::Test {
   protected:
     void SetUp() override {
-        dir_ = std::filesystem::temp_directory_path() /
-               ("armada-cell-runner-" + std::to_string(::getpid()) + "-" +
-                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        dir_ =
+            std::filesystem::temp_directory_path() / ("armada-cell-runner-" + std::to_string(::getpid()) + "-" +
+                                                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
         std::filesystem::remove_all(dir_);
         std::string err;
         store_ = store::SqliteStore::open(dir_.string(), err);

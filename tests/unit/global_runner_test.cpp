@@ -1,10 +1,10 @@
 // The global runner over its seams' fakes: an in-memory etcd, an in-memory bus, a SQLite store and
 // a clock the test moves. The same code runs in `armada global`.
 
+#include "cluster/runtime/global_runner.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
 #include "cluster/runtime/elected.h"
-#include "cluster/runtime/global_runner.h"
 #include "store/sqlite_store.h"
 
 #include <gtest/gtest.h>
@@ -43,9 +43,9 @@ class Term final : public Leadership {
 class GlobalRunnerTest : public ::testing::Test {
   protected:
     void SetUp() override {
-        dir_ = std::filesystem::temp_directory_path() /
-               ("armada-global-runner-" + std::to_string(::getpid()) + "-" +
-                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        dir_ =
+            std::filesystem::temp_directory_path() / ("armada-global-runner-" + std::to_string(::getpid()) + "-" +
+                                                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
         std::filesystem::remove_all(dir_);
         std::string err;
         store_ = store::SqliteStore::open(dir_.string(), err);

@@ -1,9 +1,9 @@
 // The node agent over its seams' fakes: an in-memory bus and etcd, a clock the test moves, and
 // sessions that record what they were asked. The same code runs in `armada serve --cluster`.
 
+#include "cluster/runtime/node_agent.h"
 #include "cluster/membership.h"
 #include "cluster/queue.h"
-#include "cluster/runtime/node_agent.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -108,10 +108,11 @@ TEST_F(NodeAgentTest, AMoveFetchesTheKvFromALiveMemberBeforeTheSessionRunsHere) 
 }
 
 TEST_F(NodeAgentTest, AnyBytesInACommandAreAckedAndIgnoredWithoutHarm) {
-    for (const char * bad : {"", "null", "[]", "{", R"({"op":1})", R"({"op":"run"})", R"({"op":"run","session":7,"epoch":1})",
-                             R"({"op":"run","session":"s","epoch":"1"})", R"({"op":"run","session":"s","epoch":1.5})",
-                             R"({"op":"run","session":"s","epoch":1,"from":3,"left":[]})",
-                             R"({"op":"run","session":"s","epoch":1,"traceparent":"junk"})", "\xff\xfe"}) {
+    for (const char * bad :
+         {"", "null", "[]", "{", R"({"op":1})", R"({"op":"run"})", R"({"op":"run","session":7,"epoch":1})",
+          R"({"op":"run","session":"s","epoch":"1"})", R"({"op":"run","session":"s","epoch":1.5})",
+          R"({"op":"run","session":"s","epoch":1,"from":3,"left":[]})",
+          R"({"op":"run","session":"s","epoch":1,"traceparent":"junk"})", "\xff\xfe"}) {
         command(bad);
     }
     agent_->command_turn(0);

@@ -43,12 +43,11 @@ TEST(ClusterKeys, EveryBuiltKeyParsesBackToWhatBuiltIt) {
 
 TEST(ClusterKeys, KeysOutsideTheLayoutOrWithBadNamesAreOther) {
     const ClusterKeys k("/armada");
-    for (const char * key : {"/armada", "/armada/", "/armadax/cells/c/report", "/other/cells/c/report",
-                             "/armada/cells/c", "/armada/cells/c/", "/armada/cells//report",
-                             "/armada/cells/c/nodes/", "/armada/cells/c/nodes/a/b", "/armada/cells/c/nodes/bad name",
-                             "/armada/cells/c/reports", "/armada/failovers/", "/armada/gateways/",
-                             "/armada/gateways/a/b", "/armada/global/sharesx", "/armada/rollout/restart/",
-                             "/armada/cells/c\n/report"}) {
+    for (const char * key :
+         {"/armada", "/armada/", "/armadax/cells/c/report", "/other/cells/c/report", "/armada/cells/c",
+          "/armada/cells/c/", "/armada/cells//report", "/armada/cells/c/nodes/", "/armada/cells/c/nodes/a/b",
+          "/armada/cells/c/nodes/bad name", "/armada/cells/c/reports", "/armada/failovers/", "/armada/gateways/",
+          "/armada/gateways/a/b", "/armada/global/sharesx", "/armada/rollout/restart/", "/armada/cells/c\n/report"}) {
         EXPECT_EQ(k.parse(key).kind, K::Other) << key;
     }
     // A prefix that is itself a prefix of another's does not capture its keys.
@@ -131,9 +130,9 @@ TEST(Informer, ListsWatchesAndAfterAnOutageHandsOutOnlyTheDifference) {
     EXPECT_EQ(inf.view().size(), 2u);
     EXPECT_GT(inf.retry_in_ms(), 0);
     kv.set_down(false);
-    kv.put("/p/d", "1", 0);   // missed by the watch
-    kv.put("/p/b", "2", 0);   // changed
-    kv.erase("/p/c");         // gone
+    kv.put("/p/d", "1", 0);  // missed by the watch
+    kv.put("/p/b", "2", 0);  // changed
+    kv.erase("/p/c");        // gone
     EXPECT_FALSE(inf.poll(ch, 0, err)) << "a retry before its back-off";
     const int64_t lists = inf.lists();
     clock.advance(inf.retry_in_ms());
@@ -142,9 +141,9 @@ TEST(Informer, ListsWatchesAndAfterAnOutageHandsOutOnlyTheDifference) {
     std::map<std::string, EtcdEvent::Type> seen;
     for (const auto & e : ch)
         seen[e.kv.key] = e.type;
-    EXPECT_EQ(seen, (std::map<std::string, EtcdEvent::Type>{{"/p/b", EtcdEvent::Type::Put},
-                                                              {"/p/c", EtcdEvent::Type::Delete},
-                                                              {"/p/d", EtcdEvent::Type::Put}}));
+    EXPECT_EQ(seen,
+              (std::map<std::string, EtcdEvent::Type>{
+                  {"/p/b", EtcdEvent::Type::Put}, {"/p/c", EtcdEvent::Type::Delete}, {"/p/d", EtcdEvent::Type::Put}}));
 }
 
 TEST(Informer, AWatchFromACompactedOrRestoredRevisionEndsAndTheViewIsListedAgain) {

@@ -86,11 +86,13 @@ TEST(Supervisor, AServerThatDiesIsBroughtBackAtOnce) {
     Supervisor sup({10}, l, clock);
     bool up = true;
     int restarts = 0;
-    sup.add_server("etcd", [&] { return up; }, [&] {
-        ++restarts;
-        up = true;
-        return std::string();
-    });
+    sup.add_server(
+        "etcd", [&] { return up; },
+        [&] {
+            ++restarts;
+            up = true;
+            return std::string();
+        });
     sup.turn();
     EXPECT_EQ(restarts, 0);
     up = false;

@@ -390,7 +390,8 @@ bool CellRunner::place(Leadership & term) {
         json run = {{"op", "run"}, {"session", p.session}, {"epoch", p.epoch}};
         if (!p.from.empty()) {
             run["from"] = p.from;  // the new node fetches its KV there, no more than it stated
-            if (auto kv = session_kv_bytes_.find(p.session); kv != session_kv_bytes_.end() && kv->second.first == p.from)
+            if (auto kv = session_kv_bytes_.find(p.session);
+                kv != session_kv_bytes_.end() && kv->second.first == p.from)
                 run["kv_bytes"] = kv->second.second;
         }
         session_kv_bytes_.erase(p.session);

@@ -278,7 +278,9 @@ void GlobalRunner::carry_out(Leadership & term, const std::vector<Rehome> & deci
     const auto results = commit_each(store_, std::move(batches));
     for (const auto & r : results) {
         if (r.ok)
-            metrics_.counter("armada_brain_decisions_total", "Decisions written to the store, by kind", {{"kind", "rehome"}})
+            metrics_
+                .counter("armada_brain_decisions_total", "Decisions written to the store, by kind",
+                         {{"kind", "rehome"}})
                 .inc();
         else
             metrics_
@@ -426,7 +428,8 @@ void GlobalRunner::rollout_turn(Leadership & term, const Seen & seen) {
         }
         state_written_ms_ = wall;
     }
-    if (was_active && r.finished()) spdlog::info("global: rollout {} {}: {}", spec->id, r.state().phase, r.state().reason);
+    if (was_active && r.finished())
+        spdlog::info("global: rollout {} {}: {}", spec->id, r.state().phase, r.state().reason);
     for (const char * ph : {"running", "paused", "rolling_back", "halted", "aborted", "done"})
         metrics_.gauge("armada_rollout_phase", "The rollout's phase (1 for the current one)", {{"phase", ph}})
             .set(r.state().phase == ph ? 1 : 0);

@@ -100,7 +100,8 @@ namespace {
 
 class MemoryWatch final : public KvWatch {
   public:
-    explicit MemoryWatch(std::shared_ptr<void> w, std::function<bool(std::vector<EtcdEvent> &, int, std::string &)> take)
+    explicit MemoryWatch(std::shared_ptr<void> w,
+                         std::function<bool(std::vector<EtcdEvent> &, int, std::string &)> take)
         : keep_(std::move(w)), take_(std::move(take)) {}
     bool take(std::vector<EtcdEvent> & out, int wait_ms, std::string & error) override {
         return take_(out, wait_ms, error);
@@ -189,10 +190,9 @@ std::string MemoryKv::txn(const std::vector<EtcdCompare> & compares,
     succeeded = true;
     for (const auto & c : compares) {
         auto it = keys_.find(c.key);
-        const int64_t have = it == keys_.end()
-                                 ? 0
-                                 : (c.target == EtcdCompare::Target::Create ? it->second.create_revision
-                                                                            : it->second.mod_revision);
+        const int64_t have = it == keys_.end() ? 0
+                                               : (c.target == EtcdCompare::Target::Create ? it->second.create_revision
+                                                                                          : it->second.mod_revision);
         if (have != c.revision) succeeded = false;
     }
     if (succeeded && !puts.empty()) {

@@ -149,7 +149,8 @@ bool Supervisor::turn() {
             if (p.proc.role != "node" || r == asked.end() || r->second.gen <= p.gen) continue;
             p.gen = r->second.gen;
             p.next_version = r->second.version;
-            spdlog::info("cluster up: restarting {} on version {} (rollout gen {})", p.proc.name, p.next_version, p.gen);
+            spdlog::info("cluster up: restarting {} on version {} (rollout gen {})", p.proc.name, p.next_version,
+                         p.gen);
             p.expect_exit = true;
             if (p.child && p.child->running()) {
                 p.child->signal(SIGTERM);
