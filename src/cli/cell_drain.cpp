@@ -3,6 +3,7 @@
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
+#include "cluster/runtime/keys.h"
 #include "tools/http_sync.h"
 #include "tools/ssrf.h"
 #include "tools/tls.h"
@@ -26,13 +27,11 @@ std::optional<std::map<std::string, std::pair<std::string, std::string>>> live_n
     int64_t rev = 0;
     if (err = etcd.list(cluster::cells_prefix(cfg), kvs, rev); !err.empty()) return std::nullopt;
     std::map<std::string, std::pair<std::string, std::string>> out;
-    const std::string prefix = cluster::cells_prefix(cfg);
+    const cluster::ClusterKeys keys(cfg.prefix);
     for (const auto & kv : kvs) {
-        const std::string rest = kv.key.substr(prefix.size());
-        const size_t at = rest.find("/nodes/");
-        if (at == std::string::npos) continue;
-        const std::string node = rest.substr(at + 7);
-        if (auto l = cluster::decode_load(node, kv.value)) out[node] = {rest.substr(0, at), l->url};
+        const auto k = keys.parse(kv.key);
+        if (k.kind != cluster::ClusterKeys::Parsed::Kind::Node) continue;
+        if (auto l = cluster::decode_load(k.name, kv.value)) out[k.name] = {k.cell, l->url};
     }
     return out;
 }

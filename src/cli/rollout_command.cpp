@@ -48,20 +48,21 @@ std::string read_keys(EtcdClient & etcd, const ClusterConfig & cfg, Keys & k) {
     std::vector<EtcdKv> kvs;
     int64_t rev = 0;
     if (auto e = etcd.list(rollout_prefix(cfg), kvs, rev); !e.empty()) return e;
-    const std::string prefix = rollout_prefix(cfg);
+    const ClusterKeys keys(cfg.prefix);
+    using Kind = ClusterKeys::Parsed::Kind;
     for (const auto & kv : kvs) {
-        const std::string what = kv.key.substr(prefix.size());
-        if (what == "spec") {
+        const auto p = keys.parse(kv.key);
+        if (p.kind == Kind::RolloutSpec) {
             k.spec = decode_rollout_spec(kv.value);
             k.spec_rev = kv.mod_revision;
-        } else if (what == "state") {
+        } else if (p.kind == Kind::RolloutState) {
             k.state = decode_rollout_state(kv.value);
             k.state_rev = kv.mod_revision;
-        } else if (what == "command") {
+        } else if (p.kind == Kind::RolloutCommand) {
             k.command = decode_rollout_command(kv.value);
             k.command_rev = kv.mod_revision;
-        } else if (what.rfind("restarted/", 0) == 0) {
-            if (auto a = decode_restart_ack(kv.value)) k.acks[what.substr(10)] = *a;
+        } else if (p.kind == Kind::RestartAck) {
+            if (auto a = decode_restart_ack(kv.value)) k.acks[p.name] = *a;
         }
     }
     return {};
@@ -76,14 +77,12 @@ std::map<std::string, LiveNode> live_nodes(EtcdClient & etcd, const ClusterConfi
     std::map<std::string, LiveNode> out;
     std::vector<EtcdKv> kvs;
     int64_t rev = 0;
-    const std::string prefix = cells_prefix(cfg);
-    if (err = etcd.list(prefix, kvs, rev); !err.empty()) return out;
+    const ClusterKeys keys(cfg.prefix);
+    if (err = etcd.list(keys.cells(), kvs, rev); !err.empty()) return out;
     for (const auto & kv : kvs) {
-        const std::string rest = kv.key.substr(prefix.size());
-        const size_t at = rest.find("/nodes/");
-        if (at == std::string::npos) continue;
-        const std::string node = rest.substr(at + 7);
-        if (auto l = decode_load(node, kv.value)) out[node] = {rest.substr(0, at), l->version, l->draining};
+        const auto k = keys.parse(kv.key);
+        if (k.kind != ClusterKeys::Parsed::Kind::Node) continue;
+        if (auto l = decode_load(k.name, kv.value)) out[k.name] = {k.cell, l->version, l->draining};
     }
     return out;
 }

@@ -67,10 +67,13 @@ std::map<std::string, RestartAck> EtcdRestarter::acks() {
     std::map<std::string, RestartAck> out;
     std::vector<EtcdKv> kvs;
     int64_t rev = 0;
-    const std::string prefix = rollout_prefix(cfg_) + "restarted/";
-    if (!etcd_.list(prefix, kvs, rev).empty()) return out;
-    for (const auto & kv : kvs)
-        if (auto a = decode_restart_ack(kv.value)) out[kv.key.substr(prefix.size())] = *a;
+    const ClusterKeys keys(cfg_.prefix);
+    if (!etcd_.list(keys.rollout() + "restarted/", kvs, rev).empty()) return out;
+    for (const auto & kv : kvs) {
+        const auto k = keys.parse(kv.key);
+        if (k.kind != ClusterKeys::Parsed::Kind::RestartAck) continue;
+        if (auto a = decode_restart_ack(kv.value)) out[k.name] = *a;
+    }
     return out;
 }
 
