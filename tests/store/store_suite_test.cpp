@@ -1,6 +1,7 @@
 // One suite for every store: each test runs against SQLite and against PostgreSQL (a real server
 // from the Debian binaries, started once for the run by the same helper `armada cluster up` uses).
 #include "cluster/local_servers.h"
+#include "store/memory_store.h"
 #include "store/postgres_store.h"
 #include "store/sqlite_store.h"
 
@@ -54,6 +55,7 @@ struct Fixture {
 
     std::unique_ptr<Store> open(std::string & err) const {
         if (kind == "sqlite") return SqliteStore::open(dir, err);
+        if (kind == "memory") return std::make_unique<MemoryStore>();
         PostgresConfig c;
         c.urls = urls;
         c.read_connections = 2;
@@ -319,6 +321,7 @@ TEST_P(StoreSuite, ABrainWhoseSuccessorWroteIsRefusedWhateverItWrites) {
 }
 
 TEST_P(StoreSuite, BatchesQueuedTogetherShareOneCommit) {
+    if (GetParam() == "memory") GTEST_SKIP() << "the in-memory store commits each batch at once: nothing to group";
     {
         Batch b;
         b.sessions.push_back(session("g"));
@@ -386,6 +389,7 @@ TEST_P(StoreSuite, InAGroupCommitOnlyTheFencedBatchIsRefused) {
 // once the move is acknowledged, no write of the old owner is, and every acknowledged step is
 // there.
 TEST_P(StoreSuite, AMoveRacingTheOldOwnersWritesNeverForksTheLog) {
+    if (GetParam() == "memory") GTEST_SKIP() << "two clients of one database: the in-memory store has one client";
     Batch b;
     b.sessions.push_back(session("s1"));
     b.assign.push_back({"s1", "node-1", 1});
@@ -487,7 +491,7 @@ TEST_P(StoreSuite, EndedSessionsAreCountedByCellStateDeadlineAndMove) {
     EXPECT_EQ(one[0].state, "cancelled");
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreSuite, ::testing::Values("sqlite", "postgres"),
+INSTANTIATE_TEST_SUITE_P(Stores, StoreSuite, ::testing::Values("sqlite", "postgres", "memory"),
                          [](const auto & info) { return info.param; });
 
 // ---- SQLite only ----

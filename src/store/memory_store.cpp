@@ -1,0 +1,238 @@
+#include "store/memory_store.h"
+
+#include <algorithm>
+
+namespace armada::store {
+
+namespace {
+
+bool ended(const std::vector<std::string> & states, const std::string & s) {
+    return std::find(states.begin(), states.end(), s) != states.end();
+}
+
+}  // namespace
+
+void MemoryStore::set_down(bool down) {
+    std::lock_guard lk(mu_);
+    down_ = down;
+}
+
+bool MemoryStore::down() const {
+    std::lock_guard lk(mu_);
+    return down_;
+}
+
+MemoryStore::Counts MemoryStore::counts() const {
+    std::lock_guard lk(mu_);
+    return counts_;
+}
+
+void MemoryStore::commit(Batch batch, std::function<void(Status)> done) {
+    Status st;
+    {
+        std::lock_guard lk(mu_);
+        st = down_ ? Status::Error(kDown) : apply(batch);
+        ++counts_.commits;
+        if (!st.ok) ++counts_.refused;
+    }
+    if (done) done(st);
+}
+
+Status MemoryStore::apply(const Batch & b) {
+    // Every check first: a refused batch writes nothing.
+    if (b.leader.rev > 0) {
+        auto it = leaders_.find(b.leader.election);
+        if (it != leaders_.end() && it->second > b.leader.rev) return Status::Deposed(leader_fenced(b.leader));
+    }
+    for (const auto & f : b.fences) {
+        auto it = sessions_.find(f.session_id);
+        if (it == sessions_.end() || it->second.node != f.node || it->second.epoch != f.epoch)
+            return Status::Fenced("session " + f.session_id + " is no longer held by " + f.node + " at epoch " +
+                                  std::to_string(f.epoch));
+    }
+    for (const auto & a : b.assign) {
+        // A row the same batch creates is at epoch 0.
+        auto it = sessions_.find(a.session_id);
+        const bool created = std::any_of(b.sessions.begin(), b.sessions.end(),
+                                         [&](const SessionRecord & r) { return r.id == a.session_id; });
+        const int64_t have = it != sessions_.end() ? it->second.epoch : 0;
+        if ((it == sessions_.end() && !created) || have >= a.epoch)
+            return Status::Fenced("session " + a.session_id + " is missing or already at epoch " +
+                                  std::to_string(a.epoch));
+    }
+    // A step at an index already written: the same one again is harmless (a retried commit whose
+    // answer was lost); a different one would fork the transcript and is refused.
+    std::vector<const StepRecord *> fresh_steps;
+    for (const auto & s : b.steps) {
+        const StepRecord * have = nullptr;
+        if (auto it = steps_.find(s.session_id); it != steps_.end())
+            for (const auto & x : it->second)
+                if (x.seq == s.seq) have = &x;
+        if (!have) {
+            fresh_steps.push_back(&s);
+            continue;
+        }
+        if (have->kind != s.kind || have->payload != s.payload || have->idempotency != s.idempotency)
+            return Status::Error("step " + std::to_string(s.seq) + " of session " + s.session_id +
+                                 ": the log already holds a different entry there");
+    }
+    // Then the writes.
+    if (b.leader.rev > 0) leaders_[b.leader.election] = b.leader.rev;
+    if (b.forget_leaders) leaders_.clear();
+    for (const auto & r : b.sessions) {
+        auto [it, fresh] = sessions_.try_emplace(r.id, r);
+        if (fresh) continue;
+        SessionRecord & have = it->second;
+        have.state = r.state;
+        have.reason = r.reason;
+        have.data = r.data;
+        have.updated_ms = r.updated_ms;
+    }
+    for (const auto & a : b.assign) {
+        SessionRecord & r = sessions_[a.session_id];
+        r.node = a.node;
+        r.epoch = a.epoch;
+        if (!a.cell.empty()) r.cell = a.cell;
+    }
+    for (const StepRecord * s : fresh_steps) {
+        auto & log = steps_[s->session_id];
+        log.insert(std::upper_bound(log.begin(), log.end(), s->seq,
+                                    [](int64_t seq, const StepRecord & x) { return seq < x.seq; }),
+                   *s);
+    }
+    for (const auto & id : b.erase) {
+        sessions_.erase(id);
+        steps_.erase(id);
+    }
+    for (const auto & a : b.agents)
+        agents_[{a.tenant, a.id}] = a;
+    for (const auto & k : b.erase_agents)
+        agents_.erase(k);
+    for (const auto & r : b.responses)
+        responses_[r.id] = r;
+    for (const auto & id : b.erase_responses)
+        responses_.erase(id);
+    return Status::Ok();
+}
+
+std::optional<SessionRecord> MemoryStore::session(const std::string & id) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    if (down_) return std::nullopt;
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return std::nullopt;
+    ++counts_.rows_scanned;
+    return it->second;
+}
+
+std::optional<bool> MemoryStore::has_session(const std::string & id) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    if (down_) return std::nullopt;
+    return sessions_.count(id) > 0;
+}
+
+std::optional<ResponseRecord> MemoryStore::response(const std::string & id) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    auto it = responses_.find(id);
+    if (down_ || it == responses_.end()) return std::nullopt;
+    return it->second;
+}
+
+std::vector<StepRecord> MemoryStore::steps(const std::string & id) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    auto it = steps_.find(id);
+    if (down_ || it == steps_.end()) return {};
+    counts_.rows_scanned += int64_t(it->second.size());
+    return it->second;
+}
+
+std::vector<SessionRecord> MemoryStore::sessions_not_in(const std::vector<std::string> & ended_states) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    std::vector<SessionRecord> out;
+    if (down_) return out;
+    for (const auto & [id, r] : sessions_) {
+        ++counts_.rows_scanned;
+        if (!ended(ended_states, r.state)) out.push_back(r);
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const auto & a, const auto & b) { return a.created_ms < b.created_ms; });
+    return out;
+}
+
+std::optional<std::vector<SessionRecord>> MemoryStore::open_sessions(const std::string & cell, const std::string & node,
+                                                                     const std::vector<std::string> & ended_states) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    if (down_) return std::nullopt;
+    std::vector<SessionRecord> out;
+    for (const auto & [id, r] : sessions_) {
+        if (ended(ended_states, r.state) || r.cell != cell || (!node.empty() && r.node != node)) continue;
+        ++counts_.rows_scanned;  // as through the open-rows index: only the rows it returns
+        out.push_back(r);
+    }
+    return out;
+}
+
+std::optional<std::vector<AgentRecord>> MemoryStore::agents() {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    if (down_) return std::nullopt;
+    std::vector<AgentRecord> out;
+    for (const auto & [k, a] : agents_)
+        out.push_back(a);
+    return out;
+}
+
+std::vector<std::string> MemoryStore::expired(const std::vector<std::string> & states, int64_t before_ms,
+                                              size_t limit) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    std::vector<std::string> out;
+    for (const auto & [id, r] : sessions_)
+        if (out.size() < limit && ended(states, r.state) && r.updated_ms < before_ms) out.push_back(id);
+    return out;
+}
+
+std::vector<std::string> MemoryStore::expired_responses(int64_t before_ms, size_t limit) {
+    std::lock_guard lk(mu_);
+    std::vector<std::string> out;
+    for (const auto & [id, r] : responses_)
+        if (out.size() < limit && r.created_ms < before_ms) out.push_back(id);
+    return out;
+}
+
+std::vector<Store::MinuteCount> MemoryStore::count_since(const std::vector<std::string> & states, int64_t since_ms) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    std::map<std::pair<std::string, int64_t>, int64_t> n;
+    for (const auto & [id, r] : sessions_)
+        if (ended(states, r.state) && r.updated_ms >= since_ms && r.agent_id.rfind('@', 0) != 0)
+            ++n[{r.state, r.updated_ms / 60000}];
+    std::vector<MinuteCount> out;
+    for (const auto & [k, c] : n)
+        out.push_back({k.first, k.second, c});
+    return out;
+}
+
+std::optional<std::vector<Store::EndedCount>> MemoryStore::ended_since(const std::string & cell, int64_t since_ms) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    if (down_) return std::nullopt;
+    std::map<std::tuple<std::string, std::string, bool, bool>, int64_t> n;
+    for (const auto & [id, r] : sessions_) {
+        if (!(r.state == "completed" || r.state == "failed" || r.state == "cancelled")) continue;
+        if (r.updated_ms < since_ms || r.agent_id.rfind('@', 0) == 0 || (!cell.empty() && r.cell != cell)) continue;
+        ++counts_.rows_scanned;
+        ++n[{r.cell, r.state, r.reason.rfind("deadline", 0) == 0, r.epoch > 1}];
+    }
+    std::vector<EndedCount> out;
+    for (const auto & [k, c] : n)
+        out.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), c});
+    return out;
+}
+
+}  // namespace armada::store
