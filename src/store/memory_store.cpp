@@ -17,6 +17,13 @@ void MemoryStore::set_down(bool down) {
     down_ = down;
 }
 
+std::optional<SessionRecord> MemoryStore::peek(const std::string & id) const {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return std::nullopt;
+    return it->second;
+}
+
 bool MemoryStore::down() const {
     std::lock_guard lk(mu_);
     return down_;

@@ -32,6 +32,8 @@ class MemoryStore final : public Store {
     Status recover() override { return down() ? Status::Error(kDown) : Status::Ok(); }
     Status writable() override { return recover(); }
 
+    //! A session's row, not counted as a read and whether or not the store is down (checks).
+    std::optional<SessionRecord> peek(const std::string & id) const;
     void set_down(bool down);
     bool down() const;
     struct Counts {

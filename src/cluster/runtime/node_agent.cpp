@@ -117,9 +117,10 @@ bool NodeAgent::event_turn(int wait_ms, bool last_try) {
     const std::string subject = event_subject(cfg_.cell);
     std::string e;
     Backoff pause(300, 1200);  // nodes that lost the bus together do not retry in step
-    for (int attempt = 0; attempt < (last_try ? 1 : 3); ++attempt) {
+    const int attempts = last_try ? 1 : 3;
+    for (int attempt = 0; attempt < attempts; ++attempt) {
         e = bus_.publish(subject, ev.first, ev.second, 5000);
-        if (e.empty()) break;
+        if (e.empty() || attempt + 1 == attempts) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(pause.next_ms()));
     }
     if (!e.empty()) spdlog::warn("cluster: event {} not sent: {}", ev.first.substr(0, 200), e);
@@ -153,10 +154,11 @@ std::set<std::string> NodeAgent::offered() const {
     return offered_;
 }
 
-bool NodeAgent::arrival_turn() {
+bool NodeAgent::arrival_turn(bool wait) {
     Arrival a;
     {
         std::unique_lock lk(arrivals_mu_);
+        if (!wait && arrivals_.empty()) return false;
         arrivals_cv_.wait(lk, [&] { return stop_.load() || !arrivals_.empty(); });
         if (stop_.load()) return false;  // what is left is adopted from the store at the next start
         a = std::move(arrivals_.front());

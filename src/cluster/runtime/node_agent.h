@@ -127,8 +127,9 @@ class NodeAgent {
     void command_turn(int wait_ms);
     //! Sends the next queued event (waiting up to `wait_ms`); false when none was queued.
     bool event_turn(int wait_ms, bool last_try = false);
-    //! Adopts the next session that arrived with a move (its KV fetched first); false when none.
-    bool arrival_turn();
+    //! Adopts the next session that arrived with a move (its KV fetched first), waiting for one
+    //! when `wait`; false when none came (or on a stop).
+    bool arrival_turn(bool wait = true);
 
     uint64_t commands() const { return commands_.load(); }
     void set_draining() { draining_ = true; }
