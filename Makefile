@@ -67,13 +67,15 @@ fuzz: setup models
 	@bash scripts/fuzz.sh build-fuzz $(LLAMA_DIR) $(MODEL_DIR) $(FUZZ_SECONDS) $(JOBS)
 
 # The simulator's longer sweep: 2,000 seeds of the small scenario and 20 of the 4,096-node one
-# (each failing seed prints the command that replays it); docs/SCALE.md.
+# (each failing seed prints the command that replays it), and 2,000 of the runner world (the
+# cluster's own runners under a nemesis); docs/SCALE.md.
 SIM_SEEDS ?= 2000
 sim-sweep: build
 	$(BUILD)/armada sim sim/small.yaml --seed 1000 --seeds $(SIM_SEEDS)
 	$(BUILD)/armada sim sim/deps.yaml --seed 1000 --seeds $(SIM_SEEDS)
 	$(BUILD)/armada sim sim/overlap.yaml --seed 1000 --seeds $(SIM_SEEDS)
 	$(BUILD)/armada sim sim/reduced.yaml --seed 1000 --seeds 20
+	ARMADA_SIM_SEEDS=$(SIM_SEEDS) $(BUILD)/tests/armada_unit --gtest_filter='SimRunners.*'
 
 lint: build
 	@bash scripts/lint.sh $(BUILD)

@@ -643,6 +643,9 @@ int main(int argc, char ** argv) {
         ->capture_default_str();
     sm->add_option("--out", simo.out, "directory for result.json, result.md and plot.svg");
     sm->add_option("--trace", simo.trace, "file for the event trace");
+    sm->add_flag("--goals", simo.goals,
+                 "check docs/SCALE.md's goals (placement p99, load balance, failover and re-home times, wall "
+                 "time), not only the invariants");
 
     std::vector<std::string> args = normalise_args(argc, argv);
     std::vector<std::string> rev(args.rbegin(), args.rend() - 1);

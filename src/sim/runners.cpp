@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -41,7 +42,8 @@ struct Lease {
 
 class Brain final : public Leadership {
   public:
-    Brain(World & w, std::string name, std::string election) : w_(w), name_(std::move(name)), election_(std::move(election)) {}
+    Brain(World & w, std::string name, std::string election)
+        : w_(w), name_(std::move(name)), election_(std::move(election)) {}
     virtual ~Brain() = default;
 
     const EtcdLeader & me() const override { return me_; }
@@ -147,7 +149,7 @@ class World {
     std::mt19937_64 rng;
     ClusterKeys keys;
     ManualClock clock{1'000'000};
-    MemoryKv kv;
+    MemoryKv kv{&clock};
     MemoryBus bus;
     store::MemoryStore mem;
     WatchedStore store;
@@ -160,19 +162,16 @@ class World {
     void violation(const std::string & what) {
         if (r.violations.size() < 50) r.violations.push_back("t=" + std::to_string(at_s()) + "s " + what);
     }
-    //! Grants or renews `l` for a process that runs now (false: etcd cannot be reached).
+    //! Grants or renews `l` for a process that runs now: a lease found gone is taken anew (false:
+    //! etcd cannot be reached). A process that does not run renews nothing, and etcd ends its
+    //! lease a TTL after the last renewal.
     bool renew(Lease & l) {
         if (kv_down) return false;
-        if (l.id == 0) l.id = kv.grant();
+        const int k = l.id == 0 ? 0 : kv.keepalive(l.id);
+        if (k < 0) return false;
+        if (k == 0) l.id = kv.grant(s.lease_ttl_ms);
         l.renewed = now();
         return true;
-    }
-    //! Leases a TTL past their last renewal go, with their keys (etcd is up to say so).
-    void expire(Lease & l) {
-        if (l.id != 0 && !kv_down && now() - l.renewed >= s.lease_ttl_ms) {
-            kv.revoke(l.id);
-            l.id = 0;
-        }
     }
 
     // The run log: which nodes started a session at which epoch, and when a node died.
@@ -181,8 +180,6 @@ class World {
     std::map<std::string, std::string> last_node;
     std::set<std::string> completed;
     bool kv_down = false;
-    //! Leases of processes that died: they go a TTL after their last renewal.
-    std::vector<Lease> orphans;
     std::vector<std::unique_ptr<Node>> nodes;
     std::vector<std::unique_ptr<Brain>> brains;
 
@@ -198,6 +195,14 @@ class World {
     };
     std::vector<Undo> undo_;
     std::optional<MemoryKv::Snapshot> snapshot_;
+    int64_t snapshot_at_ = 0;
+    //! The operator's forget-leaders, again until the store takes it.
+    void forget_again() {
+        store::Batch forget;
+        forget.probe = true;
+        forget.forget_leaders = true;
+        if (!store.commit_sync(std::move(forget)).ok) undo_.push_back({now() + 1000, [this] { forget_again(); }});
+    }
     int64_t next_fault_ = 0;
     int created_ = 0;
 };
@@ -209,7 +214,7 @@ void Brain::beat() {
 }
 
 bool Brain::still_leader() {
-    if (!leading || lease_.id == 0) return false;
+    if (!leading || lease_.id == 0 || lease_.id != me_.lease) return false;
     std::vector<EtcdKv> kvs;
     int64_t rev = 0;
     if (!w_.kv.list(election_ + "/", kvs, rev).empty()) return false;  // etcd cannot say: not leading
@@ -231,7 +236,10 @@ void Brain::keepalive() {
         }
         return;
     }
-    if (w_.now() - lease_.renewed >= every) w_.renew(lease_);
+    if (w_.now() - lease_.renewed >= every) {
+        const int64_t had = lease_.id;
+        if (w_.renew(lease_) && lease_.id != had) me_ = {};  // its lease went: stand again
+    }
 }
 
 void Brain::kill() {
@@ -240,7 +248,6 @@ void Brain::kill() {
     leading = false;
     // The process is gone; its lease (and candidacy) goes a TTL later. Started again, it is a new
     // process with a lease of its own.
-    w_.orphans.push_back(lease_);
     lease_ = {};
     me_ = {};
 }
@@ -256,8 +263,8 @@ void Brain::tick() {
         return;
     }
     // A standby: a lease and a candidacy, then it leads once its key is the oldest.
-    if (lease_.id == 0) {
-        if (!w_.renew(lease_)) return;
+    if (lease_.id == 0 || lease_.id != me_.lease) {
+        if (lease_.id == 0 && !w_.renew(lease_)) return;
         me_ = {};
     }
     if (me_.key.empty()) {
@@ -396,8 +403,7 @@ void Node::kill() {
     alive = false;
     agent.reset();
     sessions.reset();
-    w.orphans.push_back(lease);
-    lease = {};
+    lease = {};  // etcd ends it a TTL after its last renewal
     if (w.died_at[name] == 0) w.died_at[name] = w.now();
 }
 
@@ -416,8 +422,8 @@ void Node::tick() {
     if (!alive || stopped) return;
     // NodeMembership: a lease, renewed every TTL/3; a lease found gone is taken again.
     if (lease.id == 0 || w.now() - lease.renewed >= w.s.lease_ttl_ms / 3) {
-        if (lease.id == 0 && !w.kv_down) last_report = 0;
-        w.renew(lease);
+        const int64_t had = lease.id;
+        if (w.renew(lease) && lease.id != had) last_report = 0;  // joined again: its key at once
     }
     if (lease.id != 0 && w.now() - last_report >= 1000) report();
     agent->command_turn(0);
@@ -472,13 +478,21 @@ void World::gateway(int i) {
 
 void World::nemesis() {
     // Undo what is due, then perhaps a new fault.
+    std::vector<Undo> due;
     for (auto it = undo_.begin(); it != undo_.end();) {
         if (it->at <= now()) {
-            it->fn();
+            due.push_back(std::move(*it));
             it = undo_.erase(it);
         } else {
             ++it;
         }
+    }
+    for (auto & u : due)
+        u.fn();  // (it may schedule more)
+    // A snapshot of etcd every 20 s, for a restore to go back to.
+    if (now() - snapshot_at_ >= 20000) {
+        snapshot_at_ = now();
+        if (!kv_down) snapshot_ = kv.snapshot();
     }
     if (!s.faults || at_s() >= s.fault_s || now() < next_fault_) return;
     next_fault_ = now() + int64_t(std::exponential_distribution<double>(s.faults_per_s)(rng) * 1000.0);
@@ -489,7 +503,7 @@ void World::nemesis() {
         std::snprintf(b, sizeof b, "t=%.1fs ", at_s());
         r.faults.push_back(b + what);
     };
-    switch (pick(8)) {
+    switch (pick(10)) {
         case 0: {  // kill -9 a node; it is started again after 5-10 s
             Node & n = *nodes[pick(nodes.size())];
             if (!n.alive) return;
@@ -531,11 +545,8 @@ void World::nemesis() {
             kv_down = true;
             kv.set_down(true);
             undo_.push_back({now() + ms(1000, 5000), [this] {
-                                 kv.set_down(false);
+                                 kv.set_down(false);  // every lease gets a fresh TTL
                                  kv_down = false;
-                                 // Restarted, etcd gives every lease a fresh TTL.
-                                 for (auto & n : nodes)
-                                     if (n->lease.id) n->lease.renewed = now();
                              }});
             return;
         }
@@ -551,6 +562,34 @@ void World::nemesis() {
             undo_.push_back({now() + ms(1000, 5000), [this] { mem.set_down(false); }});
             return;
         }
+        case 8: {  // every brain of one cell hangs (its PostgreSQL hangs for them) for 16-25 s
+            const std::string cell = std::to_string(pick(size_t(s.cells)));
+            note("every brain of cell " + cell + " hangs");
+            const int64_t until = now() + ms(16000, 25000);
+            for (auto & b : brains)
+                if (b->name().rfind("cell" + cell + "-", 0) == 0) b->stalled_until = until;
+            return;
+        }
+        case 9: {  // etcd restored from a snapshot taken 10-30 s ago: its revision goes back
+            if (!snapshot_ || kv_down) return;
+            note("etcd restored to revision " + std::to_string(snapshot_->revision) + " (from " +
+                 std::to_string(kv.revision()) + ")");
+            kv.restore(*snapshot_);
+            snapshot_.reset();
+            // The documented recovery: stop every brain that led before, forget the leader marks
+            // (`armada cluster forget-leaders`), start the brains again.
+            for (auto & b : brains)
+                if (b->alive) b->kill();
+            store::Batch forget;
+            forget.probe = true;
+            forget.forget_leaders = true;
+            if (!store.commit_sync(std::move(forget)).ok) undo_.push_back({now() + 1000, [this] { forget_again(); }});
+            undo_.push_back({now() + ms(2000, 4000), [this] {
+                                 for (auto & b : brains)
+                                     b->alive = true;
+                             }});
+            return;
+        }
         case 7: {  // a run command reaches a node that does not hold the session
             std::vector<std::string> open;
             for (int i = 0; i < created_; ++i)
@@ -563,9 +602,9 @@ void World::nemesis() {
             if (n.name == row->node) return;
             note("run command for " + id + " (held by " + (row->node.empty() ? "none" : row->node) + ") sent to " +
                  n.name);
-            bus.publish_async(command_subject(n.name),
-                              "{\"op\":\"run\",\"session\":\"" + id + "\",\"epoch\":" + std::to_string(row->epoch) + "}",
-                              "");
+            bus.publish_async(
+                command_subject(n.name),
+                "{\"op\":\"run\",\"session\":\"" + id + "\",\"epoch\":" + std::to_string(row->epoch) + "}", "");
             return;
         }
     }
@@ -590,7 +629,8 @@ RunnerResult World::run() {
             rc.fetch_wait_ms = 0;
             cell_runners_.push_back(std::make_unique<CellRunner>(rc, kv, bus, places, events, store, clock, metrics));
             CellRunner & runner = *cell_runners_.back();
-            brains.push_back(std::make_unique<Brain>(*this, "cell" + cell + "-b" + std::to_string(b), keys.cell_election(cell)));
+            brains.push_back(
+                std::make_unique<Brain>(*this, "cell" + cell + "-b" + std::to_string(b), keys.cell_election(cell)));
             Brain & brain = *brains.back();
             brain.begin_fn = [&runner, &brain] { return runner.begin(brain); };
             brain.turn_fn = [&runner, &brain] { return runner.turn(brain); };
@@ -625,14 +665,7 @@ RunnerResult World::run() {
             gateway(created_++);
             if (created_ == before) break;  // refused: the client tries again next tick
         }
-        // Leases: renewed by the live, gone a TTL after the last renewal for the rest.
-        for (auto & n : nodes) {
-            if (n->alive && !n->stopped) continue;
-            expire(n->lease);
-        }
-        for (auto & l : orphans)
-            expire(l);
-        std::erase_if(orphans, [](const Lease & l) { return l.id == 0; });
+        kv.expire_leases();
         for (auto & b : brains)
             b->keepalive();
         for (auto & n : nodes)
@@ -655,8 +688,8 @@ RunnerResult World::run() {
         if (!completed.count("s" + std::to_string(i))) {
             const auto row = mem.peek("s" + std::to_string(i));
             violation("session s" + std::to_string(i) + " did not complete (" +
-                      (row ? row->state + " on " + (row->node.empty() ? "no node" : row->node) + " in cell " + row->cell +
-                                 " at epoch " + std::to_string(row->epoch)
+                      (row ? row->state + " on " + (row->node.empty() ? "no node" : row->node) + " in cell " +
+                                 row->cell + " at epoch " + std::to_string(row->epoch)
                            : "no row") +
                       ")");
         }

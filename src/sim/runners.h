@@ -19,14 +19,14 @@ struct RunnerScenario {
     int nodes_per_cell = 3;
     int brains_per_cell = 2;
     int globals = 2;
-    int sessions = 40;     // created over the first half of the fault window
-    int steps = 3;         // steps (tool calls) per session
-    int step_ms = 700;     // one step's time on a node
-    int capacity = 16;     // sessions a node runs at once
+    int sessions = 40;  // created over the first half of the fault window
+    int steps = 3;      // steps (tool calls) per session
+    int step_ms = 700;  // one step's time on a node
+    int capacity = 16;  // sessions a node runs at once
     int lease_ttl_ms = 3000;
-    int tick_ms = 100;         // the world's step: every process takes a turn
-    double fault_s = 60;       // faults are injected during this window
-    double duration_s = 150;   // then everything must complete by this time
+    int tick_ms = 100;          // the world's step: every process takes a turn
+    double fault_s = 60;        // faults are injected during this window
+    double duration_s = 150;    // then everything must complete by this time
     double faults_per_s = 0.2;  // the nemesis's rate
     bool faults = true;
 };
@@ -36,10 +36,10 @@ struct RunnerResult {
     std::vector<std::string> faults;  // "t=12.3s kill -9 cell0-n1", in order
     int sessions = 0, completed = 0;
     int64_t steps_acked = 0;
-    int64_t runs = 0;             // runs the node agents started
-    int64_t fenced = 0;           // writes the store refused to a node that no longer held a session
-    int64_t rehomes = 0;          // sessions moved to another cell
-    int64_t leader_changes = 0;   // terms begun, over every election
+    int64_t runs = 0;            // runs the node agents started
+    int64_t fenced = 0;          // writes the store refused to a node that no longer held a session
+    int64_t rehomes = 0;         // sessions moved to another cell
+    int64_t leader_changes = 0;  // terms begun, over every election
     int64_t store_reads = 0, store_rows = 0, kv_calls = 0, kv_db_bytes = 0;
     //! From a node's death (kill -9, or the lease of a stopped one going) to the first of its
     //! sessions running elsewhere, for each such failover.

@@ -1160,6 +1160,7 @@ class World {
             s.row_node = kNone;
             count(r_.moves, now_);
             ++r_.rehomes;
+            if (!cells_[size_t(from)].lost) ++r_.rehomes_from_live;
             send(commit_delay() + s_.nats_ms, kPlaceMsg, id, uint32_t(to), rh.epoch);
         }
         rollout_turn();

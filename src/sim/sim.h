@@ -72,6 +72,7 @@ struct SimResult {
     int64_t fenced_writes = 0;            // writes of a woken node refused by the epoch
     int64_t store_refused = 0;            // placements and re-homes not written: PostgreSQL was out
     int64_t rehomes = 0;                  // sessions the global brain moved to another cell
+    int64_t rehomes_from_live = 0;        // of those, from a cell whose processes were not down
     double kv_peak_ratio = 0;             // the most KV a node held, over its budget (0: KV not modelled)
     int64_t watch_late = 0;               // etcd watch events buggify delivered late (or behind a late one)
     std::vector<int64_t> leases;          // leases granted, per simulated second

@@ -254,11 +254,34 @@ std::string MemoryKv::status(EtcdStatus & out, bool & alarms_known) {
     return {};
 }
 
-int64_t MemoryKv::grant() {
+int64_t MemoryKv::grant(int64_t ttl_ms) {
     std::lock_guard lk(mu_);
     const int64_t id = ++next_lease_;
-    leases_[id] = true;
+    leases_[id] = {ttl_ms, ttl_ms > 0 && clock_ ? clock_->now_ms() + ttl_ms : 0};
     return id;
+}
+
+int MemoryKv::keepalive(int64_t lease) {
+    std::lock_guard lk(mu_);
+    if (down_) return -1;
+    ++calls_;
+    auto it = leases_.find(lease);
+    if (it == leases_.end()) return 0;
+    if (it->second.deadline > 0) it->second.deadline = clock_->now_ms() + it->second.ttl_ms;
+    return 1;
+}
+
+void MemoryKv::expire_leases() {
+    std::vector<int64_t> gone;
+    {
+        std::lock_guard lk(mu_);
+        if (down_ || !clock_) return;
+        const int64_t now = clock_->now_ms();
+        for (const auto & [id, l] : leases_)
+            if (l.deadline > 0 && l.deadline <= now) gone.push_back(id);
+    }
+    for (int64_t id : gone)
+        revoke(id);
 }
 
 void MemoryKv::revoke(int64_t lease) {
@@ -284,7 +307,12 @@ void MemoryKv::set_down(bool down) {
     {
         std::lock_guard lk(mu_);
         down_ = down;
-        if (!down) return;
+        if (!down) {
+            // Back, etcd gives every lease a fresh TTL: nobody could renew while it was away.
+            for (auto & [id, l] : leases_)
+                if (l.deadline > 0) l.deadline = clock_->now_ms() + l.ttl_ms;
+            return;
+        }
         for (const auto & weak : watchers_)
             if (auto w = weak.lock()) ending.push_back(std::move(w));
         watchers_.clear();
@@ -301,7 +329,7 @@ void MemoryKv::compact() {
 
 MemoryKv::Snapshot MemoryKv::snapshot() const {
     std::lock_guard lk(mu_);
-    return {keys_, revision_};
+    return {keys_, leases_, revision_};
 }
 
 void MemoryKv::restore(const Snapshot & s) {
@@ -310,6 +338,11 @@ void MemoryKv::restore(const Snapshot & s) {
         std::lock_guard lk(mu_);
         keys_ = s.keys;
         revision_ = s.revision;
+        // The snapshot's leases come back with a fresh TTL, as a restored etcd's do; a holder
+        // that renews them keeps them, the rest expire.
+        leases_ = s.leases;
+        for (auto & [id, l] : leases_)
+            if (l.deadline > 0) l.deadline = clock_->now_ms() + l.ttl_ms;
         history_.clear();
         compacted_ = 0;
         // Leases live on as they were (a restore keeps the lease table it was taken with; the

@@ -4,6 +4,7 @@
 // with etcd's revisions, leases and watches in unit tests and the simulator.
 
 #include "cluster/etcd.h"
+#include "cluster/runtime/clock.h"
 
 #include <condition_variable>
 #include <cstdint>
@@ -77,6 +78,8 @@ class EtcdKvStore final : public KvStore {
 //! back to a copy taken earlier, revision included (a restore from a snapshot).
 class MemoryKv final : public KvStore {
   public:
+    //! With a clock, leases granted with a TTL expire by it (`expire_leases`).
+    explicit MemoryKv(Clock * clock = nullptr) : clock_(clock) {}
     std::string get(const std::string & key, std::optional<EtcdKv> & out) override;
     std::string list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision) override;
     std::string put(const std::string & key, const std::string & value, int64_t lease) override;
@@ -89,13 +92,22 @@ class MemoryKv final : public KvStore {
     //! for watches since the last compaction (history is what compaction frees).
     std::string status(EtcdStatus & out, bool & alarms_known) override;
 
-    //! A lease (its id); `revoke` deletes its keys at once.
-    int64_t grant();
+    //! A lease (its id) that ends `ttl_ms` after its last keep-alive (0: only when revoked);
+    //! `revoke` deletes its keys at once.
+    int64_t grant(int64_t ttl_ms = 0);
+    //! 1: renewed; 0: the lease is gone (take a new one); -1: etcd cannot be reached.
+    int keepalive(int64_t lease);
     void revoke(int64_t lease);
+    //! Revokes the leases whose TTL ran out (etcd does this by itself; the clock's owner calls it).
+    void expire_leases();
     void set_down(bool down);
     void compact();
+    struct LeaseState {
+        int64_t ttl_ms = 0, deadline = 0;  // deadline 0: none
+    };
     struct Snapshot {
         std::map<std::string, EtcdKv> keys;
+        std::map<int64_t, LeaseState> leases;
         int64_t revision = 0;
     };
     Snapshot snapshot() const;
@@ -114,7 +126,8 @@ class MemoryKv final : public KvStore {
     mutable std::mutex mu_;
     std::map<std::string, EtcdKv> keys_;
     int64_t revision_ = 1, next_lease_ = 1000, compacted_ = 0;
-    std::map<int64_t, bool> leases_;  // live leases
+    Clock * clock_ = nullptr;
+    std::map<int64_t, LeaseState> leases_;  // live leases
     bool down_ = false;
     mutable int64_t calls_ = 0, keys_listed_ = 0;
     int64_t db_high_ = 0;

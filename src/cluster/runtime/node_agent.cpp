@@ -52,7 +52,8 @@ void NodeEvents::push(std::string data, std::string msg_id) {
 
 bool NodeEvents::pop(std::pair<std::string, std::string> & out, int wait_ms) {
     std::unique_lock lk(mu_);
-    if (!cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [&] { return !q_.empty(); })) return false;
+    if (wait_ms <= 0 ? q_.empty() : !cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [&] { return !q_.empty(); }))
+        return false;
     out = std::move(q_.front());
     q_.pop_front();
     return true;
