@@ -4,6 +4,7 @@
 
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
+#include "cluster/hang_proxy.h"
 #include "cluster/local_servers.h"
 #include "cluster/restarter.h"
 #include "cluster/runtime/clock.h"
@@ -169,11 +170,34 @@ int cluster_up(const ClusterUpOptions & o) {
         !up("etcd authentication", etcd.enable_auth(secrets, "armada", cluster::ClusterConfig{}.prefix)) ||
         !up("nats", nats.start(dir + "/nats", 0, secrets)) || !up("redis", redis.start(dir + "/redis", 0, secrets)))
         return 1;
+    // --fault-proxies: each server behind a proxy of this process, hung while its file exists.
+    std::map<std::string, std::unique_ptr<cluster::HangProxy>> proxies;
+    const std::string proxy_dir = dir + "/proxies/";
+    if (o.fault_proxies) {
+        fs::create_directories(proxy_dir, ec);
+        for (const auto & [name, port] : {std::pair<std::string, int>{"postgres", pg.port()},
+                                          {"etcd", etcd.port()},
+                                          {"nats", nats.port()},
+                                          {"redis", redis.port()}}) {
+            fs::remove(proxy_dir + name + ".hang", ec);
+            auto p = std::make_unique<cluster::HangProxy>(port);
+            if (p->port() == 0) {
+                fprintf(stderr, "error: --fault-proxies: cannot listen for %s's proxy\n", name.c_str());
+                return 1;
+            }
+            proxies[name] = std::move(p);
+        }
+    }
+    const auto via = [&](const std::string & name) { return proxies.count(name) ? proxies[name]->port() : 0; };
+    const std::string etcd_endpoint = via("etcd") ? "127.0.0.1:" + std::to_string(via("etcd")) : etcd.endpoint();
+    const std::string nats_url = via("nats") ? "nats://127.0.0.1:" + std::to_string(via("nats")) : nats.url();
+    const std::string redis_url = via("redis") ? "127.0.0.1:" + std::to_string(via("redis")) : redis.url();
     std::string pg_urls;
     json pg_url_list = json::array();
     for (const auto & db : databases) {
-        pg_urls += (pg_urls.empty() ? "" : ", ") + json(pg.url(db)).dump();
-        pg_url_list.push_back(pg.url(db));
+        const std::string u = via("postgres") ? pg.url_via(via("postgres"), db) : pg.url(db);
+        pg_urls += (pg_urls.empty() ? "" : ", ") + json(u).dump();
+        pg_url_list.push_back(u);
     }
     const std::string cfg_path = dir + "/cluster.yaml";
     {
@@ -182,9 +206,9 @@ int cluster_up(const ClusterUpOptions & o) {
         const std::string ca = o.tls ? ", ca_file: " + json(server_tls.ca_file).dump() : std::string();
         std::ostringstream f;
         f << "# written by armada cluster up\n"
-          << "etcd: [" << etcd.endpoint() << "]\n"
-          << "nats: " << nats.url() << "\n"
-          << "redis: " << redis.url() << "\n"
+          << "etcd: [" << etcd_endpoint << "]\n"
+          << "nats: " << nats_url << "\n"
+          << "redis: " << redis_url << "\n"
           << "postgres: [" << pg_urls << "]\n"
           << "credentials:\n"
           << "  etcd: {user: " << json(etcd.user()).dump() << ", password_file: " << json(etcd.password_file()).dump()
@@ -354,13 +378,18 @@ int cluster_up(const ClusterUpOptions & o) {
                           {"url", redis.url()},
                           {"user", redis.user()},
                           {"password_file", redis.password_file()}}}};
+        json proxy_list = json::object();
+        for (const auto & [name, p] : proxies)
+            proxy_list[name] = {{"port", p->port()}, {"hang_file", proxy_dir + name + ".hang"}};
         const std::string tmp = dir + "/cluster.json.tmp";
         std::ofstream(tmp) << json{
             {"gateway", all[first_gateway].proc.url},
             {"gateways", gateways},
             {"config", cfg_path},
             {"processes", ps},
-            {"servers", servers}}.dump(2);
+            {"servers", servers},
+            {"proxies",
+             proxy_list}}.dump(2);
         fs::rename(tmp, dir + "/cluster.json", ec);
     };
     bool ok = sup.start_all();
@@ -414,6 +443,12 @@ int cluster_up(const ClusterUpOptions & o) {
             timespec t{0, 200 * 1000 * 1000};
             if ((sig = sigtimedwait(&stop_set, nullptr, &t)) > 0) break;
             if (sup.turn()) write_status();
+            for (const auto & [name, p] : proxies) {
+                const bool hang = fs::exists(proxy_dir + name + ".hang", ec);
+                if (hang == p->hung()) continue;
+                spdlog::warn("cluster up: {}'s proxy {}", name, hang ? "hangs (every byte held)" : "forwards again");
+                hang ? p->hang() : p->resume();
+            }
         }
         sup.follow_restarts(nullptr);
     }

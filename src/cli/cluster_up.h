@@ -26,6 +26,10 @@ struct ClusterUpOptions {
     //! The gateways serve HTTPS with a certificate for localhost and 127.0.0.1 from a CA made in
     //! DATA/tls (ca.crt is what clients trust).
     bool tls = false;
+    //! Every process reaches each server through a proxy of this `cluster up`, which hangs it
+    //! (accepts, moves no byte) while the file <data-dir>/proxies/<server>.hang exists: a nemesis
+    //! makes a dependency hang without stopping it (cluster.json lists them).
+    bool fault_proxies = false;
     //! The version every node starts on (`serve --version-label`); empty: Armada's own.
     std::string version_label;
     //! "V=ARG": an argument for every node while it runs version V (repeatable). Rollouts

@@ -479,6 +479,9 @@ int main(int argc, char ** argv) {
         ->allow_extra_args(false);
     cup->add_option("--gateway-arg", cuo.gateway_args, "an argument for every `armada gateway` (repeat it)")
         ->allow_extra_args(false);
+    cup->add_flag("--fault-proxies", cuo.fault_proxies,
+                  "reach every server through a proxy that hangs while <data-dir>/proxies/<server>.hang exists "
+                  "(fault injection)");
     cup->add_flag("--tls", cuo.tls,
                   "gateways serve HTTPS with a certificate from a CA made in DATA_DIR/tls (clients trust its ca.crt)");
     cup->add_option("--version-label", cuo.version_label,

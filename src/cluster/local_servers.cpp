@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
@@ -517,6 +518,21 @@ std::string LocalPostgres::create_database(const std::string & name) {
     }
     PQfinish(c);
     return err;
+}
+
+std::string LocalPostgres::url_via(int port, const std::string & db) const {
+    // The password file says which host and port its password is for: the proxy's too.
+    const std::string line = "127.0.0.1:" + std::to_string(port) + ":*:" + kPgRole + ":" + app_password_ + "\n";
+    std::string have;
+    {
+        std::ifstream in(secrets_ + "/pgpass");
+        std::stringstream ss;
+        ss << in.rdbuf();
+        have = ss.str();
+    }
+    if (have.find(line) == std::string::npos) write_private(secrets_ + "/pgpass", have + line);
+    return std::string("postgres://") + kPgRole + "@127.0.0.1:" + std::to_string(port) + "/" + db +
+           "?passfile=" + fs::absolute(secrets_ + "/pgpass").string() + client_tls_params("&");
 }
 
 std::string LocalPostgres::url(const std::string & db) const {

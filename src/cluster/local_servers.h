@@ -101,6 +101,8 @@ class LocalPostgres {
     std::string create_database(const std::string & name);
     //! postgres://armada@127.0.0.1:PORT/DB?passfile=SECRETS/pgpass: the application role's URL.
     std::string url(const std::string & db = "postgres") const;
+    //! The same, reached at `port` (a proxy in front of the server); its password file lists it.
+    std::string url_via(int port, const std::string & db) const;
     //! The superuser's libpq connection string (with its password): for tests and set-up only.
     std::string superuser_conninfo(const std::string & db = "postgres") const;
     const std::string & secrets_dir() const { return secrets_; }
