@@ -10,7 +10,7 @@ PORT       ?= 8080
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
-.PHONY: setup build run cluster test test-asan test-tsan test-arm fuzz lint bench models clean sim-sweep
+.PHONY: setup build run cluster test test-asan test-tsan test-arm fuzz lint bench models clean sim-sweep chaos
 
 setup:
 	@bash scripts/setup.sh
@@ -76,6 +76,15 @@ sim-sweep: build
 	$(BUILD)/armada sim sim/overlap.yaml --seed 1000 --seeds $(SIM_SEEDS)
 	$(BUILD)/armada sim sim/reduced.yaml --seed 1000 --seeds 20
 	ARMADA_SIM_SEEDS=$(SIM_SEEDS) $(BUILD)/tests/armada_unit --gtest_filter='SimRunners.*'
+
+# The nemesis on the real cluster for 10 minutes, 300 sessions of 3 tool steps (the short one is in
+# `make test`); CHAOS_SEED replays a run's faults. The report: CHAOS_REPORT.
+CHAOS_S ?= 600
+CHAOS_REPORT ?= $(CURDIR)/chaos-report.json
+chaos: build models
+	cd $(BUILD) && ARMADA_BIN=$(CURDIR)/$(BUILD)/armada ARMADA_MODEL_DIR=$(MODEL_DIR) ARMADA_CHAOS_S=$(CHAOS_S) \
+	  ARMADA_CHAOS_SESSIONS=300 ARMADA_CHAOS_REPORT=$(CHAOS_REPORT) $(if $(CHAOS_SEED),ARMADA_CHAOS_SEED=$(CHAOS_SEED)) \
+	  node --test --test-concurrency=1 $(CURDIR)/tests/node/chaos.test.mjs
 
 lint: build
 	@bash scripts/lint.sh $(BUILD)

@@ -322,7 +322,10 @@ int cluster_up(const ClusterUpOptions & o) {
                 }
             }
             auto c = Child::spawn(argv, p.log, "", error, env);
-            if (!c) return nullptr;
+            if (!c) {
+                fprintf(stderr, "error: cannot start %s: %s\n", p.name.c_str(), error.c_str());
+                return nullptr;
+            }
             return std::make_unique<Handle>(std::move(*c));
         }
 

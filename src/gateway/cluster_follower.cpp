@@ -87,6 +87,7 @@ ClusterFollower::Round ClusterFollower::poll(int wait_ms) {
         std::string err;
         if (!f.inf->poll(events, i == 0 ? wait_ms : 0, err)) {
             if (r.ok) r.error = err;
+            r.list_failed = r.list_failed || f.inf->list_failed();
             // Only the cells' informer waits for changes: while it cannot, the caller pauses.
             if (i == 0) r.retry_in_ms = std::max<int64_t>(50, f.inf->retry_in_ms());
             r.ok = false;

@@ -47,6 +47,7 @@ class ClusterFollower {
     };
     struct Round {
         bool ok = true;               // every informer could be read
+        bool list_failed = false;     // one could not list (etcd unreachable), not only a watch that ended
         std::string error;            // the first that could not, and why
         bool rebuilt = false;         // an informer listed afresh: `view` replaces what was known
         View view;                    // when rebuilt

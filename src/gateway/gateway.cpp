@@ -515,9 +515,10 @@ class Gateway {
     //! long to pause before it (the cells could not be read).
     int64_t follow_round(int wait_ms) {
         ClusterFollower::Round r = follower_view_->poll(wait_ms);
-        if (!r.ok && !etcd_warned_)
-            spdlog::warn("gateway: cannot follow the cluster in etcd: {} (keeping the last view)", r.error);
-        etcd_warned_ = !r.ok;
+        if (!r.ok && !r.list_failed) spdlog::debug("gateway: {}", r.error);  // a watch that ended: listed again
+        if (r.list_failed && !etcd_warned_)
+            spdlog::warn("gateway: cannot list the cluster in etcd: {} (keeping the last view)", r.error);
+        if (r.list_failed || r.ok) etcd_warned_ = r.list_failed;
         if (r.rebuilt) {
             gateways_ = std::move(r.view.gateways);
             live_gateways_ = std::max(1, int(gateways_.size()));

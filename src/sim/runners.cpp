@@ -395,6 +395,7 @@ void Node::start() {
     c.cell = std::to_string(cell);
     c.node = name;
     c.command_wait_ms = 0;
+    c.seed = w.rng();
     agent = std::make_unique<NodeAgent>(c, w.kv, w.bus, *commands, *sessions, events, w.clock);
     w.died_at[name] = 0;
 }
@@ -519,6 +520,7 @@ void World::nemesis() {
             n.stopped = true;
             died_at[n.name] = now();
             undo_.push_back({now() + ms(1000, 8000), [this, &n] {
+                                 if (!n.alive) return;  // killed while stopped: its restart wakes it
                                  n.stopped = false;
                                  died_at[n.name] = 0;
                              }});
@@ -627,6 +629,7 @@ RunnerResult World::run() {
             CellRunnerConfig rc;
             rc.cell = cell;
             rc.fetch_wait_ms = 0;
+            rc.seed = rng();  // every draw from the world's seed: a seed replays
             cell_runners_.push_back(std::make_unique<CellRunner>(rc, kv, bus, places, events, store, clock, metrics));
             CellRunner & runner = *cell_runners_.back();
             brains.push_back(
@@ -642,6 +645,7 @@ RunnerResult World::run() {
         gc.cells.push_back({std::to_string(c), "", 0.9});
     gc.lease_ttl_s = std::max(1, s.lease_ttl_ms / 1000);
     for (int g = 0; g < s.globals; ++g) {
+        gc.seed = rng();
         global_runners_.push_back(std::make_unique<GlobalRunner>(gc, kv, bus, store, clock, metrics));
         GlobalRunner & runner = *global_runners_.back();
         brains.push_back(std::make_unique<Brain>(*this, "global-" + std::to_string(g), keys.global_election()));

@@ -57,12 +57,15 @@ Status MemoryStore::apply(const Batch & b) {
             return Status::Fenced("session " + f.session_id + " is no longer held by " + f.node + " at epoch " +
                                   std::to_string(f.epoch));
     }
+    std::map<std::string, int64_t> epoch_now;  // as the batch's earlier assignments leave it
     for (const auto & a : b.assign) {
         // A row the same batch creates is at epoch 0.
         auto it = sessions_.find(a.session_id);
         const bool created = std::any_of(b.sessions.begin(), b.sessions.end(),
                                          [&](const SessionRecord & r) { return r.id == a.session_id; });
-        const int64_t have = it != sessions_.end() ? it->second.epoch : 0;
+        auto [e, first] = epoch_now.try_emplace(a.session_id, it != sessions_.end() ? it->second.epoch : 0);
+        const int64_t have = e->second;
+        e->second = std::max(have, a.epoch);
         if ((it == sessions_.end() && !created) || have >= a.epoch)
             return Status::Fenced("session " + a.session_id + " is missing or already at epoch " +
                                   std::to_string(a.epoch));
@@ -88,7 +91,12 @@ Status MemoryStore::apply(const Batch & b) {
     if (b.forget_leaders) leaders_.clear();
     for (const auto & r : b.sessions) {
         auto [it, fresh] = sessions_.try_emplace(r.id, r);
-        if (fresh) continue;
+        if (fresh) {
+            // As an INSERT: the assignment is written only by `assign`.
+            it->second.node.clear();
+            it->second.epoch = 0;
+            continue;
+        }
         SessionRecord & have = it->second;
         have.state = r.state;
         have.reason = r.reason;
@@ -181,6 +189,8 @@ std::optional<std::vector<SessionRecord>> MemoryStore::open_sessions(const std::
         ++counts_.rows_scanned;  // as through the open-rows index: only the rows it returns
         out.push_back(r);
     }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const auto & a, const auto & b) { return a.created_ms < b.created_ms; });
     return out;
 }
 

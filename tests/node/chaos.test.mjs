@@ -24,6 +24,11 @@ const CHAOS_S = Number(process.env.ARMADA_CHAOS_S ?? 180);
 const SESSIONS = Number(process.env.ARMADA_CHAOS_SESSIONS ?? (CHAOS_S >= 600 ? 300 : 90));
 const SEED = Number(process.env.ARMADA_CHAOS_SEED ?? (Date.now() % 1000000));
 const ENDED = ['completed', 'failed', 'cancelled'];
+// Sessions of eight tenants (an admin acting as each), so that both cells take some: a tenant's
+// new sessions follow its home cell.
+const ADMIN = 'admin-key-for-chaos';
+const TENANTS = ['chaos0', 'chaos1', 'chaos2', 'chaos3', 'chaos4', 'chaos5', 'chaos6', 'chaos7'];
+const as = (tenant, extra = {}) => ({ Authorization: `Bearer ${ADMIN}`, 'X-Armada-Tenant': `t:${tenant}`, ...extra });
 
 let tools;
 let dir;
@@ -69,7 +74,8 @@ before(async () => {
   up = await clusterUp(['--cells', '2', '--nodes', '3', '--brains', '2', '--globals', '2', '--gateways', '2',
     '--fault-proxies', '-m', tinyModel, '--data-dir', path.join(dir, 'c'), '--port', '0', '--agents', agents,
     '--lease-ttl', String(TTL_S), '--node-arg=--tool-allow', '--node-arg=127.0.0.1', '--node-arg=-np',
-    '--node-arg=8', '--node-arg=-c', '--node-arg=16384', '--node-arg=-t', '--node-arg=1'], { timeoutMs: 180000 * SLOW });
+    '--node-arg=8', '--node-arg=-c', '--node-arg=16384', '--node-arg=-t', '--node-arg=1'],
+  { timeoutMs: 180000 * SLOW, env: { ...process.env, ARMADA_API_KEY: ADMIN } });
   dir = path.join(dir, 'c');
   // Ready: six nodes behind both gateways, and a split that names both cells.
   const deadline = Date.now() + 180000 * SLOW;
@@ -78,6 +84,13 @@ before(async () => {
     if (r.length === 2 && r.every((x) => x?.nodes >= 6 && Object.keys(x.cell_weights ?? {}).length === 2)) break;
     if (Date.now() > deadline) throw new Error('the cluster did not become ready: ' + JSON.stringify(r));
     await sleep(500);
+  }
+  for (const name of TENANTS) {
+    const r = await viaGateway('/admin/tenants', {
+      method: 'POST', headers: { Authorization: `Bearer ${ADMIN}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ name }),
+    });
+    assert.equal(r?.status, 201, r ? await r.text() : 'no gateway answered');
   }
 });
 
@@ -101,16 +114,22 @@ test(`a seeded nemesis for ${CHAOS_S} s: every session completes, no finished ca
 
   // The load: sessions through both gateways over the first two thirds of the window.
   const ids = [];
+  const tenantOf = new Map();
   const refused = [];
   const load = (async () => {
     const every = (CHAOS_S * 1000 * 2 / 3) / SESSIONS;
     for (let i = 0; i < SESSIONS; i++) {
       const at = t0 + i * every;
       if (Date.now() < at) await sleep(at - Date.now());
+      const tenant = TENANTS[i % TENANTS.length];
       const r = await viaGateway('/v1/agents/worker/sessions', {
-        method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ input: `chaos ${i}` }),
+        method: 'POST', headers: as(tenant, { 'Content-Type': 'application/json' }), body: JSON.stringify({ input: `chaos ${i}` }),
       });
-      if (r?.status === 201) ids.push((await r.json()).id);
+      if (r?.status === 201) {
+        const id = (await r.json()).id;
+        ids.push(id);
+        tenantOf.set(id, tenant);
+      }
       else refused.push(r ? `${r.status} ${await r.text()}` : 'no gateway answered');
     }
   })();
@@ -164,7 +183,7 @@ test(`a seeded nemesis for ${CHAOS_S} s: every session completes, no finished ca
   let done = new Map();
   for (;;) {
     const now = await Promise.all(ids.map(async (id) => {
-      const r = await viaGateway(`/v1/sessions/${id}`, {}, 20000);
+      const r = await viaGateway(`/v1/sessions/${id}`, { headers: as(tenantOf.get(id)) }, 20000);
       return r?.status === 200 ? r.json() : null;
     }));
     done = new Map(now.filter((s) => s && ENDED.includes(s.state)).map((s) => [s.id, s]));

@@ -175,7 +175,8 @@ TEST_F(CellRunnerTest, WhileEtcdIsAwayNothingMovesAndTheViewIsRebuiltWhenItIsBac
         clock_.advance(3000);
         ASSERT_TRUE(runner_->turn(term_));
     }
-    EXPECT_GT(runner_->reconcile_failures(), failures);
+    (void)failures;
+    EXPECT_EQ(runner_->brain()->live_nodes().size(), 2u) << "an etcd that cannot be read is not every node gone";
     EXPECT_TRUE(commands().empty()) << "an etcd outage is not a lost node";
     kv_.set_down(false);
     clock_.advance(5000);

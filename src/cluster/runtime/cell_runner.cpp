@@ -51,7 +51,9 @@ bool CellRunner::begin(Leadership & term) {
     failovers_.clear();
     failovers_read_ = read_failovers();
     brain_ = std::make_unique<CellBrain>();
-    nodes_ = std::make_unique<Informer>(kv_, keys_.nodes(cfg_.cell), clock_, cfg_.node_relist_ms);
+    // The node list watched between reconciles (each reconcile also reads it afresh).
+    nodes_ = std::make_unique<Informer>(kv_, keys_.nodes(cfg_.cell), clock_, 0,
+                                        Backoff(250, 4000, cfg_.seed ? cfg_.seed : std::random_device{}()));
     nodes_ok_ = false;
     traces_.clear();
     last_reconcile_ = -1;
@@ -73,20 +75,19 @@ void CellRunner::end() {
 bool CellRunner::turn(Leadership & term) {
     term.beat();  // the loop moves: a stall past most of a lease TTL gives the lead up
     const int64_t t = clock_.now_ms();
-    // The node list: what changed since the last turn (a re-list after an outage hands out the
-    // difference). A node whose lease went leaves the view here.
+    const bool reconcile_due =
+        (last_reconcile_ < 0 && t >= retry_at_) || (last_reconcile_ >= 0 && t - last_reconcile_ >= cfg_.reconcile_ms);
+    // The node list: what changed since the last turn (a re-list hands out the difference). A
+    // node whose lease went leaves the view here.
     {
         std::vector<EtcdEvent> changes;
         std::string err;
         const bool ok = nodes_->poll(changes, 0, err);
-        if (!ok && nodes_ok_ && nodes_->retry_in_ms() == 0)
-            spdlog::warn("cell {}: node list: {}", cfg_.cell, err);
-        else if (!ok && nodes_ok_)
-            spdlog::warn("cell {}: node watch: {}", cfg_.cell, err);
+        if (!ok && nodes_ok_) spdlog::warn("cell {}: {}", cfg_.cell, err);
         nodes_ok_ = ok;
         apply_node_changes(changes, t);
     }
-    if ((last_reconcile_ < 0 && t >= retry_at_) || (last_reconcile_ >= 0 && t - last_reconcile_ >= cfg_.reconcile_ms)) {
+    if (reconcile_due) {
         const bool ok = reconcile();
         ++reconciles_;
         metrics_
@@ -117,18 +118,29 @@ bool CellRunner::turn(Leadership & term) {
 }
 
 bool CellRunner::reconcile() {
-    // The live nodes as the watch has them; not without a current view of them.
-    if (!nodes_ok_ || !nodes_->synced()) {
-        spdlog::warn("cell {}: cannot read the cell's nodes; the view is kept", cfg_.cell);
+    // The live nodes, read afresh (a watch over a connection that died without a word would keep
+    // an old view). When etcd cannot be read, the view as last listed and watched: an etcd that
+    // cannot be read is not every node gone. Nothing before a first view.
+    std::vector<EtcdKv> listed;
+    int64_t rev = 0;
+    std::vector<const EtcdKv *> kvs;
+    if (auto e = kv_.list(keys_.nodes(cfg_.cell), listed, rev); e.empty()) {
+        for (const auto & kv : listed)
+            kvs.push_back(&kv);
+    } else if (nodes_->synced()) {
+        for (const auto & [key, kv] : nodes_->view())
+            kvs.push_back(&kv);
+    } else {
+        spdlog::warn("cell {}: cannot read the cell's nodes: {}; the view is kept", cfg_.cell, e);
         return false;
     }
     std::set<std::string> live;
     std::vector<NodeLoad> loads;
-    for (const auto & [key, kv] : nodes_->view()) {
-        const auto k = keys_.parse(key);
+    for (const EtcdKv * kv : kvs) {
+        const auto k = keys_.parse(kv->key);
         if (k.kind != ClusterKeys::Parsed::Kind::Node || k.cell != cfg_.cell) continue;
         live.insert(k.name);
-        if (auto l = decode_load(k.name, kv.value)) loads.push_back(*l);
+        if (auto l = decode_load(k.name, kv->value)) loads.push_back(*l);
     }
     const auto rows = store_.open_sessions(cfg_.cell, "", kEndedStates);
     if (!rows) {

@@ -36,7 +36,7 @@ struct CellRunnerConfig {
     int reconcile_ms = 3000;         // the view rebuilt from the truth this often
     int check_ms = 1000;             // leadership checked, report written, this often
     int fetch_wait_ms = 50;          // how long one turn waits for place requests
-    int node_relist_ms = 30000;      // the node list read afresh this often even while watched
+    uint64_t seed = 0;               // its back-offs' random draws (0: from the system)
 };
 
 class CellRunner {
@@ -96,7 +96,7 @@ class CellRunner {
     bool nodes_ok_ = false;  // the last look at the node list succeeded
     store::Batch::Leadership leader_;
     int64_t last_reconcile_ = -1, last_check_ = 0, retry_at_ = 0;
-    Backoff backoff_;
+    Backoff backoff_{250, 4000, cfg_.seed ? cfg_.seed + 1 : std::random_device{}()};
     //! The trace context each place request came with, and when it was taken (for its span).
     std::map<std::string, std::pair<obs::TraceContext, int64_t>> traces_;
 

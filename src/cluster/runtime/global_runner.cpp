@@ -55,7 +55,8 @@ bool GlobalRunner::begin(Leadership & term) {
     // Subscribed while leading only: a standby would pile up reports it never reads.
     reports_.reset();
     subscribe_at_ = 0;
-    cells_ = std::make_unique<Informer>(kv_, keys_.cells(), clock_, 30000);
+    cells_ = std::make_unique<Informer>(kv_, keys_.cells(), clock_, cfg_.relist_ms,
+                                        Backoff(250, 4000, cfg_.seed ? cfg_.seed : std::random_device{}()));
     last_pushed_.clear();
     last_written_.clear();
     report_rev_.clear();

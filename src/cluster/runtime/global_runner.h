@@ -38,6 +38,10 @@ struct GlobalRunnerConfig {
     int shares_ms = 5000;         // how often the split of new sessions is written
     int lease_ttl_s = 10;         // the cluster's lease TTL (a report path's freshness window)
     int64_t etcd_status_ms = 10000;
+    //! The cells read afresh this often (watched in between: a watch over a connection that died
+    //! without a word would keep an old view).
+    int64_t relist_ms = 5000;
+    uint64_t seed = 0;  // its back-offs' random draws (0: from the system)
 };
 
 class GlobalRunner {

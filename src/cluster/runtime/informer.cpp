@@ -20,6 +20,7 @@ bool Informer::list(std::vector<EtcdEvent> & changes, std::string & error) {
     ++lists_;
     if (auto e = kv_.list(prefix_, kvs, rev); !e.empty()) {
         error = "listing " + prefix_ + ": " + e;
+        list_failed_ = true;
         failed();
         return false;
     }
@@ -29,7 +30,9 @@ bool Informer::list(std::vector<EtcdEvent> & changes, std::string & error) {
         next.emplace(kv.key, std::move(kv));
     for (const auto & [key, old] : view_) {
         if (!next.count(key)) {
-            EtcdEvent ev{EtcdEvent::Type::Delete, old};
+            // As etcd reports a delete: the key and the revision.
+            EtcdEvent ev{EtcdEvent::Type::Delete, {}};
+            ev.kv.key = key;
             ev.kv.mod_revision = rev;
             changes.push_back(std::move(ev));
         }
@@ -44,7 +47,9 @@ bool Informer::list(std::vector<EtcdEvent> & changes, std::string & error) {
     synced_ = true;
     listed_at_ = clock_.now_ms();
     watch_ = kv_.watch(prefix_, rev + 1);
-    backoff_.reset();
+    list_failed_ = false;
+    // The back-off starts over only once the watch has proved itself (below): a watch that ends
+    // as soon as it starts must not bring a list every 250 ms.
     return true;
 }
 
@@ -65,6 +70,7 @@ bool Informer::poll(std::vector<EtcdEvent> & changes, int wait_ms, std::string &
         failed();
         return false;
     }
+    if (!evs.empty() || now - listed_at_ >= 5000) backoff_.reset();
     for (auto & ev : evs) {
         if (ev.type == EtcdEvent::Type::Put)
             view_[ev.kv.key] = ev.kv;

@@ -42,6 +42,8 @@ class Informer {
     int64_t retry_in_ms() const;
     //! How many lists it has made (the first included).
     int64_t lists() const { return lists_; }
+    //! Whether its last list failed (etcd could not be read), as opposed to a watch that ended.
+    bool list_failed() const { return list_failed_; }
     const std::string & prefix() const { return prefix_; }
 
   private:
@@ -55,7 +57,7 @@ class Informer {
     Backoff backoff_;
     std::unique_ptr<KvWatch> watch_;
     std::map<std::string, EtcdKv> view_;
-    bool synced_ = false;
+    bool synced_ = false, list_failed_ = false;
     int64_t revision_ = 0, listed_at_ = 0, retry_at_ = 0, lists_ = 0;
 };
 

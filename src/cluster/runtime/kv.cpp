@@ -114,6 +114,14 @@ class MemoryWatch final : public KvWatch {
 
 }  // namespace
 
+EtcdEvent MemoryKv::deleted(const std::string & key, int64_t revision) {
+    // As etcd reports a delete (without prev_kv): the key and the revision, nothing else.
+    EtcdEvent ev{EtcdEvent::Type::Delete, {}};
+    ev.kv.key = key;
+    ev.kv.mod_revision = revision;
+    return ev;
+}
+
 void MemoryKv::emit(const EtcdEvent & ev) {
     history_.emplace_back(revision_, ev);
     if (history_.size() > kMaxHistory) {
@@ -163,6 +171,7 @@ std::string MemoryKv::put(const std::string & key, const std::string & value, in
     std::lock_guard lk(mu_);
     if (down_) return kDown;
     ++calls_;
+    if (lease != 0 && !leases_.count(lease)) return "etcdserver: requested lease not found";
     ++revision_;
     return put_locked(key, value, lease);
 }
@@ -174,10 +183,8 @@ std::string MemoryKv::erase(const std::string & key) {
     auto it = keys_.find(key);
     if (it == keys_.end()) return {};
     ++revision_;
-    EtcdEvent ev{EtcdEvent::Type::Delete, it->second};
-    ev.kv.mod_revision = revision_;
+    emit(deleted(it->first, revision_));
     keys_.erase(it);
-    emit(ev);
     return {};
 }
 
@@ -286,7 +293,7 @@ void MemoryKv::expire_leases() {
 
 void MemoryKv::revoke(int64_t lease) {
     std::lock_guard lk(mu_);
-    if (!leases_.erase(lease)) return;
+    if (down_ || !leases_.erase(lease)) return;
     bool any = false;
     for (auto it = keys_.begin(); it != keys_.end();) {
         if (it->second.lease != lease) {
@@ -295,10 +302,8 @@ void MemoryKv::revoke(int64_t lease) {
         }
         if (!any) ++revision_;
         any = true;
-        EtcdEvent ev{EtcdEvent::Type::Delete, it->second};
-        ev.kv.mod_revision = revision_;
+        emit(deleted(it->first, revision_));
         it = keys_.erase(it);
-        emit(ev);
     }
 }
 
@@ -344,7 +349,7 @@ void MemoryKv::restore(const Snapshot & s) {
         for (auto & [id, l] : leases_)
             if (l.deadline > 0) l.deadline = clock_->now_ms() + l.ttl_ms;
         history_.clear();
-        compacted_ = 0;
+        compacted_ = revision_;  // a watch from before the restore is told it is gone
         // Leases live on as they were (a restore keeps the lease table it was taken with; the
         // simulator's leases are its own).
         for (const auto & weak : watchers_)

@@ -121,6 +121,7 @@ class MemoryKv final : public KvStore {
     struct Watcher;
     //! A change made now: its revision is given by the caller (under mu_).
     void emit(const EtcdEvent & ev);
+    static EtcdEvent deleted(const std::string & key, int64_t revision);
     std::string put_locked(const std::string & key, const std::string & value, int64_t lease);
 
     mutable std::mutex mu_;

@@ -72,7 +72,8 @@ NodeAgent::NodeAgent(NodeAgentConfig cfg, KvStore & kv, Bus & bus, Inbox & comma
       events_(events ? std::move(events) : std::make_shared<NodeEvents>(cfg_.node)),
       clock_(clock),
       fetch_kv_(std::move(fetch_kv)),
-      member_url_(std::move(member_url)) {
+      member_url_(std::move(member_url)),
+      draws_(cfg_.seed ? cfg_.seed : std::random_device{}()) {
     last_offer_ = last_check_ = clock_.now_ms();
 }
 
@@ -117,7 +118,7 @@ bool NodeAgent::event_turn(int wait_ms, bool last_try) {
     // learns the same from the store).
     const std::string subject = event_subject(cfg_.cell);
     std::string e;
-    Backoff pause(300, 1200);  // nodes that lost the bus together do not retry in step
+    Backoff pause(300, 1200, draws_++);  // nodes that lost the bus together do not retry in step
     const int attempts = last_try ? 1 : 3;
     for (int attempt = 0; attempt < attempts; ++attempt) {
         e = bus_.publish(subject, ev.first, ev.second, 5000);

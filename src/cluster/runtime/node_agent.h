@@ -101,6 +101,7 @@ struct NodeAgentConfig {
     std::string cell, node;
     int command_wait_ms = 500;  // how long one fetch waits for a command
     int fetchers = 2;           // threads fetching moved sessions' KV
+    uint64_t seed = 0;          // its back-offs' random draws (0: from the system)
 };
 
 class NodeAgent {
@@ -160,6 +161,7 @@ class NodeAgent {
     FetchKv fetch_kv_;
     MemberUrl member_url_;
     std::function<bool()> kv_high_;
+    uint64_t draws_;  // the next event retry's back-off seed
 
     std::atomic<bool> stop_{false};
     std::atomic<uint64_t> commands_{0};

@@ -127,7 +127,7 @@ bool Supervisor::launch(Entry & e) {
 bool Supervisor::start_all() {
     bool ok = true;
     for (auto & e : procs_)
-        ok = launch(e) && ok;
+        ok = ok && launch(e);  // the first that cannot start stops the rest
     return ok;
 }
 
