@@ -44,7 +44,6 @@ class Brain final : public Leadership {
   public:
     Brain(World & w, std::string name, std::string election)
         : w_(w), name_(std::move(name)), election_(std::move(election)) {}
-    virtual ~Brain() = default;
 
     const EtcdLeader & me() const override { return me_; }
     int64_t lease() const override { return lease_.id; }
