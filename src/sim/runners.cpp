@@ -49,12 +49,7 @@ class Brain final : public Leadership {
     int64_t lease() const override { return lease_.id; }
     void beat() override;
     bool still_leader() override;
-    bool claim_store(store::Store & st) override {
-        store::Batch b;
-        b.probe = true;
-        b.leader = {election_, me_.rev};
-        return commit_each(st, {std::move(b)}).at(0).ok;
-    }
+    bool claim_store(store::Store & st) override { return mark_leader(st, election_, me_.rev).ok; }
     bool wait_stop(int) override { return false; }
 
     //! One turn of the process: keep-alive, campaign, and the runner's turn while leading.

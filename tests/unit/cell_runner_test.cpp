@@ -29,12 +29,7 @@ class FakeTerm final : public Leadership {
     int64_t lease() const override { return 0; }
     void beat() override { ++beats; }
     bool still_leader() override { return leads; }
-    bool claim_store(store::Store & st) override {
-        store::Batch b;
-        b.probe = true;
-        b.leader = {election_, me_.rev};
-        return commit_each(st, {std::move(b)}).at(0).ok;
-    }
+    bool claim_store(store::Store & st) override { return mark_leader(st, election_, me_.rev).ok; }
     bool wait_stop(int) override { return false; }
     bool leads = true;
     int beats = 0;

@@ -28,12 +28,7 @@ class Term final : public Leadership {
     int64_t lease() const override { return 0; }
     void beat() override {}
     bool still_leader() override { return true; }
-    bool claim_store(store::Store & st) override {
-        store::Batch b;
-        b.probe = true;
-        b.leader = {"/armada/global/brain", me_.rev};
-        return commit_each(st, {std::move(b)}).at(0).ok;
-    }
+    bool claim_store(store::Store & st) override { return mark_leader(st, "/armada/global/brain", me_.rev).ok; }
     bool wait_stop(int) override { return false; }
 
   private:

@@ -63,6 +63,13 @@ bool etcd_metrics(obs::Registry & m, KvStore & etcd) {
     return true;
 }
 
+store::Status mark_leader(store::Store & st, const std::string & election, int64_t rev) {
+    store::Batch b;
+    b.probe = true;  // a part for every shard
+    b.leader = {election, rev};
+    return commit_each(st, {std::move(b)}).at(0);
+}
+
 bool newer_leader_wrote(const store::Status & s) {
     return s.deposed;
 }
@@ -223,10 +230,7 @@ std::string Elected::campaign(const std::string & election, const std::string & 
 bool Elected::claim_store(store::Store & st, const std::string & election, const EtcdLeader & me) {
     int pause_ms = 250;
     for (;;) {
-        store::Batch b;
-        b.probe = true;  // a part for every shard
-        b.leader = {election, me.rev};
-        const store::Status s = commit_each(st, {std::move(b)}).at(0);
+        const store::Status s = mark_leader(st, election, me.rev);
         if (s.ok) return true;
         if (s.fenced)
             spdlog::error("{}: cannot lead: {}", what_, s.error);

@@ -127,6 +127,9 @@ extern const std::vector<std::string> kEndedStates;
 std::vector<store::Status> commit_each(store::Store & st, std::vector<store::Batch> batches);
 //! etcd's size and alarms as gauges (`armada_etcd_*`), read now; false when etcd did not answer.
 bool etcd_metrics(obs::Registry & m, KvStore & etcd);
+//! A leader's mark on every shard of `st` (a probe batch fenced by `election` at `rev`): from then
+//! on the store refuses the writes of any leader of `election` below `rev`.
+store::Status mark_leader(store::Store & st, const std::string & election, int64_t rev);
 //! Whether a write was refused because a newer leader wrote (the brain should stop leading).
 bool newer_leader_wrote(const store::Status & s);
 
