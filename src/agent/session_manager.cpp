@@ -887,6 +887,8 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
     if (s.claim >= 0) {
         s.epoch = s.claim + 1;
         s.claim = -1;
+        // Said for checks that read the logs (the chaos test's "one node per session and epoch").
+        spdlog::info("session {}: runs here under epoch {} (claimed by this node)", s.id, s.epoch);
     }
     auto done = std::move(s.outbox.front());
     s.outbox.pop_front();

@@ -194,7 +194,8 @@ test(`a seeded nemesis for ${CHAOS_S} s: every session completes, no finished ca
   // Which nodes ran each session at each epoch, from the nodes' logs.
   const ranOn = new Map();
   const patterns = [/cluster: running session (\S+) \(epoch (\d+)\)/g, /cluster: session (\S+) moved here from \S+ \(epoch (\d+)/g,
-    /session (\S+): assigned to this node \(epoch (\d+)\) but not running here; started/g];
+    /session (\S+): assigned to this node \(epoch (\d+)\) but not running here; started/g,
+    /session (\S+): runs here under epoch (\d+) \(claimed by this node\)/g];
   for (const p of procs().filter((x) => x.role === 'node')) {
     const text = fs.readFileSync(p.log, 'utf8');
     for (const re of patterns) {
