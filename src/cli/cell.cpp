@@ -38,6 +38,7 @@ class CellProcess {
         store::PostgresConfig pc;
         pc.urls = cfg_.postgres;
         pc.read_connections = cfg_.pg_pool;
+        brain_store_limits(cfg_.lease_ttl_s, pc.statement_timeout_ms, pc.client_grace_ms);
         std::string err;
         auto store = store::PostgresStore::open(pc, err);
         if (!store) return fail("PostgreSQL: " + err);

@@ -320,7 +320,8 @@ std::unique_ptr<PostgresStore> PostgresStore::open(const PostgresConfig & cfg, s
         sh->url = cfg.urls[i];
         // The server ends a statement at its timeout; the client waits a little longer for that
         // answer, and gives up on a server that gives none.
-        sh->query_timeout_ms = cfg.statement_timeout_ms > 0 ? cfg.statement_timeout_ms + 2000 : 0;
+        sh->query_timeout_ms =
+            cfg.statement_timeout_ms > 0 ? cfg.statement_timeout_ms + std::max(0, cfg.client_grace_ms) : 0;
         const std::string where = "PostgreSQL " + redact(sh->url);
         sh->wconn = connect(sh->url, cfg.connect_timeout_s, cfg.statement_timeout_ms);
         if (PQstatus(sh->wconn) != CONNECTION_OK) {

@@ -21,8 +21,11 @@ struct PostgresConfig {
     int pool_wait_ms = 5000;   // a read waits at most this long for a free connection
     int connect_timeout_s = 5;
     //! The server ends any statement that runs longer (statement_timeout), and the client gives
-    //! up 2 s after that on a server that does not answer at all (0: no limits).
+    //! up `client_grace_ms` after that on a server that does not answer at all (0: no limits).
     int statement_timeout_ms = 10000;
+    //! A brain sets both from its lease TTL, so that a call to a server that hangs returns before
+    //! the brain's own stall check gives its lead up.
+    int client_grace_ms = 2000;
 };
 
 //! A tenant, as the gateways' admin API manages it. A quota of 0 is unlimited.

@@ -1,6 +1,7 @@
 // PostgreSQL that hangs (accepts, never answers) behind a proxy: every store call still returns,
 // with an error, within its bound; and the store works again once the server answers.
 #include "cluster/local_servers.h"
+#include "cluster/runtime/elected.h"
 #include "hang_proxy.h"
 #include "servers.h"
 #include "store/postgres_store.h"
@@ -44,8 +45,23 @@ TEST(StoreHang, APostgresThatStopsAnsweringFailsEachCallWithinItsBoundAndTheStor
     ASSERT_TRUE(st) << err;
     const std::vector<std::string> ended = {"completed", "failed", "cancelled"};
     ASSERT_TRUE(st->open_sessions("c", "", ended));
+    // A brain's store, with the limits its lease TTL (3 s) sets.
+    store::PostgresConfig bc = pc;
+    cluster::brain_store_limits(3, bc.statement_timeout_ms, bc.client_grace_ms);
+    auto brain = store::PostgresStore::open(bc, err);
+    ASSERT_TRUE(brain) << err;
+    ASSERT_TRUE(brain->open_sessions("c", "", ended));
 
     proxy.hang();
+    // The brain's read fails inside the brain's stall limit, so a leader whose PostgreSQL hangs
+    // goes on beating (and leading) rather than giving the lead to a standby that would hang too.
+    {
+        const auto b0 = std::chrono::steady_clock::now();
+        auto r = std::async(std::launch::async, [&] { return brain->open_sessions("c", "", ended); });
+        ASSERT_EQ(r.wait_for(std::chrono::seconds(15)), std::future_status::ready);
+        EXPECT_FALSE(r.get());
+        EXPECT_LT(ms_since(b0), cluster::stall_limit_ms(3)) << "a brain's read outlasted its stall limit";
+    }
     // A read, and a write through the writer thread: each must come back, with an error, in
     // about 3 s. A call still blocked after 15 s fails the test (the proxy then resumes, so it
     // ends).

@@ -141,11 +141,28 @@ void Elected::beat() {
     beat_ms_ = brain_now_ms();
 }
 
+namespace {
+int keepalive_every_ms(int ttl_s) {
+    return std::max(300, ttl_s * 1000 / 3);
+}
+}  // namespace
+
+int stall_limit_ms(int ttl_s) {
+    // With a check every `keepalive_every_ms`, the lease is given up at most one TTL after the
+    // last beat.
+    return std::max(1, ttl_s * 1000 - keepalive_every_ms(ttl_s));
+}
+
+void brain_store_limits(int ttl_s, int & statement_timeout_ms, int & client_grace_ms) {
+    const int limit = stall_limit_ms(ttl_s);
+    statement_timeout_ms = std::max(250, limit / 2);
+    client_grace_ms = std::max(100, limit / 4);
+}
+
 void Elected::keep_lease() {
-    const int every_ms = std::max(300, ttl_s_ * 1000 / 3);
-    // A loop that has not beaten for this long is stuck: with a check every `every_ms`, the lease
-    // is given up at most one TTL after its last beat.
-    const int64_t stuck_ms = int64_t(ttl_s_) * 1000 - every_ms;
+    const int every_ms = keepalive_every_ms(ttl_s_);
+    // A loop that has not beaten for this long is stuck.
+    const int64_t stuck_ms = stall_limit_ms(ttl_s_);
     while (!quit_.load()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
         const int64_t l = lease_.load();

@@ -132,5 +132,12 @@ bool etcd_metrics(obs::Registry & m, KvStore & etcd);
 store::Status mark_leader(store::Store & st, const std::string & election, int64_t rev);
 //! Whether a write was refused because a newer leader wrote (the brain should stop leading).
 bool newer_leader_wrote(const store::Status & s);
+//! How long a leader's loop may go without a beat before its keep-alive gives the lead up.
+int stall_limit_ms(int ttl_s);
+//! A brain's PostgreSQL limits, from its lease TTL: a statement the server cannot finish, or a
+//! server that does not answer at all, fails the call well inside the stall limit, so a
+//! PostgreSQL that hangs leaves the leader leading (its loop goes on, failing and retrying)
+//! instead of handing the lead from brain to brain.
+void brain_store_limits(int ttl_s, int & statement_timeout_ms, int & client_grace_ms);
 
 }  // namespace armada::cluster
