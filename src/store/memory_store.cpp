@@ -10,7 +10,37 @@ bool ended(const std::vector<std::string> & states, const std::string & s) {
     return std::find(states.begin(), states.end(), s) != states.end();
 }
 
+//! The states that end a session, as the open-rows index has them.
+bool ends(const std::string & s) {
+    return s == "completed" || s == "failed" || s == "cancelled";
+}
+
+//! Whether `states` is exactly the set the open-rows index leaves out.
+bool standard_ended(const std::vector<std::string> & states) {
+    if (states.size() != 3) return false;
+    return std::all_of(states.begin(), states.end(), [](const std::string & x) { return ends(x); }) &&
+           std::set<std::string>(states.begin(), states.end()).size() == 3;
+}
+
 }  // namespace
+
+void MemoryStore::unindex(const SessionRecord & r) {
+    if (ends(r.state)) {
+        ended_.erase({r.updated_ms, r.id});
+        return;
+    }
+    if (auto it = open_.find(r.cell); it != open_.end()) {
+        it->second.erase(r.id);
+        if (it->second.empty()) open_.erase(it);
+    }
+}
+
+void MemoryStore::index(const SessionRecord & r) {
+    if (ends(r.state))
+        ended_.insert({r.updated_ms, r.id});
+    else
+        open_[r.cell].insert(r.id);
+}
 
 void MemoryStore::set_down(bool down) {
     std::lock_guard lk(mu_);
@@ -95,19 +125,24 @@ Status MemoryStore::apply(const Batch & b) {
             // As an INSERT: the assignment is written only by `assign`.
             it->second.node.clear();
             it->second.epoch = 0;
+            index(it->second);
             continue;
         }
         SessionRecord & have = it->second;
+        unindex(have);
         have.state = r.state;
         have.reason = r.reason;
         have.data = r.data;
         have.updated_ms = r.updated_ms;
+        index(have);
     }
     for (const auto & a : b.assign) {
         SessionRecord & r = sessions_[a.session_id];
+        unindex(r);
         r.node = a.node;
         r.epoch = a.epoch;
         if (!a.cell.empty()) r.cell = a.cell;
+        index(r);
     }
     for (const StepRecord * s : fresh_steps) {
         auto & log = steps_[s->session_id];
@@ -116,6 +151,7 @@ Status MemoryStore::apply(const Batch & b) {
                    *s);
     }
     for (const auto & id : b.erase) {
+        if (auto it = sessions_.find(id); it != sessions_.end()) unindex(it->second);
         sessions_.erase(id);
         steps_.erase(id);
     }
@@ -184,10 +220,18 @@ std::optional<std::vector<SessionRecord>> MemoryStore::open_sessions(const std::
     ++counts_.reads;
     if (down_) return std::nullopt;
     std::vector<SessionRecord> out;
-    for (const auto & [id, r] : sessions_) {
-        if (ended(ended_states, r.state) || r.cell != cell || (!node.empty() && r.node != node)) continue;
+    const auto take = [&](const SessionRecord & r) {
+        if (ended(ended_states, r.state) || r.cell != cell || (!node.empty() && r.node != node)) return;
         ++counts_.rows_scanned;  // as through the open-rows index: only the rows it returns
         out.push_back(r);
+    };
+    if (standard_ended(ended_states)) {
+        if (auto it = open_.find(cell); it != open_.end())
+            for (const auto & id : it->second)
+                take(sessions_.at(id));
+    } else {
+        for (const auto & [id, r] : sessions_)
+            take(r);
     }
     std::stable_sort(out.begin(), out.end(),
                      [](const auto & a, const auto & b) { return a.created_ms < b.created_ms; });
@@ -240,8 +284,8 @@ std::optional<std::vector<Store::EndedCount>> MemoryStore::ended_since(const std
     ++counts_.reads;
     if (down_) return std::nullopt;
     std::map<std::tuple<std::string, std::string, bool, bool>, int64_t> n;
-    for (const auto & [id, r] : sessions_) {
-        if (!(r.state == "completed" || r.state == "failed" || r.state == "cancelled")) continue;
+    for (auto e = ended_.lower_bound({since_ms, std::string()}); e != ended_.end(); ++e) {
+        const SessionRecord & r = sessions_.at(e->second);
         if (r.updated_ms < since_ms || r.agent_id.rfind('@', 0) == 0 || (!cell.empty() && r.cell != cell)) continue;
         ++counts_.rows_scanned;
         ++n[{r.cell, r.state, r.reason.rfind("deadline", 0) == 0, r.epoch > 1}];

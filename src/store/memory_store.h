@@ -10,6 +10,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 
 namespace armada::store {
 
@@ -44,6 +45,11 @@ class MemoryStore final : public Store {
   private:
     static constexpr const char * kDown = "the store cannot be reached";
     Status apply(const Batch & b);
+    // The indexes PostgreSQL's schema has: open rows by cell (`sessions_open`), ended rows by
+    // when they ended (`(state, updated_ms)`). A row leaves them before it changes and comes back
+    // after.
+    void unindex(const SessionRecord & r);
+    void index(const SessionRecord & r);
 
     mutable std::mutex mu_;
     bool down_ = false;
@@ -51,7 +57,9 @@ class MemoryStore final : public Store {
     std::map<std::string, std::vector<StepRecord>> steps_;
     std::map<std::pair<std::string, std::string>, AgentRecord> agents_;
     std::map<std::string, ResponseRecord> responses_;
-    std::map<std::string, int64_t> leaders_;  // election → the highest leader revision that wrote
+    std::map<std::string, int64_t> leaders_;             // election → the highest leader revision that wrote
+    std::map<std::string, std::set<std::string>> open_;  // cell → its open sessions
+    std::set<std::pair<int64_t, std::string>> ended_;    // (updated_ms, id) of ended sessions
     mutable Counts counts_;
 };
 
