@@ -12,24 +12,99 @@ namespace armada::cluster {
 
 using json = nlohmann::json;
 
+namespace {
+
+// A node writes its report every second and brains read thousands of them: the report is
+// written straight to text, in the bytes nlohmann::json's dump gives (keys in order, numbers
+// and strings as it writes them), without building a document first.
+void put_string(std::string & out, const std::string & s) {
+    out += json(s).dump();  // its escaping, and its refusal of text that is not UTF-8
+}
+
+void put_key(std::string & out, const char * k, bool & first) {
+    out += first ? "{\"" : ",\"";
+    first = false;
+    out += k;
+    out += "\":";
+}
+
+template <class V>
+void put_map(std::string & out, const std::map<std::string, V> & m) {
+    out += '{';
+    bool first = true;
+    for (const auto & [k, v] : m) {
+        if (!first) out += ',';
+        first = false;
+        put_string(out, k);
+        out += ':';
+        out += std::to_string(v);
+    }
+    out += '}';
+}
+
+void put_signals(std::string & out, const NodeSignals & s) {
+    bool f = true;
+    put_key(out, "completed", f);
+    out += std::to_string(s.completed);
+    put_key(out, "errors", f);
+    put_map(out, s.errors);
+    put_key(out, "failed", f);
+    out += std::to_string(s.failed);
+    put_key(out, "lease_lost", f);
+    out += std::to_string(s.lease_lost);
+    put_key(out, "renew_failed", f);
+    out += std::to_string(s.renew_failed);
+    put_key(out, "renew_late", f);
+    out += std::to_string(s.renew_late);
+    put_key(out, "started_ms", f);
+    out += std::to_string(s.started_ms);
+    put_key(out, "step_s", f);
+    out += json(s.step_s).dump();
+    put_key(out, "steps", f);
+    out += std::to_string(s.steps);
+    out += '}';
+}
+
+}  // namespace
+
 std::string encode_load(const NodeLoad & l) {
-    return json{{"free_seqs", l.free_seqs},
-                {"kv_headroom", l.kv_headroom},
-                {"kv_budget", l.kv_budget},
-                {"sessions", l.sessions},
-                {"version", l.version},
-                {"fingerprint", l.fingerprint},
-                {"draining", l.draining},
-                {"url", l.url},
-                {"by_state", l.by_state},
-                {"engines", l.engines},
-                {"cores", l.cores},
-                {"step_ms", l.step_ms},
-                {"ctx", l.ctx},
-                {"kv_by_tenant", l.kv_by_tenant},
-                {"seq", l.seq},
-                {"signals", json::parse(encode_signals(l.signals))}}
-        .dump();
+    std::string out;
+    out.reserve(512);
+    bool f = true;
+    put_key(out, "by_state", f);
+    put_map(out, l.by_state);
+    put_key(out, "cores", f);
+    out += std::to_string(l.cores);
+    put_key(out, "ctx", f);
+    out += std::to_string(l.ctx);
+    put_key(out, "draining", f);
+    out += l.draining ? "true" : "false";
+    put_key(out, "engines", f);
+    out += std::to_string(l.engines);
+    put_key(out, "fingerprint", f);
+    put_string(out, l.fingerprint);
+    put_key(out, "free_seqs", f);
+    out += std::to_string(l.free_seqs);
+    put_key(out, "kv_budget", f);
+    out += std::to_string(l.kv_budget);
+    put_key(out, "kv_by_tenant", f);
+    put_map(out, l.kv_by_tenant);
+    put_key(out, "kv_headroom", f);
+    out += std::to_string(l.kv_headroom);
+    put_key(out, "seq", f);
+    out += std::to_string(l.seq);
+    put_key(out, "sessions", f);
+    out += std::to_string(l.sessions);
+    put_key(out, "signals", f);
+    put_signals(out, l.signals);
+    put_key(out, "step_ms", f);
+    out += json(l.step_ms).dump();
+    put_key(out, "url", f);
+    put_string(out, l.url);
+    put_key(out, "version", f);
+    put_string(out, l.version);
+    out += '}';
+    return out;
 }
 
 std::optional<NodeLoad> decode_load(const std::string & node, const std::string & text) {
@@ -53,8 +128,14 @@ std::optional<NodeLoad> decode_load(const std::string & node, const std::string 
         l.seq = j.value("seq", int64_t(0));
         if (j.contains("by_state") && j["by_state"].is_object())
             l.by_state = j["by_state"].get<std::map<std::string, int>>();
-        if (j.contains("signals") && j["signals"].is_object())
-            l.signals = decode_signals(j["signals"].dump()).value_or(NodeSignals{});
+        if (auto s = j.find("signals"); s != j.end() && s->is_object()) {
+            // Signals of the wrong shape are no signals, not a report to refuse.
+            try {
+                l.signals = s->get<NodeSignals>();
+            } catch (const json::exception &) {
+                l.signals = {};
+            }
+        }
         if (j.contains("kv_by_tenant") && j["kv_by_tenant"].is_object())
             l.kv_by_tenant = j["kv_by_tenant"].get<std::map<std::string, int64_t>>();
     } catch (const json::exception &) {

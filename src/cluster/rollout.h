@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -172,6 +173,9 @@ std::optional<RolloutCommand> decode_rollout_command(const std::string & text);
 std::string encode_rollout_state(const RolloutState & s);
 std::optional<RolloutState> decode_rollout_state(const std::string & text);
 std::string encode_signals(const NodeSignals & s);
+//! The same as JSON values, for a document that holds signals (a node's load report).
+void to_json(nlohmann::json & j, const NodeSignals & s);
+void from_json(const nlohmann::json & j, NodeSignals & s);
 std::optional<NodeSignals> decode_signals(const std::string & text);
 
 class Rollout {
