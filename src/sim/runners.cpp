@@ -13,8 +13,10 @@
 #include "store/memory_store.h"
 
 #include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -100,6 +102,7 @@ class Sessions final : public NodeSessions {
     World & w_;
     Node & n_;
     std::map<std::string, Run> runs_;
+    int64_t next_due_ = 0;  // the earliest step due among runs_ (nothing to do before then)
 };
 
 class Node {
@@ -116,6 +119,7 @@ class Node {
     bool alive = false, stopped = false;
     Lease lease;
     int64_t last_report = 0;
+    int64_t seq = 0;
     std::unique_ptr<Inbox> commands;
     std::unique_ptr<Sessions> sessions;
     std::shared_ptr<NodeEvents> events;
@@ -135,7 +139,9 @@ class WatchedStore final : public store::ForwardingStore {
 
 class World {
   public:
-    World(const RunnerScenario & s, uint64_t seed) : s(s), rng(seed), keys("/armada"), store(mem, *this) {}
+    World(const RunnerScenario & s, uint64_t seed) : s(s), rng(seed), keys("/armada"), store(mem, *this) {
+        bus.keep_sent(false);  // counted, not kept: a run at scale publishes millions
+    }
 
     RunnerResult run();
 
@@ -199,6 +205,8 @@ class World {
     }
     int64_t next_fault_ = 0;
     int created_ = 0;
+    int64_t shares_rev_ = -1;
+    std::optional<Shares> shares_;
 };
 
 // ---- Brain ----
@@ -308,6 +316,7 @@ bool Sessions::adopt(const std::string & id, int64_t epoch, const std::optional<
     ++w_.r.runs;
     const int64_t done = int64_t(w_.store.steps(id).size());
     runs_[id] = {epoch, done + 1, w_.now() + w_.s.step_ms};
+    next_due_ = std::min(next_due_, w_.now() + w_.s.step_ms);
     return true;
 }
 
@@ -319,10 +328,13 @@ void Sessions::adopt_assigned() {
 }
 
 void Sessions::step() {
+    if (w_.now() < next_due_) return;
+    next_due_ = INT64_MAX;
     for (auto it = runs_.begin(); it != runs_.end();) {
         Run & run = it->second;
         const std::string & id = it->first;
         if (w_.now() < run.next_at) {
+            next_due_ = std::min(next_due_, run.next_at);
             ++it;
             continue;
         }
@@ -357,6 +369,7 @@ void Sessions::step() {
             if (s.error.find("different entry") != std::string::npos)
                 w_.violation("a finished step of " + id + " ran again on " + n_.name + ": " + s.error);
             run.next_at = w_.now() + w_.s.tick_ms;  // the store is away: try again
+            next_due_ = std::min(next_due_, run.next_at);
             ++it;
             continue;
         }
@@ -369,6 +382,7 @@ void Sessions::step() {
         }
         ++run.next_seq;
         run.next_at = w_.now() + w_.s.step_ms;
+        next_due_ = std::min(next_due_, run.next_at);
         ++it;
     }
 }
@@ -382,6 +396,7 @@ void Node::start() {
     stopped = false;
     lease = {};
     last_report = 0;
+    seq = int64_t(w.rng() & 0x3fffffff) << 20;  // a new process counts from a random start
     commands = w.bus.inbox(command_subject(name));
     sessions = std::make_unique<Sessions>(w, *this);
     events = std::make_shared<NodeEvents>(name);
@@ -410,6 +425,7 @@ void Node::report() {
     l.free_seqs = std::max(0, w.s.capacity - n);
     l.kv_headroom = int64_t(1) << 32;
     l.url = "http://" + name;
+    l.seq = ++seq;  // numbered, as NodeMembership does: a report read again is not news
     if (w.kv.put(w.keys.node(std::to_string(cell), name), encode_load(l), lease.id).empty()) last_report = w.now();
 }
 
@@ -452,9 +468,12 @@ void World::gateway(int i) {
     const std::string id = "s" + std::to_string(i);
     std::string cell = std::to_string(i % s.cells);
     std::optional<EtcdKv> sk;
-    if (kv.get(keys.shares(), sk).empty() && sk)
-        if (auto sh = decode_shares(sk->value))
-            if (auto c = pick_cell(*sh, "t" + std::to_string(i % 3)); !c.empty()) cell = c;
+    if (kv.get(keys.shares(), sk).empty() && sk && sk->mod_revision != shares_rev_) {
+        shares_rev_ = sk->mod_revision;  // decoded once per change, as a gateway's follower does
+        shares_ = decode_shares(sk->value);
+    }
+    if (shares_)
+        if (auto c = pick_cell(*shares_, "t" + std::to_string(i % 3)); !c.empty()) cell = c;
     store::Batch b;
     store::SessionRecord rec;
     rec.id = id;
@@ -623,6 +642,7 @@ RunnerResult World::run() {
             CellRunnerConfig rc;
             rc.cell = cell;
             rc.fetch_wait_ms = 0;
+            rc.reconcile_ms = s.reconcile_ms;
             rc.seed = rng();  // every draw from the world's seed: a seed replays
             cell_runners_.push_back(std::make_unique<CellRunner>(rc, kv, bus, places, events, store, clock, metrics));
             CellRunner & runner = *cell_runners_.back();
@@ -654,7 +674,9 @@ RunnerResult World::run() {
         brain.end_fn = [&runner] { runner.end(); };
     }
     const int64_t end = t0 + int64_t(s.duration_s * 1000);
-    const int64_t spread = int64_t(s.fault_s * 500);  // sessions arrive over the first half of the faults
+    // Sessions arrive over the first half of the faults, unless the scenario says otherwise.
+    const int64_t spread = int64_t((s.arrive_s >= 0 ? s.arrive_s : s.fault_s / 2) * 1000);
+    int64_t sampled_at = now();
     while (now() < end) {
         clock.advance(s.tick_ms);
         nemesis();
@@ -670,8 +692,18 @@ RunnerResult World::run() {
             n->tick();
         for (auto & b : brains)
             b->tick();
+        if (now() - sampled_at >= 10000) {
+            sampled_at = now();
+            EtcdStatus st;
+            bool alarms = false;
+            if (!kv_down && kv.status(st, alarms).empty()) r.kv_db_bytes_max = std::max(r.kv_db_bytes_max, st.db_bytes);
+        }
         if (int(completed.size()) == s.sessions && at_s() >= s.fault_s) break;
     }
+    r.sim_s = at_s();
+    r.complete = s.complete;
+    r.kv_writes = kv.writes();
+    r.bus_messages = bus.published();
     // Brains whose lease was never renewed: a killed one's lease goes too.
     r.sessions = s.sessions;
     r.completed = int(completed.size());
@@ -682,7 +714,7 @@ RunnerResult World::run() {
     EtcdStatus st;
     bool alarms = false;
     if (kv.status(st, alarms).empty()) r.kv_db_bytes = st.db_bytes;
-    for (int i = 0; i < s.sessions; ++i)
+    for (int i = 0; i < s.sessions && s.complete; ++i)
         if (!completed.count("s" + std::to_string(i))) {
             const auto row = mem.peek("s" + std::to_string(i));
             violation("session s" + std::to_string(i) + " did not complete (" +
@@ -695,6 +727,100 @@ RunnerResult World::run() {
 }
 
 }  // namespace
+
+std::optional<RunnerScenario> parse_runner_scenario(const std::string & yaml, std::string & error) {
+    YAML::Node n;
+    try {
+        n = YAML::Load(yaml);
+    } catch (const std::exception & e) {
+        error = std::string("not YAML: ") + e.what();
+        return std::nullopt;
+    }
+    if (!n.IsMap()) {
+        error = "a runner scenario is a map";
+        return std::nullopt;
+    }
+    RunnerScenario s;
+    try {
+        for (const auto & kv : n) {
+            const std::string k = kv.first.as<std::string>();
+            const YAML::Node & v = kv.second;
+            const auto integer = [&](int & out, int lo, int hi) {
+                const int x = v.as<int>();
+                if (x < lo || x > hi) {
+                    error = k + ": must be between " + std::to_string(lo) + " and " + std::to_string(hi);
+                    return false;
+                }
+                out = x;
+                return true;
+            };
+            const auto real = [&](double & out, double lo, double hi) {
+                const double x = v.as<double>();
+                if (!(x >= lo && x <= hi)) {
+                    error = k + ": must be between " + std::to_string(lo) + " and " + std::to_string(hi);
+                    return false;
+                }
+                out = x;
+                return true;
+            };
+            bool ok = true;
+            if (k == "world") {
+                if (v.as<std::string>() != "runners") {
+                    error = "world: only 'runners' is read here";
+                    ok = false;
+                }
+            } else if (k == "name") {
+                s.name = v.as<std::string>();
+            } else if (k == "cells") {
+                ok = integer(s.cells, 1, 256);
+            } else if (k == "nodes_per_cell") {
+                ok = integer(s.nodes_per_cell, 1, 1024);
+            } else if (k == "brains_per_cell") {
+                ok = integer(s.brains_per_cell, 1, 5);
+            } else if (k == "globals") {
+                ok = integer(s.globals, 1, 5);
+            } else if (k == "sessions") {
+                ok = integer(s.sessions, 0, 10'000'000);
+            } else if (k == "steps") {
+                ok = integer(s.steps, 1, 1000);
+            } else if (k == "step_ms") {
+                ok = integer(s.step_ms, 1, 3'600'000);
+            } else if (k == "capacity") {
+                ok = integer(s.capacity, 1, 100'000);
+            } else if (k == "lease_ttl_ms") {
+                ok = integer(s.lease_ttl_ms, 1000, 60'000);
+            } else if (k == "reconcile_ms") {
+                ok = integer(s.reconcile_ms, 100, 3'600'000);
+            } else if (k == "tick_ms") {
+                ok = integer(s.tick_ms, 10, 1000);
+            } else if (k == "fault_s") {
+                ok = real(s.fault_s, 0, 86400);
+            } else if (k == "arrive_s") {
+                ok = real(s.arrive_s, 0, 86400);
+            } else if (k == "duration_s") {
+                ok = real(s.duration_s, 1, 86400);
+            } else if (k == "faults_per_s") {
+                ok = real(s.faults_per_s, 0, 100);
+            } else if (k == "faults") {
+                s.faults = v.as<bool>();
+            } else if (k == "complete") {
+                s.complete = v.as<bool>();
+            } else {
+                error = "unknown setting '" + k + "'";
+                ok = false;
+            }
+            if (!ok) return std::nullopt;
+        }
+    } catch (const YAML::Exception & e) {
+        error = e.what();
+        return std::nullopt;
+    }
+    if (s.lease_ttl_ms < 3 * s.tick_ms) {
+        error = "lease_ttl_ms must be at least three ticks";
+        return std::nullopt;
+    }
+    return s;
+}
 
 RunnerResult run_runners(const RunnerScenario & s, uint64_t seed) {
     const auto level = spdlog::get_level();

@@ -2,6 +2,8 @@
 
 #include "cluster/queue.h"
 
+#include <algorithm>
+
 namespace armada::cluster {
 
 std::string JetStreamBus::publish(const std::string & subject, const std::string & data, const std::string & msg_id,
@@ -76,21 +78,23 @@ std::string MemoryBus::publish_async(const std::string & subject, const std::str
                                      const std::string & msg_id) {
     std::lock_guard lk(mu_);
     if (down_) return "nats: no server available for connection";
-    kept_.emplace_back(subject, data);
+    ++published_;
+    if (keep_sent_) kept_.emplace_back(subject, data);
     if (!msg_id.empty() && ids_.count(msg_id)) return {};
     auto p = std::make_shared<Pending>();
     p->subject = subject;
     p->data = data;
     p->id = ++next_id_;
     if (!msg_id.empty()) ids_[msg_id] = p->id;
-    queue_.push_back(std::move(p));
+    queue_[subject].push_back(std::move(p));
     return {};
 }
 
 std::string MemoryBus::publish_now(const std::string & subject, const std::string & data) {
     std::lock_guard lk(mu_);
     if (down_) return "nats: no server available for connection";
-    now_.emplace_back(subject, data);
+    ++published_;
+    if (keep_sent_) now_.emplace_back(subject, data);
     std::erase_if(listeners_, [](const auto & w) { return w.expired(); });
     for (const auto & weak : listeners_)
         if (auto l = weak.lock(); l && matches(l->filter, subject)) l->got.emplace_back(subject, data);
@@ -141,11 +145,16 @@ std::vector<BusMsg> MemoryBus::take(const std::string & filter, int batch, std::
         return out;
     }
     // Acked messages leave; one fetched before and not acked is delivered again (its ack wait is
-    // taken to have passed by the next fetch).
-    std::erase_if(queue_, [](const auto & p) { return p->acked; });
-    for (const auto & p : queue_) {
-        if (int(out.size()) >= batch) break;
-        if (!matches(filter, p->subject)) continue;
+    // taken to have passed by the next fetch). Across subjects, in the order they were published.
+    std::vector<std::shared_ptr<Pending>> due;
+    for (Queue * q : queues(filter)) {
+        std::erase_if(*q, [](const auto & p) { return p->acked; });
+        for (size_t i = 0; i < q->size() && int(i) < batch; ++i)
+            due.push_back((*q)[i]);
+    }
+    std::sort(due.begin(), due.end(), [](const auto & a, const auto & b) { return a->id < b->id; });
+    if (int(due.size()) > batch) due.resize(size_t(std::max(0, batch)));
+    for (const auto & p : due) {
         ++p->deliveries;
         std::weak_ptr<Pending> w = p;
         out.push_back({p->subject, p->data, p->deliveries, [w, this] {
@@ -154,6 +163,16 @@ std::vector<BusMsg> MemoryBus::take(const std::string & filter, int batch, std::
                        }});
     }
     return out;
+}
+
+int64_t MemoryBus::published() const {
+    std::lock_guard lk(mu_);
+    return published_;
+}
+
+void MemoryBus::keep_sent(bool keep) {
+    std::lock_guard lk(mu_);
+    keep_sent_ = keep;
 }
 
 void MemoryBus::set_down(bool down) {
@@ -174,9 +193,23 @@ std::vector<std::pair<std::string, std::string>> MemoryBus::sent_kept() const {
 size_t MemoryBus::waiting(const std::string & filter) const {
     std::lock_guard lk(mu_);
     size_t n = 0;
-    for (const auto & p : queue_)
-        if (!p->acked && matches(filter, p->subject)) ++n;
+    for (const auto & [subject, q] : queue_)
+        if (matches(filter, subject))
+            for (const auto & p : q)
+                n += p->acked ? 0 : 1;
     return n;
+}
+
+std::vector<MemoryBus::Queue *> MemoryBus::queues(const std::string & filter) {
+    std::vector<Queue *> out;
+    if (filter.size() >= 2 && filter.compare(filter.size() - 2, 2, ".>") == 0) {
+        const std::string prefix = filter.substr(0, filter.size() - 1);
+        for (auto it = queue_.lower_bound(prefix); it != queue_.end() && it->first.rfind(prefix, 0) == 0; ++it)
+            if (it->first.size() > prefix.size()) out.push_back(&it->second);
+    } else if (auto it = queue_.find(filter); it != queue_.end()) {
+        out.push_back(&it->second);
+    }
+    return out;
 }
 
 }  // namespace armada::cluster

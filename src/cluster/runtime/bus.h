@@ -103,6 +103,11 @@ class MemoryBus final : public Bus {
     std::vector<std::pair<std::string, std::string>> sent_kept() const;
     //! Messages waiting for a taker on subjects matching `filter`.
     size_t waiting(const std::string & filter) const;
+    //! Messages published, both kinds (counted whether or not they are kept for sent_*).
+    int64_t published() const;
+    //! Whether sent_now and sent_kept keep what was published (on by default; a long run at
+    //! scale turns it off).
+    void keep_sent(bool keep);
 
   private:
     friend class MemoryInbox;
@@ -118,9 +123,14 @@ class MemoryBus final : public Bus {
     mutable std::mutex mu_;
     bool down_ = false;
     int64_t next_id_ = 0;
-    std::deque<std::shared_ptr<Pending>> queue_;
+    using Queue = std::deque<std::shared_ptr<Pending>>;
+    //! The queues of the subjects matching `filter` (one, or every one under a `.>` prefix).
+    std::vector<Queue *> queues(const std::string & filter);
+    std::map<std::string, Queue> queue_;  // subject → its messages in order
     std::map<std::string, int64_t> ids_;  // msg_id → message (deduplication)
     std::vector<std::pair<std::string, std::string>> now_, kept_;
+    bool keep_sent_ = true;
+    int64_t published_ = 0;
     struct Listening {
         std::string filter;
         std::deque<std::pair<std::string, std::string>> got;

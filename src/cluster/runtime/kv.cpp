@@ -173,6 +173,7 @@ std::string MemoryKv::put(const std::string & key, const std::string & value, in
     ++calls_;
     if (lease != 0 && !leases_.count(lease)) return "etcdserver: requested lease not found";
     ++revision_;
+    ++writes_;
     return put_locked(key, value, lease);
 }
 
@@ -183,6 +184,7 @@ std::string MemoryKv::erase(const std::string & key) {
     auto it = keys_.find(key);
     if (it == keys_.end()) return {};
     ++revision_;
+    ++writes_;
     emit(deleted(it->first, revision_));
     keys_.erase(it);
     return {};
@@ -204,6 +206,7 @@ std::string MemoryKv::txn(const std::vector<EtcdCompare> & compares,
     }
     if (succeeded && !puts.empty()) {
         ++revision_;
+        ++writes_;
         for (const auto & [k, v] : puts)
             put_locked(k, v, 0);
     }
@@ -300,7 +303,10 @@ void MemoryKv::revoke(int64_t lease) {
             ++it;
             continue;
         }
-        if (!any) ++revision_;
+        if (!any) {
+            ++revision_;
+            ++writes_;
+        }
         any = true;
         emit(deleted(it->first, revision_));
         it = keys_.erase(it);
@@ -368,6 +374,11 @@ int64_t MemoryKv::revision() const {
 int64_t MemoryKv::calls() const {
     std::lock_guard lk(mu_);
     return calls_;
+}
+
+int64_t MemoryKv::writes() const {
+    std::lock_guard lk(mu_);
+    return writes_;
 }
 
 int64_t MemoryKv::keys_listed() const {

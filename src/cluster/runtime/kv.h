@@ -116,6 +116,8 @@ class MemoryKv final : public KvStore {
     //! Calls answered since the start (reads and writes), and keys returned by lists.
     int64_t calls() const;
     int64_t keys_listed() const;
+    //! Writes applied (each one a new revision).
+    int64_t writes() const;
 
   private:
     struct Watcher;
@@ -131,6 +133,7 @@ class MemoryKv final : public KvStore {
     std::map<int64_t, LeaseState> leases_;  // live leases
     bool down_ = false;
     mutable int64_t calls_ = 0, keys_listed_ = 0;
+    int64_t writes_ = 0;
     int64_t db_high_ = 0;
     std::vector<std::weak_ptr<Watcher>> watchers_;
     //! Every change kept since the last compaction: a watch from an older revision replays them.
