@@ -29,17 +29,20 @@ void MemoryStore::unindex(const SessionRecord & r) {
         ended_.erase({r.updated_ms, r.id});
         return;
     }
-    if (auto it = open_.find(r.cell); it != open_.end()) {
-        it->second.erase(r.id);
-        if (it->second.empty()) open_.erase(it);
+    auto c = open_.find(r.cell);
+    if (c == open_.end()) return;
+    if (auto n = c->second.find(r.node); n != c->second.end()) {
+        n->second.erase(r.id);
+        if (n->second.empty()) c->second.erase(n);
     }
+    if (c->second.empty()) open_.erase(c);
 }
 
 void MemoryStore::index(const SessionRecord & r) {
     if (ends(r.state))
         ended_.insert({r.updated_ms, r.id});
     else
-        open_[r.cell].insert(r.id);
+        open_[r.cell][r.node].insert(r.id);
 }
 
 void MemoryStore::set_down(bool down) {
@@ -226,9 +229,18 @@ std::optional<std::vector<SessionRecord>> MemoryStore::open_sessions(const std::
         out.push_back(r);
     };
     if (standard_ended(ended_states)) {
-        if (auto it = open_.find(cell); it != open_.end())
-            for (const auto & id : it->second)
-                take(sessions_.at(id));
+        if (auto c = open_.find(cell); c != open_.end()) {
+            const auto each = [&](const std::set<std::string> & ids) {
+                for (const auto & id : ids)
+                    take(sessions_.at(id));
+            };
+            if (!node.empty()) {
+                if (auto n = c->second.find(node); n != c->second.end()) each(n->second);
+            } else {
+                for (const auto & [n, ids] : c->second)
+                    each(ids);
+            }
+        }
     } else {
         for (const auto & [id, r] : sessions_)
             take(r);

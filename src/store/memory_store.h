@@ -57,9 +57,10 @@ class MemoryStore final : public Store {
     std::map<std::string, std::vector<StepRecord>> steps_;
     std::map<std::pair<std::string, std::string>, AgentRecord> agents_;
     std::map<std::string, ResponseRecord> responses_;
-    std::map<std::string, int64_t> leaders_;             // election → the highest leader revision that wrote
-    std::map<std::string, std::set<std::string>> open_;  // cell → its open sessions
-    std::set<std::pair<int64_t, std::string>> ended_;    // (updated_ms, id) of ended sessions
+    std::map<std::string, int64_t> leaders_;  // election → the highest leader revision that wrote
+    //! cell → node → its open sessions (the index's (cell, node) columns)
+    std::map<std::string, std::map<std::string, std::set<std::string>>> open_;
+    std::set<std::pair<int64_t, std::string>> ended_;  // (updated_ms, id) of ended sessions
     mutable Counts counts_;
 };
 

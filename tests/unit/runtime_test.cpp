@@ -99,6 +99,32 @@ TEST(MemoryKv, KeepsEtcdsRevisionsLeasesAndTxnCompares) {
     EXPECT_NE(kv.get("/a", got), "");
 }
 
+TEST(MemoryKv, PeriodicCompactionKeepsBetweenOneAndTwoPeriodsOfHistory) {
+    ManualClock clock;
+    MemoryKv kv(&clock);
+    kv.set_retention(60000);
+    const auto can_watch_from = [&](int64_t rev) {
+        auto w = kv.watch("/p/", rev);
+        std::vector<EtcdEvent> evs;
+        std::string err;
+        return w->take(evs, 0, err) || err.find("compacted") == std::string::npos;
+    };
+    ASSERT_EQ(kv.put("/p/a", "1", 0), "");
+    const int64_t early = kv.revision();
+    clock.advance(30000);
+    kv.expire_leases();
+    ASSERT_EQ(kv.put("/p/a", "2", 0), "");
+    clock.advance(30000);  // one period: the history before the start goes, not `early`
+    kv.expire_leases();
+    EXPECT_TRUE(can_watch_from(early));
+    ASSERT_EQ(kv.put("/p/a", "3", 0), "");
+    const int64_t recent = kv.revision();
+    clock.advance(60000);  // two periods: what came before the last mark goes
+    kv.expire_leases();
+    EXPECT_FALSE(can_watch_from(early));
+    EXPECT_TRUE(can_watch_from(recent));
+}
+
 TEST(Informer, ListsWatchesAndAfterAnOutageHandsOutOnlyTheDifference) {
     MemoryKv kv;
     ManualClock clock;

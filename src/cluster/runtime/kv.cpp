@@ -124,7 +124,7 @@ EtcdEvent MemoryKv::deleted(const std::string & key, int64_t revision) {
 
 void MemoryKv::emit(const EtcdEvent & ev) {
     history_.emplace_back(revision_, ev);
-    if (history_.size() > kMaxHistory) {
+    if (retention_ms_ == 0 && history_.size() > kMaxHistory) {
         compacted_ = history_.front().first;
         history_.pop_front();
     }
@@ -289,6 +289,15 @@ void MemoryKv::expire_leases() {
         const int64_t now = clock_->now_ms();
         for (const auto & [id, l] : leases_)
             if (l.deadline > 0 && l.deadline <= now) gone.push_back(id);
+        if (retention_ms_ > 0 && now - retention_at_ >= retention_ms_) {
+            // Compact to the revision marked one period ago, and mark this one.
+            while (!history_.empty() && history_.front().first <= retention_mark_) {
+                compacted_ = history_.front().first;
+                history_.pop_front();
+            }
+            retention_mark_ = revision_;
+            retention_at_ = now;
+        }
     }
     for (int64_t id : gone)
         revoke(id);
@@ -330,6 +339,13 @@ void MemoryKv::set_down(bool down) {
     }
     for (const auto & w : ending)
         w->end(kDown);
+}
+
+void MemoryKv::set_retention(int64_t ms) {
+    std::lock_guard lk(mu_);
+    retention_ms_ = std::max<int64_t>(0, ms);
+    retention_at_ = clock_ ? clock_->now_ms() : 0;
+    retention_mark_ = revision_;
 }
 
 void MemoryKv::compact() {

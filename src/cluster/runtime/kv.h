@@ -102,6 +102,10 @@ class MemoryKv final : public KvStore {
     void expire_leases();
     void set_down(bool down);
     void compact();
+    //! etcd's periodic auto-compaction (`--auto-compaction-retention`): every `ms`, the history
+    //! before the revision of `ms` ago goes (run by `expire_leases`; needs a clock). Without it,
+    //! the latest 100,000 changes are kept.
+    void set_retention(int64_t ms);
     struct LeaseState {
         int64_t ttl_ms = 0, deadline = 0;  // deadline 0: none
     };
@@ -129,6 +133,7 @@ class MemoryKv final : public KvStore {
     mutable std::mutex mu_;
     std::map<std::string, EtcdKv> keys_;
     int64_t revision_ = 1, next_lease_ = 1000, compacted_ = 0;
+    int64_t retention_ms_ = 0, retention_mark_ = 0, retention_at_ = 0;  // the revision at the last mark, when
     Clock * clock_ = nullptr;
     std::map<int64_t, LeaseState> leases_;  // live leases
     bool down_ = false;
