@@ -290,11 +290,16 @@ int runner_command(const SimCommandOptions & o, const std::string & text) {
             {"etcd_db_bytes_end", r.kv_db_bytes},
             {"etcd_db_bytes_max", r.kv_db_bytes_max},
             {"nats_messages_per_s", double(r.bus_messages) / t},
+            {"failovers", r.failover_ms.size()},
+            {"failover_ms_max",
+             r.failover_ms.empty() ? 0 : *std::max_element(r.failover_ms.begin(), r.failover_ms.end())},
             {"violations", r.violations},
+            {"fault_list", r.faults},
         };
         std::string md = "| figure | value |\n|---|---|\n";
         for (const auto & [k, v] : j.items())
-            if (k != "violations") md += "| " + k + " | " + (v.is_string() ? v.get<std::string>() : v.dump()) + " |\n";
+            if (k != "violations" && k != "fault_list")
+                md += "| " + k + " | " + (v.is_string() ? v.get<std::string>() : v.dump()) + " |\n";
         fputs(md.c_str(), stdout);
         if (!o.out.empty()) {
             std::error_code ec;
