@@ -46,3 +46,20 @@ TEST(SimRunners, ASweepOfSeedsUnderTheNemesisHolds) {
     }
     EXPECT_GT(faults, seeds * 3) << "the nemesis injected faults";
 }
+
+TEST(SimRunners, AScenarioFileSetsTheWorldAndRefusesWhatItDoesNotKnow) {
+    std::string err;
+    const auto s =
+        parse_runner_scenario("world: runners\ncells: 64\nnodes_per_cell: 64\nsessions: 100\ncomplete: false\n", err);
+    ASSERT_TRUE(s) << err;
+    EXPECT_EQ(s->cells, 64);
+    EXPECT_EQ(s->nodes_per_cell, 64);
+    EXPECT_EQ(s->sessions, 100);
+    EXPECT_FALSE(s->complete);
+    EXPECT_FALSE(parse_runner_scenario("world: runners\ncels: 4\n", err));
+    EXPECT_NE(err.find("unknown setting 'cels'"), std::string::npos) << err;
+    EXPECT_FALSE(parse_runner_scenario("world: runners\ncells: 0\n", err));
+    EXPECT_NE(err.find("cells"), std::string::npos) << err;
+    EXPECT_FALSE(parse_runner_scenario("world: runners\nsessions: many\n", err));
+    EXPECT_FALSE(parse_runner_scenario("world: runners\ntick_ms: 1000\nlease_ttl_ms: 2000\n", err));
+}
