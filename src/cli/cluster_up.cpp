@@ -107,8 +107,37 @@ int cluster_up(const ClusterUpOptions & o) {
         fprintf(stderr, "error: cannot create %s: %s\n", o.data_dir.c_str(), ec.message().c_str());
         return 1;
     }
-    const std::string dir = fs::absolute(o.data_dir).string();
+    std::string dir = fs::absolute(o.data_dir).lexically_normal().string();
+    if (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     const std::string logs = dir + "/logs/";
+    // PostgreSQL runs as its own user when root starts it, and must reach its directory. The
+    // default data directory of a checkout under /root is closed to it: its database then lives
+    // under /var/lib/armada, and `<data-dir>/postgres` links there. A --data-dir given that way
+    // stays an error, which says how to fix it.
+    if (::geteuid() == 0 && !o.data_dir_given && !cluster::closed_ancestor(dir + "/postgres").empty()) {
+        const std::string home = cluster::postgres_home_for(dir);
+        const fs::path link = dir + "/postgres";
+        if (!fs::is_symlink(link, ec)) {
+            if (fs::exists(link, ec)) {
+                fprintf(stderr,
+                        "error: %s is a directory PostgreSQL's user cannot reach; move it aside, or give a "
+                        "--data-dir it can reach\n",
+                        link.c_str());
+                return 1;
+            }
+            // A data directory made afresh: whatever an earlier one at this path left there goes.
+            fs::remove_all(home, ec);
+            fs::create_directories(home, ec);
+            if (!ec) fs::create_directory_symlink(home, link, ec);
+            if (ec) {
+                fprintf(stderr, "error: cannot keep PostgreSQL's data in %s: %s\n", home.c_str(), ec.message().c_str());
+                return 1;
+            }
+        }
+        ::chmod("/var/lib/armada", 0755);
+        ::chmod("/var/lib/armada/postgres", 0711);
+        printf("armada: %s is closed to the postgres user: PostgreSQL's data is in %s\n", dir.c_str(), home.c_str());
+    }
 
     // The servers, each with one job (CLUSTER.md).
     cluster::LocalPostgres pg;
@@ -161,7 +190,10 @@ int cluster_up(const ClusterUpOptions & o) {
     // Every server's secrets (passwords, the PostgreSQL passfile) live here, root's alone (0700
     // directory, 0600 files), and cluster.yaml only names them.
     const std::string secrets = dir + "/secrets";
-    if (!up("postgresql", pg.start(dir + "/postgres", 0, secrets))) return 1;
+    // (Through the link, if there is one: the server's user reaches the real path.)
+    const std::string pg_dir =
+        fs::is_symlink(dir + "/postgres", ec) ? fs::read_symlink(dir + "/postgres", ec).string() : dir + "/postgres";
+    if (!up("postgresql", pg.start(pg_dir, 0, secrets))) return 1;
     for (const auto & db : databases) {
         if (!up(("postgresql database " + db).c_str(), pg.create_database(db))) return 1;
     }

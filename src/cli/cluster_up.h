@@ -13,6 +13,9 @@ struct ClusterUpOptions {
     int gateways = 1;
     std::string model;
     std::string data_dir = "./armada-cluster";
+    //! --data-dir was given: a directory PostgreSQL's user cannot reach is an error. Left to its
+    //! default (a checkout under /root), PostgreSQL's data goes where that user can reach it.
+    bool data_dir_given = false;
     int port = 8080;  // the gateway's; 0: a free one
     std::string agents_file;
     std::string api_key_file;

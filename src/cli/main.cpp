@@ -695,7 +695,10 @@ int main(int argc, char ** argv) {
         return cli::rollout_command(ro);
     }
     if (gw->parsed()) return gateway::gateway_command(gwo);
-    if (cup->parsed()) return cli::cluster_up(cuo);
+    if (cup->parsed()) {
+        cuo.data_dir_given = cup->count("--data-dir") > 0;
+        return cli::cluster_up(cuo);
+    }
     if (cfl->parsed()) return cli::forget_leaders(forget_file);
     if (sm->parsed()) return cli::sim_command(simo);
     if (tp->parsed()) return cli::topology_command(topo.synthetic, topo.xml, topo.place);

@@ -219,6 +219,27 @@ constexpr const char * kPgRole = "armada";         // the database role the clus
 constexpr const char * kPgAdmin = "armada_admin";  // the superuser (set-up only)
 }  // namespace
 
+std::string closed_ancestor(const std::string & dir) {
+    for (fs::path p = fs::absolute(dir).parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
+        std::error_code ec;
+        const auto perms = fs::status(p, ec).permissions();
+        if (!ec && (perms & fs::perms::others_exec) == fs::perms::none) return p.string();
+    }
+    return {};
+}
+
+std::string postgres_home_for(const std::string & data_dir) {
+    // FNV-1a of the absolute path: the same data directory finds its database again.
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char c : fs::absolute(data_dir).lexically_normal().string()) {
+        h ^= c;
+        h *= 1099511628211ull;
+    }
+    char name[17];
+    std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
+    return std::string("/var/lib/armada/postgres/") + name;
+}
+
 std::string write_private(const std::string & path, const std::string & text) {
     const std::string tmp = path + ".tmp";
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -298,13 +319,9 @@ std::string LocalPostgres::start(const std::string & dir, int port, const std::s
         if (!pw) return "PostgreSQL refuses to run as root, and there is no 'postgres' user to run it as";
         // The directory must sit where that user can reach it: every directory above it must let
         // other users through.
-        for (fs::path p = fs::absolute(dir_).parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
-            std::error_code sec;
-            const auto perms = fs::status(p, sec).permissions();
-            if (!sec && (perms & fs::perms::others_exec) == fs::perms::none)
-                return "the postgres user cannot reach " + dir_ + ": " + p.string() +
-                       " does not let other users through (chmod o+x it, or choose another directory)";
-        }
+        if (const std::string p = closed_ancestor(dir_); !p.empty())
+            return "the postgres user cannot reach " + dir_ + ": " + p +
+                   " does not let other users through (chmod o+x it, or choose another directory)";
         chown_tree(dir_, pw->pw_uid, pw->pw_gid);
     }
     secrets_ = secrets_dir.empty() ? dir_ + "-secrets" : secrets_dir;

@@ -62,6 +62,13 @@ std::string ensure_secret(const std::string & path, std::string & error);
 
 //! Writes `text` to `path` with mode 0600 (replacing it whole).
 std::string write_private(const std::string & path, const std::string & text);
+//! The first directory above `dir` that does not let other users through (no o+x), or "" when
+//! every one does: a service user (PostgreSQL's) cannot reach `dir` past it.
+std::string closed_ancestor(const std::string & dir);
+//! Where `cluster up` keeps PostgreSQL's data for a data directory that user cannot reach (a
+//! checkout under /root): a directory of its own under /var/lib/armada/postgres, named by the
+//! data directory's path.
+std::string postgres_home_for(const std::string & data_dir);
 
 //! A PostgreSQL server from the Debian binaries, in a directory of its own, on a loopback port.
 //! Used by the tests, the benchmarks and `armada cluster up`. Every connection needs a password

@@ -163,8 +163,8 @@ export async function chatTurn(gw, nodes, messages) {
 
 // Starts `armada cluster up ARGS` and waits for it to print its gateway's URL. Returns
 // { proc, gw, log(), stop() }; stop() sends SIGINT and waits for everything to stop.
-export async function clusterUp(args, { env = process.env, timeoutMs = 120000 } = {}) {
-  const proc = spawn(process.env.ARMADA_BIN, ['cluster', 'up', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env });
+export async function clusterUp(args, { env = process.env, timeoutMs = 120000, cwd = undefined } = {}) {
+  const proc = spawn(process.env.ARMADA_BIN, ['cluster', 'up', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env, cwd });
   let log = '';
   proc.stdout.on('data', (d) => { log += d; });
   proc.stderr.on('data', (d) => { log += d; });
