@@ -36,6 +36,7 @@
 #include <pthread.h>
 #include <strings.h>
 #include <unistd.h>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -191,15 +192,15 @@ using Reports = std::map<std::string, cluster::CellReport>;
 //! span). Only first status counts, as in the responder itself.
 class StatusTap final : public Responder {
   public:
-    explicit StatusTap(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+    //! `seen` is told the status once, when the answer starts (for the gateway's counts).
+    explicit StatusTap(std::shared_ptr<Responder> inner, std::function<void(int)> seen = {})
+        : inner_(std::move(inner)), seen_(std::move(seen)) {}
     void send(int status, const std::string & content_type, std::string body, api::Headers extra) override {
-        int none = 0;
-        status_.compare_exchange_strong(none, status);
+        note(status);
         inner_->send(status, content_type, std::move(body), std::move(extra));
     }
     void start_stream(int status, api::Headers extra) override {
-        int none = 0;
-        status_.compare_exchange_strong(none, status);
+        note(status);
         inner_->start_stream(status, std::move(extra));
     }
     void write(std::string chunk) override { inner_->write(std::move(chunk)); }
@@ -210,7 +211,12 @@ class StatusTap final : public Responder {
     int status() const { return status_.load(); }
 
   private:
+    void note(int status) {
+        int none = 0;
+        if (status_.compare_exchange_strong(none, status) && seen_) seen_(status);
+    }
     std::shared_ptr<Responder> inner_;
+    std::function<void(int)> seen_;
     std::atomic<int> status_{0};
 };
 
@@ -345,10 +351,10 @@ class Gateway {
                 // the client's own context passes through untouched.
                 const auto tracer = obs::tracer();
                 std::optional<obs::Span> span;
-                std::shared_ptr<StatusTap> tap;  // the status, for the span
+                // The status, for the span and the counts of answers by class.
+                auto tap = std::make_shared<StatusTap>(out, [this](int status) { count_status(status); });
+                out = tap;
                 if (tracer->enabled()) {
-                    tap = std::make_shared<StatusTap>(out);
-                    out = tap;
                     const std::string route_name = http_route(req.path);
                     span = obs::Span::start(req.method + " " + route_name, obs::SpanKind::server,
                                             obs::TraceContext::parse(req.header("traceparent")));
@@ -390,12 +396,14 @@ class Gateway {
         } catch (const WorkerPool::Full &) {
             --in_flight_;
             ++refused_workers_;
+            count_status(503);
             send_error(client, 503, "the gateway is at its limit of requests in progress; retry shortly", 1,
                        "overloaded");
         } catch (const std::exception & e) {
             // No thread could be started (the process is at its limit): the client hears so.
             --in_flight_;
             spdlog::error("gateway: no worker thread for a request: {}", e.what());
+            count_status(503);
             send_error(client, 503, "the gateway is overloaded; retry shortly", 1, "overloaded");
         }
     }
@@ -1242,6 +1250,9 @@ class Gateway {
             m.gauge("armada_gateway_nodes", "Live nodes the gateway sees in etcd").set(double(nodes_.size()));
         }
         m.sync_counter("armada_gateway_requests_total", "Requests the gateway took", requests_.load());
+        for (size_t c = 1; c < answers_.size(); ++c)
+            m.sync_counter("armada_gateway_responses_total", "Answers the gateway gave, by status class",
+                           answers_[c].load(), {{"code", std::to_string(c) + "xx"}});
         m.sync_counter("armada_gateway_streams_refused_total",
                        "Session event streams refused (429): the tenant had its cap of them open",
                        refused_streams_.load());
@@ -1854,6 +1865,10 @@ class Gateway {
     std::unique_ptr<cluster::JetStream> js_;
     std::unique_ptr<cluster::RedisPool> redis_;
     std::atomic<uint64_t> requests_{0}, route_hits_{0};
+    std::array<std::atomic<uint64_t>, 6> answers_{};  // by status class: [5] counts 5xx
+    void count_status(int status) {
+        if (status >= 100 && status < 600) ++answers_[size_t(status / 100)];
+    }
     std::atomic<uint64_t> refused_full_{0};  // new sessions refused: every cell at its water level
     std::unique_ptr<cluster::Quotas> quotas_;
     //! The routing rules and latency classes as of the last start or SIGHUP (mu_).

@@ -212,6 +212,9 @@ test('a thousand event streams from one tenant: its cap answers 429, and another
     assert.ok(med(loaded) < med(baseline) * 3 + 300, `chat took ${loaded} ms with the streams open, ${baseline} without`);
   const m = await fetch(`${gw}/metrics`, { headers: ADMIN }).then((r) => r.text());
   assert.equal(metricSum(m, 'armada_gateway_streams_refused_total'), 1000 - STREAM_CAP);
+  // Each refusal is a 4xx answer in the counts by class (what the 5xx-ratio alert reads).
+  assert.ok(metricSum(m, 'armada_gateway_responses_total', 'code="4xx"') >= 1000 - STREAM_CAP, m);
+  assert.ok(metricSum(m, 'armada_gateway_responses_total', 'code="2xx"') >= STREAM_CAP, m);
   for (const { ac } of open) ac.abort();
   // Closed streams free their slots.
   await waitFor('the cap to free up', async () => {
