@@ -1089,6 +1089,9 @@ test('a standby waits on observe, not by campaigning again; the leader resigns o
   assert.equal(lm('armada_brain_leading'), 1, leader.name);
   assert.equal(sm('armada_brain_leading'), 0, standby.name);
   assert.ok(lm('armada_brain_epoch') > 0);
+  // Both name the election they stand in (the rule "a cell without a leading brain" joins on it).
+  assert.equal(lm('armada_brain_info', 'election="'), 1, leader.name);
+  assert.equal(sm('armada_brain_info', 'election="'), 1, standby.name);
   assert.ok(lm('armada_brain_decisions_total', 'kind="place"') + sm('armada_brain_decisions_total', 'kind="place"') > 0,
     'the sessions of the tests before were placed by these brains');
   // Re-placements, by kind: sessions of the lost nodes moved (the fault tests), and the drained

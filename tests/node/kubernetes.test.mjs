@@ -10,6 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import YAML from 'yaml';
+import { renderPrometheusRule, ruleObjectFile, rulesFile } from './prometheus_rule.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../deploy/kubernetes');
 const base = path.join(root, 'base');
@@ -27,7 +28,9 @@ function baseObjects() {
 // The model class for an object's apiVersion and kind, from kubernetes-models.
 async function modelOf(obj) {
   const [group, version] = obj.apiVersion.includes('/') ? obj.apiVersion.split('/') : [null, obj.apiVersion];
-  const mod = await import(group ? `kubernetes-models/${group}/${version}` : `kubernetes-models/${version}`);
+  // The Prometheus Operator's kinds (the alert rules) come from its own package of models.
+  const pkg = group === 'monitoring.coreos.com' ? '@kubernetes-models/prometheus-operator' : 'kubernetes-models';
+  const mod = await import(group ? `${pkg}/${group}/${version}` : `${pkg}/${version}`);
   const Model = mod[obj.kind];
   assert.ok(Model, `kubernetes-models knows ${obj.apiVersion} ${obj.kind}`);
   return Model;
@@ -224,4 +227,27 @@ test('rollouts drive the node StatefulSet: the global brain\'s account may do wh
   const label = c.env.find((e) => e.name === 'ARMADA_VERSION_LABEL')?.value;
   assert.ok(label, 'the nodes\' version label is in their environment');
   assert.equal(node.spec.template.metadata.annotations['armada.dev/version'], label);
+});
+
+test('the alert rules ship as a PrometheusRule the example overlay includes, valid and the same as the rules file', async () => {
+  const text = fs.readFileSync(ruleObjectFile, 'utf8');
+  assert.equal(text, renderPrometheusRule(),
+    'prometheus-rule.yaml differs from deploy/prometheus/armada.rules.yml: run `node tests/node/prometheus_rule.mjs`');
+  const [rule] = docs(text);
+  const { PrometheusRule } = await import('@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1');
+  new PrometheusRule(rule).validate();
+  assert.deepEqual(rule.spec.groups, YAML.parse(fs.readFileSync(rulesFile, 'utf8')).groups);
+  const alerts = rule.spec.groups.flatMap((g) => g.rules).filter((r) => r.alert).map((r) => r.alert);
+  for (const a of ['ArmadaChainSurvivalLow', 'ArmadaRolloutGateFired', 'ArmadaKvWatermarkHigh', 'ArmadaElectionWithoutLeader',
+    'ArmadaLeadershipFlapping', 'ArmadaEtcdNearQuota', 'ArmadaPoolBreakerOpen', 'ArmadaGateway5xxHigh', 'ArmadaQuotaRefusals'])
+    assert.ok(alerts.includes(a), `${a} is among the rules`);
+  const component = YAML.parse(fs.readFileSync(path.join(root, 'components/prometheus-rules/kustomization.yaml'), 'utf8'));
+  assert.equal(component.kind, 'Component');
+  assert.deepEqual(component.resources, ['prometheus-rule.yaml']);
+  const k = YAML.parse(fs.readFileSync(path.join(overlay, 'kustomization.yaml'), 'utf8'));
+  assert.ok((k.components ?? []).includes('../../components/prometheus-rules'), 'the example overlay includes the rules');
+  // The check can fail: a rule without its expression is refused by the schema.
+  const broken = structuredClone(rule);
+  delete broken.spec.groups[1].rules[0].expr;
+  assert.throws(() => new PrometheusRule(broken).validate(), /expr/);
 });

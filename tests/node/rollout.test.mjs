@@ -391,6 +391,16 @@ test('v2 -> v-bad halts after its first wave, says which gate fired with its num
     if (!everBad.has(p.name)) assert.equal(p.pid, pids.get(p.name), `${p.name} was not restarted`);
   const text = await rollout('status');
   assert.match(text.stdout, /halted: (error_codes \(model\)|task_success) fired/);
+  // The leading global brain exports the gates (what the rollout alert reads): the one that fired reads 1.
+  await waitFor('the fired gate in the global leader\'s metrics', async () => {
+    for (const b of status().processes.filter((p) => p.role === 'global' && alive(p.pid))) {
+      const t = await fetch(`${b.url}/metrics`).then((r) => r.text()).catch(() => '');
+      if (metricSum(t, 'armada_brain_leading') !== 1) continue;
+      return final.state.gates.filter((g) => g.fired)
+        .every((g) => metricSum(t, 'armada_rollout_gate_fired', `signal="${g.signal}"`) >= 1);
+    }
+    return false;
+  }, 30000);
   await waitFor('the dashboard to show the gate that fired', async () => {
     const r = (await fetch(`${gw}/dashboard/snapshot`).then((x) => x.json())).rollout;
     return r?.phase === 'halted' && r.fired === final.state.fired && r.gates.some((g) => g.fired);

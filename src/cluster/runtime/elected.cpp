@@ -274,6 +274,9 @@ bool Elected::still_leader(const EtcdLeader & me, const std::string & election) 
 void Elected::run(const std::string & election, const std::string & name,
                   const std::function<void(const EtcdLeader &)> & lead) {
     metrics_.gauge("armada_brain_leading", "1 while this brain leads its election").set(0);
+    // Which election this brain stands in, for rules that ask whether each one has a leader.
+    metrics_.gauge("armada_brain_info", "1, labelled with the election this brain stands in", {{"election", election}})
+        .set(1);
     metrics_.gauge("armada_brain_epoch", "The etcd revision this brain leads under (its fencing epoch; 0: not leading)")
         .set(0);
     keepalive_ = std::thread([this] { keep_lease(); });

@@ -435,6 +435,25 @@ void GlobalRunner::rollout_turn(Leadership & term, const Seen & seen) {
         metrics_.gauge("armada_rollout_phase", "The rollout's phase (1 for the current one)", {{"phase", ph}})
             .set(r.state().phase == ph ? 1 : 0);
     metrics_.gauge("armada_rollout_wave", "The rollout's current wave").set(r.state().wave);
+    // The gates' four signals as the last judgement read them: the wave's nodes, the rest of the
+    // fleet, the fleet before the wave, and the limit the wave must stay under.
+    metrics_.erase_families("armada_rollout_gate_");
+    for (const auto & g : r.state().gates) {
+        obs::Labels l{{"signal", g.signal}};
+        if (!g.code.empty()) l.emplace_back("code", g.code);
+        for (const auto & [group, v] :
+             {std::pair<const char *, double>{"upgraded", g.upgraded}, {"rest", g.rest}, {"before", g.before}}) {
+            obs::Labels lg = l;
+            lg.emplace_back("group", group);
+            metrics_.gauge("armada_rollout_gate_value", "A rollout gate's signal, by group of nodes", lg).set(v);
+        }
+        metrics_.gauge("armada_rollout_gate_limit", "The value of a gate's signal on the wave that fires it", l)
+            .set(g.limit);
+        metrics_.gauge("armada_rollout_gate_judged", "1 when the wave had the sample the gate needs", l)
+            .set(g.judged ? 1 : 0);
+        metrics_.gauge("armada_rollout_gate_fired", "1 when the gate fired (the rollout halts)", l)
+            .set(g.fired ? 1 : 0);
+    }
     if (!restarter_) return;
     restarter_->forget_except(wanted);
     for (const auto & q : wanted) {
