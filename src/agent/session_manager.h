@@ -202,6 +202,12 @@ class SessionManager {
     void add_message(const std::string & id, const std::string & tenant, const std::string & text,
                      std::function<void(Outcome)> done, std::optional<obs::TraceContext> trace = std::nullopt);
     std::optional<SessionView> get(const std::string & id, const std::string & tenant);
+    //! A tenant's sessions from the store (every node's, in a cluster), newest first: at most
+    //! `limit`, only those in `state` unless it is empty. Nullopt when the store cannot be read.
+    std::optional<std::vector<store::SessionRecord>> list(const std::string & tenant, const std::string & state,
+                                                          size_t limit) {
+        return store_.sessions_of(tenant, state, limit);
+    }
     void cancel(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done);
     void erase(const std::string & id, const std::string & tenant, std::function<void(Outcome)> done);
 

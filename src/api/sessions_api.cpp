@@ -3,7 +3,9 @@
 #include "api/errors.h"
 #include "api/sse.h"
 
+#include <cstdlib>
 #include <mutex>
+#include <set>
 
 namespace armada::api {
 
@@ -183,6 +185,41 @@ bool SessionsApi::handle(const HttpRequest & req, const Caller & caller, const s
                 reply(out, o, json{{"id", o.id}, {"object", "session"}});
             },
             obs::TraceContext::parse(req.header("traceparent")));
+        return true;
+    }
+    if (p[1] == "sessions" && p.size() == 2) {
+        route_name = "/v1/sessions";
+        if (m != "GET") throw ApiError(405, "use GET to list sessions; POST /v1/agents/{id}/sessions creates one");
+        const std::string state = req.param("state");
+        static const std::set<std::string> kStates = {"queued",    "running", "waiting_tool", "waiting_input",
+                                                      "completed", "failed",  "cancelled"};
+        if (!state.empty() && !kStates.count(state))
+            throw ApiError(400,
+                           "state must be one of queued, running, waiting_tool, waiting_input, completed, failed, "
+                           "cancelled");
+        size_t limit = 100;
+        if (const std::string l = req.param("limit"); !l.empty()) {
+            char * end = nullptr;
+            const long v = std::strtol(l.c_str(), &end, 10);
+            if (!end || *end || v < 1 || v > 1000) throw ApiError(400, "limit must be a whole number from 1 to 1000");
+            limit = size_t(v);
+        }
+        auto rows = mgr_.list(caller.tenant, state, limit);
+        if (!rows) throw ApiError(503, "the session store cannot be read; retry shortly");
+        json list = json::array();
+        for (const auto & r : *rows) {
+            json s = {{"id", r.id},
+                      {"object", "session"},
+                      {"agent", r.agent_id},
+                      {"state", r.state},
+                      {"created_at", r.created_ms / 1000},
+                      {"updated_at", r.updated_ms / 1000}};
+            if (!r.reason.empty()) s["reason"] = r.reason;
+            if (!r.cell.empty()) s["cell"] = r.cell;
+            if (!r.node.empty()) s["node"] = r.node;
+            list.push_back(std::move(s));
+        }
+        out->send(200, "application/json", dump(json{{"object", "list"}, {"data", list}}));
         return true;
     }
     if (p[1] != "sessions" || p.size() < 3) throw ApiError(404, "no route for " + m + " " + req.path);

@@ -250,6 +250,21 @@ std::optional<std::vector<SessionRecord>> MemoryStore::open_sessions(const std::
     return out;
 }
 
+std::optional<std::vector<SessionRecord>> MemoryStore::sessions_of(const std::string & owner, const std::string & state,
+                                                                   size_t limit) {
+    std::lock_guard lk(mu_);
+    ++counts_.reads;
+    if (down_) return std::nullopt;
+    std::vector<SessionRecord> out;
+    for (const auto & [id, r] : sessions_)
+        if (r.owner == owner && r.agent_id.rfind('@', 0) != 0 && (state.empty() || r.state == state)) out.push_back(r);
+    std::stable_sort(out.begin(), out.end(), [](const SessionRecord & a, const SessionRecord & b) {
+        return a.created_ms != b.created_ms ? a.created_ms > b.created_ms : a.id < b.id;
+    });
+    if (out.size() > limit) out.resize(limit);
+    return out;
+}
+
 std::optional<std::vector<AgentRecord>> MemoryStore::agents() {
     std::lock_guard lk(mu_);
     ++counts_.reads;

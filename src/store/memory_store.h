@@ -23,6 +23,8 @@ class MemoryStore final : public Store {
     std::optional<ResponseRecord> response(const std::string & id) override;
     std::vector<StepRecord> steps(const std::string & id) override;
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) override;
+    std::optional<std::vector<SessionRecord>> sessions_of(const std::string & owner, const std::string & state,
+                                                          size_t limit) override;
     std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
                                                             const std::vector<std::string> & ended_states) override;
     std::optional<std::vector<AgentRecord>> agents() override;

@@ -775,6 +775,34 @@ std::optional<std::vector<SessionRecord>> PostgresStore::open_sessions(const std
     return select_open(sql, params);
 }
 
+std::optional<std::vector<SessionRecord>> PostgresStore::sessions_of(const std::string & owner,
+                                                                     const std::string & state, size_t limit) {
+    // Each shard's newest `limit` through `sessions_owner_state`, then the newest `limit` of those.
+    const std::string n = std::to_string(std::min<size_t>(limit, 1'000'000));
+    std::string sql =
+        std::string("SELECT ") + kSessionColumns + " FROM sessions WHERE owner=$1 AND agent_id NOT LIKE '@%'";
+    std::vector<std::string> params{owner};
+    if (!state.empty()) {
+        sql += " AND state=$2";
+        params.push_back(state);
+    }
+    sql += " ORDER BY created_ms DESC, id LIMIT " + n;
+    std::vector<SessionRecord> out;
+    for (auto & sh : shards_) {
+        auto l = acquire(*sh);
+        if (!l) return std::nullopt;
+        Res r = l.query(sql, params);
+        if (!r.ok()) return std::nullopt;
+        for (int i = 0; i < r.rows(); ++i)
+            out.push_back(read_session(r, i));
+    }
+    std::stable_sort(out.begin(), out.end(), [](const SessionRecord & a, const SessionRecord & b) {
+        return a.created_ms != b.created_ms ? a.created_ms > b.created_ms : a.id < b.id;
+    });
+    if (out.size() > limit) out.resize(limit);
+    return out;
+}
+
 std::optional<std::vector<SessionRecord>> PostgresStore::select_open(const std::string & sql,
                                                                      const std::vector<std::string> & params) {
     std::vector<SessionRecord> out;

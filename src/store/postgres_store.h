@@ -73,6 +73,8 @@ class PostgresStore : public Store {
     std::optional<ResponseRecord> response(const std::string & id) override;
     std::vector<StepRecord> steps(const std::string & id) override;
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) override;
+    std::optional<std::vector<SessionRecord>> sessions_of(const std::string & owner, const std::string & state,
+                                                          size_t limit) override;
     //! The query open_sessions runs on each shard (for EXPLAIN in tests and benchmarks): its
     //! parameters are the cell, then the node when `by_node`, after any ended state that is not
     //! written as a literal; `params_used` says how many there are.

@@ -432,6 +432,25 @@ std::vector<SessionRecord> SqliteStore::sessions_not_in(const std::vector<std::s
     return out;
 }
 
+std::optional<std::vector<SessionRecord>> SqliteStore::sessions_of(const std::string & owner, const std::string & state,
+                                                                   size_t limit) {
+    std::lock_guard lk(rmu_);
+    const std::string sql = std::string("SELECT ") + kSessionColumns +
+                            " FROM sessions WHERE owner=? AND agent_id NOT LIKE '@%'" +
+                            (state.empty() ? "" : " AND state=?") + " ORDER BY created_ms DESC, id LIMIT ?";
+    Stmt q(rdb_, sql.c_str());
+    int i = 1;
+    q.text(i++, owner);
+    if (!state.empty()) q.text(i++, state);
+    q.i64(i, int64_t(std::min<size_t>(limit, 1'000'000)));
+    std::vector<SessionRecord> out;
+    int rc = SQLITE_ROW;
+    while ((rc = sqlite3_step(q.s)) == SQLITE_ROW)
+        out.push_back(read_session(q));
+    if (rc != SQLITE_DONE) return std::nullopt;
+    return out;
+}
+
 std::optional<std::vector<AgentRecord>> SqliteStore::agents() {
     std::lock_guard lk(rmu_);
     Stmt q(rdb_, "SELECT tenant,id,spec,tools,created_ms,updated_ms FROM agents ORDER BY updated_ms");

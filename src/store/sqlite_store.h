@@ -26,6 +26,8 @@ class SqliteStore : public Store {
     std::optional<ResponseRecord> response(const std::string & id) override;
     std::vector<StepRecord> steps(const std::string & id) override;
     std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) override;
+    std::optional<std::vector<SessionRecord>> sessions_of(const std::string & owner, const std::string & state,
+                                                          size_t limit) override;
     std::optional<std::vector<AgentRecord>> agents() override;
     std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms, size_t limit) override;
     std::vector<std::string> expired_responses(int64_t before_ms, size_t limit) override;

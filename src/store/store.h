@@ -153,6 +153,10 @@ class Store {
     //! for "no session is open".
     virtual std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
                                                                     const std::vector<std::string> & ended_states);
+    //! A tenant's sessions (agent sessions, not stored agents or responses), newest first, at most
+    //! `limit`, only those in `state` unless it is empty. Nullopt when the read failed.
+    virtual std::optional<std::vector<SessionRecord>> sessions_of(const std::string & owner, const std::string & state,
+                                                                  size_t limit) = 0;
     //! Every agent declared through the API; nullopt when the read failed (an empty table is an
     //! empty vector), so a caller never takes an outage for "every agent was deleted".
     virtual std::optional<std::vector<AgentRecord>> agents() = 0;
@@ -207,6 +211,10 @@ class ForwardingStore : public Store {
     std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
                                                             const std::vector<std::string> & ended) override {
         return inner_.open_sessions(cell, node, ended);
+    }
+    std::optional<std::vector<SessionRecord>> sessions_of(const std::string & owner, const std::string & state,
+                                                          size_t limit) override {
+        return inner_.sessions_of(owner, state, limit);
     }
     std::optional<std::vector<AgentRecord>> agents() override { return inner_.agents(); }
     std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,

@@ -176,6 +176,40 @@ TEST_P(StoreSuite, AgentsSessionsAndResponsesHaveTablesOfTheirOwn) {
     EXPECT_TRUE(store->agents()->empty());  // read, and empty: not a failed read
 }
 
+TEST_P(StoreSuite, ATenantsSessionsListNewestFirstWithoutOtherTenantsOrStoredAgents) {
+    Batch b;
+    for (int i = 0; i < 5; ++i) {
+        SessionRecord r = session("a" + std::to_string(i), i % 2 ? "completed" : "running");
+        r.created_ms = 1000 + i;
+        b.sessions.push_back(r);
+    }
+    SessionRecord other = session("b0");
+    other.owner = "tenant-b";
+    b.sessions.push_back(other);
+    SessionRecord stored = session("@agent:x");
+    stored.agent_id = "@agent";  // a stored agent's row, not a session
+    b.sessions.push_back(stored);
+    ASSERT_TRUE(store->commit_sync(std::move(b)).ok);
+    const auto all = store->sessions_of("tenant-a", "", 10);
+    ASSERT_TRUE(all);
+    std::vector<std::string> ids;
+    for (const auto & r : *all)
+        ids.push_back(r.id);
+    EXPECT_EQ(ids, (std::vector<std::string>{"a4", "a3", "a2", "a1", "a0"}));
+    const auto done = store->sessions_of("tenant-a", "completed", 10);
+    ASSERT_TRUE(done);
+    ASSERT_EQ(done->size(), 2u);
+    EXPECT_EQ((*done)[0].id, "a3");
+    const auto two = store->sessions_of("tenant-a", "", 2);
+    ASSERT_TRUE(two);
+    ASSERT_EQ(two->size(), 2u);
+    EXPECT_EQ((*two)[1].id, "a3");
+    const auto b_only = store->sessions_of("tenant-b", "", 10);
+    ASSERT_TRUE(b_only);
+    ASSERT_EQ(b_only->size(), 1u);
+    EXPECT_EQ((*b_only)[0].id, "b0");
+}
+
 TEST_P(StoreSuite, AnUpsertLeavesTheAssignmentAlone) {
     Batch b;
     b.sessions.push_back(session("s1"));
