@@ -8,6 +8,7 @@
 #include "cli/cluster_up.h"
 #include "cli/global.h"
 #include "cli/mkmodel.h"
+#include "cli/operator.h"
 #include "cli/rollout_command.h"
 #include "cli/serve.h"
 #include "cli/sim_command.h"
@@ -497,6 +498,55 @@ int main(int argc, char ** argv) {
         "in PostgreSQL, so new leaders may write. Stop the brains that led before first");
     cfl->add_option("--cluster", forget_file, "the cluster's YAML file")->required()->envname("ARMADA_CLUSTER");
 
+    // The operator's verbs against a gateway (or one node), kubectl's way.
+    cli::OperatorOptions op;
+    std::vector<std::pair<CLI::App *, std::string>> op_verbs;  // a leaf, and its resource
+    const auto op_common = [&](CLI::App * c) {
+        c->add_option("--gateway", op.gateway, "the gateway's URL (or one node's)")
+            ->envname("ARMADA_GATEWAY")
+            ->capture_default_str();
+        c->add_option("--api-key", op.api_key, "the key to use")->envname("ARMADA_API_KEY");
+        c->add_option("--cacert", op.cacert, "a CA file to trust for an https gateway, besides the system's");
+        c->add_flag("--json", op.json, "print the API's JSON instead of a table");
+        c->add_option("--timeout", op.timeout_s, "seconds to wait for the gateway")->capture_default_str();
+    };
+    const auto op_verb = [&](CLI::App * parent, const std::string & resource, const char * verb, const char * help) {
+        auto * c = parent->add_subcommand(verb, help);
+        op_common(c);
+        op_verbs.emplace_back(c, resource);
+        return c;
+    };
+    auto * ses = app.add_subcommand("sessions", "list, show, follow and cancel agent sessions through a gateway");
+    ses->require_subcommand(1);
+    auto * ses_list = op_verb(ses, "sessions", "list", "the key's tenant's sessions, newest first");
+    ses_list->add_option("--state", op.state, "only those in this state (running, completed, ...)");
+    ses_list->add_option("--limit", op.limit, "at most this many (1..1000)")->capture_default_str();
+    op_verb(ses, "sessions", "show", "one session")->add_option("id", op.name, "the session's id")->required();
+    auto * ses_ev = op_verb(ses, "sessions", "events", "a session's events from its start");
+    ses_ev->add_option("id", op.name, "the session's id")->required();
+    ses_ev->add_flag("-f,--follow", op.follow, "keep printing events as they come (SSE, as sent), until the stream ends or Ctrl-C");
+    op_verb(ses, "sessions", "cancel", "cancel a session")->add_option("id", op.name, "the session's id")->required();
+    auto * ags = app.add_subcommand("agents", "list, show, apply and delete agents through a gateway");
+    ags->require_subcommand(1);
+    op_verb(ags, "agents", "list", "the agents the key's tenant sees");
+    op_verb(ags, "agents", "show", "one agent")->add_option("id", op.name, "the agent's id")->required();
+    op_verb(ags, "agents", "apply", "declare or replace the agents of a YAML or JSON file")
+        ->add_option("-f,--file", op.file, "the agents' YAML or JSON")
+        ->required();
+    op_verb(ags, "agents", "delete", "delete an agent")->add_option("id", op.name, "the agent's id")->required();
+    auto * tns = app.add_subcommand("tenants", "list and create tenants, and their keys, through a gateway (admin)");
+    tns->require_subcommand(1);
+    op_verb(tns, "tenants", "list", "every tenant with its quotas");
+    auto * tn_create = op_verb(tns, "tenants", "create", "a new tenant");
+    tn_create->add_option("name", op.name, "the tenant's name")->required();
+    tn_create->add_option("--rpm", op.rpm, "requests per minute (0: unlimited)");
+    tn_create->add_option("--tpm", op.tpm, "model tokens per minute (0: unlimited)");
+    tn_create->add_option("--live-sessions", op.live_sessions, "sessions not yet ended (0: unlimited)");
+    auto * tn_keys = op_verb(tns, "tenants", "keys", "a tenant's API keys (ids and prefixes), or a new one");
+    tn_keys->add_option("name", op.name, "the tenant's name")->required();
+    tn_keys->add_flag("--new", op.new_key, "make a new key for the tenant and print it (once)");
+    op_verb(cl, "cluster", "status", "cells, their leaders and nodes, and the rollout, from a gateway (admin)");
+
     cli::MkModelOptions mk;
     auto * m =
         app.add_subcommand("mkmodel", "write a random-weight qwen2 GGUF of a real shape, for tests and benchmarks");
@@ -700,6 +750,12 @@ int main(int argc, char ** argv) {
         return cli::cluster_up(cuo);
     }
     if (cfl->parsed()) return cli::forget_leaders(forget_file);
+    for (const auto & [leaf, resource] : op_verbs)
+        if (leaf->parsed()) {
+            op.resource = resource;
+            op.verb = leaf->get_name();
+            return cli::operator_command(op);
+        }
     if (sm->parsed()) return cli::sim_command(simo);
     if (tp->parsed()) return cli::topology_command(topo.synthetic, topo.xml, topo.place);
     if (m->parsed()) {

@@ -25,6 +25,7 @@ struct CellReport {
     int queued = 0;                        // open sessions its brain has yet to place (no room on its nodes now)
     double step_ms = 0;                    // recent model-step latency (p50); 0: not known
     std::map<std::string, int> by_tenant;  // live sessions per tenant
+    std::string leader;                    // the brain that wrote the report (its --name)
     //! Sessions of the cell that ended in the survival window, by outcome (completed, failed,
     //! timed_out, lost, cancelled); empty until its brain has read them.
     std::map<std::string, int64_t> ended;

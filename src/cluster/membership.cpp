@@ -166,6 +166,7 @@ std::string encode_cell_report(const CellReport & r) {
            {"step_ms", r.step_ms},
            {"by_tenant", r.by_tenant}};
     if (!r.ended.empty()) j["ended"] = r.ended;
+    if (!r.leader.empty()) j["leader"] = r.leader;
     if (!r.failovers.empty()) {
         json f = json::array();
         for (const auto & x : r.failovers)
@@ -190,6 +191,7 @@ std::optional<CellReport> decode_cell_report(const std::string & cell, const std
         r.live_sessions = j.value("live_sessions", 0);
         r.queued = j.value("queued", 0);
         r.step_ms = j.value("step_ms", 0.0);
+        r.leader = j.value("leader", "");
         if (j.contains("by_tenant") && j["by_tenant"].is_object())
             r.by_tenant = j["by_tenant"].get<std::map<std::string, int>>();
         if (j.contains("ended") && j["ended"].is_object()) r.ended = j["ended"].get<std::map<std::string, int64_t>>();

@@ -118,6 +118,7 @@ json dashboard_snapshot(const DashboardView & v) {
         const cluster::CellReport r = reported ? rep->second : cluster::cell_report(c, loads, {});
         json cell = {{"name", c},
                      {"reported", reported},
+                     {"leader", reported && !r.leader.empty() ? json(r.leader) : json(nullptr)},
                      {"nodes", r.nodes},
                      {"live_sessions", r.live_sessions},
                      {"free_seqs", r.free_seqs},

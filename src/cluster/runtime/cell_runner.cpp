@@ -234,6 +234,7 @@ void CellRunner::report(Leadership & term, int64_t now) {
     // By both paths: in etcd under this brain's lease (it goes when no brain of the cell leads any
     // more), and on the bus (pushed to every global brain as it is made; nothing is kept).
     CellReport r = cell_report(cfg_.cell, brain_->loads(now), by_tenant_, int(brain_->queued()));
+    r.leader = term.me().value;
     cell_metrics(metrics_, r);
     const int64_t wall = clock_.wall_ms();
     if (wall - survival_at_ >= 5000) {
