@@ -524,7 +524,8 @@ int main(int argc, char ** argv) {
     op_verb(ses, "sessions", "show", "one session")->add_option("id", op.name, "the session's id")->required();
     auto * ses_ev = op_verb(ses, "sessions", "events", "a session's events from its start");
     ses_ev->add_option("id", op.name, "the session's id")->required();
-    ses_ev->add_flag("-f,--follow", op.follow, "keep printing events as they come (SSE, as sent), until the stream ends or Ctrl-C");
+    ses_ev->add_flag("-f,--follow", op.follow,
+                     "keep printing events as they come (SSE, as sent), until the stream ends or Ctrl-C");
     op_verb(ses, "sessions", "cancel", "cancel a session")->add_option("id", op.name, "the session's id")->required();
     auto * ags = app.add_subcommand("agents", "list, show, apply and delete agents through a gateway");
     ags->require_subcommand(1);

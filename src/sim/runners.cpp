@@ -140,7 +140,7 @@ class WatchedStore final : public store::ForwardingStore {
 class World {
   public:
     World(const RunnerScenario & s, uint64_t seed) : s(s), rng(seed), keys("/armada"), store(mem, *this) {
-        bus.keep_sent(false);  // counted, not kept: a run at scale publishes millions
+        bus.keep_sent(false);     // counted, not kept: a run at scale publishes millions
         kv.set_retention(60000);  // as `cluster up` runs etcd: periodic auto-compaction, 1 minute
     }
 
