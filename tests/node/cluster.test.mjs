@@ -624,6 +624,9 @@ test('a node that wakes after its lease ended stops its idle sessions that moved
     return placed?.node && placed.state === 'waiting_input';
   }, 30000 * SLOW);
   const victim = placed.node;
+  // The row names the node as soon as the brain decides; the node holds a copy only once its run
+  // command arrived. Stopped before that, it has nothing to stop when it wakes.
+  await waitLog(victim, new RegExp(`running session ${id} \\(epoch`), 0, 15000);
   const pid = proc(victim).pid;
   const mark = logOf(victim).length;
   const brains = status().processes.filter((p) => p.role === 'cell' && alive(p.pid));
