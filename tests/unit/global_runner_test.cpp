@@ -184,3 +184,41 @@ TEST_F(GlobalRunnerTest, WritesTheSplitOnceACellHasReportedAndExportsEtcdsSize) 
     runner_->end();
     EXPECT_EQ(metrics_.render().find("armada_etcd_db_bytes"), std::string::npos) << "only a leader exports it";
 }
+
+TEST_F(GlobalRunnerTest, ChainSurvivalComesFromTheCellsReportsNotFromEveryEndedRow) {
+    // The store holds ended rows the reports do not count: the global leader's figures are the
+    // cells' own (each read by its brain), summed for the cluster.
+    store::Batch b;
+    for (int i = 0; i < 5; ++i) {
+        store::SessionRecord r;
+        r.id = "x" + std::to_string(i);
+        r.agent_id = "a";
+        r.state = "failed";
+        r.cell = "c1";
+        r.updated_ms = clock_.wall_ms();
+        b.sessions.push_back(r);
+    }
+    ASSERT_TRUE(store_->commit_sync(std::move(b)).ok);
+    const int64_t b1 = kv_.grant(), b2 = kv_.grant();
+    node("c1", "n1");
+    node("c2", "n2");
+    const auto report_ended = [&](const std::string & cell, int64_t lease, std::map<std::string, int64_t> ended) {
+        CellReport r = cell_report(cell, {}, {});
+        r.ended = std::move(ended);
+        EXPECT_EQ(kv_.put(keys_.cell_report(cell), encode_cell_report(r), lease), "");
+    };
+    report_ended("c1", b1, {{"completed", 9}, {"failed", 1}, {"timed_out", 0}, {"lost", 0}, {"cancelled", 2}});
+    report_ended("c2", b2, {{"completed", 3}, {"failed", 0}, {"timed_out", 1}, {"lost", 0}, {"cancelled", 0}});
+    ASSERT_TRUE(runner_->begin(term_));
+    run_for(2);
+    const std::string m = metrics_.render();
+    const auto value = [&](const std::string & series) {
+        const auto at = m.find("\n" + series + " ");
+        EXPECT_NE(at, std::string::npos) << series << " in\n" << m;
+        return at == std::string::npos ? -1.0 : std::stod(m.substr(at + series.size() + 2));
+    };
+    EXPECT_DOUBLE_EQ(value("armada_cell_chain_survival_ratio{cell=\"c1\"}"), 0.9);
+    EXPECT_DOUBLE_EQ(value("armada_cell_chain_survival_ratio{cell=\"c2\"}"), 0.75);
+    EXPECT_NEAR(value("armada_cluster_chain_survival_ratio"), 12.0 / 14.0, 1e-6);
+    EXPECT_DOUBLE_EQ(value("armada_cluster_sessions_ended{outcome=\"cancelled\"}"), 2);
+}

@@ -74,6 +74,7 @@ void GlobalRunner::end() {
     cells_.reset();
     brain_.reset();
     rollout_.reset();  // the next leader (maybe this brain again) resumes it from etcd
+    ended_.clear();
     // Only the leader speaks for the cells and the cluster.
     metrics_.erase_families("armada_rollout_");
     metrics_.erase_families("armada_cell_");
@@ -170,16 +171,36 @@ bool GlobalRunner::turn(Leadership & term) {
         if (cfg_.cells.empty() && known_.insert(cell).second) brain.add_cell({cell, "", 0.57});
         brain.report(r, t);
         heard_ = true;
+        if (!r.ended.empty()) ended_[cell] = r.ended;  // (empty: its brain has not read them yet)
     }
     if (t - survival_at_ >= 5000 || survival_at_ == 0) {
-        // Chain survival per cell and for the cluster, from the rows of every shard.
+        // Chain survival per cell and for the cluster, from what each cell's brain read of its own
+        // rows (in its report): the global leader does not read every ended row of the cluster
+        // again. A cell whose brains are away keeps its last figures.
         survival_at_ = t;
-        if (auto rows = store_.ended_since("", clock_.wall_ms() - kSurvivalWindowMs)) {
-            auto by = survival_by_cell(*rows);
-            for (const auto & cell : known_)
-                by[cell];  // a cell with none ended in the window: zeros, and no ratio
-            survival_metrics(metrics_, by, true);
+        std::map<std::string, Survival> by;
+        Survival & all = by[""];
+        for (const auto & cell : known_)
+            by[cell];  // a cell with none ended in the window: zeros, and no ratio
+        for (const auto & [cell, ended] : ended_) {
+            Survival & s = by[cell];
+            const auto n = [&](const char * k) {
+                const auto it = ended.find(k);
+                return it == ended.end() ? int64_t(0) : it->second;
+            };
+            s = {};
+            s.completed = n("completed");
+            s.failed = n("failed");
+            s.timed_out = n("timed_out");
+            s.lost = n("lost");
+            s.cancelled = n("cancelled");
+            all.completed += s.completed;
+            all.failed += s.failed;
+            all.timed_out += s.timed_out;
+            all.lost += s.lost;
+            all.cancelled += s.cancelled;
         }
+        survival_metrics(metrics_, by, true);
     }
     // A path is live while a new report came through it within this window.
     const int64_t fresh_ms = std::max<int64_t>(3000, int64_t(cfg_.lease_ttl_s) * 1000);

@@ -101,6 +101,7 @@ class GlobalRunner {
     bool heard_ = false;  // a report has come since this brain leads: its split is worth writing
     std::string last_shares_;
     std::set<std::string> last_full_;
+    std::map<std::string, std::map<std::string, int64_t>> ended_;  // cell → its report's ended, by outcome
     int64_t subscribe_at_ = 0, last_shares_ms_ = 0, last_written_ms_ = 0, last_check_ = 0, survival_at_ = 0,
             last_etcd_status_ = 0;
     std::map<std::string, int64_t> last_pushed_;   // cell → when its last bus report came
