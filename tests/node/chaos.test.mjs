@@ -14,7 +14,7 @@ import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
-import { assertCompleteLog, assertNoFinishedCallRepeated } from './session_helpers.mjs';
+import { assertCompleteLog, assertNoFinishedCallRepeated, sessionsRunTwiceInAnEpoch } from './session_helpers.mjs';
 import { alive, clusterUp, sleep } from './cluster_helpers.mjs';
 
 const timing = process.env.ARMADA_TIMING !== '0';
@@ -192,21 +192,8 @@ test(`a seeded nemesis for ${CHAOS_S} s: every session completes, no finished ca
   }
 
   // Which nodes ran each session at each epoch, from the nodes' logs.
-  const ranOn = new Map();
-  const patterns = [/cluster: running session (\S+) \(epoch (\d+)\)/g, /cluster: session (\S+) moved here from \S+ \(epoch (\d+)/g,
-    /session (\S+): assigned to this node \(epoch (\d+)\) but not running here; started/g,
-    /session (\S+): runs here under epoch (\d+) \(claimed by this node\)/g];
-  for (const p of procs().filter((x) => x.role === 'node')) {
-    const text = fs.readFileSync(p.log, 'utf8');
-    for (const re of patterns) {
-      for (const m of text.matchAll(re)) {
-        const k = `${m[1]}@${m[2]}`;
-        if (!ranOn.has(k)) ranOn.set(k, new Set());
-        ranOn.get(k).add(p.name);
-      }
-    }
-  }
-  const twice = [...ranOn].filter(([, nodes]) => nodes.size > 1).map(([k, nodes]) => `${k} on ${[...nodes].join(' and ')}`);
+  const twice = sessionsRunTwiceInAnEpoch(procs().filter((x) => x.role === 'node')
+    .map((p) => ({ name: p.name, text: fs.readFileSync(p.log, 'utf8') })));
 
   // The outcome per cell, and the report.
   const byCell = {};

@@ -56,3 +56,23 @@ export function assertNoFinishedCallRepeated(tools, sessions, kills) {
       `repeated ${again}, last arrived ${lastArrival}, result ${done}, faults ${kills})`);
   }
 }
+
+// The runs the nodes' logs record, as "session@epoch" → the nodes that started it under that
+// epoch (a placement, a move here, an adoption of an assignment, a takeover). `logs` is
+// [{ name, text }]. Returns those started on more than one node: "id@epoch on a and b".
+export function sessionsRunTwiceInAnEpoch(logs) {
+  const ranOn = new Map();
+  const patterns = [/cluster: running session (\S+) \(epoch (\d+)\)/g, /cluster: session (\S+) moved here from \S+ \(epoch (\d+)/g,
+    /session (\S+): assigned to this node \(epoch (\d+)\) but not running here; started/g,
+    /session (\S+): runs here under epoch (\d+) \(claimed by this node\)/g];
+  for (const { name, text } of logs) {
+    for (const re of patterns) {
+      for (const m of text.matchAll(re)) {
+        const k = `${m[1]}@${m[2]}`;
+        if (!ranOn.has(k)) ranOn.set(k, new Set());
+        ranOn.get(k).add(name);
+      }
+    }
+  }
+  return [...ranOn].filter(([, nodes]) => nodes.size > 1).map(([k, nodes]) => `${k} on ${[...nodes].join(' and ')}`);
+}
