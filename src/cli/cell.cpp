@@ -1,7 +1,7 @@
 #include "cli/cell.h"
 
 #include "cli/brain_http.h"
-#include "cli/stop_signals.h"
+#include "common/stop_signals.h"
 
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
@@ -89,7 +89,7 @@ class CellProcess {
 }  // namespace
 
 int cell_command(const CellOptions & opt) {
-    const sigset_t stop_set = block_stop_signals();
+    const sigset_t stop_set = common::block_stop_signals();
     spdlog::set_level(spdlog::level::from_str(opt.log_level));
     std::string err;
     auto cfg = load_cluster_config_for_service(opt.cluster_file, err);

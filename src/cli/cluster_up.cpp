@@ -1,6 +1,6 @@
 #include "cli/cluster_up.h"
 
-#include "cli/stop_signals.h"
+#include "common/stop_signals.h"
 
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
@@ -74,7 +74,7 @@ bool http_ok(int port) {
 }  // namespace
 
 int cluster_up(const ClusterUpOptions & o) {
-    const sigset_t stop_set = block_stop_signals();
+    const sigset_t stop_set = common::block_stop_signals();
     if (o.model.empty()) {
         fprintf(stderr, "error: no model given; use -m FILE\n");
         return 2;

@@ -1,6 +1,6 @@
 #include "cli/serve.h"
 
-#include "cli/stop_signals.h"
+#include "common/stop_signals.h"
 
 #include "cli/cluster_node.h"
 #include "cli/kv_move.h"
@@ -134,7 +134,7 @@ int serve(const ServeOptions & opt) {
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-    const sigset_t stop_set = block_stop_signals();
+    const sigset_t stop_set = common::block_stop_signals();
     // SIGHUP reads the GPU pools again (and must not end the node, its default action).
     sigset_t wait_set = stop_set;
     sigaddset(&wait_set, SIGHUP);

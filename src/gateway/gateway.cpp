@@ -1,6 +1,6 @@
 #include "gateway/gateway.h"
 
-#include "cli/stop_signals.h"
+#include "common/stop_signals.h"
 
 #include "agent/session_manager.h"
 #include "api/auth.h"
@@ -1943,7 +1943,7 @@ class Gateway {
 }  // namespace
 
 int gateway_command(const GatewayOptions & opt) {
-    sigset_t stop_set = cli::block_stop_signals();
+    sigset_t stop_set = common::block_stop_signals();
     sigaddset(&stop_set, SIGHUP);  // reloads the pools
     pthread_sigmask(SIG_BLOCK, &stop_set, nullptr);
     spdlog::set_level(spdlog::level::from_str(opt.log_level));

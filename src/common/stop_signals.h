@@ -3,7 +3,7 @@
 #include <pthread.h>
 #include <csignal>
 
-namespace armada::cli {
+namespace armada::common {
 
 //! Blocks SIGINT and SIGTERM in the calling thread before any other thread starts, so every thread
 //! inherits the mask and only the thread that waits for them (sigwait) receives them. Returns
@@ -17,4 +17,4 @@ inline sigset_t block_stop_signals() {
     return set;
 }
 
-}  // namespace armada::cli
+}  // namespace armada::common
