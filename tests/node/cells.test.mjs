@@ -199,14 +199,20 @@ test('kill -9 the leading global brain: a standby leads, the split stays, sessio
     // The leader watches etcd's size (its history compacted, under its quota).
     assert.ok(metricSum(text, 'armada_etcd_db_bytes') > 0, 'the leader exports etcd\'s size');
     assert.ok(metricSum(text, 'armada_etcd_db_in_use_bytes') > 0);
-    // The leader's chain survival: per cell and for the cluster, which is the cells together.
-    const ended = (labels) => metricSum(text, 'armada_cell_sessions_ended', labels);
-    const all = (o) => metricSum(text, 'armada_cluster_sessions_ended', `outcome="${o}"`);
+    // The leader's chain survival: per cell and for the cluster, which is the cells together. It
+    // sums what the cells' brains report of their ended sessions (each reads its rows every 5 s):
+    // the sessions of the tests before show there once their cells have reported them.
+    const survival = await waitFor('the sessions of the tests before in the leader\'s survival', async () => {
+      const t = await fetch(`${g.url}/metrics`).then((x) => x.text());
+      return metricSum(t, 'armada_cluster_sessions_ended', 'outcome="completed"') > 0 ? t : null;
+    }, 20000);
+    const ended = (labels) => metricSum(survival, 'armada_cell_sessions_ended', labels);
+    const all = (o) => metricSum(survival, 'armada_cluster_sessions_ended', `outcome="${o}"`);
     for (const o of ['completed', 'failed', 'timed_out', 'lost', 'cancelled'])
       assert.equal(all(o), ended(`outcome="${o}"`), `the cluster's ${o} is its cells' sum`);
     assert.ok(all('completed') > 0, 'sessions of the tests before completed');
     const decided = all('completed') + all('failed') + all('timed_out') + all('lost');
-    assert.ok(Math.abs(metricSum(text, 'armada_cluster_chain_survival_ratio') - all('completed') / decided) < 1e-9);
+    assert.ok(Math.abs(metricSum(survival, 'armada_cluster_chain_survival_ratio') - all('completed') / decided) < 1e-9);
   }
   // Sessions already running when the leader dies go on, as do new ones.
   const running = await createSessions(4, 'running');

@@ -167,13 +167,18 @@ bool GlobalRunner::turn(Leadership & term) {
         last_written_[cell] = t;
         fresh.try_emplace(cell, r);  // one pushed on the bus is the newer of the two
     }
+    bool ended_changed = false;  // a cell's report brought new survival figures
     for (const auto & [cell, r] : fresh) {
         if (cfg_.cells.empty() && known_.insert(cell).second) brain.add_cell({cell, "", 0.57});
         brain.report(r, t);
         heard_ = true;
-        if (!r.ended.empty()) ended_[cell] = r.ended;  // (empty: its brain has not read them yet)
+        // (Empty: its brain has not read them yet.)
+        if (!r.ended.empty() && ended_[cell] != r.ended) {
+            ended_[cell] = r.ended;
+            ended_changed = true;
+        }
     }
-    if (t - survival_at_ >= 5000 || survival_at_ == 0) {
+    if (t - survival_at_ >= 5000 || survival_at_ == 0 || ended_changed) {
         // Chain survival per cell and for the cluster, from what each cell's brain read of its own
         // rows (in its report): the global leader does not read every ended row of the cluster
         // again. A cell whose brains are away keeps its last figures.
