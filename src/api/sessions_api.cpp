@@ -5,7 +5,6 @@
 
 #include <cstdlib>
 #include <mutex>
-#include <set>
 
 namespace armada::api {
 
@@ -191,9 +190,7 @@ bool SessionsApi::handle(const HttpRequest & req, const Caller & caller, const s
         route_name = "/v1/sessions";
         if (m != "GET") throw ApiError(405, "use GET to list sessions; POST /v1/agents/{id}/sessions creates one");
         const std::string state = req.param("state");
-        static const std::set<std::string> kStates = {"queued",    "running", "waiting_tool", "waiting_input",
-                                                      "completed", "failed",  "cancelled"};
-        if (!state.empty() && !kStates.count(state))
+        if (!state.empty() && !agent::parse_state(state))
             throw ApiError(400,
                            "state must be one of queued, running, waiting_tool, waiting_input, completed, failed, "
                            "cancelled");

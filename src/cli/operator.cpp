@@ -1,5 +1,6 @@
 #include "cli/operator.h"
 
+#include "common/url.h"
 #include "tools/http_sync.h"
 #include "tools/tls.h"
 
@@ -35,20 +36,9 @@ int fail(const std::string & e) {
     return 1;
 }
 
-//! Percent-encodes a path segment or a query value: what an operator types never changes the
-//! route it is sent to.
+//! What an operator types never changes the route it is sent to.
 std::string escape(const std::string & s) {
-    std::string out;
-    for (const unsigned char c : s) {
-        if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-            out += char(c);
-        } else {
-            char b[4];
-            std::snprintf(b, sizeof b, "%%%02X", c);
-            out += b;
-        }
-    }
-    return out;
+    return common::percent_encode(s);
 }
 
 //! One gateway and the key to speak to it with.

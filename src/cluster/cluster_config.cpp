@@ -1,6 +1,7 @@
 #include "cluster/cluster_config.h"
 
 #include "cluster/runtime/keys.h"
+#include "common/url.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -311,19 +312,7 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
             error = "credentials.postgres: name the CA (ca_file) that signed the server's certificate";
             return std::nullopt;
         }
-        auto enc = [](const std::string & path) {
-            std::string out;
-            for (unsigned char ch : path) {
-                if (std::isalnum(ch) || ch == '/' || ch == '-' || ch == '_' || ch == '.' || ch == '~') {
-                    out += char(ch);
-                } else {
-                    char b[4];
-                    std::snprintf(b, sizeof b, "%%%02X", ch);
-                    out += b;
-                }
-            }
-            return out;
-        };
+        const auto enc = [](const std::string & path) { return common::percent_encode(path, true); };
         for (auto & u : c.postgres) {
             std::string q = "sslmode=verify-full&sslrootcert=" + enc(c.postgres_auth.ca_file);
             if (!c.postgres_auth.cert_file.empty())
