@@ -208,6 +208,9 @@ class StatusTap final : public Responder {
     bool closed() const override { return inner_->closed(); }
     void on_close(std::function<void()> fn) override { inner_->on_close(std::move(fn)); }
     void long_lived() override { inner_->long_lived(); }
+    // (Every request passes through a tap: what the responder itself does is passed on whole.)
+    size_t backlog() const override { return inner_->backlog(); }
+    void abort() override { inner_->abort(); }
     int status() const { return status_.load(); }
 
   private:
