@@ -67,8 +67,8 @@ class Gateway {
         return {};
     }
 
-    //! The exchange, or an error that says what to do about it (empty `error` on any HTTP answer
-    //! that is not a refusal of the key).
+    //! The exchange. `error` is set when no answer came, and for any answer of 400 or more: for a
+    //! refused key (401, 403) it says what to do about it.
     struct Reply {
         int status = 0;
         json body;
@@ -107,7 +107,6 @@ class Gateway {
     }
 
     const std::string & base() const { return base_; }
-    const tools::SsrfGuard & guard() const { return guard_; }
     boost::asio::ssl::context * tls() const { return tls_.get(); }
 
     static std::string message(const Reply & r) {
