@@ -136,11 +136,18 @@ test('sessions list, show, events and cancel: the tenant sees its own sessions o
   const ended = lines.filter((e) => e.event === 'state' && ['completed', 'failed'].includes(e.data?.state));
   assert.equal(ended.length, 1, JSON.stringify(lines));
   assert.match(events, /^\d+\s+state\s+\{"state":"(completed|failed)"\}$/m);
-  const cancelled = await armada(['sessions', 'cancel', second], { key });
-  assert.ok(cancelled.code === 0 ? /cancelled/.test(cancelled.stdout) : /HTTP 409/.test(cancelled.stderr),
-    cancelled.stderr + cancelled.stdout);
-  const after = await okJson(['sessions', 'show', second], { key });
-  assert.ok(['cancelled', 'completed', 'failed'].includes(after.state), after.state);
+  // A session waiting for input (created without any) stays open until it is cancelled.
+  const r = await fetch(`${gw}/v1/agents/talker/sessions`, {
+    method: 'POST', headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' }, body: '{}' });
+  assert.equal(r.status, 201);
+  const waiting = (await r.json()).id;
+  await waitFor('the waiting session placed', async () =>
+    (await okJson(['sessions', 'show', waiting], { key })).state === 'waiting_input', 30000);
+  assert.match(await ok(['sessions', 'cancel', waiting], { key }), new RegExp(`^session ${waiting} cancelled$`, 'm'));
+  assert.equal((await okJson(['sessions', 'show', waiting], { key })).state, 'cancelled');
+  const theirsCancel = await armada(['sessions', 'cancel', theirs], { key });
+  assert.equal(theirsCancel.code, 1, 'another tenant\'s session cannot be cancelled');
+  assert.match(theirsCancel.stderr, /HTTP 404/);
 });
 
 test('cluster status: the cell with its leader and nodes, and the rollout, in one table', async () => {
