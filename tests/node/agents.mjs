@@ -3,8 +3,25 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
+// Every directory a test file makes goes when its process exits (by then its servers have
+// stopped): a whole run leaves gigabytes otherwise, and a CI machine's disk fills. Set
+// ARMADA_KEEP_TMP=1 to keep them for a look afterwards.
+const madeDirs = [];
+function removeTempDirs() {
+  if (process.env.ARMADA_KEEP_TMP === '1') {
+    if (madeDirs.length) console.log(`kept (ARMADA_KEEP_TMP=1): ${madeDirs.join(' ')}`);
+    return;
+  }
+  for (const dir of madeDirs) {
+    try { fs.rmSync(dir, { recursive: true, force: true, maxRetries: 3 }); } catch { /* a server still writing */ }
+  }
+}
+
 export function tempDir(prefix) {
-  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  if (madeDirs.length === 0) process.on('exit', removeTempDirs);
+  madeDirs.push(dir);
+  return dir;
 }
 
 // An agent that must call a tool on each of its first `toolSteps` steps, then answers.

@@ -2,7 +2,7 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import https from 'node:https';
-import os from 'node:os';
+import { tempDir } from './agents.mjs';
 import path from 'node:path';
 import { sanitizerReports } from './cluster_helpers.mjs';
 
@@ -29,7 +29,7 @@ export const createdStatus = viaGateway ? 201 : 200;
 
 async function startCluster(args, { model, env }) {
   const bin = process.env.ARMADA_BIN;
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'armada-gw-'));
+  const dir = tempDir('armada-gw-');
   fs.chmodSync(dir, 0o755);  // PostgreSQL runs as its own user and must reach its directory
   const nodeArgs = ['-c', '4096', '-np', '4', '-t', '2'];
   const upArgs = [];

@@ -2,7 +2,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
-import os from 'node:os';
+import { tempDir } from './agents.mjs';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { startServer, rawPost } from './harness.mjs';
@@ -480,7 +480,7 @@ test('API key is required on every route but /health', async () => {
 });
 
 test('a key\'s requests-per-minute limit counts requests that start work, not reads', async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'armada-rpm-'));
+  const dir = tempDir('armada-rpm-');
   const keys = path.join(dir, 'keys');
   fs.writeFileSync(keys, 'sk-few rpm=3\n');
   const s = await startServer(['--api-key-file', keys]);

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import net from 'node:net';
 import fs from 'node:fs';
-import os from 'node:os';
+import { tempDir } from './agents.mjs';
 import path from 'node:path';
 import { startServer, rawPost } from './harness.mjs';
 
@@ -282,7 +282,7 @@ test('512 SSE streams open at once all finish with [DONE]', async () => {
 });
 
 test('per-key rate limits: requests and tokens per minute, each key on its own', async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'armada-rate-'));
+  const dir = tempDir('armada-rate-');
   const keys = path.join(dir, 'keys');
   fs.writeFileSync(keys, 'sk-default\nsk-few rpm=3\nsk-tokens tpm=40\nsk-free rpm=0 tpm=0 admin\n');
   const srv = await startServer(['--api-key-file', keys, '--rate-limit-rpm', '5']);
