@@ -5,12 +5,14 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <string>
 
 namespace fs = std::filesystem;
 
 namespace {
 ClusterServers * g_servers = nullptr;
+std::set<std::string> g_shared;  // the names under root that the shared servers made
 
 bool keep_tmp() {
     const char * keep = std::getenv("ARMADA_KEEP_TMP");
@@ -25,6 +27,10 @@ class Environment : public ::testing::Environment {
         ASSERT_EQ(g_servers->etcd.start(g_servers->root + "/etcd"), "");
         ASSERT_EQ(g_servers->nats.start(g_servers->root + "/nats"), "");
         ASSERT_EQ(g_servers->redis.start(g_servers->root + "/redis"), "");
+        // What the shared servers made (their data, secrets and logs) stays to the end.
+        std::error_code ec;
+        for (const auto & entry : fs::directory_iterator(g_servers->root, ec))
+            g_shared.insert(entry.path().filename().string());
     }
     void TearDown() override {
         const std::string root = g_servers->root;
@@ -46,8 +52,7 @@ class RemoveWhatATestMade : public ::testing::EmptyTestEventListener {
         if (keep_tmp()) return;
         std::error_code ec;
         for (const auto & entry : fs::directory_iterator(g_servers->root, ec)) {
-            const std::string name = entry.path().filename().string();
-            if (name == "etcd" || name == "nats" || name == "redis") continue;
+            if (g_shared.count(entry.path().filename().string())) continue;
             std::error_code rm;
             fs::remove_all(entry.path(), rm);
         }
