@@ -114,9 +114,14 @@ fetch_promtool() {
 
 install_npm_peers() {
   local dir="$here/tests/node"
-  if [ -d "$dir/node_modules/openai" ] && [ -d "$dir/node_modules/@modelcontextprotocol/server-everything" ] &&
-    [ -d "$dir/node_modules/kubernetes-models" ] && [ -d "$dir/node_modules/yaml" ] &&
-    [ -d "$dir/node_modules/playwright-core" ]; then
+  # Installed when any package of package.json is missing or at another version.
+  if (cd "$dir" && node -e '
+    const fs = require("fs");
+    const deps = require("./package.json").dependencies;
+    for (const [name, want] of Object.entries(deps)) {
+      const f = `node_modules/${name}/package.json`;
+      if (!fs.existsSync(f) || JSON.parse(fs.readFileSync(f, "utf8")).version !== want) process.exit(1);
+    }'); then
     log "npm test peers present"
     return
   fi

@@ -1,6 +1,7 @@
 #include "api/router.h"
 
 #include "api/errors.h"
+#include "api/openapi.h"
 
 #include <spdlog/spdlog.h>
 
@@ -271,6 +272,14 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
     const bool get = req.method == "GET", post = req.method == "POST";
     if (probe(req, out, route_name)) return;
     if (p.rfind("/admin/kv/", 0) == 0) return send_kv(req, out, route_name);
+    if (p == "/openapi.json") {
+        // The contract is public, as a client library's is: no key needed.
+        route_name = p;
+        if (!get) throw ApiError(405, "use GET for /openapi.json");
+        out->send(200, "application/json", std::string(openapi_document()));
+        count(route_name, 200);
+        return;
+    }
     const ApiKeys::Key * key =
         keys_.enabled() ? keys_.check(req.header("authorization"), req.header("x-api-key")) : nullptr;
     if (keys_.enabled() && !key) {

@@ -5,6 +5,7 @@
 #include "agent/session_manager.h"
 #include "api/auth.h"
 #include "api/errors.h"
+#include "api/openapi.h"
 #include "cluster/cell_brain.h"
 #include "cluster/cluster_config.h"
 #include "cluster/etcd.h"
@@ -809,6 +810,10 @@ class Gateway {
         if (p == "/health" || p == "/livez") {
             out->send(200, "application/json", R"({"status":"ok"})");
             return;
+        }
+        if (p == "/openapi.json") {
+            if (req.method != "GET") return send_error(out, 405, "use GET for /openapi.json");
+            return out->send(200, "application/json", std::string(api::openapi_document()));
         }
         if (p == "/readyz") {
             size_t n = 0;

@@ -1,4 +1,5 @@
 // Helpers shared by the tests that start a cluster with `armada cluster up`.
+import './openapi_check.mjs';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';

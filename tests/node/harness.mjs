@@ -1,4 +1,5 @@
 // Starts the real `armada serve` on port 0 and waits until /health says ready.
+import './openapi_check.mjs';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import https from 'node:https';
