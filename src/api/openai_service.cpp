@@ -115,6 +115,7 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
     std::mutex mu;
     std::vector<std::pair<size_t, GenEvent>> events;  // guarded by mu
     bool scheduled = false;                           // guarded by mu
+    bool broken = false;                              // building the answer threw (strand only)
     size_t n_done = 0;
 
     explicit Job(net::any_io_executor io) : strand(net::make_strand(io)) {}
@@ -141,8 +142,23 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
             batch.swap(events);
             scheduled = false;
         }
-        for (auto & [i, ev] : batch)
-            on_event(i, std::move(ev));
+        for (auto & [i, ev] : batch) {
+            if (broken) return;
+            try {
+                on_event(i, std::move(ev));
+            } catch (const std::exception & e) {
+                // Building the answer failed (a parser refusing what the model wrote): this
+                // request fails, the process and every other request go on.
+                broken = true;
+                spdlog::error("{}: building the answer failed: {}", id, e.what());
+                if (stream) {
+                    out->write(sse(json{{"error", {{"message", "internal error"}, {"type", "server_error"}}}}));
+                    out->end();
+                } else {
+                    out->send(500, "application/json", error_body(500, "internal error"));
+                }
+            }
+        }
     }
 
     common_chat_msg parse(Choice & c, bool partial) {
@@ -229,6 +245,15 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
 
     void stream_delta(size_t i, Choice & c, bool partial) {
         common_chat_msg msg = parse(c, partial);
+        if (msg.tool_calls.size() < c.parsed.tool_calls.size()) {
+            // The final parse drops a call whose arguments were cut off (max_tokens) after its
+            // start was streamed. llama.cpp's diff refuses fewer calls; what was streamed stays
+            // streamed, and only new text is left to send.
+            if (msg.content.size() > c.parsed.content.size() && msg.content.rfind(c.parsed.content, 0) == 0)
+                emit_delta(i, json{{"content", msg.content.substr(c.parsed.content.size())}});
+            c.parsed = std::move(msg);
+            return;
+        }
         for (const auto & d : common_chat_msg_diff::compute_diffs(c.parsed, msg)) {
             json delta = json::object();
             if (!d.content_delta.empty()) delta["content"] = d.content_delta;

@@ -154,6 +154,34 @@ test('tool_choice required always yields schema-valid tool calls', async () => {
   }
 });
 
+test('a streamed call cut off by max_tokens ends its stream, and the node serves on', async () => {
+  // The final parse drops a call whose arguments were cut off; its start was already streamed.
+  // llama.cpp's diff refused fewer calls with an exception that took the node down (found by
+  // LangGraph.js streaming a ReAct agent with a small max_tokens).
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather',
+    parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 16 } }, required: ['city'] } } }];
+  let cut = 0;
+  for (let max = 8; max <= 20; max++) {
+    const stream = await client.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'Weather?' }], tools, tool_choice: 'required', max_tokens: max,
+      temperature: 0, stream: true,
+    });
+    const args = {};
+    let finish = null;
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        for (const tc of c.delta?.tool_calls ?? []) args[tc.index] = (args[tc.index] ?? '') + (tc.function?.arguments ?? '');
+        finish = c.finish_reason ?? finish;
+      }
+    }
+    assert.ok(finish, `max_tokens ${max}: the stream ended without a finish_reason`);
+    cut += Object.values(args).filter((a) => { try { JSON.parse(a); return false; } catch { return true; } }).length;
+  }
+  assert.ok(cut > 0, 'no stream cut a call: the case this test is for did not come up');
+  const health = await fetch(srv.base + '/health');
+  assert.equal(health.status, 200);
+});
+
 test('named tool_choice calls that tool', async () => {
   const tools = [weatherTool, timeTool];
   const r = await client.chat.completions.create({
