@@ -114,6 +114,12 @@ fetch_promtool() {
 
 install_npm_peers() {
   local dir="$here/tests/node"
+  # The test peers (@redocly/cli, the agent frameworks) need Node.js 20.19 or later; Debian 12's
+  # own nodejs is 18.
+  if ! node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 19) ? 0 : 1)'; then
+    echo "setup: the test peers need Node.js 20.19 or later; this machine has $(node --version 2>/dev/null || echo none)" >&2
+    exit 1
+  fi
   # Installed when any package of package.json is missing or at another version.
   if (cd "$dir" && node -e '
     const fs = require("fs");

@@ -192,7 +192,8 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         out->write(sse_event(type, dump(data)));
     }
 
-    void open_message() {
+    //! `index`: the message's place in the response's output (after any MCP items before it).
+    void open_message(size_t index) {
         if (item_open) return;
         item_open = true;
         json item = {{"type", "message"},
@@ -200,10 +201,10 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
                      {"status", "in_progress"},
                      {"role", "assistant"},
                      {"content", json::array()}};
-        send_event("response.output_item.added", {{"output_index", 0}, {"item", item}});
+        send_event("response.output_item.added", {{"output_index", index}, {"item", item}});
         send_event("response.content_part.added",
                    {{"item_id", msg_id},
-                    {"output_index", 0},
+                    {"output_index", index},
                     {"content_index", 0},
                     {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
     }
@@ -225,9 +226,9 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
                 m->content.compare(0, parsed.content.size(), parsed.content) != 0)
                 return;
             if (m->content.size() > parsed.content.size()) {
-                open_message();
+                open_message(items.size());
                 send_event("response.output_text.delta", {{"item_id", msg_id},
-                                                          {"output_index", 0},
+                                                          {"output_index", items.size()},
                                                           {"content_index", 0},
                                                           {"delta", m->content.substr(parsed.content.size())}});
             }
@@ -529,7 +530,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         for (size_t i = 0; i < output.size(); ++i) {
             const json & item = output[i];
             if (item["type"] == "message") {
-                open_message();
+                open_message(i);
                 const std::string full = item["content"][0]["text"];
                 if (full.size() > parsed.content.size() &&
                     full.compare(0, parsed.content.size(), parsed.content) == 0) {

@@ -38,7 +38,7 @@ function addTool(calls) {
 // ---- OpenAI Agents SDK (@openai/agents), over the Responses API ----
 setTracingDisabled(true);  // nothing goes to api.openai.com
 
-function agents(calls, toolChoice) {
+function agents(calls, toolChoice, toolUseBehavior = 'stop_on_first_tool') {
   const w = weatherTool(calls);
   const a = addTool(calls);
   const expert = new Agent({ name: 'Expert', instructions: 'Answer in one short sentence.', model: 'armada',
@@ -48,9 +48,11 @@ function agents(calls, toolChoice) {
     tools: [agentTool({ name: 'get_weather', description: w.description, parameters: w.schema, execute: w.run }),
       agentTool({ name: 'add', description: a.description, parameters: a.schema, execute: a.run })],
     handoffs: [expert],
-    // The tool the model must call; the run ends with that tool's result (a handoff runs on).
+    // The tool the model must call first. With stop_on_first_tool the run ends with that tool's
+    // result; with run_llm_again the result goes back to the model (its tool choice reset to
+    // auto), which answers. A handoff runs on either way.
     modelSettings: { toolChoice, maxTokens: 64, temperature: 0 },
-    toolUseBehavior: 'stop_on_first_tool',
+    toolUseBehavior,
   });
   const runner = new Runner({ modelProvider: new OpenAIProvider({ baseURL: v1, apiKey: 'sk-armada', useResponses: true }) });
   return { triage, runner };
@@ -88,6 +90,18 @@ for (const stream of [false, true]) {
     assert.equal(r.lastAgent.name, 'Expert', 'the handoff did not happen');
     assert.equal(typeof r.finalOutput, 'string');
     assert.equal(calls.length, 2, 'a tool ran during the handoff');
+    // The whole loop: the call, its result back to the model (function_call_output), an answer.
+    const loop = agents(calls, 'get_weather', 'run_llm_again');
+    const answered = await loop.runner.run(loop.triage, 'What is the weather in Paris?', { stream, maxTurns: 4 });
+    if (stream) {
+      for await (const ev of answered) void ev;
+      await answered.completed;
+    }
+    assert.equal(calls.length, 3);
+    const kinds = answered.newItems.map((i) => i.type);
+    assert.deepEqual(kinds.slice(0, 2), ['tool_call_item', 'tool_call_output_item'], kinds.join(', '));
+    assert.equal(kinds.at(-1), 'message_output_item', kinds.join(', '));
+    assert.equal(typeof answered.finalOutput, 'string');
   });
 }
 

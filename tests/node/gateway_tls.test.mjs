@@ -3,6 +3,7 @@
 // against that CA. Plain HTTP on the same port gets no answer. The nodes, PostgreSQL, etcd, NATS
 // and Redis take TLS only, and every process of the cluster reaches them over it, checking the CA.
 import { spawnSync } from 'node:child_process';
+import { assertFits } from './openapi_check.mjs';
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -24,7 +25,10 @@ function request(url, { method = 'GET', body = null, headers = {}, trust = ca } 
       let text = '';
       res.setEncoding('utf8');
       res.on('data', (d) => { text += d; });
-      res.on('end', () => resolve({ status: res.statusCode, text }));
+      res.on('end', () => {
+        try { assertFits(method, url, res.statusCode, res.headers, text); } catch (e) { return reject(e); }
+        resolve({ status: res.statusCode, text });
+      });
     });
     req.on('error', reject);
     if (body) req.end(JSON.stringify(body)); else req.end();
@@ -93,7 +97,11 @@ test('an agent session runs its whole course through the HTTPS gateway', async (
         res.setEncoding('utf8');
         res.on('data', (d) => {
           got += d;
-          if (/event: state\ndata: [^\n]*"completed"/.test(got)) { req.destroy(); resolve(got); }
+          if (/event: state\ndata: [^\n]*"completed"/.test(got)) {
+            req.destroy();
+            try { assertFits('GET', `${cluster.gw}/v1/sessions/${id}/events`, res.statusCode, res.headers, got); } catch (e) { return reject(e); }
+            resolve(got);
+          }
         });
         res.on('end', () => resolve(got));
       });

@@ -1,5 +1,5 @@
 // Starts the real `armada serve` on port 0 and waits until /health says ready.
-import './openapi_check.mjs';
+import { assertFits } from './openapi_check.mjs';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import https from 'node:https';
@@ -17,7 +17,10 @@ export function httpsGet(url, ca, headers = {}) {
       let text = '';
       res.setEncoding('utf8');
       res.on('data', (d) => { text += d; });
-      res.on('end', () => resolve({ status: res.statusCode, text }));
+      res.on('end', () => {
+        try { assertFits('GET', url, res.statusCode, res.headers, text); } catch (e) { return reject(e); }
+        resolve({ status: res.statusCode, text });
+      });
     }).on('error', reject);
   });
 }

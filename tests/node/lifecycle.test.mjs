@@ -63,6 +63,22 @@ test('probes: /livez and /readyz answer without a key', async () => {
   }
 });
 
+test('POST /admin/drain drains a node at an admin key\'s word; with nothing running it stops at once, exit 0', async () => {
+  const dir = tempDir('armada-http-drain-');
+  const srv = await startServer(['--api-key', 'sk-x', '--data-dir', path.join(dir, 'data')]);
+  try {
+    assert.equal((await fetch(srv.base + '/admin/drain', { method: 'POST' })).status, 401);
+    const exited = new Promise((res) => srv.proc.on('exit', (code) => res(code)));
+    const r = await fetch(srv.base + '/admin/drain', { method: 'POST', headers: { Authorization: 'Bearer sk-x' } });
+    assert.equal(r.status, 202);
+    assert.deepEqual(await r.json(), { status: 'draining', already: false });
+    assert.equal(await exited, 0);
+    assert.match(srv.stdout(), /drained; stopping/);
+  } finally {
+    assert.equal(await srv.stop(), 0);
+  }
+});
+
 test('SIGTERM drains: streams finish, the node exits 0, every session completes after a restart with no tool call sent twice',
   { timeout: 600000 }, async () => {
     const tools = await startToolServer({ minDelayMs: 300, maxDelayMs: 900 });

@@ -139,6 +139,28 @@ test('MCP tools are imported, called, and survive a server restart', { timeout: 
       assert.equal(sp.attributes['armada.mcp.server'], 'everything');
     }
 
+    // Streamed, each item's output_index is its place in the final output (a message comes
+    // after the MCP items; it was announced at index 0).
+    const stream = await client.responses.create({
+      model: 'x', input: 'Add two numbers', max_output_tokens: 96, parallel_tool_calls: false, stream: true,
+      tools: [{ type: 'mcp', server_label: 'everything', server_url: proxy.url,
+        allowed_tools: ['get-sum'], require_approval: 'never' }],
+      tool_choice: 'required',
+    });
+    const announced = [];
+    let final = null;
+    for await (const ev of stream) {
+      if (ev.type === 'response.output_item.added' || ev.type === 'response.output_item.done') announced.push([ev.output_index, ev.item.id, ev.type]);
+      if (ev.type === 'response.content_part.added' || ev.type === 'response.output_text.delta') announced.push([ev.output_index, ev.item_id, ev.type]);
+      if (ev.type === 'response.completed' || ev.type === 'response.incomplete') final = ev.response;
+    }
+    assert.ok(final, 'the stream did not end with the response');
+    assert.ok(final.output.length >= 2, JSON.stringify(final.output).slice(0, 400));
+    for (const [index, id, type] of announced) {
+      assert.equal(final.output[index]?.id, id, `${type} of ${id} at output_index ${index}: ${JSON.stringify(final.output.map((o) => o.id))}`);
+    }
+    assert.ok(announced.length >= final.output.length);
+
     // Tools of an agent posted at run time are imported too; an unreachable server is a clear 400.
     const bad = await fetch(`${srv.base}/v1/agents`, {
       method: 'POST',

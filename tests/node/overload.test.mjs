@@ -5,6 +5,7 @@
 // - 512 SSE streams open at once, every one finishing with [DONE];
 // - per-key rate limits (requests/min, tokens/min) answering 429 with Retry-After.
 import { test } from 'node:test';
+import { assertFits } from './openapi_check.mjs';
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import net from 'node:net';
@@ -49,7 +50,12 @@ function post(agent, base, route, body, headers = {}) {
       let text = '';
       res.setEncoding('utf8');
       res.on('data', (d) => { text += d; });
-      res.on('end', () => resolve({ status: res.statusCode, ms: performance.now() - t0, headers: res.headers, text }));
+      res.on('end', () => {
+        let misfit = null;
+        try { assertFits('POST', url, res.statusCode, res.headers, text); } catch (e) { misfit = String(e); }
+        // An answer that does not fit docs/openapi.json counts as a failed request (status -2).
+        resolve({ status: misfit ? -2 : res.statusCode, ms: performance.now() - t0, headers: res.headers, text, error: misfit });
+      });
       res.on('error', (e) => resolve({ status: -1, ms: performance.now() - t0, error: String(e), text }));
     });
     req.on('error', (e) => resolve({ status: -1, ms: performance.now() - t0, error: String(e) }));
@@ -261,7 +267,12 @@ test('512 SSE streams open at once all finish with [DONE]', async () => {
         let text = '';
         res.setEncoding('utf8');
         res.on('data', (d) => { text += d; });
-        res.on('end', () => { open--; resolve({ status: res.statusCode, type: res.headers['content-type'], text }); });
+        res.on('end', () => {
+          open--;
+          let misfit = null;
+          try { assertFits('POST', new URL('/v1/chat/completions', url), res.statusCode, res.headers, text); } catch (e) { misfit = String(e); }
+          resolve({ status: misfit ? -2 : res.statusCode, type: res.headers['content-type'], text: misfit ?? text });
+        });
       });
       req.on('error', (e) => resolve({ status: -1, text: String(e) }));
       req.end(data);

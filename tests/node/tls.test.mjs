@@ -3,6 +3,7 @@
 // servers are verified against the system store plus --tool-ca-file: a wrong host name, an
 // expired certificate and an untrusted CA are each refused with a clear tool error.
 import { test, before, after } from 'node:test';
+import { assertFits } from './openapi_check.mjs';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -42,7 +43,10 @@ function httpsPost(url, ca, body, headers = {}) {
       headers: { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(data), ...headers } }, (res) => {
       let text = '';
       res.on('data', (d) => { text += d; });
-      res.on('end', () => resolve({ status: res.statusCode, json: JSON.parse(text) }));
+      res.on('end', () => {
+        try { assertFits('POST', url, res.statusCode, res.headers, text); } catch (e) { return reject(e); }
+        resolve({ status: res.statusCode, json: JSON.parse(text) });
+      });
     });
     req.on('error', reject);
     req.end(data);
