@@ -2,6 +2,7 @@
 
 #include "engine/engine.h"
 #include "engine/grammar_fast.h"
+#include "obs/metrics.h"
 
 #include <nlohmann/json.hpp>
 
@@ -26,7 +27,21 @@ struct RunResult {
     double pp_tokens_per_s = 0;
     int64_t prompt_tokens = 0;  // prompt tokens of the timed requests
     int64_t reused_tokens = 0;  // of those, the ones found in the sequence (the depth)
+    // Where the decode phase's wall time went on the engine thread (the engine's own timers):
+    // inside llama_decode, after it (sampling, detokenising, the sinks), and the rest (between
+    // steps: planning the next batch, waiting for work).
+    double tg_s = 0, decode_s = 0, sample_s = 0;
+    uint64_t decode_calls = 0;
 };
+
+// The sum and count of one of the engine's histograms.
+std::pair<double, uint64_t> histogram_total(obs::Registry & reg, const char * name, const char * help) {
+    std::vector<uint64_t> buckets;
+    double sum = 0;
+    uint64_t count = 0;
+    reg.histogram(name, help, obs::latency_buckets()).snapshot(buckets, sum, count);
+    return {sum, count};
+}
 
 void quiet_log(ggml_log_level level, const char * text, void *) {
     if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
@@ -42,7 +57,19 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
     cfg.n_threads = opt.threads;
     cfg.chunk = std::max(opt.n_prompt, 32);
     cfg.n_batch = 2048;
-    engine::Engine eng(model, cfg, nullptr);
+    obs::Registry reg;
+    engine::Engine eng(model, cfg, &reg);
+    // The histograms as the engine named them (the registry returns the engine's own).
+    auto decode_total = [&] {
+        return histogram_total(reg, "armada_engine_decode_seconds",
+                               "Time per llama_decode call (one batch through the model)");
+    };
+    auto sample_total = [&] {
+        return histogram_total(reg, "armada_engine_sample_seconds",
+                               "Time after each llama_decode call to sample, stream and save the batch's "
+                               "sequences (engine thread, model idle)");
+    };
+    std::pair<double, uint64_t> decode_at_start, sample_at_start;
     if (auto e = eng.start(); !e.empty()) {
         fprintf(stderr, "engine: %s\n", e.c_str());
         return {};
@@ -96,11 +123,17 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
         int seen = 0;
         r->sink = [&, seen](engine::GenEvent && ev) mutable {
             std::lock_guard lk(mu);
+            // On the engine thread: the timers are read where the decode phase starts.
+            auto phase_starts = [&] {
+                t_all_started = Clock::now();
+                decode_at_start = decode_total();
+                sample_at_start = sample_total();
+            };
             if (ev.kind == engine::GenEvent::Kind::Text) {
-                if (seen++ == 0 && ++started == streams) t_all_started = Clock::now();
+                if (seen++ == 0 && ++started == streams) phase_starts();
                 return;
             }
-            if (seen == 0 && ++started == streams) t_all_started = Clock::now();
+            if (seen == 0 && ++started == streams) phase_starts();
             gen_total += ev.n_generated - 1;
             prompt_total += ev.n_prompt;
             reused_total += ev.n_cached;
@@ -121,6 +154,12 @@ RunResult run_streams(const std::shared_ptr<engine::Model> & model, const BenchE
     res.pp_tokens_per_s = pp > 0 ? double(streams * opt.n_prompt) / pp : 0;
     res.prompt_tokens = prompt_total;
     res.reused_tokens = reused_total;
+    const auto decode_end = decode_total();
+    const auto sample_end = sample_total();
+    res.tg_s = tg;
+    res.decode_s = decode_end.first - decode_at_start.first;
+    res.sample_s = sample_end.first - sample_at_start.first;
+    res.decode_calls = decode_end.second - decode_at_start.second;
     return res;
 }
 
@@ -186,6 +225,15 @@ int bench_engine(const BenchEngineOptions & opt) {
                 "tokens\n",
                 round, opt.streams[i], r.tg_tokens_per_s, r.pp_tokens_per_s, static_cast<long long>(r.reused_tokens),
                 static_cast<long long>(r.prompt_tokens));
+            if (r.tg_s > 0 && r.decode_calls > 0) {
+                const double rest = r.tg_s - r.decode_s - r.sample_s;
+                printf(
+                    "  engine thread over the decode phase (%.2f s, %llu llama_decode calls): in llama_decode %.1f%% "
+                    "(%.2f ms a call), after it %.1f%% (%.3f ms a call), between %.1f%%\n",
+                    r.tg_s, static_cast<unsigned long long>(r.decode_calls), 100 * r.decode_s / r.tg_s,
+                    1000 * r.decode_s / double(r.decode_calls), 100 * r.sample_s / r.tg_s,
+                    1000 * r.sample_s / double(r.decode_calls), 100 * rest / r.tg_s);
+            }
             fflush(stdout);
         }
         if (opt.batched_bench.empty()) continue;
