@@ -23,6 +23,9 @@ class GenerationPort {
     virtual int32_t n_ctx_seq() const = 0;
     //! Session memory: the session will not be back soon (`drop` false) or at all (`drop` true).
     virtual void release(const std::string & /*session*/, bool /*drop*/) {}
+    //! The session waits on tools for about `ms`: its KV stays in its sequence until then (0:
+    //! parked at once).
+    virtual void hold(const std::string & /*session*/, int64_t /*ms*/) {}
     virtual std::optional<engine::KvUsage> kv_usage(const std::string & /*session*/) const { return std::nullopt; }
     virtual uint64_t kv_bytes_per_token() const { return 0; }
     //! True while the node's KV memory is past its high watermark: new sessions wait.
@@ -39,6 +42,7 @@ class EnginePort : public GenerationPort {
     void wake() override { e_.wake(); }
     int32_t n_ctx_seq() const override { return e_.n_ctx_seq(); }
     void release(const std::string & session, bool drop) override { e_.release(session, drop); }
+    void hold(const std::string & session, int64_t ms) override { e_.hold(session, ms); }
     std::optional<engine::KvUsage> kv_usage(const std::string & session) const override { return e_.kv_usage(session); }
     uint64_t kv_bytes_per_token() const override { return e_.kv_bytes_per_cell(); }
     bool kv_pressure() const override { return e_.kv_pressure(); }

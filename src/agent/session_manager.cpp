@@ -321,7 +321,8 @@ SessionManager::SessionManager(engine::ChatFormat & format, GenerationPort & eng
       io_(std::move(io)),
       metrics_(metrics),
       clock_(clock),
-      opt_(opt) {
+      opt_(opt),
+      kv_hold_(opt.kv_hold) {
     for (const char * o : {"completed", "failed", "cancelled"}) {
         metrics_.counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", o}});
         metrics_.gauge("armada_sessions_ended_window", "Agent sessions that ended within the survival window",
@@ -1574,9 +1575,11 @@ void SessionManager::wait_for_lease(const std::string & id) {
 }
 
 void SessionManager::send_tools(Session & s) {
+    std::vector<std::string> sent;
     for (auto & pc : s.calls) {
         if (pc.started || pc.done) continue;
         pc.started = true;
+        sent.push_back(pc.call.name);
         ++s.tools_in_flight;
         const HttpToolSpec * spec = nullptr;
         if (s.agent) {
@@ -1612,6 +1615,9 @@ void SessionManager::send_tools(Session & s) {
                         if (*alive) post([this, id, key, r = std::move(r)] { on_tool_done(id, key, r); });
                     });
     }
+    // The session's KV waits in its sequence for as long as these tools usually take, and is
+    // parked at once when they usually take too long for that to be worth a sequence.
+    if (opt_.hold_tools && !sent.empty()) engine_.hold(s.id, kv_hold_.hold_ms(sent));
 }
 
 void SessionManager::on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r) {
@@ -1645,6 +1651,7 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
         return;
     }
     pc->done = true;
+    kv_hold_.observe(pc->call.name, int64_t(r.latency_s * 1000));
     const std::string outcome = r.is_error ? "error" : "ok";
     if (r.is_error) sig_tool_errors_++;
     if (auto sp = s.tool_spans.find(key); sp != s.tool_spans.end()) {

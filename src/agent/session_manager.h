@@ -138,6 +138,10 @@ struct SessionOptions {
     //! Tests only (`serve --test-step-errors P`): a finished model step fails with probability
     //! P, as a bad build's would, so a rollout's gates have something to catch.
     double test_step_errors = 0;
+    //! How long a session's KV stays in its sequence while it waits on tools, learned per tool
+    //! (engine::KvHold). `hold_tools` false: the engine's idle grace alone decides.
+    bool hold_tools = true;
+    engine::KvHold::Options kv_hold;
 };
 
 //! What the node counted since it started, for a rollout's gates (carried in its load report).
@@ -400,6 +404,7 @@ class SessionManager {
     obs::Registry & metrics_;
     const Clock & clock_;
     SessionOptions opt_;
+    engine::KvHold kv_hold_;  // tools' observed latencies (thread-safe)
 
     mutable std::mutex mu_;
     //! Agents: the operator's by id, and each tenant's by (tenant, id). Guarded by mu_.

@@ -384,7 +384,7 @@ OpenAIService::OpenAIService(std::shared_ptr<engine::Model> model, engine::Engin
 OpenAIService::~OpenAIService() = default;
 
 void OpenAIService::submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs,
-                           const std::string & account, const std::string & tenant) {
+                           const std::string & account, const std::string & tenant, const std::string & program) {
     job->engine = &engine_;
     job->metrics = &metrics_;
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -392,6 +392,7 @@ void OpenAIService::submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr
         reqs[i]->sink = job->sink(i);
         reqs[i]->account = account;
         reqs[i]->tenant = tenant;
+        reqs[i]->program = program;
     }
     // All choices or none: a partially accepted request would leave the client waiting.
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -418,8 +419,22 @@ void OpenAIService::submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr
     if (job->stream) job->out->start_stream(200);
 }
 
+namespace {
+//! The conversation a request names, for the engine's scheduler: OpenAI's prompt_cache_key, else
+//! its user, else the X-Armada-Session header; empty when none does (the engine then follows the
+//! prompt-cache chain). Scoped to the tenant by the engine; at most 256 bytes are kept.
+std::string program_of(const json & body, const std::string & session) {
+    for (const char * field : {"prompt_cache_key", "user"}) {
+        auto it = body.find(field);
+        if (it != body.end() && it->is_string() && !it->get_ref<const std::string &>().empty())
+            return std::string(field) + ":" + it->get<std::string>().substr(0, 256);
+    }
+    return session.empty() ? std::string() : "session-header:" + session.substr(0, 256);
+}
+}  // namespace
+
 void OpenAIService::chat(const json & body, const std::string & account, const std::string & tenant,
-                         std::shared_ptr<Responder> out) {
+                         std::shared_ptr<Responder> out, const std::string & session) {
     ChatSpec spec = parse_chat(body, model_->n_vocab(), limits_);
     if (!engine_.has_room(spec.sampling.n)) throw at_capacity();
     auto turn = std::make_shared<engine::ChatTurn>(
@@ -445,11 +460,11 @@ void OpenAIService::chat(const json & body, const std::string & account, const s
         reqs.push_back(
             format_.request(*turn, spec.sampling, engine_.n_ctx_seq(), engine::choice_seed(spec.sampling, i)));
     }
-    submit(job, std::move(reqs), account, tenant);
+    submit(job, std::move(reqs), account, tenant, program_of(body, session));
 }
 
 void OpenAIService::completion(const json & body, const std::string & account, const std::string & tenant,
-                               std::shared_ptr<Responder> out) {
+                               std::shared_ptr<Responder> out, const std::string & session) {
     SamplingSpec s = parse_sampling(body, model_->n_vocab(), limits_);
     if (!engine_.has_room(s.n)) throw at_capacity();
     engine::Tokens prompt;
@@ -488,7 +503,7 @@ void OpenAIService::completion(const json & body, const std::string & account, c
     for (int32_t i = 0; i < s.n; ++i) {
         reqs.push_back(engine::plain_request(*model_, prompt, s, engine_.n_ctx_seq(), engine::choice_seed(s, i)));
     }
-    submit(job, std::move(reqs), account, tenant);
+    submit(job, std::move(reqs), account, tenant, program_of(body, session));
 }
 
 json OpenAIService::models() const {

@@ -27,17 +27,19 @@ class OpenAIService {
 
     //! `account` is the hashed API key the tokens are charged to.
     //! `tenant`: whose KV this is (the prompt cache never crosses tenants); `account`: who pays.
+    //! `session`: the X-Armada-Session header, which names the conversation (the program the
+    //! engine schedules by) when the body's prompt_cache_key and user do not.
     void chat(const json & body, const std::string & account, const std::string & tenant,
-              std::shared_ptr<Responder> out);
+              std::shared_ptr<Responder> out, const std::string & session = {});
     void completion(const json & body, const std::string & account, const std::string & tenant,
-                    std::shared_ptr<Responder> out);
+                    std::shared_ptr<Responder> out, const std::string & session = {});
     json models() const;
     const std::string & model_id() const { return model_->id(); }
 
   private:
     struct Job;
     void submit(std::shared_ptr<Job> job, std::vector<std::unique_ptr<engine::GenRequest>> reqs,
-                const std::string & account, const std::string & tenant);
+                const std::string & account, const std::string & tenant, const std::string & program);
 
     std::shared_ptr<engine::Model> model_;
     engine::EngineSet & engine_;

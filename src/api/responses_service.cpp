@@ -128,6 +128,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     std::vector<common_chat_msg> conversation;  // without the system message
     json resp;                                  // the response object, filled as it goes
     std::string owner;                          // the tenant
+    std::string chain;  // the first response of its previous_response_id chain: the program it is part of
     std::string account;                        // the key's rate-limit account
     std::string named_tool;
     bool stream = false, store_it = true;
@@ -296,7 +297,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         store::ResponseRecord r;
         r.id = resp["id"];
         r.tenant = owner;
-        r.data = dump(json{{"response", resp}, {"messages", msgs_to_json(conversation)}});
+        r.data = dump(json{{"response", resp}, {"messages", msgs_to_json(conversation)}, {"chain", chain}});
         r.created_ms = resp["created_at"].get<int64_t>() * 1000;
         store::Batch b;
         b.responses.push_back(r);
@@ -411,6 +412,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
         req->sink = [self = shared_from_this()](engine::GenEvent && ev) { self->push(std::move(ev)); };
         req->account = account;
         req->tenant = owner;
+        req->program = "response:" + chain;
         req->cancelled = cancelled;
         return engine->submit(std::move(req)) == engine::SubmitStatus::Accepted;
     }
@@ -600,7 +602,9 @@ void ResponsesService::create(const json & body, const Caller & caller, std::sha
         if (!rec || rec->tenant != caller.tenant) {
             throw ApiError(404, "no stored response with id '" + prev + "'", "previous_response_id");
         }
-        run->conversation = msgs_from_json(json::parse(rec->data).value("messages", json::array()));
+        const json data = json::parse(rec->data);
+        run->conversation = msgs_from_json(data.value("messages", json::array()));
+        run->chain = data.contains("chain") && data["chain"].is_string() ? data["chain"].get<std::string>() : prev;
     }
     if (!body.contains("input") || body["input"].is_null()) throw ApiError(400, "'input' is required", "input");
     append_input(body["input"], run->conversation);
@@ -647,7 +651,9 @@ void ResponsesService::create(const json & body, const Caller & caller, std::sha
     if (so.temperature < 0 || so.temperature > 2)
         throw ApiError(400, "'temperature' must be between 0 and 2", "temperature");
     run->so = so;
-    run->resp = {{"id", random_id("resp_")},
+    const std::string resp_id = random_id("resp_");
+    if (run->chain.empty()) run->chain = resp_id;
+    run->resp = {{"id", resp_id},
                  {"object", "response"},
                  {"created_at", unix_now()},
                  {"status", "in_progress"},
@@ -745,6 +751,7 @@ void ResponsesService::begin(const std::shared_ptr<Run> & run) {
     req->sink = [run](engine::GenEvent && ev) { run->push(std::move(ev)); };
     req->account = run->account;
     req->tenant = run->owner;
+    req->program = "response:" + run->chain;
     req->cancelled = cancelled;
     const auto st = engine_.submit(std::move(req));
     if (st == engine::SubmitStatus::QueueFull) throw at_capacity();

@@ -411,9 +411,9 @@ void Router::route(HttpRequest & req, const std::shared_ptr<Responder> & out, st
     }
     const json body = parse_request_body(req.body);
     if (p == "/v1/chat/completions") {
-        svc->chat(body, caller.account, caller.tenant, out);
+        svc->chat(body, caller.account, caller.tenant, out, req.header("x-armada-session"));
     } else {
-        svc->completion(body, caller.account, caller.tenant, out);
+        svc->completion(body, caller.account, caller.tenant, out, req.header("x-armada-session"));
     }
 }
 

@@ -211,6 +211,27 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
                     "idle time after which a waiting session's KV is saved to the pool")
         ->envname("ARMADA_PARK_GRACE_MS")
         ->capture_default_str();
+    cmd->add_option("--sched", o.engine.sched,
+                    "order in which waiting requests get a sequence: plas (the program, i.e. agent session, "
+                    "Responses chain or conversation, with the least service so far first), program-fcfs (the "
+                    "program that arrived first first) or fcfs (requests in arrival order)")
+        ->transform(CLI::CheckedTransformer(std::map<std::string, engine::SchedPolicy>{
+            {"plas", engine::SchedPolicy::Plas},
+            {"program-fcfs", engine::SchedPolicy::ProgramFcfs},
+            {"fcfs", engine::SchedPolicy::Fcfs}}))
+        ->envname("ARMADA_SCHED")
+        ->default_str("plas");
+    cmd->add_option("--sched-starve-ms", o.engine.sched_starve_ms,
+                    "a request that has waited this long goes ahead of the --sched order (oldest first)")
+        ->envname("ARMADA_SCHED_STARVE_MS")
+        ->check(CLI::Range(1, 3600 * 1000))
+        ->capture_default_str();
+    cmd->add_option("--kv-hold-max-ms", o.kv_hold_max_ms,
+                    "a session's KV stays in its sequence across a tool call for the time that tool usually "
+                    "takes (its p90, learned), up to this; 0: parked after --park-grace-ms")
+        ->envname("ARMADA_KV_HOLD_MAX_MS")
+        ->check(CLI::Range(int64_t(0), int64_t(600000)))
+        ->capture_default_str();
     cmd->add_flag("--no-park", o.no_park, "keep no session KV between requests (re-prefill every step)")
         ->envname("ARMADA_NO_PARK");
     cmd->add_flag("--no-prefix-cache", o.no_prefix_cache,

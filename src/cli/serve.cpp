@@ -527,6 +527,9 @@ int serve(const ServeOptions & opt) {
     sopt.ttl_ms = *ttl_ms;
     sopt.model = model->id();
     sopt.test_step_errors = opt.test_step_errors;
+    sopt.hold_tools = opt.kv_hold_max_ms > 0 && !opt.no_park;
+    sopt.kv_hold.max_hold_ms = opt.kv_hold_max_ms;
+    sopt.kv_hold.default_ms = ecfg.park_grace_ms;
     // GPU pools: heavy agent steps run there (the cluster file's pools, or --pools on one node).
     std::unique_ptr<gateway::PoolSet> pool_set;
     std::unique_ptr<gateway::PoolStepRunner> pool_steps;

@@ -36,6 +36,9 @@ struct ServeOptions {
     std::string kv_budget;                // size text, e.g. "8G"; empty: automatic
     std::string kv_disk = "64G";
     bool no_park = false;
+    //! A session's KV stays in its sequence across a tool call for as long as that tool usually
+    //! takes, up to this; a tool that usually takes longer gets no hold. 0: no holds.
+    int64_t kv_hold_max_ms = 10000;
     bool no_kv_journal = false;
     bool no_prefix_cache = false;
     PlacementFlags place;

@@ -67,8 +67,23 @@ void batch_add(llama_batch & b, llama_token t, llama_pos pos, llama_seq_id seq, 
 }  // namespace
 
 Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * metrics)
-    : model_(std::move(model)), cfg_(cfg), metrics_(metrics) {
+    : model_(std::move(model)), cfg_(cfg), metrics_(metrics), sched_(cfg.sched, cfg.sched_starve_ms) {
     if (metrics_) {
+        const obs::Labels policy = {{"policy", sched_policy_name(cfg_.sched)}};
+        h_wait_ = &metrics_->histogram("armada_engine_queue_wait_seconds",
+                                       "Time from a request's arrival to its sequence, by scheduling policy",
+                                       obs::latency_buckets(), policy);
+        c_starved_ = &metrics_->counter("armada_engine_starved_admissions_total",
+                                        "Requests admitted ahead of the policy's order because they had waited "
+                                        "--sched-starve-ms",
+                                        policy);
+        const std::string hold_help = "Sessions' KV held in its sequence across a tool call, by how the hold ended "
+                                      "(kept: the session came back to it; expired: parked when its time was up; "
+                                      "taken: another program needed the sequence; none: parked at once)";
+        c_hold_kept_ = &metrics_->counter("armada_kv_holds_total", hold_help, {{"outcome", "kept"}});
+        c_hold_expired_ = &metrics_->counter("armada_kv_holds_total", hold_help, {{"outcome", "expired"}});
+        c_hold_taken_ = &metrics_->counter("armada_kv_holds_total", hold_help, {{"outcome", "taken"}});
+        c_hold_none_ = &metrics_->counter("armada_kv_holds_total", hold_help, {{"outcome", "none"}});
         h_batch_ = &metrics_->histogram("armada_batch_tokens", "Tokens per llama_decode call",
                                         {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048});
         h_decode_ =
@@ -323,17 +338,14 @@ void Engine::loop() {
             auto ready = [&] {
                 return stopping_ || !incoming_.empty() || !ops_.empty() || has_active() || !waiting.empty();
             };
-            const bool unparked = cfg_.park && std::any_of(slots_.begin(), slots_.end(), [](const Slot & s) {
-                                      return s.state == SlotState::Idle && !s.owner.empty() && !s.pooled;
-                                  });
             // Idle, the loop still turns once a second: liveness reads its heartbeat.
-            const int wait_ms = unparked ? std::clamp(cfg_.park_grace_ms / 4, 10, 1000) : 1000;
-            cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), ready);
+            cv_.wait_for(lk, std::chrono::milliseconds(next_park_ms()), ready);
             stats_.beat_ms.store(steady_ms());
             if (stopping_) break;
             while (!incoming_.empty()) {
                 waiting.push_back(std::move(incoming_.front()));
                 incoming_.pop_front();
+                resolve_program(*waiting.back());
             }
             ops.swap(ops_);
         }
@@ -351,6 +363,7 @@ void Engine::loop() {
             }
         }
         reap_cancelled(waiting);
+        expire_programs(waiting);
         admit(waiting);
         if (!step() && waiting.empty()) continue;
     }
@@ -407,18 +420,22 @@ int Engine::pick_slot(const GenRequest & req) const {
     int best_cost = 0;
     size_t best_lcp = 0;
     uint64_t best_used = 0;
+    Clock::time_point best_hold{};
     for (const auto & s : slots_) {
         if (s.state != SlotState::Idle) continue;
         if (!req.session.empty() && s.owner == req.session) return s.id;
-        const int cost = s.owner.empty() ? 0 : (s.pooled ? 1 : 2);
+        // A sequence held for its owner's tool call is taken last, the one due soonest first.
+        const int cost = s.owner.empty() ? 0 : s.pooled ? 1 : s.held ? 3 : 2;
         const size_t lcp = s.owner.empty() && s.scope == req.tenant ? common_prefix(s.cache, req.prompt) : 0;
-        const bool better = best < 0 || cost < best_cost ||
-                            (cost == best_cost && (lcp > best_lcp || (lcp == best_lcp && s.last_used < best_used)));
+        const bool tie_better = cost == 3 ? s.hold_until < best_hold
+                                          : lcp > best_lcp || (lcp == best_lcp && s.last_used < best_used);
+        const bool better = best < 0 || cost < best_cost || (cost == best_cost && tie_better);
         if (better) {
             best = s.id;
             best_cost = cost;
             best_lcp = lcp;
             best_used = s.last_used;
+            best_hold = s.hold_until;
         }
     }
     return best;
@@ -599,6 +616,7 @@ void Engine::cache_save(Slot & s) {
         pool_->put(key, std::move(blob), false, true);
         stats_.prefix_saves++;
     }
+    if (s.state == SlotState::Idle && s.program_done) entry_program_[key] = s.program;
     // An entry this one extends (the previous turn of the same conversation) is redundant now.
     for (const auto & k : cache_->covered_by(s.scope, s.cache)) {
         pool_->erase(k);
@@ -610,9 +628,114 @@ void Engine::park_idle() {
     if (!cfg_.park) return;
     const auto now = Clock::now();
     for (auto & s : slots_) {
-        if (s.state == SlotState::Idle && !s.owner.empty() && !s.pooled &&
-            now - s.idle_since >= std::chrono::milliseconds(cfg_.park_grace_ms)) {
+        if (s.state != SlotState::Idle || s.owner.empty() || s.pooled) continue;
+        if (s.held) {
+            if (now < s.hold_until) continue;
+            s.held = false;
+            if (c_hold_expired_) c_hold_expired_->inc();
             park(s);
+        } else if (now - s.idle_since >= std::chrono::milliseconds(cfg_.park_grace_ms)) {
+            park(s);
+        }
+    }
+}
+
+int Engine::next_park_ms() const {
+    if (!cfg_.park) return 1000;
+    const auto now = Clock::now();
+    auto next = now + std::chrono::milliseconds(1000);
+    for (const auto & s : slots_) {
+        if (s.state != SlotState::Idle || s.owner.empty() || s.pooled) continue;
+        next = std::min(next, s.held ? s.hold_until : s.idle_since + std::chrono::milliseconds(cfg_.park_grace_ms));
+    }
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count();
+    return int(std::clamp<int64_t>(ms, 1, 1000));
+}
+
+void Engine::hold(const std::string & session, int64_t ms) {
+    {
+        std::lock_guard lk(mu_);
+        if (stopping_) return;
+        ops_.push_back([this, session, ms] {
+            for (auto & s : slots_) {
+                if (s.owner != session || s.state != SlotState::Idle || s.pooled) continue;
+                if (ms <= 0) {
+                    s.held = false;
+                    if (c_hold_none_) c_hold_none_->inc();
+                    if (cfg_.park) park(s);
+                } else {
+                    s.held = true;
+                    s.hold_until = Clock::now() + std::chrono::milliseconds(ms);
+                }
+            }
+        });
+    }
+    cv_.notify_one();
+}
+
+SchedTicket Engine::ticket(const GenRequest & r) const {
+    return {r.program_key, r.arrived_ms, r.seq};
+}
+
+void Engine::resolve_program(GenRequest & r) {
+    r.seq = ++arrivals_;
+    r.arrived_ms = std::chrono::duration_cast<std::chrono::milliseconds>(r.submitted.time_since_epoch()).count();
+    std::string key;
+    if (!r.program.empty()) {
+        key = Scheduler::program_key(r.tenant, r.program);
+    } else if (!r.session.empty()) {
+        key = Scheduler::program_key(r.tenant, "session:" + r.session);
+    } else {
+        // A conversation that names no program is known by the chain its prompt extends: a
+        // finished call's KV, in a sequence or in a prompt-cache entry, that this prompt contains
+        // almost whole (the previous turn's rendering may end a few tokens differently). A
+        // shared system prompt alone is far shorter than what a finished call leaves.
+        constexpr size_t kSlack = 16;
+        for (const auto & s : slots_) {
+            if (s.program_done && s.owner.empty() && s.scope == r.tenant && s.cache.size() >= PrefixCache::kBlock &&
+                common_prefix(s.cache, r.prompt) + kSlack >= s.cache.size()) {
+                key = s.program;
+                break;
+            }
+        }
+        if (key.empty() && cache_) {
+            if (auto m = cache_->longest(r.tenant, r.prompt); m && m->common + kSlack >= m->n_tokens) {
+                if (auto it = entry_program_.find(m->key); it != entry_program_.end()) key = it->second;
+            }
+        }
+        if (key.empty()) key = Scheduler::program_key(r.tenant, "chain:" + std::to_string(++chains_));
+    }
+    r.program_key = std::move(key);
+    sched_.arrive(r.program_key, r.arrived_ms);
+}
+
+void Engine::order_waiting(std::deque<std::unique_ptr<GenRequest>> & waiting) const {
+    // FCFS keeps arrival order, which is the deque's; starved requests are the oldest anyway.
+    if (sched_.policy() == SchedPolicy::Fcfs || waiting.size() < 2) return;
+    std::vector<SchedTicket> tickets;
+    tickets.reserve(waiting.size());
+    for (const auto & r : waiting)
+        tickets.push_back(ticket(*r));
+    std::deque<std::unique_ptr<GenRequest>> sorted;
+    for (size_t i : sched_.order(tickets, steady_ms()))
+        sorted.push_back(std::move(waiting[i]));
+    waiting.swap(sorted);
+}
+
+void Engine::expire_programs(const std::deque<std::unique_ptr<GenRequest>> & waiting) {
+    const int64_t now = steady_ms();
+    if (now - expired_at_ms_ < 10000) return;
+    expired_at_ms_ = now;
+    std::unordered_map<std::string, int> busy;
+    for (const auto & r : waiting)
+        busy[r->program_key]++;
+    for (const auto & s : slots_) {
+        if (s.req) busy[s.req->program_key]++;
+    }
+    sched_.expire(now, [&](const std::string & k) { return busy.count(k) > 0; });
+    if (cache_ && entry_program_.size() > 4 * cache_->entries() + 1024) {
+        for (auto it = entry_program_.begin(); it != entry_program_.end();) {
+            it = cache_->contains(it->first) ? std::next(it) : entry_program_.erase(it);
         }
     }
 }
@@ -719,6 +842,9 @@ bool Engine::has_idle() const {
 }
 
 void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
+    if (!has_idle()) return;
+    order_waiting(waiting);
+    const int64_t now_ms = steady_ms();
     for (auto it = waiting.begin(); it != waiting.end();) {
         if (!has_idle()) return;
         if (prefix_pending(**it)) {
@@ -729,6 +855,9 @@ void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
         if (id < 0) return;
         auto req = std::move(*it);
         it = waiting.erase(it);
+        if (h_wait_) h_wait_->observe(double(std::max<int64_t>(now_ms - req->arrived_ms, 0)) / 1000.0);
+        if (c_starved_ && sched_.policy() != SchedPolicy::Fcfs && sched_.starved(ticket(*req), now_ms))
+            c_starved_->inc();
         // Counted active before it stops counting as queued: `submit` reads both, and between the
         // two it would see room for one request more than there is (restoring parked KV below
         // can take a while).
@@ -742,6 +871,10 @@ void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
         s.kv_source.clear();
         s.snap_at = 0;
         const bool same_owner = s.owner == req->session;
+        if (s.held) {
+            s.held = false;
+            if (auto * c = same_owner ? c_hold_kept_ : c_hold_taken_) c->inc();
+        }
         if (!same_owner) evict(s);  // an owned sequence is parked and emptied first
         // Another tenant's tokens are never reused, not even a common prefix.
         if (s.scope != req->tenant) {
@@ -795,6 +928,9 @@ void Engine::start_slot(Slot & s, std::unique_ptr<GenRequest> req) {
         for (llama_token t : req->prompt)
             common_sampler_accept(req->sampler.get(), t, false);
     }
+    s.program = req->program_key;
+    s.program_done = false;
+    s.held = false;
     s.req = std::move(req);
     s.state = SlotState::Prompt;
     s.last_used = ++tick_;
@@ -813,6 +949,7 @@ bool Engine::step() {
     }
     for (auto & s : slots_) {
         s.i_batch = -1;
+        s.step_tokens = 0;
         if (s.state != SlotState::Generating) continue;
         const size_t take = 1 + std::min(s.input.size() - 1, size_t(std::max(0, spare)));
         spare -= int32_t(take - 1);
@@ -825,6 +962,7 @@ bool Engine::step() {
         }
         s.input.erase(s.input.begin(), s.input.begin() + std::ptrdiff_t(take));
         n_gen += int32_t(take);
+        s.step_tokens = int32_t(take);
     }
     std::vector<PendingPrompt> prompts;
     for (auto & s : slots_) {
@@ -834,10 +972,22 @@ bool Engine::step() {
             prompts.push_back({s.id, int32_t(upto - s.n_past)});
         }
     }
-    // Admission order: lower last_used was admitted first.
-    std::sort(prompts.begin(), prompts.end(), [&](const PendingPrompt & a, const PendingPrompt & b) {
-        return slots_[size_t(a.slot)].last_used < slots_[size_t(b.slot)].last_used;
-    });
+    // Prompt chunks go in the policy's order; under FCFS, admission order (lower last_used was
+    // admitted first).
+    if (sched_.policy() == SchedPolicy::Fcfs) {
+        std::sort(prompts.begin(), prompts.end(), [&](const PendingPrompt & a, const PendingPrompt & b) {
+            return slots_[size_t(a.slot)].last_used < slots_[size_t(b.slot)].last_used;
+        });
+    } else if (prompts.size() > 1) {
+        const int64_t now_ms = steady_ms();
+        std::vector<std::pair<Scheduler::Rank, PendingPrompt>> ranked;
+        ranked.reserve(prompts.size());
+        for (const auto & p : prompts)
+            ranked.emplace_back(sched_.rank(ticket(*slots_[size_t(p.slot)].req), now_ms), p);
+        std::sort(ranked.begin(), ranked.end(), [](const auto & a, const auto & b) { return a.first < b.first; });
+        for (size_t i = 0; i < ranked.size(); ++i)
+            prompts[i] = ranked[i].second;
+    }
     int64_t n_prompt_tokens = 0;
     for (const auto & c : plan_prompt_chunks(n_batch_, cfg_.chunk, n_gen, prompts)) {
         Slot & s = slots_[size_t(c.slot)];
@@ -848,6 +998,7 @@ bool Engine::step() {
             s.cache.push_back(s.req->prompt[s.n_past]);
             ++s.n_past;
         }
+        s.step_tokens += c.n_tokens;
         n_prompt_tokens += c.n_tokens;
     }
     if (batch_.n_tokens == 0) return false;
@@ -869,6 +1020,11 @@ bool Engine::step() {
                    "the model failed to evaluate the batch (llama_decode " + std::to_string(rc) + ")");
         }
         return true;
+    }
+    // Each program is charged for the tokens computed for it (its attained service).
+    const int64_t charged_ms = steady_ms();
+    for (const auto & s : slots_) {
+        if (s.step_tokens > 0 && s.req) sched_.charge(s.req->program_key, uint64_t(s.step_tokens), charged_ms);
     }
     for (auto & s : slots_) {
         if (s.snap_at > 0 && s.state == SlotState::Prompt && s.n_past == s.snap_at) {
@@ -1013,6 +1169,7 @@ void Engine::finish(Slot & s, FinishReason r, const std::string & error) {
     done.kv_source = s.kv_source;
     s.idle_since = Clock::now();
     s.snap_at = 0;
+    s.program_done = r != FinishReason::Error;
     if (usage_hook_) usage_hook_(req.account, int64_t(done.n_prompt) + done.n_generated);
     // Free before the caller hears of it, so its next request finds the sequence free.
     stats_.active--;

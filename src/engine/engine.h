@@ -5,6 +5,7 @@
 #include "engine/model.h"
 #include "engine/prefix_cache.h"
 #include "engine/request.h"
+#include "engine/scheduler.h"
 #include "engine/text_stream.h"
 #include "obs/metrics.h"
 
@@ -20,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace armada::engine {
@@ -72,6 +74,10 @@ struct EngineConfig {
     //! when it ends, and any later request with the same prefix restores it instead of computing
     //! it again. Lives in the pool with parked KV, under the same budget.
     bool prefix_cache = true;
+    //! The order waiting requests get a sequence and prompt chunks a batch (scheduler.h), and
+    //! how long a request may wait before it goes ahead of every policy (oldest first).
+    SchedPolicy sched = SchedPolicy::Plas;
+    int32_t sched_starve_ms = 10000;
 };
 
 //! Where a session's KV is, and how big it is.
@@ -147,6 +153,12 @@ class Engine {
     //! this engine held of it. Refused while a request of the session runs here. Returns an
     //! error message.
     std::string install_kv(const std::string & session, const std::string & file);
+    //! Thread-safe. The session waits on a tool for about `ms`: its KV stays in its sequence
+    //! until then (a sequence is taken from it earlier only when no other is free), and is parked
+    //! after. `ms` 0: park it now.
+    void hold(const std::string & session, int64_t ms);
+    //! Engine thread only (tests read it once the engine is idle): the scheduler's programs.
+    const Scheduler & scheduler() const { return sched_; }
     //! Thread-safe. Where the session's KV is and its size; nullopt when the engine holds none.
     std::optional<KvUsage> kv_usage(const std::string & session) const;
     const KvPool & pool() const { return *pool_; }
@@ -189,6 +201,14 @@ class Engine {
         size_t snap_at = 0;     // save the prompt to the cache once this many tokens are computed
         bool unsaved = false;   // anonymous KV not in the prompt cache yet
         std::chrono::steady_clock::time_point idle_since;
+        //! While the owner waits on a tool (Engine::hold): kept in the sequence until this time.
+        std::chrono::steady_clock::time_point hold_until;
+        bool held = false;
+        //! The program of the request that ran here last, and whether it finished (then a request
+        //! whose prompt extends this KV is that program's next call).
+        std::string program;
+        bool program_done = false;
+        int32_t step_tokens = 0;  // tokens of this sequence in the batch being decoded
         double ttft_s = 0;
         std::chrono::steady_clock::time_point t_last_token;
         std::vector<TokenLogprob> logprobs;  // generated, not yet sent with an event
@@ -196,6 +216,15 @@ class Engine {
 
     void loop();
     void admit(std::deque<std::unique_ptr<GenRequest>> & waiting);
+    //! Gives an arriving request its program key, arrival number and time.
+    void resolve_program(GenRequest & r);
+    //! Puts `waiting` in the policy's order.
+    void order_waiting(std::deque<std::unique_ptr<GenRequest>> & waiting) const;
+    SchedTicket ticket(const GenRequest & r) const;
+    //! Forgets idle programs (every few seconds).
+    void expire_programs(const std::deque<std::unique_ptr<GenRequest>> & waiting);
+    //! When the loop must next look at idle sequences to park them (ms from now; 1000 when none).
+    int next_park_ms() const;
     int pick_slot(const GenRequest & req) const;
     bool prefix_pending(const GenRequest & r) const;
     bool has_idle() const;
@@ -242,6 +271,11 @@ class Engine {
     std::unique_ptr<KvJournal> journal_;
     std::unique_ptr<PrefixCache> cache_;
     std::string fingerprint_;
+    Scheduler sched_;  // engine thread only
+    uint64_t arrivals_ = 0, chains_ = 0;
+    int64_t expired_at_ms_ = 0;
+    //! Prompt-cache entries saved from a finished request, and the program that made them.
+    std::unordered_map<std::string, std::string> entry_program_;
     mutable std::mutex owners_mu_;
     std::vector<std::string> owners_;                      // slot → owner, guarded by owners_mu_
     std::unique_ptr<std::atomic<int32_t>[]> slot_tokens_;  // tokens held per slot, for kv_usage
@@ -266,6 +300,12 @@ class Engine {
     obs::Histogram * h_sample_ = nullptr;
     obs::Histogram * h_park_ = nullptr;
     obs::Histogram * h_restore_ = nullptr;
+    obs::Histogram * h_wait_ = nullptr;
+    obs::Counter * c_starved_ = nullptr;
+    obs::Counter * c_hold_kept_ = nullptr;
+    obs::Counter * c_hold_expired_ = nullptr;
+    obs::Counter * c_hold_taken_ = nullptr;
+    obs::Counter * c_hold_none_ = nullptr;
 };
 
 }  // namespace armada::engine

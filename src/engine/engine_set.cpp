@@ -101,6 +101,11 @@ void EngineSet::wake() {
         e->wake();
 }
 
+void EngineSet::hold(const std::string & session, int64_t ms) {
+    for (auto * e : engines_)
+        e->hold(session, ms);
+}
+
 void EngineSet::release(const std::string & session, bool drop) {
     for (auto * e : engines_)
         e->release(session, drop);

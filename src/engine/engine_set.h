@@ -40,6 +40,8 @@ class EngineSet {
     bool has_room(int32_t n = 1) const;
     void wake();
     void release(const std::string & session, bool drop);
+    //! Engine::hold on whichever engine holds the session.
+    void hold(const std::string & session, int64_t ms);
     //! The session's KV journal, opened to send to another node (KvJournal::open_for_send), from
     //! whichever engine holds it. On a miss `why` says why.
     std::optional<KvJournal::SendFile> open_kv(const std::string & session, std::string & why) const;

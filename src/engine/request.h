@@ -77,6 +77,15 @@ struct GenRequest {
     int32_t prefix_len = 0;
     //! Who pays for the tokens (the hashed API key); reported to the usage hook when done.
     std::string account;
+    //! The program the request belongs to, as its caller knows it: an agent session, a Responses
+    //! chain, or a chat conversation (its prompt_cache_key, user, or X-Armada-Session). Empty:
+    //! the session's, or else the engine infers it from the prompt-cache chain the prompt extends.
+    std::string program;
+    // Set by the engine when the request arrives: its tenant-scoped program key, its place in
+    // arrival order, and the time (ms on the steady clock).
+    std::string program_key;
+    uint64_t seq = 0;
+    int64_t arrived_ms = 0;
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
     std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
 };
