@@ -128,8 +128,8 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     std::vector<common_chat_msg> conversation;  // without the system message
     json resp;                                  // the response object, filled as it goes
     std::string owner;                          // the tenant
-    std::string chain;  // the first response of its previous_response_id chain: the program it is part of
-    std::string account;                        // the key's rate-limit account
+    std::string chain;    // the first response of its previous_response_id chain: the program it is part of
+    std::string account;  // the key's rate-limit account
     std::string named_tool;
     bool stream = false, store_it = true;
     std::string text, msg_id;

@@ -215,10 +215,10 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
                     "order in which waiting requests get a sequence: plas (the program, i.e. agent session, "
                     "Responses chain or conversation, with the least service so far first), program-fcfs (the "
                     "program that arrived first first) or fcfs (requests in arrival order)")
-        ->transform(CLI::CheckedTransformer(std::map<std::string, engine::SchedPolicy>{
-            {"plas", engine::SchedPolicy::Plas},
-            {"program-fcfs", engine::SchedPolicy::ProgramFcfs},
-            {"fcfs", engine::SchedPolicy::Fcfs}}))
+        ->transform(CLI::CheckedTransformer(
+            std::map<std::string, engine::SchedPolicy>{{"plas", engine::SchedPolicy::Plas},
+                                                       {"program-fcfs", engine::SchedPolicy::ProgramFcfs},
+                                                       {"fcfs", engine::SchedPolicy::Fcfs}}))
         ->envname("ARMADA_SCHED")
         ->default_str("plas");
     cmd->add_option("--sched-starve-ms", o.engine.sched_starve_ms,

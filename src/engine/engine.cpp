@@ -77,9 +77,10 @@ Engine::Engine(std::shared_ptr<Model> model, EngineConfig cfg, obs::Registry * m
                                         "Requests admitted ahead of the policy's order because they had waited "
                                         "--sched-starve-ms",
                                         policy);
-        const std::string hold_help = "Sessions' KV held in its sequence across a tool call, by how the hold ended "
-                                      "(kept: the session came back to it; expired: parked when its time was up; "
-                                      "taken: another program needed the sequence; none: parked at once)";
+        const std::string hold_help =
+            "Sessions' KV held in its sequence across a tool call, by how the hold ended "
+            "(kept: the session came back to it; expired: parked when its time was up; "
+            "taken: another program needed the sequence; none: parked at once)";
         c_hold_kept_ = &metrics_->counter("armada_kv_holds_total", hold_help, {{"outcome", "kept"}});
         c_hold_expired_ = &metrics_->counter("armada_kv_holds_total", hold_help, {{"outcome", "expired"}});
         c_hold_taken_ = &metrics_->counter("armada_kv_holds_total", hold_help, {{"outcome", "taken"}});
@@ -427,8 +428,8 @@ int Engine::pick_slot(const GenRequest & req) const {
         // A sequence held for its owner's tool call is taken last, the one due soonest first.
         const int cost = s.owner.empty() ? 0 : s.pooled ? 1 : s.held ? 3 : 2;
         const size_t lcp = s.owner.empty() && s.scope == req.tenant ? common_prefix(s.cache, req.prompt) : 0;
-        const bool tie_better = cost == 3 ? s.hold_until < best_hold
-                                          : lcp > best_lcp || (lcp == best_lcp && s.last_used < best_used);
+        const bool tie_better =
+            cost == 3 ? s.hold_until < best_hold : lcp > best_lcp || (lcp == best_lcp && s.last_used < best_used);
         const bool better = best < 0 || cost < best_cost || (cost == best_cost && tie_better);
         if (better) {
             best = s.id;

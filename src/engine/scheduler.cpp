@@ -14,9 +14,12 @@ std::optional<SchedPolicy> parse_sched_policy(const std::string & name) {
 
 const char * sched_policy_name(SchedPolicy p) {
     switch (p) {
-    case SchedPolicy::Plas: return "plas";
-    case SchedPolicy::ProgramFcfs: return "program-fcfs";
-    case SchedPolicy::Fcfs: return "fcfs";
+        case SchedPolicy::Plas:
+            return "plas";
+        case SchedPolicy::ProgramFcfs:
+            return "program-fcfs";
+        case SchedPolicy::Fcfs:
+            return "fcfs";
     }
     return "?";
 }

@@ -88,7 +88,8 @@ class Scheduler {
     //! Forgets programs idle for `forget_ms`, and the least recently seen beyond
     //! `max_programs`. `busy` says whether a program still has requests in the engine; those
     //! are kept.
-    template <class Busy> void expire(int64_t now_ms, Busy busy);
+    template <class Busy>
+    void expire(int64_t now_ms, Busy busy);
 
   private:
     SchedPolicy policy_;
@@ -98,7 +99,8 @@ class Scheduler {
     std::unordered_map<std::string, Program> programs_;
 };
 
-template <class Busy> void Scheduler::expire(int64_t now_ms, Busy busy) {
+template <class Busy>
+void Scheduler::expire(int64_t now_ms, Busy busy) {
     for (auto it = programs_.begin(); it != programs_.end();) {
         if (now_ms - it->second.last_ms >= forget_ms_ && !busy(it->first)) {
             it = programs_.erase(it);
