@@ -138,6 +138,12 @@ std::string Router::render_registry() {
         metrics_.gauge("armada_engine_sequences_queued", "Requests waiting for a sequence, per engine", l)
             .set(st.queued.load());
         metrics_.sync_counter("armada_engine_requests_total", "Requests each engine accepted", st.requests.load(), l);
+        metrics_
+            .gauge("armada_engine_programs",
+                   "Programs (agent sessions, Responses chains, conversations) the scheduler keeps an account of, "
+                   "per engine",
+                   l)
+            .set(double(st.programs.load()));
     }
     metrics_.gauge("armada_engines", "Engine instances on this node").set(double(set->size()));
     metrics_.gauge("armada_sequences_active", "Sequences being decoded").set(double(active));

@@ -708,6 +708,7 @@ void Engine::resolve_program(GenRequest & r) {
     }
     r.program_key = std::move(key);
     sched_.arrive(r.program_key, r.arrived_ms);
+    stats_.programs.store(int64_t(sched_.programs()));
 }
 
 void Engine::order_waiting(std::deque<std::unique_ptr<GenRequest>> & waiting) const {
@@ -734,6 +735,7 @@ void Engine::expire_programs(const std::deque<std::unique_ptr<GenRequest>> & wai
         if (s.req) busy[s.req->program_key]++;
     }
     sched_.expire(now, [&](const std::string & k) { return busy.count(k) > 0; });
+    stats_.programs.store(int64_t(sched_.programs()));
     if (cache_ && entry_program_.size() > 4 * cache_->entries() + 1024) {
         for (auto it = entry_program_.begin(); it != entry_program_.end();) {
             it = cache_->contains(it->first) ? std::next(it) : entry_program_.erase(it);

@@ -104,6 +104,8 @@ struct EngineStats {
     std::atomic<uint64_t> journal_ns{0};              // engine-thread time spent saving state for the journal
     //! steady_ms() of the loop's last turn; it turns at least every second while idle (liveness).
     std::atomic<int64_t> beat_ms{0};
+    //! Programs (sessions, Responses chains, conversations) the scheduler keeps an account of.
+    std::atomic<int64_t> programs{0};
 };
 
 //! Milliseconds on the steady clock.

@@ -197,3 +197,46 @@ TEST(KvHoldModel, AnotherProgramTakesAHeldSequenceOnlyWhenNoOtherIsFree) {
     ASSERT_TRUE(f.e->kv_usage("s3"));
     EXPECT_EQ(f.e->kv_usage("s3")->where, "slot");
 }
+
+TEST(SchedulerModel, AConversationThatNamesNoProgramIsKnownByTheChainItExtends) {
+    // One sequence, so each conversation's KV goes to the prompt cache when the other takes it:
+    // a later turn finds the conversation there, or in the sequence when nobody took it meanwhile.
+    auto m = tiny_model();
+    EngineConfig cfg;
+    cfg.n_seq_max = 1;
+    cfg.n_ctx = 2048;
+    cfg.n_threads = 2;
+    cfg.park = false;
+    cfg.kv_journal = false;
+    cfg.sched = SchedPolicy::Plas;
+    Engine e(m, cfg, nullptr);
+    ASSERT_EQ(e.start(), "");
+    const Tokens system = prompt_for(0, 64);  // shared by both conversations
+    auto turn = [&](Tokens & conv, int user) {
+        conv = armada::testing::concat(conv, prompt_for(user, 24));
+        auto r = greedy_request(*m, conv, 8);
+        r->tenant = "t";
+        run_to_end(e, std::move(r));
+    };
+    Tokens a = system, b = system;
+    turn(a, 1);
+    turn(b, 2);
+    EXPECT_EQ(e.stats().programs.load(), 2);
+    turn(a, 3);  // from the cache entry A's turn 1 left
+    turn(b, 4);
+    turn(b, 5);  // from its own sequence
+    EXPECT_EQ(e.stats().programs.load(), 2);
+    // A third conversation with the same system prompt is a program of its own.
+    Tokens c = system;
+    turn(c, 6);
+    EXPECT_EQ(e.stats().programs.load(), 3);
+    turn(c, 8);  // its turn 6 is only in the sequence: no cache entry has it yet
+    EXPECT_EQ(e.stats().programs.load(), 3);
+    // A named program is its own whatever its prompt extends.
+    auto named = greedy_request(*m, armada::testing::concat(c, prompt_for(7, 8)), 4);
+    named->tenant = "t";
+    named->program = "conv-c";
+    run_to_end(e, std::move(named));
+    EXPECT_EQ(e.stats().programs.load(), 4);
+    e.stop();
+}
