@@ -489,6 +489,33 @@ test('/metrics exposes the armada_ families', async () => {
   }
 });
 
+test('a conversation is one program by its prompt_cache_key, user or X-Armada-Session, or by the chain it extends', async () => {
+  const programs = async () => {
+    const t = await (await fetch(srv.metricsBase + '/metrics')).text();
+    const m = t.match(/^armada_engine_programs\{engine="0"\} (\S+)/m);
+    assert.ok(m, 'armada_engine_programs is missing');
+    return Number(m[1]);
+  };
+  const chat = async (text, extra = {}, headers = {}) => {
+    const r = await rawPost(srv.base, '/v1/chat/completions',
+      { messages: [{ role: 'user', content: text }], max_tokens: 2, ...extra }, headers);
+    assert.equal(r.status, 200, r.text);
+  };
+  const before = await programs();
+  // Two unrelated prompts under one name are one program; each name is its own.
+  await chat('alpha one two three', { prompt_cache_key: 'conv-k' });
+  await chat('nothing like the first at all', { prompt_cache_key: 'conv-k' });
+  await chat('gamma four five six', { user: 'conv-u' });
+  await chat('again nothing shared with it', { user: 'conv-u' });
+  await chat('delta seven eight', {}, { 'X-Armada-Session': 'conv-h' });
+  await chat('still unrelated words here', {}, { 'X-Armada-Session': 'conv-h' });
+  assert.equal(await programs(), before + 3);
+  // Unnamed and unrelated: two programs.
+  await chat('epsilon nine ten eleven twelve');
+  await chat('zeta thirteen fourteen fifteen');
+  assert.equal(await programs(), before + 5);
+});
+
 test('API key is required on every route but /health', async () => {
   const s = await startServer(['--api-key', 'sk-test-1']);
   try {

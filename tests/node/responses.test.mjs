@@ -84,6 +84,27 @@ async function continuationAfterOthers(base) {
   return { first, second, before, after: await cache() };
 }
 
+test('a previous_response_id chain is one program for the scheduler, whatever its instructions', async () => {
+  const programs = async () => {
+    const t = await (await fetch(srv.metricsBase + '/metrics', { headers: { Authorization: 'Bearer sk-radmin' } })).text();
+    const m = t.match(/^armada_engine_programs\{engine="0"\} (\S+)/m);
+    assert.ok(m, 'armada_engine_programs is missing');
+    return Number(m[1]);
+  };
+  const before = await programs();
+  // New instructions change the prompt's start, so only the chain ties these three together.
+  const a = await client.responses.create({ model: 'x', input: 'one', instructions: 'Be brief.', max_output_tokens: 2 });
+  const b = await client.responses.create({
+    model: 'x', input: 'two', instructions: 'Answer in French, please.', previous_response_id: a.id, max_output_tokens: 2,
+  });
+  await client.responses.create({
+    model: 'x', input: 'three', instructions: 'Something else entirely.', previous_response_id: b.id, max_output_tokens: 2,
+  });
+  assert.equal(await programs(), before + 1);
+  await client.responses.create({ model: 'x', input: 'a new chain', max_output_tokens: 2 });
+  assert.equal(await programs(), before + 2);
+});
+
 test('a continuation restores its conversation from the prompt cache after its sequence was taken', { skip: viaGateway && 'the cache is per node' }, async () => {
   const { first, second, before, after } = await continuationAfterOthers(srv.base);
   assert.equal(after.enabled, true);

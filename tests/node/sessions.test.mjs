@@ -346,6 +346,24 @@ test('metrics count sessions, steps, tools and the chain survival rate', async (
   assert.ok(m && Number(m[1]) > 0 && Number(m[1]) <= 1);
 });
 
+test('a session\'s KV stays in its sequence across its tool calls, and the queue waits are in /metrics by policy', async () => {
+  const r = await rawPost(srv.base, '/v1/agents/worker/sessions', { input: 'Process record gamma' });
+  assert.equal(r.status, createdStatus, r.text);
+  const s = await waitFor(srv.base, r.json.id, ['completed', 'failed']);
+  assert.equal(s.state, 'completed', s.reason);
+  const t = await (await fetch(srv.metricsBase + '/metrics')).text();
+  const count = (re) => { const m = t.match(re); return m ? Number(m[1]) : 0; };
+  // The test's tools answer in milliseconds, within any hold: the session comes back to its own
+  // sequence (kept). Every tool step of every session so far ended its hold one way or another.
+  const kept = count(/^armada_kv_holds_total\{outcome="kept"\} (\S+)/m);
+  const all = ['kept', 'expired', 'taken', 'none']
+    .reduce((n, o) => n + count(new RegExp(`^armada_kv_holds_total\\{outcome="${o}"\\} (\\S+)`, 'm')), 0);
+  assert.ok(kept >= 1, t.split('\n').filter((l) => l.includes('holds')).join('\n'));
+  assert.ok(all >= 3, `holds ended: ${all}`);
+  assert.ok(count(/^armada_engine_queue_wait_seconds_count\{policy="plas"\} (\S+)/m) >= 4);
+  assert.ok(count(/^armada_engine_programs\{engine="0"\} (\S+)/m) >= 1);
+});
+
 test('max_steps, the token budget and the deadline end a session as failed, with the reason', async () => {
   const agent = (id, limits, path = 'lookup') => `id: ${id}
 min_tool_steps: 5
