@@ -9,3 +9,9 @@ cmd=("$armada" bench engine -m "$model" --streams 1,16,64 -p 32 -n 128 -t "$thre
      --batched-bench "$llama_dir/bin/llama-batched-bench" --output docs/bench-engine.md)
 echo "+ ${cmd[*]}"
 "${cmd[@]}"
+# The prompt rate at depth: 32 tokens appended to a sequence of 1,024, against llama-bench's
+# `-p 32 -d 1024` on the same model and threads.
+cmd=("$armada" bench engine -m "$model" --streams 1 -p 32 -n 4 -d 1024 -t "$threads" --rounds 3
+     --llama-bench "$llama_dir/bin/llama-bench")
+echo "+ ${cmd[*]}"
+"${cmd[@]}"

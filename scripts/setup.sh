@@ -73,6 +73,12 @@ build_llama() {
   local stamp="flags=$flags"
   if [ -f "$llama_dir/.installed" ] && [ "$(cat "$llama_dir/.installed")" = "$stamp" ]; then
     log "llama.cpp build cached in $llama_dir"
+    if [ ! -x "$llama_dir/bin/llama-bench" ] && [ -f "$llama_dir/build/CMakeCache.txt" ]; then
+      # A cache built before `make bench` compared prompt rates at depth: only llama-bench is new.
+      log "building llama-bench into the cached llama.cpp build"
+      cmake --build "$llama_dir/build" -j "$jobs" --target llama-bench >/dev/null
+      cp -a "$llama_dir/build/bin/llama-bench" "$llama_dir/bin/"
+    fi
     return
   fi
   rm -rf "$llama_dir/build" "$llama_dir/lib" "$llama_dir/bin" "$llama_dir/include" "$llama_dir/.installed"
@@ -85,11 +91,12 @@ build_llama() {
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DCMAKE_INSTALL_RPATH="$llama_dir/lib" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON >/dev/null
-  cmake --build "$llama_dir/build" -j "$jobs" --target llama llama-common llama-batched-bench llama-server
+  cmake --build "$llama_dir/build" -j "$jobs" --target llama llama-common llama-batched-bench llama-server llama-bench
   mkdir -p "$llama_dir/lib" "$llama_dir/bin" "$llama_dir/include"
   find "$llama_dir/build" -name '*.so*' \( -type f -o -type l \) -exec cp -a {} "$llama_dir/lib/" \;
   find "$llama_dir/build" -name '*.a' -type f -exec cp -a {} "$llama_dir/lib/" \;
-  cp -a "$llama_dir/build/bin/llama-batched-bench" "$llama_dir/build/bin/llama-server" "$llama_dir/bin/"
+  cp -a "$llama_dir/build/bin/llama-batched-bench" "$llama_dir/build/bin/llama-server" "$llama_dir/build/bin/llama-bench" \
+    "$llama_dir/bin/"
   cp -a "$llama_dir/src/include/"*.h "$llama_dir/src/ggml/include/"*.h "$llama_dir/include/"
   echo "$stamp" > "$llama_dir/.installed"
   log "llama.cpp installed into $llama_dir"

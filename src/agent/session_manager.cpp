@@ -1574,12 +1574,17 @@ void SessionManager::wait_for_lease(const std::string & id) {
     });
 }
 
+std::string SessionManager::hold_key(const Session & s, const std::string & tool) {
+    // Latencies are learned per tenant and agent: another tenant's tool of the same name, or its
+    // calls, say nothing about this one's.
+    return s.owner + '\x1f' + s.agent_id + '\x1f' + tool;
+}
+
 void SessionManager::send_tools(Session & s) {
-    std::vector<std::string> sent;
+    std::vector<std::string> sent;  // the hold keys of the tools called now
     for (auto & pc : s.calls) {
         if (pc.started || pc.done) continue;
         pc.started = true;
-        sent.push_back(pc.call.name);
         ++s.tools_in_flight;
         const HttpToolSpec * spec = nullptr;
         if (s.agent) {
@@ -1594,6 +1599,7 @@ void SessionManager::send_tools(Session & s) {
             post([this, id = s.id, key = pc.call.idempotency_key, r] { on_tool_done(id, key, r); });
             continue;
         }
+        sent.push_back(hold_key(s, pc.call.name));
         HttpToolSpec capped = *spec;
         capped.timeout_ms = std::min(capped.timeout_ms, s.agent->limits.tool_timeout_ms);
         obs::Span sp = obs::Span::start("execute_tool " + pc.call.name, obs::SpanKind::client,
@@ -1651,7 +1657,11 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
         return;
     }
     pc->done = true;
-    kv_hold_.observe(pc->call.name, int64_t(r.latency_s * 1000));
+    // Only calls that reached a tool of the agent teach the hold (a name the model made up is
+    // answered at once, and would teach it nothing true).
+    if (s.agent && std::any_of(s.agent->tools.begin(), s.agent->tools.end(),
+                               [&](const HttpToolSpec & t) { return t.name == pc->call.name; }))
+        kv_hold_.observe(hold_key(s, pc->call.name), int64_t(r.latency_s * 1000));
     const std::string outcome = r.is_error ? "error" : "ok";
     if (r.is_error) sig_tool_errors_++;
     if (auto sp = s.tool_spans.find(key); sp != s.tool_spans.end()) {

@@ -395,6 +395,8 @@ class SessionManager {
     int32_t shared_prefix(const Session & s, const AgentSpec & a, const std::vector<common_chat_tool> & tools,
                           common_chat_tool_choice choice);
     void after_ms(int ms, std::function<void()> fn);
+    //! The key a tool's latencies are learned under (kv_hold_).
+    static std::string hold_key(const Session & s, const std::string & tool);
 
     engine::ChatFormat & format_;
     GenerationPort & engine_;

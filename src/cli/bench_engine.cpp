@@ -189,6 +189,28 @@ std::vector<double> run_batched_bench(const BenchEngineOptions & opt, int n_ctx)
     pclose(p);
     return out;
 }
+// Runs llama-bench's prompt test at the depth (n_prompt tokens appended to a sequence holding
+// `depth`) and returns its mean tokens/s; 0 when it could not be read.
+double run_llama_bench(const BenchEngineOptions & opt) {
+    std::ostringstream cmd;
+    cmd << opt.llama_bench << " -m " << opt.model << " -p " << opt.n_prompt << " -n 0 -d " << opt.depth
+        << " -b 2048 -ub 512 -r 5 -o jsonl";
+    if (opt.threads > 0) cmd << " -t " << opt.threads;
+    cmd << " 2>/dev/null";
+    printf("peer: %s\n", cmd.str().c_str());
+    double ts = 0;
+    FILE * p = popen(cmd.str().c_str(), "r");
+    if (!p) return 0;
+    char line[8192];
+    while (fgets(line, sizeof(line), p)) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) continue;
+        if (j.value("n_prompt", -1) == opt.n_prompt && j.value("n_gen", -1) == 0 && j.value("n_depth", -1) == opt.depth)
+            ts = j.value("avg_ts", 0.0);
+    }
+    pclose(p);
+    return ts;
+}
 }  // namespace
 
 int bench_engine(const BenchEngineOptions & opt) {
@@ -203,6 +225,10 @@ int bench_engine(const BenchEngineOptions & opt) {
         fprintf(stderr, "error: --depth has no llama-batched-bench equivalent; leave out --batched-bench\n");
         return 2;
     }
+    if (!opt.llama_bench.empty() && (opt.depth <= 0 || opt.streams != std::vector<int>{1})) {
+        fprintf(stderr, "error: --llama-bench compares the prompt rate at a depth: give --depth and --streams 1\n");
+        return 2;
+    }
     if (!opt.grammar.empty()) {
         try {
             engine::GrammarFast check(*model, opt.grammar, "", engine::FastSamplerParams{});
@@ -215,6 +241,7 @@ int bench_engine(const BenchEngineOptions & opt) {
     const int n_ctx = opt.n_ctx > 0 ? opt.n_ctx : max_streams * (opt.depth + opt.n_prompt + opt.n_gen + 16);
     // Rounds alternate the two sides so that machine noise hits both; medians are reported.
     std::vector<std::vector<double>> ours_r(opt.streams.size()), pp_r(opt.streams.size()), peer_r(opt.streams.size());
+    std::vector<double> depth_peer;  // llama-bench's prompt rate at the depth, per round
     for (int round = 0; round < std::max(1, opt.rounds); ++round) {
         for (size_t i = 0; i < opt.streams.size(); ++i) {
             const RunResult r = run_streams(model, opt, opt.streams[i]);
@@ -235,6 +262,11 @@ int bench_engine(const BenchEngineOptions & opt) {
                     1000 * r.sample_s / double(r.decode_calls), 100 * rest / r.tg_s);
             }
             fflush(stdout);
+        }
+        if (!opt.llama_bench.empty()) {
+            depth_peer.push_back(run_llama_bench(opt));
+            printf("round %d llama-bench prompt %d tokens at depth %d: %.1f tok/s\n", round, opt.n_prompt, opt.depth,
+                   depth_peer.back());
         }
         if (opt.batched_bench.empty()) continue;
         const auto peer = run_batched_bench(opt, n_ctx);
@@ -260,6 +292,11 @@ int bench_engine(const BenchEngineOptions & opt) {
             "median streams=%-4d armada %.1f tok/s  batched-bench %.1f tok/s  ratio %.3f  armada prompt %.1f tok/s\n",
             opt.streams[i], ours[i].tg_tokens_per_s, pr, pr > 0 ? ours[i].tg_tokens_per_s / pr : 0.0,
             ours[i].pp_tokens_per_s);
+    }
+    if (!depth_peer.empty()) {
+        const double ours_pp = median(pp_r[0]), peer_pp = median(depth_peer);
+        printf("median prompt at depth %d: armada %.1f tok/s  llama-bench %.1f tok/s  ratio %.3f\n", opt.depth, ours_pp,
+               peer_pp, peer_pp > 0 ? ours_pp / peer_pp : 0.0);
     }
     if (!opt.output.empty()) {
         std::ofstream f(opt.output);

@@ -18,7 +18,10 @@ struct BenchEngineOptions {
     int threads = 0;
     int rounds = 3;             // alternating rounds; medians are reported
     std::string batched_bench;  // path of llama-batched-bench to compare against, optional
-    std::string output;         // Markdown report file, optional
+    //! Path of llama-bench, to compare the prompt rate at `depth` against (its `-p N -d D` test:
+    //! N tokens appended to a sequence holding D), one stream; optional.
+    std::string llama_bench;
+    std::string output;  // Markdown report file, optional
     //! A GBNF grammar every stream is sampled under (the tool-call path's sampler), so the rates
     //! include what grammar sampling costs per sequence. Empty: the plain greedy sampler.
     std::string grammar;

@@ -212,15 +212,15 @@ void add_serve_flags(CLI::App * cmd, cli::ServeOptions & o) {
         ->envname("ARMADA_PARK_GRACE_MS")
         ->capture_default_str();
     cmd->add_option("--sched", o.engine.sched,
-                    "order in which waiting requests get a sequence: plas (the program, i.e. agent session, "
-                    "Responses chain or conversation, with the least service so far first), program-fcfs (the "
-                    "program that arrived first first) or fcfs (requests in arrival order)")
+                    "order in which waiting requests get a sequence: fcfs (requests in arrival order), plas (the "
+                    "program, i.e. agent session, Responses chain or conversation, with the least service so far "
+                    "first) or program-fcfs (the program that arrived first first)")
         ->transform(CLI::CheckedTransformer(
             std::map<std::string, engine::SchedPolicy>{{"plas", engine::SchedPolicy::Plas},
                                                        {"program-fcfs", engine::SchedPolicy::ProgramFcfs},
                                                        {"fcfs", engine::SchedPolicy::Fcfs}}))
         ->envname("ARMADA_SCHED")
-        ->default_str("plas");
+        ->default_str("fcfs");
     cmd->add_option("--sched-starve-ms", o.engine.sched_starve_ms,
                     "a request that has waited this long goes ahead of the --sched order (oldest first)")
         ->envname("ARMADA_SCHED_STARVE_MS")
@@ -621,6 +621,8 @@ int main(int argc, char ** argv) {
     bee->add_option("--rounds", be.rounds, "alternating rounds of both sides; medians are reported")
         ->capture_default_str();
     bee->add_option("--batched-bench", be.batched_bench, "llama-batched-bench binary to compare against");
+    bee->add_option("--llama-bench", be.llama_bench,
+                    "llama-bench binary to compare the prompt rate at --depth against (one stream)");
     bee->add_option("--output", be.output, "write a Markdown table here");
     bee->add_option("--grammar", be.grammar, "sample every stream under this GBNF grammar (its cost included)");
 

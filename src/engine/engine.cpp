@@ -334,6 +334,7 @@ void Engine::loop() {
     std::deque<std::unique_ptr<GenRequest>> waiting;
     for (;;) {
         std::deque<std::function<void()>> ops;
+        const size_t had = waiting.size();
         {
             std::unique_lock lk(mu_);
             auto ready = [&] {
@@ -346,10 +347,13 @@ void Engine::loop() {
             while (!incoming_.empty()) {
                 waiting.push_back(std::move(incoming_.front()));
                 incoming_.pop_front();
-                resolve_program(*waiting.back());
             }
             ops.swap(ops_);
         }
+        // Outside the lock: finding a conversation's chain compares its prompt with every
+        // sequence, and `submit` should not wait for that.
+        for (size_t i = had; i < waiting.size(); ++i)
+            resolve_program(*waiting[i]);
         for (auto & op : ops)
             op();
         park_idle();
@@ -472,10 +476,18 @@ void Engine::journal_step(Slot & s) {
 
 void Engine::park(Slot & s) {
     // Saves the sequence's KV into the pool; the sequence keeps it until the slot is reused.
-    if (s.owner.empty() || s.cache.empty()) return;
+    s.held = false;
+    if (s.owner.empty()) return;
+    if (s.cache.empty()) {
+        s.pooled = true;  // nothing to save: taking the sequence costs nothing
+        return;
+    }
     const auto t0 = Clock::now();
     KvBlob blob;
-    if (!save_seq(s, blob)) return;
+    if (!save_seq(s, blob)) {
+        s.idle_since = Clock::now();  // tried again after the idle grace, not at every turn
+        return;
+    }
     pool_->put(s.owner, std::move(blob), false);
     s.pooled = true;
     stats_.parks++;
@@ -487,6 +499,7 @@ void Engine::park(Slot & s) {
 void Engine::evict(Slot & s) {
     // The slot goes to someone else: its owner's KV must be in the pool first, and it must not
     // leak into another session's prompt through prefix reuse.
+    s.held = false;
     if (!s.owner.empty()) {
         if (cfg_.park && !s.pooled) park(s);
         llama_memory_seq_rm(llama_get_memory(ctx_), s.id, -1, -1);
@@ -617,7 +630,7 @@ void Engine::cache_save(Slot & s) {
         pool_->put(key, std::move(blob), false, true);
         stats_.prefix_saves++;
     }
-    if (s.state == SlotState::Idle && s.program_done) entry_program_[key] = s.program;
+    if (s.state == SlotState::Idle && s.program_done) entry_program_[key] = {s.program, s.program_prompt};
     // An entry this one extends (the previous turn of the same conversation) is redundant now.
     for (const auto & k : cache_->covered_by(s.scope, s.cache)) {
         pool_->erase(k);
@@ -630,14 +643,9 @@ void Engine::park_idle() {
     const auto now = Clock::now();
     for (auto & s : slots_) {
         if (s.state != SlotState::Idle || s.owner.empty() || s.pooled) continue;
-        if (s.held) {
-            if (now < s.hold_until) continue;
-            s.held = false;
-            if (c_hold_expired_) c_hold_expired_->inc();
-            park(s);
-        } else if (now - s.idle_since >= std::chrono::milliseconds(cfg_.park_grace_ms)) {
-            park(s);
-        }
+        if (!park_due(s.held, s.hold_until, s.idle_since, std::chrono::milliseconds(cfg_.park_grace_ms), now)) continue;
+        if (s.held && c_hold_expired_) c_hold_expired_->inc();
+        park(s);
     }
 }
 
@@ -650,7 +658,7 @@ int Engine::next_park_ms() const {
         next = std::min(next, s.held ? s.hold_until : s.idle_since + std::chrono::milliseconds(cfg_.park_grace_ms));
     }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count();
-    return int(std::clamp<int64_t>(ms, 1, 1000));
+    return int(std::clamp<int64_t>(ms, 10, 1000));
 }
 
 void Engine::hold(const std::string & session, int64_t ms) {
@@ -674,10 +682,6 @@ void Engine::hold(const std::string & session, int64_t ms) {
     cv_.notify_one();
 }
 
-SchedTicket Engine::ticket(const GenRequest & r) const {
-    return {r.program_key, r.arrived_ms, r.seq};
-}
-
 void Engine::resolve_program(GenRequest & r) {
     r.seq = ++arrivals_;
     r.arrived_ms = std::chrono::duration_cast<std::chrono::milliseconds>(r.submitted.time_since_epoch()).count();
@@ -688,20 +692,26 @@ void Engine::resolve_program(GenRequest & r) {
         key = Scheduler::program_key(r.tenant, "session:" + r.session);
     } else {
         // A conversation that names no program is known by the chain its prompt extends: a
-        // finished call's KV, in a sequence or in a prompt-cache entry, that this prompt contains
-        // almost whole (the previous turn's rendering may end a few tokens differently). A
-        // shared system prompt alone is far shorter than what a finished call leaves.
+        // finished call's KV, in a sequence or in a prompt-cache entry, whose whole prompt this
+        // prompt repeats, and almost all of its answer (a re-rendered answer may end a few tokens
+        // differently). Another conversation with the same system prompt differs within the
+        // previous call's prompt, however short its answers.
         constexpr size_t kSlack = 16;
+        auto extends = [&](size_t common, size_t prompt_len, size_t held) {
+            return held >= PrefixCache::kBlock && common >= prompt_len && common + kSlack >= held;
+        };
         for (const auto & s : slots_) {
-            if (s.program_done && s.owner.empty() && s.scope == r.tenant && s.cache.size() >= PrefixCache::kBlock &&
-                common_prefix(s.cache, r.prompt) + kSlack >= s.cache.size()) {
+            if (s.program_done && s.owner.empty() && s.scope == r.tenant &&
+                extends(common_prefix(s.cache, r.prompt), s.program_prompt, s.cache.size())) {
                 key = s.program;
                 break;
             }
         }
         if (key.empty() && cache_) {
-            if (auto m = cache_->longest(r.tenant, r.prompt); m && m->common + kSlack >= m->n_tokens) {
-                if (auto it = entry_program_.find(m->key); it != entry_program_.end()) key = it->second;
+            if (auto m = cache_->longest(r.tenant, r.prompt)) {
+                auto it = entry_program_.find(m->key);
+                if (it != entry_program_.end() && extends(m->common, it->second.second, m->n_tokens))
+                    key = it->second.first;
             }
         }
         if (key.empty()) key = Scheduler::program_key(r.tenant, "chain:" + std::to_string(++chains_));
@@ -714,12 +724,22 @@ void Engine::resolve_program(GenRequest & r) {
 void Engine::order_waiting(std::deque<std::unique_ptr<GenRequest>> & waiting) const {
     // FCFS keeps arrival order, which is the deque's; starved requests are the oldest anyway.
     if (sched_.policy() == SchedPolicy::Fcfs || waiting.size() < 2) return;
-    std::vector<SchedTicket> tickets;
-    tickets.reserve(waiting.size());
-    for (const auto & r : waiting)
-        tickets.push_back(ticket(*r));
+    const int64_t now = steady_ms();
+    std::vector<std::pair<Scheduler::Rank, size_t>> ranked;
+    ranked.reserve(waiting.size());
+    for (size_t i = 0; i < waiting.size(); ++i) {
+        const GenRequest & r = *waiting[i];
+        ranked.emplace_back(sched_.rank(r.program_key, r.arrived_ms, r.seq, now), i);
+    }
+    // Only the head is admitted now: the free sequences, and room for requests that wait for a
+    // prefix another sequence is computing. The rest are ranked again at the next turn.
+    const auto idle =
+        size_t(std::count_if(slots_.begin(), slots_.end(), [](const Slot & s) { return s.state == SlotState::Idle; }));
+    const size_t head = std::min(ranked.size(), idle + 64);
+    std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(head), ranked.end(),
+                      [](const auto & a, const auto & b) { return a.first < b.first; });
     std::deque<std::unique_ptr<GenRequest>> sorted;
-    for (size_t i : sched_.order(tickets, steady_ms()))
+    for (const auto & [rank, i] : ranked)
         sorted.push_back(std::move(waiting[i]));
     waiting.swap(sorted);
 }
@@ -859,7 +879,7 @@ void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
         auto req = std::move(*it);
         it = waiting.erase(it);
         if (h_wait_) h_wait_->observe(double(std::max<int64_t>(now_ms - req->arrived_ms, 0)) / 1000.0);
-        if (c_starved_ && sched_.policy() != SchedPolicy::Fcfs && sched_.starved(ticket(*req), now_ms))
+        if (c_starved_ && sched_.policy() != SchedPolicy::Fcfs && sched_.starved(req->arrived_ms, now_ms))
             c_starved_->inc();
         // Counted active before it stops counting as queued: `submit` reads both, and between the
         // two it would see room for one request more than there is (restoring parked KV below
@@ -932,6 +952,7 @@ void Engine::start_slot(Slot & s, std::unique_ptr<GenRequest> req) {
             common_sampler_accept(req->sampler.get(), t, false);
     }
     s.program = req->program_key;
+    s.program_prompt = req->prompt.size();
     s.program_done = false;
     s.held = false;
     s.req = std::move(req);
@@ -985,8 +1006,10 @@ bool Engine::step() {
         const int64_t now_ms = steady_ms();
         std::vector<std::pair<Scheduler::Rank, PendingPrompt>> ranked;
         ranked.reserve(prompts.size());
-        for (const auto & p : prompts)
-            ranked.emplace_back(sched_.rank(ticket(*slots_[size_t(p.slot)].req), now_ms), p);
+        for (const auto & p : prompts) {
+            const GenRequest & r = *slots_[size_t(p.slot)].req;
+            ranked.emplace_back(sched_.rank(r.program_key, r.arrived_ms, r.seq, now_ms), p);
+        }
         std::sort(ranked.begin(), ranked.end(), [](const auto & a, const auto & b) { return a.first < b.first; });
         for (size_t i = 0; i < ranked.size(); ++i)
             prompts[i] = ranked[i].second;

@@ -76,7 +76,8 @@ struct EngineConfig {
     bool prefix_cache = true;
     //! The order waiting requests get a sequence and prompt chunks a batch (scheduler.h), and
     //! how long a request may wait before it goes ahead of every policy (oldest first).
-    SchedPolicy sched = SchedPolicy::Plas;
+    //! FCFS by default: on the live workload no program policy measured better (BENCHMARKS.md).
+    SchedPolicy sched = SchedPolicy::Fcfs;
     int32_t sched_starve_ms = 10000;
 };
 
@@ -210,7 +211,8 @@ class Engine {
         //! whose prompt extends this KV is that program's next call).
         std::string program;
         bool program_done = false;
-        int32_t step_tokens = 0;  // tokens of this sequence in the batch being decoded
+        size_t program_prompt = 0;  // that request's prompt length
+        int32_t step_tokens = 0;    // tokens of this sequence in the batch being decoded
         double ttft_s = 0;
         std::chrono::steady_clock::time_point t_last_token;
         std::vector<TokenLogprob> logprobs;  // generated, not yet sent with an event
@@ -222,7 +224,6 @@ class Engine {
     void resolve_program(GenRequest & r);
     //! Puts `waiting` in the policy's order.
     void order_waiting(std::deque<std::unique_ptr<GenRequest>> & waiting) const;
-    SchedTicket ticket(const GenRequest & r) const;
     //! Forgets idle programs (every few seconds).
     void expire_programs(const std::deque<std::unique_ptr<GenRequest>> & waiting);
     //! When the loop must next look at idle sequences to park them (ms from now; 1000 when none).
@@ -276,8 +277,9 @@ class Engine {
     Scheduler sched_;  // engine thread only
     uint64_t arrivals_ = 0, chains_ = 0;
     int64_t expired_at_ms_ = 0;
-    //! Prompt-cache entries saved from a finished request, and the program that made them.
-    std::unordered_map<std::string, std::string> entry_program_;
+    //! Prompt-cache entries saved from a finished request: the program that made them, and that
+    //! request's prompt length.
+    std::unordered_map<std::string, std::pair<std::string, size_t>> entry_program_;
     mutable std::mutex owners_mu_;
     std::vector<std::string> owners_;                      // slot → owner, guarded by owners_mu_
     std::unique_ptr<std::atomic<int32_t>[]> slot_tokens_;  // tokens held per slot, for kv_usage

@@ -55,16 +55,16 @@ const Scheduler::Program * Scheduler::find(const std::string & program) const {
     return it == programs_.end() ? nullptr : &it->second;
 }
 
-Scheduler::Rank Scheduler::rank(const SchedTicket & t, int64_t now_ms) const {
+Scheduler::Rank Scheduler::rank(const std::string & program, int64_t submitted_ms, uint64_t seq, int64_t now_ms) const {
     Rank r;
-    r.seq = t.seq;
-    if (starved(t, now_ms)) {
+    r.seq = seq;
+    if (starved(submitted_ms, now_ms)) {
         r.starved = 0;  // among the starved, the oldest first
         return r;
     }
     if (policy_ == SchedPolicy::Fcfs) return r;
-    const Program * p = find(t.program);
-    r.first_ms = p ? p->first_ms : t.submitted_ms;
+    const Program * p = find(program);
+    r.first_ms = p ? p->first_ms : submitted_ms;
     if (policy_ == SchedPolicy::Plas && p) r.service = p->service;
     return r;
 }
@@ -84,6 +84,7 @@ std::vector<size_t> Scheduler::order(const std::vector<SchedTicket> & waiting, i
 
 void KvHold::observe(const std::string & tool, int64_t latency_ms) {
     std::lock_guard lk(mu_);
+    if (!seen_.count(tool) && seen_.size() >= opt_.max_tools) seen_.erase(seen_.begin());
     auto & q = seen_[tool];
     q.push_back(std::max<int64_t>(latency_ms, 0));
     while (q.size() > opt_.window)

@@ -44,7 +44,7 @@ class Scheduler {
     };
 
     explicit Scheduler(SchedPolicy policy = SchedPolicy::Plas, int64_t starve_ms = 10000,
-                       int64_t forget_ms = 30 * 60 * 1000, size_t max_programs = 200000);
+                       int64_t forget_ms = 30 * 60 * 1000, size_t max_programs = 65536);
 
     //! A program key that cannot cross tenants: another tenant naming the same program gets
     //! another key.
@@ -76,18 +76,20 @@ class Scheduler {
             return seq < o.seq;
         }
     };
-    Rank rank(const SchedTicket & t, int64_t now_ms) const;
+    Rank rank(const std::string & program, int64_t submitted_ms, uint64_t seq, int64_t now_ms) const;
+    Rank rank(const SchedTicket & t, int64_t now_ms) const { return rank(t.program, t.submitted_ms, t.seq, now_ms); }
     //! Whether `a` goes before `b` at `now_ms`.
     bool before(const SchedTicket & a, const SchedTicket & b, int64_t now_ms) const {
         return rank(a, now_ms) < rank(b, now_ms);
     }
     //! Indices of `waiting` in the order they are to be served.
     std::vector<size_t> order(const std::vector<SchedTicket> & waiting, int64_t now_ms) const;
-    bool starved(const SchedTicket & t, int64_t now_ms) const { return now_ms - t.submitted_ms >= starve_ms_; }
+    bool starved(int64_t submitted_ms, int64_t now_ms) const { return now_ms - submitted_ms >= starve_ms_; }
+    bool starved(const SchedTicket & t, int64_t now_ms) const { return starved(t.submitted_ms, now_ms); }
 
-    //! Forgets programs idle for `forget_ms`, and the least recently seen beyond
-    //! `max_programs`. `busy` says whether a program still has requests in the engine; those
-    //! are kept.
+    //! Forgets programs idle for `forget_ms`, and beyond `max_programs` the least recently seen
+    //! (down to 90% of it, so the sort this takes is rare). `busy` says whether a program still
+    //! has requests in the engine; those are kept.
     template <class Busy>
     void expire(int64_t now_ms, Busy busy);
 
@@ -109,15 +111,29 @@ void Scheduler::expire(int64_t now_ms, Busy busy) {
         }
     }
     if (programs_.size() <= max_programs_) return;
-    std::vector<std::pair<int64_t, std::string>> by_age;
+    const size_t target = max_programs_ - max_programs_ / 10;
+    std::vector<std::pair<int64_t, const std::string *>> by_age;
     by_age.reserve(programs_.size());
     for (const auto & [k, p] : programs_)
-        by_age.emplace_back(p.last_ms, k);
+        by_age.emplace_back(p.last_ms, &k);
     std::sort(by_age.begin(), by_age.end());
+    std::vector<std::string> drop;
+    size_t left = programs_.size();
     for (const auto & [at, k] : by_age) {
-        if (programs_.size() <= max_programs_) break;
-        if (!busy(k)) programs_.erase(k);
+        if (left <= target) break;
+        if (busy(*k)) continue;
+        drop.push_back(*k);
+        --left;
     }
+    for (const auto & k : drop)
+        programs_.erase(k);
+}
+
+//! Whether an idle session's KV is parked now: a held one when its hold ends (`hold_until`), an
+//! unheld one once it has idled `grace` since `idle_since`. Pure, for tests on a scripted clock.
+template <class TimePoint, class Duration>
+bool park_due(bool held, TimePoint hold_until, TimePoint idle_since, Duration grace, TimePoint now) {
+    return held ? now >= hold_until : now - idle_since >= grace;
 }
 
 //! How long a session's KV stays in its sequence while the session waits on a tool, learned
@@ -129,6 +145,7 @@ void Scheduler::expire(int64_t now_ms, Busy busy) {
 class KvHold {
   public:
     struct Options {
+        size_t max_tools = 10000;  // tools remembered; beyond, an arbitrary one is forgotten
         double quantile = 0.9;
         size_t window = 64;
         size_t min_samples = 3;

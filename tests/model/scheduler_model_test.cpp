@@ -240,3 +240,84 @@ TEST(SchedulerModel, AConversationThatNamesNoProgramIsKnownByTheChainItExtends) 
     EXPECT_EQ(e.stats().programs.load(), 4);
     e.stop();
 }
+
+TEST(SchedulerModel, ShortAnswersDoNotJoinTwoConversationsWithOneSystemPrompt) {
+    // Each call's answer is shorter than the chain match's slack: only the previous call's
+    // prompt, repeated whole, ties a request to it.
+    auto m = tiny_model();
+    EngineConfig cfg;
+    cfg.n_seq_max = 2;
+    cfg.n_ctx = 2048;
+    cfg.n_threads = 2;
+    cfg.park = false;
+    cfg.kv_journal = false;
+    Engine e(m, cfg, nullptr);
+    ASSERT_EQ(e.start(), "");
+    const Tokens system = prompt_for(0, 64);
+    auto call = [&](const Tokens & prompt) {
+        auto r = greedy_request(*m, prompt, 3);
+        r->tenant = "t";
+        run_to_end(e, std::move(r));
+    };
+    const Tokens a = armada::testing::concat(system, prompt_for(1, 8));
+    const Tokens b = armada::testing::concat(system, prompt_for(2, 8));
+    call(a);
+    call(b);
+    EXPECT_EQ(e.stats().programs.load(), 2);
+    call(armada::testing::concat(a, prompt_for(3, 8)));  // A's next call
+    EXPECT_EQ(e.stats().programs.load(), 2);
+    e.stop();
+}
+
+TEST(SchedulerModel, PromptChunksGoInThePolicysOrderNotAdmissionOrder) {
+    // One chunk a step: a long prompt of a program with service (heavy) is admitted first; a short
+    // one of a new program (light) arrives while heavy's is being computed. Under PLAS light's
+    // chunks go first and it answers first; in admission order heavy's would finish first.
+    auto run = [](SchedPolicy policy) {
+        auto m = tiny_model();
+        EngineConfig cfg;
+        cfg.n_seq_max = 2;
+        cfg.n_ctx = 2 * 2048;
+        cfg.n_threads = 2;
+        cfg.chunk = 32;
+        cfg.n_batch = 34;  // one chunk and the generating tokens
+        cfg.n_ubatch = 34;
+        cfg.prefix_cache = false;
+        cfg.sched = policy;
+        Engine e(m, cfg, nullptr);
+        EXPECT_EQ(e.start(), "");
+        run_to_end(e, program_request(*m, 1, 200, "heavy"));  // heavy's service
+        std::mutex mu;
+        std::condition_variable cv;
+        std::vector<std::string> order;
+        auto sink_for = [&](std::string name) {
+            return [&, name](GenEvent && ev) {
+                if (ev.kind != GenEvent::Kind::Done) return;
+                std::lock_guard lk(mu);
+                order.push_back(name);
+                cv.notify_all();
+            };
+        };
+        auto heavy = greedy_request(*m, prompt_for(2, 1500), 1);
+        heavy->program = "heavy";
+        heavy->tenant = "t";
+        heavy->sink = sink_for("heavy");
+        EXPECT_EQ(e.submit(std::move(heavy)), SubmitStatus::Accepted);
+        // Admitted once it counts as active; its 47 chunks take many steps.
+        for (int k = 0; k < 1000 && e.stats().active.load() == 0; ++k)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        // At the 2 tokens a step a second prompt gets, light's 200 would take 100 steps.
+        auto light = greedy_request(*m, prompt_for(3, 200), 1);
+        light->program = "light";
+        light->tenant = "t";
+        light->sink = sink_for("light");
+        EXPECT_EQ(e.submit(std::move(light)), SubmitStatus::Accepted);
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return order.size() == 2; });
+        lk.unlock();
+        e.stop();
+        return order;
+    };
+    EXPECT_EQ(run(SchedPolicy::Plas), (std::vector<std::string>{"light", "heavy"}));
+    EXPECT_EQ(run(SchedPolicy::Fcfs), (std::vector<std::string>{"heavy", "light"}));
+}

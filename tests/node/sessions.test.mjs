@@ -360,7 +360,7 @@ test('a session\'s KV stays in its sequence across its tool calls, and the queue
     .reduce((n, o) => n + count(new RegExp(`^armada_kv_holds_total\\{outcome="${o}"\\} (\\S+)`, 'm')), 0);
   assert.ok(kept >= 1, t.split('\n').filter((l) => l.includes('holds')).join('\n'));
   assert.ok(all >= 3, `holds ended: ${all}`);
-  assert.ok(count(/^armada_engine_queue_wait_seconds_count\{policy="plas"\} (\S+)/m) >= 4);
+  assert.ok(count(/^armada_engine_queue_wait_seconds_count\{policy="fcfs"\} (\S+)/m) >= 4);
   assert.ok(count(/^armada_engine_programs\{engine="0"\} (\S+)/m) >= 1);
 });
 

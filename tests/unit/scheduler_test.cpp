@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 using namespace armada::engine;
 
 namespace {
@@ -141,4 +143,38 @@ TEST(KvHold, AStepWaitingOnSeveralToolsHoldsForTheLongestOrNotAtAll) {
     EXPECT_EQ(h.hold_ms(std::vector<std::string>{"fast", "slow"}), 2000);
     EXPECT_EQ(h.hold_ms(std::vector<std::string>{"fast", "never"}), 0);
     EXPECT_EQ(h.hold_ms(std::vector<std::string>{"fast", "unknown"}), 700);
+}
+
+TEST(KvHold, ItRemembersABoundedNumberOfTools) {
+    KvHold h({.max_tools = 2,
+              .quantile = 0.9,
+              .window = 4,
+              .min_samples = 1,
+              .margin_ms = 0,
+              .max_hold_ms = 5000,
+              .default_ms = 700});
+    h.observe("a", 100);
+    h.observe("b", 200);
+    h.observe("c", 300);
+    int known = 0;
+    for (const char * t : {"a", "b", "c"})
+        known += h.hold_ms(t) != 700 ? 1 : 0;
+    EXPECT_EQ(known, 2);
+    EXPECT_EQ(h.hold_ms("c"), 300);
+}
+
+TEST(KvHold, AHeldSequenceParksWhenItsHoldEndsAnUnheldOneAfterTheGrace) {
+    using ms = std::chrono::milliseconds;
+    using T = std::chrono::steady_clock::time_point;
+    const T t0{};
+    const ms grace(1000);
+    // Held for 5 s from t0: not at 1 s (the grace alone would park it), at 5 s.
+    EXPECT_FALSE(park_due(true, t0 + ms(5000), t0, grace, t0 + ms(1000)));
+    EXPECT_FALSE(park_due(true, t0 + ms(5000), t0, grace, t0 + ms(4999)));
+    EXPECT_TRUE(park_due(true, t0 + ms(5000), t0, grace, t0 + ms(5000)));
+    // A hold shorter than the grace parks earlier than the grace would.
+    EXPECT_TRUE(park_due(true, t0 + ms(200), t0, grace, t0 + ms(200)));
+    // Unheld: after the grace.
+    EXPECT_FALSE(park_due(false, T{}, t0, grace, t0 + ms(999)));
+    EXPECT_TRUE(park_due(false, T{}, t0, grace, t0 + ms(1000)));
 }
