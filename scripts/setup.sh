@@ -77,6 +77,7 @@ build_llama() {
       # A cache built before `make bench` compared prompt rates at depth: only llama-bench is new.
       log "building llama-bench into the cached llama.cpp build"
       cmake --build "$llama_dir/build" -j "$jobs" --target llama-bench >/dev/null
+      find "$llama_dir/build" -name 'libllama-bench-impl.so*' \( -type f -o -type l \) -exec cp -a {} "$llama_dir/lib/" \;
       cp -a "$llama_dir/build/bin/llama-bench" "$llama_dir/bin/"
     fi
     return
