@@ -198,16 +198,26 @@ TEST(KvHoldModel, AnotherProgramTakesAHeldSequenceOnlyWhenNoOtherIsFree) {
     EXPECT_EQ(f.e->kv_usage("s3")->where, "slot");
 }
 
-TEST(SchedulerModel, AConversationThatNamesNoProgramIsKnownByTheChainItExtends) {
-    // One sequence, so each conversation's KV goes to the prompt cache when the other takes it:
-    // a later turn finds the conversation there, or in the sequence when nobody took it meanwhile.
-    auto m = tiny_model();
+namespace {
+
+//! An engine for anonymous chat calls: `seqs` sequences, nothing parked or journaled.
+EngineConfig chat_config(int32_t seqs) {
     EngineConfig cfg;
-    cfg.n_seq_max = 1;
+    cfg.n_seq_max = seqs;
     cfg.n_ctx = 2048;
     cfg.n_threads = 2;
     cfg.park = false;
     cfg.kv_journal = false;
+    return cfg;
+}
+
+}  // namespace
+
+TEST(SchedulerModel, AConversationThatNamesNoProgramIsKnownByTheChainItExtends) {
+    // One sequence, so each conversation's KV goes to the prompt cache when the other takes it:
+    // a later turn finds the conversation there, or in the sequence when nobody took it meanwhile.
+    auto m = tiny_model();
+    EngineConfig cfg = chat_config(1);
     cfg.sched = SchedPolicy::Plas;
     Engine e(m, cfg, nullptr);
     ASSERT_EQ(e.start(), "");
@@ -245,13 +255,7 @@ TEST(SchedulerModel, ShortAnswersDoNotJoinTwoConversationsWithOneSystemPrompt) {
     // Each call's answer is shorter than the chain match's slack: only the previous call's
     // prompt, repeated whole, ties a request to it.
     auto m = tiny_model();
-    EngineConfig cfg;
-    cfg.n_seq_max = 2;
-    cfg.n_ctx = 2048;
-    cfg.n_threads = 2;
-    cfg.park = false;
-    cfg.kv_journal = false;
-    Engine e(m, cfg, nullptr);
+    Engine e(m, chat_config(2), nullptr);
     ASSERT_EQ(e.start(), "");
     const Tokens system = prompt_for(0, 64);
     auto call = [&](const Tokens & prompt) {
