@@ -32,7 +32,7 @@ class CellProcess {
           o_(std::move(o)),
           etcd_(make_etcd(cfg_)),
           kv_(etcd_),
-          elected_(etcd_, cfg_.lease_ttl_s, "cell " + o_.cell, signal_waiter(stop_set)) {}
+          elected_(kv_, cfg_.lease_ttl_s, "cell " + o_.cell, signal_waiter(stop_set)) {}
 
     int run() {
         store::PostgresConfig pc;

@@ -34,7 +34,7 @@ class GlobalProcess {
           o_(std::move(o)),
           etcd_(make_etcd(cfg_)),
           kv_(etcd_),
-          elected_(etcd_, cfg_.lease_ttl_s, "global", signal_waiter(stop_set)) {
+          elected_(kv_, cfg_.lease_ttl_s, "global", signal_waiter(stop_set)) {
         if (o_.restarter == "cluster-up") restarter_ = std::make_unique<EtcdRestarter>(etcd_, cfg_);
         if (o_.restarter == "kubernetes") {
             KubeConfig kc;

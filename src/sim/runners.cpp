@@ -6,6 +6,7 @@
 #include "cluster/runtime/cell_runner.h"
 #include "cluster/runtime/clock.h"
 #include "cluster/runtime/elected.h"
+#include "cluster/runtime/election.h"
 #include "cluster/runtime/global_runner.h"
 #include "cluster/runtime/keys.h"
 #include "cluster/runtime/kv.h"
@@ -66,6 +67,16 @@ class Brain final : public Leadership {
     bool alive = true, stopped = false;
     int64_t stalled_until = 0;  // its loop is stuck (a call that hangs) until then
     bool leading = false;
+    //! Stalls its loop from now until `until`. A leading loop must lose the lead within one TTL.
+    void stall(int64_t now, int64_t until) {
+        stalled_until = until;
+        stall_began = now;
+        stall_checked = !leading;
+    }
+    //! Whether its own key leads the election, as etcd says (false when it cannot say).
+    bool holds_lead();
+    int64_t stall_began = 0;
+    bool stall_checked = true;  // the stall's check is done, or there is none to do
 
   private:
     World & w_;
@@ -181,12 +192,25 @@ class World {
     std::map<std::string, std::string> last_node;
     std::set<std::string> completed;
     bool kv_down = false;
+    int64_t kv_up_since = 0;  // when etcd last came back (a lease cannot be given up while it hangs)
     std::vector<std::unique_ptr<Node>> nodes;
     std::vector<std::unique_ptr<Brain>> brains;
 
   private:
     void nemesis();
     void gateway(int i);
+    //! A leader whose loop has stalled for a lease TTL (and a tick) while etcd answered must no
+    //! longer lead: its keep-alive gave the lease up. Checked once per stall.
+    void check_stalled_leaders() {
+        for (auto & b : brains) {
+            if (b->stall_checked || !b->alive || kv_down || now() >= b->stalled_until) continue;
+            const int64_t quiet = now() - std::max(b->stall_began, kv_up_since);
+            if (quiet <= s.lease_ttl_ms + s.tick_ms) continue;
+            b->stall_checked = true;
+            if (b->holds_lead())
+                violation(b->name() + " still leads " + std::to_string(quiet) + " ms into a stall of its loop");
+        }
+    }
     std::vector<std::unique_ptr<CellRunner>> cell_runners_;
     std::vector<std::unique_ptr<GlobalRunner>> global_runners_;
     std::vector<std::unique_ptr<Inbox>> inboxes_;
@@ -218,30 +242,35 @@ void Brain::beat() {
 
 bool Brain::still_leader() {
     if (!leading || lease_.id == 0 || lease_.id != me_.lease) return false;
-    std::vector<EtcdKv> kvs;
-    int64_t rev = 0;
-    if (!w_.kv.list(election_ + "/", kvs, rev).empty()) return false;  // etcd cannot say: not leading
-    const EtcdKv * first = nullptr;
-    for (const auto & k : kvs)
-        if (!first || k.create_revision < first->create_revision) first = &k;
-    return first && first->key == me_.key;
+    EtcdLeader now;
+    if (!election_leader(w_.kv, election_, now).empty()) return false;  // etcd cannot say: not leading
+    return now.key == me_.key;
+}
+
+bool Brain::holds_lead() {
+    if (me_.key.empty()) return false;
+    EtcdLeader now;
+    return election_leader(w_.kv, election_, now).empty() && now.key == me_.key;
 }
 
 void Brain::keepalive() {
-    // Elected's keep-alive thread: it runs while the loop is stuck, and gives the lease up when
-    // the loop has not beaten for two thirds of the TTL.
+    // Elected's keep-alive thread, asking the same `lease_step`: it runs while the loop is stuck,
+    // and gives the lease up when a leading loop has not beaten for the stall limit.
     if (!alive || stopped || lease_.id == 0) return;
-    const int64_t every = w_.s.lease_ttl_ms / 3;
-    if (leading && w_.now() - last_beat_ > w_.s.lease_ttl_ms - every) {
-        if (!w_.kv_down) {
-            w_.kv.revoke(lease_.id);
-            lease_.id = 0;
+    switch (lease_step(w_.now(), lease_.renewed, last_beat_, leading, w_.s.lease_ttl_ms)) {
+        case LeaseStep::Wait:
+            return;
+        case LeaseStep::GiveUp:
+            if (!w_.kv_down) {
+                w_.kv.revoke(lease_.id);
+                lease_.id = 0;
+            }
+            return;
+        case LeaseStep::Renew: {
+            const int64_t had = lease_.id;
+            if (w_.renew(lease_) && lease_.id != had) me_ = {};  // its lease went: stand again
+            return;
         }
-        return;
-    }
-    if (w_.now() - lease_.renewed >= every) {
-        const int64_t had = lease_.id;
-        if (w_.renew(lease_) && lease_.id != had) me_ = {};  // its lease went: stand again
     }
 }
 
@@ -270,12 +299,9 @@ void Brain::tick() {
         if (lease_.id == 0 && !w_.renew(lease_)) return;
         me_ = {};
     }
-    if (me_.key.empty()) {
-        const std::string key = election_ + "/" + name_;
-        if (!w_.kv.put(key, name_, lease_.id).empty()) return;
-        std::optional<EtcdKv> k;
-        if (!w_.kv.get(key, k).empty() || !k) return;
-        me_ = {name_, key, name_, k->create_revision, lease_.id};
+    if (me_.key.empty() && !stand(w_.kv, election_, name_, lease_.id, me_).empty()) {
+        me_ = {};
+        return;
     }
     leading = true;
     if (!still_leader()) {
@@ -544,7 +570,7 @@ void World::nemesis() {
             Brain & b = *brains[pick(brains.size())];
             if (!b.alive || b.stopped) return;
             note("stall " + b.name() + (b.leading ? " (leading)" : ""));
-            b.stalled_until = now() + ms(1000, 6000);
+            b.stall(now(), now() + ms(1000, 6000));
             return;
         }
         case 3: {  // kill -9 a brain; back after 2-5 s
@@ -563,6 +589,7 @@ void World::nemesis() {
             undo_.push_back({now() + ms(1000, 5000), [this] {
                                  kv.set_down(false);  // every lease gets a fresh TTL
                                  kv_down = false;
+                                 kv_up_since = now();
                              }});
             return;
         }
@@ -583,7 +610,7 @@ void World::nemesis() {
             note("every brain of cell " + cell + " hangs");
             const int64_t until = now() + ms(16000, 25000);
             for (auto & b : brains)
-                if (b->name().rfind("cell" + cell + "-", 0) == 0) b->stalled_until = until;
+                if (b->name().rfind("cell" + cell + "-", 0) == 0) b->stall(now(), until);
             return;
         }
         case 9: {  // etcd restored from a snapshot taken 10-30 s ago: its revision goes back
@@ -693,6 +720,7 @@ RunnerResult World::run() {
             n->tick();
         for (auto & b : brains)
             b->tick();
+        check_stalled_leaders();
         if (now() - sampled_at >= 10000) {
             sampled_at = now();
             EtcdStatus st;

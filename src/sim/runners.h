@@ -2,8 +2,9 @@
 
 // The simulator's second world: the cluster's own runners (CellRunner, GlobalRunner, NodeAgent),
 // not models of them, over the seams' in-memory fakes (MemoryKv for etcd, MemoryBus for NATS,
-// MemoryStore for PostgreSQL) and one clock the world moves. Brains campaign through leases and
-// election keys as `Elected` does (a loop that stops beating gives its lease up), nodes hold
+// MemoryStore for PostgreSQL) and one clock the world moves. Brains campaign through leases with
+// `Elected`'s election code (`stand`, `election_leader`, `lease_step`: a loop that stops beating
+// gives its lease up), one turn at a time rather than on threads of their own; nodes hold
 // leases and report their load, a gateway creates sessions, and a seeded nemesis injects faults.
 // The invariants are checked from what the runners did: the runs the node agents started, the
 // steps the store acknowledged, and the assignments the brains wrote.

@@ -1,6 +1,7 @@
 #include "cluster/runtime/elected.h"
 
 #include "cluster/runtime/clock.h"
+#include "cluster/runtime/election.h"
 
 #include "cluster/cluster_config.h"
 #include "obs/log.h"
@@ -114,8 +115,8 @@ void cell_metrics(obs::Registry & m, const CellReport & r) {
         .set(r.step_ms / 1000.0);
 }
 
-Elected::Elected(EtcdClient & etcd, int ttl_s, std::string what, WaitStop wait_stop)
-    : etcd_(etcd), ttl_s_(ttl_s), what_(std::move(what)), wait_stop_(std::move(wait_stop)) {
+Elected::Elected(KvStore & kv, int ttl_s, std::string what, WaitStop wait_stop)
+    : kv_(kv), ttl_s_(ttl_s), what_(std::move(what)), wait_stop_(std::move(wait_stop)) {
     trace_counts_ = obs::tracer()->count_in(metrics_);
 }
 
@@ -141,16 +142,8 @@ void Elected::beat() {
     beat_ms_ = brain_now_ms();
 }
 
-namespace {
-int keepalive_every_ms(int ttl_s) {
-    return std::max(300, ttl_s * 1000 / 3);
-}
-}  // namespace
-
 int stall_limit_ms(int ttl_s) {
-    // With a check every `keepalive_every_ms`, the lease is given up at most one TTL after the
-    // last beat.
-    return std::max(1, ttl_s * 1000 - keepalive_every_ms(ttl_s));
+    return int(stall_limit_of(int64_t(ttl_s) * 1000));
 }
 
 void brain_store_limits(int ttl_s, int & statement_timeout_ms, int & client_grace_ms) {
@@ -160,67 +153,81 @@ void brain_store_limits(int ttl_s, int & statement_timeout_ms, int & client_grac
 }
 
 void Elected::keep_lease() {
-    const int every_ms = keepalive_every_ms(ttl_s_);
-    // A loop that has not beaten for this long is stuck.
-    const int64_t stuck_ms = stall_limit_ms(ttl_s_);
+    const int64_t ttl_ms = int64_t(ttl_s_) * 1000;
+    // Looks often enough that a stall is caught soon after the limit, not a renewal later.
+    const auto slice = std::chrono::milliseconds(std::max<int64_t>(20, renew_every_ms(ttl_ms) / 5));
+    int64_t held = 0, renewed = 0;  // the lease looked after, and when it was last renewed
     while (!quit_.load()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
+        std::this_thread::sleep_for(slice);
         const int64_t l = lease_.load();
         if (l == 0) continue;
+        if (l != held) {  // granted just now
+            held = l;
+            renewed = brain_now_ms();
+        }
         // leading_ first: run() beats before it sets it, so a fresh leadership reads a fresh beat.
         const bool leading = leading_.load();
-        if (const int64_t quiet = brain_now_ms() - beat_ms_.load(); leading && quiet > stuck_ms) {
-            // Giving the lease up deletes the leader's key at once: a standby's campaign wins now
-            // rather than a TTL after the last renewal.
-            spdlog::error("{}: the leader's loop has not moved for {} ms (a call that hangs?); giving up the lead",
-                          what_, quiet);
-            ++stalls_;
-            metrics_
-                .counter("armada_brain_stalls_total",
-                         "Leaderships this brain gave up because its loop stopped moving for most of a lease TTL")
-                .inc();
-            int64_t expect = l;
-            if (lease_.compare_exchange_strong(expect, 0)) {
-                if (auto e = etcd_.revoke(l); !e.empty()) spdlog::warn("{}: revoking the lease: {}", what_, e);
+        const int64_t now = brain_now_ms();
+        switch (lease_step(now, renewed, beat_ms_.load(), leading, ttl_ms)) {
+            case LeaseStep::Wait:
+                break;
+            case LeaseStep::GiveUp: {
+                // Giving the lease up deletes the leader's key at once: a standby wins now rather
+                // than a TTL after the last renewal.
+                spdlog::error("{}: the leader's loop has not moved for {} ms (a call that hangs?); giving up the lead",
+                              what_, now - beat_ms_.load());
+                ++stalls_;
+                metrics_
+                    .counter("armada_brain_stalls_total",
+                             "Leaderships this brain gave up because its loop stopped moving for most of a lease TTL")
+                    .inc();
+                int64_t expect = l;
+                if (lease_.compare_exchange_strong(expect, 0)) {
+                    if (auto e = kv_.lease_revoke(l); !e.empty()) spdlog::warn("{}: revoking the lease: {}", what_, e);
+                }
+                break;
             }
-            continue;
-        }
-        int64_t ttl = 0;
-        const std::string e = etcd_.keepalive(l, ttl);
-        if (e.empty() && ttl <= 0) {
-            spdlog::warn("{}: the brain's lease expired", what_);
-            int64_t expect = l;
-            lease_.compare_exchange_strong(expect, 0);
-        } else if (!e.empty()) {
-            spdlog::warn("{}: lease keep-alive: {}", what_, e);
+            case LeaseStep::Renew: {
+                bool alive = false;
+                if (const std::string e = kv_.lease_keepalive(l, alive); !e.empty()) {
+                    spdlog::warn("{}: lease keep-alive: {}", what_, e);  // again at the next look
+                } else if (!alive) {
+                    spdlog::warn("{}: the brain's lease expired", what_);
+                    int64_t expect = l;
+                    lease_.compare_exchange_strong(expect, 0);
+                } else {
+                    renewed = now;
+                }
+                break;
+            }
         }
     }
 }
 
 void Elected::observe(const std::string & election) {
+    ElectionView view(kv_, election);
     while (!quit_.load()) {
-        const std::string e = etcd_.observe(
-            election,
-            [&](const EtcdLeader & l) {
-                std::lock_guard lk(seen_mu_);
-                observing_ = true;
-                if (l.key != seen_key_) {
-                    spdlog::debug("{}: {} leads", what_, l.value);
-                    metrics_
-                        .counter("armada_brain_leader_changes_total",
-                                 "Leaders this brain has seen take over its election (itself included)")
-                        .inc();
-                }
-                seen_key_ = l.key;
-                return !quit_.load();
-            },
-            quit_);
+        std::string e;
+        if (view.refresh(250, e)) {
+            const auto l = view.leader();
+            std::lock_guard lk(seen_mu_);
+            observing_ = true;
+            const std::string key = l ? l->key : std::string();
+            if (key != seen_key_ && !key.empty()) {
+                spdlog::debug("{}: {} leads", what_, l->value);
+                metrics_
+                    .counter("armada_brain_leader_changes_total",
+                             "Leaders this brain has seen take over its election (itself included)")
+                    .inc();
+            }
+            seen_key_ = key;
+            continue;
+        }
         {
             std::lock_guard lk(seen_mu_);
             observing_ = false;
         }
-        if (quit_.load()) break;
-        if (!e.empty()) spdlog::debug("{}: observe: {}", what_, e);
+        spdlog::debug("{}: following the election: {}", what_, e);
         const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(jittered_ms(1000));
         while (!quit_.load() && std::chrono::steady_clock::now() < until)
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -228,20 +235,23 @@ void Elected::observe(const std::string & election) {
 }
 
 std::string Elected::campaign(const std::string & election, const std::string & name, EtcdLeader & me) {
-    // On a thread of its own, so that this one still takes stop signals; it ends early on a
-    // stop, or when the lease it stands under went (its key went with it).
+    // Stands under the lease held now, then waits until its key is the oldest. Gives up (to stand
+    // again) on a stop, when the lease it stands under went (its key went with it), or after a
+    // while; stop signals are taken throughout.
     const int64_t lease = lease_.load();
-    std::atomic<bool> give_up{false}, done{false};
-    std::string e;
-    std::thread t([&] {
-        e = etcd_.campaign(election, name, lease, kCampaignMs, me, &give_up);
-        done = true;
-    });
-    while (!done.load()) {
-        if (wait_signal(100) || lease_.load() != lease) give_up = true;
+    if (auto e = stand(kv_, election, name, lease, me); !e.empty()) return e;
+    ElectionView view(kv_, election);
+    const int64_t until = brain_now_ms() + kCampaignMs;
+    while (brain_now_ms() < until) {
+        if (wait_signal(0) || lease_.load() != lease) break;
+        std::string e;
+        if (!view.refresh(100, e)) {
+            if (wait_signal(jittered_ms(500))) break;
+            continue;
+        }
+        if (const auto l = view.leader(); l && l->key == me.key) return {};
     }
-    t.join();
-    return e;
+    return "not elected yet";
 }
 
 bool Elected::claim_store(store::Store & st, const std::string & election, const EtcdLeader & me) {
@@ -265,9 +275,9 @@ bool Elected::still_leader(const EtcdLeader & me, const std::string & election) 
         std::lock_guard lk(seen_mu_);
         if (observing_ && seen_key_ == me.key) return true;
     }
-    // The observer is away, late, or has seen someone else: etcd says.
+    // The follower is away, late, or has seen someone else: the store says.
     EtcdLeader now;
-    if (!etcd_.leader(election, now).empty()) return false;
+    if (!election_leader(kv_, election, now).empty()) return false;
     return now.key == me.key;
 }
 
@@ -285,7 +295,7 @@ void Elected::run(const std::string & election, const std::string & name,
     while (!stopping()) {
         if (lease_.load() == 0) {
             int64_t l = 0;
-            if (auto e = etcd_.grant(ttl_s_, l); !e.empty()) {
+            if (auto e = kv_.lease_grant(int64_t(ttl_s_) * 1000, l); !e.empty()) {
                 spdlog::warn("{}: no lease from etcd: {}; retrying", what_, e);
                 if (wait_signal(jitter())) break;
                 continue;
@@ -313,7 +323,7 @@ void Elected::run(const std::string & election, const std::string & name,
         leading.set(0);
         epoch.set(0);
         if (stopping()) {
-            if (auto r = etcd_.resign(me); r.empty())
+            if (auto r = resign(kv_, me); r.empty())
                 spdlog::info("{}: {} resigned", what_, name);
             else
                 spdlog::warn("{}: resign: {}", what_, r);
@@ -324,7 +334,7 @@ void Elected::run(const std::string & election, const std::string & name,
     quit_ = true;
     if (keepalive_.joinable()) keepalive_.join();
     if (observer_.joinable()) observer_.join();
-    if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);  // its candidacy goes too
+    if (const int64_t l = lease_.exchange(0); l != 0) kv_.lease_revoke(l);  // its candidacy goes too
 }
 
 }  // namespace armada::cluster

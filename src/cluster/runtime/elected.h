@@ -28,26 +28,26 @@ void survival_metrics(obs::Registry & m, const std::map<std::string, Survival> &
 //! A cell's aggregate (what its leading brain reports) as `armada_cell_*` gauges.
 void cell_metrics(obs::Registry & m, const CellReport & r);
 
-//! A process that takes turns to lead through etcd's election (a cell brain, the global brain).
-//! It holds a lease, kept alive on a thread of its own, and observes the election on another
-//! (one held stream: who leads, and each change as it happens).
-//! - A standby's campaign is one call that waits in etcd until it leads: no polling. The server
-//!   neither keeps the lease alive nor notices when it expires, so the call is also given up when
-//!   the lease goes (and after a minute, or on a stop), and then made again.
-//! - A winner checks with `leader` that its key is the leader's; `lead` then runs, and should call
-//!   `still_leader` about once a second and return when it is false or on a stop. That check reads
-//!   what the observer saw, and asks etcd only when the observer is away or saw another leader.
+//! A process that takes turns to lead through an election kept in the key-value store (etcd's
+//! election, see election.h). It holds a lease, kept alive on a thread of its own, and follows
+//! the election on another (a list, then a watch: who leads, and each change as it happens).
+//! - A standby stands under its lease, then waits on the watch until its key is the oldest: no
+//!   polling. It stands again when its lease went, after a minute, or on a stop.
+//! - A winner checks with `still_leader` that its key is the leader's; `lead` then runs, and
+//!   should call `still_leader` about once a second and return when it is false or on a stop.
+//!   That check reads what the follower saw, and asks the store only when the follower is away or
+//!   saw another leader.
 //! - On a stop the leader resigns, then revokes its lease, so a standby leads at once.
-//! - The leader's loop calls `beat` each time round. A loop that has not beaten for two thirds of
-//!   the lease's TTL is stuck (a call that hangs): the keep-alive thread then gives the lease up,
-//!   so a standby leads within one TTL, and `still_leader` is false when the loop wakes. Its
+//! - The leader's loop calls `beat` each time round. A loop that has not beaten for the stall
+//!   limit (`lease_step`) is stuck (a call that hangs): the keep-alive thread then gives the lease
+//!   up, so a standby leads within one TTL, and `still_leader` is false when the loop wakes. Its
 //!   writes are refused by the store from the moment the new leader marks it.
 class Elected {
   public:
     //! Waits up to `ms` for a stop; true once one has come (and from then on).
     using WaitStop = std::function<bool(int ms)>;
     //! `what` names the role in logs ("cell cell0", "global").
-    Elected(EtcdClient & etcd, int ttl_s, std::string what, WaitStop wait_stop);
+    Elected(KvStore & kv, int ttl_s, std::string what, WaitStop wait_stop);
     ~Elected();
     Elected(const Elected &) = delete;
     Elected & operator=(const Elected &) = delete;
@@ -81,7 +81,7 @@ class Elected {
     //! One campaign under the lease held now: "" when this process leads (`me` says how).
     std::string campaign(const std::string & election, const std::string & name, EtcdLeader & me);
 
-    EtcdClient & etcd_;
+    KvStore & kv_;
     int ttl_s_;
     std::string what_;
     WaitStop wait_stop_;
@@ -93,8 +93,8 @@ class Elected {
     std::thread keepalive_;
     std::thread observer_;
     mutable std::mutex seen_mu_;
-    std::string seen_key_;    // the leader's key as the observer last saw it
-    bool observing_ = false;  // the observer's stream is up
+    std::string seen_key_;    // the leader's key as the follower last saw it ("": nobody leads)
+    bool observing_ = false;  // the follower's watch is up
     obs::Registry metrics_;
     std::shared_ptr<void> trace_counts_;  // the tracer counts into metrics_ while this lives
 };

@@ -4,7 +4,7 @@
 // cluster's prefix P:
 //   P/cells/<cell>/nodes/<node>   a node's load, under the node's lease
 //   P/cells/<cell>/report         the cell's aggregate, under its leading brain's lease
-//   P/cells/<cell>/brain/...      the cell's election (etcd's election API)
+//   P/cells/<cell>/brain/...      the cell's election (etcd's election, kept as election.h says)
 //   P/failovers/<cell>            the cell's recent failovers (no lease)
 //   P/global/brain/...            the global brains' election
 //   P/global/shares               the split of new sessions (no lease)

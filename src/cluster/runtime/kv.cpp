@@ -1,5 +1,6 @@
 #include "cluster/runtime/kv.h"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 
@@ -69,6 +70,18 @@ class EtcdWatch final : public KvWatch {
 
 std::unique_ptr<KvWatch> EtcdKvStore::watch(const std::string & prefix, int64_t from_revision) {
     return std::make_unique<EtcdWatch>(etcd_, prefix, from_revision);
+}
+
+std::string EtcdKvStore::lease_grant(int64_t ttl_ms, int64_t & lease) {
+    const int ttl_s = int(std::max<int64_t>(1, (ttl_ms + 999) / 1000));
+    return etcd_.grant(ttl_s, lease);
+}
+
+std::string EtcdKvStore::lease_keepalive(int64_t lease, bool & alive) {
+    int64_t ttl = 0;
+    auto e = etcd_.keepalive(lease, ttl);
+    if (e.empty()) alive = ttl > 0;
+    return e;
 }
 
 // ---- MemoryKv ----
@@ -320,6 +333,33 @@ void MemoryKv::revoke(int64_t lease) {
         emit(deleted(it->first, revision_));
         it = keys_.erase(it);
     }
+}
+
+std::string MemoryKv::lease_grant(int64_t ttl_ms, int64_t & lease) {
+    {
+        std::lock_guard lk(mu_);
+        if (down_) return kDown;
+        ++calls_;
+    }
+    lease = grant(ttl_ms);
+    return {};
+}
+
+std::string MemoryKv::lease_keepalive(int64_t lease, bool & alive) {
+    const int k = keepalive(lease);
+    if (k < 0) return kDown;
+    alive = k > 0;
+    return {};
+}
+
+std::string MemoryKv::lease_revoke(int64_t lease) {
+    {
+        std::lock_guard lk(mu_);
+        if (down_) return kDown;
+        ++calls_;
+    }
+    revoke(lease);
+    return {};
 }
 
 void MemoryKv::set_down(bool down) {

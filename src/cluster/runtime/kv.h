@@ -44,6 +44,13 @@ class KvStore {
     virtual std::unique_ptr<KvWatch> watch(const std::string & prefix, int64_t from_revision) = 0;
     //! Its size, revision and alarms (what its quota counts).
     virtual std::string status(EtcdStatus & out, bool & alarms_known) = 0;
+
+    // Leases: keys put under one go when it ends, by its TTL or revoked.
+    //! A lease that ends `ttl_ms` after its last renewal (etcd counts whole seconds: rounded up).
+    virtual std::string lease_grant(int64_t ttl_ms, int64_t & lease) = 0;
+    //! Renews `lease`; `alive` false when it had already ended (take a new one).
+    virtual std::string lease_keepalive(int64_t lease, bool & alive) = 0;
+    virtual std::string lease_revoke(int64_t lease) = 0;
 };
 
 //! etcd through its JSON gateway. A watch streams on a thread of its own.
@@ -65,6 +72,9 @@ class EtcdKvStore final : public KvStore {
     }
     std::unique_ptr<KvWatch> watch(const std::string & prefix, int64_t from_revision) override;
     std::string status(EtcdStatus & out, bool & alarms_known) override { return etcd_.status(out, alarms_known); }
+    std::string lease_grant(int64_t ttl_ms, int64_t & lease) override;
+    std::string lease_keepalive(int64_t lease, bool & alive) override;
+    std::string lease_revoke(int64_t lease) override { return etcd_.revoke(lease); }
     EtcdClient & client() { return etcd_; }
 
   private:
@@ -91,6 +101,9 @@ class MemoryKv final : public KvStore {
     //! Its size as etcd's backend would count it: every key and value now, and every change kept
     //! for watches since the last compaction (history is what compaction frees).
     std::string status(EtcdStatus & out, bool & alarms_known) override;
+    std::string lease_grant(int64_t ttl_ms, int64_t & lease) override;
+    std::string lease_keepalive(int64_t lease, bool & alive) override;
+    std::string lease_revoke(int64_t lease) override;
 
     //! A lease (its id) that ends `ttl_ms` after its last keep-alive (0: only when revoked);
     //! `revoke` deletes its keys at once.
