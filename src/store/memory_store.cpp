@@ -26,7 +26,10 @@ bool standard_ended(const std::vector<std::string> & states) {
 
 void MemoryStore::unindex(const SessionRecord & r) {
     if (ends(r.state)) {
-        ended_.erase({r.updated_ms, r.id});
+        if (auto c = ended_.find(r.cell); c != ended_.end()) {
+            c->second.erase({r.updated_ms, r.id});
+            if (c->second.empty()) ended_.erase(c);
+        }
         return;
     }
     auto c = open_.find(r.cell);
@@ -40,7 +43,7 @@ void MemoryStore::unindex(const SessionRecord & r) {
 
 void MemoryStore::index(const SessionRecord & r) {
     if (ends(r.state))
-        ended_.insert({r.updated_ms, r.id});
+        ended_[r.cell].insert({r.updated_ms, r.id});
     else
         open_[r.cell][r.node].insert(r.id);
 }
@@ -311,11 +314,20 @@ std::optional<std::vector<Store::EndedCount>> MemoryStore::ended_since(const std
     ++counts_.reads;
     if (down_) return std::nullopt;
     std::map<std::tuple<std::string, std::string, bool, bool>, int64_t> n;
-    for (auto e = ended_.lower_bound({since_ms, std::string()}); e != ended_.end(); ++e) {
-        const SessionRecord & r = sessions_.at(e->second);
-        if (r.updated_ms < since_ms || r.agent_id.rfind('@', 0) == 0 || (!cell.empty() && r.cell != cell)) continue;
-        ++counts_.rows_scanned;
-        ++n[{r.cell, r.state, r.reason.rfind("deadline", 0) == 0, r.epoch > 1}];
+    // Through the index of ended rows by (cell, updated_ms): the window of one cell, or of each.
+    const auto scan = [&](const std::set<std::pair<int64_t, std::string>> & rows) {
+        for (auto e = rows.lower_bound({since_ms, std::string()}); e != rows.end(); ++e) {
+            const SessionRecord & r = sessions_.at(e->second);
+            ++counts_.rows_scanned;
+            if (r.agent_id.rfind('@', 0) == 0) continue;
+            ++n[{r.cell, r.state, r.reason.rfind("deadline", 0) == 0, r.epoch > 1}];
+        }
+    };
+    if (cell.empty()) {
+        for (const auto & [c, rows] : ended_)
+            scan(rows);
+    } else if (auto c = ended_.find(cell); c != ended_.end()) {
+        scan(c->second);
     }
     std::vector<EndedCount> out;
     for (const auto & [k, c] : n)

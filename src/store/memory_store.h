@@ -62,7 +62,8 @@ class MemoryStore final : public Store {
     std::map<std::string, int64_t> leaders_;  // election → the highest leader revision that wrote
     //! cell → node → its open sessions (the index's (cell, node) columns)
     std::map<std::string, std::map<std::string, std::set<std::string>>> open_;
-    std::set<std::pair<int64_t, std::string>> ended_;  // (updated_ms, id) of ended sessions
+    //! cell → (updated_ms, id) of its ended sessions (the `sessions_ended` index's columns)
+    std::map<std::string, std::set<std::pair<int64_t, std::string>>> ended_;
     mutable Counts counts_;
 };
 

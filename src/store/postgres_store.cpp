@@ -57,6 +57,13 @@ CREATE INDEX sessions_owner_state ON sessions(owner, state);
     R"sql(
 CREATE INDEX sessions_open ON sessions(cell, node, created_ms) WHERE state NOT IN ('completed','failed','cancelled');
 )sql",
+    // 5: ended sessions only, by cell and time: each cell brain's survival figure reads its own
+    // cell's last hour, and must not wade through every other cell's (`sessions_state_updated`
+    // narrows the state and the time, not the cell). The predicate is written as ended_since()
+    // writes it.
+    R"sql(
+CREATE INDEX sessions_ended ON sessions(cell, updated_ms) WHERE state IN ('completed','failed','cancelled');
+)sql",
 };
 constexpr int kLatest = int(sizeof kMigrations / sizeof kMigrations[0]);
 // Taken for the length of a migration so that nodes starting together apply it once.
@@ -993,11 +1000,16 @@ std::vector<Store::MinuteCount> PostgresStore::count_since(const std::vector<std
     return out;
 }
 
+std::string PostgresStore::ended_since_sql(bool by_cell) {
+    // The state predicate is the `sessions_ended` index's, literally, so that the planner can use
+    // it: one cell's window of ended rows, not every cell's.
+    return "SELECT cell, state, reason LIKE 'deadline%', epoch > 1, count(*) FROM sessions "
+           "WHERE state IN ('completed','failed','cancelled') AND updated_ms >= $1 AND agent_id NOT LIKE '@%'" +
+           std::string(by_cell ? " AND cell = $2" : "") + " GROUP BY 1, 2, 3, 4";
+}
+
 std::optional<std::vector<Store::EndedCount>> PostgresStore::ended_since(const std::string & cell, int64_t since_ms) {
-    const std::string sql =
-        "SELECT cell, state, reason LIKE 'deadline%', epoch > 1, count(*) FROM sessions "
-        "WHERE state IN ('completed','failed','cancelled') AND updated_ms >= $1 AND agent_id NOT LIKE '@%'" +
-        std::string(cell.empty() ? "" : " AND cell = $2") + " GROUP BY 1, 2, 3, 4";
+    const std::string sql = ended_since_sql(!cell.empty());
     std::vector<std::string> params{std::to_string(since_ms)};
     if (!cell.empty()) params.push_back(cell);
     std::map<std::tuple<std::string, std::string, bool, bool>, int64_t> sum;

@@ -79,6 +79,9 @@ class PostgresStore : public Store {
     //! parameters are the cell, then the node when `by_node`, after any ended state that is not
     //! written as a literal; `params_used` says how many there are.
     static std::string open_sessions_sql(const std::vector<std::string> & ended, bool by_node, size_t & params_used);
+    //! The query ended_since runs on each shard (for EXPLAIN in tests): its parameters are the
+    //! window's start, then the cell when `by_cell`.
+    static std::string ended_since_sql(bool by_cell);
     std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
                                                             const std::vector<std::string> & ended_states) override;
     //! "state NOT IN (…)": the literal the `sessions_open` index is defined with when `ended` is

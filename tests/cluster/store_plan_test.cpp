@@ -1,12 +1,15 @@
 // The queries the brains and nodes run every few seconds read open rows only, through the
-// `sessions_open` index, however many ended sessions the retention keeps (PostgreSQL's own plan,
-// on a table of 200,000 ended and 2,000 open sessions).
+// `sessions_open` index, however many ended sessions the retention keeps, and the survival figure
+// reads one cell's window of ended rows through `sessions_ended` (PostgreSQL's own plan, on a
+// table of 200,000 ended and 2,000 open sessions).
 #include "cluster/local_servers.h"
 #include "servers.h"
 #include "store/postgres_store.h"
 
 #include <gtest/gtest.h>
+
 #include <libpq-fe.h>
+#include <algorithm>
 
 #include <cstdio>
 #include <cstdlib>
@@ -109,4 +112,22 @@ TEST(StorePlan, ACellsOpenSessionsAreReadThroughTheOpenRowsIndexNotTheEndedOnes)
         printf("%s over %ld ended and %ld open sessions: %.2f ms\n", by_node ? "node pass" : "cell reconcile", n_ended,
                n_open, execution_ms(plan));
     }
+    // The survival figure: one cell's ended rows of the last `window` (the newest 2% of the ended
+    // rows, over all 4 cells), through the ended rows' index, not every cell's window.
+    const long window = std::max(1L, n_ended / 50);
+    const std::string sql = store::PostgresStore::ended_since_sql(true);
+    const std::string plan = plan_of(db, sql, {std::to_string(n_ended - window + 1), "c1"}, err);
+    ASSERT_FALSE(plan.empty()) << err;
+    EXPECT_NE(plan.find("\"Index Name\": \"sessions_ended\""), std::string::npos)
+        << "the survival figure does not use the ended rows' index:\n"
+        << plan;
+    EXPECT_EQ(plan.find("Seq Scan"), std::string::npos) << plan;
+    // Only the '@' sessions (none here) may be read and dropped.
+    for (size_t at = plan.find("\"Rows Removed by "); at != std::string::npos;
+         at = plan.find("\"Rows Removed by ", at + 1))
+        EXPECT_EQ(std::atol(plan.c_str() + plan.find(':', at) + 1), 0) << "it reads rows it throws away:\n" << plan;
+    printf(
+        "survival figure of one cell (%ld ended rows in the window over 4 cells) over %ld ended and %ld open "
+        "sessions: %.2f ms\n",
+        window, n_ended, n_open, execution_ms(plan));
 }
