@@ -34,6 +34,7 @@ struct NodeLoad {
     //! The report's number, counting from a random start in each node process: the same report
     //! read again (a reconcile re-reads etcd) is not news. 0: not numbered.
     int64_t seq = 0;
+    bool operator==(const NodeLoad &) const = default;
 };
 
 //! A decision: run `session` on `node` under `epoch` (greater than any it had). `moved` is set

@@ -4,9 +4,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <climits>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string_view>
 
 namespace armada::cluster {
 
@@ -107,7 +111,157 @@ std::string encode_load(const NodeLoad & l) {
     return out;
 }
 
+namespace {
+
+//! A reader of `encode_load`'s exact form. Every method returns false on anything else, and the
+//! caller then gives the text to the JSON parser: taking less is always safe, taking more is not.
+class Canonical {
+  public:
+    explicit Canonical(const std::string & s) : p_(s.data()), e_(s.data() + s.size()) {}
+    bool done() const { return p_ == e_; }
+    bool lit(std::string_view s) {
+        if (size_t(e_ - p_) < s.size() || std::memcmp(p_, s.data(), s.size()) != 0) return false;
+        p_ += s.size();
+        return true;
+    }
+    //! `"name":` after `{` (the first) or `,`.
+    bool key(const char * name, bool first) { return lit(first ? "{\"" : ",\"") && lit(name) && lit("\":"); }
+    //! A JSON integer without a sign on zero and without leading zeros, within [lo, hi].
+    bool integer(int64_t & out, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) {
+        const char * q = p_;
+        const bool neg = q < e_ && *q == '-';
+        if (neg) ++q;
+        if (q == e_ || *q < '0' || *q > '9' || (*q == '0' && (neg || (q + 1 < e_ && q[1] >= '0' && q[1] <= '9'))))
+            return false;
+        const char * digits = q;
+        while (q < e_ && *q >= '0' && *q <= '9')
+            ++q;
+        if (q < e_ && (*q == '.' || *q == 'e' || *q == 'E')) return false;  // a float: not here
+        int64_t v = 0;
+        const auto r = std::from_chars(neg ? digits - 1 : digits, q, v);
+        if (r.ec != std::errc() || r.ptr != q || v < lo || v > hi) return false;
+        out = v;
+        p_ = q;
+        return true;
+    }
+    bool integer(int & out) {
+        int64_t v = 0;
+        if (!integer(v, INT32_MIN, INT32_MAX)) return false;
+        out = int(v);
+        return true;
+    }
+    //! A JSON number in its grammar, read as a double (as the parser's strtod reads it).
+    bool number(double & out) {
+        const char * q = p_;
+        if (q < e_ && *q == '-') ++q;
+        if (q == e_ || *q < '0' || *q > '9') return false;
+        if (*q == '0') {
+            ++q;
+        } else {
+            while (q < e_ && *q >= '0' && *q <= '9')
+                ++q;
+        }
+        if (q < e_ && *q == '.') {
+            const char * d = ++q;
+            while (q < e_ && *q >= '0' && *q <= '9')
+                ++q;
+            if (q == d) return false;
+        }
+        if (q < e_ && (*q == 'e' || *q == 'E')) {
+            ++q;
+            if (q < e_ && (*q == '+' || *q == '-')) ++q;
+            const char * d = q;
+            while (q < e_ && *q >= '0' && *q <= '9')
+                ++q;
+            if (q == d) return false;
+        }
+        double v = 0;
+        const auto r = std::from_chars(p_, q, v);
+        if (r.ec != std::errc() || r.ptr != q || !std::isfinite(v)) return false;
+        out = v;
+        p_ = q;
+        return true;
+    }
+    //! A string of printable ASCII without escapes.
+    bool str(std::string & out) {
+        if (p_ == e_ || *p_ != '"') return false;
+        const char * q = p_ + 1;
+        while (q < e_ && *q != '"') {
+            const auto c = static_cast<unsigned char>(*q);
+            if (c < 0x20 || c >= 0x80 || c == '\\') return false;
+            ++q;
+        }
+        if (q == e_) return false;
+        out.assign(p_ + 1, q);
+        p_ = q + 1;
+        return true;
+    }
+    bool boolean(bool & out) {
+        if (lit("true")) {
+            out = true;
+        } else if (lit("false")) {
+            out = false;
+        } else {
+            return false;
+        }
+        return true;
+    }
+    //! `{"k":n,...}` with keys in strictly increasing order (a std::map's, as written).
+    template <class V>
+    bool map(std::map<std::string, V> & out) {
+        out.clear();
+        if (!lit("{")) return false;
+        if (lit("}")) return true;
+        for (;;) {
+            std::string k;
+            V v{};
+            if (!str(k) || !lit(":") || !integer(v)) return false;
+            if (!out.empty() && !(out.rbegin()->first < k)) return false;
+            out.emplace_hint(out.end(), std::move(k), v);
+            if (lit("}")) return true;
+            if (!lit(",")) return false;
+        }
+    }
+
+  private:
+    const char * p_;
+    const char * e_;
+};
+
+}  // namespace
+
+std::optional<NodeLoad> decode_load_canonical(const std::string & node, const std::string & text) {
+    Canonical c(text);
+    NodeLoad l;
+    l.node = node;
+    NodeSignals & s = l.signals;
+    const bool ok =
+        c.key("by_state", true) && c.map(l.by_state) && c.key("cores", false) && c.integer(l.cores) &&
+        c.key("ctx", false) && c.integer(l.ctx) && c.key("draining", false) && c.boolean(l.draining) &&
+        c.key("engines", false) && c.integer(l.engines) && c.key("fingerprint", false) && c.str(l.fingerprint) &&
+        c.key("free_seqs", false) && c.integer(l.free_seqs) && c.key("kv_budget", false) && c.integer(l.kv_budget) &&
+        c.key("kv_by_tenant", false) && c.map(l.kv_by_tenant) && c.key("kv_headroom", false) &&
+        c.integer(l.kv_headroom) && c.key("seq", false) && c.integer(l.seq) && c.key("sessions", false) &&
+        c.integer(l.sessions) && c.key("signals", false) &&
+        // the signals object, in put_signals's order
+        c.key("completed", true) && c.integer(s.completed) && c.key("errors", false) && c.map(s.errors) &&
+        c.key("failed", false) && c.integer(s.failed) && c.key("lease_lost", false) && c.integer(s.lease_lost) &&
+        c.key("renew_failed", false) && c.integer(s.renew_failed) && c.key("renew_late", false) &&
+        c.integer(s.renew_late) && c.key("started_ms", false) && c.integer(s.started_ms) && c.key("step_s", false) &&
+        c.number(s.step_s) && c.key("steps", false) && c.integer(s.steps) && c.lit("}") &&
+        // the rest of the report
+        c.key("step_ms", false) && c.number(l.step_ms) && c.key("url", false) && c.str(l.url) &&
+        c.key("version", false) && c.str(l.version) && c.lit("}") && c.done();
+    if (!ok) return std::nullopt;
+    return l;
+}
+
 std::optional<NodeLoad> decode_load(const std::string & node, const std::string & text) {
+    if (auto l = decode_load_canonical(node, text)) return l;
+    return decode_load_json(node, text);
+}
+
+std::optional<NodeLoad> decode_load_json(const std::string & node, const std::string & text) {
     const auto j = json::parse(text, nullptr, false);
     if (!j.is_object()) return std::nullopt;
     NodeLoad l;

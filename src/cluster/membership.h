@@ -14,9 +14,16 @@
 
 namespace armada::cluster {
 
-//! A node's load as JSON (the value of its key in etcd) and back.
+//! A node's load as JSON (the value of its key in etcd) and back. Brains read thousands a
+//! second: text in the exact form `encode_load` writes is read in one pass without a document
+//! (`decode_load_canonical`); anything else goes through the JSON parser (`decode_load_json`),
+//! and both give the same load for any text the first one takes.
 std::string encode_load(const NodeLoad & l);
 std::optional<NodeLoad> decode_load(const std::string & node, const std::string & json_text);
+//! Only text in `encode_load`'s own form (its keys in its order, no escapes, no bytes above
+//! ASCII, integers in range); nullopt for anything else, which may still be a valid report.
+std::optional<NodeLoad> decode_load_canonical(const std::string & node, const std::string & text);
+std::optional<NodeLoad> decode_load_json(const std::string & node, const std::string & json_text);
 //! A cell's aggregate (its leading brain's key in etcd) as JSON and back.
 std::string encode_cell_report(const CellReport & r);
 std::optional<CellReport> decode_cell_report(const std::string & cell, const std::string & json_text);

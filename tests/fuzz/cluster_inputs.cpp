@@ -20,6 +20,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     std::string error;
     if (!parse_cluster_config(in, error) && error.empty()) std::abort();  // a refusal says why
     if (!armada::sim::parse_scenario(in, error) && error.empty()) std::abort();
+    // The one-pass reader takes only what the JSON parser reads the same way.
+    if (auto fast = decode_load_canonical("n", in)) {
+        auto slow = decode_load_json("n", in);
+        if (!slow || !(*slow == *fast)) std::abort();
+    }
     if (auto l = decode_load("n", in)) {
         auto back = decode_load("n", encode_load(*l));
         if (back->free_seqs != l->free_seqs || back->kv_by_tenant != l->kv_by_tenant) std::abort();
