@@ -22,7 +22,15 @@ namespace {
 // written straight to text, in the bytes nlohmann::json's dump gives (keys in order, numbers
 // and strings as it writes them), without building a document first.
 void put_string(std::string & out, const std::string & s) {
-    out += json(s).dump();  // its escaping, and its refusal of text that is not UTF-8
+    // Printable ASCII without quotes or backslashes is dumped as it is; anything else takes
+    // nlohmann::json's escaping, and its refusal of text that is not UTF-8.
+    if (std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; })) {
+        out += '"';
+        out += s;
+        out += '"';
+        return;
+    }
+    out += json(s).dump();
 }
 
 void put_key(std::string & out, const char * k, bool & first) {

@@ -225,11 +225,11 @@ std::optional<std::vector<SessionRecord>> MemoryStore::open_sessions(const std::
     std::lock_guard lk(mu_);
     ++counts_.reads;
     if (down_) return std::nullopt;
-    std::vector<SessionRecord> out;
+    std::vector<const SessionRecord *> rows;
     const auto take = [&](const SessionRecord & r) {
         if (ended(ended_states, r.state) || r.cell != cell || (!node.empty() && r.node != node)) return;
         ++counts_.rows_scanned;  // as through the open-rows index: only the rows it returns
-        out.push_back(r);
+        rows.push_back(&r);
     };
     if (standard_ended(ended_states)) {
         if (auto c = open_.find(cell); c != open_.end()) {
@@ -248,8 +248,13 @@ std::optional<std::vector<SessionRecord>> MemoryStore::open_sessions(const std::
         for (const auto & [id, r] : sessions_)
             take(r);
     }
-    std::stable_sort(out.begin(), out.end(),
-                     [](const auto & a, const auto & b) { return a.created_ms < b.created_ms; });
+    // Ordered by creation, ties in the order they were found: sorted as pointers, copied once.
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const auto * a, const auto * b) { return a->created_ms < b->created_ms; });
+    std::vector<SessionRecord> out;
+    out.reserve(rows.size());
+    for (const SessionRecord * r : rows)
+        out.push_back(*r);
     return out;
 }
 
