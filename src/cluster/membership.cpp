@@ -161,10 +161,13 @@ class Canonical {
     //! A JSON number in its grammar, read as a double (as the parser's strtod reads it).
     bool number(double & out) {
         const char * q = p_;
-        if (q < e_ && *q == '-') ++q;
+        const bool neg = q < e_ && *q == '-';
+        if (neg) ++q;
         if (q == e_ || *q < '0' || *q > '9') return false;
         if (*q == '0') {
             ++q;
+            // "-0" alone is the integer 0 to the parser (+0.0 once read as a double), not -0.0.
+            if (neg && (q == e_ || (*q != '.' && *q != 'e' && *q != 'E'))) return false;
         } else {
             while (q < e_ && *q >= '0' && *q <= '9')
                 ++q;

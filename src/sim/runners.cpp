@@ -260,6 +260,10 @@ void Brain::keepalive() {
     switch (lease_step(w_.now(), lease_.renewed, last_beat_, leading, w_.s.lease_ttl_ms)) {
         case LeaseStep::Wait:
             return;
+        case LeaseStep::Lost:  // no renewal for a TTL (etcd hung): it stops leading and stands again anew
+            lease_.id = 0;
+            me_ = {};
+            return;
         case LeaseStep::GiveUp:
             if (!w_.kv_down) {
                 w_.kv.revoke(lease_.id);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace armada::elected_cases {
 
@@ -27,6 +28,14 @@ bool eventually(F cond, int ms) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return cond();
+}
+
+//! How many candidates stand in `election` now (-1: the store cannot say).
+inline int candidates(cluster::KvStore & kv, const std::string & election) {
+    std::vector<cluster::EtcdKv> kvs;
+    int64_t revision = 0;
+    if (!kv.list(election + "/", kvs, revision).empty()) return -1;
+    return int(kvs.size());
 }
 
 //! A healthy leader's loop: beats, checks its lead about every 100 ms.
@@ -64,7 +73,11 @@ inline void stalled_leader_hands_over(cluster::KvStore & kv_a, cluster::KvStore 
             a_still_after = a.still_leader(me, election);
         });
     });
-    ASSERT_TRUE(eventually([&] { return a_led.load() > 0; }, 15000)) << "a never led";
+    if (!eventually([&] { return a_led.load() > 0; }, 15000)) {
+        stop = true;  // joined before failing: a test thread left running would end the process
+        ta.join();
+        FAIL() << "a never led";
+    }
     std::thread tb([&] {
         b.run(election, "b", [&](const cluster::EtcdLeader & me) {
             b_led_at = now_ms();
@@ -110,12 +123,19 @@ inline void moving_leader_keeps_the_lead(cluster::KvStore & kv_a, cluster::KvSto
             }
         });
     });
-    ASSERT_TRUE(eventually([&] { return a_led.load() > 0; }, 15000));
+    if (!eventually([&] { return a_led.load() > 0; }, 15000)) {
+        stop = true;
+        ta.join();
+        FAIL() << "a never led";
+    }
     std::thread tb([&] { b.run(election, "b", [&](const cluster::EtcdLeader &) { ++b_led; }); });
+    // b stands behind a, so that the lead has somewhere to go.
+    const bool b_stood = eventually([&] { return candidates(kv_b, election) == 2; }, 5000);
     const bool moved = eventually([&] { return b_led.load() > 0 || a_lost_at.load() > 0; }, 3 * ttl_s * 1000);
     stop = true;
     ta.join();
     tb.join();
+    EXPECT_TRUE(b_stood) << "the standby never stood: nothing was tested";
     EXPECT_FALSE(moved);
     EXPECT_EQ(a.stalls(), 0);
 }
@@ -141,7 +161,11 @@ inline void stopped_leader_hands_over_at_once(cluster::KvStore & kv_a, cluster::
             healthy(a, me, election);
         });
     });
-    ASSERT_TRUE(eventually([&] { return a_leads.load(); }, 15000));
+    if (!eventually([&] { return a_leads.load(); }, 15000)) {
+        stop_a = true;
+        ta.join();
+        FAIL() << "a never led";
+    }
     std::thread tb([&] {
         b.run(election, "b", [&](const cluster::EtcdLeader & me) {
             b_led_at = now_ms();
@@ -149,7 +173,8 @@ inline void stopped_leader_hands_over_at_once(cluster::KvStore & kv_a, cluster::
             healthy(b, me, election);
         });
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // b stands behind a
+    const bool b_stood = eventually([&] { return candidates(kv_b, election) == 2; }, 5000);  // b behind a
+    EXPECT_TRUE(b_stood) << "the standby never stood: no handover to test";
     EXPECT_FALSE(b_leads.load());
     const int64_t stopped_at = now_ms();
     stop_a = true;

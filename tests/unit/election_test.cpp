@@ -51,13 +51,19 @@ TEST(Election, TheOldestCandidateLeadsAndItsCreationRevisionIsTheEpoch) {
     EXPECT_EQ(election_leader(kv, "/e", now), "no leader");
 }
 
-TEST(Election, ACandidacyUnderAnEndedLeaseIsRefused) {
+TEST(Election, ACandidacyUnderAnEndedLeaseOrNoLeaseIsRefused) {
     MemoryKv kv;
     const int64_t l = kv.grant();
     kv.revoke(l);
     EtcdLeader me;
     EXPECT_NE(stand(kv, "/e", "brain a", l, me), "");
     EXPECT_TRUE(me.key.empty());
+    // Without a lease the key would outlive its process and hold the election for good.
+    EXPECT_NE(stand(kv, "/e", "brain a", 0, me), "");
+    std::vector<EtcdKv> kvs;
+    int64_t rev = 0;
+    ASSERT_EQ(kv.list("/e/", kvs, rev), "");
+    EXPECT_TRUE(kvs.empty());
 }
 
 TEST(Election, AViewFollowsTheElectionAndIsUnknownWhileTheStoreIsDown) {
@@ -99,6 +105,10 @@ TEST(LeaseStep, RenewsEveryThirdOfTheTtlAndGivesUpAfterTheStallLimit) {
     // A standby has no loop to watch: it only renews.
     EXPECT_EQ(lease_step(60000, 59000, 0, false, ttl), LeaseStep::Renew);
     EXPECT_EQ(lease_step(60000, 59500, 0, false, ttl), LeaseStep::Wait);
+    // No renewal for a whole TTL: the lease may be gone, leading or not (checked before a stall).
+    EXPECT_EQ(lease_step(3000, 0, 2999, true, ttl), LeaseStep::Lost);
+    EXPECT_EQ(lease_step(3000, 0, 0, false, ttl), LeaseStep::Lost);
+    EXPECT_EQ(lease_step(2999, 0, 2999, true, ttl), LeaseStep::Renew);
     // A short TTL still renews at most every 300 ms.
     EXPECT_EQ(renew_every_ms(600), 300);
     EXPECT_EQ(lease_step(299, 0, 299, true, 600), LeaseStep::Wait);
@@ -133,12 +143,12 @@ class LiveKv {
 
 TEST(ElectedOnMemoryKv, ALeaderWhoseLoopStallsGivesUpTheLeadWithinOneTtlAndTheStandbyLeads) {
     LiveKv live;
-    elected_cases::stalled_leader_hands_over(live.kv, live.kv, "/e/stall", 1);
+    elected_cases::stalled_leader_hands_over(live.kv, live.kv, "/e/stall", 2);
 }
 
 TEST(ElectedOnMemoryKv, ALeaderWhoseLoopKeepsMovingKeepsTheLead) {
     LiveKv live;
-    elected_cases::moving_leader_keeps_the_lead(live.kv, live.kv, "/e/steady", 1);
+    elected_cases::moving_leader_keeps_the_lead(live.kv, live.kv, "/e/steady", 2);
 }
 
 TEST(ElectedOnMemoryKv, AStoppedLeaderHandsOverAtOnce) {
@@ -152,7 +162,7 @@ TEST(ElectedOnMemoryKv, ALeaderWhoseKeyVanishesStopsLeadingAndStandsAgain) {
     LiveKv live;
     const auto before = live.kv.snapshot();
     std::atomic<bool> stop{false};
-    Elected a(live.kv, 1, "brain a", [&](int ms) {
+    Elected a(live.kv, 2, "brain a", [&](int ms) {
         elected_cases::eventually([&] { return stop.load(); }, ms);
         return stop.load();
     });
@@ -164,11 +174,79 @@ TEST(ElectedOnMemoryKv, ALeaderWhoseKeyVanishesStopsLeadingAndStandsAgain) {
             elected_cases::healthy(a, me, "/e/restore");
         });
     });
-    ASSERT_TRUE(elected_cases::eventually([&] { return terms.load() == 1; }, 5000));
+    if (!elected_cases::eventually([&] { return terms.load() == 1; }, 5000)) {
+        stop = true;
+        t.join();
+        FAIL() << "a never led";
+    }
     live.kv.restore(before);
-    const bool again = elected_cases::eventually([&] { return terms.load() == 2; }, 5000);
+    const bool again = elected_cases::eventually([&] { return terms.load() == 2; }, 8000);
     stop = true;
     t.join();
     ASSERT_TRUE(again) << "the leader never noticed its key had gone";
     EXPECT_NE(first_lease.load(), second_lease.load());
+}
+
+namespace {
+
+//! The store as a process cut off from etcd's lease renewals but not from its watches (a slow or
+//! partitioned keep-alive): every renewal fails while `drop` is set; all else goes through.
+class NoRenewals final : public KvStore {
+  public:
+    explicit NoRenewals(KvStore & inner) : in_(inner) {}
+    std::atomic<bool> drop{false};
+    std::string get(const std::string & k, std::optional<EtcdKv> & o) override { return in_.get(k, o); }
+    std::string list(const std::string & p, std::vector<EtcdKv> & o, int64_t & r) override { return in_.list(p, o, r); }
+    std::string put(const std::string & k, const std::string & v, int64_t l) override { return in_.put(k, v, l); }
+    std::string erase(const std::string & k) override { return in_.erase(k); }
+    std::string txn(const std::vector<EtcdCompare> & c, const std::vector<std::pair<std::string, std::string>> & p,
+                    bool & ok, int64_t & r) override {
+        return in_.txn(c, p, ok, r);
+    }
+    std::unique_ptr<KvWatch> watch(const std::string & p, int64_t from) override { return in_.watch(p, from); }
+    std::string status(EtcdStatus & o, bool & a) override { return in_.status(o, a); }
+    std::string lease_grant(int64_t ttl, int64_t & l) override { return in_.lease_grant(ttl, l); }
+    std::string lease_keepalive(int64_t l, bool & alive) override {
+        return drop.load() ? "the renewal timed out" : in_.lease_keepalive(l, alive);
+    }
+    std::string lease_revoke(int64_t l) override { return in_.lease_revoke(l); }
+
+  private:
+    KvStore & in_;
+};
+
+}  // namespace
+
+TEST(ElectedOnMemoryKv, ALeaderWhoseRenewalsFailStopsLeadingWithinOneTtl) {
+    // Its watch still shows its own key as the oldest (this store never ends a lease by itself),
+    // so only the renewals that did not get through can tell it that etcd may have ended its lease.
+    MemoryKv kv;  // no clock: leases end only when revoked
+    NoRenewals cut(kv);
+    std::atomic<bool> stop{false};
+    Elected a(cut, 2, "brain a", [&](int ms) {
+        elected_cases::eventually([&] { return stop.load(); }, ms);
+        return stop.load();
+    });
+    std::atomic<int> terms{0};
+    std::atomic<int64_t> ended_at{0};
+    std::thread t([&] {
+        a.run("/e/cut", "a", [&](const EtcdLeader & me) {
+            ++terms;
+            elected_cases::healthy(a, me, "/e/cut");
+            if (ended_at.load() == 0) ended_at = elected_cases::now_ms();
+        });
+    });
+    if (!elected_cases::eventually([&] { return terms.load() == 1; }, 5000)) {
+        stop = true;
+        t.join();
+        FAIL() << "a never led";
+    }
+    const int64_t cut_at = elected_cases::now_ms();
+    cut.drop = true;
+    const bool ended = elected_cases::eventually([&] { return ended_at.load() > 0; }, 6000);
+    stop = true;
+    t.join();
+    ASSERT_TRUE(ended) << "a leader whose lease could not be renewed went on leading";
+    // Its last renewal was before the cut: it stops within a TTL of the cut (and a check).
+    EXPECT_LE(ended_at.load() - cut_at, 2000 + 500) << "it led past the time etcd may have ended its lease";
 }

@@ -163,7 +163,7 @@ void Elected::keep_lease() {
         if (l == 0) continue;
         if (l != held) {  // granted just now
             held = l;
-            renewed = brain_now_ms();
+            renewed = renewed_ms_.load();  // run() set it when it asked for the grant
         }
         // leading_ first: run() beats before it sets it, so a fresh leadership reads a fresh beat.
         const bool leading = leading_.load();
@@ -187,6 +187,14 @@ void Elected::keep_lease() {
                 }
                 break;
             }
+            case LeaseStep::Lost: {
+                // No renewal got through for a whole TTL: etcd may have ended the lease, and a
+                // standby may lead. Whatever the store says later, this process stops leading now.
+                spdlog::warn("{}: the brain's lease was not renewed for {} ms; taking a new one", what_, now - renewed);
+                int64_t expect = l;
+                lease_.compare_exchange_strong(expect, 0);
+                break;
+            }
             case LeaseStep::Renew: {
                 bool alive = false;
                 if (const std::string e = kv_.lease_keepalive(l, alive); !e.empty()) {
@@ -197,6 +205,7 @@ void Elected::keep_lease() {
                     lease_.compare_exchange_strong(expect, 0);
                 } else {
                     renewed = now;
+                    renewed_ms_ = renewed;
                 }
                 break;
             }
@@ -239,6 +248,7 @@ std::string Elected::campaign(const std::string & election, const std::string & 
     // again) on a stop, when the lease it stands under went (its key went with it), or after a
     // while; stop signals are taken throughout.
     const int64_t lease = lease_.load();
+    if (lease == 0) return "not elected yet";  // the keep-alive dropped it just now: take a new one
     if (auto e = stand(kv_, election, name, lease, me); !e.empty()) return e;
     ElectionView view(kv_, election);
     const int64_t until = brain_now_ms() + kCampaignMs;
@@ -250,6 +260,7 @@ std::string Elected::campaign(const std::string & election, const std::string & 
             continue;
         }
         if (const auto l = view.leader(); l && l->key == me.key) return {};
+        if (!view.holds(me.key)) break;  // its key went (a restore) while its lease lives: stand again
     }
     return "not elected yet";
 }
@@ -270,7 +281,10 @@ bool Elected::claim_store(store::Store & st, const std::string & election, const
 }
 
 bool Elected::still_leader(const EtcdLeader & me, const std::string & election) {
-    if (lease_.load() != me.lease && me.lease != 0) return false;
+    if (me.lease == 0 || lease_.load() != me.lease) return false;
+    // A renewal that has not got through for a TTL (the keep-alive may be blocked in the call):
+    // etcd may have ended the lease already.
+    if (brain_now_ms() - renewed_ms_.load() >= int64_t(ttl_s_) * 1000) return false;
     {
         std::lock_guard lk(seen_mu_);
         if (observing_ && seen_key_ == me.key) return true;
@@ -295,11 +309,13 @@ void Elected::run(const std::string & election, const std::string & name,
     while (!stopping()) {
         if (lease_.load() == 0) {
             int64_t l = 0;
+            const int64_t asked = brain_now_ms();  // etcd keeps the lease at least a TTL from here
             if (auto e = kv_.lease_grant(int64_t(ttl_s_) * 1000, l); !e.empty()) {
                 spdlog::warn("{}: no lease from etcd: {}; retrying", what_, e);
                 if (wait_signal(jitter())) break;
                 continue;
             }
+            renewed_ms_ = asked;  // before lease_: still_leader and the keep-alive read both
             lease_ = l;
         }
         EtcdLeader me;

@@ -88,6 +88,7 @@ class Elected {
     std::atomic<int64_t> lease_{0};
     std::atomic<bool> leading_{false};
     std::atomic<int64_t> beat_ms_{0};
+    std::atomic<int64_t> renewed_ms_{0};  // when the lease held now was last renewed (its grant first)
     std::atomic<int64_t> stalls_{0};
     std::atomic<bool> quit_{false};
     std::thread keepalive_;

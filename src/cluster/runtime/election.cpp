@@ -21,6 +21,7 @@ std::optional<EtcdLeader> oldest_candidate(const std::string & election, const s
 
 std::string stand(KvStore & kv, const std::string & election, const std::string & value, int64_t lease,
                   EtcdLeader & me) {
+    if (lease == 0) return "a candidacy needs a lease";  // a key without one would outlive its process
     const std::string key = election_key(election, lease);
     if (auto e = kv.put(key, value, lease); !e.empty()) return e;
     std::optional<EtcdKv> got;
@@ -90,6 +91,7 @@ int64_t stall_limit_of(int64_t ttl_ms) {
 }
 
 LeaseStep lease_step(int64_t now_ms, int64_t renewed_ms, int64_t beat_ms, bool leading, int64_t ttl_ms) {
+    if (now_ms - renewed_ms >= ttl_ms) return LeaseStep::Lost;
     if (leading && now_ms - beat_ms > stall_limit_of(ttl_ms)) return LeaseStep::GiveUp;
     if (now_ms - renewed_ms >= renew_every_ms(ttl_ms)) return LeaseStep::Renew;
     return LeaseStep::Wait;

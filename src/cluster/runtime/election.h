@@ -45,6 +45,8 @@ class ElectionView {
     bool refresh(int wait_ms, std::string & error);
     //! The leader, as of the last refresh.
     std::optional<EtcdLeader> leader() const { return up_ ? oldest_ : std::nullopt; }
+    //! Whether `key` stands, as of the last refresh (false while the view is unknown).
+    bool holds(const std::string & key) const { return up_ && keys_.count(key) > 0; }
     bool up() const { return up_; }
 
   private:
@@ -56,12 +58,14 @@ class ElectionView {
     bool up_ = false;
 };
 
-//! What a leader's keep-alive does at `now_ms`, given when its lease was last renewed, when the
-//! leader's loop last beat, and whether it leads: renew the lease every third of its TTL (at
-//! least every 300 ms apart), and give it up once a leading loop has gone quiet for the stall
-//! limit, so that a standby leads within one TTL of the last beat. Pure: `Elected`'s keep-alive
-//! thread and the simulator's brains both ask it.
-enum class LeaseStep { Wait, Renew, GiveUp };
+//! What a leader's keep-alive does at `now_ms`, given when its lease was last renewed (the time
+//! the renewal was sent: etcd keeps the lease at least a TTL from then), when the leader's loop
+//! last beat, and whether it leads: renew the lease every third of its TTL (at least every 300
+//! ms apart); give it up once a leading loop has gone quiet for the stall limit, so that a
+//! standby leads within one TTL of the last beat; and count it lost once a whole TTL has passed
+//! without a renewal (etcd may have ended it: whoever holds it must stop leading). Pure:
+//! `Elected`'s keep-alive thread and the simulator's brains both ask it.
+enum class LeaseStep { Wait, Renew, GiveUp, Lost };
 LeaseStep lease_step(int64_t now_ms, int64_t renewed_ms, int64_t beat_ms, bool leading, int64_t ttl_ms);
 //! How often a lease of `ttl_ms` is renewed.
 int64_t renew_every_ms(int64_t ttl_ms);
