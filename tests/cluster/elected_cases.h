@@ -30,6 +30,14 @@ bool eventually(F cond, int ms) {
     return cond();
 }
 
+//! A brain's stop signal: set `stop` to stop it.
+inline cluster::Elected::WaitStop stopped_by(std::atomic<bool> & stop) {
+    return [&stop](int ms) {
+        eventually([&] { return stop.load(); }, ms);
+        return stop.load();
+    };
+}
+
 //! How many candidates stand in `election` now (-1: the store cannot say).
 inline int candidates(cluster::KvStore & kv, const std::string & election) {
     std::vector<cluster::EtcdKv> kvs;
@@ -51,12 +59,8 @@ inline void healthy(cluster::Elected & e, const cluster::EtcdLeader & me, const 
 inline void stalled_leader_hands_over(cluster::KvStore & kv_a, cluster::KvStore & kv_b, const std::string & election,
                                       int ttl_s) {
     std::atomic<bool> stop{false};
-    const auto wait_stop = [&](int ms) {
-        eventually([&] { return stop.load(); }, ms);
-        return stop.load();
-    };
-    cluster::Elected a(kv_a, ttl_s, "brain a", wait_stop);
-    cluster::Elected b(kv_b, ttl_s, "brain b", wait_stop);
+    cluster::Elected a(kv_a, ttl_s, "brain a", stopped_by(stop));
+    cluster::Elected b(kv_b, ttl_s, "brain b", stopped_by(stop));
 
     std::atomic<int> a_led{0};
     std::atomic<bool> b_leads{false}, a_still_after{true};
@@ -103,12 +107,8 @@ inline void stalled_leader_hands_over(cluster::KvStore & kv_a, cluster::KvStore 
 inline void moving_leader_keeps_the_lead(cluster::KvStore & kv_a, cluster::KvStore & kv_b, const std::string & election,
                                          int ttl_s) {
     std::atomic<bool> stop{false};
-    const auto wait_stop = [&](int ms) {
-        eventually([&] { return stop.load(); }, ms);
-        return stop.load();
-    };
-    cluster::Elected a(kv_a, ttl_s, "brain a", wait_stop);
-    cluster::Elected b(kv_b, ttl_s, "brain b", wait_stop);
+    cluster::Elected a(kv_a, ttl_s, "brain a", stopped_by(stop));
+    cluster::Elected b(kv_b, ttl_s, "brain b", stopped_by(stop));
     std::atomic<int> a_led{0}, b_led{0};
     std::atomic<int64_t> a_lost_at{0};
     std::thread ta([&] {
@@ -145,14 +145,8 @@ inline void moving_leader_keeps_the_lead(cluster::KvStore & kv_a, cluster::KvSto
 inline void stopped_leader_hands_over_at_once(cluster::KvStore & kv_a, cluster::KvStore & kv_b,
                                               const std::string & election, int ttl_s) {
     std::atomic<bool> stop_a{false}, stop_b{false};
-    cluster::Elected a(kv_a, ttl_s, "brain a", [&](int ms) {
-        eventually([&] { return stop_a.load(); }, ms);
-        return stop_a.load();
-    });
-    cluster::Elected b(kv_b, ttl_s, "brain b", [&](int ms) {
-        eventually([&] { return stop_b.load(); }, ms);
-        return stop_b.load();
-    });
+    cluster::Elected a(kv_a, ttl_s, "brain a", stopped_by(stop_a));
+    cluster::Elected b(kv_b, ttl_s, "brain b", stopped_by(stop_b));
     std::atomic<bool> a_leads{false}, b_leads{false};
     std::atomic<int64_t> b_led_at{0};
     std::thread ta([&] {

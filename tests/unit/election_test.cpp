@@ -162,10 +162,7 @@ TEST(ElectedOnMemoryKv, ALeaderWhoseKeyVanishesStopsLeadingAndStandsAgain) {
     LiveKv live;
     const auto before = live.kv.snapshot();
     std::atomic<bool> stop{false};
-    Elected a(live.kv, 2, "brain a", [&](int ms) {
-        elected_cases::eventually([&] { return stop.load(); }, ms);
-        return stop.load();
-    });
+    Elected a(live.kv, 2, "brain a", elected_cases::stopped_by(stop));
     std::atomic<int> terms{0};
     std::atomic<int64_t> first_lease{0}, second_lease{0};
     std::thread t([&] {
@@ -223,10 +220,7 @@ TEST(ElectedOnMemoryKv, ALeaderWhoseRenewalsFailStopsLeadingWithinOneTtl) {
     MemoryKv kv;  // no clock: leases end only when revoked
     NoRenewals cut(kv);
     std::atomic<bool> stop{false};
-    Elected a(cut, 2, "brain a", [&](int ms) {
-        elected_cases::eventually([&] { return stop.load(); }, ms);
-        return stop.load();
-    });
+    Elected a(cut, 2, "brain a", elected_cases::stopped_by(stop));
     std::atomic<int> terms{0};
     std::atomic<int64_t> ended_at{0};
     std::thread t([&] {
