@@ -38,6 +38,17 @@ inline cluster::Elected::WaitStop stopped_by(std::atomic<bool> & stop) {
     };
 }
 
+//! Waits up to 15 s for `led`; if it never holds, stops and joins `t` (a test thread left running
+//! would end the process) and records the failure. The caller returns on false.
+template <class F>
+bool first_leads(F led, std::atomic<bool> & stop, std::thread & t) {
+    if (eventually(led, 15000)) return true;
+    stop = true;
+    t.join();
+    ADD_FAILURE() << "a never led";
+    return false;
+}
+
 //! How many candidates stand in `election` now (-1: the store cannot say).
 inline int candidates(cluster::KvStore & kv, const std::string & election) {
     std::vector<cluster::EtcdKv> kvs;
@@ -77,11 +88,7 @@ inline void stalled_leader_hands_over(cluster::KvStore & kv_a, cluster::KvStore 
             a_still_after = a.still_leader(me, election);
         });
     });
-    if (!eventually([&] { return a_led.load() > 0; }, 15000)) {
-        stop = true;  // joined before failing: a test thread left running would end the process
-        ta.join();
-        FAIL() << "a never led";
-    }
+    if (!first_leads([&] { return a_led.load() > 0; }, stop, ta)) return;
     std::thread tb([&] {
         b.run(election, "b", [&](const cluster::EtcdLeader & me) {
             b_led_at = now_ms();
@@ -123,11 +130,7 @@ inline void moving_leader_keeps_the_lead(cluster::KvStore & kv_a, cluster::KvSto
             }
         });
     });
-    if (!eventually([&] { return a_led.load() > 0; }, 15000)) {
-        stop = true;
-        ta.join();
-        FAIL() << "a never led";
-    }
+    if (!first_leads([&] { return a_led.load() > 0; }, stop, ta)) return;
     std::thread tb([&] { b.run(election, "b", [&](const cluster::EtcdLeader &) { ++b_led; }); });
     // b stands behind a, so that the lead has somewhere to go.
     const bool b_stood = eventually([&] { return candidates(kv_b, election) == 2; }, 5000);
@@ -155,11 +158,7 @@ inline void stopped_leader_hands_over_at_once(cluster::KvStore & kv_a, cluster::
             healthy(a, me, election);
         });
     });
-    if (!eventually([&] { return a_leads.load(); }, 15000)) {
-        stop_a = true;
-        ta.join();
-        FAIL() << "a never led";
-    }
+    if (!first_leads([&] { return a_leads.load(); }, stop_a, ta)) return;
     std::thread tb([&] {
         b.run(election, "b", [&](const cluster::EtcdLeader & me) {
             b_led_at = now_ms();

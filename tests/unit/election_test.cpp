@@ -171,11 +171,7 @@ TEST(ElectedOnMemoryKv, ALeaderWhoseKeyVanishesStopsLeadingAndStandsAgain) {
             elected_cases::healthy(a, me, "/e/restore");
         });
     });
-    if (!elected_cases::eventually([&] { return terms.load() == 1; }, 5000)) {
-        stop = true;
-        t.join();
-        FAIL() << "a never led";
-    }
+    if (!elected_cases::first_leads([&] { return terms.load() == 1; }, stop, t)) return;
     live.kv.restore(before);
     const bool again = elected_cases::eventually([&] { return terms.load() == 2; }, 8000);
     stop = true;
@@ -230,11 +226,7 @@ TEST(ElectedOnMemoryKv, ALeaderWhoseRenewalsFailStopsLeadingWithinOneTtl) {
             if (ended_at.load() == 0) ended_at = elected_cases::now_ms();
         });
     });
-    if (!elected_cases::eventually([&] { return terms.load() == 1; }, 5000)) {
-        stop = true;
-        t.join();
-        FAIL() << "a never led";
-    }
+    if (!elected_cases::first_leads([&] { return terms.load() == 1; }, stop, t)) return;
     const int64_t cut_at = elected_cases::now_ms();
     cut.drop = true;
     const bool ended = elected_cases::eventually([&] { return ended_at.load() > 0; }, 6000);
