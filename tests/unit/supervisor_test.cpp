@@ -148,3 +148,30 @@ TEST(Supervisor, CarriesOutARolloutsRestartAndAcknowledgesItInEtcd) {
     ASSERT_TRUE(ack);
     EXPECT_NE(decode_restart_ack(ack->value)->error.find("no node named zz"), std::string::npos);
 }
+
+TEST(Supervisor, RestartRequestsAreFollowedByAWatchNotReadAgainAtRest) {
+    MemoryKv kv;
+    ManualClock clock;
+    const ClusterKeys keys("/armada");
+    RestartRequests reqs(kv, "/armada", {"n1"}, clock);
+    ASSERT_TRUE(reqs.poll());  // the first list
+    const int64_t calls = kv.calls();
+    for (int i = 0; i < 20; ++i) {
+        clock.advance(1000);
+        ASSERT_TRUE(reqs.poll());
+    }
+    EXPECT_EQ(kv.calls(), calls) << "20 s at rest read the store again";
+    RestartRequest r;
+    r.node = "n1";
+    r.gen = 1;
+    r.version = "v2";
+    ASSERT_EQ(kv.put(keys.restart_request("n1"), encode_restart_request(r, "r1"), 0), "");
+    ASSERT_TRUE(reqs.poll());
+    ASSERT_EQ(reqs.requests().count("n1"), 1u) << "a request put after the first list is seen through the watch";
+    EXPECT_EQ(reqs.requests()["n1"].version, "v2");
+    // Once a minute it lists afresh (a watch whose connection died without a word).
+    clock.advance(60000);
+    const int64_t before = kv.calls();
+    ASSERT_TRUE(reqs.poll());
+    EXPECT_GT(kv.calls(), before);
+}

@@ -10,8 +10,16 @@ namespace armada::cluster {
 
 // ---- RestartRequests ----
 
-RestartRequests::RestartRequests(KvStore & kv, std::string prefix, std::set<std::string> nodes)
-    : kv_(kv), keys_(std::move(prefix)), nodes_(std::move(nodes)) {}
+namespace {
+constexpr int kRestartsWaitMs = 250;          // the longest an acknowledgement waits to go out
+constexpr int64_t kRestartsRelistMs = 60000;  // a fresh list now and then (a silently dead watch)
+}  // namespace
+
+RestartRequests::RestartRequests(KvStore & kv, std::string prefix, std::set<std::string> nodes, Clock & clock)
+    : kv_(kv),
+      keys_(std::move(prefix)),
+      nodes_(std::move(nodes)),
+      informer_(kv, keys_.rollout() + "restart/", clock, kRestartsRelistMs) {}
 
 RestartRequests::~RestartRequests() {
     {
@@ -28,9 +36,12 @@ void RestartRequests::start() {
         std::unique_lock lk(mu_);
         while (!stop_) {
             lk.unlock();
-            poll();
+            // While the watch is up, the wait is on it: etcd is not read again at rest.
+            const bool up = poll(kRestartsWaitMs);
             lk.lock();
-            cv_.wait_for(lk, std::chrono::seconds(1), [&] { return stop_ || !acks_.empty(); });
+            const auto pause =
+                std::chrono::milliseconds(up ? 0 : std::clamp<int64_t>(informer_.retry_in_ms(), kRestartsWaitMs, 1000));
+            cv_.wait_for(lk, pause, [&] { return stop_ || !acks_.empty(); });
         }
     });
 }
@@ -48,7 +59,7 @@ void RestartRequests::ack(const std::string & node, const RestartAck & a) {
     cv_.notify_all();
 }
 
-void RestartRequests::poll() {
+bool RestartRequests::poll(int wait_ms) {
     std::map<std::string, RestartAck> acks;
     {
         std::lock_guard lk(mu_);
@@ -61,11 +72,12 @@ void RestartRequests::poll() {
             unsent[node] = a;
         }
     }
-    std::vector<EtcdKv> kvs;
-    int64_t rev = 0;
+    std::vector<EtcdEvent> changes;
+    std::string error;
+    const bool read = informer_.poll(changes, unsent.empty() ? wait_ms : 0, error);
+    if (!read && informer_.list_failed()) spdlog::debug("cluster up: restart requests: {}", error);
     std::map<std::string, RestartRequest> got;
-    const bool read = kv_.list(keys_.rollout() + "restart/", kvs, rev).empty();
-    for (const auto & kv : kvs) {
+    for (const auto & [key, kv] : informer_.view()) {
         const auto k = keys_.parse(kv.key);
         if (k.kind != ClusterKeys::Parsed::Kind::RestartRequest) continue;
         const std::string & node = k.name;
@@ -94,6 +106,7 @@ void RestartRequests::poll() {
     for (auto & [node, a] : unsent)
         acks_.try_emplace(node, a);
     if (read) requests_ = std::move(got);
+    return read;
 }
 
 // ---- Supervisor ----

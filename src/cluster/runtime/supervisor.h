@@ -9,6 +9,7 @@
 #include "cluster/restarter.h"
 #include "cluster/runtime/backoff.h"
 #include "cluster/runtime/clock.h"
+#include "cluster/runtime/informer.h"
 #include "cluster/runtime/keys.h"
 #include "cluster/runtime/kv.h"
 
@@ -52,17 +53,19 @@ class Launcher {
     virtual std::unique_ptr<ProcessHandle> spawn(const SupervisedProc & p, std::string & error) = 0;
 };
 
-//! Rollouts' restart requests, read from the key-value store, and the acknowledgements written
-//! back. `poll` does one round; `start` runs rounds on a thread of its own (a call can block for
-//! seconds; the supervising loop must not).
+//! Rollouts' restart requests, followed in the key-value store (a list, then a watch: no reads at
+//! rest), and the acknowledgements written back. `poll` does one round; `start` runs rounds on a
+//! thread of its own (a call can block for seconds; the supervising loop must not).
 class RestartRequests {
   public:
-    RestartRequests(KvStore & kv, std::string prefix, std::set<std::string> nodes);
+    RestartRequests(KvStore & kv, std::string prefix, std::set<std::string> nodes, Clock & clock = real_clock());
     ~RestartRequests();
     RestartRequests(const RestartRequests &) = delete;
     RestartRequests & operator=(const RestartRequests &) = delete;
     void start();
-    void poll();
+    //! Sends the acknowledgements waiting, then brings the requests up to date, waiting up to
+    //! `wait_ms` for a change. False while the requests cannot be read (the last ones stay).
+    bool poll(int wait_ms = 0);
     //! The latest request per node of ours.
     std::map<std::string, RestartRequest> requests();
     void ack(const std::string & node, const RestartAck & a);
@@ -71,6 +74,7 @@ class RestartRequests {
     KvStore & kv_;
     ClusterKeys keys_;
     std::set<std::string> nodes_;
+    Informer informer_;  // the request keys (acknowledgements live elsewhere)
     std::map<std::string, int64_t> refused_;
     std::map<std::string, int64_t> baseline_;  // node → the gen of a request older than this process
     bool first_read_ = true;
