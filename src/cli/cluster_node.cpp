@@ -60,7 +60,8 @@ std::string ClusterNode::start() {
     cmds_ = std::make_unique<cluster::ConsumerInbox>(std::move(consumer));
     bus_ = std::make_unique<cluster::JetStreamBus>(*js_);
     membership_ = std::make_unique<cluster::NodeMembership>(
-        cluster::make_etcd(cfg_), cluster::node_key(cfg_, cell_, node_), cfg_.lease_ttl_s, cfg_.report_ms, [this] {
+        std::make_shared<cluster::EtcdKvStore>(cluster::make_etcd(cfg_)), cluster::node_key(cfg_, cell_, node_),
+        cfg_.lease_ttl_s, cfg_.report_ms, [this] {
             auto l = load_();
             l.node = node_;
             return l;

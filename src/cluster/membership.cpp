@@ -1,5 +1,7 @@
 #include "cluster/membership.h"
 
+#include "cluster/runtime/election.h"
+
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
@@ -403,9 +405,14 @@ std::optional<Shares> decode_shares(const std::string & text) {
     return s;
 }
 
+NodeMembership::NodeMembership(std::shared_ptr<KvStore> kv, std::string key, int ttl_s, int report_ms,
+                               std::function<NodeLoad()> load)
+    : kv_(std::move(kv)), key_(std::move(key)), ttl_s_(ttl_s), report_ms_(report_ms), load_(std::move(load)) {}
+
 NodeMembership::NodeMembership(EtcdClient etcd, std::string key, int ttl_s, int report_ms,
                                std::function<NodeLoad()> load)
-    : etcd_(std::move(etcd)), key_(std::move(key)), ttl_s_(ttl_s), report_ms_(report_ms), load_(std::move(load)) {}
+    : NodeMembership(std::make_shared<EtcdKvStore>(std::move(etcd)), std::move(key), ttl_s, report_ms,
+                     std::move(load)) {}
 
 NodeMembership::~NodeMembership() {
     stop();
@@ -413,6 +420,7 @@ NodeMembership::~NodeMembership() {
 
 void NodeMembership::start() {
     thread_ = std::thread([this] { run(); });
+    renew_thread_ = std::thread([this] { renew(); });
 }
 
 void NodeMembership::stop() {
@@ -423,13 +431,15 @@ void NodeMembership::stop() {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+    if (renew_thread_.joinable()) renew_thread_.join();
     *current_until_ms_ = 0;
-    if (const int64_t l = lease_.exchange(0); l != 0) etcd_.revoke(l);
+    if (const int64_t l = lease_.exchange(0); l != 0) kv_->lease_revoke(l);
 }
 
-bool NodeMembership::pause(int ms) {
+bool NodeMembership::pause(int ms, bool until_lost) {
     std::unique_lock lk(mu_);
-    return !cv_.wait_for(lk, std::chrono::milliseconds(ms), [&] { return stop_; });
+    cv_.wait_for(lk, std::chrono::milliseconds(ms), [&] { return stop_ || (until_lost && lease_.load() == 0); });
+    return !stop_;
 }
 
 namespace {
@@ -443,18 +453,25 @@ bool lease_current(const std::atomic<int64_t> & until_ms) {
     return steady_ms() < until_ms.load();
 }
 
+int NodeMembership::renew_period_ms() const {
+    return int(std::min<int64_t>(report_ms_, renew_every_ms(int64_t(ttl_s_) * 1000)));
+}
+
 void NodeMembership::run() {
     std::mt19937 rng(std::random_device{}());
     // A random pause of 0.5..1.5 times `ms`, for every retry and re-registration.
     auto jitter = [&](int ms) { return std::uniform_int_distribution<int>(ms / 2, ms + ms / 2)(rng); };
     int backoff = 500;
-    auto last_renewal = std::chrono::steady_clock::now();
+    int64_t had = 0;  // the lease it registered last
     for (;;) {
         if (lease_.load() == 0) {
+            // It was lost: nodes that lost theirs together (an etcd restored) do not join in step.
+            if (had != 0 && !pause(jitter(1000))) return;
+            had = 0;
             int64_t lease = 0;
             const int64_t sent_ms = steady_ms();
-            std::string e = etcd_.grant(ttl_s_, lease);
-            if (e.empty()) e = etcd_.put(key_, encode_load(numbered()), lease);
+            std::string e = kv_->lease_grant(int64_t(ttl_s_) * 1000, lease);
+            if (e.empty()) e = kv_->put(key_, encode_load(numbered()), lease);
             if (!e.empty()) {
                 spdlog::warn("cluster: cannot register {} in etcd: {}; retrying", key_, e);
                 if (!pause(jitter(backoff))) return;
@@ -462,38 +479,55 @@ void NodeMembership::run() {
                 continue;
             }
             backoff = 500;
-            lease_ = lease;
             *current_until_ms_ = sent_ms + int64_t(ttl_s_) * 1000;
+            lease_ = had = lease;
             const int n = ++registrations_;
             spdlog::info("cluster: {} {} (lease {:x}, ttl {} s)", n == 1 ? "joined as" : "joined again as", key_, lease,
                          ttl_s_);
-            last_renewal = std::chrono::steady_clock::now();
         }
-        if (!pause(report_ms_)) return;
-        int64_t ttl = 0;
+        if (!pause(report_ms_, true)) return;  // woken early when the lease is found gone
+        const int64_t l = lease_.load();
+        if (l == 0) continue;
+        // Slow or failing reports leave the lease alone: the renewals go on beside them.
+        if (auto e = kv_->put(key_, encode_load(numbered()), l); !e.empty())
+            spdlog::warn("cluster: load report for {} failed: {}", key_, e);
+    }
+}
+
+void NodeMembership::renew() {
+    const int period = renew_period_ms();
+    int64_t held = 0, last_renewal = 0;
+    while (pause(period)) {
+        const int64_t l = lease_.load();
+        if (l == 0) continue;
+        if (l != held) {  // joined just now
+            held = l;
+            last_renewal = steady_ms();
+        }
+        bool alive = false;
         const int64_t sent_ms = steady_ms();
-        std::string e = etcd_.keepalive(lease_.load(), ttl);
-        if (e.empty() && ttl > 0) *current_until_ms_ = sent_ms + ttl * 1000;
-        // Heartbeat anomalies, for rollouts' gates: a renewal that failed, one late by over
-        // twice the report period (the process or its host stalled), a lease found gone.
-        if (!e.empty()) {
+        // Heartbeat anomalies, for rollouts' gates: a renewal that failed, one late by over twice
+        // its period (the process or its host stalled), a lease found gone.
+        if (const std::string e = kv_->lease_keepalive(l, alive); !e.empty()) {
             renew_failed_++;
-        } else if (ttl > 0) {
-            const auto now = std::chrono::steady_clock::now();
-            if (now - last_renewal > std::chrono::milliseconds(2 * report_ms_ + 500)) renew_late_++;
-            last_renewal = now;
-        }
-        if (e.empty() && ttl <= 0) {
-            lease_lost_++;
-            spdlog::warn("cluster: lease of {} expired (the node was away longer than {} s); joining again", key_,
-                         ttl_s_);
-            lease_ = 0;
-            *current_until_ms_ = 0;
-            if (!pause(jitter(1000))) return;
+            spdlog::debug("cluster: renewing the lease of {}: {}", key_, e);
             continue;
         }
-        if (e.empty()) e = etcd_.put(key_, encode_load(numbered()), lease_.load());
-        if (!e.empty()) spdlog::warn("cluster: load report for {} failed: {}", key_, e);
+        if (alive) {
+            const int64_t now = steady_ms();
+            *current_until_ms_ = sent_ms + int64_t(ttl_s_) * 1000;
+            if (now - last_renewal > 2 * period + 500) renew_late_++;
+            last_renewal = now;
+            continue;
+        }
+        lease_lost_++;
+        spdlog::warn("cluster: lease of {} expired (the node was away longer than {} s); joining again", key_, ttl_s_);
+        {
+            std::lock_guard lk(mu_);
+            int64_t expect = l;
+            if (lease_.compare_exchange_strong(expect, 0)) *current_until_ms_ = 0;
+        }
+        cv_.notify_all();  // the reporter joins again
     }
 }
 

@@ -3,6 +3,7 @@
 #include "cluster/cell_brain.h"
 #include "cluster/etcd.h"
 #include "cluster/global_brain.h"
+#include "cluster/runtime/kv.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -50,8 +51,14 @@ bool lease_current(const std::atomic<int64_t> & until_ms);
 //! hand (or a node that is gone) never receives the node's API key.
 std::string member_url(EtcdClient & etcd, const std::string & node_key, const std::string & node, std::string & why);
 
+//! A node's membership of its cell: its key under a lease, with its load in it. The lease is
+//! renewed on a thread of its own, every third of the TTL (at most every report), so a report
+//! that is slow to build or to write (etcd just restarted, a token being renewed) never delays a
+//! renewal past the TTL.
 class NodeMembership {
   public:
+    NodeMembership(std::shared_ptr<KvStore> kv, std::string key, int ttl_s, int report_ms,
+                   std::function<NodeLoad()> load);
     NodeMembership(EtcdClient etcd, std::string key, int ttl_s, int report_ms, std::function<NodeLoad()> load);
     ~NodeMembership();
     void start();
@@ -68,10 +75,13 @@ class NodeMembership {
     void share_clock(LeaseClock c) { current_until_ms_ = std::move(c); }
 
   private:
-    void run();
-    bool pause(int ms);  // false when stopping
+    void run();    // registers, and reports the load
+    void renew();  // keeps the lease
+    //! False when stopping; `until_lost`: also ends when the lease is found gone.
+    bool pause(int ms, bool until_lost = false);
+    int renew_period_ms() const;
 
-    EtcdClient etcd_;
+    std::shared_ptr<KvStore> kv_;
     std::string key_;
     int ttl_s_, report_ms_;
     std::function<NodeLoad()> load_;
@@ -88,7 +98,7 @@ class NodeMembership {
     std::mutex mu_;
     std::condition_variable cv_;
     bool stop_ = false;
-    std::thread thread_;
+    std::thread thread_, renew_thread_;
 };
 
 }  // namespace armada::cluster

@@ -7,6 +7,7 @@
 #include "cluster/elected_cases.h"
 #include "cluster/runtime/clock.h"
 #include "cluster/runtime/kv.h"
+#include "unit/live_kv.h"
 
 #include <gtest/gtest.h>
 
@@ -116,31 +117,6 @@ TEST(LeaseStep, RenewsEveryThirdOfTheTtlAndGivesUpAfterTheStallLimit) {
     EXPECT_EQ(stall_limit_ms(2), 1334);
 }
 
-namespace {
-
-//! A MemoryKv on the real clock whose leases expire as etcd's would (a thread asks every 20 ms).
-class LiveKv {
-  public:
-    LiveKv()
-        : kv(&real_clock()), t_([this] {
-              while (!stop_.load()) {
-                  kv.expire_leases();
-                  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-              }
-          }) {}
-    ~LiveKv() {
-        stop_ = true;
-        t_.join();
-    }
-    MemoryKv kv;
-
-  private:
-    std::atomic<bool> stop_{false};
-    std::thread t_;
-};
-
-}  // namespace
-
 TEST(ElectedOnMemoryKv, ALeaderWhoseLoopStallsGivesUpTheLeadWithinOneTtlAndTheStandbyLeads) {
     LiveKv live;
     elected_cases::stalled_leader_hands_over(live.kv, live.kv, "/e/stall", 2);
@@ -184,28 +160,13 @@ namespace {
 
 //! The store as a process cut off from etcd's lease renewals but not from its watches (a slow or
 //! partitioned keep-alive): every renewal fails while `drop` is set; all else goes through.
-class NoRenewals final : public KvStore {
+class NoRenewals final : public ForwardingKv {
   public:
-    explicit NoRenewals(KvStore & inner) : in_(inner) {}
+    using ForwardingKv::ForwardingKv;
     std::atomic<bool> drop{false};
-    std::string get(const std::string & k, std::optional<EtcdKv> & o) override { return in_.get(k, o); }
-    std::string list(const std::string & p, std::vector<EtcdKv> & o, int64_t & r) override { return in_.list(p, o, r); }
-    std::string put(const std::string & k, const std::string & v, int64_t l) override { return in_.put(k, v, l); }
-    std::string erase(const std::string & k) override { return in_.erase(k); }
-    std::string txn(const std::vector<EtcdCompare> & c, const std::vector<std::pair<std::string, std::string>> & p,
-                    bool & ok, int64_t & r) override {
-        return in_.txn(c, p, ok, r);
-    }
-    std::unique_ptr<KvWatch> watch(const std::string & p, int64_t from) override { return in_.watch(p, from); }
-    std::string status(EtcdStatus & o, bool & a) override { return in_.status(o, a); }
-    std::string lease_grant(int64_t ttl, int64_t & l) override { return in_.lease_grant(ttl, l); }
     std::string lease_keepalive(int64_t l, bool & alive) override {
         return drop.load() ? "the renewal timed out" : in_.lease_keepalive(l, alive);
     }
-    std::string lease_revoke(int64_t l) override { return in_.lease_revoke(l); }
-
-  private:
-    KvStore & in_;
 };
 
 }  // namespace
