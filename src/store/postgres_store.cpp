@@ -10,17 +10,24 @@
 #include <ctime>
 #include <map>
 #include <set>
+#include <thread>
 #include <tuple>
 
 namespace armada::store {
 
 namespace {
 
-// Versioned migrations, applied in order at open inside one transaction. A step is never edited
-// once released: a change is a new step.
-const char * kMigrations[] = {
+// Versioned migrations, applied in order at open. A step is never edited once released: a change
+// is a new step. Most run in a transaction each. An index on a table that may already hold
+// millions of rows is built CONCURRENTLY instead (outside a transaction): the nodes go on writing
+// while it builds, where a plain CREATE INDEX would hold every write until it finished.
+struct Migration {
+    const char * sql;
+    const char * index = nullptr;  // set: the one index this step builds concurrently
+};
+const Migration kMigrations[] = {
     // 1: sessions with their assignment, the step log, agents, responses, a probe row.
-    R"sql(
+    {R"sql(
 CREATE TABLE sessions (
   id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, owner TEXT NOT NULL, state TEXT NOT NULL,
   reason TEXT NOT NULL, data TEXT NOT NULL, created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL,
@@ -35,14 +42,14 @@ CREATE TABLE agents (
 CREATE TABLE responses (
   id TEXT PRIMARY KEY, tenant TEXT NOT NULL, data TEXT NOT NULL, created_ms BIGINT NOT NULL);
 CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
-)sql",
+)sql"},
     // 2: the cell a session belongs to; the cell brain reads its cell's open sessions.
-    R"sql(
+    {R"sql(
 ALTER TABLE sessions ADD COLUMN cell TEXT NOT NULL DEFAULT '';
 CREATE INDEX sessions_cell_state ON sessions(cell, state);
-)sql",
+)sql"},
     // 3: tenants with their quotas, and their API keys (hashed), managed through the gateways.
-    R"sql(
+    {R"sql(
 CREATE TABLE tenants (
   name TEXT PRIMARY KEY, rpm BIGINT NOT NULL, tpm BIGINT NOT NULL, live_sessions BIGINT NOT NULL,
   kv_bytes BIGINT NOT NULL, created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL);
@@ -50,24 +57,29 @@ CREATE TABLE api_keys (
   id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, tenant TEXT NOT NULL REFERENCES tenants(name) ON DELETE CASCADE,
   prefix TEXT NOT NULL, admin BOOLEAN NOT NULL, created_ms BIGINT NOT NULL);
 CREATE INDEX sessions_owner_state ON sessions(owner, state);
-)sql",
+)sql"},
     // 4: open sessions only, by cell and node: the brains' reconcile and each node's pass read
     // these, and must not wade through the ended ones kept for their retention. The predicate is
     // written exactly as open_where() writes it, so the planner can prove a query may use it.
-    R"sql(
-CREATE INDEX sessions_open ON sessions(cell, node, created_ms) WHERE state NOT IN ('completed','failed','cancelled');
+    {R"sql(
+CREATE INDEX CONCURRENTLY IF NOT EXISTS sessions_open ON sessions(cell, node, created_ms)
+  WHERE state NOT IN ('completed','failed','cancelled')
 )sql",
+     "sessions_open"},
     // 5: ended sessions only, by cell and time: each cell brain's survival figure reads its own
     // cell's last hour, and must not wade through every other cell's (`sessions_state_updated`
     // narrows the state and the time, not the cell). The predicate is written as ended_since()
     // writes it.
-    R"sql(
-CREATE INDEX sessions_ended ON sessions(cell, updated_ms) WHERE state IN ('completed','failed','cancelled');
+    {R"sql(
+CREATE INDEX CONCURRENTLY IF NOT EXISTS sessions_ended ON sessions(cell, updated_ms)
+  WHERE state IN ('completed','failed','cancelled')
 )sql",
+     "sessions_ended"},
 };
 constexpr int kLatest = int(sizeof kMigrations / sizeof kMigrations[0]);
-// Taken for the length of a migration so that nodes starting together apply it once.
-constexpr const char * kMigrationLock = "SELECT pg_advisory_xact_lock(7152903114)";
+// Held (by the session, not a transaction: a concurrent build runs outside one) for the length of
+// the migrations, so that nodes starting together apply each once.
+constexpr int64_t kMigrationLock = 7152903114;
 
 constexpr const char * kSessionColumns = "id,agent_id,owner,state,reason,data,created_ms,updated_ms,node,epoch,cell";
 
@@ -209,10 +221,24 @@ std::string migrate(PGconn * c) {
         Res r(PQexec(c, sql.c_str()));
         return r.ok() ? std::string() : error_of(c, r);
     };
-    std::string e = step("BEGIN");
-    // A migration may index millions of rows: the connection's statement timeout is not for it.
-    if (e.empty()) e = step("SET LOCAL statement_timeout = 0");
-    if (e.empty()) e = step(kMigrationLock);
+    // A migration may index millions of rows: the connection's statement timeout is not for it
+    // (RESET below brings back the one it was opened with).
+    std::string e = step("SET statement_timeout = 0");
+    // Tried, not waited for: a node waiting inside a statement holds a snapshot, and another
+    // node's concurrent index build waits for every snapshot older than it to go.
+    const std::string lock = "SELECT pg_try_advisory_lock(" + std::to_string(kMigrationLock) + ")";
+    for (int wait_ms = 50; e.empty();) {
+        Res r(PQexec(c, lock.c_str()));
+        if (!r.ok()) {
+            e = error_of(c, r);
+        } else if (r.rows() == 1 && r.text(0, 0) == "t") {
+            break;
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+            wait_ms = std::min(wait_ms * 2, 1000);
+        }
+    }
+    const bool locked = e.empty();
     if (e.empty()) e = step("CREATE TABLE IF NOT EXISTS armada_schema (version INT NOT NULL)");
     int version = 0;
     if (e.empty()) {
@@ -229,13 +255,36 @@ std::string migrate(PGconn * c) {
         e = "the database was written by a newer Armada (schema " + std::to_string(version) + ", this build knows " +
             std::to_string(kLatest) + ")";
     }
+    const std::string done = "UPDATE armada_schema SET version = ";
     for (int v = version; e.empty() && v < kLatest; ++v) {
-        e = step(kMigrations[v]);
-        if (e.empty()) e = step("UPDATE armada_schema SET version = " + std::to_string(v + 1));
+        const Migration & m = kMigrations[v];
+        if (m.index) {
+            // A concurrent build that failed part-way (a crash, a cancel) leaves an INVALID index
+            // of that name, which IF NOT EXISTS would take for done: it goes, and is built again.
+            const char * name[] = {m.index};
+            Res bad(PQexecParams(c,
+                                 "SELECT 1 FROM pg_index i WHERE i.indexrelid = to_regclass($1) AND NOT i.indisvalid",
+                                 1, nullptr, name, nullptr, nullptr, 0));
+            if (!bad.ok()) e = error_of(c, bad);
+            if (e.empty() && bad.rows() > 0) {
+                spdlog::warn("schema migration {}: index {} was left invalid by a build that failed; building it again",
+                             v + 1, m.index);
+                e = step(std::string("DROP INDEX CONCURRENTLY IF EXISTS ") + m.index);
+            }
+            if (e.empty()) e = step(m.sql);
+            // Done and not yet counted (a crash here): the next open finds it there, valid.
+            if (e.empty()) e = step(done + std::to_string(v + 1));
+        } else {
+            e = step("BEGIN");
+            if (e.empty()) e = step(m.sql);
+            if (e.empty()) e = step(done + std::to_string(v + 1));
+            if (e.empty()) e = step("COMMIT");
+            if (!e.empty()) PQclear(PQexec(c, "ROLLBACK"));
+        }
         if (!e.empty()) e = "schema migration " + std::to_string(v + 1) + ": " + e;
     }
-    if (e.empty()) e = step("COMMIT");
-    if (!e.empty()) PQclear(PQexec(c, "ROLLBACK"));
+    if (locked) PQclear(PQexec(c, ("SELECT pg_advisory_unlock(" + std::to_string(kMigrationLock) + ")").c_str()));
+    PQclear(PQexec(c, "RESET statement_timeout"));
     return e;
 }
 
