@@ -150,7 +150,10 @@ test(`a seeded nemesis for ${CHAOS_S} s: every session completes, no finished ca
       // Never both gateways at once: a client needs an entry (each one is restarted by cluster up).
       const live = armada();
       const gws = live.filter((p) => p.role === 'gateway');
-      const p = pick(live.filter((x) => x.role !== 'gateway' || gws.length > 1));
+      // Half of these go to a node: nodes hold the sessions, and are the fewer of the processes
+      // a uniform pick would take (6 of 14), so a short run would seldom move a session.
+      const nodes = live.filter((x) => x.role === 'node');
+      const p = nodes.length && random() < 0.5 ? pick(nodes) : pick(live.filter((x) => x.role !== 'gateway' || gws.length > 1));
       if (!p) continue;
       if (kind === 'kill') {
         note(`kill -9 ${p.name} (${p.role})`);
