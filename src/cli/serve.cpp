@@ -22,8 +22,8 @@
 #include "obs/metrics.h"
 #include "obs/trace.h"
 #include "store/crash_point.h"
+#include "store/open.h"
 #include "store/postgres_store.h"
-#include "store/sqlite_store.h"
 #include "tools/client_calls.h"
 #include "tools/http_tool.h"
 #include "tools/mcp_client.h"
@@ -282,19 +282,10 @@ int serve(const ServeOptions & opt) {
         pc.urls = ccfg->postgres;
         pc.read_connections = ccfg->pg_pool;
         store = store::PostgresStore::open(pc, store_err);
-    } else if (opt.state.empty() || opt.state == "sqlite") {
-        store = store::SqliteStore::open(opt.data_dir, store_err);
-    } else if (opt.state.rfind("postgres://", 0) == 0 || opt.state.rfind("postgresql://", 0) == 0) {
-        store::PostgresConfig pc;
-        for (size_t at = 0; at <= opt.state.size();) {
-            const size_t comma = std::min(opt.state.find(',', at), opt.state.size());
-            if (comma > at) pc.urls.push_back(opt.state.substr(at, comma - at));
-            at = comma + 1;
-        }
-        pc.read_connections = opt.pg_pool;
-        store = store::PostgresStore::open(pc, store_err);
     } else {
-        store_err = "--state must be sqlite or postgres://… (a comma-separated list shards sessions)";
+        store = store::open(opt.state, {opt.data_dir, opt.pg_pool}, store_err);
+        if (!store && store::postgres_urls(opt.state).empty() && opt.state != "sqlite" && !opt.state.empty())
+            store_err = "--state: " + store_err;
     }
     if (!store) {
         fprintf(stderr, "error: %s\n", store_err.c_str());
