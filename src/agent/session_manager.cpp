@@ -197,34 +197,6 @@ std::string SessionManager::new_id() {
     return new_session_id();
 }
 
-store::Batch SessionManager::new_session_batch(const std::string & id, const std::string & agent_id,
-                                               const std::string & tenant, const std::string & input,
-                                               const std::string & cell, int64_t now_ms) {
-    store::Batch b;
-    store::SessionRecord r;
-    r.id = id;
-    r.agent_id = agent_id;
-    r.owner = tenant;
-    r.state = state_name(input.empty() ? SessionState::WaitingInput : SessionState::Queued);
-    r.data = "{}";
-    r.created_ms = r.updated_ms = now_ms;
-    r.cell = cell;
-    b.sessions.push_back(r);
-    store::StepRecord st;
-    st.session_id = id;
-    st.seq = 1;
-    st.ts_ms = now_ms;
-    if (!input.empty()) {
-        st.kind = "user_input";
-        st.payload = dump(json{{"content", input}});
-    } else {
-        st.kind = "state";
-        st.payload = dump(json{{"state", r.state}});
-    }
-    b.steps.push_back(st);
-    return b;
-}
-
 struct SessionManager::PendingCall {
     tools::ToolCall call;
     bool started = false, done = false;

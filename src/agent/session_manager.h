@@ -275,12 +275,6 @@ class SessionManager {
     //! first), so a fresh one is the command's to carry out. Returns how many it started.
     //! One caller thread.
     size_t adopt_assigned();
-    //! The row and first step of a new session, as a gateway writes them before any node holds
-    //! it: state queued (waiting_input without input), in `cell`. The node that adopts it starts
-    //! it as it starts a session resumed after a restart.
-    static store::Batch new_session_batch(const std::string & id, const std::string & agent_id,
-                                          const std::string & tenant, const std::string & input,
-                                          const std::string & cell, int64_t now_ms);
     static std::string new_id();
     //! The trace a session is in, as its record keeps it (the `traceparent` of its current or
     //! last turn): a brain that moves the session continues that trace. Cheap enough to run

@@ -27,6 +27,7 @@
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
+#include "store/new_session.h"
 #include "store/postgres_store.h"
 
 #include <openssl/evp.h>
@@ -1592,7 +1593,7 @@ class Gateway {
         if (auto r = quotas_->live_session(caller.tenant, id, authed.quota.live_sessions,
                                            [&] { return open_sessions(caller.tenant); }))
             return refuse(out, caller, *r);
-        auto b = agent::SessionManager::new_session_batch(
+        auto b = store::new_session_batch(
             id, agent_id, caller.tenant, input, cell,
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
                 .count());
