@@ -1,5 +1,6 @@
 #pragma once
 
+#include "common/clock.h"
 #include "engine/chat_format.h"
 #include "engine/engine_set.h"
 
@@ -115,11 +116,7 @@ class Clock {
 
 class SystemClock : public Clock {
   public:
-    int64_t now_ms() const override {
-        return std::chrono::duration_cast<std::chrono::milliseconds>(
-                   std::chrono::system_clock::now().time_since_epoch())
-            .count();
-    }
+    int64_t now_ms() const override { return common::wall_ms(); }
 };
 
 }  // namespace armada::agent

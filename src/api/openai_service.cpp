@@ -2,6 +2,7 @@
 
 #include "api/errors.h"
 #include "api/sse.h"
+#include "common/clock.h"
 #include "text/utf8.h"
 
 #include <spdlog/spdlog.h>
@@ -28,10 +29,6 @@ std::string random_id(const std::string & prefix, size_t n) {
 }
 
 namespace {
-int64_t unix_now() {
-    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
 
 std::string sse(const json & j) {
     return sse_event({}, dump(j));
@@ -105,7 +102,7 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
     std::shared_ptr<engine::ChatTurn> turn;  // chat only
     const engine::ChatFormat * format = nullptr;
     std::string id, model;
-    int64_t created = unix_now();
+    int64_t created = common::unix_s();
     std::shared_ptr<Responder> out;
     std::vector<Choice> choices;
     net::strand<net::any_io_executor> strand;
@@ -509,7 +506,7 @@ void OpenAIService::completion(const json & body, const std::string & account, c
 json OpenAIService::models() const {
     json m = {{"id", model_->id()},
               {"object", "model"},
-              {"created", unix_now()},
+              {"created", common::unix_s()},
               {"owned_by", "armada"},
               {"meta",
                {{"n_vocab", model_->n_vocab()},

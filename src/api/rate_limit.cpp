@@ -1,19 +1,14 @@
 #include "api/rate_limit.h"
 
+#include "common/clock.h"
+
 #include <algorithm>
 #include <cmath>
 
 namespace armada::api {
 
-namespace {
-int64_t steady_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-}  // namespace
-
 RateLimiter::RateLimiter(RateLimits defaults, Now now)
-    : defaults_(defaults), now_(now ? std::move(now) : Now(steady_ms)), enabled_(defaults.any()) {}
+    : defaults_(defaults), now_(now ? std::move(now) : Now(common::steady_ms)), enabled_(defaults.any()) {}
 
 void RateLimiter::set_limits(const std::string & account, RateLimits limits) {
     std::lock_guard lk(mu_);

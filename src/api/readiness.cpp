@@ -1,5 +1,7 @@
 #include "api/readiness.h"
 
+#include "common/clock.h"
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -9,18 +11,11 @@
 
 namespace armada::api {
 
-namespace {
-int64_t now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-}  // namespace
-
 void StoreReadiness::check(std::function<void(std::string)> answer) {
     if (auto w = store_.writable(); !w.ok) return answer(w.error);
     {
         std::lock_guard lk(last_->mu);
-        if (now_ms() - last_->at_ms < min_interval_ms_) return answer(last_->why);
+        if (common::steady_ms() - last_->at_ms < min_interval_ms_) return answer(last_->why);
     }
     // The first of the write and the timer answers; the timer lives on the I/O executor and is
     // only touched there.
@@ -32,7 +27,7 @@ void StoreReadiness::check(std::function<void(std::string)> answer) {
     once->fn = [last = last_, answer = std::move(answer)](const std::string & why) {
         {
             std::lock_guard lk(last->mu);
-            last->at_ms = now_ms();
+            last->at_ms = common::steady_ms();
             last->why = why;
         }
         answer(why);

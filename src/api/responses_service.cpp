@@ -5,6 +5,7 @@
 #include "api/openai_map.h"
 #include "api/openai_service.h"
 #include "api/sse.h"
+#include "common/clock.h"
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
@@ -20,11 +21,6 @@ namespace armada::api {
 namespace net = boost::asio;
 
 namespace {
-
-int64_t unix_now() {
-    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
 
 std::string text_of(const json & content, const char * where) {
     if (content.is_string()) return content.get<std::string>();
@@ -655,7 +651,7 @@ void ResponsesService::create(const json & body, const Caller & caller, std::sha
     if (run->chain.empty()) run->chain = resp_id;
     run->resp = {{"id", resp_id},
                  {"object", "response"},
-                 {"created_at", unix_now()},
+                 {"created_at", common::unix_s()},
                  {"status", "in_progress"},
                  {"error", nullptr},
                  {"incomplete_details", nullptr},

@@ -1,6 +1,7 @@
 #include "cli/kv_move.h"
 
 #include "api/errors.h"
+#include "common/clock.h"
 #include "engine/kv_pool.h"
 #include "tools/http_sync.h"
 
@@ -59,9 +60,7 @@ void KvSender::send(const std::string & session, std::shared_ptr<api::Responder>
     // not the I/O thread that took the request.
     workers_.push_back({std::thread([this, out, done, session] {
                             run(session, out);
-                            last_served_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                  std::chrono::steady_clock::now().time_since_epoch())
-                                                  .count();
+                            last_served_ms_ = common::steady_ms();
                             --active_;
                             done->store(true);
                         }),

@@ -5,6 +5,7 @@
 #include "cluster/membership.h"
 #include "cluster/restarter.h"
 #include "cluster/rollout.h"
+#include "common/clock.h"
 
 #include <nlohmann/json.hpp>
 
@@ -24,11 +25,6 @@ using namespace cluster;
 int fail(const std::string & e) {
     fprintf(stderr, "error: %s\n", e.c_str());
     return 1;
-}
-
-int64_t wall_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
 }
 
 //! What etcd holds about rollouts, with each key's revision (0: absent).
@@ -132,7 +128,7 @@ int start(EtcdClient & etcd, const ClusterConfig & cfg, const RolloutOptions & o
         return fail("rollout " + k.spec->id + " to " + k.spec->version + " is " + (st ? st->phase : "starting") +
                     "; pause, resume or abort it (armada rollout abort) before starting another");
     }
-    const RolloutSpec s = rollout_spec(o, cfg.rollout, wall_ms());
+    const RolloutSpec s = rollout_spec(o, cfg.rollout, common::wall_ms());
     bool ok = false;
     int64_t rev = 0;
     const std::string prefix = rollout_prefix(cfg);
@@ -183,7 +179,7 @@ int status(EtcdClient & etcd, const ClusterConfig & cfg, const RolloutOptions & 
     const auto nodes = live_nodes(etcd, cfg, err);
     if (!err.empty()) return fail("cannot read the nodes from etcd: " + err);
     const auto * st = k.current();
-    const int64_t age_ms = st ? wall_ms() - st->updated_ms : 0;
+    const int64_t age_ms = st ? common::wall_ms() - st->updated_ms : 0;
     const bool stale = st && rollout_active(st->phase) && age_ms > 10000;
     if (o.json) {
         json ns = json::array();
@@ -224,7 +220,7 @@ int status(EtcdClient & etcd, const ClusterConfig & cfg, const RolloutOptions & 
     for (const auto & name : st->wave_order) {
         const auto & w = st->wave_nodes.at(name);
         printf("  %-24s %-10s %s -> %s  %s (%lld s)\n", name.c_str(), w.cell.c_str(), w.from.c_str(), w.to.c_str(),
-               w.phase.c_str(), (long long)((wall_ms() - w.since_ms) / 1000));
+               w.phase.c_str(), (long long)((common::wall_ms() - w.since_ms) / 1000));
         if (!w.note.empty()) printf("    %s\n", w.note.c_str());
     }
     for (const auto & g : st->gates) {

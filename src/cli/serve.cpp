@@ -1,5 +1,6 @@
 #include "cli/serve.h"
 
+#include "common/clock.h"
 #include "common/stop_signals.h"
 
 #include "cli/cluster_node.h"
@@ -673,9 +674,7 @@ int serve(const ServeOptions & opt) {
                                           (opt.http.host == "0.0.0.0" ? std::string("127.0.0.1") : opt.http.host) +
                                           ":" + std::to_string(http.port());
         const std::string fp = eng.size() > 0 ? eng.at(0).fingerprint() : std::string();
-        const int64_t started_wall_ms =
-            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
+        const int64_t started_wall_ms = common::wall_ms();
         auto report = [&, url, fp, started_wall_ms] {
             cluster::NodeLoad l;
             l.by_state = sessions.live_by_state();
@@ -797,12 +796,7 @@ int serve(const ServeOptions & opt) {
     // still fetching KV from it (a move's fetch starts just after its assignment is written, so
     // that has to hold for a while).
     auto empty_since = std::chrono::steady_clock::time_point::max();
-    auto steady_ms = [] {
-        return std::chrono::duration_cast<std::chrono::milliseconds>(
-                   std::chrono::steady_clock::now().time_since_epoch())
-            .count();
-    };
-    const int64_t drain_started_ms = steady_ms();
+    const int64_t drain_started_ms = common::steady_ms();
     auto next_look = std::chrono::steady_clock::now();
     for (;;) {
         const auto now = std::chrono::steady_clock::now();
@@ -819,7 +813,7 @@ int serve(const ServeOptions & opt) {
             if (open && *open == 0) {
                 for (const auto & id : cluster_node->offered())
                     owed += !kv_sender.served(id) && eng.kv_usage(id).has_value();
-                const int64_t idle_ms = steady_ms() - std::max(kv_sender.last_served_ms(), drain_started_ms);
+                const int64_t idle_ms = common::steady_ms() - std::max(kv_sender.last_served_ms(), drain_started_ms);
                 if (owed > 0 && idle_ms > 20000) {
                     spdlog::warn("drain: {} sessions moved away without asking for their KV in 20 s; not waiting",
                                  owed);

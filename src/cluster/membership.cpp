@@ -1,6 +1,7 @@
 #include "cluster/membership.h"
 
 #include "cluster/runtime/election.h"
+#include "common/clock.h"
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -442,15 +443,8 @@ bool NodeMembership::pause(int ms, bool until_lost) {
     return !stop_;
 }
 
-namespace {
-int64_t steady_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-}  // namespace
-
 bool lease_current(const std::atomic<int64_t> & until_ms) {
-    return steady_ms() < until_ms.load();
+    return common::steady_ms() < until_ms.load();
 }
 
 int NodeMembership::renew_period_ms() const {
@@ -469,7 +463,7 @@ void NodeMembership::run() {
             if (had != 0 && !pause(jitter(1000))) return;
             had = 0;
             int64_t lease = 0;
-            const int64_t sent_ms = steady_ms();
+            const int64_t sent_ms = common::steady_ms();
             std::string e = kv_->lease_grant(int64_t(ttl_s_) * 1000, lease);
             if (e.empty()) e = kv_->put(key_, encode_load(numbered()), lease);
             if (!e.empty()) {
@@ -502,10 +496,10 @@ void NodeMembership::renew() {
         if (l == 0) continue;
         if (l != held) {  // joined just now
             held = l;
-            last_renewal = steady_ms();
+            last_renewal = common::steady_ms();
         }
         bool alive = false;
-        const int64_t sent_ms = steady_ms();
+        const int64_t sent_ms = common::steady_ms();
         // Heartbeat anomalies, for rollouts' gates: a renewal that failed, one late by over twice
         // its period (the process or its host stalled), a lease found gone.
         if (const std::string e = kv_->lease_keepalive(l, alive); !e.empty()) {
@@ -514,7 +508,7 @@ void NodeMembership::renew() {
             continue;
         }
         if (alive) {
-            const int64_t now = steady_ms();
+            const int64_t now = common::steady_ms();
             *current_until_ms_ = sent_ms + int64_t(ttl_s_) * 1000;
             if (now - last_renewal > 2 * period + 500) renew_late_++;
             last_renewal = now;

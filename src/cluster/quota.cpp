@@ -1,5 +1,7 @@
 #include "cluster/quota.h"
 
+#include "common/clock.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -110,8 +112,7 @@ void TokenCharger::flush() {
         std::lock_guard lk(mu_);
         batch.swap(pending_);
     }
-    const int64_t now =
-        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const int64_t now = common::unix_s();
     for (const auto & [tenant, n] : batch)
         redis_.eval(kChargeScript, {Quotas::window_key(tenant, "tokens_per_minute")},
                     {std::to_string(now), std::to_string(n)});
@@ -152,8 +153,7 @@ std::string Quotas::live_key(const std::string & tenant) {
 }
 
 int64_t Quotas::wall_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
+    return common::wall_ms();
 }
 
 int64_t Quotas::wall_s() {

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include "common/clock.h"
 #include "engine/batch_planner.h"
 #include "engine/memory_budget.h"
 #include "engine/topology.h"
@@ -17,11 +18,6 @@
 #include <thread>
 
 namespace armada::engine {
-
-int64_t steady_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
 
 std::optional<ggml_type> parse_cache_type(const std::string & name) {
     static const std::pair<const char *, ggml_type> types[] = {
@@ -342,7 +338,7 @@ void Engine::loop() {
             };
             // Idle, the loop still turns once a second: liveness reads its heartbeat.
             cv_.wait_for(lk, std::chrono::milliseconds(next_park_ms()), ready);
-            stats_.beat_ms.store(steady_ms());
+            stats_.beat_ms.store(common::steady_ms());
             if (stopping_) break;
             while (!incoming_.empty()) {
                 waiting.push_back(std::move(incoming_.front()));
@@ -724,7 +720,7 @@ void Engine::resolve_program(GenRequest & r) {
 void Engine::order_waiting(std::deque<std::unique_ptr<GenRequest>> & waiting) const {
     // FCFS keeps arrival order, which is the deque's; starved requests are the oldest anyway.
     if (sched_.policy() == SchedPolicy::Fcfs || waiting.size() < 2) return;
-    const int64_t now = steady_ms();
+    const int64_t now = common::steady_ms();
     std::vector<std::pair<Scheduler::Rank, size_t>> ranked;
     ranked.reserve(waiting.size());
     for (size_t i = 0; i < waiting.size(); ++i) {
@@ -745,7 +741,7 @@ void Engine::order_waiting(std::deque<std::unique_ptr<GenRequest>> & waiting) co
 }
 
 void Engine::expire_programs(const std::deque<std::unique_ptr<GenRequest>> & waiting) {
-    const int64_t now = steady_ms();
+    const int64_t now = common::steady_ms();
     if (now - expired_at_ms_ < 10000) return;
     expired_at_ms_ = now;
     std::unordered_map<std::string, int> busy;
@@ -867,7 +863,7 @@ bool Engine::has_idle() const {
 void Engine::admit(std::deque<std::unique_ptr<GenRequest>> & waiting) {
     if (!has_idle()) return;
     order_waiting(waiting);
-    const int64_t now_ms = steady_ms();
+    const int64_t now_ms = common::steady_ms();
     for (auto it = waiting.begin(); it != waiting.end();) {
         if (!has_idle()) return;
         if (prefix_pending(**it)) {
@@ -1003,7 +999,7 @@ bool Engine::step() {
             return slots_[size_t(a.slot)].last_used < slots_[size_t(b.slot)].last_used;
         });
     } else if (prompts.size() > 1) {
-        const int64_t now_ms = steady_ms();
+        const int64_t now_ms = common::steady_ms();
         std::vector<std::pair<Scheduler::Rank, PendingPrompt>> ranked;
         ranked.reserve(prompts.size());
         for (const auto & p : prompts) {
@@ -1048,7 +1044,7 @@ bool Engine::step() {
         return true;
     }
     // Each program is charged for the tokens computed for it (its attained service).
-    const int64_t charged_ms = steady_ms();
+    const int64_t charged_ms = common::steady_ms();
     for (const auto & s : slots_) {
         if (s.step_tokens > 0 && s.req) sched_.charge(s.req->program_key, uint64_t(s.step_tokens), charged_ms);
     }

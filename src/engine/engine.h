@@ -103,14 +103,11 @@ struct EngineStats {
         prefix_saves{0}, restores_journal{0}, journal_saves{0};
     std::atomic<uint64_t> park_ns{0}, restore_ns{0};  // time spent saving and restoring, in total
     std::atomic<uint64_t> journal_ns{0};              // engine-thread time spent saving state for the journal
-    //! steady_ms() of the loop's last turn; it turns at least every second while idle (liveness).
+    //! common::steady_ms() of the loop's last turn; it turns at least every second while idle (liveness).
     std::atomic<int64_t> beat_ms{0};
     //! Programs (sessions, Responses chains, conversations) the scheduler keeps an account of.
     std::atomic<int64_t> programs{0};
 };
-
-//! Milliseconds on the steady clock.
-int64_t steady_ms();
 
 //! A KV cache type by llama-server's name (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0,
 //! q5_1); nullopt for anything else.

@@ -1,5 +1,7 @@
 #include "engine/engine_set.h"
 
+#include "common/clock.h"
+
 #include <algorithm>
 #include <stdexcept>
 #include <tuple>
@@ -149,7 +151,7 @@ bool EngineSet::idle() const {
 }
 
 std::string EngineSet::stalled(int64_t max_ms) const {
-    const int64_t now = steady_ms();
+    const int64_t now = common::steady_ms();
     for (size_t i = 0; i < engines_.size(); ++i) {
         const int64_t beat = engines_[i]->stats().beat_ms.load();
         if (beat > 0 && now - beat > max_ms)

@@ -1,5 +1,6 @@
 #include "gateway/gateway.h"
 
+#include "common/clock.h"
 #include "common/stop_signals.h"
 
 #include "agent/session_manager.h"
@@ -61,11 +62,6 @@ using api::Responder;
 
 const std::vector<std::string> kEndedStates = {"completed", "failed", "cancelled"};
 
-int64_t now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
 void send_error(const std::shared_ptr<Responder> & out, int status, const std::string & msg, int retry_after = 0,
                 const std::string & code = {}) {
     api::Headers h;
@@ -104,11 +100,6 @@ std::string random_hex(size_t bytes) {
     std::vector<unsigned char> b(bytes);
     if (RAND_bytes(b.data(), int(bytes)) != 1) throw std::runtime_error("no randomness for a new key");
     return hex_of(b.data(), bytes);
-}
-
-int64_t wall_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
 }
 
 //! The last `"total_tokens":N` in a reply, fed in pieces as it streams (a piece may split it).
@@ -293,7 +284,7 @@ class Gateway {
             while (!stop_.load()) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(250));
                 keep_announced();
-                if (now_ms() - directory_ms_ >= kDirectoryTtlMs) load_directory();
+                if (common::steady_ms() - directory_ms_ >= kDirectoryTtlMs) load_directory();
             }
         });
     }
@@ -416,7 +407,7 @@ class Gateway {
   private:
     // ---- this gateway among the others ----
     void keep_announced() {
-        const int64_t t = now_ms();
+        const int64_t t = common::steady_ms();
         if (t - announced_ms_ < 1000) return;
         announced_ms_ = t;
         if (lease_ != 0) {
@@ -432,7 +423,7 @@ class Gateway {
 
     // ---- tenants and keys (PostgreSQL, cached) ----
     bool load_directory() {
-        directory_ms_ = now_ms();
+        directory_ms_ = common::steady_ms();
         auto tenants = store_->tenants();
         auto keys = tenants ? store_->keys() : std::nullopt;
         if (!tenants || !keys) {
@@ -591,8 +582,8 @@ class Gateway {
             const int64_t retry_ms = follow_round(200);
             if (retry_ms < 0) continue;
             // Not before the back-off, and a stop still ends the wait soon.
-            const int64_t until = now_ms() + std::max<int64_t>(50, retry_ms);
-            while (!stop_.load() && now_ms() < until)
+            const int64_t until = common::steady_ms() + std::max<int64_t>(50, retry_ms);
+            while (!stop_.load() && common::steady_ms() < until)
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
     }
@@ -1002,7 +993,7 @@ class Gateway {
     //! The cluster as this gateway sees it now (see dashboard_snapshot).
     json snapshot() {
         DashboardView v;
-        v.at_ms = wall_ms();
+        v.at_ms = common::wall_ms();
         v.gateways = live_gateways_.load();
         v.etcd_ok = !etcd_warned_.load();
         {
@@ -1325,7 +1316,7 @@ class Gateway {
             text += "\x1f" + m.dump();
         }
         const uint64_t h = fnv1a(text);
-        const int64_t t = now_ms();
+        const int64_t t = common::steady_ms();
         if (redis_) {
             // Shared by every gateway, with a TTL that each turn starts again: the conversation's
             // node, while it has room.
@@ -1467,7 +1458,7 @@ class Gateway {
             *field = v.get<int64_t>();
         }
         if (t.name.empty()) return send_error(out, 400, "'name' is required");
-        t.updated_ms = wall_ms();
+        t.updated_ms = common::wall_ms();
         if (!name) t.created_ms = t.updated_ms;
         auto r = name ? store_->update_tenant(t) : store_->create_tenant(t);
         if (r == store::AdminResult::unavailable) return store_down(out);
@@ -1502,7 +1493,7 @@ class Gateway {
         k.id = "key_" + random_hex(8);
         k.hash = sha256_hex(key);
         k.prefix = key.substr(0, 14);
-        k.created_ms = wall_ms();
+        k.created_ms = common::wall_ms();
         auto r = store_->create_key(k);
         if (r == store::AdminResult::unavailable) return store_down(out);
         if (r == store::AdminResult::missing)
@@ -1593,10 +1584,7 @@ class Gateway {
         if (auto r = quotas_->live_session(caller.tenant, id, authed.quota.live_sessions,
                                            [&] { return open_sessions(caller.tenant); }))
             return refuse(out, caller, *r);
-        auto b = store::new_session_batch(
-            id, agent_id, caller.tenant, input, cell,
-            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-                .count());
+        auto b = store::new_session_batch(id, agent_id, caller.tenant, input, cell, common::wall_ms());
         if (auto st = commit(std::move(b)); !st.ok) {
             quotas_->forget_session(caller.tenant, id);
             return send_error(out, 503, "could not store the session: " + st.error, 2);
@@ -1609,11 +1597,11 @@ class Gateway {
         // waiting, so a NATS that hangs does not hold every create.
         const int64_t slow_at = nats_slow_at_.load();
         std::string e;
-        if (slow_at > 0 && now_ms() - slow_at < 10000) {
+        if (slow_at > 0 && common::steady_ms() - slow_at < 10000) {
             e = js_->publish_async(cluster::place_subject(cell), place.dump(), id);
         } else {
             e = js_->publish(cluster::place_subject(cell), place.dump(), id, 1000);
-            if (!e.empty()) nats_slow_at_ = now_ms();
+            if (!e.empty()) nats_slow_at_ = common::steady_ms();
         }
         if (!e.empty())
             spdlog::warn("gateway: place request for {} to {}: {} (the cell's reconcile places it)", id, cell, e);
@@ -1761,8 +1749,8 @@ class Gateway {
             if (!n && ended) n = by_load();
             if (!n) {
                 // Not placed yet, or its node died and the brain has not moved it yet.
-                if (waiting_since == 0) waiting_since = now_ms();
-                if (now_ms() - waiting_since > 120000) {
+                if (waiting_since == 0) waiting_since = common::steady_ms();
+                if (common::steady_ms() - waiting_since > 120000) {
                     if (started)
                         out->end();
                     else

@@ -1,5 +1,6 @@
 #include "gateway/pools.h"
 
+#include "common/clock.h"
 #include "gateway/upstream.h"
 
 #include <spdlog/spdlog.h>
@@ -12,11 +13,6 @@
 namespace armada::gateway {
 
 namespace {
-
-int64_t now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
 
 int default_probe(const std::string & method, const std::string & url, const std::string & body,
                   const std::string & key, int timeout_ms) {
@@ -182,7 +178,7 @@ bool PoolSet::check(const Pool & p, const Upstream & u) {
 void PoolSet::check_loop() {
     std::unique_lock lk(mu_);
     while (!stop_) {
-        const int64_t t = now_ms();
+        const int64_t t = common::steady_ms();
         // One due upstream at a time, checked without the lock.
         std::shared_ptr<Upstream> due;
         const Pool * pool = nullptr;
@@ -229,10 +225,10 @@ void PoolSet::check_loop() {
                          copy.cfg.name, due->cfg.url);
             due->state = Upstream::State::down;
         } else if (before == Upstream::State::open) {
-            due->open_until_ms = now_ms() + copy.cfg.breaker_open_ms;  // still failing: stays open
+            due->open_until_ms = common::steady_ms() + copy.cfg.breaker_open_ms;  // still failing: stays open
         }
         const bool healthy = due->state == Upstream::State::up && copy.cfg.up_health_ms > 0;
-        due->next_check_ms = now_ms() + (healthy ? copy.cfg.up_health_ms : copy.cfg.health_ms);
+        due->next_check_ms = common::steady_ms() + (healthy ? copy.cfg.up_health_ms : copy.cfg.health_ms);
         // An open breaker is probed again when its open time ends (half-open), not a health
         // period later: with a long health_ms an upstream that was still restarting at its
         // first probe would otherwise stay out for that long.
@@ -306,7 +302,7 @@ void PoolSet::release(const PoolLease & l, PoolOutcome outcome, double head_s) {
                     ++u->failed;
                     if (++u->fails >= p.cfg.breaker_errors && u->state == Upstream::State::up) {
                         u->state = Upstream::State::open;
-                        u->open_until_ms = now_ms() + p.cfg.breaker_open_ms;
+                        u->open_until_ms = common::steady_ms() + p.cfg.breaker_open_ms;
                         u->next_check_ms = u->open_until_ms;
                         ++u->opened;
                         spdlog::warn("gateway: pool {}: {} failed {} times in a row; its breaker opens for {} ms",

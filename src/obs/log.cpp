@@ -1,5 +1,7 @@
 #include "obs/log.h"
 
+#include "common/clock.h"
+
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -85,10 +87,7 @@ bool json_logs() {
 void announce(const std::string & line) {
     std::string out = line;
     if (g_json_logs.load()) {
-        const auto ms =
-            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
-        out = json_log_line(int64_t(ms), "info", line, nullptr);
+        out = json_log_line(common::wall_ms(), "info", line, nullptr);
     }
     out += '\n';
     std::fwrite(out.data(), 1, out.size(), stdout);

@@ -1,5 +1,7 @@
 #include "cluster/runtime/clock.h"
 
+#include "common/clock.h"
+
 #include <chrono>
 
 namespace armada::cluster {
@@ -8,14 +10,8 @@ namespace {
 
 class RealClock final : public Clock {
   public:
-    int64_t now_ms() const override {
-        using namespace std::chrono;
-        return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
-    }
-    int64_t wall_ms() const override {
-        using namespace std::chrono;
-        return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
-    }
+    int64_t now_ms() const override { return common::steady_ms(); }
+    int64_t wall_ms() const override { return common::wall_ms(); }
 };
 
 }  // namespace
