@@ -2,9 +2,11 @@
 // code runs in `armada cluster up`.
 
 #include "cluster/runtime/supervisor.h"
+#include "unit/live_kv.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <csignal>
 
 using namespace armada::cluster;
@@ -174,4 +176,34 @@ TEST(Supervisor, RestartRequestsAreFollowedByAWatchNotReadAgainAtRest) {
     const int64_t before = kv.calls();
     ASSERT_TRUE(reqs.poll());
     EXPECT_GT(kv.calls(), before);
+}
+
+namespace {
+//! A store that refuses every put and counts them (etcd out of space, or the key not allowed).
+class RefusedPuts final : public ForwardingKv {
+  public:
+    using ForwardingKv::ForwardingKv;
+    std::atomic<int> puts{0};
+    std::string put(const std::string &, const std::string &, int64_t) override {
+        ++puts;
+        return "etcdserver: mvcc: database space exceeded";
+    }
+};
+}  // namespace
+
+TEST(Supervisor, AnAcknowledgementEtcdRefusesIsSentAgainOnceASecondNotInALoop) {
+    MemoryKv kv;
+    RefusedPuts refusing(kv);
+    ManualClock clock;
+    RestartRequests reqs(refusing, "/armada", {"n1"}, clock);
+    RestartAck a;
+    a.gen = 1;
+    a.version = "v2";
+    reqs.ack("n1", a);
+    for (int i = 0; i < 10; ++i)
+        reqs.poll();
+    EXPECT_EQ(refusing.puts.load(), 1) << "sent again before a second passed";
+    clock.advance(1000);
+    reqs.poll();
+    EXPECT_EQ(refusing.puts.load(), 2) << "not sent again after a second";
 }

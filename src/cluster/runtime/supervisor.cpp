@@ -19,6 +19,7 @@ RestartRequests::RestartRequests(KvStore & kv, std::string prefix, std::set<std:
     : kv_(kv),
       keys_(std::move(prefix)),
       nodes_(std::move(nodes)),
+      clock_(clock),
       informer_(kv, keys_.rollout() + "restart/", clock, kRestartsRelistMs) {}
 
 RestartRequests::~RestartRequests() {
@@ -65,16 +66,23 @@ bool RestartRequests::poll(int wait_ms) {
         std::lock_guard lk(mu_);
         acks.swap(acks_);
     }
-    std::map<std::string, RestartAck> unsent;
+    // Those refused before go again once a second at most (a newer one for a node wins).
+    const int64_t now = clock_.now_ms();
+    if (!retry_.empty() && now >= retry_at_) {
+        acks.merge(retry_);
+        retry_.clear();
+    }
     for (const auto & [node, a] : acks) {
         if (auto e = kv_.put(keys_.restart_ack(node), encode_restart_ack(a), 0); !e.empty()) {
             spdlog::warn("cluster up: acknowledging the restart of {}: {} (again in 1 s)", node, e);
-            unsent[node] = a;
+            retry_[node] = a;
+            retry_at_ = now + 1000;
         }
     }
+    const int wait = retry_.empty() ? wait_ms : int(std::clamp<int64_t>(retry_at_ - now, 0, wait_ms));
     std::vector<EtcdEvent> changes;
     std::string error;
-    const bool read = informer_.poll(changes, unsent.empty() ? wait_ms : 0, error);
+    const bool read = informer_.poll(changes, wait, error);
     if (!read && informer_.list_failed()) spdlog::debug("cluster up: restart requests: {}", error);
     std::map<std::string, RestartRequest> got;
     for (const auto & [key, kv] : informer_.view()) {
@@ -103,8 +111,6 @@ bool RestartRequests::poll(int wait_ms) {
     }
     if (read) first_read_ = false;
     std::lock_guard lk(mu_);
-    for (auto & [node, a] : unsent)
-        acks_.try_emplace(node, a);
     if (read) requests_ = std::move(got);
     return read;
 }

@@ -74,7 +74,11 @@ class RestartRequests {
     KvStore & kv_;
     ClusterKeys keys_;
     std::set<std::string> nodes_;
+    Clock & clock_;
     Informer informer_;  // the request keys (acknowledgements live elsewhere)
+    //! Acknowledgements etcd refused, sent again from `retry_at_` (poll's thread only).
+    std::map<std::string, RestartAck> retry_;
+    int64_t retry_at_ = 0;
     std::map<std::string, int64_t> refused_;
     std::map<std::string, int64_t> baseline_;  // node → the gen of a request older than this process
     bool first_read_ = true;
