@@ -401,6 +401,20 @@ std::string EtcdClient::erase(const std::string & key) {
     return call("/v3/kv/deleterange", json{{"key", base64(key)}}.dump(), r, timeout_ms_);
 }
 
+std::string EtcdClient::erase_if_created(const std::string & key, int64_t create_revision, bool & erased) {
+    const json body{{"compare", json::array({{{"key", base64(key)},
+                                              {"result", "EQUAL"},
+                                              {"target", "CREATE"},
+                                              {"create_revision", std::to_string(create_revision)}}})},
+                    {"success", json::array({{{"request_delete_range", {{"key", base64(key)}}}}})}};
+    std::string r;
+    if (auto e = call("/v3/kv/txn", body.dump(), r, timeout_ms_); !e.empty()) return e;
+    const auto j = json::parse(r, nullptr, false);
+    if (!j.is_object()) return "etcd txn: unreadable reply";
+    erased = j.contains("succeeded") && j["succeeded"].is_boolean() && j["succeeded"].get<bool>();
+    return {};
+}
+
 std::string EtcdClient::txn(const std::vector<EtcdCompare> & compares,
                             const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
                             int64_t & revision) {

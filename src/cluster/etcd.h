@@ -81,6 +81,9 @@ class EtcdClient {
     //! Every key under `prefix`, and the store's revision at the time (to watch from after it).
     std::string list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision);
     std::string erase(const std::string & key);
+    //! Deletes `key` only while its create revision is `create_revision` (the same key, not one
+    //! made again since); `erased` says whether it did.
+    std::string erase_if_created(const std::string & key, int64_t create_revision, bool & erased);
     //! Puts every `puts` pair only if every compare holds, atomically (etcd's txn). `succeeded`
     //! says whether they held; `revision` is the store's revision after it.
     std::string txn(const std::vector<EtcdCompare> & compares,

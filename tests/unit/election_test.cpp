@@ -67,6 +67,28 @@ TEST(Election, ACandidacyUnderAnEndedLeaseOrNoLeaseIsRefused) {
     EXPECT_TRUE(kvs.empty());
 }
 
+TEST(Election, AResignDeletesOnlyTheCandidacyItMade) {
+    MemoryKv kv;
+    const int64_t la = kv.grant(), lb = kv.grant();
+    EtcdLeader a, b, now;
+    ASSERT_EQ(stand(kv, "/e", "a", la, a), "");
+    ASSERT_EQ(stand(kv, "/e", "b", lb, b), "");
+    // a's key made again under the same lease (a restore, then a stand): a newer candidacy.
+    ASSERT_EQ(kv.erase(a.key), "");
+    EtcdLeader again;
+    ASSERT_EQ(stand(kv, "/e", "a", la, again), "");
+    ASSERT_NE(again.rev, a.rev);
+    ASSERT_EQ(resign(kv, a), "");
+    std::optional<EtcdKv> kept;
+    ASSERT_EQ(kv.get(a.key, kept), "");
+    EXPECT_TRUE(kept) << "a resign of the old term deleted the newer candidacy";
+    ASSERT_EQ(resign(kv, again), "");
+    ASSERT_EQ(kv.get(a.key, kept), "");
+    EXPECT_FALSE(kept);
+    ASSERT_EQ(election_leader(kv, "/e", now), "");
+    EXPECT_EQ(now.key, b.key);
+}
+
 TEST(Election, AViewFollowsTheElectionAndIsUnknownWhileTheStoreIsDown) {
     MemoryKv kv;
     ElectionView view(kv, "/e");

@@ -43,6 +43,9 @@ class ForwardingKv : public KvStore {
     std::string list(const std::string & p, std::vector<EtcdKv> & o, int64_t & r) override { return in_.list(p, o, r); }
     std::string put(const std::string & k, const std::string & v, int64_t l) override { return in_.put(k, v, l); }
     std::string erase(const std::string & k) override { return in_.erase(k); }
+    std::string erase_if_created(const std::string & k, int64_t rev, bool & erased) override {
+        return in_.erase_if_created(k, rev, erased);
+    }
     std::string txn(const std::vector<EtcdCompare> & c, const std::vector<std::pair<std::string, std::string>> & p,
                     bool & ok, int64_t & r) override {
         return in_.txn(c, p, ok, r);

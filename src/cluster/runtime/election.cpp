@@ -42,7 +42,10 @@ std::string election_leader(KvStore & kv, const std::string & election, EtcdLead
 }
 
 std::string resign(KvStore & kv, const EtcdLeader & me) {
-    return kv.erase(me.key);
+    // Only the candidacy `me` made: a key of that name made again since (a restore, then a new
+    // stand under the same lease) is not this term's to delete.
+    bool erased = false;
+    return kv.erase_if_created(me.key, me.rev, erased);
 }
 
 bool ElectionView::refresh(int wait_ms, std::string & error) {

@@ -203,6 +203,20 @@ std::string MemoryKv::erase(const std::string & key) {
     return {};
 }
 
+std::string MemoryKv::erase_if_created(const std::string & key, int64_t create_revision, bool & erased) {
+    std::lock_guard lk(mu_);
+    if (down_) return kDown;
+    ++calls_;
+    auto it = keys_.find(key);
+    erased = it != keys_.end() && it->second.create_revision == create_revision;
+    if (!erased) return {};
+    ++revision_;
+    ++writes_;
+    emit(deleted(it->first, revision_));
+    keys_.erase(it);
+    return {};
+}
+
 std::string MemoryKv::txn(const std::vector<EtcdCompare> & compares,
                           const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
                           int64_t & revision) {

@@ -37,6 +37,8 @@ class KvStore {
     virtual std::string list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision) = 0;
     virtual std::string put(const std::string & key, const std::string & value, int64_t lease = 0) = 0;
     virtual std::string erase(const std::string & key) = 0;
+    //! Deletes `key` only while its create revision is `create_revision`; `erased` says if it did.
+    virtual std::string erase_if_created(const std::string & key, int64_t create_revision, bool & erased) = 0;
     virtual std::string txn(const std::vector<EtcdCompare> & compares,
                             const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
                             int64_t & revision) = 0;
@@ -65,6 +67,9 @@ class EtcdKvStore final : public KvStore {
         return etcd_.put(key, value, lease);
     }
     std::string erase(const std::string & key) override { return etcd_.erase(key); }
+    std::string erase_if_created(const std::string & key, int64_t create_revision, bool & erased) override {
+        return etcd_.erase_if_created(key, create_revision, erased);
+    }
     std::string txn(const std::vector<EtcdCompare> & compares,
                     const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
                     int64_t & revision) override {
@@ -94,6 +99,7 @@ class MemoryKv final : public KvStore {
     std::string list(const std::string & prefix, std::vector<EtcdKv> & out, int64_t & revision) override;
     std::string put(const std::string & key, const std::string & value, int64_t lease) override;
     std::string erase(const std::string & key) override;
+    std::string erase_if_created(const std::string & key, int64_t create_revision, bool & erased) override;
     std::string txn(const std::vector<EtcdCompare> & compares,
                     const std::vector<std::pair<std::string, std::string>> & puts, bool & succeeded,
                     int64_t & revision) override;
