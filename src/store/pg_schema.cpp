@@ -93,6 +93,8 @@ std::string migrate(PGconn * c) {
     // Tried, not waited for: a node waiting inside a statement holds a snapshot, and another
     // node's concurrent index build waits for every snapshot older than it to go.
     const std::string lock = "SELECT pg_try_advisory_lock(" + std::to_string(kMigrationLock) + ")";
+    const auto wait_began = std::chrono::steady_clock::now();
+    auto said = wait_began;
     for (int wait_ms = 50; e.empty();) {
         Res r(PQexec(c, lock.c_str()));
         if (!r.ok()) {
@@ -100,6 +102,13 @@ std::string migrate(PGconn * c) {
         } else if (r.rows() == 1 && r.text(0, 0) == "t") {
             break;
         } else {
+            // Another node migrates (an index on a large table can take minutes): said, not silent.
+            const auto now = std::chrono::steady_clock::now();
+            if (wait_ms == 50 || now - said >= std::chrono::seconds(30)) {
+                said = now;
+                spdlog::info("schema migration: waiting for another Armada process that migrates this database ({} s)",
+                             std::chrono::duration_cast<std::chrono::seconds>(now - wait_began).count());
+            }
             std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
             wait_ms = std::min(wait_ms * 2, 1000);
         }
@@ -149,7 +158,16 @@ std::string migrate(PGconn * c) {
         }
         if (!e.empty()) e = "schema migration " + std::to_string(v + 1) + ": " + e;
     }
-    if (locked) PQclear(PQexec(c, ("SELECT pg_advisory_unlock(" + std::to_string(kMigrationLock) + ")").c_str()));
+    if (locked) {
+        // The connection lives on as the shard's writer: a lock it kept would stop every node
+        // that starts later. Not given back: the connection goes, and the lock with it.
+        Res r(PQexec(c, ("SELECT pg_advisory_unlock(" + std::to_string(kMigrationLock) + ")").c_str()));
+        if (!r.ok() || r.rows() != 1 || r.text(0, 0) != "t") {
+            spdlog::warn("schema migration: the migration lock was not given back ({}); reconnecting", error_of(c, r));
+            PQreset(c);
+            return e;
+        }
+    }
     PQclear(PQexec(c, "RESET statement_timeout"));
     return e;
 }
