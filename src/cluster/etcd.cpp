@@ -306,8 +306,12 @@ std::string EtcdClient::grant(int ttl_s, int64_t & lease) {
 }
 
 std::string EtcdClient::keepalive(int64_t lease, int64_t & ttl) {
+    return keepalive(lease, ttl, timeout_ms_);
+}
+
+std::string EtcdClient::keepalive(int64_t lease, int64_t & ttl, int timeout_ms) {
     std::string r;
-    if (auto e = call("/v3/lease/keepalive", json{{"ID", std::to_string(lease)}}.dump(), r, timeout_ms_); !e.empty())
+    if (auto e = call("/v3/lease/keepalive", json{{"ID", std::to_string(lease)}}.dump(), r, timeout_ms); !e.empty())
         return e;
     // A stream of one message: {"result": {"ID": …, "TTL": …}}; a lease that is gone has no TTL.
     auto j = json::parse(r.substr(0, r.find('\n')), nullptr, false);

@@ -66,11 +66,15 @@ class EtcdClient {
     //! reached at). Null with `error`: TLS was asked for and cannot be had, and every call fails
     //! with that error rather than go out in the clear.
     void set_tls(std::shared_ptr<boost::asio::ssl::context> tls, std::string error = {});
+    //! How long one call waits on each endpoint.
+    int timeout_ms() const { return timeout_ms_; }
 
     // Leases.
     std::string grant(int ttl_s, int64_t & lease);
     //! Renews the lease; `ttl` comes back as what is left (0 or less: the lease is gone).
     std::string keepalive(int64_t lease, int64_t & ttl);
+    //! As above, waiting at most `timeout_ms` on each endpoint.
+    std::string keepalive(int64_t lease, int64_t & ttl, int timeout_ms);
     std::string revoke(int64_t lease);
     //! The seconds `lease` has left (-1: it has expired or never was).
     std::string lease_ttl(int64_t lease, int64_t & ttl);

@@ -1,5 +1,6 @@
 // A node's membership of its cell, against a real etcd.
 #include "cluster/membership.h"
+#include "hang_proxy.h"
 #include "servers.h"
 
 #include <gtest/gtest.h>
@@ -136,4 +137,29 @@ TEST(NodeMembership, KvIsFetchedOnlyFromAMemberWithALiveLease) {
     EXPECT_EQ(member_url(etcd, key, "n1", why), "http://127.0.0.1:1") << why;
     m.stop();
     EXPECT_EQ(member_url(etcd, key, "n1", why), "");
+}
+
+TEST(NodeMembership, ALeaseIsRenewedThroughTheNextEndpointWhileTheFirstHangs) {
+    // etcd reached through a proxy first, and directly second. Once the proxy hangs, every
+    // renewal waits on it before the next endpoint answers: a wait longer than what is left of
+    // the TTL would lose the lease of a node that is well.
+    HangProxy proxy(std::stoi(servers().etcd.endpoint().substr(servers().etcd.endpoint().rfind(':') + 1)));
+    ASSERT_NE(proxy.port(), 0);
+    const std::string key = "/m10/cells/c1/nodes/n1";
+    NodeMembership m(EtcdClient({"127.0.0.1:" + std::to_string(proxy.port()), servers().etcd.endpoint()}, 5000), key, 3,
+                     1000, [] { return NodeLoad{}; });
+    m.start();
+    ASSERT_TRUE(eventually([&] { return m.registrations() == 1 && reported(key).has_value(); }));
+    const int64_t lease = m.lease();
+    proxy.hang();
+    // Three TTLs: each renewal gives up on the proxy within a quarter of the TTL.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(9);
+    while (std::chrono::steady_clock::now() < until) {
+        ASSERT_EQ(m.lease(), lease) << "the lease was lost while one endpoint hung";
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(m.registrations(), 1);
+    EXPECT_TRUE(reported(key).has_value());
+    proxy.resume();
+    m.stop();
 }

@@ -74,14 +74,46 @@ std::unique_ptr<KvWatch> EtcdKvStore::watch(const std::string & prefix, int64_t 
 
 std::string EtcdKvStore::lease_grant(int64_t ttl_ms, int64_t & lease) {
     const int ttl_s = int(std::max<int64_t>(1, (ttl_ms + 999) / 1000));
-    return etcd_.grant(ttl_s, lease);
+    auto e = etcd_.grant(ttl_s, lease);
+    if (e.empty()) {
+        std::lock_guard lk(ttl_mu_);
+        // Leases that ended without a revoke are forgotten first (the ids grow).
+        while (ttl_ms_.size() >= 64)
+            ttl_ms_.erase(ttl_ms_.begin());
+        ttl_ms_[lease] = int64_t(ttl_s) * 1000;
+    }
+    return e;
+}
+
+int EtcdKvStore::keepalive_timeout_ms(int64_t lease) const {
+    const int whole = etcd_.timeout_ms();
+    std::lock_guard lk(ttl_mu_);
+    const auto it = ttl_ms_.find(lease);
+    if (it == ttl_ms_.end()) return whole;
+    // A renewal comes a third of the TTL after the last; a quarter more on an endpoint that hangs
+    // still leaves it in time, with the next endpoint answering.
+    return int(std::clamp<int64_t>(it->second / 4, 200, whole));
 }
 
 std::string EtcdKvStore::lease_keepalive(int64_t lease, bool & alive) {
     int64_t ttl = 0;
-    auto e = etcd_.keepalive(lease, ttl);
-    if (e.empty()) alive = ttl > 0;
+    auto e = etcd_.keepalive(lease, ttl, keepalive_timeout_ms(lease));
+    if (e.empty()) {
+        alive = ttl > 0;
+        if (!alive) {
+            std::lock_guard lk(ttl_mu_);
+            ttl_ms_.erase(lease);
+        }
+    }
     return e;
+}
+
+std::string EtcdKvStore::lease_revoke(int64_t lease) {
+    {
+        std::lock_guard lk(ttl_mu_);
+        ttl_ms_.erase(lease);
+    }
+    return etcd_.revoke(lease);
 }
 
 // ---- MemoryKv ----

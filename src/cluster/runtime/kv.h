@@ -55,7 +55,10 @@ class KvStore {
     virtual std::string lease_revoke(int64_t lease) = 0;
 };
 
-//! etcd through its JSON gateway. A watch streams on a thread of its own.
+//! etcd through its JSON gateway. A watch streams on a thread of its own. A renewal of a lease it
+//! granted waits at most a quarter of that lease's TTL on each endpoint (never more than the
+//! client's own timeout): one endpoint that hangs must not keep a lease from being renewed
+//! through the next before it ends.
 class EtcdKvStore final : public KvStore {
   public:
     explicit EtcdKvStore(EtcdClient etcd) : etcd_(std::move(etcd)) {}
@@ -79,11 +82,15 @@ class EtcdKvStore final : public KvStore {
     std::string status(EtcdStatus & out, bool & alarms_known) override { return etcd_.status(out, alarms_known); }
     std::string lease_grant(int64_t ttl_ms, int64_t & lease) override;
     std::string lease_keepalive(int64_t lease, bool & alive) override;
-    std::string lease_revoke(int64_t lease) override { return etcd_.revoke(lease); }
+    std::string lease_revoke(int64_t lease) override;
     EtcdClient & client() { return etcd_; }
+    //! How long a renewal of `lease` waits on each endpoint.
+    int keepalive_timeout_ms(int64_t lease) const;
 
   private:
     EtcdClient etcd_;
+    mutable std::mutex ttl_mu_;
+    std::map<int64_t, int64_t> ttl_ms_;  // leases granted here, and their TTLs (ttl_mu_)
 };
 
 //! etcd's data model in memory: one revision counter, create and mod revisions, leases whose
