@@ -1,5 +1,6 @@
 #pragma once
 
+#include "store/directory.h"
 #include "store/store.h"
 
 #include <atomic>
@@ -28,27 +29,6 @@ struct PostgresConfig {
     int client_grace_ms = 2000;
 };
 
-//! A tenant, as the gateways' admin API manages it. A quota of 0 is unlimited.
-struct TenantRecord {
-    std::string name;
-    int64_t rpm = 0;            // requests per minute
-    int64_t tpm = 0;            // model tokens per minute
-    int64_t live_sessions = 0;  // sessions not yet ended
-    int64_t kv_bytes = 0;       // KV cache held on nodes
-    int64_t created_ms = 0, updated_ms = 0;
-};
-
-//! An API key of a tenant. Only the key's SHA-256 is stored; `id` and `prefix` name it in
-//! listings and logs.
-struct KeyRecord {
-    std::string id, hash, tenant, prefix;
-    bool admin = false;
-    int64_t created_ms = 0;
-};
-
-//! How a change to tenants or keys went.
-enum class AdminResult { ok, exists, missing, unavailable };
-
 //! The cluster's store: PostgreSQL, with the same promise as SQLite (a commit's callback reports
 //! ok only after COMMIT returned). Per shard, one writer connection and thread take everything
 //! queued and commit it in one transaction (group commit); each batch sits in its own savepoint,
@@ -62,7 +42,7 @@ enum class AdminResult { ok, exists, missing, unavailable };
 //! Schema migrations are versioned in `armada_schema` and applied at open under an advisory lock,
 //! so nodes starting together do not race. A batch that touches several shards is committed per
 //! shard (not atomically across them); the agent layer writes one session per batch.
-class PostgresStore : public Store {
+class PostgresStore : public Store, public Directory {
   public:
     static std::unique_ptr<PostgresStore> open(const PostgresConfig & cfg, std::string & error);
     ~PostgresStore() override;
@@ -102,18 +82,15 @@ class PostgresStore : public Store {
     //! The ids of `owner`'s sessions not in `ended` (API sessions only: not those behind stored
     //! responses), over every shard; nullopt when a shard cannot be read.
     std::optional<std::vector<std::string>> open_ids_of(const std::string & owner,
-                                                        const std::vector<std::string> & ended);
+                                                        const std::vector<std::string> & ended) override;
     // Tenants and their keys (on the first shard), for the gateways.
-    std::optional<std::vector<TenantRecord>> tenants();
-    std::optional<std::vector<KeyRecord>> keys();
-    AdminResult create_tenant(const TenantRecord & t);
-    //! Sets the quotas of an existing tenant.
-    AdminResult update_tenant(const TenantRecord & t);
-    //! Removes the tenant and its keys (its sessions stay until they expire).
-    AdminResult delete_tenant(const std::string & name);
-    //! `missing` when the tenant does not exist.
-    AdminResult create_key(const KeyRecord & k);
-    AdminResult delete_key(const std::string & id);
+    std::optional<std::vector<TenantRecord>> tenants() override;
+    std::optional<std::vector<KeyRecord>> keys() override;
+    AdminResult create_tenant(const TenantRecord & t) override;
+    AdminResult update_tenant(const TenantRecord & t) override;
+    AdminResult delete_tenant(const std::string & name) override;
+    AdminResult create_key(const KeyRecord & k) override;
+    AdminResult delete_key(const std::string & id) override;
 
     size_t shards() const { return shards_.size(); }
     //! Which shard holds a session (or response) id.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <limits>
 
 namespace armada::store {
 
@@ -10,6 +11,17 @@ std::optional<std::vector<SessionRecord>> Store::open_sessions(const std::string
     auto all = sessions_not_in(ended_states);
     std::erase_if(all, [&](const SessionRecord & r) { return r.cell != cell || (!node.empty() && r.node != node); });
     return all;
+}
+
+std::optional<std::vector<std::string>> Store::open_ids_of(const std::string & owner,
+                                                           const std::vector<std::string> & ended) {
+    auto all = sessions_of(owner, "", std::numeric_limits<size_t>::max());
+    if (!all) return std::nullopt;
+    std::vector<std::string> out;
+    for (const auto & r : *all) {
+        if (std::find(ended.begin(), ended.end(), r.state) == ended.end()) out.push_back(r.id);
+    }
+    return out;
 }
 
 std::string leader_fenced(const Batch::Leadership & l) {

@@ -153,6 +153,10 @@ class Store {
     //! for "no session is open".
     virtual std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
                                                                     const std::vector<std::string> & ended_states);
+    //! The ids of `owner`'s sessions not in `ended` (agent sessions only, not stored responses);
+    //! nullopt when the read failed. The default filters `sessions_of`.
+    virtual std::optional<std::vector<std::string>> open_ids_of(const std::string & owner,
+                                                                const std::vector<std::string> & ended);
     //! A tenant's sessions (agent sessions, not stored agents or responses), newest first, at most
     //! `limit`, only those in `state` unless it is empty. Nullopt when the read failed.
     virtual std::optional<std::vector<SessionRecord>> sessions_of(const std::string & owner, const std::string & state,
@@ -211,6 +215,10 @@ class ForwardingStore : public Store {
     std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
                                                             const std::vector<std::string> & ended) override {
         return inner_.open_sessions(cell, node, ended);
+    }
+    std::optional<std::vector<std::string>> open_ids_of(const std::string & owner,
+                                                        const std::vector<std::string> & ended) override {
+        return inner_.open_ids_of(owner, ended);
     }
     std::optional<std::vector<SessionRecord>> sessions_of(const std::string & owner, const std::string & state,
                                                           size_t limit) override {
