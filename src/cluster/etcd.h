@@ -68,6 +68,7 @@ class EtcdClient {
     void set_tls(std::shared_ptr<boost::asio::ssl::context> tls, std::string error = {});
     //! How long one call waits on each endpoint.
     int timeout_ms() const { return timeout_ms_; }
+    size_t endpoint_count() const { return endpoints_.size(); }
 
     // Leases.
     std::string grant(int ttl_s, int64_t & lease);

@@ -152,7 +152,8 @@ TEST(NodeMembership, ALeaseIsRenewedThroughTheNextEndpointWhileTheFirstHangs) {
     ASSERT_TRUE(eventually([&] { return m.registrations() == 1 && reported(key).has_value(); }));
     const int64_t lease = m.lease();
     proxy.hang();
-    // Three TTLs: each renewal gives up on the proxy within a quarter of the TTL.
+    // Three TTLs: each renewal gives up on the proxy within a third of the TTL (two thirds, shared
+    // by the two endpoints).
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(9);
     while (std::chrono::steady_clock::now() < until) {
         ASSERT_EQ(m.lease(), lease) << "the lease was lost while one endpoint hung";

@@ -90,9 +90,12 @@ int EtcdKvStore::keepalive_timeout_ms(int64_t lease) const {
     std::lock_guard lk(ttl_mu_);
     const auto it = ttl_ms_.find(lease);
     if (it == ttl_ms_.end()) return whole;
-    // A renewal comes a third of the TTL after the last; a quarter more on an endpoint that hangs
-    // still leaves it in time, with the next endpoint answering.
-    return int(std::clamp<int64_t>(it->second / 4, 200, whole));
+    // A renewal comes a third of the TTL after the last, so two thirds are left for it, shared
+    // by the endpoints it may have to try: one that hangs still leaves the next in time. With
+    // one endpoint, a slow answer (a loaded etcd) gets all of it.
+    const int64_t left = it->second * 2 / 3;
+    const auto n = int64_t(std::max<size_t>(1, etcd_.endpoint_count()));
+    return int(std::clamp<int64_t>(left / n, 200, whole));
 }
 
 std::string EtcdKvStore::lease_keepalive(int64_t lease, bool & alive) {

@@ -56,9 +56,9 @@ class KvStore {
 };
 
 //! etcd through its JSON gateway. A watch streams on a thread of its own. A renewal of a lease it
-//! granted waits at most a quarter of that lease's TTL on each endpoint (never more than the
-//! client's own timeout): one endpoint that hangs must not keep a lease from being renewed
-//! through the next before it ends.
+//! granted waits on each endpoint at most two thirds of that lease's TTL shared by the endpoints
+//! (never more than the client's own timeout): one endpoint that hangs must not keep a lease
+//! from being renewed through the next before it ends.
 class EtcdKvStore final : public KvStore {
   public:
     explicit EtcdKvStore(EtcdClient etcd) : etcd_(std::move(etcd)) {}
