@@ -2,6 +2,7 @@
 
 #include "agent/agent_spec.h"
 #include "agent/ports.h"
+#include "agent/prompt_builder.h"
 #include "agent/session_state.h"
 #include "engine/chat_format.h"
 #include "obs/metrics.h"
@@ -433,12 +434,5 @@ class SessionManager {
     std::atomic<uint64_t> agents_declared_{0};  // declarations made here, so a sync never prunes one it did not read
     void sync_agents(bool force);
 };
-
-//! A tool's output as the model sees it: inside a `<tool_output … trust="untrusted">` envelope
-//! that nothing in the output can close, with chat-template control tokens ("<|…") broken up.
-std::string label_tool_output(const std::string & tool, const std::string & content);
-//! The agent's system message: its instructions and, when it has tools, the note that tool
-//! output is untrusted data. None when both are empty.
-std::optional<common_chat_msg> system_message(const AgentSpec & a);
 
 }  // namespace armada::agent
