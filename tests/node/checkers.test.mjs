@@ -52,4 +52,10 @@ test('a finished call sent again is caught; one outstanding at a fault is allowe
   assert.throws(() => assertNoFinishedCallRepeated(tools(6500, 6500), sessions, [6000]), /had finished before any fault/);
   // Sent again with no fault at all.
   assert.throws(() => assertNoFinishedCallRepeated(tools(5500, 5500), sessions, []), /had finished/);
+  // First sent 3 s into the only fault (two nodes ran the session after it): not outstanding at
+  // it, when the check asks when the call was first sent; a call first sent 1 s into it is.
+  const late = { ...tools(4500, 4500), firstAt: new Map([['s:1:0', 3000]]) };
+  assertNoFinishedCallRepeated(late, sessions, [0]);
+  assert.throws(() => assertNoFinishedCallRepeated(late, sessions, [0], { firstSentWithinMs: 2000 }), /had finished/);
+  assertNoFinishedCallRepeated({ ...late, firstAt: new Map([['s:1:0', 1000]]) }, sessions, [0], { firstSentWithinMs: 2000 });
 });

@@ -42,7 +42,14 @@ export function assertCompleteLog(s, toolSteps) {
 // arrived before the result was durable (a repeat of a finished call is the bug this catches).
 // When the tool server first read a call says little: a request a process wrote just before its
 // SIGKILL is still delivered by the kernel, and on 2 loaded cores the server may read it late.
-export function assertNoFinishedCallRepeated(tools, sessions, kills) {
+//
+// `firstSentWithinMs`, when given, also requires that the call was first sent before that fault
+// began, or at most this long after it (a request written just before a SIGKILL is read late):
+// a call first sent well into a fault was not outstanding at it. Two nodes that each run the
+// session after a node was stopped past its lease (fencing or the lease gate broken) both send
+// its next call seconds after the stop began, before its result is durable: only this tells
+// that apart from a re-send.
+export function assertNoFinishedCallRepeated(tools, sessions, kills, { firstSentWithinMs = Infinity } = {}) {
   const resultAt = new Map();
   for (const s of sessions) {
     for (const st of s.steps.filter((x) => x.kind === 'tool_result')) resultAt.set(st.idempotency_key, st.ts_ms);
@@ -51,8 +58,9 @@ export function assertNoFinishedCallRepeated(tools, sessions, kills) {
     const done = resultAt.get(k);
     const again = tools.replayAt.get(k);
     const lastArrival = (tools.arrivals.get(k) ?? []).at(-1);
-    assert.ok(kills.some((t) => done >= t && again >= t) && lastArrival <= done,
-      `key ${k} was sent ${n + 1} times, but it had finished before any fault (first sent ${tools.firstAt.get(k)}, ` +
+    const first = tools.firstAt.get(k);
+    assert.ok(kills.some((t) => done >= t && again >= t && !(first > t + firstSentWithinMs)) && lastArrival <= done,
+      `key ${k} was sent ${n + 1} times, but it had finished before any fault, or was first sent well after the fault began (first sent ${tools.firstAt.get(k)}, ` +
       `repeated ${again}, last arrived ${lastArrival}, result ${done}, faults ${kills})`);
   }
 }
