@@ -10,7 +10,7 @@
 #include "cluster/runtime/cell_runner.h"
 #include "cluster/runtime/elected.h"
 #include "obs/log.h"
-#include "store/postgres_store.h"
+#include "store/cluster_store.h"
 
 #include <spdlog/spdlog.h>
 
@@ -40,7 +40,7 @@ class CellProcess {
         pc.read_connections = cfg_.pg_pool;
         brain_store_limits(cfg_.lease_ttl_s, pc.statement_timeout_ms, pc.client_grace_ms);
         std::string err;
-        auto store = store::PostgresStore::open(pc, err);
+        auto store = store::open_cluster_store(pc, err);
         if (!store) return fail("PostgreSQL: " + err);
         auto js = JetStream::connect(cfg_.nats, err, cfg_.nats_auth);
         if (!js) return fail("NATS at " + cfg_.nats + ": " + err);

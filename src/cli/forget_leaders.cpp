@@ -1,6 +1,6 @@
 #include "cli/cluster_up.h"
 #include "cluster/cluster_config.h"
-#include "store/postgres_store.h"
+#include "store/cluster_store.h"
 
 #include <cstdio>
 
@@ -20,7 +20,7 @@ int forget_leaders(const std::string & cluster_file) {
     store::PostgresConfig pc;
     pc.urls = cfg->postgres;
     pc.read_connections = 1;
-    auto st = store::PostgresStore::open(pc, err);
+    auto st = store::open_cluster_store(pc, err);
     if (!st) {
         fprintf(stderr, "error: PostgreSQL: %s\n", err.c_str());
         return 1;

@@ -13,7 +13,7 @@
 #include "cluster/runtime/elected.h"
 #include "cluster/runtime/global_runner.h"
 #include "obs/log.h"
-#include "store/postgres_store.h"
+#include "store/cluster_store.h"
 
 #include <spdlog/spdlog.h>
 
@@ -55,7 +55,7 @@ class GlobalProcess {
         pc.read_connections = cfg_.pg_pool;
         brain_store_limits(cfg_.lease_ttl_s, pc.statement_timeout_ms, pc.client_grace_ms);
         std::string err;
-        auto store = store::PostgresStore::open(pc, err);
+        auto store = store::open_cluster_store(pc, err);
         if (!store) return fail("PostgreSQL: " + err);
         auto js = JetStream::connect(cfg_.nats, err, cfg_.nats_auth);
         if (!js) return fail("NATS at " + cfg_.nats + ": " + err);

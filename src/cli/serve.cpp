@@ -22,9 +22,9 @@
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
+#include "store/cluster_store.h"
 #include "store/crash_point.h"
 #include "store/open.h"
-#include "store/postgres_store.h"
 #include "tools/client_calls.h"
 #include "tools/http_tool.h"
 #include "tools/mcp_client.h"
@@ -282,7 +282,7 @@ int serve(const ServeOptions & opt) {
         store::PostgresConfig pc;
         pc.urls = ccfg->postgres;
         pc.read_connections = ccfg->pg_pool;
-        store = store::PostgresStore::open(pc, store_err);
+        store = store::open_cluster_store(pc, store_err);
     } else {
         store = store::open(opt.state, {opt.data_dir, opt.pg_pool}, store_err);
         if (!store && store::postgres_urls(opt.state).empty() && opt.state != "sqlite" && !opt.state.empty())

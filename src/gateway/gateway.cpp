@@ -21,7 +21,7 @@
 #include "gateway/session_api.h"
 #include "obs/log.h"
 #include "obs/trace.h"
-#include "store/postgres_store.h"
+#include "store/cluster_store.h"
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -126,7 +126,7 @@ std::string Gateway::start() {
     store::PostgresConfig pc;
     pc.urls = cfg_.postgres;
     pc.read_connections = cfg_.pg_pool;
-    store_ = store::PostgresStore::open(pc, err);
+    store_ = store::open_cluster_store(pc, err);
     if (!store_) return "PostgreSQL: " + err;
     js_ = cluster::JetStream::connect(cfg_.nats, err, cfg_.nats_auth);
     if (!js_) return "NATS at " + cfg_.nats + ": " + err;

@@ -45,7 +45,7 @@ struct QuotaRefusal;
 }  // namespace armada::cluster
 
 namespace armada::store {
-class PostgresStore;
+class ClusterStore;
 }
 
 namespace armada::gateway {
@@ -125,7 +125,7 @@ class Gateway {
     BodyLimits body_limits_;
 
     // Dependencies, opened by `start`.
-    std::unique_ptr<store::PostgresStore> store_;
+    std::unique_ptr<store::ClusterStore> store_;
     std::unique_ptr<cluster::JetStream> js_;
     std::unique_ptr<cluster::RedisPool> redis_;  // null: no Redis
     std::unique_ptr<cluster::Quotas> quotas_;

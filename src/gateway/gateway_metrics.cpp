@@ -7,7 +7,7 @@
 #include "gateway/pools.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
-#include "store/postgres_store.h"
+#include "store/cluster_store.h"
 
 namespace armada::gateway {
 

@@ -18,6 +18,10 @@ std::vector<std::string> postgres_urls(const std::string & state) {
     return urls;
 }
 
+std::unique_ptr<ClusterStore> open_cluster_store(const PostgresConfig & cfg, std::string & error) {
+    return PostgresStore::open(cfg, error);
+}
+
 std::unique_ptr<Store> open(const std::string & state, const OpenOptions & o, std::string & error) {
     if (state.empty() || state == "sqlite") return SqliteStore::open(o.data_dir, error);
     if (auto urls = postgres_urls(state); !urls.empty()) {

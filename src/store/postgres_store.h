@@ -1,7 +1,6 @@
 #pragma once
 
-#include "store/directory.h"
-#include "store/store.h"
+#include "store/cluster_store.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -13,21 +12,6 @@
 struct pg_conn;
 
 namespace armada::store {
-
-struct PostgresConfig {
-    //! One connection string per shard (`postgres://user@host:port/db`); sessions, their steps
-    //! and responses are spread over them by a hash of their id, agents live on the first.
-    std::vector<std::string> urls;
-    int read_connections = 4;  // per shard, opened and checked at start
-    int pool_wait_ms = 5000;   // a read waits at most this long for a free connection
-    int connect_timeout_s = 5;
-    //! The server ends any statement that runs longer (statement_timeout), and the client gives
-    //! up `client_grace_ms` after that on a server that does not answer at all (0: no limits).
-    int statement_timeout_ms = 10000;
-    //! A brain sets both from its lease TTL, so that a call to a server that hangs returns before
-    //! the brain's own stall check gives its lead up.
-    int client_grace_ms = 2000;
-};
 
 //! The cluster's store: PostgreSQL, with the same promise as SQLite (a commit's callback reports
 //! ok only after COMMIT returned). Per shard, one writer connection and thread take everything
@@ -42,7 +26,7 @@ struct PostgresConfig {
 //! Schema migrations are versioned in `armada_schema` and applied at open under an advisory lock,
 //! so nodes starting together do not race. A batch that touches several shards is committed per
 //! shard (not atomically across them); the agent layer writes one session per batch.
-class PostgresStore : public Store, public Directory {
+class PostgresStore : public ClusterStore {
   public:
     static std::unique_ptr<PostgresStore> open(const PostgresConfig & cfg, std::string & error);
     ~PostgresStore() override;
