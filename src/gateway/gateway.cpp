@@ -36,7 +36,6 @@ namespace armada::gateway {
 namespace {
 
 using json = nlohmann::json;
-using api::HttpRequest;
 using api::Responder;
 
 //! How long the gateway follows one etcd watch before it lists the cluster afresh.
