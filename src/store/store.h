@@ -154,7 +154,8 @@ class Store {
     virtual std::optional<std::vector<SessionRecord>> open_sessions(const std::string & cell, const std::string & node,
                                                                     const std::vector<std::string> & ended_states);
     //! The ids of `owner`'s sessions not in `ended` (agent sessions only, not stored responses);
-    //! nullopt when the read failed. The default filters `sessions_of`.
+    //! nullopt when the read failed. The default filters `sessions_of` (nullopt for an owner with
+    //! more rows than it returns).
     virtual std::optional<std::vector<std::string>> open_ids_of(const std::string & owner,
                                                                 const std::vector<std::string> & ended);
     //! A tenant's sessions (agent sessions, not stored agents or responses), newest first, at most

@@ -210,6 +210,29 @@ TEST_P(StoreSuite, ATenantsSessionsListNewestFirstWithoutOtherTenantsOrStoredAge
     EXPECT_EQ((*b_only)[0].id, "b0");
 }
 
+TEST_P(StoreSuite, ATenantsOpenSessionsLeaveOutEndedOnesOtherTenantsAndStoredAgents) {
+    // What a gateway counts against a tenant's live-sessions quota (PostgreSQL's own query; the
+    // interface's default on the other stores).
+    Batch b;
+    for (int i = 0; i < 4; ++i)
+        b.sessions.push_back(session("a" + std::to_string(i), i % 2 ? "completed" : "running"));
+    b.sessions.push_back(session("a4", "failed"));
+    SessionRecord other = session("b0");
+    other.owner = "tenant-b";
+    b.sessions.push_back(other);
+    SessionRecord stored = session("@agent:y");
+    stored.agent_id = "@agent";
+    b.sessions.push_back(stored);
+    ASSERT_TRUE(store->commit_sync(std::move(b)).ok);
+    auto open = store->open_ids_of("tenant-a", {"completed", "failed", "cancelled"});
+    ASSERT_TRUE(open);
+    std::sort(open->begin(), open->end());
+    EXPECT_EQ(*open, (std::vector<std::string>{"a0", "a2"}));
+    open = store->open_ids_of("tenant-b", {"completed", "failed", "cancelled"});
+    ASSERT_TRUE(open);
+    EXPECT_EQ(*open, (std::vector<std::string>{"b0"}));
+}
+
 TEST_P(StoreSuite, AnUpsertLeavesTheAssignmentAlone) {
     Batch b;
     b.sessions.push_back(session("s1"));
