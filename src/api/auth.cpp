@@ -1,5 +1,7 @@
 #include "api/auth.h"
 
+#include "common/hash.h"
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -19,11 +21,7 @@ bool constant_time_equal(const std::string & a, const std::string & b) {
 
 std::string owner_of(const std::string & api_key) {
     if (api_key.empty()) return {};
-    uint64_t h = 1469598103934665603ULL;  // FNV-1a
-    for (unsigned char c : api_key) {
-        h ^= c;
-        h *= 1099511628211ULL;
-    }
+    const uint64_t h = common::fnv1a64(api_key);
     char buf[17];
     snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
     return buf;

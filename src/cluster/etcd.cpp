@@ -1,5 +1,6 @@
 #include "cluster/etcd.h"
 
+#include "common/json_fields.h"
 #include "tools/tls.h"
 
 #include <boost/asio/connect.hpp>
@@ -104,10 +105,10 @@ void with_stream(net::io_context & ioc, const std::shared_ptr<net::ssl::context>
 std::string error_text(const std::string & body) {
     auto j = json::parse(body, nullptr, false);
     if (j.is_object()) {
-        if (j.contains("message") && j["message"].is_string()) return j["message"];
-        if (j.contains("error") && j["error"].is_string()) return j["error"];
-        if (j.contains("error") && j["error"].is_object()) {
-            const std::string m = str(j["error"], "message");
+        if (auto m = common::string_field(j, "message")) return *m;
+        if (auto e = common::string_field(j, "error")) return *e;
+        if (const auto * e = common::object_field(j, "error")) {
+            const std::string m = str(*e, "message");
             return m.empty() ? body.substr(0, 300) : m;
         }
     }
@@ -369,17 +370,16 @@ std::string EtcdClient::status(EtcdStatus & out, bool & alarms_known) {
     out.db_bytes = i64(j, "dbSize");
     out.db_in_use_bytes = i64(j, "dbSizeInUse");
     out.revision = j.contains("header") ? i64(j["header"], "revision") : 0;
-    if (j.contains("version") && j["version"].is_string()) out.version = j["version"].get<std::string>();
+    out.version = common::string_field(j, "version").value_or("");
     alarms_known = false;
     std::string a;
     if (call("/v3/maintenance/alarm", R"({"action":"GET"})", a, timeout_ms_).empty()) {
         auto ja = json::parse(a, nullptr, false);
         if (ja.is_object()) {
             alarms_known = true;
-            if (ja.contains("alarms") && ja["alarms"].is_array())
-                for (const auto & al : ja["alarms"])
-                    if (al.is_object() && al.contains("alarm") && al["alarm"].is_string())
-                        out.alarms.push_back(al["alarm"].get<std::string>());
+            if (const auto * alarms = common::array_field(ja, "alarms"))
+                for (const auto & al : *alarms)
+                    if (auto name = common::string_field(al, "alarm")) out.alarms.push_back(std::move(*name));
         }
     }
     return {};
@@ -415,7 +415,7 @@ std::string EtcdClient::erase_if_created(const std::string & key, int64_t create
     if (auto e = call("/v3/kv/txn", body.dump(), r, timeout_ms_); !e.empty()) return e;
     const auto j = json::parse(r, nullptr, false);
     if (!j.is_object()) return "etcd txn: unreadable reply";
-    erased = j.contains("succeeded") && j["succeeded"].is_boolean() && j["succeeded"].get<bool>();
+    erased = common::bool_field(j, "succeeded").value_or(false);
     return {};
 }
 
@@ -439,7 +439,7 @@ std::string EtcdClient::txn(const std::vector<EtcdCompare> & compares,
     auto j = json::parse(r, nullptr, false);
     if (!j.is_object()) return "etcd txn: unreadable reply";
     // proto3 JSON leaves a false `succeeded` out.
-    succeeded = j.contains("succeeded") && j["succeeded"].is_boolean() && j["succeeded"].get<bool>();
+    succeeded = common::bool_field(j, "succeeded").value_or(false);
     revision = j.contains("header") ? i64(j["header"], "revision") : 0;
     return {};
 }

@@ -1,5 +1,7 @@
 #include "cluster/global_brain.h"
 
+#include "common/hash.h"
+
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -9,11 +11,7 @@ namespace armada::cluster {
 namespace {
 
 uint64_t fnv1a(const std::string & s) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : s) {
-        h ^= c;
-        h *= 1099511628211ull;
-    }
+    uint64_t h = common::fnv1a64(s);
     // A final mix: FNV's low bits follow the last bytes closely.
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdull;

@@ -1,5 +1,6 @@
 #include "cluster/kube_restarter.h"
 
+#include "common/json_fields.h"
 #include "tools/http_sync.h"
 #include "tools/ssrf.h"
 #include "tools/tls.h"
@@ -323,7 +324,7 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
         if (!rep.error.empty()) return what + ": " + rep.error;
         std::string msg;
         const auto j = json::parse(rep.body, nullptr, false);
-        if (j.is_object() && j.contains("message") && j["message"].is_string()) msg = j["message"].get<std::string>();
+        msg = common::string_field(j, "message").value_or("");
         return what + ": HTTP " + std::to_string(rep.status) + (msg.empty() ? "" : " (" + msg + ")");
     };
     // A 4xx other than a conflict or a throttle will not change by asking again (a forbidden

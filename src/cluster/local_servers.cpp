@@ -1,6 +1,7 @@
 #include "cluster/local_servers.h"
 
 #include "cluster/etcd.h"
+#include "common/hash.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -230,11 +231,7 @@ std::string closed_ancestor(const std::string & dir) {
 
 std::string postgres_home_for(const std::string & data_dir) {
     // FNV-1a of the absolute path: the same data directory finds its database again.
-    uint64_t h = 1469598103934665603ull;
-    for (const unsigned char c : fs::absolute(data_dir).lexically_normal().string()) {
-        h ^= c;
-        h *= 1099511628211ull;
-    }
+    const uint64_t h = common::fnv1a64(fs::absolute(data_dir).lexically_normal().string());
     char name[17];
     std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
     return std::string("/var/lib/armada/postgres/") + name;

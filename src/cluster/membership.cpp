@@ -2,6 +2,7 @@
 
 #include "cluster/runtime/election.h"
 #include "common/clock.h"
+#include "common/json_fields.h"
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -294,8 +295,7 @@ std::optional<NodeLoad> decode_load_json(const std::string & node, const std::st
         l.step_ms = j.value("step_ms", 0.0);
         l.ctx = j.value("ctx", int64_t(0));
         l.seq = j.value("seq", int64_t(0));
-        if (j.contains("by_state") && j["by_state"].is_object())
-            l.by_state = j["by_state"].get<std::map<std::string, int>>();
+        if (const auto * m = common::object_field(j, "by_state")) l.by_state = m->get<std::map<std::string, int>>();
         if (auto s = j.find("signals"); s != j.end() && s->is_object()) {
             // Signals of the wrong shape are no signals, not a report to refuse.
             try {
@@ -304,8 +304,8 @@ std::optional<NodeLoad> decode_load_json(const std::string & node, const std::st
                 l.signals = {};
             }
         }
-        if (j.contains("kv_by_tenant") && j["kv_by_tenant"].is_object())
-            l.kv_by_tenant = j["kv_by_tenant"].get<std::map<std::string, int64_t>>();
+        if (const auto * m = common::object_field(j, "kv_by_tenant"))
+            l.kv_by_tenant = m->get<std::map<std::string, int64_t>>();
     } catch (const json::exception &) {
         return std::nullopt;  // a field of the wrong type: not a report to trust
     }
@@ -360,11 +360,10 @@ std::optional<CellReport> decode_cell_report(const std::string & cell, const std
         r.queued = j.value("queued", 0);
         r.step_ms = j.value("step_ms", 0.0);
         r.leader = j.value("leader", "");
-        if (j.contains("by_tenant") && j["by_tenant"].is_object())
-            r.by_tenant = j["by_tenant"].get<std::map<std::string, int>>();
-        if (j.contains("ended") && j["ended"].is_object()) r.ended = j["ended"].get<std::map<std::string, int64_t>>();
-        if (j.contains("failovers") && j["failovers"].is_array()) {
-            for (const auto & f : j["failovers"]) {
+        if (const auto * m = common::object_field(j, "by_tenant")) r.by_tenant = m->get<std::map<std::string, int>>();
+        if (const auto * m = common::object_field(j, "ended")) r.ended = m->get<std::map<std::string, int64_t>>();
+        if (const auto * fs = common::array_field(j, "failovers")) {
+            for (const auto & f : *fs) {
                 if (r.failovers.size() >= CellReport::kMaxFailovers) break;
                 if (!f.is_object()) continue;
                 r.failovers.push_back(

@@ -1,25 +1,13 @@
 #include "gateway/affinity.h"
 
 #include "common/clock.h"
+#include "common/hash.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 
 namespace armada::gateway {
-
-namespace {
-
-uint64_t fnv1a(const std::string & s) {
-    uint64_t h = 1469598103934665603ULL;
-    for (unsigned char c : s) {
-        h ^= c;
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-}  // namespace
 
 std::optional<std::string> ChatAffinity::node_for(const api::HttpRequest & req, const api::Caller & caller) {
     const auto body = nlohmann::json::parse(req.body, nullptr, false);
@@ -32,7 +20,7 @@ std::optional<std::string> ChatAffinity::node_for(const api::HttpRequest & req, 
         if (first++ == 2) break;
         text += "\x1f" + m.dump();
     }
-    const uint64_t h = fnv1a(text);
+    const uint64_t h = common::fnv1a64(text);
     const int64_t t = common::steady_ms();
     if (redis_) {
         // Shared by every gateway, with a TTL that each turn starts again: the conversation's

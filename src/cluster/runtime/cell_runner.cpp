@@ -3,6 +3,7 @@
 #include "cluster/membership.h"
 #include "cluster/queue.h"
 #include "cluster/runtime/elected.h"
+#include "common/json_fields.h"
 #include "obs/log.h"
 
 #include <spdlog/spdlog.h>
@@ -267,19 +268,17 @@ void CellRunner::take_events() {
     std::string err;
     for (auto & m : events_.fetch(256, 1, err)) {
         const json j = json::parse(m.data, nullptr, false);
-        const auto str = [&](const char * k) {
-            return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string();
-        };
+        const auto str = [&](const char * k) { return common::string_field(j, k).value_or(""); };
         const std::string op = str("op"), node = str("node"), session = str("session");
+        const auto epoch = common::int_field(j, "epoch");
         if (op == "ended" && !session.empty()) {
             if (brain_->node_of(session) == node) brain_->session_closed(session);
-        } else if (op == "movable" && !session.empty() && !node.empty() && j.contains("epoch") &&
-                   j["epoch"].is_number_integer()) {
+        } else if (op == "movable" && !session.empty() && !node.empty() && epoch) {
             if (const std::string tp = str("traceparent"); !tp.empty())
                 if (auto tc = obs::TraceContext::parse(tp)) session_traces_[session] = std::move(*tc);
             if (j.contains("kv_bytes") && j["kv_bytes"].is_number_unsigned())
                 session_kv_bytes_[session] = {node, j["kv_bytes"].get<uint64_t>()};
-            brain_->session_movable(session, node, j["epoch"].get<int64_t>());
+            brain_->session_movable(session, node, *epoch);
         } else if (op == "draining" && !node.empty()) {
             spdlog::info("cell {}: node {} drains; nothing more goes to it", cfg_.cell, node);
             brain_->node_draining(node);
@@ -297,17 +296,16 @@ bool CellRunner::take_places(Leadership & term) {
     for (auto & m : msgs) {
         const json j = json::parse(m.data, nullptr, false);
         // A re-homed session comes with the epoch the global brain gave it (no node yet).
-        if (j.is_object() && j.contains("session") && j["session"].is_string()) {
-            const std::string id = j["session"].get<std::string>();
+        if (const auto session = common::string_field(j, "session")) {
+            const std::string & id = *session;
             // The gateway's request span, when it traces: the parent of this `place`.
-            if (j.contains("traceparent") && j["traceparent"].is_string()) {
-                if (auto tc = obs::TraceContext::parse(j["traceparent"].get<std::string>())) {
+            if (const auto tp = common::string_field(j, "traceparent")) {
+                if (auto tc = obs::TraceContext::parse(*tp)) {
                     if (traces_.size() >= kMaxTraced) traces_.clear();
                     traces_[id] = {*tc, obs::unix_now_ns()};
                 }
             }
-            brain_->session_open(id, "",
-                                 j.contains("epoch") && j["epoch"].is_number_integer() ? j["epoch"].get<int64_t>() : 0);
+            brain_->session_open(id, "", common::int_field(j, "epoch").value_or(0));
             taken += " " + id;
         }
         m.ack();  // the row is durable before the message is sent: reconcile finds it anyway

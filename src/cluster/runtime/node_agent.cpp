@@ -3,6 +3,7 @@
 #include "cluster/membership.h"
 #include "cluster/queue.h"
 #include "cluster/runtime/backoff.h"
+#include "common/json_fields.h"
 #include "obs/log.h"
 
 #include <spdlog/spdlog.h>
@@ -230,17 +231,15 @@ void NodeAgent::command_turn(int wait_ms) {
 
 void NodeAgent::run(const std::string & data) {
     const json j = json::parse(data, nullptr, false);
-    const std::string op = j.is_object() && j.contains("op") && j["op"].is_string() ? j["op"].get<std::string>() : "";
-    if (op != "run" || !j.contains("session") || !j["session"].is_string() || !j.contains("epoch") ||
-        !j["epoch"].is_number_integer()) {
+    const auto session = common::string_field(j, "session");
+    const auto run_epoch = common::int_field(j, "epoch");
+    if (common::string_field(j, "op") != "run" || !session || !run_epoch) {
         spdlog::warn("cluster: unknown command for {}: {}", cfg_.node, data.substr(0, 200));
         return;
     }
-    const std::string id = j["session"].get<std::string>();
-    const int64_t epoch = j["epoch"].get<int64_t>();
-    const auto str = [&](const char * k) {
-        return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string();
-    };
+    const std::string & id = *session;
+    const int64_t epoch = *run_epoch;
+    const auto str = [&](const char * k) { return common::string_field(j, k).value_or(""); };
     // The brain's `place` span, when it traces: the parent of the session's next turn.
     std::optional<obs::TraceContext> trace;
     if (const std::string tp = str("traceparent"); !tp.empty()) trace = obs::TraceContext::parse(tp);
