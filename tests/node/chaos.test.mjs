@@ -243,5 +243,14 @@ test(`a seeded nemesis for ${CHAOS_S} s: every session completes, no finished ca
   const replays = new Map([...tools.replays].filter(([k]) => mine.has(k)));
   // A call outstanding at a fault was sent before it began (read by the tool server at most
   // 2 s late); a node that runs on after it lost its session sends calls well after.
-  assertNoFinishedCallRepeated({ ...tools, replays }, [...done.values()], kills, { firstSentWithinMs: 2000 });
+  try {
+    assertNoFinishedCallRepeated({ ...tools, replays }, [...done.values()], kills, { firstSentWithinMs: 2000 });
+  } catch (e) {
+    // What every process logged about the session, so a failure in CI says which node sent what.
+    const id = /key (sess_[a-z0-9]+):/.exec(e.message)?.[1];
+    const lines = id ? procs().flatMap((p) => fs.readFileSync(p.log, 'utf8').split('\n')
+      .filter((l) => l.includes(id)).map((l) => `${p.name}: ${l}`)) : [];
+    e.message += `\nlogged about ${id}:\n${lines.slice(0, 60).join('\n')}`;
+    throw e;
+  }
 });

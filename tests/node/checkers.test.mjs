@@ -59,3 +59,24 @@ test('a finished call sent again is caught; one outstanding at a fault is allowe
   assert.throws(() => assertNoFinishedCallRepeated(late, sessions, [0], { firstSentWithinMs: 2000 }), /had finished/);
   assertNoFinishedCallRepeated({ ...late, firstAt: new Map([['s:1:0', 1000]]) }, sessions, [0], { firstSentWithinMs: 2000 });
 });
+
+test('a repeat the holder made itself, or the node a session moved to, is allowed; a second runner is not', () => {
+  const tools = (arrivals) => ({
+    replays: new Map([['s:1:0', arrivals.length - 1]]), replayAt: new Map([['s:1:0', arrivals[1] + 500]]),
+    arrivals: new Map([['s:1:0', arrivals]]), firstAt: new Map([['s:1:0', arrivals[0]]]),
+  });
+  const result = (attempts) => ({ seq: 3, kind: 'tool_result', idempotency_key: 's:1:0', ts_ms: 5000, data: { attempts } });
+  const withResult = (attempts, extra = []) => [session([...whole().slice(0, 2), ...extra, result(attempts), whole()[3]])];
+  // No fault at all. A timeout retry: the durable result says it took two attempts.
+  assertNoFinishedCallRepeated(tools([1000, 4100]), withResult(2), []);
+  assert.throws(() => assertNoFinishedCallRepeated(tools([1000, 4100]), withResult(1), []), /after 1 attempt/);
+  // Two attempts do not excuse two repeats.
+  assert.throws(() => assertNoFinishedCallRepeated(tools([1000, 2000, 4100]), withResult(2), []), /sent 3 times/);
+  // The session moved (a failover) between the first copy and the repeat: the new holder sent it.
+  const movedAt = (t) => [{ seq: 3, kind: 'moved', ts_ms: t }];
+  assertNoFinishedCallRepeated(tools([1000, 4100]), withResult(1, movedAt(3000)), []);
+  // Both copies came after the move: two nodes ran the session after it, which no move excuses.
+  assert.throws(() => assertNoFinishedCallRepeated(tools([3500, 4100]), withResult(1, movedAt(3000)), []), /moves 3000/);
+  // A repeat after the result was durable is caught whatever the attempts and moves.
+  assert.throws(() => assertNoFinishedCallRepeated(tools([1000, 5100]), withResult(2, movedAt(3000)), [0]), /had finished/);
+});

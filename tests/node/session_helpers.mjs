@@ -37,9 +37,15 @@ export function assertCompleteLog(s, toolSteps) {
 }
 
 
-// A repeated delivery is allowed only for a call that was outstanding at a fault: its result was
-// not yet durable when the fault began, the repeat was answered after the fault began, and it
-// arrived before the result was durable (a repeat of a finished call is the bug this catches).
+// A repeated delivery is allowed only for a call that was still outstanding, and every copy of
+// it arrived before its result was durable (a repeat of a finished call is the bug this catches).
+// An outstanding call may be sent again for one of three reasons:
+// - the node that holds it tried again (a timeout): no more repeats than the durable result's
+//   `attempts` counts beyond the first;
+// - its session moved (a failover) after the call was first sent and before the repeat: the
+//   node that took it over sends it again (a `moved` step lies between the two);
+// - a fault began while it was outstanding: its result was durable after the fault began, and
+//   the repeat answered after it.
 // When the tool server first read a call says little: a request a process wrote just before its
 // SIGKILL is still delivered by the kernel, and on 2 loaded cores the server may read it late.
 //
@@ -48,20 +54,35 @@ export function assertCompleteLog(s, toolSteps) {
 // a call first sent well into a fault was not outstanding at it. Two nodes that each run the
 // session after a node was stopped past its lease (fencing or the lease gate broken) both send
 // its next call seconds after the stop began, before its result is durable: only this tells
-// that apart from a re-send.
+// that apart from a re-send. (Their first copy is sent after the session's move, so the move
+// does not excuse it either.)
 export function assertNoFinishedCallRepeated(tools, sessions, kills, { firstSentWithinMs = Infinity } = {}) {
   const resultAt = new Map();
+  const attemptsOf = new Map();
+  const movesOf = new Map();  // key -> when its session's `moved` steps were written
   for (const s of sessions) {
-    for (const st of s.steps.filter((x) => x.kind === 'tool_result')) resultAt.set(st.idempotency_key, st.ts_ms);
+    const moves = s.steps.filter((x) => x.kind === 'moved').map((x) => x.ts_ms);
+    for (const st of s.steps.filter((x) => x.kind === 'tool_result')) {
+      resultAt.set(st.idempotency_key, st.ts_ms);
+      attemptsOf.set(st.idempotency_key, Number(st.data?.attempts ?? 1));
+      movesOf.set(st.idempotency_key, moves);
+    }
   }
   for (const [k, n] of tools.replays) {
     const done = resultAt.get(k);
     const again = tools.replayAt.get(k);
-    const lastArrival = (tools.arrivals.get(k) ?? []).at(-1);
+    const arrived = tools.arrivals.get(k) ?? [];
+    const lastArrival = arrived.at(-1);
     const first = tools.firstAt.get(k);
-    assert.ok(kills.some((t) => done >= t && again >= t && !(first > t + firstSentWithinMs)) && lastArrival <= done,
-      `key ${k} was sent ${n + 1} times, but it had finished before any fault, or was first sent well after the fault began (first sent ${tools.firstAt.get(k)}, ` +
-      `repeated ${again}, last arrived ${lastArrival}, result ${done}, faults ${kills})`);
+    const attempts = attemptsOf.get(k) ?? 1;
+    const moves = movesOf.get(k) ?? [];
+    const repeatArrived = arrived[1] ?? again;
+    const retried = n <= attempts - 1;
+    const moved = moves.some((m) => first <= m && m <= repeatArrived);
+    const atFault = kills.some((t) => done >= t && again >= t && !(first > t + firstSentWithinMs));
+    assert.ok((retried || moved || atFault) && lastArrival <= done,
+      `key ${k} was sent ${n + 1} times, but it had finished before any fault, or was first sent well after the fault began (first sent ${first}, ` +
+      `repeated ${again}, arrivals ${arrived}, result ${done} after ${attempts} attempt(s), moves ${moves}, faults ${kills})`);
   }
 }
 
