@@ -1,5 +1,6 @@
 #include "agent/session_manager.h"
 
+#include "common/json_fields.h"
 #include "obs/log.h"
 
 #include <spdlog/spdlog.h>
@@ -163,6 +164,7 @@ std::string SessionManager::new_id() {
 struct SessionManager::PendingCall {
     tools::ToolCall call;
     bool started = false, done = false;
+    int sent_before = 0;  // sent by this copy before a retry came back unsent (the lease wait)
 };
 
 struct SessionManager::Session {
@@ -1534,6 +1536,7 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
         // A retry fell due while this node's lease was not current: it goes out again only once
         // the lease is, and a fenced write has confirmed the session is still this node's.
         pc->started = false;
+        pc->sent_before += r.attempts;
         if (auto sp = s.tool_spans.find(key); sp != s.tool_spans.end()) {
             sp->second.set("armada.tool.attempts", int64_t(r.attempts));
             sp->second.fail("not sent again: the node's lease was not current");
@@ -1585,7 +1588,7 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
                                             {"content", r.content},
                                             {"is_error", r.is_error},
                                             {"http_status", r.http_status},
-                                            {"attempts", r.attempts}}),
+                                            {"attempts", pc->sent_before + r.attempts}}),
                                   key));
     const bool all = std::all_of(s.calls.begin(), s.calls.end(), [](const PendingCall & c) { return c.done; });
     if (all) apply(s, SessionEvent::ToolsDone);
@@ -1858,7 +1861,7 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
         for (auto s = steps.rbegin(); s != steps.rend(); ++s) {
             if (s->kind != "moved") continue;
             const auto d = json::parse(s->payload, nullptr, false);
-            if (d.is_object() && d.contains("to") && d["to"].is_string()) moved->from = d["to"].get<std::string>();
+            if (auto to = common::string_field(d, "to")) moved->from = *to;
             break;
         }
         if (moved->from == opt_.node) moved.reset();  // it was here last: no move

@@ -70,6 +70,11 @@ bool number(const std::string & text, double & v) {
 }
 }  // namespace
 
+std::string ApiKeys::load_flags(const std::string & key, const std::string & file) {
+    add(key);
+    return file.empty() ? std::string() : load_file(file);
+}
+
 std::string ApiKeys::load_file(const std::string & path) {
     std::ifstream f(path);
     if (!f) return "cannot read API key file " + path;

@@ -57,6 +57,9 @@ class ApiKeys {
     //! starting with '#' are skipped. A key without a tenant is a tenant of its own.
     //! Returns an error message naming the line, empty on success.
     std::string load_file(const std::string & path);
+    //! The keys a command's `--api-key` and `--api-key-file` give (either may be empty). Returns
+    //! an error message naming the file's bad line, empty on success.
+    std::string load_flags(const std::string & key, const std::string & file);
     bool enabled() const { return !keys_.empty(); }
     //! Checks `Authorization: Bearer <key>` or `x-api-key: <key>`; the matching key, or null.
     const Key * check(const std::string & authorization, const std::string & x_api_key) const;

@@ -6,6 +6,7 @@
 #include "api/openai_service.h"
 #include "api/sse.h"
 #include "common/clock.h"
+#include "common/json_fields.h"
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
@@ -600,7 +601,7 @@ void ResponsesService::create(const json & body, const Caller & caller, std::sha
         }
         const json data = json::parse(rec->data);
         run->conversation = msgs_from_json(data.value("messages", json::array()));
-        run->chain = data.contains("chain") && data["chain"].is_string() ? data["chain"].get<std::string>() : prev;
+        run->chain = common::string_field(data, "chain").value_or(prev);
     }
     if (!body.contains("input") || body["input"].is_null()) throw ApiError(400, "'input' is required", "input");
     append_input(body["input"], run->conversation);

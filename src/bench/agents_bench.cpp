@@ -2,6 +2,7 @@
 
 #include "api/http_server.h"
 #include "bench/http_client.h"
+#include "common/json_fields.h"
 
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
@@ -369,24 +370,23 @@ class Bench {
                 if (data == "[DONE]") return false;
                 const json j = json::parse(data, nullptr, false);
                 if (!j.is_object()) return true;
-                if (j.contains("usage") && j["usage"].is_object()) {
-                    pt = j["usage"].value("prompt_tokens", int64_t(0));
-                    ct = j["usage"].value("completion_tokens", int64_t(0));
+                if (const auto * u = common::object_field(j, "usage")) {
+                    pt = common::int_field(*u, "prompt_tokens").value_or(0);
+                    ct = common::int_field(*u, "completion_tokens").value_or(0);
                 }
-                if (!j.contains("choices") || j["choices"].empty()) return true;
-                const json & d = j["choices"][0].value("delta", json::object());
-                const bool has =
-                    (d.contains("content") && d["content"].is_string() && !d["content"].get<std::string>().empty()) ||
-                    d.contains("tool_calls");
-                if (has && t_first < 0) t_first = now();
-                if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
-                if (d.contains("tool_calls")) {
-                    for (const auto & tc : d["tool_calls"]) {
-                        if (tc.contains("function")) {
-                            const json & f = tc["function"];
-                            if (f.contains("name") && f["name"].is_string()) name += f["name"].get<std::string>();
-                            if (f.contains("arguments") && f["arguments"].is_string())
-                                args += f["arguments"].get<std::string>();
+                const auto * choices = common::array_field(j, "choices");
+                if (!choices || choices->empty()) return true;
+                const auto * d = common::object_field((*choices)[0], "delta");
+                if (!d) return true;
+                const auto piece = common::string_field(*d, "content");
+                const auto * calls = common::array_field(*d, "tool_calls");
+                if (((piece && !piece->empty()) || calls) && t_first < 0) t_first = now();
+                if (piece) content += *piece;
+                if (calls) {
+                    for (const auto & tc : *calls) {
+                        if (const auto * f = common::object_field(tc, "function")) {
+                            name += common::string_field(*f, "name").value_or("");
+                            args += common::string_field(*f, "arguments").value_or("");
                         }
                     }
                 }

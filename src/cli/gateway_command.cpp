@@ -32,12 +32,9 @@ int gateway_command(const GatewayOptions & opt) {
         return 2;
     }
     api::ApiKeys keys;
-    keys.add(opt.api_key);
-    if (!opt.api_key_file.empty()) {
-        if (auto e = keys.load_file(opt.api_key_file); !e.empty()) {
-            fprintf(stderr, "error: %s\n", e.c_str());
-            return 2;
-        }
+    if (auto e = keys.load_flags(opt.api_key, opt.api_key_file); !e.empty()) {
+        fprintf(stderr, "error: %s\n", e.c_str());
+        return 2;
     }
     if (!opt.name.empty() && !cluster::valid_cell_or_node_name(opt.name)) {
         fprintf(stderr, "error: --name '%s' must be 1..63 of A-Z a-z 0-9 . _ -\n", opt.name.c_str());

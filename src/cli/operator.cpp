@@ -1,5 +1,6 @@
 #include "cli/operator.h"
 
+#include "common/json_fields.h"
 #include "common/url.h"
 #include "tools/http_sync.h"
 #include "tools/tls.h"
@@ -110,9 +111,8 @@ class Gateway {
     boost::asio::ssl::context * tls() const { return tls_.get(); }
 
     static std::string message(const Reply & r) {
-        if (r.body.is_object() && r.body.contains("error") && r.body["error"].is_object() &&
-            r.body["error"].contains("message") && r.body["error"]["message"].is_string())
-            return r.body["error"]["message"].get<std::string>();
+        if (const auto * e = common::object_field(r.body, "error"))
+            if (auto m = common::string_field(*e, "message")) return *m;
         return r.text.substr(0, 300);
     }
 
@@ -395,8 +395,8 @@ int agents(const OperatorOptions & o, Gateway & gw) {
         const auto r = gw.call("GET", "/v1/agents");
         return show(o, r, [&] {
             std::vector<std::vector<std::string>> rows;
-            if (r.body.contains("data") && r.body["data"].is_array())
-                for (const auto & a : r.body["data"]) {
+            if (const auto * data = common::array_field(r.body, "data"))
+                for (const auto & a : *data) {
                     if (!a.is_object()) continue;
                     const json tools = a.value("tools", json::array());
                     rows.push_back({text_of(a.value("id", json(nullptr))), text_of(a.value("model", json(nullptr))),
@@ -417,9 +417,9 @@ int agents(const OperatorOptions & o, Gateway & gw) {
                              body[body.find_first_not_of(" \t\r\n")] == '{';
         const auto r = gw.call("POST", "/v1/agents", body, is_json ? "application/json" : "application/yaml");
         return show(o, r, [&] {
-            if (r.body.contains("data") && r.body["data"].is_array()) {
-                for (const auto & a : r.body["data"])
-                    printf("agent %s applied\n", text_of(a.value("id", json(nullptr))).c_str());
+            if (const auto * data = common::array_field(r.body, "data")) {
+                for (const auto & a : *data)
+                    if (a.is_object()) printf("agent %s applied\n", text_of(a.value("id", json(nullptr))).c_str());
             } else {
                 printf("agent %s applied\n", text_of(r.body.value("id", json(nullptr))).c_str());
             }

@@ -150,12 +150,9 @@ int serve(const ServeOptions & opt) {
         return 2;
     }
     api::ApiKeys keys;
-    keys.add(opt.api_key);
-    if (!opt.api_key_file.empty()) {
-        if (auto err = keys.load_file(opt.api_key_file); !err.empty()) {
-            fprintf(stderr, "error: %s\n", err.c_str());
-            return 2;
-        }
+    if (auto err = keys.load_flags(opt.api_key, opt.api_key_file); !err.empty()) {
+        fprintf(stderr, "error: %s\n", err.c_str());
+        return 2;
     }
     if (opt.http.host != "127.0.0.1" && opt.http.host != "localhost" && opt.http.host != "::1" && !keys.enabled()) {
         spdlog::warn("listening on {} without an API key; anyone who can reach it can use it", opt.http.host);

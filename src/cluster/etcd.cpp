@@ -357,7 +357,7 @@ std::string EtcdClient::get(const std::string & key, std::optional<EtcdKv> & out
     if (auto e = call("/v3/kv/range", json{{"key", base64(key)}}.dump(), r, timeout_ms_); !e.empty()) return e;
     auto j = json::parse(r, nullptr, false);
     out.reset();
-    if (j.is_object() && j.contains("kvs") && j["kvs"].is_array() && !j["kvs"].empty()) out = kv_of(j["kvs"][0]);
+    if (const auto * kvs = common::array_field(j, "kvs"); kvs && !kvs->empty()) out = kv_of((*kvs)[0]);
     return {};
 }
 
@@ -392,8 +392,8 @@ std::string EtcdClient::list(const std::string & prefix, std::vector<EtcdKv> & o
     auto j = json::parse(r, nullptr, false);
     if (!j.is_object()) return "etcd range: unreadable reply";
     out.clear();
-    if (j.contains("kvs") && j["kvs"].is_array()) {
-        for (const auto & kv : j["kvs"])
+    if (const auto * kvs = common::array_field(j, "kvs")) {
+        for (const auto & kv : *kvs)
             out.push_back(kv_of(kv));
     }
     revision = j.contains("header") ? i64(j["header"], "revision") : 0;
@@ -498,7 +498,7 @@ bool EtcdClient::parse_watch_message(const std::string & line, std::vector<EtcdE
         error = "etcd watch: " + error_text(j.dump());
         return false;
     }
-    const json & res = j.contains("result") && j["result"].is_object() ? j["result"] : j;
+    const json & res = common::object_field(j, "result") ? j["result"] : j;
     auto canceled = res.find("canceled");
     if (canceled != res.end() && canceled->is_boolean() && canceled->get<bool>()) {
         const std::string why = str(res, "cancel_reason");
@@ -545,9 +545,10 @@ std::string EtcdClient::observe(const std::string & name, const std::function<bo
                 error = "etcd observe: " + error_text(j.dump());
                 return false;
             }
-            const json & res = j.contains("result") && j["result"].is_object() ? j["result"] : j;
-            if (!res.contains("kv") || !res["kv"].is_object()) return true;
-            const EtcdKv kv = kv_of(res["kv"]);
+            const json & res = common::object_field(j, "result") ? j["result"] : j;
+            const auto * kv_json = common::object_field(res, "kv");
+            if (!kv_json) return true;
+            const EtcdKv kv = kv_of(*kv_json);
             EtcdLeader l;
             l.name = name;
             l.key = kv.key;

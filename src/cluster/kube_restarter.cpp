@@ -50,24 +50,17 @@ bool split_pod(const std::string & pod, std::string & set, int & ordinal) {
 // A pod template's version: its `armada.dev/version` annotation, else the container's
 // ARMADA_VERSION_LABEL (what the node reports); "" when it has neither.
 std::string version_of(const json & template_spec, const std::string & container) {
-    const auto * a = template_spec.contains("metadata") && template_spec["metadata"].is_object() &&
-                             template_spec["metadata"].contains("annotations") &&
-                             template_spec["metadata"]["annotations"].is_object()
-                         ? &template_spec["metadata"]["annotations"]
-                         : nullptr;
-    if (a && a->contains(kVersionAnnotation) && (*a)[kVersionAnnotation].is_string())
-        return (*a)[kVersionAnnotation].get<std::string>();
-    if (!template_spec.contains("spec") || !template_spec["spec"].is_object() ||
-        !template_spec["spec"].contains("containers") || !template_spec["spec"]["containers"].is_array())
-        return {};
-    for (const auto & c : template_spec["spec"]["containers"]) {
-        if (!c.is_object() || !c.contains("name") || c["name"] != container || !c.contains("env") ||
-            !c["env"].is_array())
-            continue;
-        for (const auto & e : c["env"])
-            if (e.is_object() && e.contains("name") && e["name"] == "ARMADA_VERSION_LABEL" && e.contains("value") &&
-                e["value"].is_string())
-                return e["value"].get<std::string>();
+    if (const auto * a = common::object_at(template_spec, {"metadata", "annotations"}))
+        if (auto v = common::string_field(*a, kVersionAnnotation)) return *v;
+    const auto * pod_spec = common::object_field(template_spec, "spec");
+    const auto * containers = pod_spec ? common::array_field(*pod_spec, "containers") : nullptr;
+    if (!containers) return {};
+    for (const auto & c : *containers) {
+        const auto * env = common::array_field(c, "env");
+        if (common::string_field(c, "name") != container || !env) continue;
+        for (const auto & e : *env)
+            if (common::string_field(e, "name") == "ARMADA_VERSION_LABEL")
+                if (auto v = common::string_field(e, "value")) return *v;
     }
     return {};
 }
@@ -421,10 +414,8 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
         if (rev.status != 200) return settled(failed("reading revision " + current + " of " + set, rev), rev);
         const auto j = json::parse(rev.body, nullptr, false);
         current_version.clear();
-        if (j.is_object() && j.contains("data") && j["data"].is_object() && j["data"].contains("spec") &&
-            j["data"]["spec"].is_object() && j["data"]["spec"].contains("template") &&
-            j["data"]["spec"]["template"].is_object())
-            current_version = version_of(j["data"]["spec"]["template"], cfg_.container);
+        if (const auto * t = common::object_at(j, {"data", "spec", "template"}))
+            current_version = version_of(*t, cfg_.container);
         if (current_version.empty() && r.back && r.version != tmpl_version) {
             // A revision from before versions were written down: a way back can only go there.
             spdlog::warn("kubernetes: revision {} of {} names no version; {} goes back to it as {}", current, set,
@@ -442,12 +433,8 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
         if (pod.status != 200) return settled(failed("reading pod " + r.node, pod), pod);
         const auto pj = json::parse(pod.body, nullptr, false);
         std::string hash;
-        if (pj.is_object() && pj.contains("metadata") && pj["metadata"].is_object() &&
-            pj["metadata"].contains("labels") && pj["metadata"]["labels"].is_object()) {
-            const json & l = pj["metadata"]["labels"];
-            if (l.contains("controller-revision-hash") && l["controller-revision-hash"].is_string())
-                hash = l["controller-revision-hash"].get<std::string>();
-        }
+        if (const auto * l = common::object_at(pj, {"metadata", "labels"}))
+            hash = common::string_field(*l, "controller-revision-hash").value_or("");
         if (hash == current) return {};
         auto del = call("DELETE", "/api/v1" + ns_path + "/pods/" + r.node, "", "");
         if (del.status != 200 && del.status != 202 && del.status != 404)

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -33,6 +34,13 @@ inline std::optional<int64_t> int_field(const nlohmann::json & j, const std::str
     return f->get<int64_t>();
 }
 
+//! A non-negative integer.
+inline std::optional<uint64_t> uint_field(const nlohmann::json & j, const std::string & key) {
+    const auto * f = field(j, key);
+    if (!f || !f->is_number_unsigned()) return std::nullopt;
+    return f->get<uint64_t>();
+}
+
 inline std::optional<bool> bool_field(const nlohmann::json & j, const std::string & key) {
     const auto * f = field(j, key);
     if (!f || !f->is_boolean()) return std::nullopt;
@@ -47,6 +55,17 @@ inline const nlohmann::json * object_field(const nlohmann::json & j, const std::
 inline const nlohmann::json * array_field(const nlohmann::json & j, const std::string & key) {
     const auto * f = field(j, key);
     return f && f->is_array() ? f : nullptr;
+}
+
+//! The object reached through `path`, each step an object's field (`{"metadata", "labels"}`);
+//! null when a step is missing or not an object. An empty path gives `j` if it is an object.
+inline const nlohmann::json * object_at(const nlohmann::json & j, std::initializer_list<const char *> path) {
+    const nlohmann::json * at = j.is_object() ? &j : nullptr;
+    for (const char * key : path) {
+        if (!at) return nullptr;
+        at = object_field(*at, key);
+    }
+    return at;
 }
 
 }  // namespace armada::common

@@ -1,6 +1,7 @@
 #include "gateway/generation_router.h"
 
 #include "api/errors.h"
+#include "common/json_fields.h"
 #include "gateway/pool_request.h"
 #include "gateway/replies.h"
 
@@ -65,10 +66,10 @@ void GenerationRouter::route(const api::HttpRequest & req, const std::shared_ptr
     const int64_t cpu_ctx = contexts.cpu;
     cluster::RouteFacts f;
     if (body.is_object()) {
-        if (body.contains("model") && body["model"].is_string()) f.model = body["model"].get<std::string>();
+        if (auto m = common::string_field(body, "model")) f.model = *m;
         for (const char * k : {"max_completion_tokens", "max_tokens"}) {
-            if (body.contains(k) && body[k].is_number_integer()) {
-                f.max_tokens = body[k].get<int64_t>();
+            if (auto n = common::int_field(body, k)) {
+                f.max_tokens = *n;
                 break;
             }
         }

@@ -2,6 +2,7 @@
 
 #include "api/auth.h"
 #include "api/json_util.h"
+#include "common/json_fields.h"
 #include "engine/tool_grammar.h"
 #include "gateway/pool_request.h"
 #include "gateway/upstream.h"
@@ -112,16 +113,12 @@ void CompletionStream::feed(std::string_view bytes, const std::function<void(con
         const json j = json::parse(data, nullptr, false);
         if (!j.is_object()) continue;
         if (const auto e = j.find("error"); e != j.end()) {
-            error_ = e->is_object() && e->contains("message") && (*e)["message"].is_string()
-                         ? (*e)["message"].get<std::string>()
-                         : dump(*e);
+            error_ = common::string_field(*e, "message").value_or(dump(*e));
             continue;
         }
         if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
-            if (u->contains("prompt_tokens") && (*u)["prompt_tokens"].is_number_integer())
-                prompt_ = (*u)["prompt_tokens"].get<int32_t>();
-            if (u->contains("completion_tokens") && (*u)["completion_tokens"].is_number_integer())
-                completion_ = (*u)["completion_tokens"].get<int32_t>();
+            if (auto n = common::int_field(*u, "prompt_tokens")) prompt_ = int32_t(*n);
+            if (auto n = common::int_field(*u, "completion_tokens")) completion_ = int32_t(*n);
         }
         const auto ch = j.find("choices");
         if (ch == j.end() || !ch->is_array() || ch->empty() || !(*ch)[0].is_object()) continue;

@@ -4,6 +4,7 @@
 #include "tools/tls.h"
 
 #include <openssl/ssl.h>
+#include <spdlog/spdlog.h>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/stream.hpp>
@@ -343,7 +344,11 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
                                     : why_in;
         if (attempts_ <= spec_.retries) {
             // Exponential backoff from 100 ms; the same idempotency key goes with every attempt.
-            timer_.expires_after(std::chrono::milliseconds(100 << std::min(attempts_ - 1, 6)));
+            const int backoff_ms = 100 << std::min(attempts_ - 1, 6);
+            spdlog::info("tool call {} to {}: {}; attempt {} of {} in {} ms",
+                         call_.idempotency_key.empty() ? spec_.name : call_.idempotency_key, url_.host, why,
+                         attempts_ + 1, spec_.retries + 1, backoff_ms);
+            timer_.expires_after(std::chrono::milliseconds(backoff_ms));
             timer_.async_wait([self = shared_from_this()](beast::error_code) { self->retry(); });
             return;
         }

@@ -79,3 +79,20 @@ TEST(Auth, OperatorKeyIsAdminAndNoKeysMeansOneTenant) {
     EXPECT_TRUE(op.caller(op.check("Bearer sk-op", "")).admin);
     EXPECT_FALSE(op.caller(nullptr).admin);
 }
+
+TEST(Auth, FlagsGiveTheOperatorsKeyAndTheFilesKeys) {
+    const std::string path = testing::TempDir() + "/flag-keys.txt";
+    std::ofstream(path) << "sk-t tenant=acme\n";
+    ApiKeys k;
+    ASSERT_EQ(k.load_flags("sk-op", path), "");
+    EXPECT_TRUE(k.caller(k.check("Bearer sk-op", "")).admin);
+    EXPECT_EQ(k.caller(k.check("Bearer sk-t", "")).tenant, "t:acme");
+    ApiKeys only_flag;
+    EXPECT_EQ(only_flag.load_flags("sk-op", ""), "");
+    EXPECT_TRUE(only_flag.enabled());
+    ApiKeys none;
+    EXPECT_EQ(none.load_flags("", ""), "");
+    EXPECT_FALSE(none.enabled());
+    ApiKeys bad;
+    EXPECT_NE(bad.load_flags("sk-op", "/nonexistent/keys"), "");
+}

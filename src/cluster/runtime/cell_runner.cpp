@@ -276,8 +276,7 @@ void CellRunner::take_events() {
         } else if (op == "movable" && !session.empty() && !node.empty() && epoch) {
             if (const std::string tp = str("traceparent"); !tp.empty())
                 if (auto tc = obs::TraceContext::parse(tp)) session_traces_[session] = std::move(*tc);
-            if (j.contains("kv_bytes") && j["kv_bytes"].is_number_unsigned())
-                session_kv_bytes_[session] = {node, j["kv_bytes"].get<uint64_t>()};
+            if (auto kv = common::uint_field(j, "kv_bytes")) session_kv_bytes_[session] = {node, *kv};
             brain_->session_movable(session, node, *epoch);
         } else if (op == "draining" && !node.empty()) {
             spdlog::info("cell {}: node {} drains; nothing more goes to it", cfg_.cell, node);

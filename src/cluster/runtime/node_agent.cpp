@@ -253,8 +253,7 @@ void NodeAgent::run(const std::string & data) {
         {
             std::lock_guard lk(arrivals_mu_);
             // The most its KV journal can be, as the node it leaves stated it.
-            const uint64_t kv_bytes =
-                j.contains("kv_bytes") && j["kv_bytes"].is_number_unsigned() ? j["kv_bytes"].get<uint64_t>() : 0;
+            const uint64_t kv_bytes = common::uint_field(j, "kv_bytes").value_or(0);
             arrivals_.push_back({id, from, epoch, trace, kv_bytes});
         }
         arrivals_cv_.notify_one();
