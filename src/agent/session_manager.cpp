@@ -68,41 +68,6 @@ common_chat_msg model_message(const json & p) {
 }
 
 // The tools an agent's MCP servers listed, as stored beside its declaration.
-std::string mcp_tools_json(const AgentSpec & a) {
-    json arr = json::array();
-    for (const auto & t : a.tools) {
-        if (t.mcp_url.empty()) continue;
-        arr.push_back(
-            {{"name", t.name}, {"description", t.description}, {"parameters", t.parameters}, {"mcp_url", t.mcp_url}});
-    }
-    return arr.empty() ? std::string() : dump(arr);
-}
-
-// Puts the stored MCP tools back on the agent, with their server's settings. False when they do
-// not fit its servers any more (then the servers are asked again).
-bool restore_mcp_tools(AgentSpec & a, const std::string & text) {
-    const json arr = json::parse(text, nullptr, false);
-    if (!arr.is_array()) return false;
-    for (const auto & t : arr) {
-        if (!t.is_object()) return false;
-        const std::string url = t.value("mcp_url", "");
-        auto server = std::find_if(a.mcp_servers.begin(), a.mcp_servers.end(),
-                                   [&](const McpServerSpec & m) { return m.url == url; });
-        if (server == a.mcp_servers.end()) return false;
-        HttpToolSpec h;
-        h.name = t.value("name", "");
-        h.description = t.value("description", "");
-        h.parameters = t.value("parameters", "{}");
-        h.url = h.mcp_url = url;
-        h.headers = server->headers;
-        h.expand_secrets = server->expand_secrets;
-        h.follow_redirects = server->follow_redirects;
-        h.timeout_ms = server->timeout_ms;
-        a.tools.push_back(std::move(h));
-    }
-    return true;
-}
-
 int outcome_index(SessionState st) {
     return st == SessionState::Completed ? 0 : st == SessionState::Failed ? 1 : 2;
 }
@@ -259,7 +224,8 @@ SessionManager::SessionManager(engine::ChatFormat & format, GenerationPort & eng
       metrics_(metrics),
       clock_(clock),
       opt_(opt),
-      kv_hold_(opt.kv_hold) {
+      kv_hold_(opt.kv_hold),
+      agents_(store, clock, !opt.node.empty()) {
     for (const char * o : {"completed", "failed", "cancelled"}) {
         metrics_.counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", o}});
         metrics_.gauge("armada_sessions_ended_window", "Agent sessions that ended within the survival window",
@@ -307,87 +273,31 @@ void SessionManager::after_ms(int ms, std::function<void()> fn) {
 
 void SessionManager::put_operator_agent(AgentSpec spec) {
     std::lock_guard lk(mu_);
-    const std::string id = spec.id;
-    spec.from_operator = true;
-    std::erase_if(prefixes_, [&](const auto & kv) { return kv.first.rfind("|" + id + "|", 0) == 0; });
-    operator_agents_[id] = std::make_shared<const AgentSpec>(std::move(spec));
+    std::erase_if(prefixes_, [&](const auto & kv) { return kv.first.rfind("|" + spec.id + "|", 0) == 0; });
+    agents_.put_operator(std::move(spec));
 }
 
 bool SessionManager::is_operator_agent(const std::string & id) const {
-    std::lock_guard lk(mu_);
-    return operator_agents_.count(id) > 0;
-}
-
-std::shared_ptr<const AgentSpec> SessionManager::lookup_agent(const std::string & tenant,
-                                                              const std::string & id) const {
-    if (auto it = operator_agents_.find(id); it != operator_agents_.end()) return it->second;
-    if (auto it = tenant_agents_.find({tenant, id}); it != tenant_agents_.end()) return it->second;
-    if (auto it = tenant_agents_.find({kSharedTenant, id}); it != tenant_agents_.end()) return it->second;
-    return nullptr;
-}
-
-void SessionManager::sync_agents(bool force) {
-    // Cluster mode: agents are declared and deleted through any node; the store has them all.
-    // Read again at most once a second (or at once for an id not known here); one deleted through
-    // another node is forgotten here too (its running sessions keep their spec).
-    if (opt_.node.empty()) return;
-    const int64_t now = clock_.now_ms();
-    // Forced reads too are spaced (100 ms): requests naming unknown agents must not turn into one
-    // store read each.
-    if (now - agents_synced_ms_.load() < (force ? 100 : 1000)) return;
-    agents_synced_ms_ = now;
-    std::function<std::string(AgentSpec &)> prepare;
-    {
-        std::lock_guard lk(mu_);
-        prepare = prepare_agent_;
-    }
-    std::set<std::pair<std::string, std::string>> present;
-    bool ok = false;
-    const uint64_t declared = agents_declared_.load();
-    load_declared_agents(prepare, &present, &ok);
-    std::lock_guard lk(mu_);
-    // An agent declared here while the store was read may be missing from what was read: the
-    // next sync prunes instead.
-    if (!ok || agents_declared_.load() != declared) return;
-    for (auto it = tenant_agents_.begin(); it != tenant_agents_.end();) {
-        if (present.count(it->first)) {
-            ++it;
-            continue;
-        }
-        spdlog::info("agent '{}' of tenant '{}' was deleted through another node", it->first.second, it->first.first);
-        it = tenant_agents_.erase(it);
-    }
+    return agents_.is_operator(id);
 }
 
 std::optional<AgentSpec> SessionManager::agent(const std::string & tenant, const std::string & id) {
-    sync_agents(false);
-    {
-        std::lock_guard lk(mu_);
-        if (auto a = lookup_agent(tenant, id)) return *a;
-    }
+    agents_.sync(false);
+    if (auto a = agents_.lookup(tenant, id)) return *a;
     if (opt_.node.empty()) return std::nullopt;
-    sync_agents(true);
-    std::lock_guard lk(mu_);
-    auto a = lookup_agent(tenant, id);
+    agents_.sync(true);
+    auto a = agents_.lookup(tenant, id);
     if (!a) return std::nullopt;
     return *a;
 }
 
 std::vector<AgentSpec> SessionManager::agents(const std::string & tenant, bool all_tenants) {
-    sync_agents(false);
-    std::lock_guard lk(mu_);
-    std::vector<AgentSpec> out;
-    for (const auto & [id, a] : operator_agents_)
-        out.push_back(*a);
-    for (const auto & [key, a] : tenant_agents_) {
-        const bool shadowed = key.first == kSharedTenant && tenant_agents_.count({tenant, key.second});
-        if (all_tenants || key.first == tenant || (key.first == kSharedTenant && !shadowed)) out.push_back(*a);
-    }
-    return out;
+    agents_.sync(false);
+    return agents_.visible(tenant, all_tenants);
 }
 
 void SessionManager::declare_agent(AgentSpec spec, const std::string & tenant, std::function<void(Outcome)> done) {
-    if (is_operator_agent(spec.id)) {
+    if (agents_.is_operator(spec.id)) {
         return done({403,
                      "agent '" + spec.id + "' is declared by the operator (--agents) and is read-only over the API",
                      spec.id});
@@ -411,8 +321,7 @@ void SessionManager::declare_agent(AgentSpec spec, const std::string & tenant, s
                 std::lock_guard lk(mu_);
                 std::erase_if(prefixes_,
                               [&](const auto & kv) { return kv.first.rfind(tenant + "|" + id + "|", 0) == 0; });
-                tenant_agents_[{tenant, id}] = std::make_shared<const AgentSpec>(std::move(spec));
-                ++agents_declared_;
+                agents_.put_declared(std::move(spec));
             }
             done({200, {}, id});
         });
@@ -421,24 +330,18 @@ void SessionManager::declare_agent(AgentSpec spec, const std::string & tenant, s
 
 void SessionManager::delete_agent(const std::string & tenant, const std::string & id,
                                   std::function<void(Outcome)> done) {
-    {
-        std::lock_guard lk(mu_);
-        if (operator_agents_.count(id)) {
-            return done(
-                {403, "agent '" + id + "' is declared by the operator (--agents) and is read-only over the API", id});
-        }
-        if (!tenant_agents_.count({tenant, id})) return done({404, "no agent with id '" + id + "'", id});
+    if (agents_.is_operator(id)) {
+        return done(
+            {403, "agent '" + id + "' is declared by the operator (--agents) and is read-only over the API", id});
     }
+    if (!agents_.has_declared(tenant, id)) return done({404, "no agent with id '" + id + "'", id});
     store::Batch b;
     b.erase_agents.emplace_back(tenant, id);
     store_.commit(std::move(b), [this, alive = alive_, tenant, id, done](store::Status st) {
         if (!*alive) return;
         post([this, tenant, id, done, st] {
             if (!st.ok) return done({503, "could not delete the agent: " + st.error, {}});
-            {
-                std::lock_guard lk(mu_);
-                tenant_agents_.erase({tenant, id});
-            }
+            agents_.erase(tenant, id);
             done({200, {}, id});
         });
     });
@@ -446,67 +349,7 @@ void SessionManager::delete_agent(const std::string & tenant, const std::string 
 
 size_t SessionManager::load_declared_agents(const std::function<std::string(AgentSpec &)> & prepare,
                                             std::set<std::pair<std::string, std::string>> * present, bool * read_ok) {
-    {
-        std::lock_guard lk(mu_);
-        prepare_agent_ = prepare;
-    }
-    size_t n = 0;
-    const auto rows = store_.agents();
-    if (read_ok) *read_ok = rows.has_value();
-    if (!rows) {
-        spdlog::warn("cannot read the declared agents from the store; keeping those known");
-        return 0;
-    }
-    for (const auto & r : *rows) {
-        // A declaration written before agents were stored as canonical JSON is YAML with every
-        // scalar quoted, from before tenants: it is read with its numbers as numbers again, and
-        // kept as an agent every tenant sees and only an admin may delete.
-        const bool legacy = r.tenant.empty() && !json::parse(r.spec, nullptr, false).is_object();
-        // Present even if it cannot be loaded now: a copy already known here stays.
-        if (present) present->emplace(legacy ? kSharedTenant : r.tenant, r.id);
-        std::vector<AgentSpec> specs;
-        if (auto e = parse_agents(r.spec, specs, {.legacy_quoted = legacy}); !e.empty() || specs.size() != 1) {
-            spdlog::warn("stored agent {} is not valid any more: {}", r.id, e);
-            continue;
-        }
-        AgentSpec & a = specs[0];
-        if (is_operator_agent(a.id)) {
-            spdlog::info("agent '{}' comes from the agents file; the one declared through the API is ignored", a.id);
-            continue;
-        }
-        // The tools its MCP servers listed at declaration come back from the store, so a server
-        // that is down (or hangs) at a restart neither delays the start nor loses the agent.
-        const bool have_tools = !r.tools.empty() && restore_mcp_tools(a, r.tools);
-        if (!have_tools && !a.mcp_servers.empty() && prepare) {
-            if (auto e = prepare(a); !e.empty()) {
-                spdlog::warn("agent '{}': {}; not loaded", a.id, e);
-                continue;
-            }
-        }
-        a.tenant = legacy ? kSharedTenant : r.tenant;
-        if (legacy) {
-            spdlog::warn(
-                "agent '{}' was declared before tenants existed; every tenant sees it, read-only, and an "
-                "admin key may delete it",
-                a.id);
-            store::Batch b;
-            store::AgentRecord moved = r;
-            moved.tenant = kSharedTenant;
-            moved.spec = a.source;
-            moved.tools = mcp_tools_json(a);
-            b.agents.push_back(moved);
-            b.erase_agents.emplace_back(r.tenant, r.id);
-            if (auto st = store_.commit_sync(std::move(b)); !st.ok)
-                spdlog::warn("agent '{}': could not store it in its new form: {}", a.id, st.error);
-        }
-        const std::string id = a.id, tenant = a.tenant;
-        {
-            std::lock_guard lk(mu_);
-            tenant_agents_[{tenant, id}] = std::make_shared<const AgentSpec>(std::move(a));
-        }
-        ++n;
-    }
-    return n;
+    return agents_.load(prepare, present, read_ok);
 }
 
 int32_t SessionManager::shared_prefix(const Session & s, const AgentSpec & a,
@@ -636,7 +479,7 @@ SessionManager::Session * SessionManager::find_or_load(std::unique_lock<std::mut
     if (!rec || rec->owner != tenant || rec->agent_id.rfind('@', 0) == 0 || expiring_.count(id)) return nullptr;
     auto sp = rebuild(*rec, steps);
     if (!sp) return nullptr;
-    sp->agent = lookup_agent(rec->owner, rec->agent_id);
+    sp->agent = agents_.lookup(rec->owner, rec->agent_id);
     if (!opt_.node.empty()) {
         // Cluster mode: written under this node's assignment, or taken over with the next batch
         // (the node it had is gone, or it ended elsewhere).
@@ -1609,7 +1452,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
                             std::function<void(Outcome)> done, std::optional<obs::TraceContext> trace) {
     std::lock_guard lk(mu_);
     if (draining_) return done(draining_outcome());
-    auto agent = lookup_agent(tenant, agent_id);
+    auto agent = agents_.lookup(tenant, agent_id);
     if (!agent) return done({404, "no agent with id '" + agent_id + "'", {}});
     if (engine_.kv_pressure()) {
         metrics_.counter("armada_sessions_refused_total", "New sessions refused at the KV high watermark").inc();
@@ -1664,7 +1507,7 @@ void SessionManager::add_message(const std::string & id, const std::string & ten
                          "completed or waiting for input",
                      {}});
     }
-    if (!s->agent) s->agent = lookup_agent(s->owner, s->agent_id);
+    if (!s->agent) s->agent = agents_.lookup(s->owner, s->agent_id);
     apply(*s, SessionEvent::UserMessage);
     s->started = true;
     s->trace_parent = std::move(trace);
@@ -1818,7 +1661,7 @@ size_t SessionManager::resume_all() {
         if (sessions_.count(r.id)) continue;
         auto sp = rebuild(r, steps);
         if (!sp) continue;
-        sp->agent = lookup_agent(r.owner, r.agent_id);
+        sp->agent = agents_.lookup(r.owner, r.agent_id);
         sp->epoch = r.epoch;
         Session * ps = sp.get();
         sessions_[r.id] = std::move(sp);
@@ -1836,20 +1679,13 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
     if (!rec || rec->node != opt_.node || rec->epoch != epoch || rec->agent_id.rfind('@', 0) == 0) return false;
     const auto st = parse_state(rec->state);
     if (!st || has_ended(*st)) return false;
-    bool known = false;
-    std::function<std::string(AgentSpec &)> prepare;
     {
         std::lock_guard lk(mu_);
         if (running_here(id, epoch)) return true;
     }
-    // (A copy in memory that is not running here is replaced below, from the store.)
-    {
-        std::lock_guard lk(mu_);
-        known = lookup_agent(rec->owner, rec->agent_id) != nullptr;
-        prepare = prepare_agent_;
-    }
-    // An agent declared through another node since this one started is read from the store.
-    if (!known) load_declared_agents(prepare);
+    // (A copy in memory that is not running here is replaced below, from the store.) An agent
+    // declared through another node since this one started is read from the store.
+    if (!agents_.lookup(rec->owner, rec->agent_id)) agents_.load(agents_.prepare());
     const auto steps = store_.steps(id);
     // Every stored session has at least its first step: none means the read failed (the store
     // is restarting). Rebuilding from nothing would write over step 1; the periodic
@@ -1870,7 +1706,7 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
     if (running_here(id, epoch)) return true;  // started meanwhile
     auto sp = rebuild(*rec, steps);
     if (!sp) return false;
-    sp->agent = lookup_agent(rec->owner, rec->agent_id);
+    sp->agent = agents_.lookup(rec->owner, rec->agent_id);
     sp->epoch = epoch;
     // A session that has not taken a turn yet is in the trace of the `place` that brought it.
     if (!sp->trace_last) sp->trace_last = trace;

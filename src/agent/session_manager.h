@@ -1,5 +1,6 @@
 #pragma once
 
+#include "agent/agent_registry.h"
 #include "agent/agent_spec.h"
 #include "agent/ports.h"
 #include "agent/prompt_builder.h"
@@ -25,10 +26,6 @@
 #include <vector>
 
 namespace armada::agent {
-
-//! The tenant of agents that every tenant sees, read-only (declared before tenants existed);
-//! no caller is ever this tenant.
-inline constexpr const char * kSharedTenant = "*";
 
 //! Where an event sits in a session's stream. Durable events (message, tool_call, tool_result,
 //! state) are the steps of the log: their id is the step's `seq`, the same after any restart.
@@ -326,7 +323,6 @@ class SessionManager {
     //! Whether another node that lives holds `rec` (cluster mode): `held` says which.
     bool held_by_other(const store::SessionRecord & rec, HeldElsewhere & held) const;
     std::unique_ptr<Session> rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps);
-    std::shared_ptr<const AgentSpec> lookup_agent(const std::string & tenant, const std::string & id) const;
     bool apply(Session & s, SessionEvent ev, const std::string & reason = {});
     void model_step(Session & s);
     //! A piece of the step's reply. From a pool (`from_pool`), an empty piece voids the text so far.
@@ -404,9 +400,7 @@ class SessionManager {
     engine::KvHold kv_hold_;  // tools' observed latencies (thread-safe)
 
     mutable std::mutex mu_;
-    //! Agents: the operator's by id, and each tenant's by (tenant, id). Guarded by mu_.
-    std::map<std::string, std::shared_ptr<const AgentSpec>> operator_agents_;
-    std::map<std::pair<std::string, std::string>, std::shared_ptr<const AgentSpec>> tenant_agents_;
+    AgentRegistry agents_;                                      // its own lock, taken inside mu_
     std::map<std::string, engine::Tokens> prefixes_;            // tenant|agent|choice → shared prefix; mu_
     std::map<std::string, std::unique_ptr<Session>> sessions_;  // guarded by mu_
     uint64_t next_sub_ = 1;                                     // guarded by mu_
@@ -427,12 +421,6 @@ class SessionManager {
     // signals()
     std::atomic<int64_t> sig_steps_{0}, sig_step_us_{0}, sig_completed_{0}, sig_failed_{0}, sig_model_errors_{0},
         sig_tool_errors_{0}, sig_store_errors_{0};
-    //! How agents declared through the API are completed (their MCP tools), kept to load agents
-    //! that another node declared (cluster mode).
-    std::function<std::string(AgentSpec &)> prepare_agent_;
-    std::atomic<int64_t> agents_synced_ms_{0};
-    std::atomic<uint64_t> agents_declared_{0};  // declarations made here, so a sync never prunes one it did not read
-    void sync_agents(bool force);
 };
 
 }  // namespace armada::agent
