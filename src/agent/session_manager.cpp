@@ -36,91 +36,12 @@ std::string new_session_id() {
     return s;
 }
 
-json msg_json(const common_chat_msg & m) {
-    json j = {{"role", m.role}, {"content", m.content}};
-    if (!m.tool_calls.empty()) {
-        json calls = json::array();
-        for (const auto & c : m.tool_calls) {
-            calls.push_back(
-                {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-        }
-        j["tool_calls"] = calls;
-        if (m.content.empty()) j["content"] = nullptr;
-    }
-    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
-    if (!m.tool_name.empty()) j["name"] = m.tool_name;
-    return j;
-}
-
-constexpr size_t kMaxEvents = 20000;
 const std::vector<std::string> kEnded = {"completed", "failed", "cancelled"};
 
-// The assistant message a model_output step records, as the transcript holds it.
-common_chat_msg model_message(const json & p) {
-    common_chat_msg m;
-    m.role = "assistant";
-    m.content = p.value("content", "");
-    if (p.contains("tool_calls") && p["tool_calls"].is_array()) {
-        for (const auto & c : p["tool_calls"])
-            m.tool_calls.push_back({c.value("name", ""), c.value("arguments", ""), c.value("id", "")});
-    }
-    return m;
-}
-
-// The tools an agent's MCP servers listed, as stored beside its declaration.
 int outcome_index(SessionState st) {
     return st == SessionState::Completed ? 0 : st == SessionState::Failed ? 1 : 2;
 }
 }  // namespace
-
-std::optional<EventId> EventId::parse(const std::string & s) {
-    EventId id;
-    const auto dot = s.find('.');
-    auto number = [](const std::string & t, int64_t & out) {
-        if (t.empty() || t.size() > 18) return false;
-        for (char c : t) {
-            if (c < '0' || c > '9') return false;
-        }
-        out = std::stoll(t);
-        return true;
-    };
-    int64_t sub = 0;
-    if (!number(s.substr(0, dot), id.seq)) return std::nullopt;
-    if (dot != std::string::npos && (!number(s.substr(dot + 1), sub) || sub > INT32_MAX)) return std::nullopt;
-    id.sub = int32_t(sub);
-    return id;
-}
-
-std::optional<SessionEventRecord> step_event(const store::StepRecord & step) {
-    const json p = json::parse(step.payload, nullptr, false);
-    if (!p.is_object()) return std::nullopt;
-    SessionEventRecord ev;
-    ev.id = {step.seq, 0};
-    if (step.kind == "model_output") {
-        ev.type = "message";
-        ev.data = dump(msg_json(model_message(p)));
-    } else if (step.kind == "tool_call") {
-        ev.type = "tool_call";
-        ev.data = dump(json{{"id", p.value("id", "")},
-                            {"name", p.value("name", "")},
-                            {"arguments", p.value("arguments", "")},
-                            {"idempotency_key", step.idempotency}});
-    } else if (step.kind == "tool_result") {
-        ev.type = "tool_result";
-        ev.data = dump(json{{"call_id", p.value("call_id", "")},
-                            {"name", p.value("name", "")},
-                            {"content", p.value("content", "")},
-                            {"is_error", p.value("is_error", false)}});
-    } else if (step.kind == "state") {
-        ev.type = "state";
-        json d = {{"state", p.value("state", "")}};
-        if (!p.value("reason", "").empty()) d["reason"] = p["reason"];
-        ev.data = dump(d);
-    } else {
-        return std::nullopt;
-    }
-    return ev;
-}
 
 std::string SessionManager::new_id() {
     return new_session_id();
@@ -201,10 +122,7 @@ struct SessionManager::Session {
     std::deque<Pending> outbox;
     bool committing = false;
     int commit_failures = 0;
-    // events: the recent ones, durable and not; older durable ones are read from the store
-    std::deque<SessionEventRecord> events;
-    EventId last{0, 0};  // the newest event delivered
-    std::map<uint64_t, std::pair<std::function<void(const SessionEventRecord &)>, std::function<void()>>> subs;
+    EventStream stream;  // its recent events and subscribers
     bool erased = false;
 
     bool busy() const { return gen_cancel || tools_in_flight > 0 || committing || !outbox.empty(); }
@@ -530,7 +448,7 @@ std::unique_ptr<SessionManager::Session> SessionManager::rebuild(const store::Se
             m.content = p.value("content", "");
             s.transcript.push_back(m);
         } else if (step.kind == "model_output") {
-            s.transcript.push_back(model_message(p));
+            s.transcript.push_back(assistant_message(p));
             s.calls.clear();
             const int32_t step_no = p.value("step", 0);
             const int64_t kvt = p.value("kv_tokens", int64_t(0));
@@ -552,7 +470,7 @@ std::unique_ptr<SessionManager::Session> SessionManager::rebuild(const store::Se
             }
         }
     }
-    s.last = {s.next_seq - 1, 0};
+    s.stream.start_at({s.next_seq - 1, 0});
     s.durable = s.snapshot();
     return sp;
 }
@@ -640,7 +558,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
         ++s.commit_failures;
         metrics_.counter("armada_store_write_failures_total", "Checkpoint writes that failed and were retried").inc();
         sig_store_errors_++;
-        emit_transient(s, "error", dump(json{{"message", "checkpoint write failed, retrying: " + st.error}}));
+        s.stream.transient("error", dump(json{{"message", "checkpoint write failed, retrying: " + st.error}}));
         // Jittered, so that the sessions a restart of the store stopped together do not all try
         // again at the same instants.
         const int base = std::min(5000, 100 << std::min(s.commit_failures, 6));
@@ -667,7 +585,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
     // The batch is on disk: its steps become events, in order, with their step numbers as ids.
     if (!s.erased) {
         for (const auto & step : done.batch.steps) {
-            if (auto ev = step_event(step)) deliver(s, std::move(*ev));
+            if (auto ev = step_event(step)) s.stream.deliver(std::move(*ev));
         }
     }
     if (done.after) done.after(s);
@@ -746,7 +664,7 @@ void SessionManager::drop_fenced(Session & s, const std::string & why) {
     } else {
         end_turn(s, "fenced: another node holds the session now");
     }
-    end_subscribers(s);
+    s.stream.end();
     count_state(s.state, -1);
     const std::string id = s.id;
     sessions_.erase(id);
@@ -755,7 +673,7 @@ void SessionManager::drop_fenced(Session & s, const std::string & why) {
 
 void SessionManager::maybe_evict(Session & s) {
     // An ended session stays in the store; memory keeps only what is in use.
-    if (!has_ended(s.state) || s.busy() || !s.subs.empty() || s.erased) return;
+    if (!has_ended(s.state) || s.busy() || s.stream.watched() || s.erased) return;
     const std::string id = s.id;
     sessions_.erase(id);
     sync_memory_gauge();
@@ -768,26 +686,6 @@ void SessionManager::sync_memory_gauge() {
 
 // ---- events -------------------------------------------------------------------------------
 
-void SessionManager::deliver(Session & s, SessionEventRecord ev) {
-    s.last = ev.id;
-    for (auto & [h, sub] : s.subs)
-        sub.first(ev);
-    s.events.push_back(std::move(ev));
-    if (s.events.size() > kMaxEvents) s.events.pop_front();
-}
-
-void SessionManager::emit_transient(Session & s, const std::string & type, const std::string & data) {
-    deliver(s, SessionEventRecord{{s.last.seq, s.last.sub + 1}, type, data});
-}
-
-void SessionManager::end_subscribers(Session & s) {
-    auto subs = std::move(s.subs);
-    s.subs.clear();
-    for (auto & [h, sub] : subs) {
-        if (sub.second) sub.second();
-    }
-}
-
 uint64_t SessionManager::subscribe(const std::string & id, const std::string & tenant, EventId after,
                                    std::function<void(const SessionEventRecord &)> fn, std::function<void()> end) {
     // The log's durable events come from the store, read before the lock is taken; events
@@ -799,21 +697,7 @@ uint64_t SessionManager::subscribe(const std::string & id, const std::string & t
     HeldElsewhere held;  // another live node holds it: not loaded here (its stream is there)
     Session * s = find_or_load(lk, id, tenant, &held);
     if (!s) return 0;
-    std::vector<SessionEventRecord> replay;
-    for (const auto & step : steps) {
-        if (step.seq > s->last.seq) break;  // not delivered yet: it comes live
-        if (EventId{step.seq, 0} <= after) continue;
-        if (auto ev = step_event(step)) replay.push_back(std::move(*ev));
-    }
-    for (const auto & ev : s->events) {
-        if (ev.id > after) replay.push_back(ev);
-    }
-    std::sort(replay.begin(), replay.end(),
-              [](const SessionEventRecord & a, const SessionEventRecord & b) { return a.id < b.id; });
-    replay.erase(std::unique(replay.begin(), replay.end(),
-                             [](const SessionEventRecord & a, const SessionEventRecord & b) { return a.id == b.id; }),
-                 replay.end());
-    for (const auto & ev : replay)
+    for (const auto & ev : s->stream.missed(steps, after))
         fn(ev);
     const uint64_t h = next_sub_++;
     if (is_final(s->state) && s->outbox.empty()) {
@@ -821,7 +705,7 @@ uint64_t SessionManager::subscribe(const std::string & id, const std::string & t
         maybe_evict(*s);
         return h;
     }
-    s->subs[h] = {std::move(fn), std::move(end)};
+    s->stream.subscribe(h, std::move(fn), std::move(end));
     return h;
 }
 
@@ -829,7 +713,7 @@ void SessionManager::unsubscribe(const std::string & id, uint64_t handle) {
     std::lock_guard lk(mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
-    it->second->subs.erase(handle);
+    it->second->stream.unsubscribe(handle);
     maybe_evict(*it->second);
 }
 
@@ -919,7 +803,7 @@ void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reas
     ++s.gen;  // late engine events of the old generation are ignored
     checkpoint(s, {}, [this](Session & ss) {
         count_outcome(ss);
-        end_subscribers(ss);
+        ss.stream.end();
     });
 }
 
@@ -980,11 +864,10 @@ void SessionManager::model_step(Session & s) {
                 ++s.compactions;
                 metrics_.counter("armada_session_compactions_total", "Prompts compacted at a session's memory cap")
                     .inc();
-                emit_transient(s, "compaction",
-                               dump(json{{"dropped_tool_outputs", s.dropped_tools},
-                                         {"prompt_tokens_before", before},
-                                         {"prompt_tokens_after", s.turn->prompt.size()},
-                                         {"cap_tokens", cap}}));
+                s.stream.transient("compaction", dump(json{{"dropped_tool_outputs", s.dropped_tools},
+                                                           {"prompt_tokens_before", before},
+                                                           {"prompt_tokens_after", s.turn->prompt.size()},
+                                                           {"cap_tokens", cap}}));
             }
         }
         if (int64_t(s.turn->prompt.size()) > cap) {
@@ -1061,7 +944,7 @@ void SessionManager::delegate_step(Session & s, const std::string & pool, std::v
     // While the pool works the session waits as it does on a tool: its KV leaves the sequences.
     engine_.release(s.id, false);
     metrics_.counter("armada_session_pool_steps_total", "Agent steps sent to a GPU pool", {{"pool", pool}}).inc();
-    emit_transient(s, "delegated", dump(json{{"pool", pool}, {"prompt_tokens", s.turn->prompt.size()}}));
+    s.stream.transient("delegated", dump(json{{"pool", pool}, {"prompt_tokens", s.turn->prompt.size()}}));
     PoolStep step;
     step.pool = pool;
     step.turn = s.turn;
@@ -1104,7 +987,7 @@ void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStep
             .inc();
         spdlog::warn("session {}: pool '{}' did not run the step ({}); {}", s.id, s.step_pool, r.error,
                      fits ? "running it on this node" : "the prompt does not fit this node, trying the pool again");
-        emit_transient(s, "pool_fallback", dump(json{{"pool", s.step_pool}, {"to", fits ? "cpu" : "retry"}}));
+        s.stream.transient("pool_fallback", dump(json{{"pool", s.step_pool}, {"to", fits ? "cpu" : "retry"}}));
         if (fits) {
             s.pool_local = true;
             s.pool_fallback = s.step_pool + "-unavailable";
@@ -1144,11 +1027,11 @@ void SessionManager::on_model_text(const std::string & id, uint64_t gen, std::st
     if (text.empty() && from_pool) {
         // A pool's upstream failed midway: the step starts again, and its tokens so far are void.
         s.gen_text.clear();
-        emit_transient(s, "retract", dump(json{{"reason", "the upstream failed midway; the step starts again"}}));
+        s.stream.transient("retract", dump(json{{"reason", "the upstream failed midway; the step starts again"}}));
         return;
     }
     s.gen_text += text;
-    emit_transient(s, "token", dump(json{{"text", text}}));
+    s.stream.transient("token", dump(json{{"text", text}}));
 }
 
 void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine::GenEvent ev) {
@@ -1543,7 +1426,7 @@ std::optional<SessionView> SessionManager::get(const std::string & id, const std
             v.reason = d.reason;
             json t = json::array();
             for (size_t i = 0; i < d.transcript_len && i < s->transcript.size(); ++i)
-                t.push_back(msg_json(s->transcript[i]));
+                t.push_back(message_json(s->transcript[i]));
             v.transcript = dump(t);
             v.model_steps = d.model_steps;
             v.prompt_tokens = d.prompt_tokens;
@@ -1574,7 +1457,7 @@ std::optional<SessionView> SessionManager::get(const std::string & id, const std
         v.reason = rec->reason;
         json t = json::array();
         for (const auto & m : s->transcript)
-            t.push_back(msg_json(m));
+            t.push_back(message_json(m));
         v.transcript = dump(t);
         v.model_steps = s->model_steps;
         v.prompt_tokens = s->prompt_tokens;
@@ -1636,7 +1519,7 @@ void SessionManager::erase(const std::string & id, const std::string & tenant, s
     persist(
         *s, std::move(b),
         [this, done](Session & ss) {
-            end_subscribers(ss);
+            ss.stream.end();
             done({200, {}, ss.id});
         },
         done);
@@ -1720,18 +1603,10 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
             old.gen_cancel->store(true);
             engine_.wake();
         }
-        ps->subs = std::move(old.subs);
         ps->gen = old.gen + 1;  // late engine events of the old copy are ignored
-        const int64_t seen = old.last.seq;
+        ps->stream.take_over(old.stream, steps);
         count_state(old.state, -1);
         it->second = std::move(sp);
-        for (const auto & step : steps) {
-            if (step.seq <= seen) continue;
-            if (auto ev = step_event(step)) {
-                for (auto & [h, sub] : ps->subs)
-                    sub.first(*ev);
-            }
-        }
     } else {
         sessions_[id] = std::move(sp);
     }
@@ -1981,7 +1856,7 @@ void SessionManager::resume_loaded(Session & s) {
     s.started = true;
     Session * ps = &s;
     const std::string & agent_id = s.agent_id;
-    emit_transient(*ps, "resumed", dump(json{{"state", state_name(ps->state)}}));
+    ps->stream.transient("resumed", dump(json{{"state", state_name(ps->state)}}));
     if (!ps->agent) {
         spdlog::warn("session {}: its agent '{}' no longer exists", s.id, agent_id);
         fail(*ps, SessionEvent::Error, "its agent '" + agent_id + "' no longer exists");

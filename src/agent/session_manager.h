@@ -2,6 +2,7 @@
 
 #include "agent/agent_registry.h"
 #include "agent/agent_spec.h"
+#include "agent/event_stream.h"
 #include "agent/ports.h"
 #include "agent/prompt_builder.h"
 #include "agent/session_state.h"
@@ -26,37 +27,6 @@
 #include <vector>
 
 namespace armada::agent {
-
-//! Where an event sits in a session's stream. Durable events (message, tool_call, tool_result,
-//! state) are the steps of the log: their id is the step's `seq`, the same after any restart.
-//! Events that are not stored (token, compaction, error, a resume notice) come between two
-//! steps: `seq` is the last step before them and `sub` counts from 1. The text form is "12" or
-//! "12.3"; clients send it back as Last-Event-ID.
-struct EventId {
-    int64_t seq = 0;
-    int32_t sub = 0;
-    std::string text() const {
-        return sub == 0 ? std::to_string(seq) : std::to_string(seq) + "." + std::to_string(sub);
-    }
-    //! Parses "12" or "12.3"; nullopt for anything else.
-    static std::optional<EventId> parse(const std::string & s);
-    // Ordered by step, then by place after it. (Written out: clang-tidy 14 misreads a defaulted <=>.)
-    bool operator<(const EventId & o) const { return seq != o.seq ? seq < o.seq : sub < o.sub; }
-    bool operator>(const EventId & o) const { return o < *this; }
-    bool operator<=(const EventId & o) const { return !(o < *this); }
-    bool operator==(const EventId & o) const { return seq == o.seq && sub == o.sub; }
-    bool operator!=(const EventId & o) const { return !(*this == o); }
-};
-
-//! One event of a session's stream. `data` is a JSON object.
-struct SessionEventRecord {
-    EventId id;
-    std::string type;  // token, message, tool_call, tool_result, state, error, compaction
-    std::string data;
-};
-
-//! The durable event a step stands for, if any (user input has none).
-std::optional<SessionEventRecord> step_event(const store::StepRecord & step);
 
 //! A session as callers see it.
 struct SessionView {
@@ -367,10 +337,6 @@ class SessionManager {
     void end_turn(Session & s, const std::string & error);
     void send_next(Session & s);
     void on_committed(const std::string & id, store::Status st);
-    //! An event that is not stored (token, error, …).
-    void emit_transient(Session & s, const std::string & type, const std::string & data);
-    void deliver(Session & s, SessionEventRecord ev);
-    void end_subscribers(Session & s);
     void maybe_evict(Session & s);
     void sync_memory_gauge();
     store::SessionRecord record(const Session & s) const;
