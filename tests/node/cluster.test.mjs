@@ -551,8 +551,15 @@ test('SIGSTOP a node past its lease: its sessions move, its late writes are fenc
   for (const id of theirs) {
     const s = done.get(id);
     const endedBefore = s.steps.at(-1).ts_ms < t0 + 100;
-    assert.ok(endedBefore || (s.placement.epoch > 1 && s.placement.node !== victim),
-      `${id} moved off the stopped node: ${JSON.stringify(s.placement)}`);
+    if (endedBefore || (s.placement.epoch > 1 && s.placement.node !== victim)) continue;
+    // What the brains and nodes said about the stopped node and this session, so that a failure
+    // in CI says why it stayed (the brain never saw the node go, found no room, or its write
+    // failed).
+    const said = status().processes.filter((p) => p.role === 'cell' || p.role === 'node').flatMap((p) =>
+      fs.readFileSync(p.log, 'utf8').split('\n').filter((l) => l.includes(id) || (p.role === 'cell' && l.includes(victim)))
+        .map((l) => `${p.name}: ${l}`));
+    assert.fail(`${id} moved off the stopped node ${victim} (stopped at ${new Date(t0).toISOString()}): ` +
+      `${JSON.stringify(s.placement)}\n${said.slice(-80).join('\n')}`);
   }
   await waitLog(victim, /joined again/, mark, 20000);
   assert.match(logOf(victim).slice(mark), /fenced/, 'a write of the woken node was refused');
