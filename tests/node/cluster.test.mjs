@@ -14,7 +14,7 @@ import path from 'node:path';
 import { tinyModel } from './harness.mjs';
 import { startToolServer } from './tool_server.mjs';
 import { agentYaml, tempDir, writeAgents } from './agents.mjs';
-import { assertCompleteLog } from './session_helpers.mjs';
+import { assertCompleteLog, assertNoFinishedCallRepeated } from './session_helpers.mjs';
 import { alive, assertLintedMetrics, chatTurn, etcdRange, metricSum, sanitizerReports, sleep, waitFor } from './cluster_helpers.mjs';
 
 // Sanitizer builds (ARMADA_TIMING=0) run several times slower: a longer lease keeps their slow
@@ -115,23 +115,11 @@ function checkAll(done, kills) {
   for (const k of tools.effects.keys()) {
     if (ids.some((id) => k.startsWith(`${id}:`))) assert.ok(mine.has(k), `call ${k} reached the tool but is in no log`);
   }
-  const resultAt = new Map();
-  for (const s of done.values())
-    for (const st of s.steps.filter((x) => x.kind === 'tool_result')) resultAt.set(st.idempotency_key, st.ts_ms);
-  // No finished call is sent again: a call may come twice only if it had not finished (its
-  // result was not yet durable) when a fault began, and the repeat came after that fault began.
-  // A kill is a fault of one instant; a SIGSTOP lasts from the stop to the SIGCONT. (When the
-  // tool server first read a call says little: a request a node wrote just before its SIGKILL
-  // is still delivered by the kernel, and on 2 loaded cores the server reads it up to ~0.3 s late.)
-  for (const [k, n] of tools.replays) {
-    if (!mine.has(k)) continue;
-    const doneAt = resultAt.get(k);
-    const again = tools.replayAt.get(k);
-    const lastArrival = (tools.arrivals.get(k) ?? []).at(-1);
-    assert.ok(kills.some(([a]) => doneAt >= a && again >= a) && lastArrival <= doneAt,
-      `key ${k} was sent ${n + 1} times, but it had finished before every fault (first sent ${tools.firstAt.get(k)}, ` +
-      `repeated ${again}, result ${doneAt}, faults ${JSON.stringify(kills)})`);
-  }
+  // No finished call is sent again (session_helpers.mjs says which repeats are allowed: its own
+  // node's retries, a failover's re-send, and a call outstanding at a fault). A kill is a fault
+  // of one instant; a SIGSTOP lasts from the stop to the SIGCONT, and counts from the stop.
+  const replays = new Map([...tools.replays].filter(([k]) => mine.has(k)));
+  assertNoFinishedCallRepeated({ ...tools, replays }, [...done.values()], kills.map(([at]) => at));
 }
 
 // Reads a session's event stream through the gateway until its state is final; returns the events,
