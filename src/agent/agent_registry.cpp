@@ -18,7 +18,7 @@ std::string mcp_tools_json(const AgentSpec & a) {
         arr.push_back(
             {{"name", t.name}, {"description", t.description}, {"parameters", t.parameters}, {"mcp_url", t.mcp_url}});
     }
-    return arr.empty() ? std::string() : arr.dump(-1, ' ', false, json::error_handler_t::replace);
+    return arr.empty() ? std::string() : common::json_text(arr);
 }
 
 bool restore_mcp_tools(AgentSpec & a, const std::string & text) {

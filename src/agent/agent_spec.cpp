@@ -1,5 +1,7 @@
 #include "agent/agent_spec.h"
 
+#include "common/json_fields.h"
+
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
@@ -197,7 +199,7 @@ HttpToolSpec parse_tool(const YAML::Node & n, const std::string & where) {
     nlohmann::json params = n["parameters"] ? to_json(n["parameters"]) : nlohmann::json{{"type", "object"}};
     check_schema(params, where + ".parameters");
     // Bytes that are not UTF-8 become U+FFFD (dump would throw on them).
-    t.parameters = params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    t.parameters = common::json_text(params);
     t.url = str(n["url"], where + ".url", true);
     if (t.url.rfind("http://", 0) != 0 && t.url.rfind("https://", 0) != 0)
         fail(where + ".url", "must be http:// or https://");
@@ -330,7 +332,7 @@ AgentSpec parse_agent(const YAML::Node & n, const std::string & where, const Par
         t.expand_secrets = opt.from_operator;
     for (auto & m : a.mcp_servers)
         m.expand_secrets = opt.from_operator;
-    a.source = canonical.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    a.source = common::json_text(canonical);
     return a;
 }
 

@@ -13,7 +13,7 @@ using json = nlohmann::json;
 
 namespace {
 std::string dump(const json & j) {
-    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+    return common::json_text(j);
 }
 std::string text(const json & p, const char * key) {
     return common::string_field(p, key).value_or("");

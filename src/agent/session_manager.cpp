@@ -24,7 +24,7 @@ namespace net = boost::asio;
 
 namespace {
 std::string dump(const json & j) {
-    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+    return common::json_text(j);
 }
 
 std::string new_session_id() {

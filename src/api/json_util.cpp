@@ -1,6 +1,7 @@
 #include "api/json_util.h"
 
 #include "api/errors.h"
+#include "common/json_fields.h"
 
 namespace armada::api {
 
@@ -55,7 +56,7 @@ json parse_request_body(const std::string & body) {
 }
 
 std::string dump(const json & j) {
-    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+    return common::json_text(j);
 }
 
 std::string get_string(const json & j, const char * key, const std::string & def) {

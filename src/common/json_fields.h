@@ -14,6 +14,11 @@
 
 namespace armada::common {
 
+//! `j` as compact JSON text; invalid UTF-8 in its strings becomes U+FFFD instead of throwing.
+inline std::string json_text(const nlohmann::json & j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 //! `j[key]` when `j` is an object that holds `key`; else null.
 inline const nlohmann::json * field(const nlohmann::json & j, const std::string & key) {
     if (!j.is_object()) return nullptr;

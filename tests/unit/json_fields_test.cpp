@@ -51,3 +51,12 @@ TEST(JsonFields, ObjectAtFollowsAPathOfObjects) {
     EXPECT_EQ(object_at(j, {"metadata", "labels", "app"}), nullptr);  // a string at the end
     EXPECT_EQ(object_at(j, {"metadata", "missing", "labels"}), nullptr);
 }
+
+TEST(JsonFields, TextReplacesInvalidUtf8InsteadOfThrowing) {
+    const json j = {{"s", std::string("a\xff"
+                                      "b")}};
+    EXPECT_THROW((void)j.dump(), nlohmann::json::type_error);
+    EXPECT_EQ(armada::common::json_text(j),
+              "{\"s\":\"a\xef\xbf\xbd"
+              "b\"}");
+}
