@@ -134,6 +134,12 @@ struct StepSignals {
 //! Memory holds the open sessions, and ended ones only while something uses them (a commit,
 //! a stream); an ended session is read from the store when asked for.
 //!
+//! Parts: the table, its lock and the public requests are in session_manager.cpp; the session
+//! log (records, checkpoints, the outbox, rebuilding from the store) in session_log.cpp; model
+//! steps, local or on a pool, in step_runner.cpp; tool calls and the lease gate in
+//! tool_runner.cpp; resume, adopt, moves and fencing in placement.cpp. `Session` (session.h)
+//! keeps each part's state in a member of its own.
+//!
 //! Tenants: `tenant` names the caller's tenant. A session, and an agent declared through the
 //! API, belong to one tenant; another tenant is told they do not exist.
 class SessionManager {
@@ -273,13 +279,11 @@ class SessionManager {
     size_t sessions_in_memory() const;
 
   private:
-    //! The sessions `movable` offers, without their KV sizes.
-    std::vector<Movable> movable_sessions();
-    struct Session;
+    struct Session;  // session.h: the session in named parts
     struct PendingCall;
 
+    // ---- the table (session_manager.cpp) ----
     Session * find(const std::string & id, const std::string & tenant);
-    //! `find`, else read the session from the store (outside the lock) and keep it in memory.
     //! Another live node holds the session (`node`), or whether it does cannot be told now.
     struct HeldElsewhere {
         std::string node, why;
@@ -288,12 +292,40 @@ class SessionManager {
         //! The answer to a request for the session here.
         Outcome outcome(const std::string & id) const;
     };
+    //! `find`, else read the session from the store (outside the lock) and keep it in memory.
     Session * find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id, const std::string & tenant,
                            HeldElsewhere * held = nullptr);
     //! Whether another node that lives holds `rec` (cluster mode): `held` says which.
     bool held_by_other(const store::SessionRecord & rec, HeldElsewhere & held) const;
-    std::unique_ptr<Session> rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps);
     bool apply(Session & s, SessionEvent ev, const std::string & reason = {});
+    void fail(Session & s, SessionEvent ev, const std::string & reason);
+    void count_outcome(const Session & s);
+    void count_state(SessionState st, int delta);
+    void note_ended(SessionState st, int64_t at_ms);
+    void update_survival();
+    void maybe_evict(Session & s);
+    void sync_memory_gauge();
+    //! Runs `fn` on `on` (default: the I/O pool) unless the manager is gone by then.
+    void post(std::function<void()> fn, const boost::asio::any_io_executor & on = {});
+    void after_ms(int ms, std::function<void()> fn);
+
+    // ---- the session log (session_log.cpp) ----
+    std::unique_ptr<Session> rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps);
+    store::SessionRecord record(const Session & s) const;
+    store::StepRecord step_record(Session & s, const std::string & kind, const std::string & payload,
+                                  const std::string & key = {});
+    //! Writes `b` with the session record (and a state step when the state changed), then runs
+    //! `after`; the batch's steps become events once durable.
+    //! `reply`, if given, answers the caller waiting for this batch when the session is fenced
+    //! before it is written (`after` then never runs).
+    void checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after = {},
+                    std::function<void(Outcome)> reply = {});
+    void persist(Session & s, store::Batch b, std::function<void(Session &)> after,
+                 std::function<void(Outcome)> reply = {});
+    void send_next(Session & s);
+    void on_committed(const std::string & id, store::Status st);
+
+    // ---- the step runner (step_runner.cpp) ----
     void model_step(Session & s);
     //! A piece of the step's reply. From a pool (`from_pool`), an empty piece voids the text so far.
     void on_model_text(const std::string & id, uint64_t gen, std::string text, bool from_pool = false);
@@ -305,18 +337,24 @@ class SessionManager {
     //! A model step that ended: parse its calls (or take `call`), record where it ran, checkpoint.
     void finish_step(Session & s, const engine::GenEvent & ev, const std::string & where, const std::string & upstream,
                      std::optional<common_chat_msg> call);
+    int32_t shared_prefix(const Session & s, const AgentSpec & a, const std::vector<common_chat_tool> & tools,
+                          common_chat_tool_choice choice);
+    // Traces: a turn is one `invoke_agent` span, with a `chat` span per model step and an
+    // `execute_tool` span per tool call under it.
+    void begin_turn(Session & s);
+    void end_turn(Session & s, const std::string & error);
+
+    // ---- the tool runner (tool_runner.cpp) ----
     void run_tools(Session & s);
     void wait_for_lease(const std::string & id);
     void send_tools(Session & s);
     void on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r);
-    //! Writes `b` with the session record (and a state step when the state changed), then runs
-    //! `after`; the batch's steps become events once durable.
-    //! `reply`, if given, answers the caller waiting for this batch when the session is fenced
-    //! before it is written (`after` then never runs).
-    void checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after = {},
-                    std::function<void(Outcome)> reply = {});
-    void persist(Session & s, store::Batch b, std::function<void(Session &)> after,
-                 std::function<void(Outcome)> reply = {});
+    //! The key a tool's latencies are learned under (kv_hold_).
+    static std::string hold_key(const Session & s, const std::string & tool);
+
+    // ---- placement (placement.cpp) ----
+    //! The sessions `movable` offers, without their KV sizes.
+    std::vector<Movable> movable_sessions();
     //! Another node holds the session now: stop it here without writing anything more.
     void drop_fenced(Session & s, const std::string & why);
     //! Stops the open sessions running here that the store gives to another node (this one was
@@ -324,36 +362,13 @@ class SessionManager {
     //! write, never be fenced, and stay counted in this node's load. `assigned`: the open
     //! sessions the store lists for this node.
     void drop_moved(const std::set<std::string> & assigned);
-    //! Assignments `adopt_assigned` found not running here at its last call, by epoch.
-    std::map<std::string, int64_t> unrun_assigned_;
-    bool adopt_scanned_ = false;
     //! True when session `id` is in memory; it then writes under `epoch` if that is newer. mu_ held.
     bool running_here(const std::string & id, int64_t epoch);
     //! Continues a session loaded from the store (after a restart, or assigned by the brain).
     void resume_loaded(Session & s);
-    // Traces: a turn is one `invoke_agent` span, with a `chat` span per model step and an
-    // `execute_tool` span per tool call under it.
-    void begin_turn(Session & s);
-    void end_turn(Session & s, const std::string & error);
-    void send_next(Session & s);
-    void on_committed(const std::string & id, store::Status st);
-    void maybe_evict(Session & s);
-    void sync_memory_gauge();
-    store::SessionRecord record(const Session & s) const;
-    store::StepRecord step_record(Session & s, const std::string & kind, const std::string & payload,
-                                  const std::string & key = {});
-    void fail(Session & s, SessionEvent ev, const std::string & reason);
-    void count_outcome(const Session & s);
-    void count_state(SessionState st, int delta);
-    void note_ended(SessionState st, int64_t at_ms);
-    void update_survival();
-    //! Runs `fn` on `on` (default: the I/O pool) unless the manager is gone by then.
-    void post(std::function<void()> fn, const boost::asio::any_io_executor & on = {});
-    int32_t shared_prefix(const Session & s, const AgentSpec & a, const std::vector<common_chat_tool> & tools,
-                          common_chat_tool_choice choice);
-    void after_ms(int ms, std::function<void()> fn);
-    //! The key a tool's latencies are learned under (kv_hold_).
-    static std::string hold_key(const Session & s, const std::string & tool);
+    //! Assignments `adopt_assigned` found not running here at its last call, by epoch.
+    std::map<std::string, int64_t> unrun_assigned_;
+    bool adopt_scanned_ = false;
 
     engine::ChatFormat & format_;
     GenerationPort & engine_;
