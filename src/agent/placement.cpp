@@ -374,7 +374,7 @@ void SessionManager::drop_moved(const std::set<std::string> & assigned) {
 }
 
 void SessionManager::resume_loaded(Session & s) {
-    const obs::LogScope log_scope(s.id, s.trace.turn ? std::optional(s.trace.turn->context()) : s.trace.parent);
+    const obs::LogScope log_scope(s.id, s.trace.context());
     s.place.started = true;
     Session * ps = &s;
     const std::string & agent_id = s.agent_id;

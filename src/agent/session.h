@@ -72,6 +72,9 @@ struct SessionManager::Session {
         std::optional<obs::TraceContext> last;
         std::map<std::string, obs::Span> tools;
         int64_t turn_prompt_tokens = 0, turn_completion_tokens = 0;  // the counts when the turn began
+
+        //! What the session's log lines are tagged with: the turn's span, else the request's.
+        std::optional<obs::TraceContext> context() const { return turn ? std::optional(turn->context()) : parent; }
     };
 
     //! What readers see: the session as of its last durable batch, never ahead of the store.

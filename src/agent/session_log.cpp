@@ -152,7 +152,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
     Session & s = *it->second;
-    const obs::LogScope log_scope(s.id, s.trace.turn ? std::optional(s.trace.turn->context()) : s.trace.parent);
+    const obs::LogScope log_scope(s.id, s.trace.context());
     s.log.committing = false;
     if (st.fenced && !opt_.node.empty()) return drop_fenced(s, st.error);
     if (!st.ok) {

@@ -447,7 +447,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
     s.owner = tenant;
     s.created_ms = clock_.now_ms();
     s.trace.parent = std::move(trace);
-    const obs::LogScope log_scope(s.id, s.trace.turn ? std::optional(s.trace.turn->context()) : s.trace.parent);
+    const obs::LogScope log_scope(s.id, s.trace.context());
     if (!opt_.node.empty()) s.place.claim = 0;  // cluster mode: the new row is assigned to this node
     s.place.started = true;
     sessions_[s.id] = std::move(sp);

@@ -334,6 +334,9 @@ class SessionManager {
     void delegate_step(Session & s, const std::string & pool, std::vector<common_chat_tool> tools,
                        const engine::SamplingOptions & so);
     void on_pool_done(const std::string & id, uint64_t gen, PoolStepResult r);
+    //! The session whose model step `gen` is still the one under way; null when it is gone, ended
+    //! or moved on (a late callback). mu_ held.
+    Session * running_step(const std::string & id, uint64_t gen);
     //! A model step that ended: parse its calls (or take `call`), record where it ran, checkpoint.
     void finish_step(Session & s, const engine::GenEvent & ev, const std::string & where, const std::string & upstream,
                      std::optional<common_chat_msg> call);

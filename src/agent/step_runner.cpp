@@ -258,12 +258,19 @@ void SessionManager::delegate_step(Session & s, const std::string & pool, std::v
         });
 }
 
+SessionManager::Session * SessionManager::running_step(const std::string & id, uint64_t gen) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->gen.id != gen || it->second->state != SessionState::Running)
+        return nullptr;
+    return it->second.get();
+}
+
 void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStepResult r) {
     std::lock_guard lk(mu_);
-    auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second->gen.id != gen || it->second->state != SessionState::Running) return;
-    Session & s = *it->second;
-    const obs::LogScope log_scope(s.id, s.trace.turn ? std::optional(s.trace.turn->context()) : s.trace.parent);
+    Session * step = running_step(id, gen);
+    if (!step) return;
+    Session & s = *step;
+    const obs::LogScope log_scope(s.id, s.trace.context());
     s.gen.cancel.reset();
     if (r.cancelled) return;
     if (!r.ran) {
@@ -328,10 +335,10 @@ void SessionManager::on_model_text(const std::string & id, uint64_t gen, std::st
 
 void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine::GenEvent ev) {
     std::lock_guard lk(mu_);
-    auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second->gen.id != gen || it->second->state != SessionState::Running) return;
-    Session & s = *it->second;
-    const obs::LogScope log_scope(s.id, s.trace.turn ? std::optional(s.trace.turn->context()) : s.trace.parent);
+    Session * step = running_step(id, gen);
+    if (!step) return;
+    Session & s = *step;
+    const obs::LogScope log_scope(s.id, s.trace.context());
     s.gen.cancel.reset();
     if (ev.finish == engine::FinishReason::Cancelled) return;
     thread_local std::mt19937 test_rng(std::random_device{}());

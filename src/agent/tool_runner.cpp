@@ -108,7 +108,7 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
     Session & s = *it->second;
-    const obs::LogScope log_scope(s.id, s.trace.turn ? std::optional(s.trace.turn->context()) : s.trace.parent);
+    const obs::LogScope log_scope(s.id, s.trace.context());
     if (s.tools.in_flight > 0) --s.tools.in_flight;
     if (s.state != SessionState::WaitingTool) return maybe_evict(s);
     PendingCall * pc = nullptr;
