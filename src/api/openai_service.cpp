@@ -1,8 +1,8 @@
 #include "api/openai_service.h"
 
 #include "api/errors.h"
-#include "api/sse.h"
 #include "common/clock.h"
+#include "net/sse.h"
 #include "text/utf8.h"
 
 #include <spdlog/spdlog.h>
@@ -31,7 +31,7 @@ std::string random_id(const std::string & prefix, size_t n) {
 namespace {
 
 std::string sse(const json & j) {
-    return sse_event({}, dump(j));
+    return armada::net::sse_event({}, dump(j));
 }
 
 json tool_call_json(const common_chat_tool_call & c) {
@@ -331,7 +331,7 @@ struct OpenAIService::Job : std::enable_shared_from_this<Job> {
                 j["usage"] = usage();
                 out->write(sse(j));
             }
-            out->write("data: [DONE]\n\n");
+            out->write(armada::net::sse_event({}, "[DONE]"));
             out->end();
             return;
         }

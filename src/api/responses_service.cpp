@@ -4,9 +4,9 @@
 #include "api/errors.h"
 #include "api/openai_map.h"
 #include "api/openai_service.h"
-#include "api/sse.h"
 #include "common/clock.h"
 #include "common/json_fields.h"
+#include "net/sse.h"
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
@@ -187,7 +187,7 @@ struct ResponsesService::Run : std::enable_shared_from_this<Run> {
     void send_event(const std::string & type, json data) {
         data["type"] = type;
         data["sequence_number"] = seq++;
-        out->write(sse_event(type, dump(data)));
+        out->write(armada::net::sse_event(type, dump(data)));
     }
 
     //! `index`: the message's place in the response's output (after any MCP items before it).

@@ -1,7 +1,7 @@
 #include "api/sessions_api.h"
 
 #include "api/errors.h"
-#include "api/sse.h"
+#include "net/sse.h"
 
 #include <cstdlib>
 #include <mutex>
@@ -338,7 +338,7 @@ void SessionsApi::events(const std::string & id, const std::string & tenant, con
     out->long_lived();
     const uint64_t h = mgr_.subscribe(
         id, tenant, after,
-        [out](const agent::SessionEventRecord & ev) { out->write(sse_event(ev.type, ev.data, ev.id.text())); },
+        [out](const agent::SessionEventRecord & ev) { out->write(net::sse_event(ev.type, ev.data, ev.id.text())); },
         [out] { out->end(); });
     if (h == 0) return out->end();  // gone meanwhile, or another live node holds it
     out->on_close([this, id, h] { mgr_.unsubscribe(id, h); });

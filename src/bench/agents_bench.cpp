@@ -3,6 +3,7 @@
 #include "api/http_server.h"
 #include "bench/http_client.h"
 #include "common/json_fields.h"
+#include "net/sse.h"
 
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
@@ -276,19 +277,19 @@ class Bench {
         if (c.status != 200) return fail(res, c);
         const std::string id = json::parse(c.body, nullptr, false).value("id", "");
         std::string state;
-        auto sse_fn = [&](const std::string & ev, const std::string & data) {
-            if (ev != "state") return true;
-            const json j = json::parse(data, nullptr, false);
+        const net::SseReader::Handler sse_fn = [&](net::SseEvent & ev) {
+            if (ev.type() != "state") return true;
+            const json j = json::parse(ev.data, nullptr, false);
             state = j.is_object() ? j.value("state", "") : "";
             return state != "completed" && state != "failed" && state != "cancelled";
         };
-        SseParser sse(sse_fn);
+        net::SseReader sse;
         // A stream cut by a server restart is opened again: the session is durable and resumes.
         HttpResult s;
         for (;;) {
             s = call(
                 "GET", opt_.target + "/v1/sessions/" + id + "/events", "",
-                [&](std::string_view b) { return sse.feed(b); }, [&] { sse = SseParser(sse_fn); });
+                [&](std::string_view b) { return sse.feed(b, sse_fn); }, [&] { sse = net::SseReader(); });
             const bool ended = state == "completed" || state == "failed" || state == "cancelled";
             if (s.status != 200 || ended || opt_.retry_s <= 0) break;
             ++retries;
@@ -366,7 +367,8 @@ class Bench {
             double t_first = -1;
             std::string content, name, args;
             int64_t pt = 0, ct = 0;
-            auto sse_fn = [&](const std::string &, const std::string & data) {
+            const net::SseReader::Handler sse_fn = [&](net::SseEvent & ev) {
+                const std::string & data = ev.data;
                 if (data == "[DONE]") return false;
                 const json j = json::parse(data, nullptr, false);
                 if (!j.is_object()) return true;
@@ -392,12 +394,12 @@ class Bench {
                 }
                 return true;
             };
-            SseParser sse(sse_fn);
+            net::SseReader sse;
             const auto r = call(
                 "POST", opt_.target + "/v1/chat/completions", req.dump(),
-                [&](std::string_view b) { return sse.feed(b); },
+                [&](std::string_view b) { return sse.feed(b, sse_fn); },
                 [&] {
-                    sse = SseParser(sse_fn);
+                    sse = net::SseReader();
                     content.clear();
                     name.clear();
                     args.clear();

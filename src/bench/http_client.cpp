@@ -74,44 +74,4 @@ HttpResult http_call(const std::string & method, const std::string & url, const 
     return out;
 }
 
-bool SseParser::feed(std::string_view bytes) {
-    buf_.append(bytes);
-    size_t start = 0;
-    for (;;) {
-        const size_t nl = buf_.find('\n', start);
-        if (nl == std::string::npos) break;
-        std::string line = buf_.substr(start, nl - start);
-        start = nl + 1;
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.empty()) {
-            // As the SSE spec says: an event is dispatched when it had a data field (even an
-            // empty one); each data line adds its value and a LF, and the last LF goes.
-            if (has_data_) {
-                data_.pop_back();
-                const bool go = fn_(event_.empty() ? "message" : event_, data_);
-                if (!go) {
-                    event_.clear();
-                    data_.clear();
-                    has_data_ = false;
-                    buf_.erase(0, start);
-                    return false;
-                }
-            }
-            event_.clear();
-            data_.clear();
-            has_data_ = false;
-            continue;
-        }
-        if (line.rfind("event:", 0) == 0) {
-            event_ = line.substr(line.size() > 6 && line[6] == ' ' ? 7 : 6);
-        } else if (line.rfind("data:", 0) == 0) {
-            data_ += line.substr(line.size() > 5 && line[5] == ' ' ? 6 : 5);
-            data_ += '\n';
-            has_data_ = true;
-        }
-    }
-    buf_.erase(0, start);
-    return true;
-}
-
 }  // namespace armada::bench

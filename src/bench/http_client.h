@@ -21,17 +21,4 @@ HttpResult http_call(const std::string & method, const std::string & url, const 
                      const std::vector<std::pair<std::string, std::string>> & headers, int timeout_ms,
                      const std::function<bool(std::string_view)> & on_chunk = {});
 
-//! Splits an SSE byte stream into events; feed it chunks, it calls `fn(event, data)` per event.
-class SseParser {
-  public:
-    explicit SseParser(std::function<bool(const std::string &, const std::string &)> fn) : fn_(std::move(fn)) {}
-    //! Returns false once the callback asked to stop.
-    bool feed(std::string_view bytes);
-
-  private:
-    std::function<bool(const std::string &, const std::string &)> fn_;
-    std::string buf_, event_, data_;
-    bool has_data_ = false;
-};
-
 }  // namespace armada::bench

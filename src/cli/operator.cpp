@@ -2,6 +2,7 @@
 
 #include "common/json_fields.h"
 #include "common/url.h"
+#include "net/sse.h"
 #include "tools/http_sync.h"
 #include "tools/tls.h"
 
@@ -351,37 +352,20 @@ int sessions(const OperatorOptions & o, Gateway & gw) {
             return fail("events of " + o.name + ": " + err);
         }
         if (raw) return 0;
-        // SSE: blocks of "id:", "event:" and "data:" lines.
-        std::istringstream in(text);
-        std::string line, id, type, data;
-        const auto flush = [&] {
-            if (type.empty() && data.empty()) return;
+        const auto print = [&](net::SseEvent & ev) {
             if (o.json) {
-                json e = {{"id", id}, {"event", type.empty() ? "message" : type}};
-                const json parsed = json::parse(data, nullptr, false);
-                e["data"] = parsed.is_discarded() ? json(data) : parsed;
+                json e = {{"id", ev.id}, {"event", ev.type()}};
+                const json parsed = json::parse(ev.data, nullptr, false);
+                e["data"] = parsed.is_discarded() ? json(ev.data) : parsed;
                 printf("%s\n", e.dump().c_str());
             } else {
-                printf("%-8s %-18s %s\n", id.c_str(), (type.empty() ? "message" : type).c_str(), data.c_str());
+                printf("%-8s %-18s %s\n", ev.id.c_str(), ev.type().c_str(), ev.data.c_str());
             }
-            id.clear();
-            type.clear();
-            data.clear();
+            return true;
         };
-        while (std::getline(in, line)) {
-            if (!line.empty() && line.back() == '\r') line.pop_back();
-            if (line.empty()) {
-                flush();
-            } else if (line.rfind("id:", 0) == 0) {
-                id = line.substr(line.size() > 3 && line[3] == ' ' ? 4 : 3);
-            } else if (line.rfind("event:", 0) == 0) {
-                type = line.substr(line.size() > 6 && line[6] == ' ' ? 7 : 6);
-            } else if (line.rfind("data:", 0) == 0) {
-                if (!data.empty()) data += "\n";
-                data += line.substr(line.size() > 5 && line[5] == ' ' ? 6 : 5);
-            }
-        }
-        flush();
+        net::SseReader events;
+        events.feed(text, print);
+        events.finish(print);
         return 0;
     }
     fprintf(stderr, "error: armada sessions has list, show, events and cancel, not '%s'\n", o.verb.c_str());

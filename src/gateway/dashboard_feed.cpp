@@ -3,6 +3,7 @@
 #include "common/clock.h"
 #include "gateway/dashboard.h"
 #include "gateway/replies.h"
+#include "net/sse.h"
 
 #include <spdlog/spdlog.h>
 
@@ -87,7 +88,7 @@ json DashboardFeed::snapshot() {
 }
 
 std::string DashboardFeed::sse_snapshot() {
-    return "event: snapshot\ndata: " + dump(snapshot()) + "\n\n";
+    return net::sse_event("snapshot", dump(snapshot()));
 }
 
 void DashboardFeed::feed() {

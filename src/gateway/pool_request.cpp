@@ -125,46 +125,27 @@ std::string scrub_pool_json(std::string_view text) {
 }
 
 std::string PoolStreamScrubber::feed(std::string_view chunk) {
-    buf_.append(chunk);
     std::string out;
-    for (;;) {
-        // An event ends at a blank line (LF LF, or CRLF CRLF).
-        size_t end = buf_.find("\n\n");
-        size_t sep = 2;
-        if (const size_t crlf = buf_.find("\r\n\r\n"); crlf != std::string::npos && crlf < end) {
-            end = crlf;
-            sep = 4;
-        }
-        if (end == std::string::npos) break;
-        std::string ev = buf_.substr(0, end);
-        buf_.erase(0, end + sep);
-        std::string rebuilt;
-        size_t at = 0;
-        while (at <= ev.size()) {
-            size_t nl = ev.find('\n', at);
-            if (nl == std::string::npos) nl = ev.size();
-            std::string line = ev.substr(at, nl - at);
-            if (!line.empty() && line.back() == '\r') line.pop_back();
-            if (line.rfind("data:", 0) == 0) {
-                const size_t v = line.size() > 5 && line[5] == ' ' ? 6 : 5;
-                line = "data: " + scrub_pool_json(std::string_view(line).substr(v));
-            }
-            rebuilt += line + "\n";
-            at = nl + 1;
-        }
-        out += rebuilt + "\n";
-    }
+    reader_.feed(chunk, [&](net::SseEvent & ev) {
+        out += rewrite(ev);
+        return true;
+    });
     return out;
 }
 
 std::string PoolStreamScrubber::flush() {
-    std::string rest = std::move(buf_);
-    buf_.clear();
-    if (rest.empty()) return rest;
     // An event the upstream never ended: scrubbed as if it had been.
-    std::string out = feed(rest + "\n\n");
-    buf_.clear();
+    std::string out;
+    reader_.finish([&](net::SseEvent & ev) {
+        out += rewrite(ev);
+        return true;
+    });
     return out;
+}
+
+std::string PoolStreamScrubber::rewrite(const net::SseEvent & ev) {
+    if (!ev.has_data) return ev.raw;  // a comment or a `retry`: as it came
+    return net::sse_event(ev.event, scrub_pool_json(ev.data), ev.id);
 }
 
 }  // namespace armada::gateway

@@ -8,6 +8,7 @@
 
 #include "api/json_util.h"
 #include "api/openai_map.h"
+#include "net/sse.h"
 
 #include <cstdint>
 #include <string>
@@ -47,7 +48,9 @@ class PoolStreamScrubber {
     std::string flush();
 
   private:
-    std::string buf_;
+    std::string rewrite(const net::SseEvent & ev);
+
+    net::SseReader reader_{net::SseReader::Options{.every_block = true}};
 };
 
 }  // namespace armada::gateway

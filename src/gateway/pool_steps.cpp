@@ -97,40 +97,39 @@ std::optional<common_chat_msg> call_from_schema_reply(const std::string & text) 
 }
 
 void CompletionStream::feed(std::string_view bytes, const std::function<void(const std::string &)> & on_text) {
-    buf_.append(bytes);
-    size_t eol;
-    while ((eol = buf_.find('\n')) != std::string::npos) {
-        std::string line = buf_.substr(0, eol);
-        buf_.erase(0, eol + 1);
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.rfind("data:", 0) != 0) continue;
-        std::string data = line.substr(5);
-        if (!data.empty() && data[0] == ' ') data.erase(0, 1);
-        if (data == "[DONE]") {
-            done_ = true;
-            continue;
-        }
-        const json j = json::parse(data, nullptr, false);
-        if (!j.is_object()) continue;
-        if (const auto e = j.find("error"); e != j.end()) {
-            error_ = common::string_field(*e, "message").value_or(dump(*e));
-            continue;
-        }
-        if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
-            if (auto n = common::int_field(*u, "prompt_tokens")) prompt_ = int32_t(*n);
-            if (auto n = common::int_field(*u, "completion_tokens")) completion_ = int32_t(*n);
-        }
-        const auto ch = j.find("choices");
-        if (ch == j.end() || !ch->is_array() || ch->empty() || !(*ch)[0].is_object()) continue;
-        const json & c = (*ch)[0];
-        if (const auto text = c.find("text");
-            text != c.end() && text->is_string() && !text->get_ref<const std::string &>().empty())
-            on_text(text->get<std::string>());
-        if (const auto f = c.find("finish_reason"); f != c.end() && f->is_string()) {
-            finish_ = f->get<std::string>();
-            done_ = true;
-        }
+    sse_.feed(bytes, [&](net::SseEvent & ev) { return chunk(ev.data, on_text); });
+}
+
+void CompletionStream::end(const std::function<void(const std::string &)> & on_text) {
+    sse_.finish([&](net::SseEvent & ev) { return chunk(ev.data, on_text); });
+}
+
+bool CompletionStream::chunk(const std::string & data, const std::function<void(const std::string &)> & on_text) {
+    if (data == "[DONE]") {
+        done_ = true;
+        return true;
     }
+    const json j = json::parse(data, nullptr, false);
+    if (!j.is_object()) return true;
+    if (const auto e = j.find("error"); e != j.end()) {
+        error_ = common::string_field(*e, "message").value_or(dump(*e));
+        return true;
+    }
+    if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
+        if (auto n = common::int_field(*u, "prompt_tokens")) prompt_ = int32_t(*n);
+        if (auto n = common::int_field(*u, "completion_tokens")) completion_ = int32_t(*n);
+    }
+    const auto ch = j.find("choices");
+    if (ch == j.end() || !ch->is_array() || ch->empty() || !(*ch)[0].is_object()) return true;
+    const json & c = (*ch)[0];
+    if (const auto text = c.find("text");
+        text != c.end() && text->is_string() && !text->get_ref<const std::string &>().empty())
+        on_text(text->get<std::string>());
+    if (const auto f = c.find("finish_reason"); f != c.end() && f->is_string()) {
+        finish_ = f->get<std::string>();
+        done_ = true;
+    }
+    return true;
 }
 
 PoolStepRunner::PoolStepRunner(cluster::RoutingConfig cfg, PoolSet & pools,
@@ -269,6 +268,11 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
         // own call format: nothing of it is shown before it is whole.
         const bool schema_call = lease->grammar == cluster::GrammarDialect::json_schema && step.turn->tools_on &&
                                  step.turn->require_call && !step.tools.empty();
+        const auto on_piece = [&](const std::string & piece) {
+            if (text.empty()) ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            text += piece;
+            if (!schema_call) on_text(piece);
+        };
         const auto started = std::chrono::steady_clock::now();
         const auto reply = forward(
             lease->url, "POST", "/v1/completions", headers, dump(body), lease->timeout_ms,
@@ -277,16 +281,11 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
                 return h.status == 200;
             },
             [&](std::string_view chunk) {
-                stream.feed(chunk, [&](const std::string & piece) {
-                    if (text.empty()) {
-                        ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-                    }
-                    text += piece;
-                    if (!schema_call) on_text(piece);
-                });
+                stream.feed(chunk, on_piece);
                 return !(step.cancelled && step.cancelled->load());
             },
             token, lease->timeout_ms);
+        stream.end(on_piece);
         {
             std::lock_guard lk(mu_);
             flights_.erase(flight);

@@ -3,6 +3,7 @@
 #include "agent/ports.h"
 #include "cluster/pools.h"
 #include "gateway/pools.h"
+#include "net/sse.h"
 
 #include <nlohmann/json.hpp>
 
@@ -34,6 +35,8 @@ class CompletionStream {
   public:
     //! Feeds bytes as they arrive; `on_text` gets each non-empty piece of text.
     void feed(std::string_view bytes, const std::function<void(const std::string &)> & on_text);
+    //! The upstream's reply ended: a last chunk it never closed with a blank line still counts.
+    void end(const std::function<void(const std::string &)> & on_text);
     bool done() const { return done_; }  // [DONE] or a chunk with a finish reason was read
     const std::string & finish() const { return finish_; }
     int32_t prompt_tokens() const { return prompt_; }
@@ -41,7 +44,9 @@ class CompletionStream {
     const std::string & error() const { return error_; }  // an error event from the upstream
 
   private:
-    std::string buf_;
+    bool chunk(const std::string & data, const std::function<void(const std::string &)> & on_text);
+
+    net::SseReader sse_;
     bool done_ = false;
     std::string finish_, error_;
     int32_t prompt_ = -1, completion_ = -1;

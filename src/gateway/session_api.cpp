@@ -6,6 +6,7 @@
 #include "gateway/checks.h"
 #include "gateway/replies.h"
 #include "gateway/session_lookup.h"
+#include "net/sse.h"
 #include "store/new_session.h"
 
 #include <spdlog/spdlog.h>
@@ -292,7 +293,7 @@ void SessionApi::events(const api::HttpRequest & req, const std::shared_ptr<api:
         HeaderList h = pass_headers(req);
         if (!last.empty()) h.emplace_back("Last-Event-ID", last);
         std::string target = "/v1/sessions/" + id + "/events";
-        std::string buf;
+        net::SseReader reader({.every_block = true});  // each whole event passes as it came
         bool refused = false;
         // The client going away ends the node's stream too (even while it is quiet).
         auto cancel = std::make_shared<CancelToken>();
@@ -313,20 +314,12 @@ void SessionApi::events(const api::HttpRequest & req, const std::shared_ptr<api:
             },
             [&](std::string_view chunk) {
                 if (out->closed()) return false;
-                buf.append(chunk);
-                for (size_t end; (end = buf.find("\n\n")) != std::string::npos;) {
-                    std::string ev = buf.substr(0, end + 2);
-                    buf.erase(0, end + 2);
-                    // Its id line, if it has one, is where a reconnect starts from.
-                    for (size_t at = 0; at < ev.size();) {
-                        const size_t nl = ev.find('\n', at);
-                        const std::string line = ev.substr(at, nl - at);
-                        if (line.rfind("id:", 0) == 0) last = line.substr(line.size() > 3 && line[3] == ' ' ? 4 : 3);
-                        at = nl == std::string::npos ? ev.size() : nl + 1;
-                    }
-                    out->write(std::move(ev));
-                }
-                return true;
+                return reader.feed(chunk, [&](net::SseEvent & ev) {
+                    // Its id, if it has one, is where a reconnect starts from.
+                    if (ev.has_id) last = ev.id;
+                    out->write(std::move(ev.raw));
+                    return true;
+                });
             },
             cancel, kEventsIdleMs);
         if (out->closed()) return;

@@ -2,7 +2,7 @@
 
 #include "tools/charset.h"
 
-#include <sstream>
+#include "net/sse.h"
 
 namespace armada::tools {
 
@@ -25,25 +25,16 @@ json parse(const std::string & text) {
 // Finds the JSON-RPC message answering `id` in a JSON body or an SSE stream.
 json find_response(const std::string & body, const std::string & content_type, const json & id) {
     if (content_type.find("text/event-stream") == std::string::npos) return parse(body);
-    std::istringstream in(body);
-    std::string line, data;
-    auto check = [&](const std::string & d) -> json {
-        json j = parse(d);
-        if (j.is_object() && j.contains("id") && j["id"] == id) return j;
-        return json();
+    json found;
+    const net::SseReader::Handler check = [&](net::SseEvent & ev) {
+        json j = parse(ev.data);
+        if (!j.is_object() || !j.contains("id") || j["id"] != id) return true;
+        found = std::move(j);
+        return false;
     };
-    while (std::getline(in, line)) {
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.rfind("data:", 0) == 0) {
-            if (!data.empty()) data += '\n';
-            data += line.substr(line.size() > 5 && line[5] == ' ' ? 6 : 5);
-        } else if (line.empty() && !data.empty()) {
-            json j = check(data);
-            if (!j.is_null()) return j;
-            data.clear();
-        }
-    }
-    return data.empty() ? json() : check(data);
+    net::SseReader reader;
+    if (reader.feed(body, check)) reader.finish(check);
+    return found;
 }
 
 std::string error_text(const json & e) {
