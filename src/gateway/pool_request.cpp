@@ -145,7 +145,24 @@ std::string PoolStreamScrubber::flush() {
 
 std::string PoolStreamScrubber::rewrite(const net::SseEvent & ev) {
     if (!ev.has_data) return ev.raw;  // a comment or a `retry`: as it came
-    return net::sse_event(ev.event, scrub_pool_json(ev.data), ev.id);
+    return net::sse_event(ev.event, scrub_event_data(ev.data), ev.id);
+}
+
+std::string scrub_event_data(const std::string & data) {
+    // One JSON object, on one line or several; else each line by itself, as a client that
+    // parses every `data:` line alone would read them.
+    json j = json::parse(data, nullptr, false);
+    if (j.is_object()) {
+        scrub(j);
+        return api::dump(j);
+    }
+    const auto lines = net::data_lines(data);
+    std::string out;
+    for (size_t i = 0; i < lines.size(); ++i) {
+        if (i > 0) out += '\n';
+        out += scrub_pool_json(lines[i]);
+    }
+    return out;
 }
 
 }  // namespace armada::gateway

@@ -38,6 +38,9 @@ std::string tenant_cache_salt(const std::string & tenant);
 //! JSON object comes back unchanged.
 std::string scrub_pool_json(std::string_view text);
 
+//! One event's data: scrubbed whole when it is one JSON object, else line by line.
+std::string scrub_event_data(const std::string & data);
+
 //! The same for a stream of server-sent events, fed in pieces as they arrive: each whole event's
 //! `data:` JSON is scrubbed; a partial event waits for its end.
 class PoolStreamScrubber {

@@ -97,30 +97,39 @@ std::optional<common_chat_msg> call_from_schema_reply(const std::string & text) 
 }
 
 void CompletionStream::feed(std::string_view bytes, const std::function<void(const std::string &)> & on_text) {
-    sse_.feed(bytes, [&](net::SseEvent & ev) { return chunk(ev.data, on_text); });
+    if (!sse_.feed(bytes, [&](net::SseEvent & ev) { return event(ev.data, on_text); }) && sse_.failed())
+        error_ = "the upstream sent an event too long to read";
 }
 
 void CompletionStream::end(const std::function<void(const std::string &)> & on_text) {
-    sse_.finish([&](net::SseEvent & ev) { return chunk(ev.data, on_text); });
+    if (!sse_.finish([&](net::SseEvent & ev) { return event(ev.data, on_text); }) && sse_.failed())
+        error_ = "the upstream sent an event too long to read";
 }
 
-bool CompletionStream::chunk(const std::string & data, const std::function<void(const std::string &)> & on_text) {
+bool CompletionStream::event(const std::string & data, const std::function<void(const std::string &)> & on_text) {
+    // Each `data:` line is a chunk of its own, as upstreams that put several in one event mean it.
+    for (const std::string_view line : net::data_lines(data))
+        chunk(std::string(line), on_text);
+    return true;
+}
+
+void CompletionStream::chunk(const std::string & data, const std::function<void(const std::string &)> & on_text) {
     if (data == "[DONE]") {
         done_ = true;
-        return true;
+        return;
     }
     const json j = json::parse(data, nullptr, false);
-    if (!j.is_object()) return true;
+    if (!j.is_object()) return;
     if (const auto e = j.find("error"); e != j.end()) {
         error_ = common::string_field(*e, "message").value_or(dump(*e));
-        return true;
+        return;
     }
     if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
         if (auto n = common::int_field(*u, "prompt_tokens")) prompt_ = int32_t(*n);
         if (auto n = common::int_field(*u, "completion_tokens")) completion_ = int32_t(*n);
     }
     const auto ch = j.find("choices");
-    if (ch == j.end() || !ch->is_array() || ch->empty() || !(*ch)[0].is_object()) return true;
+    if (ch == j.end() || !ch->is_array() || ch->empty() || !(*ch)[0].is_object()) return;
     const json & c = (*ch)[0];
     if (const auto text = c.find("text");
         text != c.end() && text->is_string() && !text->get_ref<const std::string &>().empty())
@@ -129,7 +138,6 @@ bool CompletionStream::chunk(const std::string & data, const std::function<void(
         finish_ = f->get<std::string>();
         done_ = true;
     }
-    return true;
 }
 
 PoolStepRunner::PoolStepRunner(cluster::RoutingConfig cfg, PoolSet & pools,

@@ -44,7 +44,8 @@ class CompletionStream {
     const std::string & error() const { return error_; }  // an error event from the upstream
 
   private:
-    bool chunk(const std::string & data, const std::function<void(const std::string &)> & on_text);
+    bool event(const std::string & data, const std::function<void(const std::string &)> & on_text);
+    void chunk(const std::string & data, const std::function<void(const std::string &)> & on_text);
 
     net::SseReader sse_;
     bool done_ = false;

@@ -32,6 +32,16 @@ std::string sse_event(std::string_view event, std::string_view data, std::string
     return out;
 }
 
+std::vector<std::string_view> data_lines(std::string_view data) {
+    std::vector<std::string_view> out;
+    for (size_t at = 0;;) {
+        const size_t nl = data.find('\n', at);
+        out.push_back(data.substr(at, nl == std::string_view::npos ? nl : nl - at));
+        if (nl == std::string_view::npos) return out;
+        at = nl + 1;
+    }
+}
+
 const std::string & SseEvent::type() const {
     static const std::string message = "message";
     return event.empty() ? message : event;
@@ -46,39 +56,60 @@ bool SseReader::feed(std::string_view bytes, const Handler & fn) {
         if (std::string_view(buf_).substr(0, bom.size()) == bom) buf_.erase(0, bom.size());
         bom_checked_ = true;
     }
+    const bool go = scan(fn);
+    compact();
+    if (go && buf_.size() > opt_.max_block) {
+        failed_ = true;
+        return false;
+    }
+    return go;
+}
+
+bool SseReader::scan(const Handler & fn) {
     for (;;) {
         const size_t eol = buf_.find_first_of("\r\n", scanned_);
-        if (eol == std::string::npos) break;
+        if (eol == std::string::npos) return true;
         size_t next = eol + 1;
         if (buf_[eol] == '\r') {
-            if (eol + 1 == buf_.size()) break;  // a LF may follow in the next chunk
+            if (eol + 1 == buf_.size()) return true;  // a LF may follow in the next chunk
             if (buf_[eol + 1] == '\n') next = eol + 2;
         }
         const std::string_view text(buf_.data() + scanned_, eol - scanned_);
         scanned_ = next;
         if (!line(text, next, fn)) return false;
     }
-    if (buf_.size() > opt_.max_block) {
-        failed_ = true;
-        return false;
-    }
-    return true;
+}
+
+void SseReader::compact() {
+    // Once per call, not per event: a body of many small events costs one pass over it.
+    if (block_ > 0) moved_ += buf_.size() - block_;
+    buf_.erase(0, block_);
+    scanned_ -= block_;
+    block_ = 0;
 }
 
 bool SseReader::finish(const Handler & fn) {
     if (failed_) return false;
     bom_checked_ = true;
-    if (!feed({}, fn)) return false;
+    if (!scan(fn)) {
+        compact();
+        return false;
+    }
     if (scanned_ < buf_.size()) {
         // The last line, never ended (a lone CR at the very end is its end).
         size_t end = buf_.size();
         if (buf_.back() == '\r') --end;
         const std::string_view text(buf_.data() + scanned_, end - scanned_);
         scanned_ = buf_.size();
-        if (!line(text, scanned_, fn)) return false;
+        if (!line(text, scanned_, fn)) {
+            compact();
+            return false;
+        }
     }
-    if (buf_.empty()) return true;
-    return dispatch(buf_.size(), fn);
+    bool go = true;
+    if (block_ < buf_.size()) go = dispatch(buf_.size(), fn);
+    compact();
+    return go;
 }
 
 bool SseReader::line(std::string_view text, size_t end, const Handler & fn) {
@@ -111,11 +142,10 @@ bool SseReader::dispatch(size_t end, const Handler & fn) {
     bool go = true;
     if (pass) {
         if (cur_.has_data) cur_.data.pop_back();  // the LF after the last data line
-        cur_.raw.assign(buf_, 0, end);
+        cur_.raw.assign(buf_, block_, end - block_);
         go = fn(cur_);
     }
-    buf_.erase(0, end);
-    scanned_ = 0;
+    block_ = end;
     cur_ = SseEvent{};
     return go;
 }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace armada::net {
 
@@ -15,6 +16,9 @@ namespace armada::net {
 //! and `id` would end the field early and are dropped. An empty `event` is a plain `message`;
 //! an empty `id` sends none.
 std::string sse_event(std::string_view event, std::string_view data, std::string_view id = {});
+
+//! The lines of an event's data (its `data:` fields), for a reader that takes each alone.
+std::vector<std::string_view> data_lines(std::string_view data);
 
 //! One event as read.
 struct SseEvent {
@@ -40,8 +44,9 @@ class SseReader {
         //! leading BOM): for a relay that forwards them as they came.
         bool every_block = false;
         //! The most bytes an unfinished line or block may hold; past it the reader fails (`feed`
-        //! returns false and `failed()` is true) instead of growing without end.
-        size_t max_block = 16 << 20;
+        //! returns false and `failed()` is true) instead of growing without end. Far above any
+        //! event Armada sends (a tool's output is capped at 16 MiB before it is escaped).
+        size_t max_block = size_t(256) << 20;
     };
     //! `fn` gets each event and returns false to stop reading.
     using Handler = std::function<bool(SseEvent &)>;
@@ -56,17 +61,23 @@ class SseReader {
     //! it had been (for a body read whole, and an upstream that ended mid-event).
     bool finish(const Handler & fn);
     bool failed() const { return failed_; }
+    //! Bytes shifted so far to drop what was passed on: what reading costs beyond one pass.
+    size_t moved() const { return moved_; }
 
   private:
+    bool scan(const Handler & fn);
     bool line(std::string_view text, size_t end, const Handler & fn);
     bool dispatch(size_t end, const Handler & fn);
+    void compact();
 
     Options opt_;
-    std::string buf_;     // bytes not yet passed on: the current block's lines and a partial line
+    std::string buf_;     // bytes not yet dropped: passed-on blocks, the current block's lines, a partial line
+    size_t block_ = 0;    // where the current block starts in `buf_` (before it: passed on)
     size_t scanned_ = 0;  // how far `buf_` is split into lines
     SseEvent cur_;        // the block being read
     bool failed_ = false;
     bool bom_checked_ = false;
+    size_t moved_ = 0;
 };
 
 }  // namespace armada::net

@@ -114,6 +114,17 @@ TEST(CompletionStream, ReadsPiecesAcrossChunkBordersThenTheEnd) {
     gateway::CompletionStream e;
     e.feed("data: {\"error\":{\"message\":\"out of memory\"}}\n\n", [](const std::string &) {});
     EXPECT_EQ(e.error(), "out of memory");
+    // Two chunks in one event, and a last one the upstream never ended with a blank line.
+    gateway::CompletionStream m;
+    std::string mt;
+    const auto add = [&](const std::string & p) { mt += p; };
+    m.feed("data: {\"choices\":[{\"text\":\"a\"}]}\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n", add);
+    m.feed("data: {\"choices\":[{\"text\":\"c\",\"finish_reason\":\"stop\"}]}", add);
+    EXPECT_EQ(mt, "ab");
+    EXPECT_FALSE(m.done());
+    m.end(add);
+    EXPECT_EQ(mt, "abc");
+    EXPECT_TRUE(m.done());
 }
 
 namespace {

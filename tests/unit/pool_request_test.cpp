@@ -105,6 +105,23 @@ TEST(PoolRequest, CacheFiguresAndTimingsNeverReachTheClientWholeOrStreamed) {
     EXPECT_NE(out.find("data: [DONE]\n\n"), std::string::npos) << out;
 }
 
+TEST(PoolRequest, AnEventOfSeveralDataLinesIsScrubbedWholeOrLineByLine) {
+    // Two chunks in one event (a client reading line by line takes each), and one chunk's JSON
+    // spread over lines with CRLF endings (a client joining the lines takes it whole).
+    const std::string stream =
+        "data: {\"usage\":{\"cached_tokens\":1}}\ndata: {\"timings\":{\"a\":1},\"x\":2}\n\n"
+        "data: {\"usage\":\r\ndata: {\"cached_tokens\":3},\"y\":4}\r\n\r\n";
+    armada::gateway::PoolStreamScrubber sc;
+    std::string out;
+    for (char c : stream)
+        out += sc.feed(std::string_view(&c, 1));
+    out += sc.flush();
+    EXPECT_EQ(out.find("timings"), std::string::npos) << out;
+    EXPECT_EQ(out.find("cached_tokens"), std::string::npos) << out;
+    EXPECT_NE(out.find("\"x\":2"), std::string::npos) << out;
+    EXPECT_NE(out.find("\"y\":4"), std::string::npos) << out;
+}
+
 TEST(PoolRequest, AClientMayLowerItsTenantsLatencyClassButRaiseItOnlyAsTheTenantAllows) {
     armada::cluster::RoutingConfig rc;
     rc.tenant_latency["acme"] = "interactive";

@@ -109,3 +109,27 @@ TEST(Sse, AnEndlessLineFailsInsteadOfGrowing) {
     EXPECT_TRUE(r.failed());
     EXPECT_FALSE(r.feed("\n\ndata: x\n\n", none));  // a failed reader stays failed
 }
+
+TEST(Sse, ABodyOfManyEmptyBlocksIsReadInOnePass) {
+    // A megabyte of blank lines, then one event, in one call: each blank line used to cost a move
+    // of everything after it (half a terabyte in all here).
+    const std::string wire = std::string(size_t(1) << 20, '\n') + "data: last\n\n";
+    SseReader r;
+    int n = 0;
+    std::string got;
+    const SseReader::Handler keep = [&](SseEvent & ev) {
+        ++n;
+        got = ev.data;
+        return true;
+    };
+    EXPECT_TRUE(r.feed(wire, keep));
+    EXPECT_EQ(n, 1);
+    EXPECT_EQ(got, "last");
+    EXPECT_LE(r.moved(), wire.size());
+    // Fed in pieces, each piece's leftover moves once.
+    SseReader pieces;
+    for (size_t at = 0; at < wire.size(); at += 4096)
+        pieces.feed(std::string_view(wire).substr(at, 4096), keep);
+    EXPECT_EQ(n, 2);
+    EXPECT_LE(pieces.moved(), wire.size());
+}
