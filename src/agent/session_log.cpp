@@ -4,6 +4,7 @@
 #include "agent/session.h"
 
 #include "agent/transcript_json.h"
+#include "common/backoff.h"
 #include "common/json_fields.h"
 #include "obs/log.h"
 
@@ -164,9 +165,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
                            common::json_text(json{{"message", "checkpoint write failed, retrying: " + st.error}}));
         // Jittered, so that the sessions a restart of the store stopped together do not all try
         // again at the same instants.
-        const int base = std::min(5000, 100 << std::min(s.log.commit_failures, 6));
-        thread_local std::mt19937 rng(std::random_device{}());
-        const int delay = std::uniform_int_distribution<int>(base / 2, base + base / 2)(rng);
+        const int delay = common::jittered_ms(int(common::backoff_ms(100, s.log.commit_failures, 5000)));
         after_ms(delay, [this, id] {
             store_.recover();
             std::lock_guard lk2(mu_);

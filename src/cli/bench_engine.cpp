@@ -1,5 +1,6 @@
 #include "cli/bench_engine.h"
 
+#include "common/cli_exit.h"
 #include "engine/engine.h"
 #include "engine/grammar_fast.h"
 #include "obs/metrics.h"
@@ -218,8 +219,7 @@ int bench_engine(const BenchEngineOptions & opt) {
     std::string err;
     auto model = engine::Model::load(opt.model, nullptr, err);
     if (!model) {
-        fprintf(stderr, "error: %s\n", err.c_str());
-        return 1;
+        return common::fail(err);
     }
     if (opt.depth > 0 && !opt.batched_bench.empty()) {
         fprintf(stderr, "error: --depth has no llama-batched-bench equivalent; leave out --batched-bench\n");

@@ -1,5 +1,6 @@
 #include "cli/bench_kv.h"
 
+#include "common/cli_exit.h"
 #include "engine/engine.h"
 #include "engine/memory_budget.h"
 
@@ -389,8 +390,7 @@ int bench_kv(const BenchKvOptions & opt) {
     std::string err;
     auto m = engine::Model::load(opt.model, nullptr, err);
     if (!m) {
-        fprintf(stderr, "error: %s\n", err.c_str());
-        return 1;
+        return common::fail(err);
     }
     std::string dir = opt.dir;
     const bool temp = dir.empty();

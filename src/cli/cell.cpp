@@ -1,6 +1,7 @@
 #include "cli/cell.h"
 
 #include "cli/brain_http.h"
+#include "common/cli_exit.h"
 #include "common/stop_signals.h"
 
 #include "cluster/cluster_config.h"
@@ -19,6 +20,8 @@
 #include <cstdio>
 
 namespace armada::cli {
+
+using common::fail;
 
 namespace {
 
@@ -74,11 +77,6 @@ class CellProcess {
     }
 
   private:
-    int fail(const std::string & e) {
-        fprintf(stderr, "error: %s\n", e.c_str());
-        return 1;
-    }
-
     ClusterConfig cfg_;
     CellOptions o_;
     EtcdClient etcd_;

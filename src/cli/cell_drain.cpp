@@ -4,6 +4,7 @@
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
 #include "cluster/runtime/keys.h"
+#include "common/cli_exit.h"
 #include "tools/http_sync.h"
 #include "tools/ssrf.h"
 #include "tools/tls.h"
@@ -16,6 +17,8 @@
 #include <thread>
 
 namespace armada::cli {
+
+using common::fail;
 
 namespace {
 
@@ -34,11 +37,6 @@ std::optional<std::map<std::string, std::pair<std::string, std::string>>> live_n
         if (auto l = cluster::decode_load(k.name, kv.value)) out[k.name] = {k.cell, l->url};
     }
     return out;
-}
-
-int fail(const std::string & e) {
-    fprintf(stderr, "error: %s\n", e.c_str());
-    return 1;
 }
 
 }  // namespace

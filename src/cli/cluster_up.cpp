@@ -1,5 +1,6 @@
 #include "cli/cluster_up.h"
 
+#include "common/cli_exit.h"
 #include "common/stop_signals.h"
 
 #include "cluster/cluster_config.h"
@@ -257,8 +258,7 @@ int cluster_up(const ClusterUpOptions & o) {
         if (!routing.empty()) f << "# from --pools " << o.pools_file << "\n" << routing << "\n";
         // It names the servers' secret files: readable by root alone, like them.
         if (auto e = cluster::write_private(cfg_path, f.str()); !e.empty()) {
-            fprintf(stderr, "error: %s\n", e.c_str());
-            return 1;
+            return common::fail(e);
         }
     }
 

@@ -2,6 +2,7 @@
 // SIGINT or SIGTERM, and reloads its pools on SIGHUP.
 #include "api/http_server.h"
 #include "cluster/cluster_config.h"
+#include "common/cli_exit.h"
 #include "common/stop_signals.h"
 #include "gateway/gateway.h"
 #include "obs/log.h"
@@ -42,15 +43,13 @@ int gateway_command(const GatewayOptions & opt) {
     }
     Gateway gw(*cfg, opt, std::move(keys));
     if (auto e = gw.start(); !e.empty()) {
-        fprintf(stderr, "error: %s\n", e.c_str());
-        return 1;
+        return common::fail(e);
     }
     api::HttpServer http(opt.http, [&gw](api::HttpRequest && r, std::shared_ptr<api::Responder> out) {
         gw.handle(std::move(r), std::move(out));
     });
     if (auto e = http.listen(); !e.empty()) {
-        fprintf(stderr, "error: %s\n", e.c_str());
-        return 1;
+        return common::fail(e);
     }
     http.run();
     {

@@ -1,6 +1,7 @@
 #include "cli/global.h"
 
 #include "cli/brain_http.h"
+#include "common/cli_exit.h"
 #include "common/stop_signals.h"
 
 #include "cluster/cluster_config.h"
@@ -21,6 +22,8 @@
 #include <cstdio>
 
 namespace armada::cli {
+
+using common::fail;
 
 namespace {
 
@@ -85,11 +88,6 @@ class GlobalProcess {
     }
 
   private:
-    int fail(const std::string & e) {
-        fprintf(stderr, "error: %s\n", e.c_str());
-        return 1;
-    }
-
     ClusterConfig cfg_;
     GlobalOptions o_;
     EtcdClient etcd_;

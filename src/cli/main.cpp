@@ -13,6 +13,7 @@
 #include "cli/serve.h"
 #include "cli/sim_command.h"
 #include "cli/tracing.h"
+#include "common/cli_exit.h"
 #include "engine/memory_budget.h"
 #include "gateway/gateway.h"
 #include "obs/log.h"
@@ -785,8 +786,7 @@ int main(int argc, char ** argv) {
     if (m->parsed()) {
         const std::string err = cli::write_model(mk);
         if (!err.empty()) {
-            fprintf(stderr, "error: %s\n", err.c_str());
-            return 1;
+            return common::fail(err);
         }
         printf("wrote %s (%s, %s)\n", mk.output.c_str(), mk.shape.c_str(), mk.type.c_str());
         return 0;

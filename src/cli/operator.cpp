@@ -1,5 +1,6 @@
 #include "cli/operator.h"
 
+#include "common/cli_exit.h"
 #include "common/json_fields.h"
 #include "common/url.h"
 #include "net/sse.h"
@@ -29,14 +30,11 @@
 
 namespace armada::cli {
 
+using common::fail;
+
 namespace {
 
 using json = nlohmann::json;
-
-int fail(const std::string & e) {
-    fprintf(stderr, "error: %s\n", e.c_str());
-    return 1;
-}
 
 //! What an operator types never changes the route it is sent to.
 std::string escape(const std::string & s) {

@@ -5,6 +5,7 @@
 #include "cluster/membership.h"
 #include "cluster/restarter.h"
 #include "cluster/rollout.h"
+#include "common/cli_exit.h"
 #include "common/clock.h"
 
 #include <nlohmann/json.hpp>
@@ -17,15 +18,12 @@
 
 namespace armada::cli {
 
+using common::fail;
+
 namespace {
 
 using json = nlohmann::json;
 using namespace cluster;
-
-int fail(const std::string & e) {
-    fprintf(stderr, "error: %s\n", e.c_str());
-    return 1;
-}
 
 //! What etcd holds about rollouts, with each key's revision (0: absent).
 struct Keys {

@@ -1,5 +1,6 @@
 #include "cli/serve.h"
 
+#include "common/cli_exit.h"
 #include "common/clock.h"
 #include "common/stop_signals.h"
 
@@ -286,8 +287,7 @@ int serve(const ServeOptions & opt) {
             store_err = "--state: " + store_err;
     }
     if (!store) {
-        fprintf(stderr, "error: %s\n", store_err.c_str());
-        return 1;
+        return common::fail(store_err);
     }
     // Test hook: die right after the N-th durable commit (tests/node/crash.test.mjs).
     store::Store * st = store.get();
@@ -399,8 +399,7 @@ int serve(const ServeOptions & opt) {
         router.dispatch(std::move(r), std::move(out));
     });
     if (auto err = http.listen(); !err.empty()) {
-        fprintf(stderr, "error: %s\n", err.c_str());
-        return 1;
+        return common::fail(err);
     }
     // Prometheus scrapes a listener of its own, with no key: the main port's /metrics needs an
     // admin key once keys are set.

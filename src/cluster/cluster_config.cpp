@@ -364,11 +364,6 @@ std::optional<ClusterConfig> load_cluster_config_for_service(const std::string &
     return cfg;
 }
 
-int jittered_ms(int ms) {
-    thread_local std::mt19937 rng(std::random_device{}());
-    return std::uniform_int_distribution<int>(ms / 2, ms + ms / 2)(rng);
-}
-
 std::string node_key(const ClusterConfig & c, const std::string & cell, const std::string & node) {
     return ClusterKeys(c.prefix).node(cell, node);
 }

@@ -81,9 +81,6 @@ std::string global_election(const ClusterConfig & c);
 std::string shares_key(const ClusterConfig & c);
 //! Live gateways, each under its lease (they divide tenant quotas among them without Redis).
 std::string gateways_prefix(const ClusterConfig & c);
-//! A random pause of 0.5..1.5 times `ms`, for retries and reconnects: clients that lost a server
-//! together do not come back in step.
-int jittered_ms(int ms);
 //! Cell and node names: 1..63 of [A-Za-z0-9._-] (they become etcd keys and NATS subjects).
 bool valid_cell_or_node_name(const std::string & s);
 

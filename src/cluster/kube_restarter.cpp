@@ -1,5 +1,6 @@
 #include "cluster/kube_restarter.h"
 
+#include "common/backoff.h"
 #include "common/json_fields.h"
 #include "tools/http_sync.h"
 #include "tools/ssrf.h"
@@ -263,8 +264,7 @@ void KubeRestarter::work() {
                 j.attempts = job.attempts + 1;
                 j.last_error = e;
                 j.ack = job.ack;
-                int64_t wait =
-                    std::min<int64_t>(30000, int64_t(std::max(1, cfg_.retry_ms)) << std::min(j.attempts - 1, 5));
+                int64_t wait = common::backoff_ms(std::max(1, cfg_.retry_ms), std::min(j.attempts - 1, 5), 30000);
                 wait += int64_t(jitter() % uint64_t(wait / 5 + 1));
                 if (newer_leader) wait = 0;
                 j.due = clock::now() + std::chrono::milliseconds(wait);

@@ -1,4 +1,5 @@
 #include "cluster/queue.h"
+#include "common/backoff.h"
 
 #include <nats/nats.h>
 #include <spdlog/spdlog.h>
@@ -33,9 +34,7 @@ std::string status_text(natsStatus s, jsErrCode jerr = jsErrCode(0)) {
 //! Waits before each reconnect: 250 ms doubling to 4 s, times a random 0.5..1.5, so clients that
 //! lost the server together do not come back together.
 int64_t reconnect_delay(natsConnection *, int attempts, void *) {
-    thread_local std::mt19937 rng(std::random_device{}());
-    const int64_t base = std::min<int64_t>(4000, int64_t(250) << std::min(attempts, 4));
-    return std::uniform_int_distribution<int64_t>(base / 2, base + base / 2)(rng);
+    return common::jittered_ms(int(common::backoff_ms(250, attempts, 4000)));
 }
 
 struct StreamDef {

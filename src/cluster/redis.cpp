@@ -1,4 +1,5 @@
 #include "cluster/redis.h"
+#include "common/backoff.h"
 
 #include "cluster/cluster_config.h"
 #include "cluster/tls_relay.h"
@@ -170,7 +171,7 @@ RedisPool::Reply RedisPool::command(const std::vector<std::string> & argv, bool 
 }
 
 std::chrono::milliseconds RedisPool::down_pause() {
-    return std::chrono::milliseconds(jittered_ms(1000));
+    return std::chrono::milliseconds(common::jittered_ms(1000));
 }
 
 std::optional<std::string> RedisPool::get(const std::string & key, int64_t renew_ttl_ms) {

@@ -9,7 +9,7 @@ double Survival::ratio() const {
     return decided > 0 ? double(completed) / double(decided) : std::nan("");
 }
 
-void Survival::add(const store::Store::EndedCount & c) {
+void Survival::add(const store::SessionQueries::EndedCount & c) {
     if (c.state == "completed")
         completed += c.count;
     else if (c.state == "cancelled")
@@ -22,7 +22,7 @@ void Survival::add(const store::Store::EndedCount & c) {
         failed += c.count;
 }
 
-std::map<std::string, Survival> survival_by_cell(const std::vector<store::Store::EndedCount> & rows) {
+std::map<std::string, Survival> survival_by_cell(const std::vector<store::SessionQueries::EndedCount> & rows) {
     std::map<std::string, Survival> out;
     out[""];
     for (const auto & r : rows) {

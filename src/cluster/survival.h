@@ -20,10 +20,10 @@ struct Survival {
     int64_t cancelled = 0;  // by the client: not a lost chain
     //! completed / (completed + failed + timed_out + lost); NaN when none of those ended.
     double ratio() const;
-    void add(const store::Store::EndedCount & c);
+    void add(const store::SessionQueries::EndedCount & c);
 };
 
 //! The counts of `rows` by cell, and for all of them under "".
-std::map<std::string, Survival> survival_by_cell(const std::vector<store::Store::EndedCount> & rows);
+std::map<std::string, Survival> survival_by_cell(const std::vector<store::SessionQueries::EndedCount> & rows);
 
 }  // namespace armada::cluster

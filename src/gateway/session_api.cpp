@@ -2,6 +2,7 @@
 
 #include "agent/session_manager.h"
 #include "cluster/cluster_config.h"
+#include "common/backoff.h"
 #include "common/clock.h"
 #include "gateway/checks.h"
 #include "gateway/replies.h"
@@ -161,7 +162,7 @@ void SessionApi::create(const api::HttpRequest & req, const std::shared_ptr<api:
 store::Status SessionApi::commit(store::Batch b) {
     store::Status st;
     for (int attempt = 0; attempt < 2; ++attempt) {
-        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cluster::jittered_ms(500)));
+        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(common::jittered_ms(500)));
         if (!store_.writable().ok) store_.recover();
         st = store_.commit_sync(b);
         if (st.ok || st.fenced) return st;

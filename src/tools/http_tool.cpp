@@ -1,4 +1,5 @@
 #include "tools/http_tool.h"
+#include "common/backoff.h"
 
 #include "tools/charset.h"
 #include "tools/tls.h"
@@ -344,7 +345,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
                                     : why_in;
         if (attempts_ <= spec_.retries) {
             // Exponential backoff from 100 ms; the same idempotency key goes with every attempt.
-            const int backoff_ms = 100 << std::min(attempts_ - 1, 6);
+            const int backoff_ms = int(common::backoff_ms(100, attempts_ - 1, 6400));
             spdlog::info("tool call {} to {}: {}; attempt {} of {} in {} ms",
                          call_.idempotency_key.empty() ? spec_.name : call_.idempotency_key, url_.host, why,
                          attempts_ + 1, spec_.retries + 1, backoff_ms);

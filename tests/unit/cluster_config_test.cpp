@@ -1,5 +1,6 @@
 #include "cluster/cluster_config.h"
 #include "cli/rollout_command.h"
+#include "common/backoff.h"
 
 #include <gtest/gtest.h>
 
@@ -63,7 +64,7 @@ TEST(ClusterConfig, NamesTheSettingThatIsWrongAndNeverEchoesAPassword) {
 TEST(ClusterConfig, RetryPausesAreSpreadOverHalfToOneAndAHalfTimes) {
     std::set<int> seen;
     for (int i = 0; i < 400; ++i) {
-        const int ms = jittered_ms(1000);
+        const int ms = armada::common::jittered_ms(1000);
         ASSERT_GE(ms, 500);
         ASSERT_LE(ms, 1500);
         seen.insert(ms / 100);

@@ -1,11 +1,11 @@
 // The cluster runners' shared parts: the key layout, the back-off, the in-memory key-value
 // store, and the informer over it.
 
-#include "cluster/runtime/backoff.h"
 #include "cluster/runtime/clock.h"
 #include "cluster/runtime/informer.h"
 #include "cluster/runtime/keys.h"
 #include "cluster/runtime/kv.h"
+#include "common/backoff.h"
 
 #include <gtest/gtest.h>
 
@@ -55,7 +55,7 @@ TEST(ClusterKeys, KeysOutsideTheLayoutOrWithBadNamesAreOther) {
 }
 
 TEST(Backoff, DoublesWithJitterUpToItsCapAndStartsOverAfterASuccess) {
-    Backoff b(100, 800, 7);
+    armada::common::Backoff b(100, 800, 7);
     for (int base : {100, 200, 400, 800, 800}) {
         const int ms = b.next_ms();
         EXPECT_GE(ms, base / 2);
@@ -64,7 +64,7 @@ TEST(Backoff, DoublesWithJitterUpToItsCapAndStartsOverAfterASuccess) {
     b.reset();
     EXPECT_EQ(b.base_ms(), 100);
     // Two processes that failed together draw different pauses.
-    Backoff x(1000, 4000, 1), y(1000, 4000, 2);
+    armada::common::Backoff x(1000, 4000, 1), y(1000, 4000, 2);
     bool differ = false;
     for (int i = 0; i < 4; ++i)
         differ |= x.next_ms() != y.next_ms();
@@ -131,7 +131,7 @@ TEST(Informer, ListsWatchesAndAfterAnOutageHandsOutOnlyTheDifference) {
     kv.put("/p/a", "1", 0);
     kv.put("/p/b", "1", 0);
     kv.put("/q/x", "1", 0);
-    Informer inf(kv, "/p/", clock, 0, Backoff(100, 400, 3));
+    Informer inf(kv, "/p/", clock, 0, armada::common::Backoff(100, 400, 3));
     std::vector<EtcdEvent> ch;
     std::string err;
     ASSERT_TRUE(inf.poll(ch, 0, err)) << err;
@@ -177,7 +177,7 @@ TEST(Informer, AWatchFromACompactedOrRestoredRevisionEndsAndTheViewIsListedAgain
     ManualClock clock;
     kv.put("/p/a", "1", 0);
     const auto snap = kv.snapshot();
-    Informer inf(kv, "/p/", clock, 0, Backoff(100, 400, 3));
+    Informer inf(kv, "/p/", clock, 0, armada::common::Backoff(100, 400, 3));
     std::vector<EtcdEvent> ch;
     std::string err;
     ASSERT_TRUE(inf.poll(ch, 0, err));
@@ -217,4 +217,17 @@ TEST(Informer, RelistsOnItsPeriodEvenWhileTheWatchSeemsWell) {
     clock.advance(30000);
     ASSERT_TRUE(inf.poll(ch, 0, err));
     EXPECT_EQ(inf.lists(), 2);
+}
+
+TEST(Backoff, APauseDoublesFromTheFirstUpToTheCapWhateverTheCount) {
+    EXPECT_EQ(armada::common::backoff_ms(100, 0, 5000), 100);
+    EXPECT_EQ(armada::common::backoff_ms(100, 3, 5000), 800);
+    EXPECT_EQ(armada::common::backoff_ms(100, 6, 5000), 5000);
+    EXPECT_EQ(armada::common::backoff_ms(100, 1000, 5000), 5000);  // no overflow past the cap
+    EXPECT_EQ(armada::common::backoff_ms(250, -3, 4000), 250);
+    for (int i = 0; i < 200; ++i) {
+        const int ms = armada::common::jittered_ms(1000);
+        EXPECT_GE(ms, 500);
+        EXPECT_LE(ms, 1500);
+    }
 }

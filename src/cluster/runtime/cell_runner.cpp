@@ -3,6 +3,7 @@
 #include "cluster/membership.h"
 #include "cluster/queue.h"
 #include "cluster/runtime/elected.h"
+#include "common/backoff.h"
 #include "common/json_fields.h"
 #include "obs/log.h"
 
@@ -54,7 +55,7 @@ bool CellRunner::begin(Leadership & term) {
     brain_ = std::make_unique<CellBrain>();
     // The node list watched between reconciles (each reconcile also reads it afresh).
     nodes_ = std::make_unique<Informer>(kv_, keys_.nodes(cfg_.cell), clock_, 0,
-                                        Backoff(250, 4000, cfg_.seed ? cfg_.seed : std::random_device{}()));
+                                        common::Backoff(250, 4000, cfg_.seed ? cfg_.seed : std::random_device{}()));
     nodes_ok_ = false;
     traces_.clear();
     last_reconcile_ = -1;

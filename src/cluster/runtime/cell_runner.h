@@ -14,6 +14,7 @@
 #include "cluster/runtime/keys.h"
 #include "cluster/runtime/kv.h"
 #include "cluster/runtime/leadership.h"
+#include "common/backoff.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
 #include "store/store.h"
@@ -96,7 +97,7 @@ class CellRunner {
     bool nodes_ok_ = false;  // the last look at the node list succeeded
     store::Batch::Leadership leader_;
     int64_t last_reconcile_ = -1, last_check_ = 0, retry_at_ = 0;
-    Backoff backoff_{250, 4000, cfg_.seed ? cfg_.seed + 1 : std::random_device{}()};
+    common::Backoff backoff_{250, 4000, cfg_.seed ? cfg_.seed + 1 : std::random_device{}()};
     //! The trace context each place request came with, and when it was taken (for its span).
     std::map<std::string, std::pair<obs::TraceContext, int64_t>> traces_;
 

@@ -1,4 +1,5 @@
 #include "cluster/runtime/elected.h"
+#include "common/backoff.h"
 
 #include "cluster/runtime/clock.h"
 #include "cluster/runtime/election.h"
@@ -237,7 +238,7 @@ void Elected::observe(const std::string & election) {
             observing_ = false;
         }
         spdlog::debug("{}: following the election: {}", what_, e);
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(jittered_ms(1000));
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(common::jittered_ms(1000));
         while (!quit_.load() && std::chrono::steady_clock::now() < until)
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -256,7 +257,7 @@ std::string Elected::campaign(const std::string & election, const std::string & 
         if (wait_signal(0) || lease_.load() != lease) break;
         std::string e;
         if (!view.refresh(100, e)) {
-            if (wait_signal(jittered_ms(500))) break;
+            if (wait_signal(common::jittered_ms(500))) break;
             continue;
         }
         if (const auto l = view.leader(); l && l->key == me.key) return {};
@@ -274,7 +275,7 @@ bool Elected::claim_store(store::Store & st, const std::string & election, const
             spdlog::error("{}: cannot lead: {}", what_, s.error);
         else
             spdlog::warn("{}: the store does not take this leader's mark yet: {}; retrying", what_, s.error);
-        if (wait_signal(jittered_ms(pause_ms)) || !still_leader(me, election)) return false;
+        if (wait_signal(common::jittered_ms(pause_ms)) || !still_leader(me, election)) return false;
         beat();
         pause_ms = std::min(pause_ms * 2, 5000);
     }
@@ -305,7 +306,7 @@ void Elected::run(const std::string & election, const std::string & name,
         .set(0);
     keepalive_ = std::thread([this] { keep_lease(); });
     observer_ = std::thread([this, election] { observe(election); });
-    auto jitter = [] { return jittered_ms(1000); };
+    auto jitter = [] { return common::jittered_ms(1000); };
     while (!stopping()) {
         if (lease_.load() == 0) {
             int64_t l = 0;

@@ -1,4 +1,5 @@
 #include "cluster/runtime/global_runner.h"
+#include "common/backoff.h"
 
 #include "cluster/membership.h"
 #include "cluster/queue.h"
@@ -56,7 +57,7 @@ bool GlobalRunner::begin(Leadership & term) {
     reports_.reset();
     subscribe_at_ = 0;
     cells_ = std::make_unique<Informer>(kv_, keys_.cells(), clock_, cfg_.relist_ms,
-                                        Backoff(250, 4000, cfg_.seed ? cfg_.seed : std::random_device{}()));
+                                        common::Backoff(250, 4000, cfg_.seed ? cfg_.seed : std::random_device{}()));
     last_pushed_.clear();
     last_written_.clear();
     report_rev_.clear();

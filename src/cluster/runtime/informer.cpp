@@ -2,7 +2,7 @@
 
 namespace armada::cluster {
 
-Informer::Informer(KvStore & kv, std::string prefix, Clock & clock, int64_t relist_every_ms, Backoff backoff)
+Informer::Informer(KvStore & kv, std::string prefix, Clock & clock, int64_t relist_every_ms, common::Backoff backoff)
     : kv_(kv), prefix_(std::move(prefix)), clock_(clock), relist_every_ms_(relist_every_ms), backoff_(backoff) {}
 
 int64_t Informer::retry_in_ms() const {

@@ -5,9 +5,9 @@
 // connection died without a word), it lists again after a jittered back-off and hands out the
 // difference, so a consumer sees one stream of puts and deletes whatever happened in between.
 
-#include "cluster/runtime/backoff.h"
 #include "cluster/runtime/clock.h"
 #include "cluster/runtime/kv.h"
+#include "common/backoff.h"
 
 #include <algorithm>
 #include <map>
@@ -21,7 +21,8 @@ class Informer {
   public:
     //! `relist_every_ms` > 0: a fresh list that often even while the watch seems well (a stream
     //! over a connection that died silently would otherwise keep an old view).
-    Informer(KvStore & kv, std::string prefix, Clock & clock, int64_t relist_every_ms = 0, Backoff backoff = Backoff());
+    Informer(KvStore & kv, std::string prefix, Clock & clock, int64_t relist_every_ms = 0,
+             common::Backoff backoff = common::Backoff());
     Informer(const Informer &) = delete;
     Informer & operator=(const Informer &) = delete;
 
@@ -54,7 +55,7 @@ class Informer {
     std::string prefix_;
     Clock & clock_;
     int64_t relist_every_ms_;
-    Backoff backoff_;
+    common::Backoff backoff_;
     std::unique_ptr<KvWatch> watch_;
     std::map<std::string, EtcdKv> view_;
     bool synced_ = false, list_failed_ = false;

@@ -2,7 +2,7 @@
 
 #include "cluster/membership.h"
 #include "cluster/queue.h"
-#include "cluster/runtime/backoff.h"
+#include "common/backoff.h"
 #include "common/json_fields.h"
 #include "obs/log.h"
 
@@ -119,7 +119,7 @@ bool NodeAgent::event_turn(int wait_ms, bool last_try) {
     // learns the same from the store).
     const std::string subject = event_subject(cfg_.cell);
     std::string e;
-    Backoff pause(300, 1200, draws_++);  // nodes that lost the bus together do not retry in step
+    common::Backoff pause(300, 1200, draws_++);  // nodes that lost the bus together do not retry in step
     const int attempts = last_try ? 1 : 3;
     for (int attempt = 0; attempt < attempts; ++attempt) {
         e = bus_.publish(subject, ev.first, ev.second, 5000);

@@ -1,4 +1,5 @@
 #include "cluster/runtime/supervisor.h"
+#include "common/backoff.h"
 
 #include <spdlog/spdlog.h>
 
@@ -133,7 +134,7 @@ void Supervisor::add_server(std::string name, std::function<bool()> running, std
 
 int64_t Supervisor::backoff_ms(int restarts) const {
     const int base = std::max(10, 2 * cfg_.lease_ttl_s);
-    return int64_t(std::min(300, base << std::min(restarts, 5))) * 1000;
+    return common::backoff_ms(base, restarts, 300) * 1000;
 }
 
 bool Supervisor::launch(Entry & e) {

@@ -7,11 +7,11 @@
 // to seams (Launcher for processes, KvStore, Clock), so unit tests drive it with fakes.
 
 #include "cluster/restarter.h"
-#include "cluster/runtime/backoff.h"
 #include "cluster/runtime/clock.h"
 #include "cluster/runtime/informer.h"
 #include "cluster/runtime/keys.h"
 #include "cluster/runtime/kv.h"
+#include "common/backoff.h"
 
 #include <condition_variable>
 #include <cstdint>
@@ -141,7 +141,7 @@ class Supervisor {
         std::function<std::string()> restart;
     };
     std::vector<Server> servers_;
-    Backoff jitter_{1000, 1000};  // a restarted node comes back after a jittered pause
+    common::Backoff jitter_{1000, 1000};  // a restarted node comes back after a jittered pause
 };
 
 }  // namespace armada::cluster
