@@ -2,7 +2,7 @@
 
 namespace armada::gateway {
 
-std::optional<store::SessionRecord> lookup_session(store::Store & st, const std::string & id,
+std::optional<store::SessionRecord> lookup_session(store::SessionLog & st, const std::string & id,
                                                    const std::function<bool()> & renew, bool & unavailable) {
     unavailable = false;
     if (auto rec = st.session(id)) return rec;

@@ -12,7 +12,7 @@ namespace armada::gateway {
 //! cannot be read (PostgreSQL restarting, its read pool exhausted) is nullopt with `unavailable`
 //! set, so that a client is told to retry rather than that its session does not exist. `renew`
 //! is tried once when a read fails (it clears a broken connection; true when the store works).
-std::optional<store::SessionRecord> lookup_session(store::Store & st, const std::string & id,
+std::optional<store::SessionRecord> lookup_session(store::SessionLog & st, const std::string & id,
                                                    const std::function<bool()> & renew, bool & unavailable);
 
 }  // namespace armada::gateway

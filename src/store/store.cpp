@@ -5,15 +5,16 @@
 
 namespace armada::store {
 
-std::optional<std::vector<SessionRecord>> Store::open_sessions(const std::string & cell, const std::string & node,
-                                                               const std::vector<std::string> & ended_states) {
+std::optional<std::vector<SessionRecord>> SessionQueries::open_sessions(const std::string & cell,
+                                                                        const std::string & node,
+                                                                        const std::vector<std::string> & ended_states) {
     auto all = sessions_not_in(ended_states);
     std::erase_if(all, [&](const SessionRecord & r) { return r.cell != cell || (!node.empty() && r.node != node); });
     return all;
 }
 
-std::optional<std::vector<std::string>> Store::open_ids_of(const std::string & owner,
-                                                           const std::vector<std::string> & ended) {
+std::optional<std::vector<std::string>> SessionQueries::open_ids_of(const std::string & owner,
+                                                                    const std::vector<std::string> & ended) {
     // `sessions_of` returns at most this many rows, ended ones included: a tenant with more is
     // not known (nullopt), never counted short.
     constexpr size_t kMost = 1000000;
@@ -32,7 +33,7 @@ std::string leader_fenced(const Batch::Leadership & l) {
            "brain that led before that and run `armada cluster forget-leaders --cluster-file …`";
 }
 
-Status Store::commit_sync(Batch batch) {
+Status SessionLog::commit_sync(Batch batch) {
     std::promise<Status> p;
     auto f = p.get_future();
     commit(std::move(batch), [&p](Status s) { p.set_value(std::move(s)); });

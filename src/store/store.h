@@ -128,13 +128,15 @@ struct PoolStats {
     uint64_t reconnects = 0;
 };
 
-//! Checkpoint store. `commit` is durable when its callback reports ok: nothing is acknowledged
-//! before it is on disk. Implementations may group commits that arrive together. A failed write
-//! is sticky until `recover` succeeds: later commits fail too, none silently succeed.
-//! All methods are thread-safe; callbacks run on the store's own thread and must not block.
-class Store {
+//! The session log: one session's record and steps, a stored response, the agents declared
+//! through the API, and the writes that change them. `commit` is durable when its callback
+//! reports ok: nothing is acknowledged before it is on disk. Implementations may group commits
+//! that arrive together. A failed write is sticky until `recover` succeeds: later commits fail
+//! too, none silently succeed. All methods are thread-safe; callbacks run on the store's own
+//! thread and must not block.
+class SessionLog {
   public:
-    virtual ~Store() = default;
+    virtual ~SessionLog() = default;
     virtual void commit(Batch batch, std::function<void(Status)> done) = 0;
     //! Blocks until the batch is durable (tests, start-up).
     Status commit_sync(Batch batch);
@@ -145,6 +147,22 @@ class Store {
     virtual std::optional<bool> has_session(const std::string & id) { return session(id).has_value(); }
     virtual std::optional<ResponseRecord> response(const std::string & id) = 0;
     virtual std::vector<StepRecord> steps(const std::string & id) = 0;
+    //! Every agent declared through the API; nullopt when the read failed (an empty table is an
+    //! empty vector), so a caller never takes an outage for "every agent was deleted".
+    virtual std::optional<std::vector<AgentRecord>> agents() = 0;
+    //! Clears a sticky failure if the store works again.
+    virtual Status recover() = 0;
+    //! A sticky failure, if the store has one (cheap; readiness then commits a probe batch).
+    virtual Status writable() = 0;
+    //! Its connection pools, if it has any.
+    virtual std::optional<PoolStats> pool_stats() const { return std::nullopt; }
+};
+
+//! Queries over many sessions: what is open, and where (a cell brain's reconcile, a node's own
+//! check), a tenant's list, what retention deletes, and what ended when (chain survival).
+class SessionQueries {
+  public:
+    virtual ~SessionQueries() = default;
     //! Sessions whose state is not one of `ended_states`, oldest first.
     virtual std::vector<SessionRecord> sessions_not_in(const std::vector<std::string> & ended_states) = 0;
     //! The same, only those of `cell` and, if `node` is not empty, assigned to `node` (a cell
@@ -162,9 +180,6 @@ class Store {
     //! `limit`, only those in `state` unless it is empty. Nullopt when the read failed.
     virtual std::optional<std::vector<SessionRecord>> sessions_of(const std::string & owner, const std::string & state,
                                                                   size_t limit) = 0;
-    //! Every agent declared through the API; nullopt when the read failed (an empty table is an
-    //! empty vector), so a caller never takes an outage for "every agent was deleted".
-    virtual std::optional<std::vector<AgentRecord>> agents() = 0;
     //! Ids of up to `limit` sessions in one of `states` last updated before `before_ms`.
     virtual std::vector<std::string> expired(const std::vector<std::string> & states, int64_t before_ms,
                                              size_t limit) = 0;
@@ -190,13 +205,11 @@ class Store {
         int64_t count = 0;
     };
     virtual std::optional<std::vector<EndedCount>> ended_since(const std::string & cell, int64_t since_ms) = 0;
-    //! Clears a sticky failure if the store works again.
-    virtual Status recover() = 0;
-    //! A sticky failure, if the store has one (cheap; readiness then commits a probe batch).
-    virtual Status writable() = 0;
-    //! Its connection pools, if it has any.
-    virtual std::optional<PoolStats> pool_stats() const { return std::nullopt; }
 };
+
+//! The checkpoint store: the session log and the queries over it, which every backend (SQLite,
+//! PostgreSQL, memory) serves together. A caller that needs one side takes that interface.
+class Store : public SessionLog, public SessionQueries {};
 
 //! A store that passes every call to another; wrappers (fault injection, crash hooks) override
 //! only what they change.
