@@ -3,6 +3,7 @@
 #include "api/http_server.h"
 #include "bench/http_client.h"
 #include "common/json_fields.h"
+#include "common/rss.h"
 #include "net/sse.h"
 
 #include <boost/asio/steady_timer.hpp>
@@ -181,21 +182,6 @@ double pct(std::vector<double> v, double p) {
     std::sort(v.begin(), v.end());
     const size_t i = size_t(std::min<double>(double(v.size() - 1), std::floor(p / 100.0 * double(v.size()))));
     return v[i];
-}
-
-uint64_t rss_of(int pid) {
-    std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-    std::string k;
-    while (f >> k) {
-        if (k == "VmRSS:") {
-            uint64_t kb = 0;
-            f >> kb;
-            return kb * 1024;
-        }
-        std::string rest;
-        std::getline(f, rest);
-    }
-    return 0;
 }
 
 class Bench {
@@ -499,13 +485,13 @@ int agents_bench(const AgentsBenchOptions & opt) {
     std::vector<double> rss_samples;
     std::mutex rss_mu;
     // The server's memory before the load: weights and runtime, what every session adds to.
-    const double rss_idle = opt.server_pid > 0 ? double(rss_of(opt.server_pid)) : 0;
+    const double rss_idle = opt.server_pid > 0 ? double(common::rss_bytes(opt.server_pid)) : 0;
     bench.reset_clock();
     std::thread sampler([&] {
         while (running) {
             if (opt.server_pid > 0) {
                 std::lock_guard lk(rss_mu);
-                rss_samples.push_back(double(rss_of(opt.server_pid)));
+                rss_samples.push_back(double(common::rss_bytes(opt.server_pid)));
             }
             if (opt.progress) progress_bar(done, opt.sessions, errors, bench.now());
             std::this_thread::sleep_for(std::chrono::milliseconds(250));

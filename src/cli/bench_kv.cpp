@@ -1,6 +1,7 @@
 #include "cli/bench_kv.h"
 
 #include "common/cli_exit.h"
+#include "common/rss.h"
 #include "engine/engine.h"
 #include "engine/memory_budget.h"
 
@@ -26,21 +27,6 @@ using engine::Tokens;
 
 void quiet_log(ggml_log_level level, const char * text, void *) {
     if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
-}
-
-uint64_t rss_bytes() {
-    std::ifstream f("/proc/self/status");
-    std::string k;
-    while (f >> k) {
-        if (k == "VmRSS:") {
-            uint64_t kb = 0;
-            f >> kb;
-            return kb * 1024;
-        }
-        std::string rest;
-        std::getline(f, rest);
-    }
-    return 0;
 }
 
 double median(std::vector<double> v) {
@@ -251,10 +237,10 @@ PrefixRow prefix(const std::shared_ptr<engine::Model> & m, const BenchKvOptions 
 //! Samples the process's RSS every 20 ms from construction until `stop`, keeping the peak.
 class PeakRss {
   public:
-    PeakRss() : base_(rss_bytes()), peak_(base_) {
+    PeakRss() : base_(common::rss_bytes()), peak_(base_) {
         thread_ = std::thread([this] {
             while (on_) {
-                peak_ = std::max<uint64_t>(peak_, rss_bytes());
+                peak_ = std::max<uint64_t>(peak_, common::rss_bytes());
                 std::this_thread::sleep_for(std::chrono::milliseconds(20));
             }
         });

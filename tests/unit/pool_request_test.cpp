@@ -29,6 +29,15 @@ int refusal_status(const json & body, const PoolRequestOptions & o) {
     return 0;
 }
 
+//! A stream through the scrubber one byte at a time, then flushed.
+std::string scrub_bytewise(const std::string & stream) {
+    armada::gateway::PoolStreamScrubber sc;
+    std::string out;
+    for (char c : stream)
+        out += sc.feed(std::string_view(&c, 1));
+    return out + sc.flush();
+}
+
 }  // namespace
 
 TEST(PoolRequest, OnlyKnownFieldsGoUpstreamWithTheUpstreamsModel) {
@@ -93,11 +102,7 @@ TEST(PoolRequest, CacheFiguresAndTimingsNeverReachTheClientWholeOrStreamed) {
         "data: {\"choices\":[],\"timings\":{\"cache_n\":200},\"usage\":{\"total_tokens\":5,"
         "\"prompt_tokens_details\":{\"cached_tokens\":200}}}\r\n\r\n"
         "data: [DONE]\n\n";
-    armada::gateway::PoolStreamScrubber sc;
-    std::string out;
-    for (char c : stream)
-        out += sc.feed(std::string_view(&c, 1));
-    out += sc.flush();
+    const std::string out = scrub_bytewise(stream);
     EXPECT_EQ(out.find("timings"), std::string::npos) << out;
     EXPECT_EQ(out.find("cached_tokens"), std::string::npos) << out;
     EXPECT_NE(out.find("\"content\":\"a\""), std::string::npos) << out;
@@ -111,11 +116,7 @@ TEST(PoolRequest, AnEventOfSeveralDataLinesIsScrubbedWholeOrLineByLine) {
     const std::string stream =
         "data: {\"usage\":{\"cached_tokens\":1}}\ndata: {\"timings\":{\"a\":1},\"x\":2}\n\n"
         "data: {\"usage\":\r\ndata: {\"cached_tokens\":3},\"y\":4}\r\n\r\n";
-    armada::gateway::PoolStreamScrubber sc;
-    std::string out;
-    for (char c : stream)
-        out += sc.feed(std::string_view(&c, 1));
-    out += sc.flush();
+    const std::string out = scrub_bytewise(stream);
     EXPECT_EQ(out.find("timings"), std::string::npos) << out;
     EXPECT_EQ(out.find("cached_tokens"), std::string::npos) << out;
     EXPECT_NE(out.find("\"x\":2"), std::string::npos) << out;
