@@ -188,8 +188,9 @@ bool GlobalRunner::turn(Leadership & term) {
         Survival & all = by[""];
         for (const auto & cell : known_)
             by[cell];  // a cell with none ended in the window: zeros, and no ratio
-        for (const auto & [cell, ended] : ended_) {
-            Survival & s = by[cell];
+        for (const auto & row : ended_) {
+            const auto & ended = row.second;  // a name, not a structured binding: the lambda takes it
+            Survival & s = by[row.first];
             const auto n = [&](const char * k) {
                 const auto it = ended.find(k);
                 return it == ended.end() ? int64_t(0) : it->second;
