@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -13,7 +14,7 @@ namespace {
 double pct(std::vector<double> v, double p) {
     if (v.empty()) return 0;
     std::sort(v.begin(), v.end());
-    const size_t i = std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5));
+    const size_t i = std::min(v.size() - 1, size_t(std::lround(p * double(v.size() - 1))));
     return v[i];
 }
 }  // namespace
