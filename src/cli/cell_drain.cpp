@@ -7,7 +7,7 @@
 #include "common/cli_exit.h"
 #include "tools/http_sync.h"
 #include "tools/ssrf.h"
-#include "tools/tls.h"
+#include "net/tls.h"
 
 #include <chrono>
 #include <cstdio>
@@ -71,7 +71,7 @@ int drain_command(const DrainOptions & o) {
     if (url.rfind("https://", 0) == 0) {
         // Checked against the cluster's CA too, when the cluster file names one for its nodes.
         tls = cfg->nodes_auth.tls() ? cluster::service_tls(cfg->nodes_auth, "credentials.nodes", err)
-                                    : tools::client_tls("", err);
+                                    : armada::net::client_tls("", err);
         if (!tls) return fail("TLS: " + err);
         ho.tls = tls.get();
     }

@@ -5,7 +5,7 @@
 #include "common/url.h"
 #include "net/sse.h"
 #include "tools/http_sync.h"
-#include "tools/tls.h"
+#include "net/tls.h"
 
 #include <openssl/ssl.h>
 #include <boost/asio/connect.hpp>
@@ -61,7 +61,7 @@ class Gateway {
             return "--gateway must be an http:// or https:// URL, not '" + base_ + "'";
         if (base_.rfind("https://", 0) == 0) {
             std::string err;
-            tls_ = tools::client_tls(o_.cacert, err);
+            tls_ = armada::net::client_tls(o_.cacert, err, "--cacert");
             if (!tls_) return "TLS: " + err;
         }
         return {};

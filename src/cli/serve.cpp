@@ -30,7 +30,7 @@
 #include "tools/http_tool.h"
 #include "tools/mcp_client.h"
 #include "tools/tenant_gate.h"
-#include "tools/tls.h"
+#include "net/tls.h"
 
 #include <boost/asio/steady_timer.hpp>
 
@@ -195,7 +195,7 @@ int serve(const ServeOptions & opt) {
         guard.allow(cidr);
     }
     std::string tls_err;
-    auto tool_tls = tools::client_tls(opt.tool_ca_file, tls_err);
+    auto tool_tls = armada::net::client_tls(opt.tool_ca_file, tls_err);
     if (!tool_tls) {
         fprintf(stderr, "error: %s\n", tls_err.c_str());
         return 2;

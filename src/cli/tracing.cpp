@@ -3,7 +3,7 @@
 #include "obs/trace.h"
 #include "tools/http_sync.h"
 #include "tools/ssrf.h"
-#include "tools/tls.h"
+#include "net/tls.h"
 
 #include <unistd.h>
 
@@ -36,7 +36,7 @@ std::string start_tracing(const std::string & url, const std::string & service) 
     std::shared_ptr<boost::asio::ssl::context> tls;
     if (https) {
         std::string err;
-        tls = tools::client_tls("", err);
+        tls = armada::net::client_tls("", err);
         if (!tls) return "--otlp-endpoint: " + err;
     }
     // The operator names the collector: any address it resolves to is allowed.

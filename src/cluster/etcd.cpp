@@ -1,15 +1,8 @@
 #include "cluster/etcd.h"
 
 #include "common/json_fields.h"
-#include "tools/tls.h"
+#include "net/http_client.h"
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/ssl.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <boost/beast/ssl.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -18,10 +11,6 @@
 
 namespace armada::cluster {
 
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = net::ip::tcp;
 using json = nlohmann::json;
 
 namespace {
@@ -69,36 +58,15 @@ bool split_endpoint(const std::string & ep, std::string & host, std::string & po
     return !host.empty() && !port.empty();
 }
 
-//! Connects `stream` (plain TCP, or TLS over it) to one of `rs`, then makes the TLS handshake
-//! (the certificate must name `host`); `done` gets the outcome, in words for a TLS failure.
-template <class Stream>
-void async_open(Stream & stream, const tcp::resolver::results_type & rs, const std::string & host,
-                std::function<void(beast::error_code, std::string)> done) {
-    beast::get_lowest_layer(stream).async_connect(
-        rs, [&stream, host, done = std::move(done)](beast::error_code ec, const tcp::endpoint &) {
-            if (ec) return done(ec, ec.message());
-            if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
-                done({}, {});
-            } else {
-                tools::expect_peer_name(stream.native_handle(), host);
-                stream.async_handshake(net::ssl::stream_base::client, [&stream, host, done](beast::error_code ec2) {
-                    done(ec2, ec2 ? tools::tls_failure(ec2, stream.native_handle(), host, "credentials.etcd.ca_file")
-                                  : std::string());
-                });
-            }
-        });
+//! The URL of `path` at an endpoint: https:// whenever the client has TLS.
+std::string url_of(const std::string & host, const std::string & port, const std::string & path, bool tls) {
+    return std::string(tls ? "https://" : "http://") + host + ":" + port + path;
 }
 
-//! Runs `f` on a new stream of `ioc`: TLS over TCP with `tls`, plain TCP without.
-template <class F>
-void with_stream(net::io_context & ioc, const std::shared_ptr<net::ssl::context> & tls, F && f) {
-    if (tls) {
-        beast::ssl_stream<beast::tcp_stream> stream(ioc, *tls);
-        f(stream);
-    } else {
-        beast::tcp_stream stream(ioc);
-        f(stream);
-    }
+armada::net::HeaderList headers(const std::string & token) {
+    armada::net::HeaderList h{{"Content-Type", "application/json"}};
+    if (!token.empty()) h.emplace_back("Authorization", token);
+    return h;
 }
 
 //! The message of an error reply ({"error": "...", "code": N, "message": "..."}).
@@ -182,7 +150,7 @@ std::string EtcdClient::prefix_end(const std::string & prefix) {
 EtcdClient::EtcdClient(std::vector<std::string> endpoints, int timeout_ms)
     : endpoints_(std::move(endpoints)), timeout_ms_(timeout_ms) {}
 
-void EtcdClient::set_tls(std::shared_ptr<net::ssl::context> tls, std::string error) {
+void EtcdClient::set_tls(std::shared_ptr<boost::asio::ssl::context> tls, std::string error) {
     tls_ = std::move(tls);
     tls_error_ = tls_ ? std::string() : std::move(error);
 }
@@ -247,51 +215,25 @@ std::string EtcdClient::call_raw(const std::string & path, const std::string & b
             last = "etcd at " + ep + ": an https:// endpoint, and this client has no TLS";
             continue;
         }
-        net::io_context ioc;
-        tcp::resolver resolver(ioc);
-        http::request<http::string_body> req{http::verb::post, path, 11};
-        req.set(http::field::host, host + ":" + port);
-        req.set(http::field::content_type, "application/json");
-        if (!token.empty()) req.set(http::field::authorization, token);
-        req.body() = body;
-        req.prepare_payload();
-        beast::flat_buffer buf;
-        http::response_parser<http::string_body> parser;
-        parser.body_limit(64 << 20);
-        beast::error_code result = net::error::timed_out;
-        std::string said;  // a failure in words (TLS)
-        // The context runs out of work once the reply is read (or a step failed).
-        auto exchange = [&](auto & stream) {
-            resolver.async_resolve(host, port, [&](beast::error_code ec, tcp::resolver::results_type rs) {
-                if (ec) return void(result = ec);
-                async_open(stream, rs, host, [&](beast::error_code ec2, std::string words) {
-                    if (ec2) return void((result = ec2, said = std::move(words)));
-                    http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
-                        if (ec3) return void(result = ec3);
-                        http::async_read(stream, buf, parser, [&](beast::error_code ec4, size_t) { result = ec4; });
-                    });
-                });
-            });
-            const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-            for (auto now = std::chrono::steady_clock::now(); !ioc.stopped() && now < until && !(stop && stop->load());
-                 now = std::chrono::steady_clock::now())
-                ioc.run_for(std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(100)));
-        };
-        with_stream(ioc, tls_, exchange);
-        if (result == net::error::timed_out && stop && stop->load()) return "etcd at " + ep + ": no answer in time";
-        if (result) {
+        armada::net::HttpOptions o;
+        o.timeout_ms = timeout_ms;
+        o.max_body = 64 << 20;
+        o.tls = tls_.get();
+        o.ca_setting = "credentials.etcd.ca_file";
+        o.stop = stop;
+        const auto r =
+            armada::net::http_call({"POST", url_of(host, port, path, tls_ != nullptr), headers(token), body}, o);
+        if (r.failure == armada::net::HttpFailure::cancelled) return "etcd at " + ep + ": no answer in time";
+        if (!r.error.empty()) {
             last = "etcd at " + ep + ": " +
-                   (result == net::error::timed_out ? std::string("no answer in time")
-                    : !said.empty()                 ? said
-                                                    : result.message());
+                   (r.failure == armada::net::HttpFailure::timeout ? std::string("no answer in time") : r.error);
             continue;
         }
-        const auto & res = parser.get();
-        if (res.result() != http::status::ok) {
+        if (r.status != 200) {
             // The server answered: another endpoint would say the same.
-            return "etcd " + std::to_string(res.result_int()) + ": " + error_text(res.body());
+            return "etcd " + std::to_string(r.status) + ": " + error_text(r.body);
         }
-        reply = res.body();
+        reply = r.body;
         return {};
     }
     return last;
@@ -575,85 +517,40 @@ std::string EtcdClient::stream(const std::string & path, const std::string & bod
             last = "etcd at " + ep + ": an https:// endpoint, and this client has no TLS";
             continue;
         }
-        net::io_context ioc;
-        tcp::resolver resolver(ioc);
-        http::request<http::string_body> req{http::verb::post, path, 11};
-        req.set(http::field::host, host + ":" + port);
-        req.set(http::field::content_type, "application/json");
-        if (!tok.empty()) req.set(http::field::authorization, tok);
-        req.body() = body;
-        req.prepare_payload();
-
-        beast::flat_buffer buf;
-        http::response_parser<http::string_body> parser;
-        parser.body_limit(boost::none);
         std::string pending;  // bytes of the stream not yet split into messages
         std::string error;
-        bool done = false, connected = false;
+        bool done = false;  // a line's handler ended the stream
+        armada::net::HttpOptions o;
+        o.timeout_ms = timeout_ms_;  // connecting and the head; the stream itself may be quiet
+        o.tls = tls_.get();
+        o.ca_setting = "credentials.etcd.ca_file";
+        o.stop = &stop;
+        o.on_head = [&](const armada::net::HttpReply & head) {
+            if (head.status == 200) return true;
+            error = std::string("etcd ") + what + ": HTTP " + std::to_string(head.status);
+            return false;
+        };
         // The gateway sends one JSON message per line, in chunks; each is handled as it comes.
-        auto on_chunk = [&](std::uint64_t, beast::string_view body, beast::error_code & ec) -> std::size_t {
-            pending.append(body.data(), body.size());
+        o.on_chunk = [&](std::string_view piece) {
+            pending.append(piece);
             size_t nl;
             while (!done && (nl = pending.find('\n')) != std::string::npos) {
                 const std::string line = pending.substr(0, nl);
                 pending.erase(0, nl + 1);
                 if (!on_line(line, error)) done = true;
             }
-            if (done) ec = net::error::operation_aborted;
-            return body.size();
+            return !done;
         };
-        parser.on_chunk_body(on_chunk);
-        auto run = [&](auto & stream) {
-            std::function<void()> read_more = [&] {
-                http::async_read_some(stream, buf, parser, [&](beast::error_code ec, size_t) {
-                    if (ec) {
-                        if (!done && error.empty())
-                            error = std::string("etcd ") + what + " stream ended: " + ec.message();
-                        done = true;
-                        return;
-                    }
-                    if (parser.is_header_done() && parser.get().result() != http::status::ok) {
-                        error = std::string("etcd ") + what + ": HTTP " + std::to_string(parser.get().result_int());
-                        done = true;
-                        return;
-                    }
-                    if (parser.is_done()) {
-                        if (error.empty()) error = std::string("etcd ") + what + " stream ended";
-                        done = true;
-                        return;
-                    }
-                    read_more();
-                });
-            };
-            resolver.async_resolve(host, port, [&](beast::error_code ec, tcp::resolver::results_type rs) {
-                if (ec) return void((error = ec.message(), done = true));
-                async_open(stream, rs, host, [&](beast::error_code ec2, std::string words) {
-                    if (ec2) return void((error = std::move(words), done = true));
-                    connected = true;
-                    http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
-                        if (ec3) return void((error = ec3.message(), done = true));
-                        read_more();
-                    });
-                });
-            });
-            const auto connect_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
-            while (!done && !stop.load()) {
-                ioc.run_for(std::chrono::milliseconds(100));
-                if (!connected && std::chrono::steady_clock::now() > connect_by) {
-                    error = "no answer in time";
-                    break;
-                }
-            }
-            beast::error_code ignored;
-            beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ignored);
-            beast::get_lowest_layer(stream).close();
-        };
-        with_stream(ioc, tls_, run);
+        const auto r =
+            armada::net::http_call({"POST", url_of(host, port, path, tls_ != nullptr), headers(tok), body}, o);
         if (stop.load()) return {};
-        if (!connected) {
-            last = "etcd at " + ep + ": " + error;
+        if (!r.connected) {
+            last = "etcd at " + ep + ": " +
+                   (r.failure == armada::net::HttpFailure::timeout ? std::string("no answer in time") : r.error);
             continue;
         }
+        if (!done && error.empty())
+            error = std::string("etcd ") + what + " stream ended" + (r.error.empty() ? "" : ": " + r.error);
         // A token etcd no longer knows (it restarted, or the token expired): the next stream
         // asks for a new one.
         if (auth_ && (error.find("auth token") != std::string::npos || error.find("HTTP 401") != std::string::npos)) {

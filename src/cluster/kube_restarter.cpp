@@ -2,9 +2,8 @@
 
 #include "common/backoff.h"
 #include "common/json_fields.h"
-#include "tools/http_sync.h"
-#include "tools/ssrf.h"
-#include "tools/tls.h"
+#include "net/http_client.h"
+#include "net/tls.h"
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -101,7 +100,7 @@ KubeRestarter::KubeRestarter(KubeConfig cfg, RestartLedger & ledger, std::functi
     : cfg_(std::move(cfg)), ledger_(ledger), wall_ms_(std::move(wall_ms)), tls_(std::make_unique<Tls>()) {
     if (cfg_.api.rfind("https://", 0) == 0) {
         std::string err;
-        tls_->ctx = tools::client_tls(cfg_.ca_file, err);
+        tls_->ctx = armada::net::client_tls(cfg_.ca_file, err, "the CA file");
         if (!tls_->ctx) spdlog::error("kubernetes: the API server's CA {}: {}", cfg_.ca_file, err);
     }
     worker_ = std::thread([this] { work(); });
@@ -291,29 +290,25 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
         return refuse("node " + r.node + " is not named as a StatefulSet's pod (NAME-ORDINAL)");
     if (cfg_.api.rfind("https://", 0) == 0 && !tls_->ctx)
         return refuse("the Kubernetes API's CA (" + cfg_.ca_file + ") cannot be loaded");
-    // The API server is the operator's: any address is allowed.
-    tools::SsrfGuard guard;
-    for (const char * all : {"0.0.0.0/0", "::/0"}) {
-        tools::Cidr c;
-        if (tools::parse_cidr(all, c)) guard.allow(c);
-    }
     // Bound service-account tokens rotate: the file is read again for each request.
     if (!cfg_.token_file.empty()) {
         std::string t;
         if (read_file(cfg_.token_file, t) && !t.empty()) cfg_.token = std::move(t);
     }
-    tools::HttpOptions o;
+    // The API server is the operator's: any address may be reached, and a redirect is an answer.
+    armada::net::HttpOptions o;
     o.timeout_ms = cfg_.timeout_ms;
-    o.follow_redirects = false;
+    o.max_body = 8 << 20;
     o.tls = tls_->ctx.get();
+    o.ca_setting = "the CA file " + cfg_.ca_file;
     auto call = [&](const std::string & method, const std::string & path, const std::string & content_type,
                     const std::string & body) {
-        std::vector<std::pair<std::string, std::string>> h{{"Accept", "application/json"}};
+        armada::net::HeaderList h{{"Accept", "application/json"}};
         if (!cfg_.token.empty()) h.emplace_back("Authorization", "Bearer " + cfg_.token);
         if (!content_type.empty()) h.emplace_back("Content-Type", content_type);
-        return tools::http_request(method, cfg_.api + path, h, body, o, guard);
+        return armada::net::http_call({method, cfg_.api + path, h, body}, o);
     };
-    auto failed = [&](const std::string & what, const tools::HttpReply & rep) {
+    auto failed = [&](const std::string & what, const armada::net::HttpReply & rep) {
         if (!rep.error.empty()) return what + ": " + rep.error;
         std::string msg;
         const auto j = json::parse(rep.body, nullptr, false);
@@ -322,7 +317,7 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
     };
     // A 4xx other than a conflict or a throttle will not change by asking again (a forbidden
     // verb, an invalid patch): the request is refused and the rollout halts saying so.
-    auto settled = [&](std::string why, const tools::HttpReply & rep) {
+    auto settled = [&](std::string why, const armada::net::HttpReply & rep) {
         // (A 401 may be a token rotated between reading it and using it: it is read again.)
         if (rep.error.empty() && rep.status >= 400 && rep.status < 500 && rep.status != 401 && rep.status != 409 &&
             rep.status != 429)

@@ -1,13 +1,13 @@
 #include "cluster/service_auth.h"
 
-#include "tools/tls.h"
+#include "net/tls.h"
 
 namespace armada::cluster {
 
 std::shared_ptr<boost::asio::ssl::context> service_tls(const ServiceCredentials & c, const std::string & what,
                                                        std::string & error) {
     std::string err;
-    auto ctx = tools::client_tls({}, err);
+    auto ctx = armada::net::client_tls({}, err);
     if (!ctx) {
         error = what + ": " + err;
         return nullptr;

@@ -1,6 +1,6 @@
 #include "cluster/tls_relay.h"
 
-#include "tools/tls.h"
+#include "net/tls.h"
 
 #include <netdb.h>
 #include <openssl/err.h>
@@ -133,7 +133,7 @@ int open_tls_relay(const std::string & host, int port, const std::shared_ptr<boo
         return -1;
     }
     SSL_set_fd(ssl, tcp);
-    tools::expect_peer_name(ssl, host);
+    armada::net::expect_peer_name(ssl, host);
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
         ERR_clear_error();
@@ -147,7 +147,7 @@ int open_tls_relay(const std::string & host, int port, const std::shared_ptr<boo
             continue;
         const boost::system::error_code ec(int(ERR_get_error()), boost::asio::error::get_ssl_category());
         error = left <= 0 ? std::string("TLS handshake: no answer in time")
-                          : tools::tls_failure(ec, ssl, host, "credentials.redis.ca_file");
+                          : armada::net::tls_failure(ec, ssl, host, "credentials.redis.ca_file");
         SSL_free(ssl);
         ::close(tcp);
         return -1;

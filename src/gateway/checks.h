@@ -6,6 +6,7 @@
 // been checked here.
 
 #include "api/http_server.h"
+#include "net/http_syntax.h"
 
 #include <cstddef>
 #include <optional>
@@ -14,13 +15,10 @@
 
 namespace armada::gateway {
 
-//! A header name: an RFC 9110 token (letters, digits and !#$%&'*+-.^_`|~), 1 to 256 bytes.
-bool header_name_ok(std::string_view name);
-//! A header value: no CR, LF, NUL or other control byte (a tab is allowed), at most 16 KiB.
-bool header_value_ok(std::string_view value);
-//! A request target as written on the request line: visible ASCII only (no space, no control
-//! byte, nothing above 0x7e), starting with '/', at most 8 KiB.
-bool target_ok(std::string_view target);
+// Header names and values, and request targets: the outgoing client's rules (net/http_syntax.h).
+using armada::net::header_name_ok;
+using armada::net::header_value_ok;
+using armada::net::target_ok;
 
 //! A session or response id: 1 to 128 letters, digits, '_' or '-' (the ids Armada makes are
 //! `sess_` and `resp_` followed by letters and digits).

@@ -15,9 +15,11 @@
 #include <string>
 #include <thread>
 
-namespace armada::gateway {
-
+namespace armada::net {
 class CancelToken;
+}
+
+namespace armada::gateway {
 
 //! The body of a pool step for an upstream's /v1/completions: the rendered prompt as token ids,
 //! the token limit, sampling and stops. A step with tools on carries the tool-call grammar in
@@ -77,7 +79,7 @@ class PoolStepRunner : public agent::StepPool {
   private:
     struct Flight {
         std::shared_ptr<std::atomic<bool>> cancelled;
-        std::shared_ptr<CancelToken> token;
+        std::shared_ptr<armada::net::CancelToken> token;
     };
     void work(const agent::PoolStep & step, const std::function<void(std::string)> & on_text,
               const std::function<void(agent::PoolStepResult)> & done);

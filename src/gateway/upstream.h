@@ -1,8 +1,9 @@
 #pragma once
 
+#include "net/http_client.h"
+
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,26 +19,11 @@ namespace armada::gateway {
 //! cluster's CA, `credentials: nodes:`, for TLS between its processes). Set once at start.
 void set_upstream_tls(std::shared_ptr<boost::asio::ssl::context> tls);
 
-using HeaderList = std::vector<std::pair<std::string, std::string>>;
+using HeaderList = armada::net::HeaderList;
 
 //! Lets another thread stop a forward that is blocked reading (its client went away while the
-//! node's stream is quiet): `cancel` shuts the socket down, which wakes the read.
-class CancelToken {
-  public:
-    void cancel();
-    bool cancelled();
-    //! The deadline passed: the same shutdown, but `cancelled` stays false (nobody went away).
-    void expire();
-    bool expired();
-    //! Used by `forward`: the socket being read (-1: none now).
-    void attach(int fd);
-
-  private:
-    std::mutex mu_;
-    int fd_ = -1;
-    bool cancelled_ = false;
-    bool expired_ = false;
-};
+//! node's stream is quiet).
+using CancelToken = armada::net::CancelToken;
 
 //! The answer of a node to a forwarded request.
 struct UpstreamReply {
@@ -53,7 +39,8 @@ struct UpstreamReply {
     bool invalid = false;
 };
 
-//! Sends one request to a node (`base` is http://host:port or https://host:port) and reads its answer. `on_head` runs
+//! Sends one request to a node (`base` is http://host:port or https://host:port) through the
+//! outgoing client (net/http_client.h), on a kept-alive connection, and reads its answer. `on_head` runs
 //! once the status and headers are in and says whether to stream the body: then `on_chunk` gets
 //! the body as it arrives (SSE) and may return false to stop. Blocking; run on a worker thread.
 //! `timeout_ms` bounds the connect and the head, and the whole body unless it streams; a stream

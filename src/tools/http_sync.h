@@ -34,9 +34,10 @@ struct HttpOptions {
     boost::asio::ssl::context * tls = nullptr;
 };
 
-//! One HTTP/1.1 exchange that blocks the calling thread (not an I/O thread) for at most
-//! `timeout_ms`. Every resolved address is checked by `guard` first, after each redirect too.
-//! Body reads stop at `max_body` bytes. For worker threads of the MCP client.
+//! One HTTP/1.1 exchange (net/http_client.h) that blocks the calling thread (not an I/O thread)
+//! for at most `timeout_ms`. Every resolved address is checked by `guard` first, after each
+//! redirect too. A body over `max_body` bytes is an error. For worker threads of the MCP client
+//! and for the operator's commands.
 HttpReply http_request(const std::string & method, const std::string & url,
                        const std::vector<std::pair<std::string, std::string>> & headers, const std::string & body,
                        const HttpOptions & opt, const SsrfGuard & guard);
@@ -61,9 +62,8 @@ struct Download {
     std::string error;
 };
 
-//! GET `url` into the file `path` (created or truncated), streamed: the body never sits whole in
-//! memory. Blocks the calling thread; no redirect is followed. A reply other than 200 is an
-//! error that quotes the start of its body. The file is left as it is on error.
+//! net::http_download with every address checked by `guard`: GET `url` into the file `path`,
+//! streamed. No redirect is followed; a reply other than 200 is an error.
 Download http_download(const std::string & url, const std::vector<std::pair<std::string, std::string>> & headers,
                        const std::string & path, const DownloadOptions & opt, const SsrfGuard & guard);
 

@@ -5,8 +5,8 @@
 #include "api/http_server.h"
 #include "cli/serve.h"
 #include "engine/engine.h"
+#include "net/url.h"
 #include "obs/trace.h"
-#include "tools/http_tool.h"
 
 #include <cstdlib>
 
@@ -23,12 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     (void)req.param("last_event_id");
     (void)armada::cli::parse_duration_ms(text);
     (void)armada::engine::parse_cache_type(text);
-    armada::tools::Url base;
-    if (armada::tools::parse_url("http://127.0.0.1:8080/a/b?c", base)) {
-        const std::string next = armada::tools::resolve_location(base, text);
-        armada::tools::Url u;
-        if (armada::tools::parse_url(next, u) && armada::tools::same_origin(base, u) && u.port != base.port)
-            std::abort();
+    armada::net::Url base;
+    if (armada::net::parse_url("http://127.0.0.1:8080/a/b?c", base)) {
+        const std::string next = armada::net::resolve_location(base, text);
+        armada::net::Url u;
+        if (armada::net::parse_url(next, u) && armada::net::same_origin(base, u) && u.port != base.port) std::abort();
     }
     if (auto tc = armada::obs::TraceContext::parse(text)) {
         // A context that parses is valid and prints back to a header that parses to the same ids.
@@ -37,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
             again->sampled != tc->sampled)
             std::abort();
     }
-    armada::tools::Url any;
-    if (armada::tools::parse_url(text, any) && any.host.empty()) std::abort();
+    armada::net::Url any;
+    if (armada::net::parse_url(text, any) && any.host.empty()) std::abort();
     return 0;
 }

@@ -1,8 +1,12 @@
-// The rules a tool or MCP call follows across redirects (tools/http_tool.h).
+// The rules a tool or MCP call follows across redirects (net/url.h, net/http_client.h,
+// tools/http_tool.h).
+#include "net/http_client.h"
+#include "net/url.h"
 #include "tools/http_tool.h"
 
 #include <gtest/gtest.h>
 
+using namespace armada::net;
 using namespace armada::tools;
 
 namespace {

@@ -1,15 +1,16 @@
-#include "tools/tls.h"
+#include "net/tls.h"
 
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
 #include <openssl/x509v3.h>
 #include <boost/asio/ip/address.hpp>
 
-namespace armada::tools {
+namespace armada::net {
 
 namespace ssl = boost::asio::ssl;
 
-std::shared_ptr<ssl::context> client_tls(const std::string & extra_ca_file, std::string & err) {
+std::shared_ptr<ssl::context> client_tls(const std::string & extra_ca_file, std::string & err,
+                                         const std::string & ca_setting) {
     auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
     boost::system::error_code ec;
     ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
@@ -23,7 +24,7 @@ std::shared_ptr<ssl::context> client_tls(const std::string & extra_ca_file, std:
     if (!extra_ca_file.empty()) {
         ctx->load_verify_file(extra_ca_file, ec);
         if (ec) {
-            err = "--tool-ca-file " + extra_ca_file + ": " + ec.message();
+            err = ca_setting + " " + extra_ca_file + ": " + ec.message();
             return nullptr;
         }
     }
@@ -68,4 +69,4 @@ std::string tls_failure(const boost::system::error_code & ec, void * native_ssl,
     return "TLS handshake with " + host + " failed: " + ec.message();
 }
 
-}  // namespace armada::tools
+}  // namespace armada::net
