@@ -27,15 +27,6 @@ std::string owner_of(const std::string & api_key) {
     return buf;
 }
 
-// A key's hash has no ':', so a named tenant never collides with a key of its own.
-std::string tenant_id(const std::string & name) {
-    return "t:" + name;
-}
-
-std::string tenant_name(const std::string & id) {
-    return id.rfind("t:", 0) == 0 ? id.substr(2) : id;
-}
-
 void ApiKeys::add(const std::string & key, bool admin) {
     if (!key.empty()) keys_.push_back({key, owner_of(key), admin, std::nullopt});
 }

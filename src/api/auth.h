@@ -1,5 +1,7 @@
 #pragma once
 
+#include "common/tenant.h"
+
 #include "api/rate_limit.h"
 
 #include <optional>
@@ -26,10 +28,9 @@ struct Caller {
     bool admin = false;       // may manage every tenant's agents, read /metrics
 };
 
-//! The id of a named tenant.
-std::string tenant_id(const std::string & name);
-//! The name in a tenant id ("t:NAME" → NAME; a key's hash stays itself).
-std::string tenant_name(const std::string & id);
+// Tenant ids and names (common/tenant.h).
+using common::tenant_id;
+using common::tenant_name;
 
 //! The key a request presents: `Authorization: Bearer <key>`, else `x-api-key`; "" when none.
 std::string presented_key(const std::string & authorization, const std::string & x_api_key);

@@ -17,9 +17,9 @@
 #include "engine/engine_set.h"
 #include "engine/memory_budget.h"
 #include "engine/model.h"
-#include "gateway/pool_steps.h"
-#include "gateway/pools.h"
-#include "gateway/upstream.h"
+#include "routing/pool_steps.h"
+#include "routing/pool_set.h"
+#include "routing/upstream.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
@@ -253,7 +253,7 @@ int serve(const ServeOptions & opt) {
                 fprintf(stderr, "error: --cluster %s: %s\n", opt.cluster_file.c_str(), terr.c_str());
                 return 2;
             }
-            gateway::set_upstream_tls(node_tls);
+            routing::set_upstream_tls(node_tls);
         }
         if (node_name.empty()) {
             char host[256] = {};
@@ -519,14 +519,14 @@ int serve(const ServeOptions & opt) {
     sopt.kv_hold.max_hold_ms = opt.kv_hold_max_ms;
     sopt.kv_hold.default_ms = ecfg.park_grace_ms;
     // GPU pools: heavy agent steps run there (the cluster file's pools, or --pools on one node).
-    std::unique_ptr<gateway::PoolSet> pool_set;
-    std::unique_ptr<gateway::PoolStepRunner> pool_steps;
+    std::unique_ptr<routing::PoolSet> pool_set;
+    std::unique_ptr<routing::PoolStepRunner> pool_steps;
     // The pools and rules from --pools or the cluster file; nullopt with `perr` when it cannot be
     // read, nullopt alone when there are none.
-    auto read_routing = [&](std::string & perr) -> std::optional<cluster::RoutingConfig> {
-        std::optional<cluster::RoutingConfig> routing;
+    auto read_routing = [&](std::string & perr) -> std::optional<routing::RoutingConfig> {
+        std::optional<routing::RoutingConfig> routing;
         if (!opt.pools_file.empty()) {
-            routing = cluster::load_routing_file(opt.pools_file, opt.model, perr);
+            routing = routing::load_routing_file(opt.pools_file, opt.model, perr);
         } else if (!opt.cluster_file.empty()) {
             auto c = cluster::load_cluster_config(opt.cluster_file, perr);
             if (c && !c->routing.pools.empty()) routing = c->routing;
@@ -550,7 +550,7 @@ int serve(const ServeOptions & opt) {
         }
         std::string perr;
         auto routing = read_routing(perr);
-        if (!perr.empty() || (routing && !(pool_set = gateway::PoolSet::open(routing->pools, perr)))) {
+        if (!perr.empty() || (routing && !(pool_set = routing::PoolSet::open(routing->pools, perr)))) {
             fprintf(stderr, "error: pools: %s\n", perr.c_str());
             eng.stop();
             stop_listeners();
@@ -563,7 +563,7 @@ int serve(const ServeOptions & opt) {
             // Sessions resumed at start would otherwise find every upstream still warming and
             // run their heavy steps here.
             if (!pool_set->wait_warm(10000)) spdlog::warn("GPU pools: some upstreams are not checked after 10 s");
-            pool_steps = std::make_unique<gateway::PoolStepRunner>(
+            pool_steps = std::make_unique<routing::PoolStepRunner>(
                 *routing, *pool_set,
                 [&model](const std::string & text) { return int32_t(model->tokenize(text, false, true).size()); });
             sopt.pool = pool_steps.get();

@@ -59,7 +59,7 @@ struct ServeOptions {
     int tool_per_tenant = 64;                // HTTP tool calls one tenant may have in flight
     int mcp_discover_ms = 10000;             // budget for listing a server's tools
     // Cluster mode (armada serve --cluster FILE --cell C)
-    std::string pools_file;    // GPU pools for heavy agent steps (a single node; see cluster/pools.h)
+    std::string pools_file;    // GPU pools for heavy agent steps (a single node; see routing/rules.h)
     std::string cluster_file;  // the cluster's servers and timings; empty: a single node
     std::string cell;
     std::string node_name;       // default: this host's name and port

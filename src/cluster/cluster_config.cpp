@@ -276,7 +276,7 @@ std::optional<ClusterConfig> parse_cluster_config(const std::string & yaml, std:
                     return std::nullopt;
             }
         }
-        if (!parse_routing(root, c.routing, error)) return std::nullopt;
+        if (!routing::parse_routing(root, c.routing, error)) return std::nullopt;
         if (!parse_rollout(root["rollout"], c.rollout, error)) return std::nullopt;
     } catch (const YAML::Exception & e) {
         error = std::string("cluster file: ") + e.what();

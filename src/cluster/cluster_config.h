@@ -1,7 +1,7 @@
 #pragma once
 
 #include "cluster/etcd.h"
-#include "cluster/pools.h"
+#include "routing/rules.h"
 #include "cluster/rollout.h"
 #include "cluster/service_auth.h"
 
@@ -52,7 +52,7 @@ struct ClusterConfig {
     ServiceCredentials postgres_auth;                     // TLS files only (passwords: a passfile)
     ServiceCredentials nodes_auth;                        // TLS files only: how gateways and nodes check a node's HTTPS
     std::vector<CellConfig> cells;  // empty: the global brain takes the cells it finds, with defaults
-    RoutingConfig routing;          // GPU pools and the rules that send requests there (pools.h)
+    routing::RoutingConfig routing;          // GPU pools and the rules that send requests there (pools.h)
     RolloutDefaults rollout;
 };
 

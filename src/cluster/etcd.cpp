@@ -521,7 +521,8 @@ std::string EtcdClient::stream(const std::string & path, const std::string & bod
         std::string error;
         bool done = false;  // a line's handler ended the stream
         armada::net::HttpOptions o;
-        o.timeout_ms = timeout_ms_;  // connecting and the head; the stream itself may be quiet
+        o.timeout_ms = timeout_ms_;  // connecting and sending; the head comes with the first message
+        o.head_may_wait = true;
         o.tls = tls_.get();
         o.ca_setting = "credentials.etcd.ca_file";
         o.stop = &stop;

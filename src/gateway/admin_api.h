@@ -9,7 +9,7 @@
 #include "api/auth.h"
 #include "api/http_server.h"
 #include "gateway/key_directory.h"
-#include "gateway/pools.h"
+#include "routing/pool_set.h"
 #include "store/directory.h"
 
 #include <memory>
@@ -22,7 +22,7 @@ namespace armada::gateway {
 class AdminApi {
   public:
     //! `pools` may be null (the cluster has none).
-    AdminApi(store::Directory & dir, KeyDirectory & keys, PoolSet * pools) : dir_(dir), keys_(keys), pools_(pools) {}
+    AdminApi(store::Directory & dir, KeyDirectory & keys, routing::PoolSet * pools) : dir_(dir), keys_(keys), pools_(pools) {}
     //! A request under /admin (`parts`: its path split at '/').
     void route(const api::HttpRequest & req, const std::shared_ptr<api::Responder> & out, const api::Caller & caller,
                const std::vector<std::string> & parts);
@@ -36,7 +36,7 @@ class AdminApi {
 
     store::Directory & dir_;
     KeyDirectory & keys_;
-    PoolSet * pools_;
+    routing::PoolSet * pools_;
 };
 
 }  // namespace armada::gateway

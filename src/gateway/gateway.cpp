@@ -13,7 +13,7 @@
 #include "gateway/dashboard_feed.h"
 #include "gateway/generation_router.h"
 #include "gateway/key_directory.h"
-#include "gateway/pools.h"
+#include "routing/pool_set.h"
 #include "gateway/prompt_counter.h"
 #include "gateway/relay.h"
 #include "gateway/replies.h"
@@ -120,7 +120,7 @@ std::string Gateway::start() {
     if (cfg_.nodes_auth.tls()) {
         auto tls = cluster::service_tls(cfg_.nodes_auth, "credentials.nodes", err);
         if (!tls) return err;
-        set_upstream_tls(std::move(tls));
+        routing::set_upstream_tls(std::move(tls));
     }
     store::PostgresConfig pc;
     pc.urls = cfg_.postgres;
@@ -137,9 +137,9 @@ std::string Gateway::start() {
         counter_ = PromptCounter::load(cfg_.routing.tokenizer, err);
         if (!counter_) return "tokenizer: " + err;
     }
-    routing_ = std::make_shared<cluster::RoutingConfig>(cfg_.routing);
+    routing_ = std::make_shared<routing::RoutingConfig>(cfg_.routing);
     if (!cfg_.routing.pools.empty()) {
-        pools_ = PoolSet::open(cfg_.routing.pools, err);
+        pools_ = routing::PoolSet::open(cfg_.routing.pools, err);
         if (!pools_) return err;
         pools_->start();
     }
@@ -216,7 +216,7 @@ void Gateway::reload() {
         return;
     }
     {
-        auto rc = std::make_shared<cluster::RoutingConfig>(cfg->routing);
+        auto rc = std::make_shared<routing::RoutingConfig>(cfg->routing);
         rc->tokenizer = cfg_.routing.tokenizer;
         std::lock_guard lk(routing_mu_);
         routing_ = std::move(rc);
@@ -449,7 +449,7 @@ void Gateway::generate_or_relay(api::HttpRequest & req, const std::shared_ptr<ap
     }
 }
 
-std::shared_ptr<const cluster::RoutingConfig> Gateway::routing() {
+std::shared_ptr<const routing::RoutingConfig> Gateway::routing() {
     std::lock_guard lk(routing_mu_);
     return routing_;
 }

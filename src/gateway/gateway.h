@@ -44,6 +44,10 @@ class RedisPool;
 struct QuotaRefusal;
 }  // namespace armada::cluster
 
+namespace armada::routing {
+class PoolSet;
+}
+
 namespace armada::store {
 class ClusterStore;
 }
@@ -76,7 +80,6 @@ class DashboardFeed;
 class GenerationRouter;
 class KeyDirectory;
 class NodeRelay;
-class PoolSet;
 class PromptCounter;
 class SessionApi;
 struct Authed;
@@ -115,7 +118,7 @@ class Gateway {
     void generate_or_relay(api::HttpRequest & req, const std::shared_ptr<api::Responder> & out, const Authed & authed);
     std::string render_metrics();
     //! The routing rules and latency classes as of the last start or SIGHUP.
-    std::shared_ptr<const cluster::RoutingConfig> routing();
+    std::shared_ptr<const routing::RoutingConfig> routing();
 
     cluster::ClusterConfig cfg_;
     GatewayOptions o_;
@@ -130,7 +133,7 @@ class Gateway {
     std::unique_ptr<cluster::RedisPool> redis_;  // null: no Redis
     std::unique_ptr<cluster::Quotas> quotas_;
     std::unique_ptr<PromptCounter> counter_;  // counts prompts for the routing rules (`tokenizer:`)
-    std::unique_ptr<PoolSet> pools_;          // GPU pools (`pools:`); null: none
+    std::unique_ptr<routing::PoolSet> pools_;          // GPU pools (`pools:`); null: none
     std::unique_ptr<cluster::EtcdKvStore> kv_;
 
     // The units.
@@ -144,7 +147,7 @@ class Gateway {
     std::unique_ptr<DashboardFeed> dashboard_;
 
     std::mutex routing_mu_;
-    std::shared_ptr<const cluster::RoutingConfig> routing_;  // routing_mu_
+    std::shared_ptr<const routing::RoutingConfig> routing_;  // routing_mu_
 
     std::string name_, url_;                // in etcd's gateways, under lease_
     int64_t lease_ = 0, announced_ms_ = 0;  // the watcher thread's

@@ -4,7 +4,7 @@
 #include "cluster/redis.h"
 #include "gateway/cluster_view.h"
 #include "gateway/gateway.h"
-#include "gateway/pools.h"
+#include "routing/pool_set.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
 #include "store/cluster_store.h"

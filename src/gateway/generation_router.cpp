@@ -1,7 +1,7 @@
 #include "gateway/generation_router.h"
 
 #include "api/errors.h"
-#include "common/json_fields.h"
+#include "routing/facts.h"
 #include "gateway/pool_request.h"
 #include "gateway/replies.h"
 
@@ -15,91 +15,46 @@ namespace armada::gateway {
 
 using json = nlohmann::json;
 
-int64_t TargetContexts::of(const std::string & target) const {
-    if (target == "cpu") return cpu;
-    for (const auto & [name, ctx] : pools) {
-        if (name == target) return ctx;
-    }
-    return 0;
-}
-
-bool prompt_fits(int64_t prompt_tokens, int64_t ctx) {
-    return prompt_tokens < 0 || ctx <= 0 || prompt_tokens < ctx;
-}
-
-int64_t tokens_that_matter(const std::vector<cluster::RouteRule> & rules, const TargetContexts & c) {
-    int64_t enough = std::numeric_limits<int64_t>::max();
-    for (const auto & r : rules) {
-        if (r.prompt_tokens_over) enough = std::min(enough, *r.prompt_tokens_over);
-    }
-    if (c.cpu > 0) enough = std::min(enough, c.cpu - 1);
-    for (const auto & [name, ctx] : c.pools) {
-        if (ctx > 0) enough = std::min(enough, ctx - 1);
-    }
-    return enough;
-}
-
-GenerationPlan plan_generation(const std::vector<cluster::RouteRule> & rules, const cluster::RouteFacts & f,
-                               bool body_is_object, const TargetContexts & c) {
-    // Anything malformed goes to a node, which answers it with its own 400.
-    const auto choice = body_is_object ? cluster::choose_route(rules, f) : cluster::RouteChoice{"cpu", "default"};
-    GenerationPlan p{choice.target, choice.rule};
-    // A prompt too long for the chosen target and for the CPU goes to any pool that holds it.
-    if (!prompt_fits(f.prompt_tokens, c.of(p.target)) && !prompt_fits(f.prompt_tokens, c.cpu)) {
-        for (const auto & [name, ctx] : c.pools) {
-            if (prompt_fits(f.prompt_tokens, ctx)) return {name, "context"};
-        }
-    }
-    return p;
-}
-
 void GenerationRouter::route(const api::HttpRequest & req, const std::shared_ptr<api::Responder> & out,
                              const api::Caller & caller, UsageScan * usage) {
     const bool chat = req.path == "/v1/chat/completions";
     const json body = json::parse(req.body, nullptr, false);
     const auto rcp = routing_();
     const auto & rc = *rcp;
-    TargetContexts contexts;
+    routing::TargetContexts contexts;
     contexts.cpu = view_.cpu_context();
     for (const auto & name : pools_.names())
         contexts.pools.emplace_back(name, pools_.context(name));
     const int64_t cpu_ctx = contexts.cpu;
-    cluster::RouteFacts f;
+    routing::Asked asked;
+    asked.tenant = caller.tenant_name;
+    asked.admin = caller.admin;
+    // The tenant's class; a client header may lower it, or raise it as far as the tenant may
+    // (an admin key, any class).
+    asked.latency = req.header("x-armada-latency");
     if (body.is_object()) {
-        if (auto m = common::string_field(body, "model")) f.model = *m;
-        for (const char * k : {"max_completion_tokens", "max_tokens"}) {
-            if (auto n = common::int_field(body, k)) {
-                f.max_tokens = *n;
-                break;
-            }
-        }
+        routing::read_body(body, asked);
         // The count matters only up to the smallest number a decision compares it with.
         if (counter_) {
-            const int64_t enough = tokens_that_matter(rc.routes, contexts);
-            f.prompt_tokens =
+            const int64_t enough = routing::tokens_that_matter(rc.routes, contexts);
+            asked.prompt_tokens =
                 (chat ? counter_->chat(body, req.body.size(), enough) : counter_->completion(body)).value_or(-1);
         }
     }
-    {
-        // The tenant's class; a client header may lower it, or raise it as far as the tenant
-        // may (an admin key, any class).
-        std::string why;
-        auto latency = rc.latency_for(caller.tenant_name, req.header("x-armada-latency"), caller.admin, why);
-        if (!latency) {
-            const std::string asked = req.header("x-armada-latency");
-            const bool known =
-                std::find(rc.latency_classes.begin(), rc.latency_classes.end(), asked) != rc.latency_classes.end();
-            return send_error(out, known ? 403 : 400, why, 0, "latency_class");
-        }
-        f.latency = std::move(*latency);
+    std::string why;
+    const auto facts = routing::route_facts(rc, asked, why);
+    if (!facts) {
+        const bool known = std::find(rc.latency_classes.begin(), rc.latency_classes.end(), asked.latency) !=
+                           rc.latency_classes.end();
+        return send_error(out, known ? 403 : 400, why, 0, "latency_class");
     }
-    f.tenant = caller.tenant_name;
-    const GenerationPlan plan = plan_generation(rc.routes, f, body.is_object(), contexts);
+    const routing::RouteFacts & f = *facts;
+    const routing::GenerationPlan plan = routing::plan_generation(rc.routes, f, body.is_object(), contexts);
     const std::string & target = plan.target;
     const std::string & rule = plan.rule;
     auto first_node = [&]() { return chat ? affinity_.node_for(req, caller) : std::nullopt; };
     if (target == "cpu") {
-        if (!prompt_fits(f.prompt_tokens, cpu_ctx))
+        if (!routing::prompt_fits(f.prompt_tokens, cpu_ctx))
             return send_error(out, 413,
                               "the prompt has " + std::to_string(f.prompt_tokens) +
                                   " tokens, more than any target holds (the CPU nodes: " + std::to_string(cpu_ctx) +
@@ -110,7 +65,7 @@ void GenerationRouter::route(const api::HttpRequest & req, const std::shared_ptr
                               {{"X-Armada-Route", "cpu"}, {"X-Armada-Route-Rule", rule}});
     }
     std::string reason = "context";
-    if (prompt_fits(f.prompt_tokens, pools_.context(target))) {
+    if (routing::prompt_fits(f.prompt_tokens, pools_.context(target))) {
         // Checked as a node would check it, once, before any upstream is taken: what a node
         // refuses, the pool path refuses with the same words.
         PoolRequestOptions po;
@@ -126,16 +81,16 @@ void GenerationRouter::route(const api::HttpRequest & req, const std::shared_ptr
         // llama.cpp's own constraint fields: only upstreams of that dialect honour them.
         const bool llama_grammar = body.contains("grammar") || body.contains("json_schema");
         for (;;) {
-            PoolSet::Unavailable why = PoolSet::Unavailable::none;
+            routing::PoolSet::Unavailable why = routing::PoolSet::Unavailable::none;
             auto l = pools_.acquire(target, tried, llama_grammar, why);
             if (!l) {
-                if (tried.empty()) reason = why == PoolSet::Unavailable::full ? "full" : "down";
+                if (tried.empty()) reason = why == routing::PoolSet::Unavailable::full ? "full" : "down";
                 break;
             }
             // Only the fields Armada knows, with the model the upstream serves (the client named
             // the cluster's), and the tenant's cache salt where the upstream takes one.
             po.model = l->model;
-            po.cache_salt = l->cache_salt ? tenant_cache_salt(caller.tenant) : std::string();
+            po.cache_salt = l->cache_salt ? routing::tenant_cache_salt(caller.tenant) : std::string();
             const std::string text = pool_request_body(body, po);
             RelayTarget t;
             t.base = l->url;
@@ -153,21 +108,21 @@ void GenerationRouter::route(const api::HttpRequest & req, const std::shared_ptr
             t.scrub = true;
             const Relayed r = relay_to(t, req, out, usage);
             const bool refused = r.status >= 500 || r.status == 401 || r.status == 403 || r.status == 404;
-            const PoolOutcome o = r.cut || (!r.delivered && refused) ? PoolOutcome::failed
-                                  : r.client_gone                    ? PoolOutcome::cancelled
-                                  : r.status == 0                    ? PoolOutcome::failed
-                                  : r.status == 429                  ? PoolOutcome::busy
-                                                                     : PoolOutcome::ok;
+            const routing::PoolOutcome o = r.cut || (!r.delivered && refused) ? routing::PoolOutcome::failed
+                                  : r.client_gone                    ? routing::PoolOutcome::cancelled
+                                  : r.status == 0                    ? routing::PoolOutcome::failed
+                                  : r.status == 429                  ? routing::PoolOutcome::busy
+                                                                     : routing::PoolOutcome::ok;
             pools_.release(*l, o, r.head_s);
             if (r.delivered || r.client_gone) {
                 if (r.delivered) counts_.routed(target, rule);
                 return;
             }
             tried.insert(l->url);
-            reason = o == PoolOutcome::busy ? "full" : "failed";
+            reason = o == routing::PoolOutcome::busy ? "full" : "failed";
         }
     }
-    if (prompt_fits(f.prompt_tokens, cpu_ctx)) {
+    if (routing::prompt_fits(f.prompt_tokens, cpu_ctx)) {
         counts_.fell_back(target, reason);
         counts_.routed("cpu", rule);
         return relay_.by_load(

@@ -2,7 +2,6 @@
 
 #include "api/errors.h"
 
-#include <openssl/evp.h>
 
 namespace armada::gateway {
 
@@ -101,20 +100,6 @@ std::string pool_request_body(const json & body, const PoolRequestOptions & o) {
     out["model"] = o.model;
     if (!o.cache_salt.empty()) out["cache_salt"] = o.cache_salt;
     return api::dump(out);
-}
-
-std::string tenant_cache_salt(const std::string & tenant) {
-    const std::string in = "armada-cache-salt\x1f" + tenant;
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    EVP_Digest(in.data(), in.size(), md, &n, EVP_sha256(), nullptr);
-    static const char * d = "0123456789abcdef";
-    std::string s;
-    for (unsigned int i = 0; i < 16 && i < n; ++i) {
-        s += d[md[i] >> 4];
-        s += d[md[i] & 15];
-    }
-    return s;
 }
 
 std::string scrub_pool_json(std::string_view text) {

@@ -30,10 +30,6 @@ struct PoolRequestOptions {
 //! logprobs fields; `model` is the upstream's.
 std::string pool_request_body(const api::json & body, const PoolRequestOptions & o);
 
-//! The salt for `tenant`'s requests to a pool that keys its prompt cache by one: the same for
-//! every gateway, and no tenant can send another's (a client's own `cache_salt` never passes).
-std::string tenant_cache_salt(const std::string & tenant);
-
 //! A pool's whole JSON answer, with cached-token counts and timings removed; text that is not a
 //! JSON object comes back unchanged.
 std::string scrub_pool_json(std::string_view text);

@@ -38,12 +38,12 @@ Relayed relay_to(const RelayTarget & t, const api::HttpRequest & req, const std:
     Relayed res;
     bool streaming = false;
     PoolStreamScrubber scrubber;
-    auto cancel = std::make_shared<CancelToken>();
+    auto cancel = std::make_shared<routing::CancelToken>();
     out->on_close([cancel] { cancel->cancel(); });
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = forward(
+    auto r = routing::forward(
         t.base, req.method, target_of(req), t.headers, *t.body, t.timeout_ms,
-        [&](const UpstreamReply & head) {
+        [&](const routing::UpstreamReply & head) {
             res.head_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             for (const auto & [k, val] : head.headers) {
                 if (k.size() == 12 && strcasecmp(k.c_str(), "content-type") == 0 &&

@@ -11,7 +11,7 @@
 
 #include "api/http_server.h"
 #include "gateway/cluster_view.h"
-#include "gateway/upstream.h"
+#include "routing/upstream.h"
 
 #include <cstdint>
 #include <memory>
@@ -41,7 +41,7 @@ class UsageScan {
 //! Where `relay_to` sends a request, and how.
 struct RelayTarget {
     std::string base;  // http://host:port
-    HeaderList headers;
+    routing::HeaderList headers;
     const std::string * body = nullptr;
     int timeout_ms = 600000;
     api::Headers extra;        // added to the reply the client gets

@@ -76,14 +76,14 @@ void SessionApi::create(const api::HttpRequest & req, const std::shared_ptr<api:
     probe.method = "GET";
     probe.path = "/v1/agents/" + agent_id;
     probe.headers = req.headers;
-    std::optional<UpstreamReply> seen, last_refusal;
+    std::optional<routing::UpstreamReply> seen, last_refusal;
     std::set<std::string> tried;
     for (int attempt = 0; attempt < 3 && !seen; ++attempt) {
         auto n = view_.by_load({}, tried);
         if (!n) break;
         auto v = view_.node(*n);
         if (!v) break;
-        auto r = forward(v->load.url, "GET", probe.path, pass_headers(probe), "", 10000);
+        auto r = routing::forward(v->load.url, "GET", probe.path, pass_headers(probe), "", 10000);
         if (r.status == 0) {
             tried.insert(*n);
             if (!r.sent) view_.forget(*n);  // unreachable; a hung node keeps its sessions
@@ -291,17 +291,17 @@ void SessionApi::events(const api::HttpRequest & req, const std::shared_ptr<api:
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
             continue;
         }
-        HeaderList h = pass_headers(req);
+        routing::HeaderList h = pass_headers(req);
         if (!last.empty()) h.emplace_back("Last-Event-ID", last);
         std::string target = "/v1/sessions/" + id + "/events";
         net::SseReader reader({.every_block = true});  // each whole event passes as it came
         bool refused = false;
         // The client going away ends the node's stream too (even while it is quiet).
-        auto cancel = std::make_shared<CancelToken>();
+        auto cancel = std::make_shared<routing::CancelToken>();
         out->on_close([cancel] { cancel->cancel(); });
-        auto r = forward(
+        auto r = routing::forward(
             v->load.url, "GET", target, h, "", 10000,
-            [&](const UpstreamReply & head) {
+            [&](const routing::UpstreamReply & head) {
                 if (head.status != 200) {
                     refused = true;
                     return false;

@@ -24,6 +24,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -211,7 +212,17 @@ class Hop : public std::enable_shared_from_this<Hop> {
         conn_.tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
     }
 
+    //! True (and the call failed) when the timer, a cancel or `stop` ended the call while the
+    //! step that just finished was in progress: a lookup or a connect that succeeded late must
+    //! not start the next step with no deadline left.
+    bool interrupted() {
+        if (why_ == HttpFailure::none) return false;
+        fail(why_, {});
+        return true;
+    }
+
     void on_resolve(beast::error_code ec, const tcp::resolver::results_type & rs) {
+        if (interrupted()) return;
         if (ec) return fail(HttpFailure::resolve, "cannot resolve " + url_.host + ": " + ec.message());
         std::vector<tcp::endpoint> ok;
         std::string denied;
@@ -223,11 +234,18 @@ class Hop : public std::enable_shared_from_this<Hop> {
                 denied = why;
         }
         if (ok.empty()) return fail(HttpFailure::blocked, "blocked: " + denied);
+        // The addresses in turn, and none after an interrupt: a cancelled attempt counts as one
+        // that failed, and the next would start with no deadline.
         conn_.tcp().async_connect(
-            ok, [self = shared_from_this()](beast::error_code e, const tcp::endpoint &) { self->on_connect(e); });
+            ok,
+            [self = shared_from_this()](const beast::error_code &, const tcp::endpoint &) {
+                return self->why_ == HttpFailure::none;
+            },
+            [self = shared_from_this()](beast::error_code e, const tcp::endpoint &) { self->on_connect(e); });
     }
 
     void on_connect(beast::error_code ec) {
+        if (interrupted()) return;
         if (ec) return fail(HttpFailure::connect, "cannot connect to " + host_header(url_) + ": " + ec.message());
         attach();
         if (!conn_.secure) return opened();
@@ -236,6 +254,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
     }
 
     void on_handshake(beast::error_code ec) {
+        if (interrupted()) return;
         if (!ec) return opened();
         SSL * ssl = conn_.secure->native_handle();
         // A certificate that does not verify will not verify on the next attempt either.
@@ -257,8 +276,11 @@ class Hop : public std::enable_shared_from_this<Hop> {
             return fail(HttpFailure::not_sent, "not sent: the caller no longer allows it");
         with_stream([&](auto & s) {
             http::async_write(s, req_, [self = shared_from_this()](beast::error_code ec, size_t) {
+                if (self->interrupted()) return;
                 if (ec) return self->fail(HttpFailure::send, "cannot send the request: " + ec.message());
                 self->out_.sent = true;
+                // A stream whose head comes with its first message (etcd's) may wait for it.
+                if (self->opt_.head_may_wait) self->disarm();
                 self->read_head();
             });
         });
@@ -275,13 +297,17 @@ class Hop : public std::enable_shared_from_this<Hop> {
     }
 
     void on_head(beast::error_code ec) {
+        if (interrupted()) return;
         if (ec) return fail(HttpFailure::read, "no answer: " + ec.message());
         got_head_ = true;
         const auto & h = parser_.get();
         out_.status = int(h.result_int());
         for (const auto & f : h)
             out_.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
-        out_.streamed = opt_.on_head && opt_.on_chunk && opt_.on_head(out_);
+        // A redirect the call follows is read and dropped here, never offered as an answer.
+        const bool followed =
+            opt_.max_redirects > 0 && out_.status >= 300 && out_.status < 400 && out_.header("location");
+        out_.streamed = !followed && opt_.on_head && opt_.on_chunk && opt_.on_head(out_);
         if (out_.streamed) {
             // A stream may be quiet for long, unless the caller says how long is too long.
             if (opt_.idle_ms > 0)
@@ -303,6 +329,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
     }
 
     void on_body(beast::error_code ec) {
+        if (interrupted()) return;
         if (ec == http::error::need_buffer) ec = {};
         const size_t n = sizeof chunk_ - parser_.get().body().size;
         if (ec && (ec == http::error::end_of_stream || ec == asio::ssl::error::stream_truncated)) {
@@ -343,7 +370,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
             SSL * ssl = conn_.secure->native_handle();
             drained = drained && SSL_pending(ssl) == 0 && BIO_ctrl_pending(SSL_get_rbio(ssl)) == 0;
         }
-        const bool keep = whole && drained && !out_.streamed && parser_.keep_alive() && req_.keep_alive() &&
+        const bool keep = whole && drained && !out_.streamed && parser_.keep_alive() && opt_.reuse &&
                           out_.status >= 200 && out_.status < 300;
         end(keep);
     }
@@ -411,7 +438,8 @@ bool framing_header(const std::string & k) {
 struct Route {
     Url first, at;
     std::string method;
-    bool cross = false;  // a redirect left the first origin
+    bool cross = false;         // a redirect left the first origin
+    bool body_dropped = false;  // a redirect turned the request into a GET
     int redirects = 0;
 };
 
@@ -455,8 +483,11 @@ http::request<http::string_body> build(const HttpRequest & r, const Route & rout
         req.set(k, v);
     }
     req.set(http::field::host, host_header(route.at));
-    req.keep_alive(opt.reuse);
-    if (route.method != "GET" && route.method != "HEAD") {
+    // No Connection header: HTTP/1.1 keeps the connection by default, and a call that does not
+    // reuse it closes it once the answer is in. (A `Connection: close` here would be passed on by
+    // proxies that keep their own upstream connection, and some servers then answer 400.)
+    const bool bodiless = route.method == "GET" || route.method == "HEAD";
+    if (!route.body_dropped && (!r.body.empty() || !bodiless)) {
         req.body() = r.body;
         req.prepare_payload();
     }
@@ -499,7 +530,10 @@ bool redirected(Route & route, const HttpOptions & opt, HttpReply & r) {
     }
     if (!same_origin(route.first, to)) route.cross = true;
     // As curl and browsers do: 301, 302 and 303 go on as a GET; 307 and 308 repeat the request.
-    if (r.status == 301 || r.status == 302 || r.status == 303) route.method = "GET";
+    if (r.status == 301 || r.status == 302 || r.status == 303) {
+        route.method = "GET";
+        route.body_dropped = true;
+    }
     route.at = to;  // resolved and admitted again, so a redirect cannot reach a refused address
     return true;
 }
@@ -584,7 +618,15 @@ void run_hop(asio::io_context & ioc, Hop & hop, const bool & finished, const std
 
 }  // namespace
 
-HttpReply http_call(const HttpRequest & r, const HttpOptions & opt) {
+HttpReply http_call(const HttpRequest & r, const HttpOptions & opt_in) {
+    // A kept connection skips resolving, so it would skip `admit` too: a call whose addresses are
+    // checked always opens its own.
+    HttpOptions unpooled;
+    if (opt_in.reuse && opt_in.admit) {
+        unpooled = opt_in;
+        unpooled.reuse = false;
+    }
+    const HttpOptions & opt = opt_in.reuse && opt_in.admit ? unpooled : opt_in;
     HttpReply out;
     Route route;
     if (!begin(r, opt, route, out)) return out;
@@ -645,7 +687,10 @@ Download http_download(const std::string & url, const HeaderList & headers, cons
         d.status = head.status;
         d.headers = head.headers;
         if (head.status != 200) return true;
-        if (o.check) d.error = o.check(head.status, head.headers);
+        if (const auto * len = head.header("content-length");
+            len && std::strtoull(len->c_str(), nullptr, 10) > o.max_bytes)
+            d.error = "the body is larger than " + std::to_string(o.max_bytes) + " bytes";
+        if (o.check && d.error.empty()) d.error = o.check(head.status, head.headers);
         if (!d.error.empty()) return true;
         fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0) d.error = std::string("cannot create ") + path + ": " + std::strerror(errno);
@@ -680,7 +725,7 @@ Download http_download(const std::string & url, const HeaderList & headers, cons
     if (fd >= 0) ::close(fd);
     if (!d.error.empty()) return d;
     if (!rep.error.empty()) {
-        d.error = rep.failure == HttpFailure::read && rep.streamed
+        d.error = (rep.failure == HttpFailure::read || rep.failure == HttpFailure::idle) && rep.streamed
                       ? "the transfer broke off after " + std::to_string(d.bytes) + " bytes: " + rep.error
                       : rep.error;
         return d;

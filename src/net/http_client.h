@@ -47,7 +47,7 @@ struct HttpRequest {
     std::string method = "GET";
     std::string url;  // http://host[:port]/target or https://...
     HeaderList headers;
-    std::string body;  // not sent with GET
+    std::string body;  // sent when not empty, or with any method but GET and HEAD
 };
 
 //! Why a call has no whole answer.
@@ -94,6 +94,9 @@ struct HttpOptions {
     int timeout_ms = 10000;
     //! A streamed body that sends nothing this long is cut (0: no limit).
     int idle_ms = 0;
+    //! timeout_ms ends once the request is written: for a stream whose head comes only with its
+    //! first message (etcd's watches and elections), which may be long in coming.
+    bool head_may_wait = false;
     std::uint64_t max_body = 64ull << 20;
     //! Over max_body: keep the first max_body bytes and set `truncated` (false: fail too_large).
     bool cut_body = false;
@@ -111,7 +114,7 @@ struct HttpOptions {
     int max_redirects = 0;
     std::set<std::string> sensitive;
     //! Blocking calls only: use a kept-alive connection to the same origin, and keep this one
-    //! after a whole 2xx answer.
+    //! after a whole 2xx answer. Not with `admit`: a kept connection is not resolved again.
     bool reuse = false;
     //! Called once the head is in; true streams the body to `on_chunk`, which may return false to
     //! stop reading.

@@ -113,9 +113,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
                 return finish_error("tool '" + spec_.name + "' header " + k + ": " + err);
             r.headers.emplace_back(k, resolved);
         }
-        r.body = call_.arguments;
+        if (spec_.method != "GET") r.body = call_.arguments;
         armada::net::Url u;
         if (!armada::net::parse_url(spec_.url, u)) return finish_error("tool URL is not valid: " + spec_.url);
+        host_ = u.host;  // what the log names: a URL's query may hold a key
         auto & o = options_;
         o.timeout_ms = spec_.timeout_ms;
         o.max_body = uint64_t(spec_.max_body);
@@ -185,7 +186,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
             // Exponential backoff from 100 ms; the same idempotency key goes with every attempt.
             const int backoff_ms = int(common::backoff_ms(100, attempts_ - 1, 6400));
             spdlog::info("tool call {} to {}: {}; attempt {} of {} in {} ms",
-                         call_.idempotency_key.empty() ? spec_.name : call_.idempotency_key, spec_.url, why,
+                         call_.idempotency_key.empty() ? spec_.name : call_.idempotency_key, host_, why,
                          attempts_ + 1, spec_.retries + 1, backoff_ms);
             timer_.expires_after(std::chrono::milliseconds(backoff_ms));
             timer_.async_wait([self = shared_from_this()](boost::system::error_code) { self->retry(); });
@@ -234,6 +235,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     std::chrono::steady_clock::time_point t0_;
     armada::net::HttpRequest request_;
     armada::net::HttpOptions options_;
+    std::string host_;
     unsigned status_ = 0;
     int attempts_ = 0;
 };

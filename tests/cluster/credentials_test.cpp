@@ -5,7 +5,7 @@
 #include "cluster/queue.h"
 #include "cluster/redis.h"
 #include "cluster/service_auth.h"
-#include "gateway/upstream.h"
+#include "routing/upstream.h"
 #include "servers.h"
 
 #include <gtest/gtest.h>
@@ -344,8 +344,8 @@ TEST(Credentials, EveryClientRefusesAServerWhoseCertificateAnotherCaSigned) {
         cluster::ServiceCredentials sc;
         sc.ca_file = ca.ca_file;
         std::string e;
-        gateway::set_upstream_tls(cluster::service_tls(sc, "credentials.nodes", e));
-        return gateway::forward(base, "GET", "/", {}, "", 3000);
+        routing::set_upstream_tls(cluster::service_tls(sc, "credentials.nodes", e));
+        return routing::forward(base, "GET", "/", {}, "", 3000);
     };
     const auto to_foreign = forward_trusting(theirs);
     EXPECT_EQ(to_foreign.status, 0);
@@ -353,7 +353,7 @@ TEST(Credentials, EveryClientRefusesAServerWhoseCertificateAnotherCaSigned) {
     EXPECT_NE(to_foreign.error.find("credentials.nodes.ca_file"), std::string::npos) << to_foreign.error;
     const auto to_member = forward_trusting(ours);
     EXPECT_EQ(to_member.status, 200) << to_member.error;
-    gateway::set_upstream_tls(nullptr);
+    routing::set_upstream_tls(nullptr);
     node->stop(SIGTERM, 5000);
     EXPECT_EQ(etcd.stop(), "");
     EXPECT_EQ(redis.stop(), "");

@@ -12,7 +12,7 @@
 //   never one left on a reused connection.
 #include "fuzz/standin_node.h"
 #include "gateway/checks.h"
-#include "gateway/upstream.h"
+#include "routing/upstream.h"
 
 #include <strings.h>
 
@@ -41,11 +41,11 @@ std::vector<std::string> split(const std::string & s, char sep) {
 }
 
 //! Sends and checks one request; `expect_one` says whether it must arrive.
-void send_and_check(const std::string & method, const std::string & target, const armada::gateway::HeaderList & h,
+void send_and_check(const std::string & method, const std::string & target, const armada::routing::HeaderList & h,
                     const std::string & body, bool must_arrive) {
     auto & n = node();
     const size_t before = n.count();
-    const auto r = armada::gateway::forward(n.base(), method, target, h, body, 3000);
+    const auto r = armada::routing::forward(n.base(), method, target, h, body, 3000);
     // The stand-in records a request before it answers: once the answer is in, so is the record.
     const size_t after = n.count();
     if (after > before + 1) std::abort();  // one request to the gateway became two at the node
@@ -84,7 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     req.path = fields.size() > 1 ? fields[1] : "/";
     req.query = fields.size() > 2 ? fields[2] : "";
     size_t i = 3;
-    armada::gateway::HeaderList raw_headers;
+    armada::routing::HeaderList raw_headers;
     for (; i < fields.size() && !fields[i].empty(); ++i) {
         const auto kv = split(fields[i], '\x1f');
         std::string k = kv[0], v = kv.size() > 1 ? kv[1] : "";

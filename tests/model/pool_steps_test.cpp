@@ -1,8 +1,8 @@
 // Agent steps sent to a GPU pool, on the node's side: the request body in each grammar dialect
 // (from a real rendered turn of the tiny model), the reading of the upstream's stream, and the
 // runner against a local upstream that hangs (cancel, deadline) or answers.
-#include "gateway/pool_steps.h"
-#include "gateway/upstream.h"
+#include "routing/pool_steps.h"
+#include "routing/upstream.h"
 #include "tiny_model.h"
 
 #include <gtest/gtest.h>
@@ -27,13 +27,13 @@ namespace {
 
 const char * kParams = R"({"type":"object","properties":{"r":{"type":"string","enum":["a","b"]}},"required":["r"]})";
 
-agent::PoolStep step(bool required) {
+routing::PoolStep step(bool required) {
     static engine::ChatFormat format(armada::testing::tiny_model());
     std::vector<common_chat_msg> msgs(1);
     msgs[0].role = "user";
     msgs[0].content = "look it up";
     std::vector<common_chat_tool> tools{{"lookup", "Look up a record", kParams}};
-    agent::PoolStep s;
+    routing::PoolStep s;
     s.pool = "gpu";
     s.turn = std::make_shared<engine::ChatTurn>(
         format.render(msgs, tools, required ? COMMON_CHAT_TOOL_CHOICE_REQUIRED : COMMON_CHAT_TOOL_CHOICE_AUTO, false));
@@ -49,7 +49,7 @@ agent::PoolStep step(bool required) {
 
 TEST(PoolStepBody, LlamaDialectSendsTheTokensAndTheToolCallGrammar) {
     const auto s = step(true);
-    const json b = gateway::pool_step_body(s, "qwen-gpu", cluster::GrammarDialect::llama);
+    const json b = routing::pool_step_body(s, "qwen-gpu", routing::GrammarDialect::llama);
     EXPECT_EQ(b["model"], "qwen-gpu");
     EXPECT_EQ(b["prompt"].get<engine::Tokens>(), s.turn->prompt);  // the node's rendering, as token ids
     EXPECT_EQ(b["max_tokens"], 64);
@@ -62,14 +62,14 @@ TEST(PoolStepBody, LlamaDialectSendsTheTokensAndTheToolCallGrammar) {
     EXPECT_EQ(b["generation_prompt"], s.turn->params.generation_prompt);
     EXPECT_FALSE(b.contains("response_format"));
     // A step that may call a tool: the grammar waits for its trigger.
-    const json lazy = gateway::pool_step_body(step(false), "qwen-gpu", cluster::GrammarDialect::llama);
+    const json lazy = routing::pool_step_body(step(false), "qwen-gpu", routing::GrammarDialect::llama);
     EXPECT_EQ(lazy["grammar_lazy"], true);
     EXPECT_FALSE(lazy["grammar_triggers"].empty());
 }
 
 TEST(PoolStepBody, JsonSchemaDialectAsksForOneOfTheToolsCalls) {
     const json b =
-        gateway::pool_step_body(step(true), "Qwen/Qwen2.5-7B-Instruct", cluster::GrammarDialect::json_schema);
+        routing::pool_step_body(step(true), "Qwen/Qwen2.5-7B-Instruct", routing::GrammarDialect::json_schema);
     EXPECT_FALSE(b.contains("grammar"));
     ASSERT_TRUE(b.contains("response_format"));
     EXPECT_EQ(b["response_format"]["type"], "json_schema");
@@ -77,24 +77,24 @@ TEST(PoolStepBody, JsonSchemaDialectAsksForOneOfTheToolsCalls) {
     EXPECT_EQ(schema["properties"]["name"]["enum"], json::array({"lookup"}));
     EXPECT_EQ(schema["properties"]["arguments"], json::parse(kParams));
     // May call: nothing in this dialect says "text or a call", so it goes unconstrained.
-    const json a = gateway::pool_step_body(step(false), "m", cluster::GrammarDialect::json_schema);
+    const json a = routing::pool_step_body(step(false), "m", routing::GrammarDialect::json_schema);
     EXPECT_FALSE(a.contains("response_format"));
     EXPECT_FALSE(a.contains("grammar"));
 }
 
 TEST(PoolStepBody, ASchemaReplyIsReadAsACall) {
-    const auto m = gateway::call_from_schema_reply(R"({"name":"lookup","arguments":{"r":"a"}})");
+    const auto m = routing::call_from_schema_reply(R"({"name":"lookup","arguments":{"r":"a"}})");
     ASSERT_TRUE(m);
     ASSERT_EQ(m->tool_calls.size(), 1u);
     EXPECT_EQ(m->tool_calls[0].name, "lookup");
     EXPECT_EQ(json::parse(m->tool_calls[0].arguments), json::parse(R"({"r":"a"})"));
-    EXPECT_FALSE(gateway::call_from_schema_reply(R"({"name":"lookup","arguments":"r=a"})"));
-    EXPECT_FALSE(gateway::call_from_schema_reply(R"({"name":"lookup","argum)"));
-    EXPECT_FALSE(gateway::call_from_schema_reply("plain text"));
+    EXPECT_FALSE(routing::call_from_schema_reply(R"({"name":"lookup","arguments":"r=a"})"));
+    EXPECT_FALSE(routing::call_from_schema_reply(R"({"name":"lookup","argum)"));
+    EXPECT_FALSE(routing::call_from_schema_reply("plain text"));
 }
 
 TEST(CompletionStream, ReadsPiecesAcrossChunkBordersThenTheEnd) {
-    gateway::CompletionStream s;
+    routing::CompletionStream s;
     std::string text;
     const std::string all =
         "data: {\"choices\":[{\"text\":\"Hel\",\"finish_reason\":null}]}\n\n"
@@ -111,11 +111,11 @@ TEST(CompletionStream, ReadsPiecesAcrossChunkBordersThenTheEnd) {
     EXPECT_EQ(s.finish(), "length");
     EXPECT_EQ(s.prompt_tokens(), 12);
     EXPECT_EQ(s.completion_tokens(), 3);
-    gateway::CompletionStream e;
+    routing::CompletionStream e;
     e.feed("data: {\"error\":{\"message\":\"out of memory\"}}\n\n", [](const std::string &) {});
     EXPECT_EQ(e.error(), "out of memory");
     // Two chunks in one event, and a last one the upstream never ended with a blank line.
-    gateway::CompletionStream m;
+    routing::CompletionStream m;
     std::string mt;
     const auto add = [&](const std::string & p) { mt += p; };
     m.feed("data: {\"choices\":[{\"text\":\"a\"}]}\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n", add);
@@ -238,36 +238,36 @@ class LocalUpstream {
 };
 
 struct RunnerRig {
-    cluster::RoutingConfig cfg;
-    std::unique_ptr<gateway::PoolSet> pools;
-    std::unique_ptr<gateway::PoolStepRunner> runner;
+    routing::RoutingConfig cfg;
+    std::unique_ptr<routing::PoolSet> pools;
+    std::unique_ptr<routing::PoolStepRunner> runner;
     explicit RunnerRig(const std::vector<std::string> & urls, int timeout_ms = 60000) {
-        cluster::PoolConfig p;
+        routing::PoolConfig p;
         p.name = "gpu";
         p.context = 12000;
         p.timeout_ms = timeout_ms;
         for (const auto & u : urls)
-            p.upstreams.push_back({u, "big", "", "", 4, cluster::GrammarDialect::llama});
+            p.upstreams.push_back({u, "big", "", "", 4, routing::GrammarDialect::llama});
         cfg.pools.push_back(p);
-        cfg.routes = cluster::default_routes(cfg.pools);
+        cfg.routes = routing::default_routes(cfg.pools);
         std::string err;
-        pools = gateway::PoolSet::open(cfg.pools, err);
+        pools = routing::PoolSet::open(cfg.pools, err);
         EXPECT_TRUE(pools) << err;
         pools->start();
         for (int i = 0; i < 500 && pools->status()["gpu"]["up"].get<int>() < int(urls.size()); ++i)
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         EXPECT_EQ(pools->status()["gpu"]["up"].get<int>(), int(urls.size())) << pools->status().dump();
-        runner = std::make_unique<gateway::PoolStepRunner>(cfg, *pools,
+        runner = std::make_unique<routing::PoolStepRunner>(cfg, *pools,
                                                            [](const std::string & t) { return int32_t(t.size()); });
     }
-    agent::PoolStepResult run(agent::PoolStep s, std::string * streamed = nullptr) {
-        std::promise<agent::PoolStepResult> p;
+    routing::PoolStepResult run(routing::PoolStep s, std::string * streamed = nullptr) {
+        std::promise<routing::PoolStepResult> p;
         runner->run(
             std::move(s),
             [streamed](std::string t) {
                 if (streamed) *streamed += t;
             },
-            [&](agent::PoolStepResult r) { p.set_value(std::move(r)); });
+            [&](routing::PoolStepResult r) { p.set_value(std::move(r)); });
         return p.get_future().get();
     }
 };
@@ -277,9 +277,9 @@ struct RunnerRig {
 TEST(PoolStepRunner, ATenantsLatencyClassRoutesItsSteps) {
     LocalUpstream up(false);
     RunnerRig rig({up.base()});
-    cluster::RoutingConfig cfg = rig.cfg;
+    routing::RoutingConfig cfg = rig.cfg;
     cfg.tenant_latency = {{"acme", "realtime"}};
-    cluster::RouteRule r;
+    routing::RouteRule r;
     r.latency = {"realtime"};
     r.to = "gpu";
     cfg.routes.insert(cfg.routes.begin(), r);
@@ -295,8 +295,8 @@ TEST(PoolStepRunner, ATenantsLatencyClassRoutesItsSteps) {
 TEST(PoolStepRunner, AStepTooLongForTheNodeGoesToAPoolThatHoldsItWhateverTheRules) {
     LocalUpstream up(false);
     RunnerRig rig({up.base()});
-    cluster::RoutingConfig cfg = rig.cfg;
-    cluster::RouteRule r;
+    routing::RoutingConfig cfg = rig.cfg;
+    routing::RouteRule r;
     r.latency = {"standard"};
     r.to = "cpu";
     cfg.routes.insert(cfg.routes.begin(), r);  // every step stays on the node, by the rules
@@ -338,9 +338,9 @@ TEST(PoolStepRunner, CancellingTheStepClosesTheUpstreamConnection) {
     RunnerRig rig({up.base()});
     auto s = step(true);
     auto flag = s.cancelled;
-    std::promise<agent::PoolStepResult> p;
+    std::promise<routing::PoolStepResult> p;
     rig.runner->run(
-        s, [](std::string) {}, [&](agent::PoolStepResult r) { p.set_value(std::move(r)); });
+        s, [](std::string) {}, [&](routing::PoolStepResult r) { p.set_value(std::move(r)); });
     for (int i = 0; i < 500 && up.completions.load() == 0; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ASSERT_EQ(up.completions.load(), 1);
@@ -377,10 +377,10 @@ TEST(PoolStepRunner, AStreamCutMidwayIsRetractedBeforeTheNextUpstreamAnswers) {
     LocalUpstream cut(false, LocalUpstream::kCut), fine(false);
     RunnerRig rig({cut.base(), fine.base()});
     std::vector<std::string> pieces;
-    std::promise<agent::PoolStepResult> p;
+    std::promise<routing::PoolStepResult> p;
     rig.runner->run(
         step(false), [&](std::string t) { pieces.push_back(std::move(t)); },
-        [&](agent::PoolStepResult r) { p.set_value(std::move(r)); });
+        [&](routing::PoolStepResult r) { p.set_value(std::move(r)); });
     const auto r = p.get_future().get();
     EXPECT_TRUE(r.ran) << r.error;
     EXPECT_EQ(r.text, "fine");

@@ -2,7 +2,7 @@
 // or to reuse, against a stand-in node that records every request it parses.
 #include "fuzz/standin_node.h"
 #include "gateway/checks.h"
-#include "gateway/upstream.h"
+#include "routing/upstream.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 using armada::api::HttpRequest;
 using armada::gateway::body_problem;
 using armada::gateway::check_request;
-using armada::gateway::forward;
+using armada::routing::forward;
 
 namespace {
 

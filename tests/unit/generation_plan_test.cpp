@@ -5,27 +5,27 @@
 #include <gtest/gtest.h>
 
 using namespace armada;
-using gateway::plan_generation;
-using gateway::prompt_fits;
-using gateway::TargetContexts;
-using gateway::tokens_that_matter;
+using routing::plan_generation;
+using routing::prompt_fits;
+using routing::TargetContexts;
+using routing::tokens_that_matter;
 
 namespace {
 
-std::vector<cluster::RouteRule> rules() {
-    cluster::RouteRule long_prompts;
+std::vector<routing::RouteRule> rules() {
+    routing::RouteRule long_prompts;
     long_prompts.name = "long-prompt";
     long_prompts.prompt_tokens_over = 2000;
     long_prompts.to = "gpu";
-    cluster::RouteRule interactive;
+    routing::RouteRule interactive;
     interactive.name = "interactive";
     interactive.latency = {"interactive"};
     interactive.to = "gpu";
     return {long_prompts, interactive};
 }
 
-cluster::RouteFacts facts(int64_t prompt, std::string latency = "batch") {
-    cluster::RouteFacts f;
+routing::RouteFacts facts(int64_t prompt, std::string latency = "batch") {
+    routing::RouteFacts f;
     f.prompt_tokens = prompt;
     f.latency = std::move(latency);
     return f;

@@ -1,8 +1,9 @@
 // What a pool is sent (gateway/pool_request.h), what of its answer a client sees, and the latency
-// class a request runs in (cluster::RoutingConfig::latency_for).
+// class a request runs in (routing::RoutingConfig::latency_for).
 #include "gateway/pool_request.h"
+#include "routing/pool_set.h"
 #include "api/errors.h"
-#include "cluster/pools.h"
+#include "routing/rules.h"
 
 #include <gtest/gtest.h>
 
@@ -60,10 +61,10 @@ TEST(PoolRequest, OnlyKnownFieldsGoUpstreamWithTheUpstreamsModel) {
     EXPECT_EQ(sent["stream"], true);
     EXPECT_EQ(sent["messages"].size(), 1u);
     // The tenant's salt, where the upstream takes one.
-    o.cache_salt = armada::gateway::tenant_cache_salt("t:acme");
+    o.cache_salt = armada::routing::tenant_cache_salt("t:acme");
     const json salted = json::parse(pool_request_body(chat_body({{"cache_salt", "theirs"}}), o));
     EXPECT_EQ(salted["cache_salt"], o.cache_salt);
-    EXPECT_NE(armada::gateway::tenant_cache_salt("t:acme"), armada::gateway::tenant_cache_salt("t:beta"));
+    EXPECT_NE(armada::routing::tenant_cache_salt("t:acme"), armada::routing::tenant_cache_salt("t:beta"));
 }
 
 TEST(PoolRequest, WhatANodeRefusesIsRefusedWithTheSameStatus) {
@@ -124,7 +125,7 @@ TEST(PoolRequest, AnEventOfSeveralDataLinesIsScrubbedWholeOrLineByLine) {
 }
 
 TEST(PoolRequest, AClientMayLowerItsTenantsLatencyClassButRaiseItOnlyAsTheTenantAllows) {
-    armada::cluster::RoutingConfig rc;
+    armada::routing::RoutingConfig rc;
     rc.tenant_latency["acme"] = "interactive";
     rc.tenant_latency_max["vip"] = "realtime";
     std::string why;
@@ -142,13 +143,13 @@ TEST(PoolRequest, AClientMayLowerItsTenantsLatencyClassButRaiseItOnlyAsTheTenant
 }
 
 TEST(PoolRequest, ARuleMayNameTenantsForAPoolOfTheirOwn) {
-    armada::cluster::RouteRule r;
+    armada::routing::RouteRule r;
     r.tenant = {"acme"};
     r.to = "gpu-acme";
     r.name = "tenant=acme";
-    armada::cluster::RouteFacts f;
+    armada::routing::RouteFacts f;
     f.tenant = "acme";
-    EXPECT_EQ(armada::cluster::choose_route({r}, f).target, "gpu-acme");
+    EXPECT_EQ(armada::routing::choose_route({r}, f).target, "gpu-acme");
     f.tenant = "beta";
-    EXPECT_EQ(armada::cluster::choose_route({r}, f).target, "cpu");
+    EXPECT_EQ(armada::routing::choose_route({r}, f).target, "cpu");
 }

@@ -1,6 +1,6 @@
 // GPU pools: the routing section of the cluster file, the rules' choice, and the pool state
 // (warming, breaker, draining) with a fake probe standing in for the upstreams' HTTP.
-#include "gateway/pools.h"
+#include "routing/pool_set.h"
 #include "cluster/cluster_config.h"
 
 #include <gtest/gtest.h>
@@ -20,9 +20,9 @@ std::optional<cluster::ClusterConfig> parse(const std::string & extra, std::stri
     return cluster::parse_cluster_config(std::string(kBase) + extra, err);
 }
 
-cluster::RouteFacts facts(int64_t prompt, int64_t max_tokens, std::string latency = "standard",
+routing::RouteFacts facts(int64_t prompt, int64_t max_tokens, std::string latency = "standard",
                           std::string model = "") {
-    cluster::RouteFacts f;
+    routing::RouteFacts f;
     f.prompt_tokens = prompt;
     f.max_tokens = max_tokens;
     f.latency = std::move(latency);
@@ -50,17 +50,17 @@ TEST(Pools, WithAGpuPoolAndNoRulesTheSourcesThresholdsApply) {
     ASSERT_EQ(c->routing.pools.size(), 1u);
     EXPECT_EQ(c->routing.pools[0].upstreams[0].url, "http://10.0.0.1:8000");  // the trailing '/' goes
     const auto & r = c->routing.routes;
-    EXPECT_EQ(cluster::choose_route(r, facts(8192, 500)).target, "cpu");
-    EXPECT_EQ(cluster::choose_route(r, facts(8193, 10)).target, "gpu");
-    EXPECT_EQ(cluster::choose_route(r, facts(8193, 10)).rule, "prompt_tokens>8192");
-    EXPECT_EQ(cluster::choose_route(r, facts(100, 501)).rule, "max_tokens>500");
+    EXPECT_EQ(routing::choose_route(r, facts(8192, 500)).target, "cpu");
+    EXPECT_EQ(routing::choose_route(r, facts(8193, 10)).target, "gpu");
+    EXPECT_EQ(routing::choose_route(r, facts(8193, 10)).rule, "prompt_tokens>8192");
+    EXPECT_EQ(routing::choose_route(r, facts(100, 501)).rule, "max_tokens>500");
     // Not known (no max_tokens, a prompt that could not be counted): the thresholds do not fire.
-    EXPECT_EQ(cluster::choose_route(r, facts(-1, -1)).target, "cpu");
+    EXPECT_EQ(routing::choose_route(r, facts(-1, -1)).target, "cpu");
     // An agent step its agent marks as long goes to the pool whatever its size.
     auto marked = facts(100, 10);
     marked.long_step = true;
-    EXPECT_EQ(cluster::choose_route(r, marked).target, "gpu");
-    EXPECT_EQ(cluster::choose_route(r, marked).rule, "long_step");
+    EXPECT_EQ(routing::choose_route(r, marked).target, "gpu");
+    EXPECT_EQ(routing::choose_route(r, marked).rule, "long_step");
 }
 
 TEST(Pools, RulesAreReadInOrderAndEveryConditionOfOneMustHold) {
@@ -78,13 +78,13 @@ routes:
                    err);
     ASSERT_TRUE(c) << err;
     const auto & r = c->routing.routes;
-    EXPECT_EQ(cluster::choose_route(r, facts(-1, 200, "realtime")).rule, "rt");
+    EXPECT_EQ(routing::choose_route(r, facts(-1, 200, "realtime")).rule, "rt");
     // One condition of the first rule fails: the next ones are read.
-    EXPECT_EQ(cluster::choose_route(r, facts(-1, 50, "realtime")).rule, "always");
-    EXPECT_EQ(cluster::choose_route(r, facts(-1, 50, "standard", "big")).target, "long");
-    EXPECT_EQ(cluster::choose_route(r, facts(-1, 50, "standard", "big")).rule, "model=big");
-    EXPECT_EQ(cluster::choose_route(r, facts(-1, 500, "batch")).target, "cpu");
-    EXPECT_EQ(cluster::choose_route(r, facts(-1, 5, "standard")).target, "gpu");
+    EXPECT_EQ(routing::choose_route(r, facts(-1, 50, "realtime")).rule, "always");
+    EXPECT_EQ(routing::choose_route(r, facts(-1, 50, "standard", "big")).target, "long");
+    EXPECT_EQ(routing::choose_route(r, facts(-1, 50, "standard", "big")).rule, "model=big");
+    EXPECT_EQ(routing::choose_route(r, facts(-1, 500, "batch")).target, "cpu");
+    EXPECT_EQ(routing::choose_route(r, facts(-1, 5, "standard")).target, "gpu");
 }
 
 TEST(Pools, TheFileSaysWhichPoolSettingIsWrong) {
@@ -135,7 +135,7 @@ struct FakeUpstreams {
     std::atomic<int> warm{200};
     std::atomic<int> probes{0};
     std::atomic<int> answered{0};  // probes that have read what to answer
-    gateway::PoolSet::Probe probe() {
+    routing::PoolSet::Probe probe() {
         return [this](const std::string & method, const std::string &, const std::string &, const std::string &, int) {
             ++probes;
             const int status = method == "GET" ? health.load() : warm.load();
@@ -145,14 +145,14 @@ struct FakeUpstreams {
     }
 };
 
-cluster::PoolConfig pool_of(int n, int max_in_flight = 2) {
-    cluster::PoolConfig p;
+routing::PoolConfig pool_of(int n, int max_in_flight = 2) {
+    routing::PoolConfig p;
     p.name = "gpu";
     p.health_ms = 100;
     p.breaker_errors = 2;
     p.breaker_open_ms = 300;
     for (int i = 0; i < n; ++i) {
-        cluster::UpstreamConfig u;
+        routing::UpstreamConfig u;
         u.url = "http://u" + std::to_string(i) + ":1";
         u.model = "m";
         u.max_in_flight = max_in_flight;
@@ -162,9 +162,9 @@ cluster::PoolConfig pool_of(int n, int max_in_flight = 2) {
 }
 
 //! A started pool set over `pool` whose upstreams answer as `f` says, once all are up.
-std::unique_ptr<gateway::PoolSet> started(const cluster::PoolConfig & pool, FakeUpstreams & f) {
+std::unique_ptr<routing::PoolSet> started(const routing::PoolConfig & pool, FakeUpstreams & f) {
     std::string err;
-    auto s = gateway::PoolSet::open({pool}, err);
+    auto s = routing::PoolSet::open({pool}, err);
     EXPECT_TRUE(s) << err;
     if (!s) return nullptr;
     s->set_probe(f.probe());
@@ -178,14 +178,14 @@ std::unique_ptr<gateway::PoolSet> started(const cluster::PoolConfig & pool, Fake
 
 TEST(Pools, AnUpstreamTakesNothingUntilItIsHealthyAndWarmed) {
     std::string err;
-    auto s = gateway::PoolSet::open({pool_of(1)}, err);
+    auto s = routing::PoolSet::open({pool_of(1)}, err);
     ASSERT_TRUE(s) << err;
     FakeUpstreams f;
     f.warm = 503;  // healthy, but the tiny request fails (the model is still loading)
     s->set_probe(f.probe());
-    gateway::PoolSet::Unavailable why;
+    routing::PoolSet::Unavailable why;
     EXPECT_FALSE(s->acquire("gpu", {}, false, why));
-    EXPECT_EQ(why, gateway::PoolSet::Unavailable::down);
+    EXPECT_EQ(why, routing::PoolSet::Unavailable::down);
     s->start();
     ASSERT_TRUE(eventually([&] { return f.probes.load() >= 4; }));
     EXPECT_FALSE(s->acquire("gpu", {}, false, why));
@@ -198,8 +198,8 @@ TEST(Pools, RequestsGoToTheLeastBusyAndAFullPoolSaysSo) {
     FakeUpstreams f;
     auto s = started(pool_of(2, 2), f);
     ASSERT_TRUE(s);
-    gateway::PoolSet::Unavailable why;
-    std::vector<gateway::PoolLease> held;
+    routing::PoolSet::Unavailable why;
+    std::vector<routing::PoolLease> held;
     for (int i = 0; i < 4; ++i) {
         auto l = s->acquire("gpu", {}, false, why);
         ASSERT_TRUE(l) << i;
@@ -207,9 +207,9 @@ TEST(Pools, RequestsGoToTheLeastBusyAndAFullPoolSaysSo) {
     }
     EXPECT_NE(held[0].url, held[1].url);  // spread, not piled on one
     EXPECT_FALSE(s->acquire("gpu", {}, false, why));
-    EXPECT_EQ(why, gateway::PoolSet::Unavailable::full);
+    EXPECT_EQ(why, routing::PoolSet::Unavailable::full);
     // An upstream already tried is left out.
-    s->release(held[0], gateway::PoolOutcome::ok, 0.01);
+    s->release(held[0], routing::PoolOutcome::ok, 0.01);
     EXPECT_FALSE(s->acquire("gpu", {held[0].url}, false, why));
     EXPECT_TRUE(s->acquire("gpu", {}, false, why));
     s->stop();
@@ -219,23 +219,23 @@ TEST(Pools, FailuresInARowOpenTheBreakerAndAProbeClosesIt) {
     FakeUpstreams f;
     auto s = started(pool_of(1, 8), f);
     ASSERT_TRUE(s);
-    gateway::PoolSet::Unavailable why;
+    routing::PoolSet::Unavailable why;
     // A success between failures starts the count again.
     auto a = s->acquire("gpu", {}, false, why);
-    s->release(*a, gateway::PoolOutcome::failed, 0);
+    s->release(*a, routing::PoolOutcome::failed, 0);
     a = s->acquire("gpu", {}, false, why);
-    s->release(*a, gateway::PoolOutcome::ok, 0.01);
+    s->release(*a, routing::PoolOutcome::ok, 0.01);
     a = s->acquire("gpu", {}, false, why);
-    s->release(*a, gateway::PoolOutcome::failed, 0);
+    s->release(*a, routing::PoolOutcome::failed, 0);
     a = s->acquire("gpu", {}, false, why);
     ASSERT_TRUE(a);
     // A client that went away, or a 429, says nothing of the upstream's health.
-    s->release(*a, gateway::PoolOutcome::cancelled, 0);
+    s->release(*a, routing::PoolOutcome::cancelled, 0);
     a = s->acquire("gpu", {}, false, why);
-    s->release(*a, gateway::PoolOutcome::busy, 0);
+    s->release(*a, routing::PoolOutcome::busy, 0);
     EXPECT_EQ(s->breaker_opened("gpu"), 0u);
     a = s->acquire("gpu", {}, false, why);
-    s->release(*a, gateway::PoolOutcome::failed, 0);
+    s->release(*a, routing::PoolOutcome::failed, 0);
     EXPECT_EQ(s->breaker_opened("gpu"), 1u);
     EXPECT_EQ(s->status()["gpu"]["upstreams"][0]["state"], "open");
     EXPECT_FALSE(s->acquire("gpu", {}, false, why));
@@ -250,12 +250,12 @@ TEST(Pools, AnOpenBreakerWhoseProbeFailsIsProbedAgainAfterItsOpenTimeNotTheHealt
     cfg.health_ms = 60000;  // the breaker, not the health check, notices trouble
     auto s = started(cfg, f);
     ASSERT_TRUE(s);
-    gateway::PoolSet::Unavailable why;
+    routing::PoolSet::Unavailable why;
     f.health = 503;  // killed, then restarting (llama-server says 503 while it loads)
     for (int i = 0; i < 2; ++i) {
         auto a = s->acquire("gpu", {}, false, why);
         ASSERT_TRUE(a);
-        s->release(*a, gateway::PoolOutcome::failed, 0);
+        s->release(*a, routing::PoolOutcome::failed, 0);
     }
     ASSERT_EQ(s->status()["gpu"]["upstreams"][0]["state"], "open");
     // The probe at the end of the open time fails (it has read 503): still open.
@@ -272,7 +272,7 @@ TEST(Pools, ARemovedUpstreamDrainsAndANewOneWarmsFirst) {
     FakeUpstreams f;
     auto s = started(pool_of(1, 8), f);
     ASSERT_TRUE(s);
-    gateway::PoolSet::Unavailable why;
+    routing::PoolSet::Unavailable why;
     auto held = s->acquire("gpu", {}, false, why);
     ASSERT_TRUE(held);
     auto next = pool_of(2, 8);
@@ -284,7 +284,7 @@ TEST(Pools, ARemovedUpstreamDrainsAndANewOneWarmsFirst) {
     EXPECT_EQ(st[1]["url"], "http://u0:1");
     EXPECT_EQ(st[1]["state"], "draining");
     EXPECT_FALSE(s->acquire("gpu", {}, false, why));  // u0 takes nothing new; u1 is not warm
-    s->release(*held, gateway::PoolOutcome::ok, 0.01);
+    s->release(*held, routing::PoolOutcome::ok, 0.01);
     f.warm = 200;
     ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["upstreams"].size() == 1; }));
     auto l = s->acquire("gpu", {}, false, why);
@@ -301,10 +301,10 @@ TEST(Pools, KeysComeFromTheEnvironmentOrAFileAndAMissingOneIsNamed) {
     p.upstreams[0].api_key_env = "ARMADA_TEST_POOL_KEY";
     unsetenv("ARMADA_TEST_POOL_KEY");
     std::string err;
-    EXPECT_FALSE(gateway::PoolSet::open({p}, err));
+    EXPECT_FALSE(routing::PoolSet::open({p}, err));
     EXPECT_NE(err.find("ARMADA_TEST_POOL_KEY is not set"), std::string::npos) << err;
     setenv("ARMADA_TEST_POOL_KEY", "sk-pool", 1);
-    auto s = gateway::PoolSet::open({p}, err);
+    auto s = routing::PoolSet::open({p}, err);
     ASSERT_TRUE(s) << err;
     FakeUpstreams f;
     std::string seen;
@@ -313,7 +313,7 @@ TEST(Pools, KeysComeFromTheEnvironmentOrAFileAndAMissingOneIsNamed) {
         return 200;
     });
     s->start();
-    gateway::PoolSet::Unavailable why;
+    routing::PoolSet::Unavailable why;
     ASSERT_TRUE(eventually([&] { return s->acquire("gpu", {}, false, why).has_value(); }));
     s->stop();
     EXPECT_EQ(seen, "sk-pool");
@@ -322,15 +322,15 @@ TEST(Pools, KeysComeFromTheEnvironmentOrAFileAndAMissingOneIsNamed) {
 
 TEST(Pools, AStepThatNeedsALlamaGrammarSkipsJsonSchemaUpstreams) {
     auto p = pool_of(2, 8);
-    p.upstreams[0].grammar = cluster::GrammarDialect::json_schema;
+    p.upstreams[0].grammar = routing::GrammarDialect::json_schema;
     std::string err;
-    auto s = gateway::PoolSet::open({p}, err);
+    auto s = routing::PoolSet::open({p}, err);
     ASSERT_TRUE(s) << err;
     FakeUpstreams f;
     s->set_probe(f.probe());
     s->start();
     ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 2; }));
-    gateway::PoolSet::Unavailable why;
+    routing::PoolSet::Unavailable why;
     for (int i = 0; i < 3; ++i) {
         auto l = s->acquire("gpu", {}, true, why);
         ASSERT_TRUE(l);
@@ -342,7 +342,7 @@ TEST(Pools, AStepThatNeedsALlamaGrammarSkipsJsonSchemaUpstreams) {
 TEST(Pools, AWarmedUpstreamIsOnlyHealthCheckedAndGoesDownWhenItFails) {
     std::string err;
     auto p = pool_of(1, 8);
-    auto s = gateway::PoolSet::open({p}, err);
+    auto s = routing::PoolSet::open({p}, err);
     ASSERT_TRUE(s) << err;
     std::atomic<int> gets{0}, posts{0}, health{200}, warm{429};  // a busy upstream still warms
     s->set_probe([&](const std::string & method, const std::string &, const std::string &, const std::string &, int) {
@@ -350,7 +350,7 @@ TEST(Pools, AWarmedUpstreamIsOnlyHealthCheckedAndGoesDownWhenItFails) {
         return method == "GET" ? health.load() : warm.load();
     });
     s->start();
-    gateway::PoolSet::Unavailable why;
+    routing::PoolSet::Unavailable why;
     ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 1; }));
     const int warmed = posts.load();
     EXPECT_EQ(warmed, 1);
@@ -372,7 +372,7 @@ TEST(Pools, AnOpenBreakerStaysOpenForItsTimeEvenIfACheckWasUnderWay) {
     auto p = pool_of(1, 8);
     p.breaker_open_ms = 1500;
     p.health_ms = 100;
-    auto s = gateway::PoolSet::open({p}, err);
+    auto s = routing::PoolSet::open({p}, err);
     ASSERT_TRUE(s) << err;
     std::atomic<bool> slow{false};
     std::atomic<int> checks{0};
@@ -382,7 +382,7 @@ TEST(Pools, AnOpenBreakerStaysOpenForItsTimeEvenIfACheckWasUnderWay) {
         return 200;
     });
     s->start();
-    gateway::PoolSet::Unavailable why;
+    routing::PoolSet::Unavailable why;
     ASSERT_TRUE(eventually([&] { return s->status()["gpu"]["up"] == 1; }));
     slow = true;  // health checks now take 300 ms: one is under way when the breaker opens
     const int before = checks.load();
@@ -391,7 +391,7 @@ TEST(Pools, AnOpenBreakerStaysOpenForItsTimeEvenIfACheckWasUnderWay) {
     for (int i = 0; i < 2; ++i) {
         auto a = s->acquire("gpu", {}, false, why);
         ASSERT_TRUE(a);
-        s->release(*a, gateway::PoolOutcome::failed, 0);
+        s->release(*a, routing::PoolOutcome::failed, 0);
     }
     ASSERT_EQ(s->breaker_opened("gpu"), 1u);
     // Until breaker_open_ms has passed, nothing closes it.
@@ -405,7 +405,7 @@ TEST(Pools, AnOpenBreakerStaysOpenForItsTimeEvenIfACheckWasUnderWay) {
 
 TEST(Pools, WaitWarmReturnsOnceEveryUpstreamHadItsFirstCheck) {
     std::string err;
-    auto s = gateway::PoolSet::open({pool_of(2)}, err);
+    auto s = routing::PoolSet::open({pool_of(2)}, err);
     ASSERT_TRUE(s) << err;
     std::atomic<bool> answer{false};
     std::atomic<int> gets{0};
@@ -428,7 +428,7 @@ TEST(Pools, AnUpstreamThatIsUpIsCheckedAtItsOwnSlowerPace) {
     std::string err;
     auto p = pool_of(1, 8);
     p.up_health_ms = 60000;  // as on a node
-    auto s = gateway::PoolSet::open({p}, err);
+    auto s = routing::PoolSet::open({p}, err);
     ASSERT_TRUE(s) << err;
     std::atomic<int> gets{0}, health{503};
     s->set_probe([&](const std::string & method, const std::string &, const std::string &, const std::string &, int) {

@@ -1,5 +1,5 @@
 // The gateway's forwarding to a node over kept-alive connections, against a plain socket server.
-#include "gateway/upstream.h"
+#include "routing/upstream.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -68,11 +68,11 @@ TEST(Upstream, AKeptConnectionTheNodeClosedIsNotUsedSoAPostStillGoesThrough) {
         }
     });
 
-    auto first = armada::gateway::forward(base, "POST", "/v1/x", {}, "{}", 5000);
+    auto first = armada::routing::forward(base, "POST", "/v1/x", {}, "{}", 5000);
     EXPECT_EQ(first.status, 200) << first.error;
     while (closed.load() < 1)
         std::this_thread::yield();
-    auto second = armada::gateway::forward(base, "POST", "/v1/x", {}, "{}", 5000);
+    auto second = armada::routing::forward(base, "POST", "/v1/x", {}, "{}", 5000);
     EXPECT_EQ(second.status, 200) << second.error;
     EXPECT_EQ(second.body, "ok");
     EXPECT_EQ(accepted.load(), 2);
@@ -87,7 +87,7 @@ TEST(Upstream, AServerThatAcceptsAndNeverAnswersTimesOutAtTheDeadline) {
     const std::string base = listen_loopback(ls);
     ASSERT_GE(ls, 0);
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = armada::gateway::forward(base, "POST", "/v1/x", {}, "{}", 300);
+    auto r = armada::routing::forward(base, "POST", "/v1/x", {}, "{}", 300);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(r.status, 0);
     EXPECT_NE(r.error.find("no answer within 300 ms"), std::string::npos) << r.error;
@@ -118,8 +118,8 @@ TEST(Upstream, AStreamThatGoesQuietForItsIdleTimeIsCutWithAnError) {
     });
     std::string got;
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = armada::gateway::forward(
-        base, "POST", "/v1/x", {}, "{}", 5000, [](const armada::gateway::UpstreamReply &) { return true; },
+    auto r = armada::routing::forward(
+        base, "POST", "/v1/x", {}, "{}", 5000, [](const armada::routing::UpstreamReply &) { return true; },
         [&](std::string_view chunk) {
             got += chunk;
             return true;

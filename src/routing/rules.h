@@ -10,7 +10,7 @@ namespace YAML {
 class Node;
 }
 
-namespace armada::cluster {
+namespace armada::routing {
 
 //! How an upstream constrains output to a schema (a required tool call, `response_format`).
 enum class GrammarDialect {
@@ -125,4 +125,4 @@ struct RouteChoice {
 };
 RouteChoice choose_route(const std::vector<RouteRule> & rules, const RouteFacts & f);
 
-}  // namespace armada::cluster
+}  // namespace armada::routing

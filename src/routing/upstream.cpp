@@ -1,4 +1,4 @@
-#include "gateway/upstream.h"
+#include "routing/upstream.h"
 
 #include "net/http_client.h"
 #include "net/tls.h"
@@ -8,7 +8,7 @@
 #include <cctype>
 #include <mutex>
 
-namespace armada::gateway {
+namespace armada::routing {
 
 namespace {
 
@@ -96,4 +96,4 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
     return reply_of(armada::net::http_call({method, base + target, headers, body}, o));
 }
 
-}  // namespace armada::gateway
+}  // namespace armada::routing

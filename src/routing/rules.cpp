@@ -1,4 +1,4 @@
-#include "cluster/pools.h"
+#include "routing/rules.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -6,7 +6,7 @@
 #include <cctype>
 #include <initializer_list>
 
-namespace armada::cluster {
+namespace armada::routing {
 
 namespace {
 
@@ -429,4 +429,4 @@ RouteChoice choose_route(const std::vector<RouteRule> & rules, const RouteFacts 
     return {"cpu", "default"};
 }
 
-}  // namespace armada::cluster
+}  // namespace armada::routing

@@ -1,8 +1,8 @@
 #pragma once
 
-#include "agent/ports.h"
-#include "cluster/pools.h"
-#include "gateway/pools.h"
+#include "routing/step_pool.h"
+#include "routing/rules.h"
+#include "routing/pool_set.h"
 #include "net/sse.h"
 
 #include <nlohmann/json.hpp>
@@ -19,14 +19,14 @@ namespace armada::net {
 class CancelToken;
 }
 
-namespace armada::gateway {
+namespace armada::routing {
 
 //! The body of a pool step for an upstream's /v1/completions: the rendered prompt as token ids,
 //! the token limit, sampling and stops. A step with tools on carries the tool-call grammar in
 //! the upstream's dialect: llama.cpp's `grammar` with its lazy triggers and preserved tokens, or
 //! (`json_schema`) a `response_format` whose schema is one of the tools' {name, arguments},
 //! for a step that must call one; a step that may call one is then sent without a constraint.
-nlohmann::json pool_step_body(const agent::PoolStep & step, const std::string & model, cluster::GrammarDialect d);
+nlohmann::json pool_step_body(const PoolStep & step, const std::string & model, GrammarDialect d);
 
 //! A call read from a `response_format` reply ({"name": …, "arguments": {…}}); nullopt when the
 //! text is not one.
@@ -60,19 +60,19 @@ class CompletionStream {
 //! to another upstream of the pool when one fails before answering whole; when none can take it
 //! the session runs it here (see SessionManager). Cancelling the session cancels the upstream
 //! request (its connection is closed).
-class PoolStepRunner : public agent::StepPool {
+class PoolStepRunner : public StepPool {
   public:
     //! `count` counts generated tokens when an upstream does not report usage.
-    PoolStepRunner(cluster::RoutingConfig cfg, PoolSet & pools, std::function<int32_t(const std::string &)> count);
+    PoolStepRunner(RoutingConfig cfg, PoolSet & pools, std::function<int32_t(const std::string &)> count);
     ~PoolStepRunner() override;
 
-    std::string route(const agent::StepFacts & f) const override;
+    std::string route(const StepFacts & f) const override;
     int64_t context(const std::string & pool) const override;
-    void run(agent::PoolStep step, std::function<void(std::string)> on_text,
-             std::function<void(agent::PoolStepResult)> done) override;
+    void run(PoolStep step, std::function<void(std::string)> on_text,
+             std::function<void(PoolStepResult)> done) override;
     //! New pools and rules (SIGHUP): upstreams change as in PoolSet::reload, then the rules do.
     //! An error (nothing changed) or "".
-    std::string reload(cluster::RoutingConfig cfg);
+    std::string reload(RoutingConfig cfg);
     //! Cancels every step in flight and waits for their threads.
     void stop();
 
@@ -81,12 +81,12 @@ class PoolStepRunner : public agent::StepPool {
         std::shared_ptr<std::atomic<bool>> cancelled;
         std::shared_ptr<armada::net::CancelToken> token;
     };
-    void work(const agent::PoolStep & step, const std::function<void(std::string)> & on_text,
-              const std::function<void(agent::PoolStepResult)> & done);
+    void work(const PoolStep & step, const std::function<void(std::string)> & on_text,
+              const std::function<void(PoolStepResult)> & done);
     void watch();
 
     mutable std::mutex cfg_mu_;
-    std::shared_ptr<const cluster::RoutingConfig> cfg_;  // cfg_mu_
+    std::shared_ptr<const RoutingConfig> cfg_;  // cfg_mu_
     PoolSet & pools_;
     std::function<int32_t(const std::string &)> count_;
     std::mutex mu_;
@@ -97,4 +97,4 @@ class PoolStepRunner : public agent::StepPool {
     std::thread watcher_;        // turns a session's cancel flag into a closed connection
 };
 
-}  // namespace armada::gateway
+}  // namespace armada::routing

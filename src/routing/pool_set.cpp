@@ -1,8 +1,9 @@
-#include "gateway/pools.h"
+#include "routing/pool_set.h"
 
 #include "common/clock.h"
-#include "gateway/upstream.h"
+#include "routing/upstream.h"
 
+#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 
-namespace armada::gateway {
+namespace armada::routing {
 
 namespace {
 
@@ -27,6 +28,20 @@ int default_probe(const std::string & method, const std::string & url, const std
 
 }  // namespace
 
+std::string tenant_cache_salt(const std::string & tenant) {
+    const std::string in = "armada-cache-salt\x1f" + tenant;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_Digest(in.data(), in.size(), md, &n, EVP_sha256(), nullptr);
+    static const char * d = "0123456789abcdef";
+    std::string s;
+    for (unsigned int i = 0; i < 16 && i < n; ++i) {
+        s += d[md[i] >> 4];
+        s += d[md[i] & 15];
+    }
+    return s;
+}
+
 const char * PoolSet::state_name(Upstream::State s) {
     switch (s) {
         case Upstream::State::warming:
@@ -41,7 +56,7 @@ const char * PoolSet::state_name(Upstream::State s) {
     return "?";
 }
 
-std::string PoolSet::read_keys(std::vector<cluster::PoolConfig> & pools, std::vector<std::vector<std::string>> & keys) {
+std::string PoolSet::read_keys(std::vector<PoolConfig> & pools, std::vector<std::vector<std::string>> & keys) {
     keys.clear();
     for (const auto & p : pools) {
         keys.emplace_back();
@@ -67,7 +82,7 @@ std::string PoolSet::read_keys(std::vector<cluster::PoolConfig> & pools, std::ve
     return {};
 }
 
-std::unique_ptr<PoolSet> PoolSet::open(const std::vector<cluster::PoolConfig> & pools, std::string & error) {
+std::unique_ptr<PoolSet> PoolSet::open(const std::vector<PoolConfig> & pools, std::string & error) {
     std::unique_ptr<PoolSet> s(new PoolSet());
     s->probe_ = default_probe;
     error = s->reload(pools);
@@ -79,7 +94,7 @@ PoolSet::~PoolSet() {
     stop();
 }
 
-std::string PoolSet::reload(const std::vector<cluster::PoolConfig> & pools_in) {
+std::string PoolSet::reload(const std::vector<PoolConfig> & pools_in) {
     auto pools = pools_in;
     std::vector<std::vector<std::string>> keys;
     if (auto e = read_keys(pools, keys); !e.empty()) return e;
@@ -259,7 +274,7 @@ std::optional<PoolLease> PoolSet::acquire(const std::string & pool, const std::s
         bool any_up = false;
         for (auto & u : p.ups) {
             if (u->removed || u->state != Upstream::State::up || avoid.count(u->cfg.url)) continue;
-            if (need_llama_grammar && u->cfg.grammar != cluster::GrammarDialect::llama) continue;
+            if (need_llama_grammar && u->cfg.grammar != GrammarDialect::llama) continue;
             any_up = true;
             if (u->in_flight >= u->cfg.max_in_flight) continue;
             if (!best || u->in_flight < best->in_flight) best = u.get();
@@ -394,4 +409,4 @@ std::string PoolSet::render_metrics() const {
     return m.render() + metrics_.render();
 }
 
-}  // namespace armada::gateway
+}  // namespace armada::routing

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "cluster/pools.h"
+#include "routing/rules.h"
 #include "obs/metrics.h"
 
 #include <nlohmann/json.hpp>
@@ -17,7 +17,12 @@
 #include <thread>
 #include <vector>
 
-namespace armada::gateway {
+namespace armada::routing {
+
+//! The salt for `tenant`'s requests to a pool that keys its prompt cache by one: the same for
+//! every gateway and node, and no tenant can send another's (a client's own `cache_salt` never
+//! passes).
+std::string tenant_cache_salt(const std::string & tenant);
 
 //! A slot taken on one upstream for one request; give it back with `PoolSet::release`.
 struct PoolLease {
@@ -25,7 +30,7 @@ struct PoolLease {
     std::string url;    // the upstream's base
     std::string model;  // what to ask it for
     std::string key;    // its API key ("" for none); never the client's
-    cluster::GrammarDialect grammar = cluster::GrammarDialect::llama;
+    GrammarDialect grammar = GrammarDialect::llama;
     int timeout_ms = 0;
     uint64_t id = 0;          // which upstream entry (a reload may replace one with the same URL)
     bool cache_salt = false;  // it takes a per-tenant `cache_salt`
@@ -49,13 +54,13 @@ class PoolSet {
   public:
     //! Reads every upstream's key (its environment variable or file). nullptr with `error`
     //! naming the upstream when one cannot be read.
-    static std::unique_ptr<PoolSet> open(const std::vector<cluster::PoolConfig> & pools, std::string & error);
+    static std::unique_ptr<PoolSet> open(const std::vector<PoolConfig> & pools, std::string & error);
     ~PoolSet();
 
     void start();
     void stop();
     //! New pool settings (the cluster file read again): new upstreams warm first, removed ones drain.
-    std::string reload(const std::vector<cluster::PoolConfig> & pools);
+    std::string reload(const std::vector<PoolConfig> & pools);
 
     enum class Unavailable { none, down, full };
     //! A slot on the upstream of `pool` with the fewest requests in flight among those ready
@@ -94,7 +99,7 @@ class PoolSet {
 
   private:
     struct Upstream {
-        cluster::UpstreamConfig cfg;
+        UpstreamConfig cfg;
         std::string key;
         uint64_t id = 0;
         enum class State { warming, up, down, open } state = State::warming;
@@ -106,12 +111,12 @@ class PoolSet {
         uint64_t opened = 0, ok = 0, failed = 0, busy = 0;
     };
     struct Pool {
-        cluster::PoolConfig cfg;
+        PoolConfig cfg;
         std::vector<std::shared_ptr<Upstream>> ups;
     };
     PoolSet() = default;
     static const char * state_name(Upstream::State s);
-    std::string read_keys(std::vector<cluster::PoolConfig> & pools, std::vector<std::vector<std::string>> & keys);
+    std::string read_keys(std::vector<PoolConfig> & pools, std::vector<std::vector<std::string>> & keys);
     void check_loop();
     //! Health, then the tiny request: true when the upstream can take traffic.
     bool check(const Pool & p, const Upstream & u);
@@ -127,4 +132,4 @@ class PoolSet {
     mutable obs::Registry metrics_;  // latency histograms (kept across renders)
 };
 
-}  // namespace armada::gateway
+}  // namespace armada::routing

@@ -1,11 +1,11 @@
-#include "gateway/pool_steps.h"
+#include "routing/pool_steps.h"
 
-#include "api/auth.h"
-#include "api/json_util.h"
+#include "common/tenant.h"
 #include "common/json_fields.h"
 #include "engine/tool_grammar.h"
-#include "gateway/pool_request.h"
-#include "gateway/upstream.h"
+#include "routing/choice.h"
+#include "routing/facts.h"
+#include "routing/upstream.h"
 
 #include <spdlog/spdlog.h>
 
@@ -13,9 +13,9 @@
 #include <chrono>
 #include <set>
 
-namespace armada::gateway {
+namespace armada::routing {
 
-using api::dump;
+using common::json_text;
 using nlohmann::json;
 
 namespace {
@@ -36,7 +36,7 @@ json call_schema(const std::vector<common_chat_tool> & tools) {
 
 }  // namespace
 
-json pool_step_body(const agent::PoolStep & step, const std::string & model, cluster::GrammarDialect d) {
+json pool_step_body(const PoolStep & step, const std::string & model, GrammarDialect d) {
     const auto & s = step.sampling;
     const auto & t = *step.turn;
     json body = {{"model", model},
@@ -53,7 +53,7 @@ json pool_step_body(const agent::PoolStep & step, const std::string & model, clu
     for (const auto & x : t.params.additional_stops)
         stop.push_back(x);
     if (!stop.empty()) body["stop"] = stop;
-    const bool llama = d == cluster::GrammarDialect::llama;
+    const bool llama = d == GrammarDialect::llama;
     if (llama) {
         body["top_k"] = s.top_k;
         body["min_p"] = s.min_p;
@@ -91,7 +91,7 @@ std::optional<common_chat_msg> call_from_schema_reply(const std::string & text) 
     msg.role = "assistant";
     common_chat_tool_call c;
     c.name = name->get<std::string>();
-    c.arguments = dump(*args);
+    c.arguments = json_text(*args);
     msg.tool_calls.push_back(c);
     return msg;
 }
@@ -121,7 +121,7 @@ void CompletionStream::chunk(const std::string & data, const std::function<void(
     const json j = json::parse(data, nullptr, false);
     if (!j.is_object()) return;
     if (const auto e = j.find("error"); e != j.end()) {
-        error_ = common::string_field(*e, "message").value_or(dump(*e));
+        error_ = common::string_field(*e, "message").value_or(json_text(*e));
         return;
     }
     if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
@@ -140,9 +140,9 @@ void CompletionStream::chunk(const std::string & data, const std::function<void(
     }
 }
 
-PoolStepRunner::PoolStepRunner(cluster::RoutingConfig cfg, PoolSet & pools,
+PoolStepRunner::PoolStepRunner(RoutingConfig cfg, PoolSet & pools,
                                std::function<int32_t(const std::string &)> count)
-    : cfg_(std::make_shared<const cluster::RoutingConfig>(std::move(cfg))), pools_(pools), count_(std::move(count)) {
+    : cfg_(std::make_shared<const RoutingConfig>(std::move(cfg))), pools_(pools), count_(std::move(count)) {
     watcher_ = std::thread([this] { watch(); });
 }
 
@@ -162,43 +162,32 @@ void PoolStepRunner::stop() {
     if (watcher_.joinable()) watcher_.join();
 }
 
-std::string PoolStepRunner::route(const agent::StepFacts & s) const {
-    cluster::RouteFacts f;
-    f.prompt_tokens = s.prompt_tokens;
-    f.max_tokens = s.max_tokens;
-    f.long_step = s.long_step;
-    f.model = s.model;
-    std::shared_ptr<const cluster::RoutingConfig> cfg;
+std::string PoolStepRunner::route(const StepFacts & s) const {
+    std::shared_ptr<const RoutingConfig> cfg;
     {
         std::lock_guard lk(cfg_mu_);
         cfg = cfg_;
     }
+    Asked a;
     // The config names tenants as the operator does; a session's owner is the API's "t:NAME".
-    const auto l = cfg->tenant_latency.find(api::tenant_name(s.tenant));
-    f.latency = l != cfg->tenant_latency.end() ? l->second : cfg->default_latency;
-    f.tenant = api::tenant_name(s.tenant);
-    const auto c = cluster::choose_route(cfg->routes, f);
-    const int64_t need = s.prompt_tokens + std::max<int64_t>(s.max_tokens, 1);
-    // An upstream would refuse (or cut short) a step longer than its context.
-    auto holds = [&](const std::string & pool) {
-        const int64_t ctx = pools_.context(pool);
-        return ctx <= 0 || need <= ctx;
-    };
-    if (c.target != "cpu" && pools_.has(c.target) && holds(c.target)) return c.target;
-    // A step this node cannot hold goes to a pool that can, whatever the rules say (as the
-    // gateway does with requests); none can: it stays here, to be compacted or refused.
-    if (s.node_context > 0 && s.prompt_tokens >= s.node_context - 1) {
-        for (const auto & name : pools_.names()) {
-            if (pools_.context(name) > 0 && holds(name)) return name;
-        }
-    }
-    return {};
+    a.tenant = common::tenant_name(s.tenant);
+    a.model = s.model;
+    a.prompt_tokens = s.prompt_tokens;
+    a.max_tokens = s.max_tokens;
+    a.long_step = s.long_step;
+    std::string unused;  // a step asks for no latency class: its tenant's own always holds
+    const auto f = route_facts(*cfg, a, unused);
+    if (!f) return {};
+    TargetContexts c;
+    for (const auto & name : pools_.names())
+        c.pools.emplace_back(name, pools_.context(name));
+    return plan_step(cfg->routes, *f, c, s.prompt_tokens + std::max<int64_t>(s.max_tokens, 1), s.node_context);
 }
 
-std::string PoolStepRunner::reload(cluster::RoutingConfig cfg) {
+std::string PoolStepRunner::reload(RoutingConfig cfg) {
     if (auto e = pools_.reload(cfg.pools); !e.empty()) return e;
     std::lock_guard lk(cfg_mu_);
-    cfg_ = std::make_shared<const cluster::RoutingConfig>(std::move(cfg));
+    cfg_ = std::make_shared<const RoutingConfig>(std::move(cfg));
     return {};
 }
 
@@ -206,12 +195,12 @@ int64_t PoolStepRunner::context(const std::string & pool) const {
     return pools_.context(pool);
 }
 
-void PoolStepRunner::run(agent::PoolStep step, std::function<void(std::string)> on_text,
-                         std::function<void(agent::PoolStepResult)> done) {
+void PoolStepRunner::run(PoolStep step, std::function<void(std::string)> on_text,
+                         std::function<void(PoolStepResult)> done) {
     {
         std::lock_guard lk(mu_);
         if (stop_) {
-            agent::PoolStepResult r;
+            PoolStepResult r;
             r.error = "the node is stopping";
             done(std::move(r));
             return;
@@ -236,9 +225,9 @@ void PoolStepRunner::watch() {
     }
 }
 
-void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void(std::string)> & on_text,
-                          const std::function<void(agent::PoolStepResult)> & done) {
-    agent::PoolStepResult r;
+void PoolStepRunner::work(const PoolStep & step, const std::function<void(std::string)> & on_text,
+                          const std::function<void(PoolStepResult)> & done) {
+    PoolStepResult r;
     std::set<std::string> avoid;
     const auto t0 = std::chrono::steady_clock::now();
     // Every upstream of the pool once at most (a bound as well, should the pool be reloaded meanwhile).
@@ -274,7 +263,7 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
         double head_s = 0, ttft_s = 0;
         // A step that must call a tool through `response_format` streams JSON, not the model's
         // own call format: nothing of it is shown before it is whole.
-        const bool schema_call = lease->grammar == cluster::GrammarDialect::json_schema && step.turn->tools_on &&
+        const bool schema_call = lease->grammar == GrammarDialect::json_schema && step.turn->tools_on &&
                                  step.turn->require_call && !step.tools.empty();
         const auto on_piece = [&](const std::string & piece) {
             if (text.empty()) ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -283,7 +272,7 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
         };
         const auto started = std::chrono::steady_clock::now();
         const auto reply = forward(
-            lease->url, "POST", "/v1/completions", headers, dump(body), lease->timeout_ms,
+            lease->url, "POST", "/v1/completions", headers, json_text(body), lease->timeout_ms,
             [&](const UpstreamReply & h) {
                 head_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
                 return h.status == 200;
@@ -342,4 +331,4 @@ void PoolStepRunner::work(const agent::PoolStep & step, const std::function<void
     done(std::move(r));
 }
 
-}  // namespace armada::gateway
+}  // namespace armada::routing

@@ -13,7 +13,7 @@ namespace boost::asio::ssl {
 class context;
 }
 
-namespace armada::gateway {
+namespace armada::routing {
 
 //! What `forward` checks https:// upstreams against (the system's CA store until it is set; the
 //! cluster's CA, `credentials: nodes:`, for TLS between its processes). Set once at start.
@@ -54,4 +54,4 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
                       const std::function<bool(std::string_view)> & on_chunk = {},
                       const std::shared_ptr<CancelToken> & cancel = nullptr, int idle_ms = 0);
 
-}  // namespace armada::gateway
+}  // namespace armada::routing
