@@ -5,9 +5,9 @@
 #include "cluster/membership.h"
 #include "cluster/runtime/keys.h"
 #include "common/cli_exit.h"
+#include "net/tls.h"
 #include "tools/http_sync.h"
 #include "tools/ssrf.h"
-#include "net/tls.h"
 
 #include <chrono>
 #include <cstdio>

@@ -4,8 +4,8 @@
 #include "common/json_fields.h"
 #include "common/url.h"
 #include "net/sse.h"
-#include "tools/http_sync.h"
 #include "net/tls.h"
+#include "tools/http_sync.h"
 
 #include <openssl/ssl.h>
 #include <boost/asio/connect.hpp>

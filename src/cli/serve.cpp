@@ -17,12 +17,13 @@
 #include "engine/engine_set.h"
 #include "engine/memory_budget.h"
 #include "engine/model.h"
-#include "routing/pool_steps.h"
-#include "routing/pool_set.h"
-#include "routing/upstream.h"
+#include "net/tls.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
+#include "routing/pool_set.h"
+#include "routing/pool_steps.h"
+#include "routing/upstream.h"
 #include "store/cluster_store.h"
 #include "store/crash_point.h"
 #include "store/open.h"
@@ -30,7 +31,6 @@
 #include "tools/http_tool.h"
 #include "tools/mcp_client.h"
 #include "tools/tenant_gate.h"
-#include "net/tls.h"
 
 #include <boost/asio/steady_timer.hpp>
 

@@ -1,9 +1,9 @@
 #include "cli/tracing.h"
 
+#include "net/tls.h"
 #include "obs/trace.h"
 #include "tools/http_sync.h"
 #include "tools/ssrf.h"
-#include "net/tls.h"
 
 #include <unistd.h>
 

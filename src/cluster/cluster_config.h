@@ -1,9 +1,9 @@
 #pragma once
 
 #include "cluster/etcd.h"
-#include "routing/rules.h"
 #include "cluster/rollout.h"
 #include "cluster/service_auth.h"
+#include "routing/rules.h"
 
 #include <optional>
 #include <string>
@@ -51,8 +51,8 @@ struct ClusterConfig {
     ServiceCredentials redis_auth, nats_auth, etcd_auth;  // `credentials:`; empty: none
     ServiceCredentials postgres_auth;                     // TLS files only (passwords: a passfile)
     ServiceCredentials nodes_auth;                        // TLS files only: how gateways and nodes check a node's HTTPS
-    std::vector<CellConfig> cells;  // empty: the global brain takes the cells it finds, with defaults
-    routing::RoutingConfig routing;          // GPU pools and the rules that send requests there (pools.h)
+    std::vector<CellConfig> cells;   // empty: the global brain takes the cells it finds, with defaults
+    routing::RoutingConfig routing;  // GPU pools and the rules that send requests there (pools.h)
     RolloutDefaults rollout;
 };
 

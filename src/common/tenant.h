@@ -9,9 +9,13 @@ namespace armada::common {
 
 //! The id of a named tenant. A key's hash has no ':', so a named tenant never collides with a
 //! key of its own.
-inline std::string tenant_id(const std::string & name) { return "t:" + name; }
+inline std::string tenant_id(const std::string & name) {
+    return "t:" + name;
+}
 
 //! The name in a tenant id ("t:NAME" → NAME; a key's hash stays itself).
-inline std::string tenant_name(const std::string & id) { return id.rfind("t:", 0) == 0 ? id.substr(2) : id; }
+inline std::string tenant_name(const std::string & id) {
+    return id.rfind("t:", 0) == 0 ? id.substr(2) : id;
+}
 
 }  // namespace armada::common

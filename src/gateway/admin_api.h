@@ -22,7 +22,8 @@ namespace armada::gateway {
 class AdminApi {
   public:
     //! `pools` may be null (the cluster has none).
-    AdminApi(store::Directory & dir, KeyDirectory & keys, routing::PoolSet * pools) : dir_(dir), keys_(keys), pools_(pools) {}
+    AdminApi(store::Directory & dir, KeyDirectory & keys, routing::PoolSet * pools)
+        : dir_(dir), keys_(keys), pools_(pools) {}
     //! A request under /admin (`parts`: its path split at '/').
     void route(const api::HttpRequest & req, const std::shared_ptr<api::Responder> & out, const api::Caller & caller,
                const std::vector<std::string> & parts);

@@ -13,7 +13,6 @@
 #include "gateway/dashboard_feed.h"
 #include "gateway/generation_router.h"
 #include "gateway/key_directory.h"
-#include "routing/pool_set.h"
 #include "gateway/prompt_counter.h"
 #include "gateway/relay.h"
 #include "gateway/replies.h"
@@ -21,6 +20,7 @@
 #include "gateway/session_api.h"
 #include "obs/log.h"
 #include "obs/trace.h"
+#include "routing/pool_set.h"
 #include "store/cluster_store.h"
 
 #include <spdlog/spdlog.h>

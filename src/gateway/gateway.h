@@ -132,8 +132,8 @@ class Gateway {
     std::unique_ptr<cluster::JetStream> js_;
     std::unique_ptr<cluster::RedisPool> redis_;  // null: no Redis
     std::unique_ptr<cluster::Quotas> quotas_;
-    std::unique_ptr<PromptCounter> counter_;  // counts prompts for the routing rules (`tokenizer:`)
-    std::unique_ptr<routing::PoolSet> pools_;          // GPU pools (`pools:`); null: none
+    std::unique_ptr<PromptCounter> counter_;   // counts prompts for the routing rules (`tokenizer:`)
+    std::unique_ptr<routing::PoolSet> pools_;  // GPU pools (`pools:`); null: none
     std::unique_ptr<cluster::EtcdKvStore> kv_;
 
     // The units.

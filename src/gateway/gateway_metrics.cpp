@@ -4,9 +4,9 @@
 #include "cluster/redis.h"
 #include "gateway/cluster_view.h"
 #include "gateway/gateway.h"
-#include "routing/pool_set.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
+#include "routing/pool_set.h"
 #include "store/cluster_store.h"
 
 namespace armada::gateway {

@@ -1,9 +1,9 @@
 #include "gateway/generation_router.h"
 
 #include "api/errors.h"
-#include "routing/facts.h"
 #include "gateway/pool_request.h"
 #include "gateway/replies.h"
+#include "routing/facts.h"
 
 #include <nlohmann/json.hpp>
 
@@ -44,8 +44,8 @@ void GenerationRouter::route(const api::HttpRequest & req, const std::shared_ptr
     std::string why;
     const auto facts = routing::route_facts(rc, asked, why);
     if (!facts) {
-        const bool known = std::find(rc.latency_classes.begin(), rc.latency_classes.end(), asked.latency) !=
-                           rc.latency_classes.end();
+        const bool known =
+            std::find(rc.latency_classes.begin(), rc.latency_classes.end(), asked.latency) != rc.latency_classes.end();
         return send_error(out, known ? 403 : 400, why, 0, "latency_class");
     }
     const routing::RouteFacts & f = *facts;
@@ -109,10 +109,10 @@ void GenerationRouter::route(const api::HttpRequest & req, const std::shared_ptr
             const Relayed r = relay_to(t, req, out, usage);
             const bool refused = r.status >= 500 || r.status == 401 || r.status == 403 || r.status == 404;
             const routing::PoolOutcome o = r.cut || (!r.delivered && refused) ? routing::PoolOutcome::failed
-                                  : r.client_gone                    ? routing::PoolOutcome::cancelled
-                                  : r.status == 0                    ? routing::PoolOutcome::failed
-                                  : r.status == 429                  ? routing::PoolOutcome::busy
-                                                                     : routing::PoolOutcome::ok;
+                                           : r.client_gone                    ? routing::PoolOutcome::cancelled
+                                           : r.status == 0                    ? routing::PoolOutcome::failed
+                                           : r.status == 429                  ? routing::PoolOutcome::busy
+                                                                              : routing::PoolOutcome::ok;
             pools_.release(*l, o, r.head_s);
             if (r.delivered || r.client_gone) {
                 if (r.delivered) counts_.routed(target, rule);

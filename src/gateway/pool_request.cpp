@@ -2,7 +2,6 @@
 
 #include "api/errors.h"
 
-
 namespace armada::gateway {
 
 using api::ApiError;

@@ -162,6 +162,12 @@ class Hop : public std::enable_shared_from_this<Hop> {
             attach();
             return write();
         }
+        // An address needs no lookup, and so no resolver thread (Asio starts one per context
+        // that resolves: one per kept connection of a blocking call).
+        beast::error_code bad;
+        const auto literal = asio::ip::make_address(url_.host, bad);
+        const unsigned long port = std::strtoul(url_.port.c_str(), nullptr, 10);
+        if (!bad && port <= 65535) return admit_and_connect({tcp::endpoint(literal, uint16_t(port))});
         resolver_.async_resolve(url_.host, url_.port,
                                 [self = shared_from_this()](beast::error_code ec, tcp::resolver::results_type rs) {
                                     self->on_resolve(ec, std::move(rs));
@@ -224,12 +230,19 @@ class Hop : public std::enable_shared_from_this<Hop> {
     void on_resolve(beast::error_code ec, const tcp::resolver::results_type & rs) {
         if (interrupted()) return;
         if (ec) return fail(HttpFailure::resolve, "cannot resolve " + url_.host + ": " + ec.message());
+        std::vector<tcp::endpoint> all;
+        for (const auto & e : rs)
+            all.push_back(e.endpoint());
+        admit_and_connect(all);
+    }
+
+    void admit_and_connect(const std::vector<tcp::endpoint> & all) {
         std::vector<tcp::endpoint> ok;
         std::string denied;
-        for (const auto & e : rs) {
-            const std::string why = opt_.admit ? opt_.admit(e.endpoint().address()) : std::string();
+        for (const auto & e : all) {
+            const std::string why = opt_.admit ? opt_.admit(e.address()) : std::string();
             if (why.empty())
-                ok.push_back(e.endpoint());
+                ok.push_back(e);
             else
                 denied = why;
         }

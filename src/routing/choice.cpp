@@ -29,8 +29,8 @@ int64_t tokens_that_matter(const std::vector<RouteRule> & rules, const TargetCon
     return enough;
 }
 
-GenerationPlan plan_generation(const std::vector<RouteRule> & rules, const RouteFacts & f,
-                               bool body_is_object, const TargetContexts & c) {
+GenerationPlan plan_generation(const std::vector<RouteRule> & rules, const RouteFacts & f, bool body_is_object,
+                               const TargetContexts & c) {
     // Anything malformed goes to a node, which answers it with its own 400.
     const auto choice = body_is_object ? choose_route(rules, f) : RouteChoice{"cpu", "default"};
     GenerationPlan p{choice.target, choice.rule};

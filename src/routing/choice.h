@@ -39,8 +39,8 @@ struct GenerationPlan {
 //! object goes to `cpu` by `default`, and a node answers it); when the prompt fits neither that
 //! target nor the CPU nodes, the first pool that holds it. The prompt may still fit nowhere: the
 //! caller checks `prompt_fits` on the target it takes.
-GenerationPlan plan_generation(const std::vector<RouteRule> & rules, const RouteFacts & f,
-                               bool body_is_object, const TargetContexts & c);
+GenerationPlan plan_generation(const std::vector<RouteRule> & rules, const RouteFacts & f, bool body_is_object,
+                               const TargetContexts & c);
 
 //! Where an agent step goes: a pool, or "" for the node it is on. The rules' pool when it is in
 //! `c` and holds `need` tokens (its prompt and output); else, when the node cannot hold the prompt

@@ -1,7 +1,7 @@
 #pragma once
 
-#include "routing/rules.h"
 #include "obs/metrics.h"
+#include "routing/rules.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,7 +1,7 @@
 #include "routing/pool_steps.h"
 
-#include "common/tenant.h"
 #include "common/json_fields.h"
+#include "common/tenant.h"
 #include "engine/tool_grammar.h"
 #include "routing/choice.h"
 #include "routing/facts.h"
@@ -140,8 +140,7 @@ void CompletionStream::chunk(const std::string & data, const std::function<void(
     }
 }
 
-PoolStepRunner::PoolStepRunner(RoutingConfig cfg, PoolSet & pools,
-                               std::function<int32_t(const std::string &)> count)
+PoolStepRunner::PoolStepRunner(RoutingConfig cfg, PoolSet & pools, std::function<int32_t(const std::string &)> count)
     : cfg_(std::make_shared<const RoutingConfig>(std::move(cfg))), pools_(pools), count_(std::move(count)) {
     watcher_ = std::thread([this] { watch(); });
 }

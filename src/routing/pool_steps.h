@@ -1,9 +1,9 @@
 #pragma once
 
-#include "routing/step_pool.h"
-#include "routing/rules.h"
-#include "routing/pool_set.h"
 #include "net/sse.h"
+#include "routing/pool_set.h"
+#include "routing/rules.h"
+#include "routing/step_pool.h"
 
 #include <nlohmann/json.hpp>
 

@@ -186,8 +186,8 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
             // Exponential backoff from 100 ms; the same idempotency key goes with every attempt.
             const int backoff_ms = int(common::backoff_ms(100, attempts_ - 1, 6400));
             spdlog::info("tool call {} to {}: {}; attempt {} of {} in {} ms",
-                         call_.idempotency_key.empty() ? spec_.name : call_.idempotency_key, host_, why,
-                         attempts_ + 1, spec_.retries + 1, backoff_ms);
+                         call_.idempotency_key.empty() ? spec_.name : call_.idempotency_key, host_, why, attempts_ + 1,
+                         spec_.retries + 1, backoff_ms);
             timer_.expires_after(std::chrono::milliseconds(backoff_ms));
             timer_.async_wait([self = shared_from_this()](boost::system::error_code) { self->retry(); });
             return;

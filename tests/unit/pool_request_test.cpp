@@ -1,8 +1,8 @@
 // What a pool is sent (gateway/pool_request.h), what of its answer a client sees, and the latency
 // class a request runs in (routing::RoutingConfig::latency_for).
 #include "gateway/pool_request.h"
-#include "routing/pool_set.h"
 #include "api/errors.h"
+#include "routing/pool_set.h"
 #include "routing/rules.h"
 
 #include <gtest/gtest.h>

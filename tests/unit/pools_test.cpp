@@ -1,7 +1,7 @@
 // GPU pools: the routing section of the cluster file, the rules' choice, and the pool state
 // (warming, breaker, draining) with a fake probe standing in for the upstreams' HTTP.
-#include "routing/pool_set.h"
 #include "cluster/cluster_config.h"
+#include "routing/pool_set.h"
 
 #include <gtest/gtest.h>
 
