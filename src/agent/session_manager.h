@@ -7,6 +7,7 @@
 #include "agent/prompt_builder.h"
 #include "agent/session_state.h"
 #include "engine/chat_format.h"
+#include "engine/kv_arrival.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
 #include "store/store.h"
@@ -52,14 +53,7 @@ struct SessionView {
 
 //! How a session moved here from another node (cluster mode: a drain or a rebalance), recorded
 //! as its "moved" step.
-struct MoveNote {
-    std::string from;       // the node it ran on
-    std::string kv_source;  // "transfer": its KV journal came along; "none": it re-prefills
-    std::string error;      // why the KV did not come ("none")
-    uint64_t bytes = 0;     // of the journal received
-    int64_t tokens = 0;     // the KV's tokens
-    int64_t ms = 0;         // fetching and installing it
-};
+using MoveNote = engine::KvArrival;
 
 //! Outcome of a request to the manager; `status` is an HTTP-like code (200, 400, 403, 404, 409,
 //! 429, 503).

@@ -13,10 +13,7 @@ class ClusterNode::Sessions final : public cluster::NodeSessions {
     explicit Sessions(agent::SessionManager & sm) : sm_(sm) {}
     bool adopt(const std::string & id, int64_t epoch, const std::optional<obs::TraceContext> & trace,
                const std::optional<cluster::Arrived> & moved) override {
-        std::optional<agent::MoveNote> note;
-        if (moved)
-            note = agent::MoveNote{moved->from, moved->kv_source, moved->error, moved->bytes, moved->tokens, moved->ms};
-        return sm_.adopt(id, epoch, trace, note);
+        return sm_.adopt(id, epoch, trace, moved);
     }
     void adopt_assigned() override { sm_.adopt_assigned(); }
     void incoming(const std::string & id, bool on) override { sm_.incoming(id, on); }
@@ -74,12 +71,7 @@ std::string ClusterNode::start() {
     ac.cell = cell_;
     ac.node = node_;
     cluster::NodeAgent::FetchKv fetch;
-    if (fetch_kv_)
-        fetch = [f = fetch_kv_](const std::string & session, const std::string & from, const std::string & url,
-                                uint64_t stated) {
-            const agent::MoveNote n = f(session, from, url, stated);
-            return cluster::Arrived{n.from, n.kv_source, n.error, n.bytes, n.tokens, n.ms};
-        };
+    if (fetch_kv_) fetch = fetch_kv_;
     // A node fetches a moved session's KV only from a live member of its cell, so a key someone
     // wrote by hand (or a node that is gone) never receives the node's API key.
     auto member = [etcd = cluster::make_etcd(cfg_), cfg = cfg_, cell = cell_](const std::string & node,

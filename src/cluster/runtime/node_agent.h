@@ -11,6 +11,7 @@
 #include "cluster/runtime/clock.h"
 #include "cluster/runtime/keys.h"
 #include "cluster/runtime/kv.h"
+#include "engine/kv_arrival.h"
 #include "obs/trace.h"
 
 #include <atomic>
@@ -62,14 +63,7 @@ class NodeEvents {
 };
 
 //! How a session came here from another node.
-struct Arrived {
-    std::string from;       // the node it ran on
-    std::string kv_source;  // "transfer": its KV journal came along; "none": it re-prefills
-    std::string error;      // why the KV did not come ("none")
-    uint64_t bytes = 0;     // of the journal received
-    int64_t tokens = 0;     // the KV's tokens
-    int64_t ms = 0;         // fetching and installing it
-};
+using Arrived = engine::KvArrival;
 
 //! The sessions of a node, as its agent drives them (the SessionManager in a process).
 class NodeSessions {
