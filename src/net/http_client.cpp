@@ -170,7 +170,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
         if (!bad && port <= 65535) return admit_and_connect({tcp::endpoint(literal, uint16_t(port))});
         resolver_.async_resolve(url_.host, url_.port,
                                 [self = shared_from_this()](beast::error_code ec, tcp::resolver::results_type rs) {
-                                    self->on_resolve(ec, std::move(rs));
+                                    self->on_resolve(ec, rs);
                                 });
     }
 
