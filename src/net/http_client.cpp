@@ -488,7 +488,7 @@ http::request<http::string_body> build(const HttpRequest & r, const Route & rout
     else
         req.method_string(route.method);
     req.target(route.at.target);
-    req.set(http::field::user_agent, opt.user_agent);
+    if (!opt.user_agent.empty()) req.set(http::field::user_agent, opt.user_agent);
     for (const auto & [k, v] : r.headers) {
         if (framing_header(k)) continue;
         // Once a redirect leaves the first origin, credentials stay behind, as in browsers.

@@ -125,7 +125,7 @@ struct HttpOptions {
     std::shared_ptr<CancelToken> cancel;
     //! Blocking calls only: set by another thread to end the call (looked at every 100 ms).
     const std::atomic<bool> * stop = nullptr;
-    std::string user_agent = "armada";
+    std::string user_agent = "armada";  // "": none sent
 };
 
 //! One call that blocks the calling thread (not an I/O thread).

@@ -80,6 +80,9 @@ UpstreamReply forward(const std::string & base, const std::string & method, cons
     o.tls = tls.get();
     o.ca_setting = "credentials.nodes.ca_file";
     o.reuse = true;
+    // A node sees the headers the gateway chose and no others (the client's own User-Agent among
+    // them, when it passes one on).
+    o.user_agent.clear();
     o.cancel = cancel;
     if (on_head && on_chunk) {
         o.on_head = [&](const armada::net::HttpReply & head) { return on_head(reply_of(head)); };
