@@ -1,6 +1,7 @@
 // The outgoing HTTP client (net/http_client.h) against plain socket servers: what it writes, when
 // it keeps a connection, redirects, and the deadline of a stream whose head comes late.
 #include "net/http_client.h"
+#include "raw_request.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -77,22 +78,17 @@ class RawServer {
         std::string in;
         char b[4096];
         for (;;) {
-            const size_t end = in.find("\r\n\r\n");
-            if (end != std::string::npos) {
-                size_t len = 0;
-                if (auto p = in.find("Content-Length: "); p != std::string::npos) len = std::stoul(in.substr(p + 16));
-                if (in.size() >= end + 4 + len) {
-                    const std::string req = in.substr(0, end + 4 + len);
-                    in.erase(0, end + 4 + len);
-                    {
-                        std::lock_guard lk(mu_);
-                        requests_.push_back(req);
-                    }
-                    const std::string out = answer_(req);
-                    // MSG_NOSIGNAL: a client that gave up has closed its end.
-                    if (out.empty() || ::send(c, out.data(), out.size(), MSG_NOSIGNAL) < 0) break;
-                    continue;
+            if (const size_t whole = armada::testing::whole_request(in); whole > 0) {
+                const std::string req = in.substr(0, whole);
+                in.erase(0, whole);
+                {
+                    std::lock_guard lk(mu_);
+                    requests_.push_back(req);
                 }
+                const std::string out = answer_(req);
+                // MSG_NOSIGNAL: a client that gave up has closed its end.
+                if (out.empty() || ::send(c, out.data(), out.size(), MSG_NOSIGNAL) < 0) break;
+                continue;
             }
             const ssize_t n = ::read(c, b, sizeof b);
             if (n <= 0) break;

@@ -2,6 +2,8 @@
 // answers arrive just around each call's deadline.
 #include "tools/http_tool.h"
 
+#include "raw_request.h"
+
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -37,22 +39,7 @@ int listen_loopback(int & ls) {
     return ntohs(a.sin_port);
 }
 
-//! Reads a request head and its Content-Length body; false on EOF.
-bool read_request(int fd) {
-    std::string in;
-    char b[4096];
-    for (;;) {
-        const size_t end = in.find("\r\n\r\n");
-        if (end != std::string::npos) {
-            size_t len = 0;
-            if (auto p = in.find("Content-Length: "); p != std::string::npos) len = std::stoul(in.substr(p + 16));
-            if (in.size() >= end + 4 + len) return true;
-        }
-        const ssize_t n = ::read(fd, b, sizeof b);
-        if (n <= 0) return false;
-        in.append(b, size_t(n));
-    }
-}
+using armada::testing::read_request;
 
 //! An SSRF guard that lets the calls reach the loopback servers of these tests.
 armada::tools::SsrfGuard loopback_guard() {

@@ -1,6 +1,8 @@
 // The gateway's forwarding to a node over kept-alive connections, against a plain socket server.
 #include "routing/upstream.h"
 
+#include "raw_request.h"
+
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -13,22 +15,7 @@
 
 namespace {
 
-//! Reads one request head (and its Content-Length body) from `fd`; false on EOF.
-bool read_request(int fd) {
-    std::string in;
-    char b[4096];
-    for (;;) {
-        const size_t end = in.find("\r\n\r\n");
-        if (end != std::string::npos) {
-            size_t len = 0;
-            if (auto p = in.find("Content-Length: "); p != std::string::npos) len = std::stoul(in.substr(p + 16));
-            if (in.size() >= end + 4 + len) return true;
-        }
-        const ssize_t n = ::read(fd, b, sizeof b);
-        if (n <= 0) return false;
-        in.append(b, size_t(n));
-    }
-}
+using armada::testing::read_request;
 
 //! A socket listening on a free loopback port (its fd in `ls`, -1 on failure); its base URL.
 std::string listen_loopback(int & ls) {
