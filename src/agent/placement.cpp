@@ -387,13 +387,11 @@ void SessionManager::resume_loaded(Session & s) {
     {
         if (ps->state == SessionState::WaitingTool) {
             // Completed calls keep their recorded results; the rest go out again with the same key.
-            const bool all = std::all_of(ps->tools.calls.begin(), ps->tools.calls.end(),
-                                         [](const PendingCall & c) { return c.done; });
-            if (all) {
+            if (ps->tools.all_done()) {
                 apply(*ps, SessionEvent::ToolsDone);
                 checkpoint(*ps, {}, [this](Session & ss) { model_step(ss); });
             } else {
-                run_tools(*ps);
+                tool_runner_.run(*ps);
             }
         } else if (ps->state == SessionState::Queued) {
             apply(*ps, SessionEvent::Start);

@@ -1,10 +1,11 @@
 #pragma once
 
 // The session manager's own view of one session, shared by its parts (session_manager.cpp,
-// session_log.cpp, step_runner.cpp, tool_runner.cpp, placement.cpp) and by nothing else.
+// session_log.cpp, step_runner.cpp, placement.cpp), the tool runner, and their unit tests.
 // Every field is guarded by SessionManager::mu_.
 
 #include "agent/session_manager.h"
+#include "agent/tool_runner.h"
 
 #include <atomic>
 #include <deque>
@@ -20,13 +21,7 @@ namespace armada::agent {
 //! The states an ended session's row can be in (store queries).
 inline const std::vector<std::string> kEnded = {"completed", "failed", "cancelled"};
 
-struct SessionManager::PendingCall {
-    tools::ToolCall call;
-    bool started = false, done = false;
-    int sent_before = 0;  // sent by this copy before a retry came back unsent (the lease wait)
-};
-
-struct SessionManager::Session {
+struct Session {
     //! The conversation: its messages and what its steps used.
     struct Transcript {
         std::vector<common_chat_msg> messages;  // without the system message
@@ -51,14 +46,6 @@ struct SessionManager::Session {
         bool pool_local = false;
         std::string pool_fallback;
         int32_t pool_waits = 0;  // waits for a pool the step's prompt cannot leave
-    };
-
-    //! The tool calls of the current step (tool_runner.cpp).
-    struct ToolCalls {
-        std::vector<PendingCall> calls;
-        int32_t in_flight = 0;
-        // Cluster mode: the calls wait for this node's lease to be current again.
-        bool lease_wait = false;
     };
 
     //! Traces: a turn is one `invoke_agent` span, with a `chat` span per model step and an
@@ -125,7 +112,7 @@ struct SessionManager::Session {
     int64_t created_ms = 0;
     Transcript transcript;
     Generation gen;
-    ToolCalls tools;
+    ToolCalls tools;  // the tool calls of the current step (tool_runner.h)
     Tracing trace;
     Log log;
     Placement place;

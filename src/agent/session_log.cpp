@@ -18,7 +18,7 @@ namespace armada::agent {
 
 using json = nlohmann::json;
 
-std::unique_ptr<SessionManager::Session> SessionManager::rebuild(const store::SessionRecord & r,
+std::unique_ptr<Session> SessionManager::rebuild(const store::SessionRecord & r,
                                                                  const std::vector<store::StepRecord> & steps) {
     const auto st = parse_state(r.state);
     if (!st) {

@@ -1,7 +1,7 @@
 // The session manager: the table of sessions, its lock, the public requests (create, message,
-// read, cancel, delete, subscribe), the state counts and retention. The other parts of the
-// class live beside it: session_log.cpp (durability), step_runner.cpp (model steps),
-// tool_runner.cpp (tool calls) and placement.cpp (recovery and cluster moves).
+// read, cancel, delete, subscribe), the state counts and retention, and the host the tool runner
+// (tool_runner.h) works for. The other parts of the class live beside it: session_log.cpp
+// (durability), step_runner.cpp (model steps) and placement.cpp (recovery and cluster moves).
 
 #include "agent/session_manager.h"
 
@@ -53,8 +53,9 @@ SessionManager::SessionManager(engine::ChatFormat & format, GenerationPort & eng
       metrics_(metrics),
       clock_(clock),
       opt_(opt),
-      kv_hold_(opt.kv_hold),
-      agents_(store, clock, !opt.node.empty()) {
+      agents_(store, clock, !opt.node.empty()),
+      tool_runner_(*this, tools, engine, metrics, alive_,
+                   ToolRunner::Options{opt.lease_current, opt.hold_tools, opt.kv_hold}) {
     for (const char * o : {"completed", "failed", "cancelled"}) {
         metrics_.counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", o}});
         metrics_.gauge("armada_sessions_ended_window", "Agent sessions that ended within the survival window",
@@ -95,6 +96,59 @@ void SessionManager::after_ms(int ms, std::function<void()> fn) {
     auto t = std::make_shared<net::steady_timer>(io_, std::chrono::milliseconds(ms));
     t->async_wait([t, alive = alive_, fn = std::move(fn)](boost::system::error_code ec) {
         if (!ec && *alive) fn();
+    });
+}
+
+// ---- the tool runner's host ----
+
+void SessionManager::later(int ms, std::function<void()> fn) {
+    auto locked = [this, fn = std::move(fn)] {
+        std::lock_guard lk(mu_);
+        fn();
+    };
+    if (ms <= 0)
+        post(std::move(locked));
+    else
+        after_ms(ms, std::move(locked));
+}
+
+Session * SessionManager::session(const std::string & id) {
+    auto it = sessions_.find(id);
+    return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+bool SessionManager::may_call(const Session & s) const {
+    return !draining_ && s.place.leaving_ms == 0;
+}
+
+void SessionManager::confirm_held(Session & s, std::function<void(Session &)> then) {
+    persist(s, {}, std::move(then));
+}
+
+void SessionManager::stray_result(Session & s) {
+    maybe_evict(s);
+}
+
+void SessionManager::finished(Session & s, const PendingCall & pc, const tools::ToolResult & r, bool all) {
+    common_chat_msg tm;
+    tm.role = "tool";
+    tm.tool_call_id = pc.call.call_id;
+    tm.tool_name = pc.call.name;
+    tm.content = r.content;
+    s.transcript.messages.push_back(tm);
+
+    store::Batch b;
+    b.steps.push_back(step_record(s, "tool_result",
+                                  common::json_text(json{{"call_id", pc.call.call_id},
+                                                         {"name", pc.call.name},
+                                                         {"content", r.content},
+                                                         {"is_error", r.is_error},
+                                                         {"http_status", r.http_status},
+                                                         {"attempts", pc.sent_before + r.attempts}}),
+                                  pc.call.idempotency_key));
+    if (all) apply(s, SessionEvent::ToolsDone);
+    checkpoint(s, std::move(b), [this, all](Session & ss) {
+        if (all && ss.state == SessionState::Running) model_step(ss);
     });
 }
 
@@ -210,7 +264,7 @@ size_t SessionManager::sessions_in_memory() const {
     return sessions_.size();
 }
 
-SessionManager::Session * SessionManager::find(const std::string & id, const std::string & tenant) {
+Session * SessionManager::find(const std::string & id, const std::string & tenant) {
     auto it = sessions_.find(id);
     if (it == sessions_.end() || it->second->erased || it->second->owner != tenant) return nullptr;
     return it->second.get();
@@ -252,7 +306,7 @@ std::optional<Outcome> SessionManager::held_elsewhere(const std::string & id, co
     return h.outcome(id);
 }
 
-SessionManager::Session * SessionManager::find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id,
+Session * SessionManager::find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id,
                                                        const std::string & tenant, HeldElsewhere * held) {
     if (sessions_.count(id)) return find(id, tenant);
     // Not in memory: an ended session, one another node holds, or none. Read it without holding
@@ -389,7 +443,7 @@ StepSignals SessionManager::signals() const {
     g.completed = sig_completed_.load();
     g.failed = sig_failed_.load();
     g.model_errors = sig_model_errors_.load();
-    g.tool_errors = sig_tool_errors_.load();
+    g.tool_errors = tool_runner_.errors();
     g.store_errors = sig_store_errors_.load();
     return g;
 }

@@ -6,6 +6,7 @@
 #include "agent/ports.h"
 #include "agent/prompt_builder.h"
 #include "agent/session_state.h"
+#include "agent/tool_runner.h"
 #include "engine/chat_format.h"
 #include "engine/kv_arrival.h"
 #include "obs/metrics.h"
@@ -117,6 +118,8 @@ struct StepSignals {
     int64_t store_errors = 0;  // checkpoint writes that failed
 };
 
+struct Session;  // session.h: the session in named parts
+
 //! Runs agent sessions: model step → tool calls → model step … → answer, with every state change
 //! written to the store before anyone hears of it.
 //!
@@ -130,13 +133,13 @@ struct StepSignals {
 //!
 //! Parts: the table, its lock and the public requests are in session_manager.cpp; the session
 //! log (records, checkpoints, the outbox, rebuilding from the store) in session_log.cpp; model
-//! steps, local or on a pool, in step_runner.cpp; tool calls and the lease gate in
-//! tool_runner.cpp; resume, adopt, moves and fencing in placement.cpp. `Session` (session.h)
+//! steps, local or on a pool, in step_runner.cpp; tool calls and the lease gate in the
+//! `ToolRunner` (tool_runner.h), to which the manager is the host; resume, adopt, moves and fencing in placement.cpp. `Session` (session.h)
 //! keeps each part's state in a member of its own.
 //!
 //! Tenants: `tenant` names the caller's tenant. A session, and an agent declared through the
 //! API, belong to one tenant; another tenant is told they do not exist.
-class SessionManager {
+class SessionManager : private ToolRunner::Host {
   public:
     SessionManager(engine::ChatFormat & format, GenerationPort & engine, store::Store & store,
                    tools::ToolTransport & tools, boost::asio::any_io_executor io, obs::Registry & metrics,
@@ -273,9 +276,6 @@ class SessionManager {
     size_t sessions_in_memory() const;
 
   private:
-    struct Session;  // session.h: the session in named parts
-    struct PendingCall;
-
     // ---- the table (session_manager.cpp) ----
     Session * find(const std::string & id, const std::string & tenant);
     //! Another live node holds the session (`node`), or whether it does cannot be told now.
@@ -341,13 +341,13 @@ class SessionManager {
     void begin_turn(Session & s);
     void end_turn(Session & s, const std::string & error);
 
-    // ---- the tool runner (tool_runner.cpp) ----
-    void run_tools(Session & s);
-    void wait_for_lease(const std::string & id);
-    void send_tools(Session & s);
-    void on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r);
-    //! The key a tool's latencies are learned under (kv_hold_).
-    static std::string hold_key(const Session & s, const std::string & tool);
+    // ---- the tool runner's host (session_manager.cpp) ----
+    void later(int ms, std::function<void()> fn) override;
+    Session * session(const std::string & id) override;
+    bool may_call(const Session & s) const override;
+    void confirm_held(Session & s, std::function<void(Session &)> then) override;
+    void finished(Session & s, const PendingCall & pc, const tools::ToolResult & r, bool all) override;
+    void stray_result(Session & s) override;
 
     // ---- placement (placement.cpp) ----
     //! The sessions `movable` offers, without their KV sizes.
@@ -375,7 +375,6 @@ class SessionManager {
     obs::Registry & metrics_;
     const Clock & clock_;
     SessionOptions opt_;
-    engine::KvHold kv_hold_;  // tools' observed latencies (thread-safe)
 
     mutable std::mutex mu_;
     AgentRegistry agents_;                                      // its own lock, taken inside mu_
@@ -394,11 +393,12 @@ class SessionManager {
     std::vector<Minute> window_;  // guarded by mu_
     //! False once the manager is gone; read by engine, tool, store and pool threads.
     std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
+    ToolRunner tool_runner_;  // after alive_, which it is given
     std::atomic<size_t> fenced_{0};
     std::atomic<double> step_ms_{0};  // recent_step_ms()
     // signals()
     std::atomic<int64_t> sig_steps_{0}, sig_step_us_{0}, sig_completed_{0}, sig_failed_{0}, sig_model_errors_{0},
-        sig_tool_errors_{0}, sig_store_errors_{0};
+        sig_store_errors_{0};
 };
 
 }  // namespace armada::agent

@@ -258,7 +258,7 @@ void SessionManager::delegate_step(Session & s, const std::string & pool, std::v
         });
 }
 
-SessionManager::Session * SessionManager::running_step(const std::string & id, uint64_t gen) {
+Session * SessionManager::running_step(const std::string & id, uint64_t gen) {
     auto it = sessions_.find(id);
     if (it == sessions_.end() || it->second->gen.id != gen || it->second->state != SessionState::Running)
         return nullptr;
@@ -448,7 +448,7 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
     apply(s, calls ? SessionEvent::ToolsCalled : SessionEvent::Answered);
     checkpoint(s, std::move(b), [this, calls](Session & ss) {
         if (calls) {
-            run_tools(ss);
+            tool_runner_.run(ss);
         } else {
             end_turn(ss, {});
             count_outcome(ss);

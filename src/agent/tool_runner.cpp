@@ -1,63 +1,68 @@
 // The tool runner: sends a step's tool calls (held back while this node's lease is not
-// current), and records each result once it comes back.
+// current), and hands each result back to its host once it comes back.
+
+#include "agent/tool_runner.h"
 
 #include "agent/session.h"
 
-#include "common/json_fields.h"
 #include "obs/log.h"
 
 #include <spdlog/spdlog.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 
 namespace armada::agent {
 
-using json = nlohmann::json;
+bool ToolCalls::all_done() const {
+    return std::all_of(calls.begin(), calls.end(), [](const PendingCall & c) { return c.done; });
+}
 
-void SessionManager::run_tools(Session & s) {
-    if (draining_ || s.place.leaving_ms > 0) return;  // the calls are in the log; the next start sends them
+ToolRunner::ToolRunner(Host & host, tools::ToolTransport & transport, GenerationPort & engine, obs::Registry & metrics,
+                       std::shared_ptr<std::atomic<bool>> alive, Options opt)
+    : host_(host),
+      transport_(transport),
+      engine_(engine),
+      metrics_(metrics),
+      alive_(std::move(alive)),
+      opt_(std::move(opt)),
+      hold_(opt_.kv_hold) {}
+
+void ToolRunner::run(Session & s) {
+    if (!host_.may_call(s)) return;  // the calls are in the log; the next start sends them
     if (opt_.lease_current && !opt_.lease_current()) {
-        // A call is an effect outside the store, which fencing cannot take back. A node whose
-        // lease may have lapsed (stopped or starved past its TTL) may have lost this session to
-        // another node, which has sent these calls already. So the calls wait until the lease
-        // is current again, and then until the store confirms, by a fenced write of nothing,
-        // that this node still holds the session; a node that lost it is fenced and stops it.
         if (s.tools.lease_wait) return;
         s.tools.lease_wait = true;
         spdlog::info("session {}: tool calls wait for this node's lease to be current", s.id);
         wait_for_lease(s.id);
         return;
     }
-    send_tools(s);
+    send(s);
 }
 
-void SessionManager::wait_for_lease(const std::string & id) {
-    after_ms(100, [this, id] {
-        std::lock_guard lk(mu_);
-        auto it = sessions_.find(id);
-        if (it == sessions_.end()) return;
-        Session & s = *it->second;
-        if (!s.tools.lease_wait) return;
-        if (s.state != SessionState::WaitingTool || !s.place.started || draining_ || s.place.leaving_ms > 0) {
-            s.tools.lease_wait = false;
+void ToolRunner::wait_for_lease(const std::string & id) {
+    host_.later(100, [this, id] {
+        Session * s = host_.session(id);
+        if (!s || !s->tools.lease_wait) return;
+        if (s->state != SessionState::WaitingTool || !s->place.started || !host_.may_call(*s)) {
+            s->tools.lease_wait = false;
             return;
         }
         if (!opt_.lease_current()) return wait_for_lease(id);
-        persist(s, {}, [this](Session & ss) {
+        host_.confirm_held(*s, [this](Session & ss) {
             ss.tools.lease_wait = false;
-            if (ss.state == SessionState::WaitingTool && !draining_ && ss.place.leaving_ms == 0) send_tools(ss);
+            if (ss.state == SessionState::WaitingTool && host_.may_call(ss)) send(ss);
         });
     });
 }
 
-std::string SessionManager::hold_key(const Session & s, const std::string & tool) {
+std::string ToolRunner::hold_key(const Session & s, const std::string & tool) {
     // Latencies are learned per tenant and agent: another tenant's tool of the same name, or its
     // calls, say nothing about this one's.
     return s.owner + '\x1f' + s.agent_id + '\x1f' + tool;
 }
 
-void SessionManager::send_tools(Session & s) {
+void ToolRunner::send(Session & s) {
+
     std::vector<std::string> sent;  // the hold keys of the tools called now
     for (auto & pc : s.tools.calls) {
         if (pc.started || pc.done) continue;
@@ -73,7 +78,7 @@ void SessionManager::send_tools(Session & s) {
             tools::ToolResult r;
             r.is_error = true;
             r.content = "tool error: there is no tool named '" + pc.call.name + "'";
-            post([this, id = s.id, key = pc.call.idempotency_key, r] { on_tool_done(id, key, r); });
+            host_.later(0, [this, id = s.id, key = pc.call.idempotency_key, r] { on_result(id, key, r); });
             continue;
         }
         sent.push_back(hold_key(s, pc.call.name));
@@ -93,24 +98,23 @@ void SessionManager::send_tools(Session & s) {
         // the first did (on_tool_done).
         tools::ToolCall call = pc.call;
         call.may_send = opt_.lease_current;
-        tools_.call(capped, call,
+        transport_.call(capped, call,
                     [this, alive = alive_, id = s.id, key = pc.call.idempotency_key](tools::ToolResult r) {
-                        if (*alive) post([this, id, key, r = std::move(r)] { on_tool_done(id, key, r); });
+                        if (*alive) host_.later(0, [this, id, key, r = std::move(r)] { on_result(id, key, r); });
                     });
     }
     // The session's KV waits in its sequence for as long as these tools usually take, and is
     // parked at once when they usually take too long for that to be worth a sequence.
-    if (opt_.hold_tools && !sent.empty()) engine_.hold(s.id, kv_hold_.hold_ms(sent));
+    if (opt_.hold_tools && !sent.empty()) engine_.hold(s.id, hold_.hold_ms(sent));
 }
 
-void SessionManager::on_tool_done(const std::string & id, const std::string & key, tools::ToolResult r) {
-    std::lock_guard lk(mu_);
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) return;
-    Session & s = *it->second;
+void ToolRunner::on_result(const std::string & id, const std::string & key, tools::ToolResult r) {
+    Session * found = host_.session(id);
+    if (!found) return;
+    Session & s = *found;
     const obs::LogScope log_scope(s.id, s.trace.context());
     if (s.tools.in_flight > 0) --s.tools.in_flight;
-    if (s.state != SessionState::WaitingTool) return maybe_evict(s);
+    if (s.state != SessionState::WaitingTool) return host_.stray_result(s);
     PendingCall * pc = nullptr;
     for (auto & c : s.tools.calls) {
         if (c.call.idempotency_key == key) pc = &c;
@@ -128,7 +132,7 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
             s.trace.tools.erase(sp);
         }
         spdlog::info("session {}: a retry of tool call {} waits for this node's lease", s.id, key);
-        if (!s.tools.lease_wait && !draining_ && s.place.leaving_ms == 0) {
+        if (!s.tools.lease_wait && host_.may_call(s)) {
             s.tools.lease_wait = true;
             wait_for_lease(s.id);
         }
@@ -139,9 +143,9 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
     // answered at once, and would teach it nothing true).
     if (s.agent && std::any_of(s.agent->tools.begin(), s.agent->tools.end(),
                                [&](const HttpToolSpec & t) { return t.name == pc->call.name; }))
-        kv_hold_.observe(hold_key(s, pc->call.name), int64_t(r.latency_s * 1000));
+        hold_.observe(hold_key(s, pc->call.name), int64_t(r.latency_s * 1000));
     const std::string outcome = r.is_error ? "error" : "ok";
-    if (r.is_error) sig_tool_errors_++;
+    if (r.is_error) errors_++;
     if (auto sp = s.trace.tools.find(key); sp != s.trace.tools.end()) {
         sp->second.set("armada.tool.attempts", int64_t(r.attempts));
         if (r.http_status > 0) sp->second.set("http.response.status_code", int64_t(r.http_status));
@@ -158,28 +162,7 @@ void SessionManager::on_tool_done(const std::string & id, const std::string & ke
                    {{"tool", pc->call.name}})
         .observe(r.latency_s);
 
-    common_chat_msg tm;
-    tm.role = "tool";
-    tm.tool_call_id = pc->call.call_id;
-    tm.tool_name = pc->call.name;
-    tm.content = r.content;
-    s.transcript.messages.push_back(tm);
-
-    store::Batch b;
-    b.steps.push_back(step_record(s, "tool_result",
-                                  common::json_text(json{{"call_id", pc->call.call_id},
-                                                         {"name", pc->call.name},
-                                                         {"content", r.content},
-                                                         {"is_error", r.is_error},
-                                                         {"http_status", r.http_status},
-                                                         {"attempts", pc->sent_before + r.attempts}}),
-                                  key));
-    const bool all =
-        std::all_of(s.tools.calls.begin(), s.tools.calls.end(), [](const PendingCall & c) { return c.done; });
-    if (all) apply(s, SessionEvent::ToolsDone);
-    checkpoint(s, std::move(b), [this, all](Session & ss) {
-        if (all && ss.state == SessionState::Running) model_step(ss);
-    });
+    host_.finished(s, *pc, r, s.tools.all_done());
 }
 
 }  // namespace armada::agent
