@@ -61,7 +61,7 @@ size_t SessionManager::resume_all() {
         }
         std::lock_guard lk(mu_);
         if (sessions_.count(r.id)) continue;
-        auto sp = rebuild(r, steps);
+        auto sp = SessionLog::rebuild(r, steps, engine_.kv_bytes_per_token());
         if (!sp) continue;
         sp->agent = agents_.lookup(r.owner, r.agent_id);
         sp->place.epoch = r.epoch;
@@ -106,7 +106,7 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
     }
     std::lock_guard lk(mu_);
     if (running_here(id, epoch)) return true;  // started meanwhile
-    auto sp = rebuild(*rec, steps);
+    auto sp = SessionLog::rebuild(*rec, steps, engine_.kv_bytes_per_token());
     if (!sp) return false;
     sp->agent = agents_.lookup(rec->owner, rec->agent_id);
     sp->place.epoch = epoch;
@@ -149,8 +149,8 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
         .inc(double(moved->bytes));
     ps->place.started = true;  // written to from here on; a repeated command finds it running
     store::Batch b;
-    b.steps.push_back(step_record(*ps, "moved", common::json_text(d)));
-    checkpoint(*ps, std::move(b), [this](Session & s) { resume_loaded(s); });
+    b.steps.push_back(log_.step(*ps, "moved", common::json_text(d)));
+    log_.checkpoint(*ps, std::move(b), [this](Session & s) { resume_loaded(s); });
     return true;
 }
 
@@ -192,7 +192,7 @@ size_t SessionManager::stay_unmoved(int64_t after_ms) {
         // epoch before it goes on. If the brain moved it first, that write is refused and the
         // session stops here (`drop_fenced`); if this one wins, the brain's move is refused.
         s.place.claim = s.place.epoch;
-        checkpoint(s, {}, [this](Session & ss) {
+        log_.checkpoint(s, {}, [this](Session & ss) {
             ss.place.leaving_ms = 0;
             resume_loaded(ss);
         });
@@ -389,13 +389,13 @@ void SessionManager::resume_loaded(Session & s) {
             // Completed calls keep their recorded results; the rest go out again with the same key.
             if (ps->tools.all_done()) {
                 apply(*ps, SessionEvent::ToolsDone);
-                checkpoint(*ps, {}, [this](Session & ss) { model_step(ss); });
+                log_.checkpoint(*ps, {}, [this](Session & ss) { model_step(ss); });
             } else {
                 tool_runner_.run(*ps);
             }
         } else if (ps->state == SessionState::Queued) {
             apply(*ps, SessionEvent::Start);
-            checkpoint(*ps, {}, [this](Session & ss) { model_step(ss); });
+            log_.checkpoint(*ps, {}, [this](Session & ss) { model_step(ss); });
         } else if (ps->state == SessionState::Running) {
             model_step(*ps);
         }

@@ -1,6 +1,8 @@
 // The session log: what a session writes to the store (its record and steps), in order and one
 // batch at a time, and how a session is rebuilt from what was written.
 
+#include "agent/session_log.h"
+
 #include "agent/session.h"
 
 #include "agent/transcript_json.h"
@@ -18,8 +20,12 @@ namespace armada::agent {
 
 using json = nlohmann::json;
 
-std::unique_ptr<Session> SessionManager::rebuild(const store::SessionRecord & r,
-                                                                 const std::vector<store::StepRecord> & steps) {
+SessionLog::SessionLog(Host & host, store::SessionLog & store, obs::Registry & metrics, const Clock & clock,
+                       std::shared_ptr<std::atomic<bool>> alive, Options opt)
+    : host_(host), store_(store), metrics_(metrics), clock_(clock), alive_(std::move(alive)), opt_(std::move(opt)) {}
+
+std::unique_ptr<Session> SessionLog::rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps,
+                                             uint64_t kv_bytes_per_token) {
     const auto st = parse_state(r.state);
     if (!st) {
         spdlog::warn("session {}: unknown state '{}' in the store", r.id, r.state);
@@ -41,7 +47,7 @@ std::unique_ptr<Session> SessionManager::rebuild(const store::SessionRecord & r,
         s.transcript.compactions = data.value("compactions", 0);
         s.transcript.dropped_tools = data.value("dropped_tools", 0);
     }
-    s.trace.last = record_trace(r.data);
+    s.trace.last = SessionManager::record_trace(r.data);
     // The context, rebuilt from the log: every durable step, in order, once.
     for (const auto & step : steps) {
         s.log.next_seq = step.seq + 1;
@@ -57,7 +63,7 @@ std::unique_ptr<Session> SessionManager::rebuild(const store::SessionRecord & r,
             s.tools.calls.clear();
             const int32_t step_no = p.value("step", 0);
             const int64_t kvt = p.value("kv_tokens", int64_t(0));
-            s.transcript.kv_history.push_back({step_no, kvt, uint64_t(kvt) * engine_.kv_bytes_per_token()});
+            s.transcript.kv_history.push_back({step_no, kvt, uint64_t(kvt) * kv_bytes_per_token});
         } else if (step.kind == "tool_call") {
             tools::ToolCall tc{
                 s.id, p.value("id", ""), p.value("name", ""), p.value("arguments", ""), step.idempotency, s.owner, {},
@@ -80,7 +86,7 @@ std::unique_ptr<Session> SessionManager::rebuild(const store::SessionRecord & r,
     return sp;
 }
 
-store::SessionRecord SessionManager::record(const Session & s) const {
+store::SessionRecord SessionLog::record(const Session & s) const {
     store::SessionRecord r;
     r.id = s.id;
     r.agent_id = s.agent_id;
@@ -100,8 +106,8 @@ store::SessionRecord SessionManager::record(const Session & s) const {
     return r;
 }
 
-store::StepRecord SessionManager::step_record(Session & s, const std::string & kind, const std::string & payload,
-                                              const std::string & key) {
+store::StepRecord SessionLog::step(Session & s, const std::string & kind, const std::string & payload,
+                                   const std::string & key) {
     store::StepRecord r;
     r.session_id = s.id;
     r.seq = s.log.next_seq++;
@@ -112,26 +118,26 @@ store::StepRecord SessionManager::step_record(Session & s, const std::string & k
     return r;
 }
 
-void SessionManager::checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after,
-                                std::function<void(Outcome)> reply) {
+void SessionLog::checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after,
+                            std::function<void(Outcome)> reply) {
     // Every change of state is a step too, so the log alone replays the session's events.
     if (s.state != s.log.logged) {
         json d = {{"state", state_name(s.state)}};
         if (has_ended(s.state) && !s.reason.empty()) d["reason"] = s.reason;
-        b.steps.push_back(step_record(s, "state", common::json_text(d)));
+        b.steps.push_back(step(s, "state", common::json_text(d)));
         s.log.logged = s.state;
     }
     b.sessions.push_back(record(s));
     persist(s, std::move(b), std::move(after), std::move(reply));
 }
 
-void SessionManager::persist(Session & s, store::Batch b, std::function<void(Session &)> after,
-                             std::function<void(Outcome)> reply) {
+void SessionLog::persist(Session & s, store::Batch b, std::function<void(Session &)> after,
+                         std::function<void(Outcome)> reply) {
     s.log.outbox.push_back({std::move(b), std::move(after), s.snapshot(), std::move(reply)});
     send_next(s);
 }
 
-void SessionManager::send_next(Session & s) {
+void SessionLog::send_next(Session & s) {
     if (s.log.committing || s.log.outbox.empty()) return;
     s.log.committing = true;
     store::Batch b = s.log.outbox.front().batch;
@@ -144,33 +150,32 @@ void SessionManager::send_next(Session & s) {
     }
     store_.commit(std::move(b), [this, alive = alive_, id = s.id](store::Status st) {
         // The store's thread: hand over, never touch sessions here.
-        if (*alive) post([this, id, st] { on_committed(id, st); });
+        if (*alive) host_.later(0, [this, id, st] { on_committed(id, st); });
     });
 }
 
-void SessionManager::on_committed(const std::string & id, store::Status st) {
-    std::lock_guard lk(mu_);
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) return;
-    Session & s = *it->second;
+void SessionLog::on_committed(const std::string & id, store::Status st) {
+    Session * found = host_.session(id);
+    if (!found) return;
+    Session & s = *found;
     const obs::LogScope log_scope(s.id, s.trace.context());
     s.log.committing = false;
-    if (st.fenced && !opt_.node.empty()) return drop_fenced(s, st.error);
+    if (st.fenced && !opt_.node.empty()) return host_.fenced(s, st.error);
     if (!st.ok) {
         // Nothing was acknowledged: say so, and write the same batch again after a pause.
         ++s.log.commit_failures;
         metrics_.counter("armada_store_write_failures_total", "Checkpoint writes that failed and were retried").inc();
-        sig_store_errors_++;
+        failures_++;
         s.stream.transient("error",
                            common::json_text(json{{"message", "checkpoint write failed, retrying: " + st.error}}));
         // Jittered, so that the sessions a restart of the store stopped together do not all try
         // again at the same instants.
         const int delay = common::jittered_ms(int(common::backoff_ms(100, s.log.commit_failures, 5000)));
-        after_ms(delay, [this, id] {
-            store_.recover();
-            std::lock_guard lk2(mu_);
-            auto it2 = sessions_.find(id);
-            if (it2 != sessions_.end()) send_next(*it2->second);
+        host_.later_unlocked(delay, [this, id] {
+            store_.recover();  // may block: never under the table's lock
+            host_.later(0, [this, id] {
+                if (Session * again = host_.session(id)) send_next(*again);
+            });
         });
         return;
     }
@@ -192,13 +197,7 @@ void SessionManager::on_committed(const std::string & id, store::Status st) {
     }
     if (done.after) done.after(s);
     send_next(s);
-    if (s.erased && s.log.outbox.empty() && !s.log.committing) {
-        count_state(s.state, -1);
-        sessions_.erase(it);
-        sync_memory_gauge();
-        return;
-    }
-    maybe_evict(s);
+    host_.written(s);
 }
 
 }  // namespace armada::agent

@@ -54,6 +54,7 @@ SessionManager::SessionManager(engine::ChatFormat & format, GenerationPort & eng
       clock_(clock),
       opt_(opt),
       agents_(store, clock, !opt.node.empty()),
+      log_(*this, store, metrics, clock, alive_, SessionLog::Options{opt.node, opt.cell}),
       tool_runner_(*this, tools, engine, metrics, alive_,
                    ToolRunner::Options{opt.lease_current, opt.hold_tools, opt.kv_hold}) {
     for (const char * o : {"completed", "failed", "cancelled"}) {
@@ -99,17 +100,35 @@ void SessionManager::after_ms(int ms, std::function<void()> fn) {
     });
 }
 
-// ---- the tool runner's host ----
+// ---- the host of the session log and the tool runner ----
 
 void SessionManager::later(int ms, std::function<void()> fn) {
-    auto locked = [this, fn = std::move(fn)] {
+    later_unlocked(ms, [this, fn = std::move(fn)] {
         std::lock_guard lk(mu_);
         fn();
-    };
+    });
+}
+
+void SessionManager::later_unlocked(int ms, std::function<void()> fn) {
     if (ms <= 0)
-        post(std::move(locked));
+        post(std::move(fn));
     else
-        after_ms(ms, std::move(locked));
+        after_ms(ms, std::move(fn));
+}
+
+void SessionManager::fenced(Session & s, const std::string & why) {
+    drop_fenced(s, why);
+}
+
+void SessionManager::written(Session & s) {
+    if (s.erased && s.log.outbox.empty() && !s.log.committing) {
+        count_state(s.state, -1);
+        const std::string id = s.id;
+        sessions_.erase(id);  // s is gone after this
+        sync_memory_gauge();
+        return;
+    }
+    maybe_evict(s);
 }
 
 Session * SessionManager::session(const std::string & id) {
@@ -122,7 +141,7 @@ bool SessionManager::may_call(const Session & s) const {
 }
 
 void SessionManager::confirm_held(Session & s, std::function<void(Session &)> then) {
-    persist(s, {}, std::move(then));
+    log_.persist(s, {}, std::move(then));
 }
 
 void SessionManager::stray_result(Session & s) {
@@ -138,7 +157,7 @@ void SessionManager::finished(Session & s, const PendingCall & pc, const tools::
     s.transcript.messages.push_back(tm);
 
     store::Batch b;
-    b.steps.push_back(step_record(s, "tool_result",
+    b.steps.push_back(log_.step(s, "tool_result",
                                   common::json_text(json{{"call_id", pc.call.call_id},
                                                          {"name", pc.call.name},
                                                          {"content", r.content},
@@ -147,7 +166,7 @@ void SessionManager::finished(Session & s, const PendingCall & pc, const tools::
                                                          {"attempts", pc.sent_before + r.attempts}}),
                                   pc.call.idempotency_key));
     if (all) apply(s, SessionEvent::ToolsDone);
-    checkpoint(s, std::move(b), [this, all](Session & ss) {
+    log_.checkpoint(s, std::move(b), [this, all](Session & ss) {
         if (all && ss.state == SessionState::Running) model_step(ss);
     });
 }
@@ -327,7 +346,7 @@ Session * SessionManager::find_or_load(std::unique_lock<std::mutex> & lk, const 
     lk.lock();
     if (sessions_.count(id)) return find(id, tenant);  // loaded meanwhile
     if (!rec || rec->owner != tenant || rec->agent_id.rfind('@', 0) == 0 || expiring_.count(id)) return nullptr;
-    auto sp = rebuild(*rec, steps);
+    auto sp = SessionLog::rebuild(*rec, steps, engine_.kv_bytes_per_token());
     if (!sp) return nullptr;
     sp->agent = agents_.lookup(rec->owner, rec->agent_id);
     if (!opt_.node.empty()) {
@@ -444,7 +463,7 @@ StepSignals SessionManager::signals() const {
     g.failed = sig_failed_.load();
     g.model_errors = sig_model_errors_.load();
     g.tool_errors = tool_runner_.errors();
-    g.store_errors = sig_store_errors_.load();
+    g.store_errors = log_.failures();
     return g;
 }
 
@@ -471,7 +490,7 @@ void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reas
     s.gen.cancel.reset();
     s.gen.started_ms = 0;
     ++s.gen.id;  // late engine events of the old generation are ignored
-    checkpoint(s, {}, [this](Session & ss) {
+    log_.checkpoint(s, {}, [this](Session & ss) {
         count_outcome(ss);
         ss.stream.end();
     });
@@ -513,12 +532,12 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
         m.role = "user";
         m.content = input;
         s.transcript.messages.push_back(m);
-        b.steps.push_back(step_record(s, "user_input", common::json_text(json{{"content", input}})));
+        b.steps.push_back(log_.step(s, "user_input", common::json_text(json{{"content", input}})));
         apply(s, SessionEvent::Start);
     } else {
         apply(s, SessionEvent::AwaitInput);
     }
-    checkpoint(
+    log_.checkpoint(
         s, std::move(b),
         [this, done](Session & ss) {
             done({200, {}, ss.id});
@@ -552,8 +571,8 @@ void SessionManager::add_message(const std::string & id, const std::string & ten
     m.content = text;
     s->transcript.messages.push_back(m);
     store::Batch b;
-    b.steps.push_back(step_record(*s, "user_input", common::json_text(json{{"content", text}})));
-    checkpoint(
+    b.steps.push_back(log_.step(*s, "user_input", common::json_text(json{{"content", text}})));
+    log_.checkpoint(
         *s, std::move(b),
         [this, done](Session & ss) {
             done({200, {}, ss.id});
@@ -601,7 +620,7 @@ std::optional<SessionView> SessionManager::get(const std::string & id, const std
         auto rec = store_.session(id);
         if (!rec || rec->owner != tenant || rec->agent_id.rfind('@', 0) == 0) return std::nullopt;
         steps = store_.steps(id);
-        auto s = rebuild(*rec, steps);
+        auto s = SessionLog::rebuild(*rec, steps, engine_.kv_bytes_per_token());
         if (!s) return std::nullopt;
         v.id = s->id;
         v.agent_id = s->agent_id;
@@ -643,7 +662,7 @@ void SessionManager::cancel(const std::string & id, const std::string & tenant, 
         engine_.wake();
     }
     fail(*s, SessionEvent::Cancel, "cancelled by the client");
-    persist(
+    log_.persist(
         *s, {},
         [done](Session & ss) {
             done({200, {}, ss.id});
@@ -668,7 +687,7 @@ void SessionManager::erase(const std::string & id, const std::string & tenant, s
     s->erased = true;  // from now on it is not found; the delete below is the last batch
     store::Batch b;
     b.erase.push_back(id);
-    persist(
+    log_.persist(
         *s, std::move(b),
         [this, done](Session & ss) {
             ss.stream.end();

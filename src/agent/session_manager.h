@@ -3,8 +3,10 @@
 #include "agent/agent_registry.h"
 #include "agent/agent_spec.h"
 #include "agent/event_stream.h"
+#include "agent/outcome.h"
 #include "agent/ports.h"
 #include "agent/prompt_builder.h"
+#include "agent/session_log.h"
 #include "agent/session_state.h"
 #include "agent/tool_runner.h"
 #include "engine/chat_format.h"
@@ -55,15 +57,6 @@ struct SessionView {
 //! How a session moved here from another node (cluster mode: a drain or a rebalance), recorded
 //! as its "moved" step.
 using MoveNote = engine::KvArrival;
-
-//! Outcome of a request to the manager; `status` is an HTTP-like code (200, 400, 403, 404, 409,
-//! 429, 503).
-struct Outcome {
-    int status = 200;
-    std::string error;
-    std::string id;
-    int retry_after_s = 0;  // with 429/503
-};
 
 //! Settings of the manager.
 struct SessionOptions {
@@ -131,15 +124,16 @@ struct Session;  // session.h: the session in named parts
 //! Memory holds the open sessions, and ended ones only while something uses them (a commit,
 //! a stream); an ended session is read from the store when asked for.
 //!
-//! Parts: the table, its lock and the public requests are in session_manager.cpp; the session
-//! log (records, checkpoints, the outbox, rebuilding from the store) in session_log.cpp; model
-//! steps, local or on a pool, in step_runner.cpp; tool calls and the lease gate in the
-//! `ToolRunner` (tool_runner.h), to which the manager is the host; resume, adopt, moves and fencing in placement.cpp. `Session` (session.h)
-//! keeps each part's state in a member of its own.
+//! Parts: the table, its lock and the public requests are in session_manager.cpp; model steps,
+//! local or on a pool, in step_runner.cpp; resume, adopt, moves and fencing in placement.cpp.
+//! Two parts are classes of their own, to which the manager is the host: the session log
+//! (`SessionLog`, session_log.h: records, checkpoints, the outbox, rebuilding from the store)
+//! and the tool runner (`ToolRunner`, tool_runner.h: tool calls and the lease gate). `Session`
+//! (session.h) keeps each part's state in a member of its own.
 //!
 //! Tenants: `tenant` names the caller's tenant. A session, and an agent declared through the
 //! API, belong to one tenant; another tenant is told they do not exist.
-class SessionManager : private ToolRunner::Host {
+class SessionManager : private ToolRunner::Host, private SessionLog::Host {
   public:
     SessionManager(engine::ChatFormat & format, GenerationPort & engine, store::Store & store,
                    tools::ToolTransport & tools, boost::asio::any_io_executor io, obs::Registry & metrics,
@@ -303,22 +297,6 @@ class SessionManager : private ToolRunner::Host {
     void post(std::function<void()> fn, const boost::asio::any_io_executor & on = {});
     void after_ms(int ms, std::function<void()> fn);
 
-    // ---- the session log (session_log.cpp) ----
-    std::unique_ptr<Session> rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps);
-    store::SessionRecord record(const Session & s) const;
-    store::StepRecord step_record(Session & s, const std::string & kind, const std::string & payload,
-                                  const std::string & key = {});
-    //! Writes `b` with the session record (and a state step when the state changed), then runs
-    //! `after`; the batch's steps become events once durable.
-    //! `reply`, if given, answers the caller waiting for this batch when the session is fenced
-    //! before it is written (`after` then never runs).
-    void checkpoint(Session & s, store::Batch b, std::function<void(Session &)> after = {},
-                    std::function<void(Outcome)> reply = {});
-    void persist(Session & s, store::Batch b, std::function<void(Session &)> after,
-                 std::function<void(Outcome)> reply = {});
-    void send_next(Session & s);
-    void on_committed(const std::string & id, store::Status st);
-
     // ---- the step runner (step_runner.cpp) ----
     void model_step(Session & s);
     //! A piece of the step's reply. From a pool (`from_pool`), an empty piece voids the text so far.
@@ -341,9 +319,12 @@ class SessionManager : private ToolRunner::Host {
     void begin_turn(Session & s);
     void end_turn(Session & s, const std::string & error);
 
-    // ---- the tool runner's host (session_manager.cpp) ----
+    // ---- the host of the session log and the tool runner (session_manager.cpp) ----
     void later(int ms, std::function<void()> fn) override;
+    void later_unlocked(int ms, std::function<void()> fn) override;
     Session * session(const std::string & id) override;
+    void fenced(Session & s, const std::string & why) override;
+    void written(Session & s) override;
     bool may_call(const Session & s) const override;
     void confirm_held(Session & s, std::function<void(Session &)> then) override;
     void finished(Session & s, const PendingCall & pc, const tools::ToolResult & r, bool all) override;
@@ -393,12 +374,12 @@ class SessionManager : private ToolRunner::Host {
     std::vector<Minute> window_;  // guarded by mu_
     //! False once the manager is gone; read by engine, tool, store and pool threads.
     std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
-    ToolRunner tool_runner_;  // after alive_, which it is given
+    SessionLog log_;          // after alive_, which it is given
+    ToolRunner tool_runner_;  // the same
     std::atomic<size_t> fenced_{0};
     std::atomic<double> step_ms_{0};  // recent_step_ms()
     // signals()
-    std::atomic<int64_t> sig_steps_{0}, sig_step_us_{0}, sig_completed_{0}, sig_failed_{0}, sig_model_errors_{0},
-        sig_store_errors_{0};
+    std::atomic<int64_t> sig_steps_{0}, sig_step_us_{0}, sig_completed_{0}, sig_failed_{0}, sig_model_errors_{0};
 };
 
 }  // namespace armada::agent

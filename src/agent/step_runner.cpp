@@ -436,9 +436,9 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
     s.transcript.messages.push_back(msg);
 
     store::Batch b;
-    b.steps.push_back(step_record(s, "model_output", common::json_text(out)));
+    b.steps.push_back(log_.step(s, "model_output", common::json_text(out)));
     for (const auto & pc : s.tools.calls) {
-        b.steps.push_back(step_record(
+        b.steps.push_back(log_.step(
             s, "tool_call",
             common::json_text(json{
                 {"step", step}, {"id", pc.call.call_id}, {"name", pc.call.name}, {"arguments", pc.call.arguments}}),
@@ -446,7 +446,7 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
     }
     const bool calls = !s.tools.calls.empty();
     apply(s, calls ? SessionEvent::ToolsCalled : SessionEvent::Answered);
-    checkpoint(s, std::move(b), [this, calls](Session & ss) {
+    log_.checkpoint(s, std::move(b), [this, calls](Session & ss) {
         if (calls) {
             tool_runner_.run(ss);
         } else {
