@@ -35,9 +35,9 @@ void SessionManager::drop_fenced(Session & s, const std::string & why) {
     // the brain's `migrate` span. Anything else is a fence.
     if (draining_ || s.place.leaving_ms > 0) {
         if (s.trace.turn) s.trace.turn->set("armada.handed_off", true);
-        end_turn(s, {});
+        step_runner_.end_turn(s, {});
     } else {
-        end_turn(s, "fenced: another node holds the session now");
+        step_runner_.end_turn(s, "fenced: another node holds the session now");
     }
     s.stream.end();
     count_state(s.state, -1);
@@ -389,15 +389,15 @@ void SessionManager::resume_loaded(Session & s) {
             // Completed calls keep their recorded results; the rest go out again with the same key.
             if (ps->tools.all_done()) {
                 apply(*ps, SessionEvent::ToolsDone);
-                log_.checkpoint(*ps, {}, [this](Session & ss) { model_step(ss); });
+                log_.checkpoint(*ps, {}, [this](Session & ss) { step_runner_.run(ss); });
             } else {
                 tool_runner_.run(*ps);
             }
         } else if (ps->state == SessionState::Queued) {
             apply(*ps, SessionEvent::Start);
-            log_.checkpoint(*ps, {}, [this](Session & ss) { model_step(ss); });
+            log_.checkpoint(*ps, {}, [this](Session & ss) { step_runner_.run(ss); });
         } else if (ps->state == SessionState::Running) {
-            model_step(*ps);
+            step_runner_.run(*ps);
         }
     }
 }

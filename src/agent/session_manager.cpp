@@ -55,6 +55,8 @@ SessionManager::SessionManager(engine::ChatFormat & format, GenerationPort & eng
       opt_(opt),
       agents_(store, clock, !opt.node.empty()),
       log_(*this, store, metrics, clock, alive_, SessionLog::Options{opt.node, opt.cell}),
+      step_runner_(*this, format, engine, metrics, clock, io_, alive_,
+                   StepRunner::Options{opt.node, opt.model, opt.pool, opt.test_step_errors, opt.on_tokens}),
       tool_runner_(*this, tools, engine, metrics, alive_,
                    ToolRunner::Options{opt.lease_current, opt.hold_tools, opt.kv_hold}) {
     for (const char * o : {"completed", "failed", "cancelled"}) {
@@ -106,6 +108,34 @@ void SessionManager::later(int ms, std::function<void()> fn) {
     later_unlocked(ms, [this, fn = std::move(fn)] {
         std::lock_guard lk(mu_);
         fn();
+    });
+}
+
+void SessionManager::locked(const std::function<void()> & fn) {
+    std::lock_guard lk(mu_);
+    fn();
+}
+
+void SessionManager::stepped(Session & s, const std::string & output) {
+    store::Batch b;
+    b.steps.push_back(log_.step(s, "model_output", output));
+    for (const auto & pc : s.tools.calls) {
+        b.steps.push_back(log_.step(s, "tool_call",
+                                    common::json_text(json{{"step", s.transcript.model_steps},
+                                                           {"id", pc.call.call_id},
+                                                           {"name", pc.call.name},
+                                                           {"arguments", pc.call.arguments}}),
+                                    pc.call.idempotency_key));
+    }
+    const bool calls = !s.tools.calls.empty();
+    apply(s, calls ? SessionEvent::ToolsCalled : SessionEvent::Answered);
+    log_.checkpoint(s, std::move(b), [this, calls](Session & ss) {
+        if (calls) {
+            tool_runner_.run(ss);
+        } else {
+            step_runner_.end_turn(ss, {});
+            count_outcome(ss);
+        }
     });
 }
 
@@ -167,13 +197,13 @@ void SessionManager::finished(Session & s, const PendingCall & pc, const tools::
                                   pc.call.idempotency_key));
     if (all) apply(s, SessionEvent::ToolsDone);
     log_.checkpoint(s, std::move(b), [this, all](Session & ss) {
-        if (all && ss.state == SessionState::Running) model_step(ss);
+        if (all && ss.state == SessionState::Running) step_runner_.run(ss);
     });
 }
 
 void SessionManager::put_operator_agent(AgentSpec spec) {
     std::lock_guard lk(mu_);
-    std::erase_if(prefixes_, [&](const auto & kv) { return kv.first.rfind("|" + spec.id + "|", 0) == 0; });
+    step_runner_.forget_agent({}, spec.id);
     agents_.put_operator(std::move(spec));
 }
 
@@ -219,8 +249,7 @@ void SessionManager::declare_agent(AgentSpec spec, const std::string & tenant, s
             const std::string id = spec.id, tenant = spec.tenant;
             {
                 std::lock_guard lk(mu_);
-                std::erase_if(prefixes_,
-                              [&](const auto & kv) { return kv.first.rfind(tenant + "|" + id + "|", 0) == 0; });
+                step_runner_.forget_agent(tenant, id);
                 agents_.put_declared(std::move(spec));
             }
             done({200, {}, id});
@@ -457,11 +486,11 @@ void SessionManager::update_survival() {
 
 StepSignals SessionManager::signals() const {
     StepSignals g;
-    g.steps = sig_steps_.load();
-    g.step_s = double(sig_step_us_.load()) / 1e6;
+    g.steps = step_runner_.steps();
+    g.step_s = double(step_runner_.step_us()) / 1e6;
     g.completed = sig_completed_.load();
     g.failed = sig_failed_.load();
-    g.model_errors = sig_model_errors_.load();
+    g.model_errors = step_runner_.errors();
     g.tool_errors = tool_runner_.errors();
     g.store_errors = log_.failures();
     return g;
@@ -485,7 +514,7 @@ void SessionManager::count_outcome(const Session & s) {
 
 void SessionManager::fail(Session & s, SessionEvent ev, const std::string & reason) {
     if (!apply(s, ev, reason)) return;
-    end_turn(s, s.state == SessionState::Cancelled ? std::string() : reason);
+    step_runner_.end_turn(s, s.state == SessionState::Cancelled ? std::string() : reason);
     if (s.gen.cancel) s.gen.cancel->store(true);
     s.gen.cancel.reset();
     s.gen.started_ms = 0;
@@ -541,7 +570,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
         s, std::move(b),
         [this, done](Session & ss) {
             done({200, {}, ss.id});
-            if (ss.state == SessionState::Running) model_step(ss);
+            if (ss.state == SessionState::Running) step_runner_.run(ss);
         },
         done);
 }
@@ -576,7 +605,7 @@ void SessionManager::add_message(const std::string & id, const std::string & ten
         *s, std::move(b),
         [this, done](Session & ss) {
             done({200, {}, ss.id});
-            model_step(ss);
+            step_runner_.run(ss);
         },
         done);
 }

@@ -8,6 +8,7 @@
 #include "agent/prompt_builder.h"
 #include "agent/session_log.h"
 #include "agent/session_state.h"
+#include "agent/step_runner.h"
 #include "agent/tool_runner.h"
 #include "engine/chat_format.h"
 #include "engine/kv_arrival.h"
@@ -124,16 +125,17 @@ struct Session;  // session.h: the session in named parts
 //! Memory holds the open sessions, and ended ones only while something uses them (a commit,
 //! a stream); an ended session is read from the store when asked for.
 //!
-//! Parts: the table, its lock and the public requests are in session_manager.cpp; model steps,
-//! local or on a pool, in step_runner.cpp; resume, adopt, moves and fencing in placement.cpp.
-//! Two parts are classes of their own, to which the manager is the host: the session log
-//! (`SessionLog`, session_log.h: records, checkpoints, the outbox, rebuilding from the store)
-//! and the tool runner (`ToolRunner`, tool_runner.h: tool calls and the lease gate). `Session`
-//! (session.h) keeps each part's state in a member of its own.
+//! Parts: the table, its lock and the public requests are in session_manager.cpp; resume, adopt,
+//! moves and fencing in placement.cpp. Three parts are classes of their own, to which the
+//! manager is the host: the session log (`SessionLog`, session_log.h: records, checkpoints, the
+//! outbox, rebuilding from the store), the step runner (`StepRunner`, step_runner.h: model
+//! steps, here or on a pool, and the turn's spans) and the tool runner (`ToolRunner`,
+//! tool_runner.h: tool calls and the lease gate). `Session` (session.h) keeps each part's state
+//! in a member of its own.
 //!
 //! Tenants: `tenant` names the caller's tenant. A session, and an agent declared through the
 //! API, belong to one tenant; another tenant is told they do not exist.
-class SessionManager : private ToolRunner::Host, private SessionLog::Host {
+class SessionManager : private SessionLog::Host, private StepRunner::Host, private ToolRunner::Host {
   public:
     SessionManager(engine::ChatFormat & format, GenerationPort & engine, store::Store & store,
                    tools::ToolTransport & tools, boost::asio::any_io_executor io, obs::Registry & metrics,
@@ -263,7 +265,7 @@ class SessionManager : private ToolRunner::Host, private SessionLog::Host {
     //! Open sessions in memory by state (queued, running, waiting_tool, waiting_input).
     std::map<std::string, int> live_by_state() const;
     //! Model steps' recent latency on this node (a moving average, ms); 0 before the first.
-    double recent_step_ms() const { return step_ms_.load(std::memory_order_relaxed); }
+    double recent_step_ms() const { return step_runner_.recent_ms(); }
     StepSignals signals() const;
     //! Open sessions in memory: (id, tenant).
     std::vector<std::pair<std::string, std::string>> live_owners() const;
@@ -286,7 +288,7 @@ class SessionManager : private ToolRunner::Host, private SessionLog::Host {
     //! Whether another node that lives holds `rec` (cluster mode): `held` says which.
     bool held_by_other(const store::SessionRecord & rec, HeldElsewhere & held) const;
     bool apply(Session & s, SessionEvent ev, const std::string & reason = {});
-    void fail(Session & s, SessionEvent ev, const std::string & reason);
+    void fail(Session & s, SessionEvent ev, const std::string & reason) override;
     void count_outcome(const Session & s);
     void count_state(SessionState st, int delta);
     void note_ended(SessionState st, int64_t at_ms);
@@ -297,30 +299,10 @@ class SessionManager : private ToolRunner::Host, private SessionLog::Host {
     void post(std::function<void()> fn, const boost::asio::any_io_executor & on = {});
     void after_ms(int ms, std::function<void()> fn);
 
-    // ---- the step runner (step_runner.cpp) ----
-    void model_step(Session & s);
-    //! A piece of the step's reply. From a pool (`from_pool`), an empty piece voids the text so far.
-    void on_model_text(const std::string & id, uint64_t gen, std::string text, bool from_pool = false);
-    void on_model_done(const std::string & id, uint64_t gen, engine::GenEvent ev);
-    //! Sends the step to `pool` (SessionOptions::pool); `on_pool_done` takes the answer.
-    void delegate_step(Session & s, const std::string & pool, std::vector<common_chat_tool> tools,
-                       const engine::SamplingOptions & so);
-    void on_pool_done(const std::string & id, uint64_t gen, PoolStepResult r);
-    //! The session whose model step `gen` is still the one under way; null when it is gone, ended
-    //! or moved on (a late callback). mu_ held.
-    Session * running_step(const std::string & id, uint64_t gen);
-    //! A model step that ended: parse its calls (or take `call`), record where it ran, checkpoint.
-    void finish_step(Session & s, const engine::GenEvent & ev, const std::string & where, const std::string & upstream,
-                     std::optional<common_chat_msg> call);
-    int32_t shared_prefix(const Session & s, const AgentSpec & a, const std::vector<common_chat_tool> & tools,
-                          common_chat_tool_choice choice);
-    // Traces: a turn is one `invoke_agent` span, with a `chat` span per model step and an
-    // `execute_tool` span per tool call under it.
-    void begin_turn(Session & s);
-    void end_turn(Session & s, const std::string & error);
-
-    // ---- the host of the session log and the tool runner (session_manager.cpp) ----
+    // ---- the host of the session log, the step runner and the tool runner (session_manager.cpp) ----
     void later(int ms, std::function<void()> fn) override;
+    void locked(const std::function<void()> & fn) override;
+    void stepped(Session & s, const std::string & output) override;
     void later_unlocked(int ms, std::function<void()> fn) override;
     Session * session(const std::string & id) override;
     void fenced(Session & s, const std::string & why) override;
@@ -359,7 +341,6 @@ class SessionManager : private ToolRunner::Host, private SessionLog::Host {
 
     mutable std::mutex mu_;
     AgentRegistry agents_;                                      // its own lock, taken inside mu_
-    std::map<std::string, engine::Tokens> prefixes_;            // tenant|agent|choice → shared prefix; mu_
     std::map<std::string, std::unique_ptr<Session>> sessions_;  // guarded by mu_
     uint64_t next_sub_ = 1;                                     // guarded by mu_
     bool draining_ = false;                                     // guarded by mu_
@@ -375,11 +356,11 @@ class SessionManager : private ToolRunner::Host, private SessionLog::Host {
     //! False once the manager is gone; read by engine, tool, store and pool threads.
     std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
     SessionLog log_;          // after alive_, which it is given
+    StepRunner step_runner_;  // the same
     ToolRunner tool_runner_;  // the same
     std::atomic<size_t> fenced_{0};
-    std::atomic<double> step_ms_{0};  // recent_step_ms()
     // signals()
-    std::atomic<int64_t> sig_steps_{0}, sig_step_us_{0}, sig_completed_{0}, sig_failed_{0}, sig_model_errors_{0};
+    std::atomic<int64_t> sig_completed_{0}, sig_failed_{0};
 };
 
 }  // namespace armada::agent

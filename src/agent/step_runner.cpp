@@ -1,6 +1,8 @@
 // The step runner: builds a model step's prompt, runs it on this node's engine or a GPU pool,
 // and turns its reply into tool calls or an answer. Also the turn's trace spans.
 
+#include "agent/step_runner.h"
+
 #include "agent/session.h"
 
 #include "agent/transcript_json.h"
@@ -20,8 +22,31 @@ namespace armada::agent {
 using json = nlohmann::json;
 namespace net = boost::asio;
 
-int32_t SessionManager::shared_prefix(const Session & s, const AgentSpec & a,
-                                      const std::vector<common_chat_tool> & tools, common_chat_tool_choice choice) {
+StepRunner::StepRunner(Host & host, engine::ChatFormat & format, GenerationPort & engine, obs::Registry & metrics,
+                       const Clock & clock, net::any_io_executor io, std::shared_ptr<std::atomic<bool>> alive,
+                       Options opt)
+    : host_(host),
+      format_(format),
+      engine_(engine),
+      metrics_(metrics),
+      clock_(clock),
+      io_(std::move(io)),
+      alive_(std::move(alive)),
+      opt_(std::move(opt)) {}
+
+void StepRunner::hand_over(const net::any_io_executor & strand, std::function<void()> fn) {
+    net::post(strand, [this, alive = alive_, fn = std::move(fn)] {
+        if (*alive) host_.locked(fn);
+    });
+}
+
+void StepRunner::forget_agent(const std::string & tenant, const std::string & id) {
+    const std::string key = tenant + "|" + id + "|";
+    std::erase_if(prefixes_, [&](const auto & kv) { return kv.first.rfind(key, 0) == 0; });
+}
+
+int32_t StepRunner::shared_prefix(const Session & s, const AgentSpec & a, const std::vector<common_chat_tool> & tools,
+                                  common_chat_tool_choice choice) {
     // The agent's instructions and tool schemas render the same way for every session: find
     // those tokens once per agent and tool_choice, by rendering two different user messages and
     // keeping what they share.
@@ -51,7 +76,7 @@ int32_t SessionManager::shared_prefix(const Session & s, const AgentSpec & a,
     return s.gen.turn ? shared_prefix_length(it->second, s.gen.turn->prompt) : 0;
 }
 
-void SessionManager::begin_turn(Session & s) {
+void StepRunner::begin_turn(Session & s) {
     if (s.trace.turn) return;
     const std::string agent = s.agent ? s.agent->id : s.agent_id;
     s.trace.turn = obs::Span::start("invoke_agent " + agent, obs::SpanKind::internal, s.trace.parent);
@@ -69,7 +94,7 @@ void SessionManager::begin_turn(Session & s) {
     s.trace.turn_completion_tokens = s.transcript.completion_tokens;
 }
 
-void SessionManager::end_turn(Session & s, const std::string & error) {
+void StepRunner::end_turn(Session & s, const std::string & error) {
     auto tracer = obs::tracer();
     const std::string why = error.empty() ? std::string("the turn ended") : error;
     if (s.trace.step) {
@@ -93,23 +118,23 @@ void SessionManager::end_turn(Session & s, const std::string & error) {
     s.trace.turn.reset();
 }
 
-void SessionManager::model_step(Session & s) {
+void StepRunner::run(Session & s) {
     // Draining: the session is checkpointed between steps and goes on at the next start (or on
     // the node it moves to). Offered to move: it waits for the move, or for `stay_unmoved`.
-    if (draining_ || s.place.leaving_ms > 0) return;
+    if (!host_.may_call(s)) return;
     begin_turn(s);
-    if (!s.agent) return fail(s, SessionEvent::Error, "its agent '" + s.agent_id + "' no longer exists");
+    if (!s.agent) return host_.fail(s, SessionEvent::Error, "its agent '" + s.agent_id + "' no longer exists");
     const AgentSpec & a = *s.agent;
     if (s.transcript.model_steps >= a.limits.max_steps) {
-        return fail(s, SessionEvent::LimitReached, "max_steps (" + std::to_string(a.limits.max_steps) + ") reached");
+        return host_.fail(s, SessionEvent::LimitReached, "max_steps (" + std::to_string(a.limits.max_steps) + ") reached");
     }
     if (a.limits.token_budget > 0 &&
         s.transcript.prompt_tokens + s.transcript.completion_tokens >= a.limits.token_budget) {
-        return fail(s, SessionEvent::LimitReached,
+        return host_.fail(s, SessionEvent::LimitReached,
                     "token budget (" + std::to_string(a.limits.token_budget) + ") spent");
     }
     if (a.limits.deadline_s > 0 && clock_.now_ms() - s.created_ms > int64_t(a.limits.deadline_s) * 1000) {
-        return fail(s, SessionEvent::LimitReached, "deadline (" + std::to_string(a.limits.deadline_s) + " s) passed");
+        return host_.fail(s, SessionEvent::LimitReached, "deadline (" + std::to_string(a.limits.deadline_s) + " s) passed");
     }
     // The prompt (agent/prompt_builder.h): instructions, then the transcript with the oldest
     // `dropped` tool outputs replaced by a note (compaction; the stored transcript keeps them).
@@ -168,7 +193,7 @@ void SessionManager::model_step(Session & s) {
                        ? " even with tool outputs older than the newest " + std::to_string(a.limits.keep_tool_outputs) +
                              " removed"
                        : "; set limits.keep_tool_outputs to compact old tool outputs instead of failing";
-            return fail(s, SessionEvent::LimitReached, why);
+            return host_.fail(s, SessionEvent::LimitReached, why);
         }
         if (!s.trace.step) {
             const std::string model = !a.model.empty() ? a.model : opt_.model;
@@ -182,10 +207,10 @@ void SessionManager::model_step(Session & s) {
             s.trace.step->set("armada.step", int64_t(s.transcript.model_steps + 1));
             if (!opt_.node.empty()) s.trace.step->set("armada.node", opt_.node);
         }
-        if (!pool.empty()) return delegate_step(s, pool, std::move(tools), so);
+        if (!pool.empty()) return delegate(s, pool, std::move(tools), so);
         req = format_.request(*s.gen.turn, so, engine_.n_ctx_seq(), engine::choice_seed(so, 0));
     } catch (const std::exception & e) {
-        return fail(s, SessionEvent::Error, std::string("cannot run the model step: ") + e.what());
+        return host_.fail(s, SessionEvent::Error, std::string("cannot run the model step: ") + e.what());
     }
     req->session = s.id;
     req->account = s.owner;
@@ -202,29 +227,26 @@ void SessionManager::model_step(Session & s) {
                  strand = net::any_io_executor(net::make_strand(io_))](engine::GenEvent && ev) {
         if (!*alive) return;
         if (ev.kind == engine::GenEvent::Kind::Text) {
-            post([this, id, gen, t = std::move(ev.text)]() mutable { on_model_text(id, gen, std::move(t)); }, strand);
+            hand_over(strand, [this, id, gen, t = std::move(ev.text)]() mutable { on_text(id, gen, std::move(t)); });
         } else {
-            post([this, id, gen, ev = std::move(ev)]() mutable { on_model_done(id, gen, std::move(ev)); }, strand);
+            hand_over(strand, [this, id, gen, ev = std::move(ev)]() mutable { on_done(id, gen, std::move(ev)); });
         }
     };
     const auto st = engine_.submit(std::move(req));
     if (st == engine::SubmitStatus::QueueFull) {
         // The engine is full: the step waits and tries again; the session keeps its place.
         s.gen.cancel.reset();
-        after_ms(200, [this, id = s.id, gen] {
-            std::lock_guard lk(mu_);
-            auto it = sessions_.find(id);
-            if (it != sessions_.end() && it->second->gen.id == gen && it->second->state == SessionState::Running) {
-                model_step(*it->second);
-            }
+        host_.later(200, [this, id = s.id, gen] {
+            Session * again = host_.session(id);
+            if (again && again->gen.id == gen && again->state == SessionState::Running) run(*again);
         });
     } else if (st == engine::SubmitStatus::Stopped) {
         s.gen.cancel.reset();
     }
 }
 
-void SessionManager::delegate_step(Session & s, const std::string & pool, std::vector<common_chat_tool> tools,
-                                   const engine::SamplingOptions & so) {
+void StepRunner::delegate(Session & s, const std::string & pool, std::vector<common_chat_tool> tools,
+                          const engine::SamplingOptions & so) {
     const uint64_t gen = ++s.gen.id;
     s.gen.text.clear();
     s.gen.cancel = std::make_shared<std::atomic<bool>>(false);
@@ -249,25 +271,21 @@ void SessionManager::delegate_step(Session & s, const std::string & pool, std::v
         std::move(step),
         [this, alive = alive_, id = s.id, gen, strand](std::string text) {
             if (*alive)
-                post([this, id, gen, t = std::move(text)]() mutable { on_model_text(id, gen, std::move(t), true); },
-                     strand);
+                hand_over(strand, [this, id, gen, t = std::move(text)]() mutable { on_text(id, gen, std::move(t), true); });
         },
         [this, alive = alive_, id = s.id, gen, strand](PoolStepResult r) {
-            if (*alive)
-                post([this, id, gen, r = std::move(r)]() mutable { on_pool_done(id, gen, std::move(r)); }, strand);
+            if (*alive) hand_over(strand, [this, id, gen, r = std::move(r)]() mutable { on_pool_done(id, gen, std::move(r)); });
         });
 }
 
-Session * SessionManager::running_step(const std::string & id, uint64_t gen) {
-    auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second->gen.id != gen || it->second->state != SessionState::Running)
-        return nullptr;
-    return it->second.get();
+Session * StepRunner::running(const std::string & id, uint64_t gen) {
+    Session * s = host_.session(id);
+    if (!s || s->gen.id != gen || s->state != SessionState::Running) return nullptr;
+    return s;
 }
 
-void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStepResult r) {
-    std::lock_guard lk(mu_);
-    Session * step = running_step(id, gen);
+void StepRunner::on_pool_done(const std::string & id, uint64_t gen, PoolStepResult r) {
+    Session * step = running(id, gen);
     if (!step) return;
     Session & s = *step;
     const obs::LogScope log_scope(s.id, s.trace.context());
@@ -289,21 +307,20 @@ void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStep
         if (fits) {
             s.gen.pool_local = true;
             s.gen.pool_fallback = s.gen.pool + "-unavailable";
-            return model_step(s);
+            return run(s);
         }
         if (++s.gen.pool_waits > 3) {
-            return fail(s, SessionEvent::Error,
+            return host_.fail(s, SessionEvent::Error,
                         "pool '" + s.gen.pool + "' is unavailable and the step's prompt (" +
                             std::to_string(s.gen.turn->prompt.size()) + " tokens) does not fit this node's context (" +
                             std::to_string(engine_.n_ctx_seq()) + ")");
         }
         s.gen.cancel = std::make_shared<std::atomic<bool>>(false);  // busy while it waits
-        after_ms(1000 * s.gen.pool_waits, [this, id = s.id, gen] {
-            std::lock_guard lk2(mu_);
-            auto it2 = sessions_.find(id);
-            if (it2 == sessions_.end() || it2->second->gen.id != gen) return;
-            it2->second->gen.cancel.reset();
-            if (it2->second->state == SessionState::Running) model_step(*it2->second);
+        host_.later(1000 * s.gen.pool_waits, [this, id = s.id, gen] {
+            Session * again = host_.session(id);
+            if (!again || again->gen.id != gen) return;
+            again->gen.cancel.reset();
+            if (again->state == SessionState::Running) run(*again);
         });
         return;
     }
@@ -314,14 +331,13 @@ void SessionManager::on_pool_done(const std::string & id, uint64_t gen, PoolStep
     ev.n_prompt = r.n_prompt;
     ev.n_generated = r.n_generated;
     ev.ttft_s = r.ttft_s;
-    finish_step(s, ev, s.gen.pool, r.upstream, std::move(r.call));
+    finish(s, ev, s.gen.pool, r.upstream, std::move(r.call));
 }
 
-void SessionManager::on_model_text(const std::string & id, uint64_t gen, std::string text, bool from_pool) {
-    std::lock_guard lk(mu_);
-    auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second->gen.id != gen) return;
-    Session & s = *it->second;
+void StepRunner::on_text(const std::string & id, uint64_t gen, std::string text, bool from_pool) {
+    Session * found = host_.session(id);
+    if (!found || found->gen.id != gen) return;
+    Session & s = *found;
     if (text.empty() && from_pool) {
         // A pool's upstream failed midway: the step starts again, and its tokens so far are void.
         s.gen.text.clear();
@@ -333,9 +349,8 @@ void SessionManager::on_model_text(const std::string & id, uint64_t gen, std::st
     s.stream.transient("token", common::json_text(json{{"text", text}}));
 }
 
-void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine::GenEvent ev) {
-    std::lock_guard lk(mu_);
-    Session * step = running_step(id, gen);
+void StepRunner::on_done(const std::string & id, uint64_t gen, engine::GenEvent ev) {
+    Session * step = running(id, gen);
     if (!step) return;
     Session & s = *step;
     const obs::LogScope log_scope(s.id, s.trace.context());
@@ -348,16 +363,16 @@ void SessionManager::on_model_done(const std::string & id, uint64_t gen, engine:
         ev.error = "injected by --test-step-errors";
     }
     if (ev.finish == engine::FinishReason::Error) {
-        sig_steps_++;  // counted, timed with its retry (which keeps the first try's start)
-        sig_model_errors_++;
-        if (++s.gen.engine_retries > 2) return fail(s, SessionEvent::Error, "the model failed: " + ev.error);
-        return model_step(s);
+        steps_++;  // counted, timed with its retry (which keeps the first try's start)
+        errors_++;
+        if (++s.gen.engine_retries > 2) return host_.fail(s, SessionEvent::Error, "the model failed: " + ev.error);
+        return run(s);
     }
-    finish_step(s, ev, "cpu", {}, std::nullopt);
+    finish(s, ev, "cpu", {}, std::nullopt);
 }
 
-void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const std::string & where,
-                                 const std::string & upstream, std::optional<common_chat_msg> call) {
+void StepRunner::finish(Session & s, const engine::GenEvent & ev, const std::string & where, const std::string & upstream,
+                        std::optional<common_chat_msg> call) {
     // A copy: `where` may be the session's `step_pool`, which is cleared below.
     const std::string ran_on = where;  // NOLINT(performance-unnecessary-copy-initialization)
     common_chat_msg msg = call ? std::move(*call) : format_.parse(*s.gen.turn, s.gen.text, false);
@@ -371,9 +386,9 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
         spdlog::warn("session {}: a step that must call a tool produced no whole call ({}, {} tokens): {}", s.id,
                      engine::finish_reason_name(ev.finish), ev.n_generated, s.gen.text.substr(0, 300));
         if (++s.gen.engine_retries > 2) {
-            return fail(s, SessionEvent::Error, "the model produced no complete tool call in a step that requires one");
+            return host_.fail(s, SessionEvent::Error, "the model produced no complete tool call in a step that requires one");
         }
-        return model_step(s);
+        return run(s);
     }
     s.gen.engine_retries = 0;
     const int32_t step = ++s.transcript.model_steps;
@@ -406,8 +421,8 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
         // A moving average over about the last 20 steps (queueing included: what a session waits).
         const double took = double(clock_.now_ms() - s.gen.started_ms), was = step_ms_.load();
         step_ms_.store(was == 0 ? took : was + (took - was) / 20);
-        sig_steps_++;
-        sig_step_us_ += int64_t(took * 1000);
+        steps_++;
+        step_us_ += int64_t(took * 1000);
     }
     s.gen.started_ms = 0;
     if (!ev.kv_source.empty()) out["kv_source"] = ev.kv_source;
@@ -435,25 +450,7 @@ void SessionManager::finish_step(Session & s, const engine::GenEvent & ev, const
     }
     s.transcript.messages.push_back(msg);
 
-    store::Batch b;
-    b.steps.push_back(log_.step(s, "model_output", common::json_text(out)));
-    for (const auto & pc : s.tools.calls) {
-        b.steps.push_back(log_.step(
-            s, "tool_call",
-            common::json_text(json{
-                {"step", step}, {"id", pc.call.call_id}, {"name", pc.call.name}, {"arguments", pc.call.arguments}}),
-            pc.call.idempotency_key));
-    }
-    const bool calls = !s.tools.calls.empty();
-    apply(s, calls ? SessionEvent::ToolsCalled : SessionEvent::Answered);
-    log_.checkpoint(s, std::move(b), [this, calls](Session & ss) {
-        if (calls) {
-            tool_runner_.run(ss);
-        } else {
-            end_turn(ss, {});
-            count_outcome(ss);
-        }
-    });
+    host_.stepped(s, common::json_text(out));
 }
 
 }  // namespace armada::agent
