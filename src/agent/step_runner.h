@@ -3,6 +3,7 @@
 // The step runner: builds a model step's prompt, runs it on this node's engine or a GPU pool,
 // and turns its reply into tool calls or an answer. Also the turn's trace spans.
 
+#include "agent/agent_spec.h"
 #include "agent/ports.h"
 #include "agent/session_state.h"
 #include "engine/chat_format.h"

@@ -105,17 +105,17 @@ engine::GenEvent text_event(const std::string & text) {
     return ev;
 }
 
-struct Fixture : ::testing::Test {
+struct StepRunnerTest : ::testing::Test {
     static engine::ChatFormat & format() {
         static engine::ChatFormat f(armada::testing::tiny_model());
         return f;
     }
+    boost::asio::io_context io;  // first: the requests and pool runs below hold strands of it
     ScriptedHost host;
     KeepingEngine engine;
     ScriptedPool pool;
     obs::Registry metrics;
     SystemClock clock;
-    boost::asio::io_context io;
     std::shared_ptr<std::atomic<bool>> alive = std::make_shared<std::atomic<bool>>(true);
     std::unique_ptr<StepRunner> runner;
 
@@ -157,7 +157,7 @@ struct Fixture : ::testing::Test {
 
 }  // namespace
 
-TEST_F(Fixture, AStepGoesToTheEngineAsTheSessionsAndItsReplyToTheHost) {
+TEST_F(StepRunnerTest, AStepGoesToTheEngineAsTheSessionsAndItsReplyToTheHost) {
     make_runner();
     Session & s = running("sess_a");
     runner->run(s);
@@ -184,7 +184,7 @@ TEST_F(Fixture, AStepGoesToTheEngineAsTheSessionsAndItsReplyToTheHost) {
     EXPECT_EQ(runner->steps(), 1);
 }
 
-TEST_F(Fixture, ALimitEndsTheSessionInsteadOfAStep) {
+TEST_F(StepRunnerTest, ALimitEndsTheSessionInsteadOfAStep) {
     make_runner();
     Session & s = running("sess_b", 2);
     s.transcript.model_steps = 2;
@@ -201,7 +201,7 @@ TEST_F(Fixture, ALimitEndsTheSessionInsteadOfAStep) {
     EXPECT_EQ(host.failures.size(), 1u);
 }
 
-TEST_F(Fixture, AFullEngineIsAskedAgainAndAFailingOneTwiceMore) {
+TEST_F(StepRunnerTest, AFullEngineIsAskedAgainAndAFailingOneTwiceMore) {
     make_runner();
     Session & s = running("sess_d");
     engine.answer = engine::SubmitStatus::QueueFull;
@@ -222,7 +222,7 @@ TEST_F(Fixture, AFullEngineIsAskedAgainAndAFailingOneTwiceMore) {
     EXPECT_EQ(runner->errors(), 3);
 }
 
-TEST_F(Fixture, AnEventOfAStepThatIsNoLongerUnderWayIsDropped) {
+TEST_F(StepRunnerTest, AnEventOfAStepThatIsNoLongerUnderWayIsDropped) {
     make_runner();
     Session & s = running("sess_e");
     runner->run(s);
@@ -242,7 +242,7 @@ TEST_F(Fixture, AnEventOfAStepThatIsNoLongerUnderWayIsDropped) {
     EXPECT_EQ(host.outputs[0]["content"].get<std::string>(), "fresh");
 }
 
-TEST_F(Fixture, APoolThatCannotRunTheStepLeavesItToThisNode) {
+TEST_F(StepRunnerTest, APoolThatCannotRunTheStepLeavesItToThisNode) {
     make_runner(true);
     pool.to = "gpu";
     Session & s = running("sess_f");
@@ -266,7 +266,7 @@ TEST_F(Fixture, APoolThatCannotRunTheStepLeavesItToThisNode) {
     EXPECT_EQ(host.outputs[0]["pool_fallback"].get<std::string>(), "gpu-unavailable");
 }
 
-TEST_F(Fixture, APoolsStreamThatBreaksOffIsVoidedAndItsAnswerTaken) {
+TEST_F(StepRunnerTest, APoolsStreamThatBreaksOffIsVoidedAndItsAnswerTaken) {
     make_runner(true);
     pool.to = "gpu";
     Session & s = running("sess_g");

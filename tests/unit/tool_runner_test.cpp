@@ -92,7 +92,7 @@ tools::ToolResult result(const std::string & content, int attempts = 1, double l
     return r;
 }
 
-struct Fixture : ::testing::Test {
+struct ToolRunnerTest : ::testing::Test {
     ScriptedHost host;
     RecordingTransport transport;
     HoldingEngine engine;
@@ -145,7 +145,7 @@ struct Fixture : ::testing::Test {
 
 }  // namespace
 
-TEST_F(Fixture, SendsEachCallOnceWithTheAgentsCapAndSkipsFinishedOnes) {
+TEST_F(ToolRunnerTest, SendsEachCallOnceWithTheAgentsCapAndSkipsFinishedOnes) {
     make_runner(false);
     Session & s = waiting("sess_a", {"search", "fetch"});
     s.tools.calls[0].done = true;  // its result is in the log already (a resumed session)
@@ -175,7 +175,7 @@ TEST_F(Fixture, SendsEachCallOnceWithTheAgentsCapAndSkipsFinishedOnes) {
     EXPECT_EQ(host.finished_calls.size(), 1u);
 }
 
-TEST_F(Fixture, TheLastOfSeveralCallsIsTheOneThatSaysAll) {
+TEST_F(ToolRunnerTest, TheLastOfSeveralCallsIsTheOneThatSaysAll) {
     make_runner(false);
     Session & s = waiting("sess_b", {"search", "fetch"});
     runner->run(s);
@@ -188,7 +188,7 @@ TEST_F(Fixture, TheLastOfSeveralCallsIsTheOneThatSaysAll) {
     EXPECT_TRUE(host.finished_calls[1].all);
 }
 
-TEST_F(Fixture, NoCallGoesOutUntilTheLeaseIsCurrentAndTheStoreConfirmsTheSession) {
+TEST_F(ToolRunnerTest, NoCallGoesOutUntilTheLeaseIsCurrentAndTheStoreConfirmsTheSession) {
     make_runner(true);
     lease = false;
     Session & s = waiting("sess_c", {"search"});
@@ -219,7 +219,7 @@ TEST_F(Fixture, NoCallGoesOutUntilTheLeaseIsCurrentAndTheStoreConfirmsTheSession
     EXPECT_FALSE(transport.sent[0].call.may_send());
 }
 
-TEST_F(Fixture, AWaitEndsWithoutACallWhenTheSessionStopsWaitingOrMayNotCall) {
+TEST_F(ToolRunnerTest, AWaitEndsWithoutACallWhenTheSessionStopsWaitingOrMayNotCall) {
     make_runner(true);
     lease = false;
     Session & s = waiting("sess_d", {"search"});
@@ -253,7 +253,7 @@ TEST_F(Fixture, AWaitEndsWithoutACallWhenTheSessionStopsWaitingOrMayNotCall) {
     EXPECT_TRUE(transport.sent.empty());
 }
 
-TEST_F(Fixture, ARetryThatCameBackUnsentWaitsForTheLeaseAndKeepsItsAttempts) {
+TEST_F(ToolRunnerTest, ARetryThatCameBackUnsentWaitsForTheLeaseAndKeepsItsAttempts) {
     make_runner(true);
     Session & s = waiting("sess_g", {"search"});
     runner->run(s);
@@ -281,7 +281,7 @@ TEST_F(Fixture, ARetryThatCameBackUnsentWaitsForTheLeaseAndKeepsItsAttempts) {
     EXPECT_EQ(host.finished_calls[0].attempts, 3);
 }
 
-TEST_F(Fixture, AResultForASessionNoLongerWaitingIsStrayAndAnUnknownToolIsAnError) {
+TEST_F(ToolRunnerTest, AResultForASessionNoLongerWaitingIsStrayAndAnUnknownToolIsAnError) {
     make_runner(false);
     Session & s = waiting("sess_h", {"search"});
     runner->run(s);
@@ -301,7 +301,7 @@ TEST_F(Fixture, AResultForASessionNoLongerWaitingIsStrayAndAnUnknownToolIsAnErro
     EXPECT_NE(host.finished_calls[0].content.find("no tool named 'made_up'"), std::string::npos);
 }
 
-TEST_F(Fixture, KvIsHeldForWhatThisTenantsToolUsuallyTakes) {
+TEST_F(ToolRunnerTest, KvIsHeldForWhatThisTenantsToolUsuallyTakes) {
     make_runner(false);
     for (int i = 0; i < 3; ++i) {
         Session & s = waiting("sess_j" + std::to_string(i), {"search"});
@@ -324,7 +324,7 @@ TEST_F(Fixture, KvIsHeldForWhatThisTenantsToolUsuallyTakes) {
     EXPECT_EQ(engine.holds[1].second, unseen);  // another tenant's tool of the same name
 }
 
-TEST_F(Fixture, NoResultReachesATableThatIsGone) {
+TEST_F(ToolRunnerTest, NoResultReachesATableThatIsGone) {
     make_runner(false);
     Session & s = waiting("sess_m", {"search"});
     runner->run(s);
