@@ -24,7 +24,8 @@ SessionLog::SessionLog(Host & host, store::SessionLog & store, obs::Registry & m
                        std::shared_ptr<std::atomic<bool>> alive, Options opt)
     : host_(host), store_(store), metrics_(metrics), clock_(clock), alive_(std::move(alive)), opt_(std::move(opt)) {}
 
-std::unique_ptr<Session> SessionLog::rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps,
+std::unique_ptr<Session> SessionLog::rebuild(const store::SessionRecord & r,
+                                             const std::vector<store::StepRecord> & steps,
                                              uint64_t kv_bytes_per_token) {
     const auto st = parse_state(r.state);
     if (!st) {

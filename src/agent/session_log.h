@@ -58,8 +58,8 @@ class SessionLog {
 
     //! A session as its record and steps say (every durable step, in order, once); null when
     //! the record's state is unknown. `kv_bytes_per_token` sizes its KV history.
-    static std::unique_ptr<Session> rebuild(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps,
-                                            uint64_t kv_bytes_per_token);
+    static std::unique_ptr<Session> rebuild(const store::SessionRecord & r,
+                                            const std::vector<store::StepRecord> & steps, uint64_t kv_bytes_per_token);
     //! The session's row as of now.
     store::SessionRecord record(const Session & s) const;
     //! The session's next step, numbered.

@@ -188,13 +188,13 @@ void SessionManager::finished(Session & s, const PendingCall & pc, const tools::
 
     store::Batch b;
     b.steps.push_back(log_.step(s, "tool_result",
-                                  common::json_text(json{{"call_id", pc.call.call_id},
-                                                         {"name", pc.call.name},
-                                                         {"content", r.content},
-                                                         {"is_error", r.is_error},
-                                                         {"http_status", r.http_status},
-                                                         {"attempts", pc.sent_before + r.attempts}}),
-                                  pc.call.idempotency_key));
+                                common::json_text(json{{"call_id", pc.call.call_id},
+                                                       {"name", pc.call.name},
+                                                       {"content", r.content},
+                                                       {"is_error", r.is_error},
+                                                       {"http_status", r.http_status},
+                                                       {"attempts", pc.sent_before + r.attempts}}),
+                                pc.call.idempotency_key));
     if (all) apply(s, SessionEvent::ToolsDone);
     log_.checkpoint(s, std::move(b), [this, all](Session & ss) {
         if (all && ss.state == SessionState::Running) step_runner_.run(ss);
@@ -355,7 +355,7 @@ std::optional<Outcome> SessionManager::held_elsewhere(const std::string & id, co
 }
 
 Session * SessionManager::find_or_load(std::unique_lock<std::mutex> & lk, const std::string & id,
-                                                       const std::string & tenant, HeldElsewhere * held) {
+                                       const std::string & tenant, HeldElsewhere * held) {
     if (sessions_.count(id)) return find(id, tenant);
     // Not in memory: an ended session, one another node holds, or none. Read it without holding
     // the lock.

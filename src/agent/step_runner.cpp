@@ -126,15 +126,17 @@ void StepRunner::run(Session & s) {
     if (!s.agent) return host_.fail(s, SessionEvent::Error, "its agent '" + s.agent_id + "' no longer exists");
     const AgentSpec & a = *s.agent;
     if (s.transcript.model_steps >= a.limits.max_steps) {
-        return host_.fail(s, SessionEvent::LimitReached, "max_steps (" + std::to_string(a.limits.max_steps) + ") reached");
+        return host_.fail(s, SessionEvent::LimitReached,
+                          "max_steps (" + std::to_string(a.limits.max_steps) + ") reached");
     }
     if (a.limits.token_budget > 0 &&
         s.transcript.prompt_tokens + s.transcript.completion_tokens >= a.limits.token_budget) {
         return host_.fail(s, SessionEvent::LimitReached,
-                    "token budget (" + std::to_string(a.limits.token_budget) + ") spent");
+                          "token budget (" + std::to_string(a.limits.token_budget) + ") spent");
     }
     if (a.limits.deadline_s > 0 && clock_.now_ms() - s.created_ms > int64_t(a.limits.deadline_s) * 1000) {
-        return host_.fail(s, SessionEvent::LimitReached, "deadline (" + std::to_string(a.limits.deadline_s) + " s) passed");
+        return host_.fail(s, SessionEvent::LimitReached,
+                          "deadline (" + std::to_string(a.limits.deadline_s) + " s) passed");
     }
     // The prompt (agent/prompt_builder.h): instructions, then the transcript with the oldest
     // `dropped` tool outputs replaced by a note (compaction; the stored transcript keeps them).
@@ -271,10 +273,12 @@ void StepRunner::delegate(Session & s, const std::string & pool, std::vector<com
         std::move(step),
         [this, alive = alive_, id = s.id, gen, strand](std::string text) {
             if (*alive)
-                hand_over(strand, [this, id, gen, t = std::move(text)]() mutable { on_text(id, gen, std::move(t), true); });
+                hand_over(strand,
+                          [this, id, gen, t = std::move(text)]() mutable { on_text(id, gen, std::move(t), true); });
         },
         [this, alive = alive_, id = s.id, gen, strand](PoolStepResult r) {
-            if (*alive) hand_over(strand, [this, id, gen, r = std::move(r)]() mutable { on_pool_done(id, gen, std::move(r)); });
+            if (*alive)
+                hand_over(strand, [this, id, gen, r = std::move(r)]() mutable { on_pool_done(id, gen, std::move(r)); });
         });
 }
 
@@ -311,9 +315,10 @@ void StepRunner::on_pool_done(const std::string & id, uint64_t gen, PoolStepResu
         }
         if (++s.gen.pool_waits > 3) {
             return host_.fail(s, SessionEvent::Error,
-                        "pool '" + s.gen.pool + "' is unavailable and the step's prompt (" +
-                            std::to_string(s.gen.turn->prompt.size()) + " tokens) does not fit this node's context (" +
-                            std::to_string(engine_.n_ctx_seq()) + ")");
+                              "pool '" + s.gen.pool + "' is unavailable and the step's prompt (" +
+                                  std::to_string(s.gen.turn->prompt.size()) +
+                                  " tokens) does not fit this node's context (" + std::to_string(engine_.n_ctx_seq()) +
+                                  ")");
         }
         s.gen.cancel = std::make_shared<std::atomic<bool>>(false);  // busy while it waits
         host_.later(1000 * s.gen.pool_waits, [this, id = s.id, gen] {
@@ -371,8 +376,8 @@ void StepRunner::on_done(const std::string & id, uint64_t gen, engine::GenEvent 
     finish(s, ev, "cpu", {}, std::nullopt);
 }
 
-void StepRunner::finish(Session & s, const engine::GenEvent & ev, const std::string & where, const std::string & upstream,
-                        std::optional<common_chat_msg> call) {
+void StepRunner::finish(Session & s, const engine::GenEvent & ev, const std::string & where,
+                        const std::string & upstream, std::optional<common_chat_msg> call) {
     // A copy: `where` may be the session's `step_pool`, which is cleared below.
     const std::string ran_on = where;  // NOLINT(performance-unnecessary-copy-initialization)
     common_chat_msg msg = call ? std::move(*call) : format_.parse(*s.gen.turn, s.gen.text, false);
@@ -386,7 +391,8 @@ void StepRunner::finish(Session & s, const engine::GenEvent & ev, const std::str
         spdlog::warn("session {}: a step that must call a tool produced no whole call ({}, {} tokens): {}", s.id,
                      engine::finish_reason_name(ev.finish), ev.n_generated, s.gen.text.substr(0, 300));
         if (++s.gen.engine_retries > 2) {
-            return host_.fail(s, SessionEvent::Error, "the model produced no complete tool call in a step that requires one");
+            return host_.fail(s, SessionEvent::Error,
+                              "the model produced no complete tool call in a step that requires one");
         }
         return run(s);
     }

@@ -62,7 +62,6 @@ std::string ToolRunner::hold_key(const Session & s, const std::string & tool) {
 }
 
 void ToolRunner::send(Session & s) {
-
     std::vector<std::string> sent;  // the hold keys of the tools called now
     for (auto & pc : s.tools.calls) {
         if (pc.started || pc.done) continue;
@@ -99,9 +98,9 @@ void ToolRunner::send(Session & s) {
         tools::ToolCall call = pc.call;
         call.may_send = opt_.lease_current;
         transport_.call(capped, call,
-                    [this, alive = alive_, id = s.id, key = pc.call.idempotency_key](tools::ToolResult r) {
-                        if (*alive) host_.later(0, [this, id, key, r = std::move(r)] { on_result(id, key, r); });
-                    });
+                        [this, alive = alive_, id = s.id, key = pc.call.idempotency_key](tools::ToolResult r) {
+                            if (*alive) host_.later(0, [this, id, key, r = std::move(r)] { on_result(id, key, r); });
+                        });
     }
     // The session's KV waits in its sequence for as long as these tools usually take, and is
     // parked at once when they usually take too long for that to be worth a sequence.

@@ -2,8 +2,8 @@
 // test says), an engine that keeps each request for the test to answer through its sink, and a
 // pool whose routing and answers the test sets.
 
-#include "agent/session.h"
 #include "agent/step_runner.h"
+#include "agent/session.h"
 #include "model/tiny_model.h"
 
 #include <gtest/gtest.h>
@@ -128,7 +128,9 @@ struct StepRunnerTest : ::testing::Test {
     Session & running(const std::string & id, int32_t max_steps = 10) {
         auto spec = std::make_shared<AgentSpec>();
         spec->id = "worker";
-        spec->instructions = "Answer briefly.";
+        spec->instructions =
+            "You are a careful assistant for the operations team. Answer briefly, cite the tool you used, and "
+            "never guess a number you were not given.";  // long enough to share (16 tokens at least)
         spec->limits.max_steps = max_steps;
         spec->limits.max_tokens_per_step = 16;
         auto s = std::make_unique<Session>();

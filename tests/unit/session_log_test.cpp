@@ -1,8 +1,8 @@
 // The agent's session log alone: rebuilding a session from its steps, and writing its batches one
 // at a time, in order, through a store whose commits complete when the test says.
 
-#include "agent/session.h"
 #include "agent/session_log.h"
+#include "agent/session.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -122,7 +122,8 @@ struct SessionLogTest : ::testing::Test {
     }
     //! Adds the types of the events the session's subscriber sees to `seen`.
     static void subscribe(Session & s, std::vector<std::string> & seen) {
-        s.stream.subscribe(1, [&seen](const SessionEventRecord & ev) { seen.push_back(ev.type); }, [] {});
+        s.stream.subscribe(
+            1, [&seen](const SessionEventRecord & ev) { seen.push_back(ev.type); }, [] {});
     }
 };
 
@@ -230,7 +231,7 @@ TEST_F(SessionLogTest, BatchesGoOneAtATimeInOrderAndBecomeEventsOnlyOnceDurable)
     EXPECT_EQ(after, std::vector<int>{1});
     EXPECT_EQ((std::vector<std::string>{"message", "state"}), seen);
     EXPECT_EQ(s.log.durable.state, SessionState::Completed);
-    ASSERT_EQ(store.held.size(), 1u);  // now the second
+    ASSERT_EQ(store.held.size(), 1u);                 // now the second
     EXPECT_EQ(store.held[0].batch.steps.size(), 1u);  // no state step: the state did not change again
     store.complete();
     table.run_timers();

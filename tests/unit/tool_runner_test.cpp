@@ -1,8 +1,8 @@
 // The tool runner alone: a scripted host (its timers and the store's confirmations run when the
 // test says), a transport that records every call it is given, and an engine that records holds.
 
-#include "agent/session.h"
 #include "agent/tool_runner.h"
+#include "agent/session.h"
 
 #include <gtest/gtest.h>
 
@@ -21,7 +21,7 @@ class ScriptedHost : public ToolRunner::Host {
   public:
     std::map<std::string, std::unique_ptr<Session>> sessions;
     std::vector<std::pair<int, std::function<void()>>> timers;  // (ms, handler), run by the test
-    std::vector<std::function<void(Session &)>> confirms;        // fenced writes asked for
+    std::vector<std::function<void(Session &)>> confirms;       // fenced writes asked for
     std::string confirm_for;
     bool calls_allowed = true;
     struct Finished {
