@@ -140,7 +140,7 @@ class SessionManager : private SessionLog::Host, private StepRunner::Host, priva
     SessionManager(engine::ChatFormat & format, GenerationPort & engine, store::Store & store,
                    tools::ToolTransport & tools, boost::asio::any_io_executor io, obs::Registry & metrics,
                    const Clock & clock, SessionOptions opt = {});
-    ~SessionManager();
+    ~SessionManager() override;
 
     // ---- agents ----
     //! Registers an agent from the operator's file (visible to every tenant, read-only).
