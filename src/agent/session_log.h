@@ -5,6 +5,7 @@
 
 #include "agent/outcome.h"
 #include "agent/ports.h"
+#include "agent/session_table.h"
 #include "obs/metrics.h"
 #include "store/store.h"
 
@@ -29,18 +30,12 @@ struct Session;
 //! gives its host; the store's callbacks only post.
 class SessionLog {
   public:
-    //! What the log needs of the table that holds the sessions.
-    class Host {
+    //! What the log needs of the table that holds the sessions, beyond `later` and `session`.
+    class Host : public SessionTable {
       public:
-        virtual ~Host() = default;
-        //! Runs `fn` with the table's lock held after `ms` (0: as soon as it can), unless the
-        //! table is gone by then.
-        virtual void later(int ms, std::function<void()> fn) = 0;
         //! Runs `fn` without the lock after `ms`, unless the table is gone by then: for calls
         //! that may block.
         virtual void later_unlocked(int ms, std::function<void()> fn) = 0;
-        //! The session `id` if the table still has it.
-        virtual Session * session(const std::string & id) = 0;
         //! The store refused a batch of `s`: another node holds it now (`why`).
         virtual void fenced(Session & s, const std::string & why) = 0;
         //! A batch of `s` is durable and its `after` has run: the host may let it go.

@@ -5,6 +5,7 @@
 
 #include "agent/agent_spec.h"
 #include "agent/ports.h"
+#include "agent/session_table.h"
 #include "agent/session_state.h"
 #include "engine/chat_format.h"
 #include "obs/metrics.h"
@@ -34,17 +35,11 @@ struct Session;
 //! gives its host; the engine's and the pool's events reach it through one strand per step.
 class StepRunner {
   public:
-    //! What the runner needs of the table that holds the sessions.
-    class Host {
+    //! What the runner needs of the table that holds the sessions, beyond `later` and `session`.
+    class Host : public SessionTable {
       public:
-        virtual ~Host() = default;
-        //! Runs `fn` with the table's lock held after `ms` (0: as soon as it can), unless the
-        //! table is gone by then.
-        virtual void later(int ms, std::function<void()> fn) = 0;
         //! Runs `fn` now, with the table's lock held.
         virtual void locked(const std::function<void()> & fn) = 0;
-        //! The session `id` if the table still has it.
-        virtual Session * session(const std::string & id) = 0;
         //! Whether the session may start a step now (the node is not draining, and the session
         //! is not leaving for another node: it is checkpointed between steps and goes on there).
         virtual bool may_call(const Session & s) const = 0;

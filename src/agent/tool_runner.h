@@ -4,6 +4,7 @@
 // current, and hands each result to the table that owns the session.
 
 #include "agent/ports.h"
+#include "agent/session_table.h"
 #include "engine/scheduler.h"
 #include "obs/metrics.h"
 #include "tools/tool_transport.h"
@@ -48,15 +49,9 @@ struct ToolCalls {
 //! gives its host; the transport's callbacks only post.
 class ToolRunner {
   public:
-    //! What the runner needs of the table that holds the sessions.
-    class Host {
+    //! What the runner needs of the table that holds the sessions, beyond `later` and `session`.
+    class Host : public SessionTable {
       public:
-        virtual ~Host() = default;
-        //! Runs `fn` with the table's lock held after `ms` (0: as soon as it can), unless the
-        //! table is gone by then.
-        virtual void later(int ms, std::function<void()> fn) = 0;
-        //! The session `id` if the table still has it.
-        virtual Session * session(const std::string & id) = 0;
         //! Whether the session may start calls now (the node is not draining, and the session is
         //! not leaving for another node: its calls are in the log, and its next node sends them).
         virtual bool may_call(const Session & s) const = 0;
