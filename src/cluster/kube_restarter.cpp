@@ -189,7 +189,10 @@ void KubeRestarter::work() {
             continue;
         }
         if (next->second.due > clock::now()) {
-            cv_.wait_until(lk, next->second.due);
+            // A copy: the wait lets go of the lock, and the job may be dropped meanwhile
+            // (`forget_except`), taking its `due` with it.
+            const clock::time_point due = next->second.due;
+            cv_.wait_until(lk, due);
             continue;
         }
         Job job = next->second;
