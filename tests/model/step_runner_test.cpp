@@ -4,6 +4,7 @@
 
 #include "agent/step_runner.h"
 #include "agent/session.h"
+#include "mocks/scripted_table.h"
 #include "model/tiny_model.h"
 
 #include <gtest/gtest.h>
@@ -23,37 +24,19 @@ using json = nlohmann::json;
 
 namespace {
 
-class ScriptedHost : public StepRunner::Host {
+class ScriptedHost : public armada::testing::ScriptedTable<StepRunner::Host> {
   public:
-    std::map<std::string, std::unique_ptr<Session>> sessions;
-    std::vector<std::pair<int, std::function<void()>>> timers;
     bool steps_allowed = true;
     std::vector<std::pair<SessionEvent, std::string>> failures;
     std::vector<json> outputs;
 
-    void later(int ms, std::function<void()> fn) override { timers.emplace_back(ms, std::move(fn)); }
     void locked(const std::function<void()> & fn) override { fn(); }
-    Session * session(const std::string & id) override {
-        auto it = sessions.find(id);
-        return it == sessions.end() ? nullptr : it->second.get();
-    }
     bool may_call(const Session &) const override { return steps_allowed; }
     void fail(Session & s, SessionEvent ev, const std::string & reason) override {
         failures.emplace_back(ev, reason);
         s.state = SessionState::Failed;
     }
     void stepped(Session &, const std::string & output) override { outputs.push_back(json::parse(output)); }
-
-    std::vector<int> run_timers() {
-        auto now = std::move(timers);
-        timers.clear();
-        std::vector<int> ms;
-        for (auto & [d, fn] : now) {
-            ms.push_back(d);
-            fn();
-        }
-        return ms;
-    }
 };
 
 class KeepingEngine : public GenerationPort {

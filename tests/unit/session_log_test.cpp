@@ -3,6 +3,7 @@
 
 #include "agent/session_log.h"
 #include "agent/session.h"
+#include "mocks/scripted_table.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -52,34 +53,18 @@ class HeldCommits : public store::SessionLog {
     }
 };
 
-class ScriptedTable : public SessionLog::Host {
+class ScriptedLogHost : public armada::testing::ScriptedTable<SessionLog::Host> {
   public:
-    std::map<std::string, std::unique_ptr<Session>> sessions;
-    std::vector<std::pair<int, std::function<void()>>> timers;  // run by the test
     std::vector<int> unlocked_delays;
     std::vector<std::string> fenced_why;
     int written_count = 0;
 
-    void later(int ms, std::function<void()> fn) override { timers.emplace_back(ms, std::move(fn)); }
     void later_unlocked(int ms, std::function<void()> fn) override {
         unlocked_delays.push_back(ms);
         timers.emplace_back(ms, std::move(fn));
     }
-    Session * session(const std::string & id) override {
-        auto it = sessions.find(id);
-        return it == sessions.end() ? nullptr : it->second.get();
-    }
     void fenced(Session &, const std::string & why) override { fenced_why.push_back(why); }
     void written(Session &) override { ++written_count; }
-
-    void run_timers() {
-        while (!timers.empty()) {
-            auto now = std::move(timers);
-            timers.clear();
-            for (auto & t : now)
-                t.second();
-        }
-    }
 };
 
 class FixedClock : public Clock {
@@ -100,7 +85,7 @@ store::StepRecord step(int64_t seq, const std::string & kind, const json & paylo
 
 struct SessionLogTest : ::testing::Test {
     HeldCommits store;
-    ScriptedTable table;
+    ScriptedLogHost table;
     obs::Registry metrics;
     FixedClock clock;
     std::shared_ptr<std::atomic<bool>> alive = std::make_shared<std::atomic<bool>>(true);
@@ -227,14 +212,14 @@ TEST_F(SessionLogTest, BatchesGoOneAtATimeInOrderAndBecomeEventsOnlyOnceDurable)
     EXPECT_TRUE(s.busy());
 
     store.complete();
-    table.run_timers();
+    table.run_all_timers();
     EXPECT_EQ(after, std::vector<int>{1});
     EXPECT_EQ((std::vector<std::string>{"message", "state"}), seen);
     EXPECT_EQ(s.log.durable.state, SessionState::Completed);
     ASSERT_EQ(store.held.size(), 1u);                 // now the second
     EXPECT_EQ(store.held[0].batch.steps.size(), 1u);  // no state step: the state did not change again
     store.complete();
-    table.run_timers();
+    table.run_all_timers();
     EXPECT_EQ(after, (std::vector<int>{1, 2}));
     EXPECT_EQ(table.written_count, 2);
     EXPECT_FALSE(s.busy());
@@ -248,7 +233,7 @@ TEST_F(SessionLogTest, AFailedBatchIsWrittenAgainAfterRecoveryAndNothingIsAcknow
     b.steps.push_back(log->step(s, "user_input", json{{"content", "x"}}.dump()));
     log->checkpoint(s, std::move(b), [&](Session &) { ++after; });
     store.complete(store::Status::Error("disk full"));
-    table.run_timers();  // the posted result, the pause (without the lock), the retry
+    table.run_all_timers();  // the posted result, the pause (without the lock), the retry
     EXPECT_EQ(after, 0);
     EXPECT_EQ(store.recovers, 1);
     ASSERT_EQ(table.unlocked_delays.size(), 1u);
@@ -257,7 +242,7 @@ TEST_F(SessionLogTest, AFailedBatchIsWrittenAgainAfterRecoveryAndNothingIsAcknow
     ASSERT_EQ(store.held.size(), 1u);  // the same batch again
     EXPECT_EQ(store.held[0].batch.steps[0].seq, 1);
     store.complete();
-    table.run_timers();
+    table.run_all_timers();
     EXPECT_EQ(after, 1);
     EXPECT_EQ(s.log.commit_failures, 0);
 }
@@ -272,7 +257,7 @@ TEST_F(SessionLogTest, InAClusterEveryBatchIsFencedOrClaimsAndARefusalStopsTheSe
     EXPECT_EQ(store.held[0].batch.fences[0].node, "node-a");
     EXPECT_EQ(store.held[0].batch.fences[0].epoch, 4);
     store.complete();
-    table.run_timers();
+    table.run_all_timers();
 
     s.place.claim = 6;  // taking it over from a node that is gone
     int after = 0;
@@ -281,14 +266,14 @@ TEST_F(SessionLogTest, InAClusterEveryBatchIsFencedOrClaimsAndARefusalStopsTheSe
     EXPECT_EQ(store.held[0].batch.assign[0].epoch, 7);
     EXPECT_EQ(store.held[0].batch.assign[0].cell, "cell0");
     store.complete();
-    table.run_timers();
+    table.run_all_timers();
     EXPECT_EQ(s.place.epoch, 7);
     EXPECT_EQ(s.place.claim, -1);
     EXPECT_EQ(after, 1);
 
     log->persist(s, {}, [&](Session &) { ++after; });
     store.complete(store::Status::Fenced("node-b holds it under epoch 8"));
-    table.run_timers();
+    table.run_all_timers();
     EXPECT_EQ(after, 1);  // never runs
     ASSERT_EQ(table.fenced_why.size(), 1u);
     EXPECT_EQ(table.fenced_why[0], "node-b holds it under epoch 8");

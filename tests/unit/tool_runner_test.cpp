@@ -3,6 +3,7 @@
 
 #include "agent/tool_runner.h"
 #include "agent/session.h"
+#include "mocks/scripted_table.h"
 
 #include <gtest/gtest.h>
 
@@ -17,11 +18,9 @@ using namespace armada::agent;
 
 namespace {
 
-class ScriptedHost : public ToolRunner::Host {
+class ScriptedHost : public armada::testing::ScriptedTable<ToolRunner::Host> {
   public:
-    std::map<std::string, std::unique_ptr<Session>> sessions;
-    std::vector<std::pair<int, std::function<void()>>> timers;  // (ms, handler), run by the test
-    std::vector<std::function<void(Session &)>> confirms;       // fenced writes asked for
+    std::vector<std::function<void(Session &)>> confirms;  // fenced writes asked for
     std::string confirm_for;
     bool calls_allowed = true;
     struct Finished {
@@ -32,11 +31,6 @@ class ScriptedHost : public ToolRunner::Host {
     std::vector<Finished> finished_calls;
     int strays = 0;
 
-    void later(int ms, std::function<void()> fn) override { timers.emplace_back(ms, std::move(fn)); }
-    Session * session(const std::string & id) override {
-        auto it = sessions.find(id);
-        return it == sessions.end() ? nullptr : it->second.get();
-    }
     bool may_call(const Session &) const override { return calls_allowed; }
     void confirm_held(Session & s, std::function<void(Session &)> then) override {
         confirm_for = s.id;
@@ -46,18 +40,6 @@ class ScriptedHost : public ToolRunner::Host {
         finished_calls.push_back({pc.call.idempotency_key, r.content, r.is_error, all, pc.sent_before + r.attempts});
     }
     void stray_result(Session &) override { ++strays; }
-
-    //! Runs the handlers queued so far (not those they queue), and returns their delays.
-    std::vector<int> run_timers() {
-        auto now = std::move(timers);
-        timers.clear();
-        std::vector<int> ms;
-        for (auto & [d, fn] : now) {
-            ms.push_back(d);
-            fn();
-        }
-        return ms;
-    }
 };
 
 class RecordingTransport : public tools::ToolTransport {
