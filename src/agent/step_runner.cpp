@@ -297,7 +297,7 @@ void StepRunner::on_pool_done(const std::string & id, uint64_t gen, PoolStepResu
     if (r.cancelled) return;
     if (!r.ran) {
         // The pool could not take it: the step runs here if it fits (or can be compacted to fit:
-        // model_step then applies the node's cap), else waits for the pool.
+        // `run` then applies the node's cap), else waits for the pool.
         const bool compacts = s.agent && s.agent->limits.keep_tool_outputs >= 0;
         const bool fits = compacts || int64_t(s.gen.turn->prompt.size()) < int64_t(engine_.n_ctx_seq()) - 1;
         metrics_

@@ -92,9 +92,9 @@ void ToolRunner::send(Session & s) {
         sp.set("gen_ai.conversation.id", s.id);
         pc.call.traceparent = sp.context().traceparent();
         s.trace.tools[pc.call.idempotency_key] = std::move(sp);
-        // Its retries check this node's lease too (the first attempt went through run_tools): a
+        // Its retries check this node's lease too (the first attempt went through `run`): a
         // retry due while the lease is not current comes back unsent, and goes out again the way
-        // the first did (on_tool_done).
+        // the first did (`on_result`).
         tools::ToolCall call = pc.call;
         call.may_send = opt_.lease_current;
         transport_.call(capped, call,
