@@ -1,6 +1,8 @@
 // Placement: where a session runs. Resuming after a restart, a brain's assignment (adopt), a
 // move offered with its KV, the level-triggered catch-up, and a session fenced by another node.
 
+#include "agent/placement.h"
+
 #include "agent/session.h"
 
 #include "common/json_fields.h"
@@ -16,7 +18,18 @@ namespace armada::agent {
 
 using json = nlohmann::json;
 
-void SessionManager::drop_fenced(Session & s, const std::string & why) {
+Placement::Placement(Host & host, store::Store & store, GenerationPort & engine, SessionLog & log,
+                     AgentRegistry & agents, obs::Registry & metrics, const Clock & clock, Options opt)
+    : host_(host),
+      store_(store),
+      engine_(engine),
+      log_(log),
+      agents_(agents),
+      metrics_(metrics),
+      clock_(clock),
+      opt_(std::move(opt)) {}
+
+void Placement::drop_fenced(Session & s, const std::string & why) {
     spdlog::warn("session {}: fenced ({}); another node holds it now, so it stops here", s.id, why);
     ++fenced_;
     metrics_.counter("armada_sessions_fenced_total", "Sessions stopped because another node took them over").inc();
@@ -24,29 +37,34 @@ void SessionManager::drop_fenced(Session & s, const std::string & why) {
         s.gen.cancel->store(true);
         engine_.wake();
     }
-    // Draining, the session moved away between steps: its KV journal stays until the node that
-    // took it has fetched it.
-    engine_.release(s.id, !draining_ && s.place.leaving_ms == 0);
+    // A move this node offered (or a drain) hands the turn on: the next node continues it, under
+    // the brain's `migrate` span. Anything else is a fence.
+    const bool handed_on = host_.draining() || s.place.leaving_ms > 0;
+    // Handed on between steps, its KV journal stays until the node that took it has fetched it.
+    engine_.release(s.id, !handed_on);
     for (auto & p : s.log.outbox) {
         if (p.reply) p.reply({409, "session '" + s.id + "' moved to another node; retry the request", s.id, 1});
     }
     s.log.outbox.clear();
-    // A move this node offered (or a drain) hands the turn on: the next node continues it, under
-    // the brain's `migrate` span. Anything else is a fence.
-    if (draining_ || s.place.leaving_ms > 0) {
-        if (s.trace.turn) s.trace.turn->set("armada.handed_off", true);
-        step_runner_.end_turn(s, {});
-    } else {
-        step_runner_.end_turn(s, "fenced: another node holds the session now");
-    }
-    s.stream.end();
-    count_state(s.state, -1);
-    const std::string id = s.id;
-    sessions_.erase(id);
-    sync_memory_gauge();
+    if (handed_on && s.trace.turn) s.trace.turn->set("armada.handed_off", true);
+    host_.drop(s, handed_on ? std::string() : "fenced: another node holds the session now");
 }
 
-size_t SessionManager::resume_all() {
+void Placement::go_on(Session & s) {
+    s.place.started = true;
+    host_.resume(s);
+}
+
+std::unique_ptr<Session> Placement::rebuilt(const store::SessionRecord & r,
+                                            const std::vector<store::StepRecord> & steps, int64_t epoch) {
+    auto sp = SessionLog::rebuild(r, steps, engine_.kv_bytes_per_token());
+    if (!sp) return nullptr;
+    sp->agent = agents_.lookup(r.owner, r.agent_id);
+    sp->place.epoch = epoch;
+    return sp;
+}
+
+size_t Placement::resume_all() {
     // Only open sessions: ended ones stay in the store until someone asks for them.
     const auto records = store_.sessions_not_in(kEnded);
     size_t resumed = 0;
@@ -59,30 +77,26 @@ size_t SessionManager::resume_all() {
             spdlog::warn("session {}: no steps could be read; not resumed now", r.id);
             continue;
         }
-        std::lock_guard lk(mu_);
-        if (sessions_.count(r.id)) continue;
-        auto sp = SessionLog::rebuild(r, steps, engine_.kv_bytes_per_token());
+        auto lk = host_.lock();
+        if (host_.session(r.id)) continue;
+        auto sp = rebuilt(r, steps, r.epoch);
         if (!sp) continue;
-        sp->agent = agents_.lookup(r.owner, r.agent_id);
-        sp->place.epoch = r.epoch;
-        Session * ps = sp.get();
-        sessions_[r.id] = std::move(sp);
-        sync_memory_gauge();
-        count_state(ps->state, +1);
+        Session & s = *sp;
+        host_.install(std::move(sp));
         ++resumed;
-        resume_loaded(*ps);
+        go_on(s);
     }
     return resumed;
 }
 
-bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<obs::TraceContext> trace,
-                           std::optional<MoveNote> moved) {
+bool Placement::adopt(const std::string & id, int64_t epoch, std::optional<obs::TraceContext> trace,
+                      std::optional<MoveNote> moved) {
     auto rec = store_.session(id);
     if (!rec || rec->node != opt_.node || rec->epoch != epoch || rec->agent_id.rfind('@', 0) == 0) return false;
     const auto st = parse_state(rec->state);
     if (!st || has_ended(*st)) return false;
     {
-        std::lock_guard lk(mu_);
+        auto lk = host_.lock();
         if (running_here(id, epoch)) return true;
     }
     // (A copy in memory that is not running here is replaced below, from the store.) An agent
@@ -104,35 +118,27 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
         }
         if (moved->from == opt_.node) moved.reset();  // it was here last: no move
     }
-    std::lock_guard lk(mu_);
+    auto lk = host_.lock();
     if (running_here(id, epoch)) return true;  // started meanwhile
-    auto sp = SessionLog::rebuild(*rec, steps, engine_.kv_bytes_per_token());
+    auto sp = rebuilt(*rec, steps, epoch);
     if (!sp) return false;
-    sp->agent = agents_.lookup(rec->owner, rec->agent_id);
-    sp->place.epoch = epoch;
     // A session that has not taken a turn yet is in the trace of the `place` that brought it.
     if (!sp->trace.last) sp->trace.last = trace;
     sp->trace.parent = std::move(trace);
-    Session * ps = sp.get();
-    if (auto it = sessions_.find(id); it != sessions_.end()) {
+    Session & s = *sp;
+    if (Session * old = host_.session(id)) {
         // A copy loaded to be read or streamed (or one that ran here before the session moved
         // away): the store is newer. Its subscribers stay, and get the steps written since.
-        Session & old = *it->second;
-        if (old.gen.cancel) {
-            old.gen.cancel->store(true);
+        if (old->gen.cancel) {
+            old->gen.cancel->store(true);
             engine_.wake();
         }
-        ps->gen.id = old.gen.id + 1;  // late engine events of the old copy are ignored
-        ps->stream.take_over(old.stream, steps);
-        count_state(old.state, -1);
-        it->second = std::move(sp);
-    } else {
-        sessions_[id] = std::move(sp);
+        s.gen.id = old->gen.id + 1;  // late engine events of the old copy are ignored
+        s.stream.take_over(old->stream, steps);
     }
-    sync_memory_gauge();
-    count_state(ps->state, +1);
+    host_.install(std::move(sp));
     if (!moved) {
-        resume_loaded(*ps);
+        go_on(s);
         return true;
     }
     // The move is written first, under the new epoch: a node that lost the session meanwhile is
@@ -147,25 +153,25 @@ bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<
         .inc();
     metrics_.counter("armada_kv_migration_bytes_total", "KV journal bytes received with sessions that moved here")
         .inc(double(moved->bytes));
-    ps->place.started = true;  // written to from here on; a repeated command finds it running
+    s.place.started = true;  // written to from here on; a repeated command finds it running
     store::Batch b;
-    b.steps.push_back(log_.step(*ps, "moved", common::json_text(d)));
-    log_.checkpoint(*ps, std::move(b), [this](Session & s) { resume_loaded(s); });
+    b.steps.push_back(log_.step(s, "moved", common::json_text(d)));
+    log_.checkpoint(s, std::move(b), [this](Session & ss) { go_on(ss); });
     return true;
 }
 
-size_t SessionManager::offer_to_move(size_t n) {
+size_t Placement::offer_to_move(size_t n) {
     if (opt_.node.empty() || n == 0) return 0;
-    std::lock_guard lk(mu_);
-    if (draining_) return 0;
+    auto lk = host_.lock();
+    if (host_.draining()) return 0;
     // Waiting for tools first (their next step is a while off), then by KV held, largest first.
     std::vector<std::tuple<bool, int64_t, Session *>> c;
-    for (auto & [id, s] : sessions_) {
+    for (Session * s : host_.all_sessions()) {
         if (s->place.leaving_ms > 0 || !s->place.started || s->place.epoch <= 0 || has_ended(s->state) ||
-            s->state == SessionState::WaitingInput || incoming_.count(id))
+            s->state == SessionState::WaitingInput || incoming_.count(s->id))
             continue;
         const int64_t kv = s->transcript.kv_history.empty() ? 0 : s->transcript.kv_history.back().tokens;
-        c.emplace_back(s->state == SessionState::WaitingTool, kv, s.get());
+        c.emplace_back(s->state == SessionState::WaitingTool, kv, s);
     }
     std::sort(c.begin(), c.end(), [](const auto & a, const auto & b) {
         return std::make_pair(std::get<0>(a), std::get<1>(a)) > std::make_pair(std::get<0>(b), std::get<1>(b));
@@ -181,11 +187,11 @@ size_t SessionManager::offer_to_move(size_t n) {
     return picked;
 }
 
-size_t SessionManager::stay_unmoved(int64_t after_ms) {
-    std::lock_guard lk(mu_);
+size_t Placement::stay_unmoved(int64_t after_ms) {
+    auto lk = host_.lock();
     const int64_t now = clock_.now_ms();
     size_t n = 0;
-    for (auto & [id, sp] : sessions_) {
+    for (Session * sp : host_.all_sessions()) {
         Session & s = *sp;
         if (s.place.leaving_ms == 0 || now - s.place.leaving_ms < after_ms || s.busy() || s.place.claim >= 0) continue;
         // The offer is withdrawn through the fence: the session is taken again under the next
@@ -194,26 +200,26 @@ size_t SessionManager::stay_unmoved(int64_t after_ms) {
         s.place.claim = s.place.epoch;
         log_.checkpoint(s, {}, [this](Session & ss) {
             ss.place.leaving_ms = 0;
-            resume_loaded(ss);
+            go_on(ss);
         });
         ++n;
     }
     return n;
 }
 
-void SessionManager::incoming(const std::string & id, bool on) {
-    std::lock_guard lk(mu_);
+void Placement::incoming(const std::string & id, bool on) {
+    auto lk = host_.lock();
     if (on)
         incoming_.insert(id);
     else
         incoming_.erase(id);
 }
 
-std::optional<obs::TraceContext> SessionManager::record_trace(std::string_view data) {
+std::optional<obs::TraceContext> Placement::record_trace(std::string_view data) {
     return obs::TraceContext::in_record(data);
 }
 
-std::vector<SessionManager::Movable> SessionManager::movable() {
+std::vector<Movable> Placement::movable() {
     std::vector<Movable> out = movable_sessions();
     // A session's journal holds its live KV, and is rewritten once it reaches twice that; each
     // record also carries its tokens and llama.cpp's own cell metadata. (The engine is asked
@@ -225,31 +231,31 @@ std::vector<SessionManager::Movable> SessionManager::movable() {
     return out;
 }
 
-std::vector<SessionManager::Movable> SessionManager::movable_sessions() {
+std::vector<Movable> Placement::movable_sessions() {
     std::vector<Movable> out;
     if (opt_.node.empty()) return out;
     {
-        std::lock_guard lk(mu_);
-        if (!draining_) {
-            for (const auto & [id, s] : sessions_)
+        auto lk = host_.lock();
+        if (!host_.draining()) {
+            for (const Session * s : host_.all_sessions())
                 if (s->place.leaving_ms > 0 && s->place.started && s->place.epoch > 0 && !has_ended(s->state) &&
                     !s->busy())
-                    out.push_back({id, s->place.epoch, s->trace.last, 0});
+                    out.push_back({s->id, s->place.epoch, s->trace.last, 0});
             return out;
         }
     }
     const auto rows = store_.open_sessions(opt_.cell, opt_.node, kEnded);
     for (const auto & r : rows ? *rows : std::vector<store::SessionRecord>{}) {
         if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
-        std::lock_guard lk(mu_);
-        auto it = sessions_.find(r.id);
-        if (it != sessions_.end() && it->second->busy()) continue;
-        out.push_back({r.id, r.epoch, it != sessions_.end() ? it->second->trace.last : record_trace(r.data), 0});
+        auto lk = host_.lock();
+        const Session * s = host_.session(r.id);
+        if (s && s->busy()) continue;
+        out.push_back({r.id, r.epoch, s ? s->trace.last : record_trace(r.data), 0});
     }
     return out;
 }
 
-std::optional<size_t> SessionManager::open_here() {
+std::optional<size_t> Placement::open_here() {
     if (opt_.node.empty()) return 0;
     const auto open = store_.open_sessions(opt_.cell, opt_.node, kEnded);
     if (!open) return std::nullopt;
@@ -261,7 +267,7 @@ std::optional<size_t> SessionManager::open_here() {
     return n;
 }
 
-std::optional<bool> SessionManager::held_elsewhere(const std::string & id) {
+std::optional<bool> Placement::held_elsewhere(const std::string & id) {
     const auto r = store_.session(id);
     if (!r) {
         const auto exists = store_.has_session(id);
@@ -271,20 +277,14 @@ std::optional<bool> SessionManager::held_elsewhere(const std::string & id) {
     return !r->node.empty() && r->node != opt_.node;
 }
 
-bool SessionManager::busy(const std::string & id) const {
-    std::lock_guard lk(mu_);
-    auto it = sessions_.find(id);
-    return it != sessions_.end() && it->second->busy();
-}
-
-bool SessionManager::running_here(const std::string & id, int64_t epoch) {
-    auto it = sessions_.find(id);
+bool Placement::running_here(const std::string & id, int64_t epoch) {
+    Session * found = host_.session(id);
     // Not running here, or it ran here before another node held it (the epoch went past
     // this node's next one): the store is newer than this copy.
-    if (it == sessions_.end() || !it->second->place.started || it->second->place.epoch + 1 < epoch) return false;
+    if (!found || !found->place.started || found->place.epoch + 1 < epoch) return false;
     // Already here (a repeated command, or it came back to this node): it goes on under the
     // newer epoch.
-    Session & s = *it->second;
+    Session & s = *found;
     if (s.place.epoch < epoch) {
         s.place.epoch = epoch;
         s.place.claim = -1;
@@ -292,7 +292,7 @@ bool SessionManager::running_here(const std::string & id, int64_t epoch) {
     return true;
 }
 
-size_t SessionManager::adopt_assigned() {
+size_t Placement::adopt_assigned() {
     if (opt_.node.empty()) return 0;
     size_t n = 0;
     std::set<std::string> assigned;
@@ -303,13 +303,12 @@ size_t SessionManager::adopt_assigned() {
         if (r.node != opt_.node || r.epoch <= 0 || r.agent_id.rfind('@', 0) == 0) continue;
         assigned.insert(r.id);
         {
-            std::lock_guard lk(mu_);
-            auto it = sessions_.find(r.id);
+            auto lk = host_.lock();
+            const Session * s = host_.session(r.id);
             // Running here under this epoch (or the one before it: a command that moves it on
             // is on its way). A copy older than that ran here before the session went away and
             // came back: `adopt` replaces it from the store.
-            if ((it != sessions_.end() && it->second->place.started && it->second->place.epoch + 1 >= r.epoch) ||
-                draining_ || incoming_.count(r.id))
+            if ((s && s->place.started && s->place.epoch + 1 >= r.epoch) || host_.draining() || incoming_.count(r.id))
                 continue;
         }
         // New since the last call: its command is likely on its way (see the header).
@@ -336,17 +335,17 @@ size_t SessionManager::adopt_assigned() {
     return n;
 }
 
-void SessionManager::drop_moved(const std::set<std::string> & assigned) {
+void Placement::drop_moved(const std::set<std::string> & assigned) {
     // Open sessions running here that the store did not list for this node. Each is read again
     // (it may have been placed here after the list was read) before it goes.
     // A busy one (a step, a tool call or a write under way) is left alone: its next write is
     // fenced by the store, and it stops then.
     std::vector<std::pair<std::string, int64_t>> unlisted;
     {
-        std::lock_guard lk(mu_);
-        for (const auto & [id, s] : sessions_) {
-            if (s->place.started && s->place.epoch > 0 && !has_ended(s->state) && !assigned.count(id) && !s->busy())
-                unlisted.emplace_back(id, s->place.epoch);
+        auto lk = host_.lock();
+        for (const Session * s : host_.all_sessions()) {
+            if (s->place.started && s->place.epoch > 0 && !has_ended(s->state) && !assigned.count(s->id) && !s->busy())
+                unlisted.emplace_back(s->id, s->place.epoch);
         }
     }
     for (const auto & [id, epoch] : unlisted) {
@@ -361,44 +360,13 @@ void SessionManager::drop_moved(const std::set<std::string> & assigned) {
         // Still this node's, at its epoch or the next; or placed back here at a newer one, which
         // adopt_assigned takes up from the store in its next round.
         if (r && r->node == opt_.node) continue;
-        std::lock_guard lk(mu_);
-        auto it = sessions_.find(id);
-        if (it == sessions_.end() || !it->second->place.started || it->second->place.epoch != epoch ||
-            it->second->busy())
-            continue;
-        drop_fenced(*it->second, !r ? std::string("the store no longer has it")
-                                    : "the store gives it to " + (r->node.empty() ? std::string("no node") : r->node) +
-                                          " at epoch " + std::to_string(r->epoch) + ", this node ran it at epoch " +
-                                          std::to_string(epoch));
-    }
-}
-
-void SessionManager::resume_loaded(Session & s) {
-    const obs::LogScope log_scope(s.id, s.trace.context());
-    s.place.started = true;
-    Session * ps = &s;
-    const std::string & agent_id = s.agent_id;
-    ps->stream.transient("resumed", common::json_text(json{{"state", state_name(ps->state)}}));
-    if (!ps->agent) {
-        spdlog::warn("session {}: its agent '{}' no longer exists", s.id, agent_id);
-        fail(*ps, SessionEvent::Error, "its agent '" + agent_id + "' no longer exists");
-        return;
-    }
-    {
-        if (ps->state == SessionState::WaitingTool) {
-            // Completed calls keep their recorded results; the rest go out again with the same key.
-            if (ps->tools.all_done()) {
-                apply(*ps, SessionEvent::ToolsDone);
-                log_.checkpoint(*ps, {}, [this](Session & ss) { step_runner_.run(ss); });
-            } else {
-                tool_runner_.run(*ps);
-            }
-        } else if (ps->state == SessionState::Queued) {
-            apply(*ps, SessionEvent::Start);
-            log_.checkpoint(*ps, {}, [this](Session & ss) { step_runner_.run(ss); });
-        } else if (ps->state == SessionState::Running) {
-            step_runner_.run(*ps);
-        }
+        auto lk = host_.lock();
+        Session * s = host_.session(id);
+        if (!s || !s->place.started || s->place.epoch != epoch || s->busy()) continue;
+        drop_fenced(*s, !r ? std::string("the store no longer has it")
+                           : "the store gives it to " + (r->node.empty() ? std::string("no node") : r->node) +
+                                 " at epoch " + std::to_string(r->epoch) + ", this node ran it at epoch " +
+                                 std::to_string(epoch));
     }
 }
 

@@ -48,7 +48,7 @@ std::unique_ptr<Session> SessionLog::rebuild(const store::SessionRecord & r,
         s.transcript.compactions = data.value("compactions", 0);
         s.transcript.dropped_tools = data.value("dropped_tools", 0);
     }
-    s.trace.last = SessionManager::record_trace(r.data);
+    s.trace.last = obs::TraceContext::in_record(r.data);
     // The context, rebuilt from the log: every durable step, in order, once.
     for (const auto & step : steps) {
         s.log.next_seq = step.seq + 1;

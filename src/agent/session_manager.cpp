@@ -1,7 +1,7 @@
 // The session manager: the table of sessions, its lock, the public requests (create, message,
-// read, cancel, delete, subscribe), the state counts and retention, and the host the tool runner
-// (tool_runner.h) works for. The other parts of the class live beside it: session_log.cpp
-// (durability), step_runner.cpp (model steps) and placement.cpp (recovery and cluster moves).
+// read, cancel, delete, subscribe), the state counts and retention, and the host its parts work
+// for: the session log (session_log.h), the step runner (step_runner.h), the tool runner
+// (tool_runner.h) and the placement (placement.h).
 
 #include "agent/session_manager.h"
 
@@ -58,7 +58,8 @@ SessionManager::SessionManager(engine::ChatFormat & format, GenerationPort & eng
       step_runner_(*this, format, engine, metrics, clock, io_, alive_,
                    StepRunner::Options{opt.node, opt.model, opt.pool, opt.test_step_errors, opt.on_tokens}),
       tool_runner_(*this, tools, engine, metrics, alive_,
-                   ToolRunner::Options{opt.lease_current, opt.hold_tools, opt.kv_hold}) {
+                   ToolRunner::Options{opt.lease_current, opt.hold_tools, opt.kv_hold}),
+      placement_(*this, store, engine, log_, agents_, metrics, clock, Placement::Options{opt.node, opt.cell}) {
     for (const char * o : {"completed", "failed", "cancelled"}) {
         metrics_.counter("armada_sessions_total", "Agent sessions that ended, by outcome", {{"outcome", o}});
         metrics_.gauge("armada_sessions_ended_window", "Agent sessions that ended within the survival window",
@@ -102,7 +103,7 @@ void SessionManager::after_ms(int ms, std::function<void()> fn) {
     });
 }
 
-// ---- the host of the session log and the tool runner ----
+// ---- the host of the session log, the step runner, the tool runner and the placement ----
 
 void SessionManager::later(int ms, std::function<void()> fn) {
     later_unlocked(ms, [this, fn = std::move(fn)] {
@@ -147,7 +148,7 @@ void SessionManager::later_unlocked(int ms, std::function<void()> fn) {
 }
 
 void SessionManager::fenced(Session & s, const std::string & why) {
-    drop_fenced(s, why);
+    placement_.drop_fenced(s, why);
 }
 
 void SessionManager::written(Session & s) {
@@ -199,6 +200,109 @@ void SessionManager::finished(Session & s, const PendingCall & pc, const tools::
     log_.checkpoint(s, std::move(b), [this, all](Session & ss) {
         if (all && ss.state == SessionState::Running) step_runner_.run(ss);
     });
+}
+
+std::unique_lock<std::mutex> SessionManager::lock() {
+    return std::unique_lock(mu_);
+}
+
+std::vector<Session *> SessionManager::all_sessions() {
+    std::vector<Session *> out;
+    out.reserve(sessions_.size());
+    for (auto & [id, s] : sessions_)
+        out.push_back(s.get());
+    return out;
+}
+
+bool SessionManager::draining() const {
+    return draining_;
+}
+
+void SessionManager::install(std::unique_ptr<Session> sp) {
+    const SessionState st = sp->state;
+    auto & slot = sessions_[sp->id];
+    if (slot) count_state(slot->state, -1);
+    slot = std::move(sp);
+    sync_memory_gauge();
+    count_state(st, +1);
+}
+
+void SessionManager::drop(Session & s, const std::string & error) {
+    step_runner_.end_turn(s, error);
+    s.stream.end();
+    count_state(s.state, -1);
+    const std::string id = s.id;
+    sessions_.erase(id);  // s is gone after this
+    sync_memory_gauge();
+}
+
+void SessionManager::resume(Session & s) {
+    const obs::LogScope log_scope(s.id, s.trace.context());
+    s.stream.transient("resumed", common::json_text(json{{"state", state_name(s.state)}}));
+    if (!s.agent) {
+        spdlog::warn("session {}: its agent '{}' no longer exists", s.id, s.agent_id);
+        fail(s, SessionEvent::Error, "its agent '" + s.agent_id + "' no longer exists");
+        return;
+    }
+    if (s.state == SessionState::WaitingTool) {
+        // Completed calls keep their recorded results; the rest go out again with the same key.
+        if (s.tools.all_done()) {
+            apply(s, SessionEvent::ToolsDone);
+            log_.checkpoint(s, {}, [this](Session & ss) { step_runner_.run(ss); });
+        } else {
+            tool_runner_.run(s);
+        }
+    } else if (s.state == SessionState::Queued) {
+        apply(s, SessionEvent::Start);
+        log_.checkpoint(s, {}, [this](Session & ss) { step_runner_.run(ss); });
+    } else if (s.state == SessionState::Running) {
+        step_runner_.run(s);
+    }
+}
+
+// ---- placement's requests (placement.h) ----
+
+size_t SessionManager::resume_all() {
+    return placement_.resume_all();
+}
+
+bool SessionManager::adopt(const std::string & id, int64_t epoch, std::optional<obs::TraceContext> trace,
+                           std::optional<MoveNote> moved) {
+    return placement_.adopt(id, epoch, std::move(trace), std::move(moved));
+}
+
+size_t SessionManager::adopt_assigned() {
+    return placement_.adopt_assigned();
+}
+
+void SessionManager::incoming(const std::string & id, bool on) {
+    placement_.incoming(id, on);
+}
+
+std::vector<Movable> SessionManager::movable() {
+    return placement_.movable();
+}
+
+size_t SessionManager::offer_to_move(size_t n) {
+    return placement_.offer_to_move(n);
+}
+
+size_t SessionManager::stay_unmoved(int64_t after_ms) {
+    return placement_.stay_unmoved(after_ms);
+}
+
+std::optional<size_t> SessionManager::open_here() {
+    return placement_.open_here();
+}
+
+std::optional<bool> SessionManager::held_elsewhere(const std::string & id) {
+    return placement_.held_elsewhere(id);
+}
+
+bool SessionManager::busy(const std::string & id) const {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(id);
+    return it != sessions_.end() && it->second->busy();
 }
 
 void SessionManager::put_operator_agent(AgentSpec spec) {

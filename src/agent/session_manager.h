@@ -4,6 +4,7 @@
 #include "agent/agent_spec.h"
 #include "agent/event_stream.h"
 #include "agent/outcome.h"
+#include "agent/placement.h"
 #include "agent/ports.h"
 #include "agent/prompt_builder.h"
 #include "agent/session_log.h"
@@ -11,7 +12,6 @@
 #include "agent/step_runner.h"
 #include "agent/tool_runner.h"
 #include "engine/chat_format.h"
-#include "engine/kv_arrival.h"
 #include "obs/metrics.h"
 #include "obs/trace.h"
 #include "store/store.h"
@@ -54,10 +54,6 @@ struct SessionView {
     std::string node;
     int64_t epoch = 0;
 };
-
-//! How a session moved here from another node (cluster mode: a drain or a rebalance), recorded
-//! as its "moved" step.
-using MoveNote = engine::KvArrival;
 
 //! Settings of the manager.
 struct SessionOptions {
@@ -125,17 +121,20 @@ struct Session;  // session.h: the session in named parts
 //! Memory holds the open sessions, and ended ones only while something uses them (a commit,
 //! a stream); an ended session is read from the store when asked for.
 //!
-//! Parts: the table, its lock and the public requests are in session_manager.cpp; resume, adopt,
-//! moves and fencing in placement.cpp. Three parts are classes of their own, to which the
-//! manager is the host: the session log (`SessionLog`, session_log.h: records, checkpoints, the
-//! outbox, rebuilding from the store), the step runner (`StepRunner`, step_runner.h: model
-//! steps, here or on a pool, and the turn's spans) and the tool runner (`ToolRunner`,
-//! tool_runner.h: tool calls and the lease gate). `Session` (session.h) keeps each part's state
-//! in a member of its own.
+//! Parts: the table, its lock and the public requests are the manager's own
+//! (session_manager.cpp). Four parts are classes of their own, to which the manager is the host:
+//! the session log (`SessionLog`, session_log.h: records, checkpoints, the outbox, rebuilding
+//! from the store), the step runner (`StepRunner`, step_runner.h: model steps, here or on a
+//! pool, and the turn's spans), the tool runner (`ToolRunner`, tool_runner.h: tool calls and the
+//! lease gate) and the placement (`Placement`, placement.h: resume, adopt, moves and fencing).
+//! `Session` (session.h) keeps each part's state in a member of its own.
 //!
 //! Tenants: `tenant` names the caller's tenant. A session, and an agent declared through the
 //! API, belong to one tenant; another tenant is told they do not exist.
-class SessionManager : private SessionLog::Host, private StepRunner::Host, private ToolRunner::Host {
+class SessionManager : private SessionLog::Host,
+                       private StepRunner::Host,
+                       private ToolRunner::Host,
+                       private Placement::Host {
   public:
     SessionManager(engine::ChatFormat & format, GenerationPort & engine, store::Store & store,
                    tools::ToolTransport & tools, boost::asio::any_io_executor io, obs::Registry & metrics,
@@ -211,14 +210,7 @@ class SessionManager : private SessionLog::Host, private StepRunner::Host, priva
     //! The sessions this node offers its cell's brain to move now, with their epochs: none of
     //! their steps, tool calls or writes is under way. Draining (cluster mode): every open
     //! session the store gives this node. Otherwise those `offer_to_move` picked.
-    struct Movable {
-        std::string id;
-        int64_t epoch = 0;
-        std::optional<obs::TraceContext> trace;  // the trace it is in (`record_trace`)
-        //! The most its KV journal can be, as the move command states it to the node that
-        //! fetches it (0: this node holds none of its KV).
-        uint64_t kv_bytes = 0;
-    };
+    using Movable = agent::Movable;
     std::vector<Movable> movable();
     //! The node's KV is past its high watermark: up to `n` sessions (those holding the most KV,
     //! waiting for tools first) stop before their next step, to be offered for a move with
@@ -246,9 +238,11 @@ class SessionManager : private SessionLog::Host, private StepRunner::Host, priva
     //! The trace a session is in, as its record keeps it (the `traceparent` of its current or
     //! last turn): a brain that moves the session continues that trace. Cheap enough to run
     //! over every open row at each reconcile; nullopt when the record holds none.
-    static std::optional<obs::TraceContext> record_trace(std::string_view data);
+    static std::optional<obs::TraceContext> record_trace(std::string_view data) {
+        return Placement::record_trace(data);
+    }
     //! Sessions whose writes were refused because another node holds them now.
-    size_t fenced_sessions() const { return fenced_.load(); }
+    size_t fenced_sessions() const { return placement_.fenced(); }
 
     // ---- lifecycle ----
     //! Stops starting work: new sessions and messages get 503; a step that ends is checkpointed
@@ -299,7 +293,7 @@ class SessionManager : private SessionLog::Host, private StepRunner::Host, priva
     void post(std::function<void()> fn, const boost::asio::any_io_executor & on = {});
     void after_ms(int ms, std::function<void()> fn);
 
-    // ---- the host of the session log, the step runner and the tool runner (session_manager.cpp) ----
+    // ---- the host of the session log, the step runner, the tool runner and the placement ----
     void later(int ms, std::function<void()> fn) override;
     void locked(const std::function<void()> & fn) override;
     void stepped(Session & s, const std::string & output) override;
@@ -311,24 +305,13 @@ class SessionManager : private SessionLog::Host, private StepRunner::Host, priva
     void confirm_held(Session & s, std::function<void(Session &)> then) override;
     void finished(Session & s, const PendingCall & pc, const tools::ToolResult & r, bool all) override;
     void stray_result(Session & s) override;
-
-    // ---- placement (placement.cpp) ----
-    //! The sessions `movable` offers, without their KV sizes.
-    std::vector<Movable> movable_sessions();
-    //! Another node holds the session now: stop it here without writing anything more.
-    void drop_fenced(Session & s, const std::string & why);
-    //! Stops the open sessions running here that the store gives to another node (this one was
-    //! stopped or cut off past its lease, and they moved on). Idle ones would otherwise never
-    //! write, never be fenced, and stay counted in this node's load. `assigned`: the open
-    //! sessions the store lists for this node.
-    void drop_moved(const std::set<std::string> & assigned);
-    //! True when session `id` is in memory; it then writes under `epoch` if that is newer. mu_ held.
-    bool running_here(const std::string & id, int64_t epoch);
+    std::unique_lock<std::mutex> lock() override;
+    std::vector<Session *> all_sessions() override;
+    bool draining() const override;
+    void install(std::unique_ptr<Session> s) override;
+    void drop(Session & s, const std::string & error) override;
     //! Continues a session loaded from the store (after a restart, or assigned by the brain).
-    void resume_loaded(Session & s);
-    //! Assignments `adopt_assigned` found not running here at its last call, by epoch.
-    std::map<std::string, int64_t> unrun_assigned_;
-    bool adopt_scanned_ = false;
+    void resume(Session & s) override;
 
     engine::ChatFormat & format_;
     GenerationPort & engine_;
@@ -346,7 +329,6 @@ class SessionManager : private SessionLog::Host, private StepRunner::Host, priva
     bool draining_ = false;                                     // guarded by mu_
     std::map<SessionState, int64_t> live_counts_;               // guarded by mu_
     std::set<std::string> expiring_;                            // being deleted by retention; mu_
-    std::set<std::string> incoming_;                            // KV being fetched (`incoming`); mu_
     //! Ended sessions per minute over the survival window: (minute, completed, failed, cancelled).
     struct Minute {
         int64_t minute = 0;
@@ -358,7 +340,7 @@ class SessionManager : private SessionLog::Host, private StepRunner::Host, priva
     SessionLog log_;          // after alive_, which it is given
     StepRunner step_runner_;  // the same
     ToolRunner tool_runner_;  // the same
-    std::atomic<size_t> fenced_{0};
+    Placement placement_;
     // signals()
     std::atomic<int64_t> sig_completed_{0}, sig_failed_{0};
 };

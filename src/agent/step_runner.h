@@ -5,8 +5,8 @@
 
 #include "agent/agent_spec.h"
 #include "agent/ports.h"
-#include "agent/session_table.h"
 #include "agent/session_state.h"
+#include "agent/session_table.h"
 #include "engine/chat_format.h"
 #include "obs/metrics.h"
 
