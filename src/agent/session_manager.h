@@ -122,7 +122,8 @@ struct Session;  // session.h: the session in named parts
 //! a stream); an ended session is read from the store when asked for.
 //!
 //! Parts: the table, its lock and the public requests are the manager's own
-//! (session_manager.cpp). Four parts are classes of their own, to which the manager is the host:
+//! (session_manager.cpp), and so is how a session goes from one part to the next
+//! (session_host.cpp). Four parts are classes of their own, to which the manager is the host:
 //! the session log (`SessionLog`, session_log.h: records, checkpoints, the outbox, rebuilding
 //! from the store), the step runner (`StepRunner`, step_runner.h: model steps, here or on a
 //! pool, and the turn's spans), the tool runner (`ToolRunner`, tool_runner.h: tool calls and the
@@ -293,7 +294,8 @@ class SessionManager : private SessionLog::Host,
     void post(std::function<void()> fn, const boost::asio::any_io_executor & on = {});
     void after_ms(int ms, std::function<void()> fn);
 
-    // ---- the host of the session log, the step runner, the tool runner and the placement ----
+    // ---- the host of the session log, the step runner, the tool runner and the placement
+    // (session_host.cpp) ----
     void later(int ms, std::function<void()> fn) override;
     void locked(const std::function<void()> & fn) override;
     void stepped(Session & s, const std::string & output) override;
