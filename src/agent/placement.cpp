@@ -311,7 +311,8 @@ size_t Placement::adopt_assigned() {
             if ((s && s->place.started && s->place.epoch + 1 >= r.epoch) || host_.draining() || incoming_.count(r.id))
                 continue;
         }
-        // New since the last call: its command is likely on its way (see the header).
+        // New since the last call: its command is likely on its way (a brain writes the row
+        // before it sends the command, which may be a move whose KV comes first).
         unrun[r.id] = r.epoch;
         const auto seen = unrun_assigned_.find(r.id);
         if (adopt_scanned_ && (seen == unrun_assigned_.end() || seen->second != r.epoch)) continue;

@@ -52,8 +52,8 @@ struct Movable {
 //! thread.
 class Placement {
   public:
-    //! What the placement needs of the table that holds the sessions, beyond `later` and
-    //! `session`.
+    //! What the placement needs of the table that holds the sessions, beyond `session`. Unlike
+    //! the other parts, it is called without the table's lock, and takes it itself.
     class Host : public SessionTable {
       public:
         //! The table's lock.
@@ -119,10 +119,10 @@ class Placement {
     //! True when session `id` is in the table and runs here; it then writes under `epoch` if that
     //! is newer (lock held).
     bool running_here(const std::string & id, int64_t epoch);
-    //! A session read from the store, ready to go into the table: null when it cannot be
-    //! rebuilt.
     //! The session runs here from now on: the host continues it.
     void go_on(Session & s);
+    //! A session read from the store, ready to go into the table: null when it cannot be
+    //! rebuilt.
     std::unique_ptr<Session> rebuilt(const store::SessionRecord & r, const std::vector<store::StepRecord> & steps,
                                      int64_t epoch);
 

@@ -1,7 +1,8 @@
 #pragma once
 
 // The table that holds a node's sessions, as each part of the session manager (its log, step
-// runner and tool runner) sees it. The manager is the table; a test gives a part a scripted one.
+// runner, tool runner and placement) sees it. The manager is the table; a test gives a part a
+// scripted one.
 
 #include <functional>
 #include <string>
@@ -10,7 +11,8 @@ namespace armada::agent {
 
 struct Session;
 
-//! Every call is made, and every handler given runs, with the table's lock held.
+//! Every call is made, and every handler given runs, with the table's lock held (the placement,
+//! which reads the store first, takes the lock through its own host before it calls).
 class SessionTable {
   public:
     virtual ~SessionTable() = default;

@@ -1,7 +1,7 @@
 #pragma once
 
-// A session table for one part of the session manager under test (its log, step runner or tool
-// runner): it holds the sessions the test makes, and keeps each handler the part asks to run
+// A session table for one part of the session manager under test (its log, step runner, tool
+// runner or placement): it holds the sessions the test makes, and keeps each handler the part asks to run
 // later until the test runs it, so a test scripts time instead of sleeping.
 
 #include "agent/session.h"

@@ -18,7 +18,9 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -49,15 +51,29 @@ class SyncCommits : public store::ForwardingStore {
     }
 };
 
+//! Counts each call the placement makes without the table's lock (`unlocked`).
 class TableHost : public armada::testing::ScriptedTable<Placement::Host> {
   public:
     std::mutex mu;
     bool drains = false;
     std::vector<std::string> installed, resumed;
     std::vector<std::pair<std::string, std::string>> dropped;  // (id, error)
+    int unlocked = 0;
 
     std::unique_lock<std::mutex> lock() override { return std::unique_lock(mu); }
+    //! Whether some thread holds the lock: another thread tries to take it.
+    bool held() {
+        bool free = false;
+        std::thread([&] {
+            if (mu.try_lock()) {
+                free = true;
+                mu.unlock();
+            }
+        }).join();
+        return !free;
+    }
     std::vector<Session *> all_sessions() override {
+        unlocked += !held();
         std::vector<Session *> out;
         for (auto & [id, s] : sessions)
             out.push_back(s.get());
@@ -65,24 +81,35 @@ class TableHost : public armada::testing::ScriptedTable<Placement::Host> {
     }
     bool draining() const override { return drains; }
     void install(std::unique_ptr<Session> s) override {
+        unlocked += !held();
         installed.push_back(s->id);
         const std::string id = s->id;
         sessions[id] = std::move(s);
     }
     void drop(Session & s, const std::string & error) override {
+        unlocked += !held();
         const std::string id = s.id;
         dropped.emplace_back(id, error);
         sessions.erase(id);
     }
-    void resume(Session & s) override { resumed.push_back(s.id); }
+    void resume(Session & s) override {
+        unlocked += !held();
+        resumed.push_back(s.id);
+    }
 };
 
-//! The session log's host: the same table; a refused write stops the session, as in the manager.
+//! The session log's host: the same table, whose handlers run with its lock held; a refused
+//! write stops the session, as in the manager.
 class LogHost : public SessionLog::Host {
   public:
     explicit LogHost(TableHost & table) : table_(table) {}
     Placement * placement = nullptr;
-    void later(int ms, std::function<void()> fn) override { table_.later(ms, std::move(fn)); }
+    void later(int ms, std::function<void()> fn) override {
+        table_.later(ms, [this, fn = std::move(fn)] {
+            auto lk = table_.lock();
+            fn();
+        });
+    }
     Session * session(const std::string & id) override { return table_.session(id); }
     void later_unlocked(int ms, std::function<void()> fn) override { table_.later(ms, std::move(fn)); }
     void fenced(Session & s, const std::string & why) override { placement->drop_fenced(s, why); }
@@ -130,6 +157,7 @@ class PlacementTest : public ::testing::Test {
         store_ = std::make_unique<SyncCommits>(*sqlite_);
     }
     void TearDown() override {
+        EXPECT_EQ(table_.unlocked, 0) << "calls to the table without its lock";
         placement_.reset();
         log_.reset();
         agents_.reset();
@@ -193,7 +221,7 @@ class PlacementTest : public ::testing::Test {
     }
     Session & in_table(const std::string & id) {
         Session * s = table_.session(id);
-        EXPECT_NE(s, nullptr) << id;
+        if (!s) throw std::runtime_error(id + " is not in the table");
         return *s;
     }
     static std::set<std::string> as_set(const std::vector<std::string> & v) { return {v.begin(), v.end()}; }
@@ -378,8 +406,11 @@ TEST_F(PlacementTest, AFencedSessionAnswersItsWaitingCallersAndAnOfferedOneIsHan
         table_.sessions[id] = std::move(s);
     }
     in_table("sess_offered").place.leaving_ms = clock_.ms;
-    p.drop_fenced(in_table("sess_fenced"), "refused");
-    p.drop_fenced(in_table("sess_offered"), "refused");
+    {
+        auto lk = table_.lock();  // as the session log calls it
+        p.drop_fenced(in_table("sess_fenced"), "refused");
+        p.drop_fenced(in_table("sess_offered"), "refused");
+    }
     EXPECT_EQ(statuses, (std::vector<int>{409, 409}));
     ASSERT_EQ(table_.dropped.size(), 2u);
     EXPECT_EQ(table_.dropped[0].second, "fenced: another node holds the session now");
@@ -408,12 +439,15 @@ TEST_F(PlacementTest, OfferToMovePicksSessionsWaitingForToolsThenTheLargestKv) {
     EXPECT_EQ(offered, (std::set<std::string>{"sess_tool", "sess_big"}));
     // What it offers the brain, with the most each KV journal can be.
     engine_.usage["sess_big"] = {"slot", 500, 1'000'000, 0};
+    in_table("sess_big").trace.last = obs::TraceContext::parse(kTrace);
     auto m = p.movable();
     std::sort(m.begin(), m.end(), [](const Movable & a, const Movable & b) { return a.id < b.id; });
     ASSERT_EQ(m.size(), 2u);
     EXPECT_EQ(m[0].id, "sess_big");
     EXPECT_EQ(m[0].epoch, 1);
     EXPECT_EQ(m[0].kv_bytes, 2 * 1'000'000u + 500u * 64 + (1u << 20));
+    ASSERT_TRUE(m[0].trace);  // the trace of its last turn, as this node holds it
+    EXPECT_EQ(m[0].trace->traceparent(), kTrace);
     EXPECT_EQ(m[1].id, "sess_tool");
     EXPECT_EQ(m[1].kv_bytes, 0u);  // no KV here
     // Draining, the manager offers every session itself: nothing is picked.
@@ -459,6 +493,46 @@ TEST_F(PlacementTest, DrainingItOffersEveryOpenSessionTheStoreGivesThisNode) {
     EXPECT_EQ(m[0].trace->traceparent(), kTrace);
     EXPECT_EQ(m[1].id, "sess_b");
     EXPECT_FALSE(m[1].trace);
+}
+
+TEST_F(PlacementTest, ACommandUnderTheNextEpochMovesTheRunningCopyOn) {
+    seed("sess_a", "running", "n1", 1);
+    Placement & p = make("n1");
+    EXPECT_TRUE(p.adopt("sess_a", 1, std::nullopt, std::nullopt));
+    reassign("sess_a", "n1", 2);  // a move that brought it back here before it left
+    EXPECT_TRUE(p.adopt("sess_a", 2, std::nullopt, std::nullopt));
+    EXPECT_EQ(table_.installed.size(), 1u);  // the copy running here goes on
+    EXPECT_EQ(table_.resumed.size(), 1u);
+    EXPECT_EQ(in_table("sess_a").place.epoch, 2);  // and writes under the new epoch
+}
+
+TEST_F(PlacementTest, ACopyThatRanHereBeforeTheSessionMovedAwayIsReplacedFromTheStore) {
+    seed("sess_a", "running", "n1", 1);
+    Placement & p = make("n1");
+    EXPECT_TRUE(p.adopt("sess_a", 1, std::nullopt, std::nullopt));
+    in_table("sess_a").gen.id = 5;
+    reassign("sess_a", "n2", 2);
+    reassign("sess_a", "n1", 3);  // it ran on n2 meanwhile: the store is newer than this copy
+    EXPECT_TRUE(p.adopt("sess_a", 3, std::nullopt, std::nullopt));
+    EXPECT_EQ(table_.installed.size(), 2u);
+    EXPECT_EQ(table_.resumed.size(), 2u);
+    EXPECT_EQ(in_table("sess_a").place.epoch, 3);
+    EXPECT_EQ(in_table("sess_a").gen.id, 6);
+}
+
+TEST_F(PlacementTest, AnOfferTheBrainTookFirstIsHandedOnNotClaimedBack) {
+    seed("sess_a", "waiting_tool", "n1", 1);
+    Placement & p = make("n1");
+    EXPECT_EQ(p.adopt_assigned(), 1u);
+    ASSERT_EQ(p.offer_to_move(1), 1u);
+    reassign("sess_a", "n2", 2);  // the brain moved it before the offer ran out
+    clock_.ms += 5000;
+    EXPECT_EQ(p.stay_unmoved(5000), 1u);
+    table_.run_all_timers();
+    ASSERT_EQ(table_.dropped.size(), 1u);
+    EXPECT_EQ(table_.dropped[0], std::make_pair(std::string("sess_a"), std::string()));
+    EXPECT_EQ(engine_.released, (std::vector<std::pair<std::string, bool>>{{"sess_a", false}}));
+    EXPECT_EQ(sqlite_->session("sess_a")->node, "n2");
 }
 
 TEST_F(PlacementTest, OpenHereAndHeldElsewhereReadTheStore) {
