@@ -7,6 +7,7 @@
 #include "agent/session.h"
 #include "common/json_fields.h"
 #include "obs/log.h"
+#include "store/new_session.h"
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
@@ -14,7 +15,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <random>
 #include <set>
 
 namespace armada::agent {
@@ -23,22 +23,13 @@ using json = nlohmann::json;
 namespace net = boost::asio;
 
 namespace {
-std::string new_session_id() {
-    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-    thread_local std::mt19937_64 rng(std::random_device{}());
-    std::string s = "sess_";
-    for (int i = 0; i < 20; ++i)
-        s += alphabet[rng() % (sizeof(alphabet) - 1)];
-    return s;
-}
-
 int outcome_index(SessionState st) {
     return st == SessionState::Completed ? 0 : st == SessionState::Failed ? 1 : 2;
 }
 }  // namespace
 
 std::string SessionManager::new_id() {
-    return new_session_id();
+    return store::new_session_id();
 }
 
 SessionManager::SessionManager(engine::ChatFormat & format, GenerationPort & engine, store::Store & store,

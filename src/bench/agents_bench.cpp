@@ -2,10 +2,12 @@
 
 #include "api/http_server.h"
 #include "bench/http_client.h"
+#include "common/cli_exit.h"
 #include "common/json_fields.h"
 #include "common/rss.h"
 #include "net/sse.h"
 
+#include <fmt/format.h>
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
@@ -466,18 +468,15 @@ void progress_bar(int done, int total, int errors, double elapsed) {
 
 int agents_bench(const AgentsBenchOptions & opt) {
     if (opt.mode != "sessions" && opt.mode != "chat") {
-        fprintf(stderr, "error: --mode must be sessions or chat\n");
-        return 2;
+        return common::fail("--mode must be sessions or chat", 2);
     }
     ToolServer tools(opt);
     if (auto e = tools.start(); !e.empty()) {
-        fprintf(stderr, "error: tool server: %s\n", e.c_str());
-        return 1;
+        return common::fail(fmt::format("tool server: {}", e));
     }
     Bench bench(opt, tools.url());
     if (auto e = bench.setup(); !e.empty()) {
-        fprintf(stderr, "error: %s\n", e.c_str());
-        return 1;
+        return common::fail(e);
     }
     std::vector<SessionResult> results(size_t(opt.sessions));
     std::atomic<int> next{0}, done{0}, errors{0};
@@ -671,8 +670,7 @@ int plot_results(const std::vector<std::string> & files, const std::string & out
         std::ifstream in(f);
         const json j = json::parse(in, nullptr, false);
         if (!j.is_object() || !j.contains("results")) {
-            fprintf(stderr, "error: %s is not a bench result\n", f.c_str());
-            return 2;
+            return common::fail(fmt::format("{} is not a bench result", f), 2);
         }
         series[j.value("label", "?")][j["workload"].value("concurrency", 0)] = {
             j["results"].value("sessions_per_min", 0.0), j["results"]["completion_s"].value("p95", 0.0)};
@@ -701,8 +699,7 @@ int plot_results(const std::vector<std::string> & files, const std::string & out
     gp.close();
     const std::string cmd = "gnuplot '" + out_prefix + ".gp'";
     if (std::system(cmd.c_str()) != 0) {
-        fprintf(stderr, "error: gnuplot failed (is gnuplot-nox installed?)\n");
-        return 1;
+        return common::fail("gnuplot failed (is gnuplot-nox installed?)");
     }
     printf("wrote %s.svg\n", out_prefix.c_str());
     return 0;
@@ -712,16 +709,14 @@ int plan_capacity(const std::string & file, double water_level, int64_t target_s
     std::ifstream in(file);
     const json j = json::parse(in, nullptr, false);
     if (!j.is_object() || !j.contains("results")) {
-        fprintf(stderr, "error: %s is not a bench result\n", file.c_str());
-        return 2;
+        return common::fail(fmt::format("{} is not a bench result", file), 2);
     }
     const json & w = j["workload"];
     const json & r = j["results"];
     const int measured = w.value("concurrency", 0);
     const double survival = r.value("chain_survival", 0.0);
     if (measured <= 0) {
-        fprintf(stderr, "error: the plan needs a closed-loop result (a concurrency)\n");
-        return 2;
+        return common::fail("the plan needs a closed-loop result (a concurrency)", 2);
     }
     if (survival < 1.0) {
         printf("warning: only %.1f%% of sessions completed at concurrency %d; plan from a run with none failing\n",

@@ -5,6 +5,7 @@
 #include "engine/grammar_fast.h"
 #include "obs/metrics.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -222,19 +223,16 @@ int bench_engine(const BenchEngineOptions & opt) {
         return common::fail(err);
     }
     if (opt.depth > 0 && !opt.batched_bench.empty()) {
-        fprintf(stderr, "error: --depth has no llama-batched-bench equivalent; leave out --batched-bench\n");
-        return 2;
+        return common::fail("--depth has no llama-batched-bench equivalent; leave out --batched-bench", 2);
     }
     if (!opt.llama_bench.empty() && (opt.depth <= 0 || opt.streams != std::vector<int>{1})) {
-        fprintf(stderr, "error: --llama-bench compares the prompt rate at a depth: give --depth and --streams 1\n");
-        return 2;
+        return common::fail("--llama-bench compares the prompt rate at a depth: give --depth and --streams 1", 2);
     }
     if (!opt.grammar.empty()) {
         try {
             engine::GrammarFast check(*model, opt.grammar, "", engine::FastSamplerParams{});
         } catch (const std::invalid_argument & e) {
-            fprintf(stderr, "error: --grammar: %s\n", e.what());
-            return 2;
+            return common::fail(fmt::format("--grammar: {}", e.what()), 2);
         }
     }
     const int max_streams = *std::max_element(opt.streams.begin(), opt.streams.end());

@@ -92,13 +92,11 @@ int cell_command(const CellOptions & opt) {
     std::string err;
     auto cfg = load_cluster_config_for_service(opt.cluster_file, err);
     if (!cfg) {
-        fprintf(stderr, "error: %s\n", err.c_str());
-        return 2;
+        return common::fail(err, 2);
     }
     CellOptions o = opt;
     if (!valid_cell_or_node_name(o.cell)) {
-        fprintf(stderr, "error: --cell '%s' must be 1..63 of A-Z a-z 0-9 . _ -\n", o.cell.c_str());
-        return 2;
+        return common::fail(fmt::format("--cell '{}' must be 1..63 of A-Z a-z 0-9 . _ -", o.cell), 2);
     }
     if (o.name.empty()) {
         char host[256] = {};

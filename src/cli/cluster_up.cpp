@@ -77,20 +77,17 @@ bool http_ok(int port) {
 int cluster_up(const ClusterUpOptions & o) {
     const sigset_t stop_set = common::block_stop_signals();
     if (o.model.empty()) {
-        fprintf(stderr, "error: no model given; use -m FILE\n");
-        return 2;
+        return common::fail("no model given; use -m FILE", 2);
     }
     if (o.cells < 1 || o.cells > 16 || o.nodes < 1 || o.nodes > 64 || o.brains < 1 || o.brains > 5) {
-        fprintf(stderr, "error: --cells 1..16, --nodes 1..64 and --brains 1..5\n");
-        return 2;
+        return common::fail("--cells 1..16, --nodes 1..64 and --brains 1..5", 2);
     }
     // GPU pools and routing rules (a part of a cluster file), checked before anything starts.
     std::string routing;
     if (!o.pools_file.empty()) {
         std::ifstream f(o.pools_file);
         if (!f) {
-            fprintf(stderr, "error: cannot read --pools %s\n", o.pools_file.c_str());
-            return 2;
+            return common::fail(fmt::format("cannot read --pools {}", o.pools_file), 2);
         }
         std::stringstream ss;
         ss << f.rdbuf();
@@ -98,15 +95,13 @@ int cluster_up(const ClusterUpOptions & o) {
         if (routing.find("tokenizer:") == std::string::npos) routing += "\ntokenizer: " + o.model + "\n";
         std::string err;
         if (!cluster::parse_cluster_config("etcd: [x:1]\npostgres: [postgres://x]\n" + routing, err)) {
-            fprintf(stderr, "error: --pools %s: %s\n", o.pools_file.c_str(), err.c_str());
-            return 2;
+            return common::fail(fmt::format("--pools {}: {}", o.pools_file, err), 2);
         }
     }
     std::error_code ec;
     fs::create_directories(o.data_dir + "/logs", ec);
     if (ec) {
-        fprintf(stderr, "error: cannot create %s: %s\n", o.data_dir.c_str(), ec.message().c_str());
-        return 1;
+        return common::fail(fmt::format("cannot create {}: {}", o.data_dir, ec.message()));
     }
     std::string dir = fs::absolute(o.data_dir).lexically_normal().string();
     if (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -131,8 +126,7 @@ int cluster_up(const ClusterUpOptions & o) {
             fs::create_directories(home, ec);
             if (!ec) fs::create_directory_symlink(home, link, ec);
             if (ec) {
-                fprintf(stderr, "error: cannot keep PostgreSQL's data in %s: %s\n", home.c_str(), ec.message().c_str());
-                return 1;
+                return common::fail(fmt::format("cannot keep PostgreSQL's data in {}: {}", home, ec.message()));
             }
         }
         ::chmod("/var/lib/armada", 0755);
@@ -180,8 +174,7 @@ int cluster_up(const ClusterUpOptions & o) {
         std::string err;
         server_tls = cluster::make_local_tls(dir + "/tls", err);
         if (!server_tls.on()) {
-            fprintf(stderr, "error: --tls: %s\n", err.c_str());
-            return 1;
+            return common::fail(fmt::format("--tls: {}", err));
         }
         pg.use_tls(server_tls);
         etcd.use_tls(server_tls);
@@ -215,8 +208,7 @@ int cluster_up(const ClusterUpOptions & o) {
             fs::remove(proxy_dir + name + ".hang", ec);
             auto p = std::make_unique<cluster::HangProxy>(port);
             if (p->port() == 0) {
-                fprintf(stderr, "error: --fault-proxies: cannot listen for %s's proxy\n", name.c_str());
-                return 1;
+                return common::fail(fmt::format("--fault-proxies: cannot listen for {}'s proxy", name));
             }
             proxies[name] = std::move(p);
         }

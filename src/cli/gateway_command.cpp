@@ -1,10 +1,10 @@
 // `armada gateway`: flags are parsed in main.cpp; this runs the gateway (gateway/gateway.h) until
 // SIGINT or SIGTERM, and reloads its pools on SIGHUP.
+#include "cli/gateway_command.h"
 #include "api/http_server.h"
 #include "cluster/cluster_config.h"
 #include "common/cli_exit.h"
 #include "common/stop_signals.h"
-#include "gateway/gateway.h"
 #include "obs/log.h"
 
 #include <spdlog/spdlog.h>
@@ -15,7 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace armada::gateway {
+namespace armada::cli {
+
+using gateway::Gateway;
+using gateway::GatewayOptions;
 
 int gateway_command(const GatewayOptions & opt) {
     sigset_t stop_set = common::block_stop_signals();
@@ -25,21 +28,17 @@ int gateway_command(const GatewayOptions & opt) {
     std::string err;
     auto cfg = cluster::load_cluster_config_for_service(opt.cluster_file, err);
     if (!cfg) {
-        fprintf(stderr, "error: %s\n", err.c_str());
-        return 2;
+        return common::fail(err, 2);
     }
     if (!opt.cell.empty() && !cluster::valid_cell_or_node_name(opt.cell)) {
-        fprintf(stderr, "error: --cell '%s' must be 1..63 of A-Z a-z 0-9 . _ -\n", opt.cell.c_str());
-        return 2;
+        return common::fail(fmt::format("--cell '{}' must be 1..63 of A-Z a-z 0-9 . _ -", opt.cell), 2);
     }
     api::ApiKeys keys;
     if (auto e = keys.load_flags(opt.api_key, opt.api_key_file); !e.empty()) {
-        fprintf(stderr, "error: %s\n", e.c_str());
-        return 2;
+        return common::fail(e, 2);
     }
     if (!opt.name.empty() && !cluster::valid_cell_or_node_name(opt.name)) {
-        fprintf(stderr, "error: --name '%s' must be 1..63 of A-Z a-z 0-9 . _ -\n", opt.name.c_str());
-        return 2;
+        return common::fail(fmt::format("--name '{}' must be 1..63 of A-Z a-z 0-9 . _ -", opt.name), 2);
     }
     Gateway gw(*cfg, opt, std::move(keys));
     if (auto e = gw.start(); !e.empty()) {
@@ -79,4 +78,4 @@ int gateway_command(const GatewayOptions & opt) {
     std::_Exit(0);
 }
 
-}  // namespace armada::gateway
+}  // namespace armada::cli

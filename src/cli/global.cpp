@@ -106,8 +106,7 @@ int global_command(const GlobalOptions & opt) {
     std::string err;
     auto cfg = load_cluster_config_for_service(opt.cluster_file, err);
     if (!cfg) {
-        fprintf(stderr, "error: %s\n", err.c_str());
-        return 2;
+        return common::fail(err, 2);
     }
     GlobalOptions o = opt;
     if (o.name.empty()) {

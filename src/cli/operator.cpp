@@ -3,18 +3,12 @@
 #include "common/cli_exit.h"
 #include "common/json_fields.h"
 #include "common/url.h"
+#include "net/http_client.h"
 #include "net/sse.h"
 #include "net/tls.h"
-#include "tools/http_sync.h"
 
-#include <openssl/ssl.h>
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/ssl.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <boost/beast/ssl.hpp>
+#include <fmt/format.h>
+#include <boost/asio/ssl/context.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -44,12 +38,8 @@ std::string escape(const std::string & s) {
 //! One gateway and the key to speak to it with.
 class Gateway {
   public:
+    // The operator names the gateway: any address may be reached (a laptop's loopback included).
     explicit Gateway(const OperatorOptions & o) : o_(o) {
-        // The operator names the gateway: any address is allowed (a laptop's loopback included).
-        for (const char * all : {"0.0.0.0/0", "::/0"}) {
-            tools::Cidr c;
-            if (tools::parse_cidr(all, c)) guard_.allow(c);
-        }
         base_ = o.gateway;
         while (!base_.empty() && base_.back() == '/')
             base_.pop_back();
@@ -76,14 +66,17 @@ class Gateway {
     };
     Reply call(const std::string & method, const std::string & path, const std::string & body = "",
                const std::string & content_type = "application/json") {
-        tools::HttpOptions ho;
+        net::HttpRequest rq;
+        rq.method = method;
+        rq.url = base_ + path;
+        rq.body = body;
+        if (!o_.api_key.empty()) rq.headers.emplace_back("Authorization", "Bearer " + o_.api_key);
+        if (!body.empty()) rq.headers.emplace_back("Content-Type", content_type);
+        net::HttpOptions ho;
         ho.timeout_ms = o_.timeout_s * 1000;
-        ho.follow_redirects = false;
         ho.tls = tls_.get();
-        std::vector<std::pair<std::string, std::string>> headers;
-        if (!o_.api_key.empty()) headers.emplace_back("Authorization", "Bearer " + o_.api_key);
-        if (!body.empty()) headers.emplace_back("Content-Type", content_type);
-        const auto r = tools::http_request(method, base_ + path, headers, body, ho, guard_);
+        ho.ca_setting = "--cacert";
+        const net::HttpReply r = net::http_call(rq, ho);
         Reply out;
         if (!r.error.empty()) {
             out.error = "cannot reach the gateway at " + base_ + ": " + r.error +
@@ -118,7 +111,6 @@ class Gateway {
   private:
     const OperatorOptions & o_;
     std::string base_;
-    tools::SsrfGuard guard_;
     std::shared_ptr<boost::asio::ssl::context> tls_;
 };
 
@@ -196,8 +188,7 @@ void fields(const json & obj) {
 }
 
 int need_name(const OperatorOptions & o, const char * what) {
-    fprintf(stderr, "error: armada %s %s needs %s\n", o.resource.c_str(), o.verb.c_str(), what);
-    return 2;
+    return common::fail(fmt::format("armada {} {} needs {}", o.resource, o.verb, what), 2);
 }
 
 //! GET `url` and hand the body to `piece` as it arrives (an event stream). Ends cleanly when the
@@ -206,97 +197,26 @@ int need_name(const OperatorOptions & o, const char * what) {
 std::string stream_get(const std::string & url, const std::vector<std::pair<std::string, std::string>> & headers,
                        int connect_ms, int idle_ms, boost::asio::ssl::context * tls_ctx,
                        const std::function<void(std::string_view)> & piece, int & status) {
-    namespace beast = boost::beast;
-    namespace http = beast::http;
-    using tcp = boost::asio::ip::tcp;
-    const size_t scheme_end = url.find("://");
-    if (scheme_end == std::string::npos) return "not a URL: " + url;
-    const std::string scheme = url.substr(0, scheme_end);
-    const size_t path_at = url.find('/', scheme_end + 3);
-    const std::string authority =
-        url.substr(scheme_end + 3, path_at == std::string::npos ? std::string::npos : path_at - scheme_end - 3);
-    const std::string target = path_at == std::string::npos ? "/" : url.substr(path_at);
-    std::string host = authority, port = scheme == "https" ? "443" : "80";
-    if (const size_t colon = authority.rfind(':');
-        colon != std::string::npos && authority.find(']') == std::string::npos) {
-        host = authority.substr(0, colon);
-        port = authority.substr(colon + 1);
-    }
-    if (scheme == "https" && !tls_ctx) return "https needs TLS";
-    try {
-        boost::asio::io_context ioc;
-        tcp::resolver resolver(ioc);
-        beast::tcp_stream plain(ioc);
-        std::optional<beast::ssl_stream<beast::tcp_stream &>> tls;
-        plain.expires_after(std::chrono::milliseconds(connect_ms));
-        plain.connect(resolver.resolve(host, port));
-        if (scheme == "https") {
-            tls.emplace(plain, *tls_ctx);
-            SSL_set_tlsext_host_name(tls->native_handle(), host.c_str());
-            tls->set_verify_mode(boost::asio::ssl::verify_peer);
-            tls->set_verify_callback(boost::asio::ssl::host_name_verification(host));
-            tls->handshake(boost::asio::ssl::stream_base::client);
-        }
-        http::request<http::empty_body> req{http::verb::get, target, 11};
-        req.set(http::field::host, authority);
-        req.set(http::field::user_agent, "armada");
-        req.set(http::field::accept, "text/event-stream");
-        for (const auto & [k, v] : headers)
-            req.set(k, v);
-        if (tls)
-            http::write(*tls, req);
-        else
-            http::write(plain, req);
-        beast::flat_buffer buf;
-        http::response_parser<http::string_body> parser;
-        parser.body_limit(boost::none);
-        std::function<size_t(std::uint64_t, boost::string_view, beast::error_code &)> on_chunk =
-            [&](std::uint64_t, boost::string_view body, beast::error_code &) {
-                piece(std::string_view(body.data(), body.size()));
-                return body.size();
-            };
-        parser.on_chunk_body(on_chunk);
-        // Asynchronous reads, each run to its end: a tcp_stream's timeout holds only for those.
-        const auto read_some = [&] {
-            beast::error_code ec;
-            const auto done = [&ec](beast::error_code e, size_t) { ec = e; };
-            if (tls)
-                http::async_read_some(*tls, buf, parser, done);
-            else
-                http::async_read_some(plain, buf, parser, done);
-            ioc.restart();
-            ioc.run();
-            if (ec) throw beast::system_error(ec);
-        };
-        plain.expires_after(std::chrono::milliseconds(connect_ms));
-        while (!parser.is_header_done())
-            read_some();
-        status = int(parser.get().result_int());
-        if (status != 200) {
-            plain.expires_after(std::chrono::milliseconds(connect_ms));
-            while (!parser.is_done())
-                read_some();
-            return "HTTP " + std::to_string(status) + ": " + parser.get().body().substr(0, 300);
-        }
-        size_t passed = 0;  // of a body that is not chunked
-        while (!parser.is_done()) {
-            plain.expires_after(std::chrono::milliseconds(idle_ms));
-            try {
-                read_some();
-            } catch (const beast::system_error & e) {
-                if (e.code() == beast::error::timeout) return {};  // quiet: what came is all there is
-                throw;
-            }
-            if (!parser.chunked()) {
-                const std::string & b = parser.get().body();
-                if (b.size() > passed) piece(std::string_view(b).substr(passed));
-                passed = b.size();
-            }
-        }
-        return {};
-    } catch (const std::exception & e) {
-        return e.what();
-    }
+    net::HttpRequest req;
+    req.url = url;
+    req.headers = headers;
+    req.headers.emplace_back("Accept", "text/event-stream");
+    net::HttpOptions ho;
+    ho.timeout_ms = connect_ms;  // the connection and the head; the body streams
+    ho.idle_ms = idle_ms;
+    ho.tls = tls_ctx;
+    ho.ca_setting = "--cacert";
+    ho.on_head = [](const net::HttpReply & head) { return head.status == 200; };
+    ho.on_chunk = [&](std::string_view p) {
+        piece(p);
+        return true;
+    };
+    const net::HttpReply r = net::http_call(req, ho);
+    status = r.status;
+    if (r.failure == net::HttpFailure::idle) return {};  // quiet: what came is all there is
+    if (!r.error.empty()) return r.error;
+    if (r.status != 200) return "HTTP " + std::to_string(r.status) + ": " + r.body.substr(0, 300);
+    return {};
 }
 
 // ---- sessions ----
@@ -366,8 +286,7 @@ int sessions(const OperatorOptions & o, Gateway & gw) {
         events.finish(print);
         return 0;
     }
-    fprintf(stderr, "error: armada sessions has list, show, events and cancel, not '%s'\n", o.verb.c_str());
-    return 2;
+    return common::fail(fmt::format("armada sessions has list, show, events and cancel, not '{}'", o.verb), 2);
 }
 
 // ---- agents ----
@@ -417,8 +336,7 @@ int agents(const OperatorOptions & o, Gateway & gw) {
         const auto r = gw.call("GET", "/v1/agents/" + escape(o.name));
         return show(o, r, [&] { fields(r.body); });
     }
-    fprintf(stderr, "error: armada agents has list, show, apply and delete, not '%s'\n", o.verb.c_str());
-    return 2;
+    return common::fail(fmt::format("armada agents has list, show, apply and delete, not '{}'", o.verb), 2);
 }
 
 // ---- tenants ----
@@ -455,8 +373,7 @@ int tenants(const OperatorOptions & o, Gateway & gw) {
             table({"ID", "PREFIX", "ADMIN", "CREATED"}, rows_of(r.body, {"id", "prefix", "admin", "created_at"}));
         });
     }
-    fprintf(stderr, "error: armada tenants has list, create and keys, not '%s'\n", o.verb.c_str());
-    return 2;
+    return common::fail(fmt::format("armada tenants has list, create and keys, not '{}'", o.verb), 2);
 }
 
 // ---- cluster status ----
@@ -504,8 +421,7 @@ int operator_command(const OperatorOptions & o) {
     if (o.resource == "agents") return agents(o, gw);
     if (o.resource == "tenants") return tenants(o, gw);
     if (o.resource == "cluster" && o.verb == "status") return status(o, gw);
-    fprintf(stderr, "error: no verb %s %s\n", o.resource.c_str(), o.verb.c_str());
-    return 2;
+    return common::fail(fmt::format("no verb {} {}", o.resource, o.verb), 2);
 }
 
 }  // namespace armada::cli

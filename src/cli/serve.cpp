@@ -70,66 +70,6 @@ void llama_log_to_spdlog(ggml_log_level level, const char * text, void * quiet) 
 }
 }  // namespace
 
-std::optional<engine::PlacementOptions> placement_options(const PlacementFlags & f, std::string & err) {
-    engine::PlacementOptions po;
-    po.numa = f.numa;
-    po.smt = f.smt;
-    po.engines = f.engines;
-    // Both flags take a Linux list ("0-3,8"); empty means no restriction.
-    auto list = [&](const std::string & text, const char * flag, const char * example, std::vector<int> & out) {
-        if (text.empty()) return true;
-        auto l = engine::parse_cpu_list(text);
-        if (!l) err = std::string(flag) + ": '" + text + "' is not " + example;
-        if (l) out = *l;
-        return bool(l);
-    };
-    if (!list(f.cpus, "--cpus", "a cpu list such as 0-15,32-47", po.cpus) ||
-        !list(f.numa_nodes, "--numa-nodes", "a list such as 0,1 or 0-3", po.numa_nodes))
-        return std::nullopt;
-    return po;
-}
-
-std::optional<int64_t> parse_duration_ms(const std::string & text) {
-    if (text.empty()) return std::nullopt;
-    size_t used = 0;
-    double v = 0;
-    try {
-        v = std::stod(text, &used);
-    } catch (const std::exception &) {
-        return std::nullopt;
-    }
-    const std::string unit = text.substr(used);
-    double mul = 1000;
-    if (unit == "d")
-        mul = 86400e3;
-    else if (unit == "h")
-        mul = 3600e3;
-    else if (unit == "m")
-        mul = 60e3;
-    else if (unit != "s" && !unit.empty())
-        return std::nullopt;
-    if (!(v >= 0) || v * mul > 9e15) return std::nullopt;
-    return int64_t(v * mul);
-}
-
-int topology_command(const std::string & synthetic, const std::string & xml, const PlacementFlags & f) {
-    std::string err;
-    auto po = placement_options(f, err);
-    std::optional<engine::Topology> topo;
-    if (po) {
-        topo = !synthetic.empty() ? engine::Topology::synthetic(synthetic, err)
-               : !xml.empty()     ? engine::Topology::xml(xml, err)
-                                  : engine::Topology::detect(err);
-    }
-    auto plan = topo ? engine::plan_placement(*topo, *po, err) : std::nullopt;
-    if (!plan) {
-        fprintf(stderr, "error: %s\n", err.c_str());
-        return 2;
-    }
-    fputs(engine::describe(*topo, *plan).c_str(), stdout);
-    return 0;
-}
-
 int serve(const ServeOptions & opt) {
     // Each client connection is a file descriptor: take the hard limit, not the default 1024.
     if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -147,26 +87,22 @@ int serve(const ServeOptions & opt) {
     else if (opt.log_level != "debug")
         llama_log_set(llama_log_quiet, nullptr);
     if (opt.model.empty()) {
-        fprintf(stderr, "error: no model given; use -m FILE or ARMADA_MODEL\n");
-        return 2;
+        return common::fail("no model given; use -m FILE or ARMADA_MODEL", 2);
     }
     api::ApiKeys keys;
     if (auto err = keys.load_flags(opt.api_key, opt.api_key_file); !err.empty()) {
-        fprintf(stderr, "error: %s\n", err.c_str());
-        return 2;
+        return common::fail(err, 2);
     }
     if (opt.http.host != "127.0.0.1" && opt.http.host != "localhost" && opt.http.host != "::1" && !keys.enabled()) {
         spdlog::warn("listening on {} without an API key; anyone who can reach it can use it", opt.http.host);
     }
     const auto ttl_ms = parse_duration_ms(opt.session_ttl);
     if (!ttl_ms) {
-        fprintf(stderr, "error: --session-ttl '%s' is not a duration (e.g. 30d, 12h, 0 for forever)\n",
-                opt.session_ttl.c_str());
-        return 2;
+        return common::fail(
+            fmt::format("--session-ttl '{}' is not a duration (e.g. 30d, 12h, 0 for forever)", opt.session_ttl), 2);
     }
     if (!(opt.drain_timeout_s >= 0)) {
-        fprintf(stderr, "error: --drain-timeout must be 0 or more seconds\n");
-        return 2;
+        return common::fail("--drain-timeout must be 0 or more seconds", 2);
     }
 
     // Agents and tool settings are checked before the model loads, so a bad file fails fast.
@@ -175,53 +111,48 @@ int serve(const ServeOptions & opt) {
     if (!opt.agents_file.empty()) {
         std::ifstream f(opt.agents_file);
         if (!f) {
-            fprintf(stderr, "error: cannot read agents file %s\n", opt.agents_file.c_str());
-            return 2;
+            return common::fail(fmt::format("cannot read agents file {}", opt.agents_file), 2);
         }
         std::stringstream ss;
         ss << f.rdbuf();
         if (auto e = agent::parse_agents(ss.str(), agents, {.from_operator = true}); !e.empty()) {
-            fprintf(stderr, "error: %s: %s\n", opt.agents_file.c_str(), e.c_str());
-            return 2;
+            return common::fail(fmt::format("{}: {}", opt.agents_file, e), 2);
         }
     }
     tools::SsrfGuard guard;
     for (const auto & c : opt.tool_allow) {
         tools::Cidr cidr;
         if (!tools::parse_cidr(c, cidr)) {
-            fprintf(stderr, "error: --tool-allow '%s' is not an address or CIDR range\n", c.c_str());
-            return 2;
+            return common::fail(fmt::format("--tool-allow '{}' is not an address or CIDR range", c), 2);
         }
         guard.allow(cidr);
     }
     std::string tls_err;
     auto tool_tls = armada::net::client_tls(opt.tool_ca_file, tls_err);
     if (!tool_tls) {
-        fprintf(stderr, "error: %s\n", tls_err.c_str());
-        return 2;
+        return common::fail(tls_err, 2);
     }
     engine::EngineConfig ecfg = opt.engine;
     if (!opt.kv_budget.empty()) {
         const auto v = engine::parse_size(opt.kv_budget);
         if (!v || *v == 0) {
-            fprintf(stderr, "error: --kv-budget '%s' is not a size (e.g. 8G, 512M)\n", opt.kv_budget.c_str());
-            return 2;
+            return common::fail(fmt::format("--kv-budget '{}' is not a size (e.g. 8G, 512M)", opt.kv_budget), 2);
         }
         ecfg.kv_budget = *v;
     }
     if (const auto v = engine::parse_size(opt.kv_disk)) {
         ecfg.kv_disk_limit = *v;
     } else {
-        fprintf(stderr, "error: --kv-disk '%s' is not a size (e.g. 64G)\n", opt.kv_disk.c_str());
-        return 2;
+        return common::fail(fmt::format("--kv-disk '{}' is not a size (e.g. 64G)", opt.kv_disk), 2);
     }
     for (const auto & [flag, name, type] : {std::tuple{"--cache-type-k", &opt.cache_type_k, &ecfg.type_k},
                                             std::tuple{"--cache-type-v", &opt.cache_type_v, &ecfg.type_v}}) {
         const auto t = engine::parse_cache_type(*name);
         if (!t) {
-            fprintf(stderr, "error: %s '%s' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1\n", flag,
-                    name->c_str());
-            return 2;
+            return common::fail(
+                fmt::format("{} '{}' is not one of f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1", flag,
+                            name->c_str()),
+                2);
         }
         *type = *t;
     }
@@ -238,20 +169,17 @@ int serve(const ServeOptions & opt) {
         std::string cerr;
         ccfg = cluster::load_cluster_config(opt.cluster_file, cerr);
         if (!ccfg) {
-            fprintf(stderr, "error: --cluster %s: %s\n", opt.cluster_file.c_str(), cerr.c_str());
-            return 2;
+            return common::fail(fmt::format("--cluster {}: {}", opt.cluster_file, cerr), 2);
         }
         if (!cluster::valid_cell_or_node_name(opt.cell)) {
-            fprintf(stderr, "error: --cluster needs --cell NAME (1..63 of A-Z a-z 0-9 . _ -)\n");
-            return 2;
+            return common::fail("--cluster needs --cell NAME (1..63 of A-Z a-z 0-9 . _ -)", 2);
         }
         // Other nodes (their KV) and pools over HTTPS are checked against the cluster's CA too.
         if (ccfg->nodes_auth.tls()) {
             std::string terr;
             node_tls = cluster::service_tls(ccfg->nodes_auth, "credentials.nodes", terr);
             if (!node_tls) {
-                fprintf(stderr, "error: --cluster %s: %s\n", opt.cluster_file.c_str(), terr.c_str());
-                return 2;
+                return common::fail(fmt::format("--cluster {}: {}", opt.cluster_file, terr), 2);
             }
             routing::set_upstream_tls(node_tls);
         }
@@ -261,18 +189,15 @@ int serve(const ServeOptions & opt) {
             node_name = std::string(host) + "-" + std::to_string(opt.http.port);
         }
         if (!cluster::valid_cell_or_node_name(node_name)) {
-            fprintf(stderr, "error: --node-name '%s' must be 1..63 of A-Z a-z 0-9 . _ -\n", node_name.c_str());
-            return 2;
+            return common::fail(fmt::format("--node-name '{}' must be 1..63 of A-Z a-z 0-9 . _ -", node_name), 2);
         }
         if (ccfg->postgres.empty()) {
-            fprintf(stderr, "error: --cluster %s names no postgres database\n", opt.cluster_file.c_str());
-            return 2;
+            return common::fail(fmt::format("--cluster {} names no postgres database", opt.cluster_file), 2);
         }
         if (!opt.state.empty())
             spdlog::warn("--state is ignored in cluster mode: state is in the cluster's PostgreSQL");
     } else if (!opt.cell.empty() || !opt.node_name.empty()) {
-        fprintf(stderr, "error: --cell and --node-name need --cluster FILE\n");
-        return 2;
+        return common::fail("--cell and --node-name need --cluster FILE", 2);
     }
     std::string store_err;
     std::unique_ptr<store::Store> store;
@@ -299,8 +224,7 @@ int serve(const ServeOptions & opt) {
 
     // Placement is checked before the model loads, so a bad --cpus fails fast.
     if (opt.numa_weights != "shared" && opt.numa_weights != "copy") {
-        fprintf(stderr, "error: --numa-weights must be shared or copy, not '%s'\n", opt.numa_weights.c_str());
-        return 2;
+        return common::fail(fmt::format("--numa-weights must be shared or copy, not '{}'", opt.numa_weights), 2);
     }
     std::vector<engine::EnginePlacement> placements;
     if (!opt.no_pin) {
@@ -309,15 +233,13 @@ int serve(const ServeOptions & opt) {
         auto topo = po ? engine::Topology::detect(perr) : std::nullopt;
         auto plan = topo ? engine::plan_placement(*topo, *po, perr) : std::nullopt;
         if (!plan) {
-            fprintf(stderr, "error: placement: %s\n", perr.c_str());
-            return 2;
+            return common::fail(fmt::format("placement: {}", perr), 2);
         }
         placements = plan->engines;
     } else {
         // Unpinned: the engines share the machine's threads (or -t) evenly, as the OS schedules them.
         if (opt.place.engines < 0 || opt.place.engines > 1024) {
-            fprintf(stderr, "error: placement: --engines must be between 1 and 1024\n");
-            return 2;
+            return common::fail("placement: --engines must be between 1 and 1024", 2);
         }
         placements.resize(size_t(std::max(1, opt.place.engines)));
     }
@@ -325,9 +247,8 @@ int serve(const ServeOptions & opt) {
     // -np, -c, --queue, --kv-budget and --kv-disk are the node's totals, split evenly; every
     // engine has the same context per sequence.
     if (ecfg.n_seq_max < n_engines) {
-        fprintf(stderr, "error: %d engines need at least %d parallel sequences (-np), one each\n", n_engines,
-                n_engines);
-        return 2;
+        return common::fail(
+            fmt::format("{} engines need at least {} parallel sequences (-np), one each", n_engines, n_engines), 2);
     }
     std::vector<engine::EngineConfig> configs;
     for (int i = 0; i < n_engines; ++i) {
@@ -416,8 +337,7 @@ int serve(const ServeOptions & opt) {
                 router.dispatch_metrics(std::move(r), std::move(out));
             });
         if (auto err = metrics_http->listen(); !err.empty()) {
-            fprintf(stderr, "error: metrics listener: %s\n", err.c_str());
-            return 1;
+            return common::fail(fmt::format("metrics listener: {}", err));
         }
         metrics_http->run();
         obs::announce(fmt::format("armada: metrics on http://{}:{}/metrics", opt.metrics_host, metrics_http->port()));

@@ -1,5 +1,6 @@
 #include "cli/sim_command.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/cli_exit.h"
 #include "sim/runners.h"
 #include "sim/sim.h"
 
@@ -247,8 +249,7 @@ int runner_command(const SimCommandOptions & o, const std::string & text) {
     std::string err;
     const auto sc = sim::parse_runner_scenario(text, err);
     if (!sc) {
-        fprintf(stderr, "error: %s: %s\n", o.scenario.c_str(), err.c_str());
-        return 2;
+        return common::fail(fmt::format("{}: {}", o.scenario, err), 2);
     }
     int failed = 0;
     for (int i = 0; i < std::max(1, o.seeds); ++i) {
@@ -315,8 +316,7 @@ int runner_command(const SimCommandOptions & o, const std::string & text) {
 int sim_command(const SimCommandOptions & o) {
     std::ifstream in(o.scenario);
     if (!in) {
-        fprintf(stderr, "error: cannot read the scenario %s\n", o.scenario.c_str());
-        return 2;
+        return common::fail(fmt::format("cannot read the scenario {}", o.scenario), 2);
     }
     std::stringstream text;
     text << in.rdbuf();
@@ -324,8 +324,7 @@ int sim_command(const SimCommandOptions & o) {
     std::string err;
     const auto sc = sim::parse_scenario(text.str(), err);
     if (!sc) {
-        fprintf(stderr, "error: %s: %s\n", o.scenario.c_str(), err.c_str());
-        return 2;
+        return common::fail(fmt::format("{}: {}", o.scenario, err), 2);
     }
     if (o.seeds > 1) {
         int failed = 0;

@@ -29,9 +29,7 @@ int64_t i64(const json & j, const char * k) {
 
 //! A string field, or "" when absent or of another type (nothing from the wire may throw).
 std::string str(const json & j, const char * k) {
-    if (!j.is_object()) return {};
-    auto it = j.find(k);
-    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+    return common::string_field(j, k).value_or("");
 }
 
 EtcdKv kv_of(const json & j) {
@@ -177,11 +175,12 @@ std::string EtcdClient::token(std::string & error, bool renew) {
         return {};
     }
     const json j = json::parse(r, nullptr, false);
-    if (!j.is_object() || !j.contains("token") || !j["token"].is_string() || j["token"].get<std::string>().empty()) {
+    const std::string token = str(j, "token");
+    if (token.empty()) {
         error = "etcd gave user '" + auth_->user + "' no token";
         return {};
     }
-    auth_->token = j["token"].get<std::string>();
+    auth_->token = token;
     return auth_->token;
 }
 

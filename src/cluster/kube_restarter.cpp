@@ -339,28 +339,24 @@ std::string KubeRestarter::act(const RestartRequest & r, bool & refused, std::st
                              got));
     if (got.status != 200) return failed("reading StatefulSet " + set, got);
     const auto sts = json::parse(got.body, nullptr, false);
-    if (!sts.is_object() || !sts.contains("spec") || !sts["spec"].is_object())
-        return "reading StatefulSet " + set + ": not a StatefulSet";
-    const json & spec = sts["spec"];
+    const json * spec_at = common::object_at(sts, {"spec"});
+    if (!spec_at) return "reading StatefulSet " + set + ": not a StatefulSet";
+    const json & spec = *spec_at;
     int replicas = 1, partition = 0;
     int64_t generation = 0, observed = 0;
     std::string strategy = "RollingUpdate", tmpl_version, current, update;
     try {
-        if (sts.contains("metadata") && sts["metadata"].is_object())
-            generation = sts["metadata"].value("generation", int64_t(0));
+        if (const json * md = common::object_at(sts, {"metadata"})) generation = md->value("generation", int64_t(0));
         replicas = spec.value("replicas", 1);
-        if (spec.contains("updateStrategy") && spec["updateStrategy"].is_object()) {
-            const json & us = spec["updateStrategy"];
-            strategy = us.value("type", "RollingUpdate");
-            if (us.contains("rollingUpdate") && us["rollingUpdate"].is_object())
-                partition = us["rollingUpdate"].value("partition", 0);
+        if (const json * us = common::object_at(spec, {"updateStrategy"})) {
+            strategy = us->value("type", "RollingUpdate");
+            if (const json * ru = common::object_at(*us, {"rollingUpdate"})) partition = ru->value("partition", 0);
         }
-        if (spec.contains("template") && spec["template"].is_object())
-            tmpl_version = version_of(spec["template"], cfg_.container);
-        if (sts.contains("status") && sts["status"].is_object()) {
-            current = sts["status"].value("currentRevision", "");
-            update = sts["status"].value("updateRevision", "");
-            observed = sts["status"].value("observedGeneration", int64_t(0));
+        if (const json * t = common::object_at(spec, {"template"})) tmpl_version = version_of(*t, cfg_.container);
+        if (const json * st = common::object_at(sts, {"status"})) {
+            current = st->value("currentRevision", "");
+            update = st->value("updateRevision", "");
+            observed = st->value("observedGeneration", int64_t(0));
         }
     } catch (const json::exception & e) {
         return "reading StatefulSet " + set + ": " + e.what();

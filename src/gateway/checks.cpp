@@ -1,6 +1,6 @@
 #include "gateway/checks.h"
 
-#include "agent/session_manager.h"
+#include "agent/event_stream.h"
 
 #include <vector>
 

@@ -158,7 +158,4 @@ class Gateway {
     WorkerPool workers_;    // runs each request (last: it ends first, once its requests have)
 };
 
-//! `armada gateway`: runs a gateway until SIGINT/SIGTERM; returns the exit code.
-int gateway_command(const GatewayOptions & o);
-
 }  // namespace armada::gateway

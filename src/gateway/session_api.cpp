@@ -1,6 +1,5 @@
 #include "gateway/session_api.h"
 
-#include "agent/session_manager.h"
 #include "cluster/cluster_config.h"
 #include "common/backoff.h"
 #include "common/clock.h"
@@ -122,7 +121,7 @@ void SessionApi::create(const api::HttpRequest & req, const std::shared_ptr<api:
                           "that fails); retry shortly",
                           5, "cluster_full");
     }
-    const std::string id = agent::SessionManager::new_id();
+    const std::string id = store::new_session_id();
     // A tenant whose tokens of the minute are spent (its sessions' model steps count) gets no
     // new session; the one token taken here stands for the request.
     if (authed.quota.tpm > 0) {

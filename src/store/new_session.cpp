@@ -2,7 +2,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <random>
+
 namespace armada::store {
+
+std::string new_session_id() {
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    std::string s = "sess_";
+    for (int i = 0; i < 20; ++i)
+        s += alphabet[rng() % (sizeof(alphabet) - 1)];
+    return s;
+}
 
 Batch new_session_batch(const std::string & id, const std::string & agent_id, const std::string & tenant,
                         const std::string & input, const std::string & cell, int64_t now_ms) {

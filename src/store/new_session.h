@@ -1,6 +1,6 @@
 #pragma once
 
-// A session as a gateway creates it, before any node holds it.
+// A session as a gateway creates it, before any node holds it, and the id every session gets.
 
 #include "store/store.h"
 
@@ -8,6 +8,9 @@
 #include <string>
 
 namespace armada::store {
+
+//! A new session id: "sess_" and 20 random characters of [a-z0-9] (about 103 bits).
+std::string new_session_id();
 
 //! The row and first step of a new session in `cell`: state queued with its input as step 1, or
 //! waiting_input (step 1 says so) without one. The node that adopts it starts it as it starts a

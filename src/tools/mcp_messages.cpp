@@ -1,8 +1,8 @@
 #include "tools/mcp_messages.h"
 
-#include "tools/charset.h"
-
+#include "common/json_fields.h"
 #include "net/sse.h"
+#include "tools/charset.h"
 
 namespace armada::tools {
 
@@ -11,9 +11,7 @@ using json = nlohmann::json;
 namespace {
 
 std::string str_field(const json & o, const char * name, const std::string & def = {}) {
-    if (!o.is_object()) return def;
-    auto it = o.find(name);
-    return it != o.end() && it->is_string() ? it->get<std::string>() : def;
+    return common::string_field(o, name).value_or(def);
 }
 
 json parse(const std::string & text) {
