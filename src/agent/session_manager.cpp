@@ -467,7 +467,7 @@ void SessionManager::create(const std::string & agent_id, const std::string & te
     }
     auto sp = std::make_unique<Session>();
     Session & s = *sp;
-    s.id = new_session_id();
+    s.id = store::new_session_id();
     s.agent_id = agent_id;
     s.agent = std::move(agent);
     s.owner = tenant;
