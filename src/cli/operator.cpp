@@ -74,6 +74,7 @@ class Gateway {
         if (!body.empty()) rq.headers.emplace_back("Content-Type", content_type);
         net::HttpOptions ho;
         ho.timeout_ms = o_.timeout_s * 1000;
+        ho.max_body = 8ull << 20;  // as before it went through net/ directly
         ho.tls = tls_.get();
         ho.ca_setting = "--cacert";
         const net::HttpReply r = net::http_call(rq, ho);
