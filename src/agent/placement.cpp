@@ -215,10 +215,6 @@ void Placement::incoming(const std::string & id, bool on) {
         incoming_.erase(id);
 }
 
-std::optional<obs::TraceContext> Placement::record_trace(std::string_view data) {
-    return obs::TraceContext::in_record(data);
-}
-
 std::vector<Movable> Placement::movable() {
     std::vector<Movable> out = movable_sessions();
     // A session's journal holds its live KV, and is rewritten once it reaches twice that; each
@@ -250,7 +246,7 @@ std::vector<Movable> Placement::movable_sessions() {
         auto lk = host_.lock();
         const Session * s = host_.session(r.id);
         if (s && s->busy()) continue;
-        out.push_back({r.id, r.epoch, s ? s->trace.last : record_trace(r.data), 0});
+        out.push_back({r.id, r.epoch, s ? s->trace.last : obs::TraceContext::in_record(r.data), 0});
     }
     return out;
 }

@@ -20,7 +20,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace armada::agent {
@@ -74,8 +73,8 @@ class Placement {
         virtual void resume(Session & s) = 0;
     };
     struct Options {
-        //! Cluster mode: this node and its cell. Empty on a single node: only `resume_all` and
-        //! `drop_fenced` have work.
+        //! Cluster mode: this node and its cell. Empty on a single node, where only `resume_all`
+        //! has work (nothing is assigned, offered or fenced).
         std::string node, cell;
     };
     Placement(Host & host, store::Store & store, GenerationPort & engine, SessionLog & log, AgentRegistry & agents,
@@ -107,14 +106,14 @@ class Placement {
     void drop_fenced(Session & s, const std::string & why);
     //! Sessions stopped because another node holds them now.
     size_t fenced() const { return fenced_.load(); }
-    //! The trace a session is in, as its record keeps it.
-    static std::optional<obs::TraceContext> record_trace(std::string_view data);
 
   private:
     //! The sessions `movable` offers, without their KV sizes.
     std::vector<Movable> movable_sessions();
-    //! Stops the open sessions running here that the store gives to another node. `assigned`:
-    //! the open sessions the store lists for this node.
+    //! Stops the open sessions running here that the store gives to another node (this one was
+    //! stopped or cut off past its lease, and they moved on). Idle ones would otherwise never
+    //! write, never be fenced, and stay counted in this node's load. `assigned`: the open
+    //! sessions the store lists for this node.
     void drop_moved(const std::set<std::string> & assigned);
     //! True when session `id` is in the table and runs here; it then writes under `epoch` if that
     //! is newer (lock held).

@@ -240,7 +240,7 @@ class SessionManager : private SessionLog::Host,
     //! last turn): a brain that moves the session continues that trace. Cheap enough to run
     //! over every open row at each reconcile; nullopt when the record holds none.
     static std::optional<obs::TraceContext> record_trace(std::string_view data) {
-        return Placement::record_trace(data);
+        return obs::TraceContext::in_record(data);
     }
     //! Sessions whose writes were refused because another node holds them now.
     size_t fenced_sessions() const { return placement_.fenced(); }
